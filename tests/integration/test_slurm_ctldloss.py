@@ -250,3 +250,52 @@ def test_a_second_launch_slurm_makes_while_the_service_is_down_never_runs_the_co
         assert 1 in starts and min(t for w, r, t in lines if r == 1) > last0, lines
     assert last0 - 1.0 <= first_end["ended_at"] <= last0 + 5.0, (first_end, last0)
     assert ledger.jobs()[1]["outcome"] == "completed", ledger.jobs()[1]
+
+
+def test_a_run_no_read_saw_start_that_exits_0_in_the_outage_is_completed(
+    ledger: Ledger,
+) -> None:
+    """atk44s F7, F5: slurmctld is killed the moment the launch begins (its `launched` mark),
+    its state frozen since the submission, before any read of the service sees the run (the
+    service is held with SIGSTOP meanwhile: not killed, no read of it happens); the command
+    exits 0 in the outage. The returning controller forgets the job, or allocates it again
+    (slurmd: "already running, do not launch second copy", then Slurm cancels it): the run was
+    recorded completed with no start (here, on the code before: nothing charged), or started
+    after its real end and `cancelled` "outside the ledger" (atk44s F7; that path is
+    tests/unit/test_slurm_relaunch.py's). Now it is started at its launch mark, completed at
+    its own end, and its command ran once."""
+    log = ledger.work / "t"
+    _settle_ids(ledger.cluster)
+    ledger.up()
+    assert ledger.proc is not None
+    before = set(ledger.cluster.jobs())
+    ledger.submit("alice", 1, f"echo start 0 $(date +%s.%N) >> {log}; sleep 4; "
+                  f"echo end 0 $(date +%s.%N) >> {log}")  # fmt: skip
+    _freeze_when_listed(ledger, before)
+    mark = ledger.home / "jobs" / "checkpoints" / "1.0" / "launched"
+    os.kill(ledger.proc.pid, signal.SIGSTOP)  # no read sees the launch
+    try:
+        deadline = time.monotonic() + 60
+        while not mark.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert mark.exists(), "the run never launched"
+        _kill_ctld(ledger)
+        killed = time.monotonic()
+        while not any(w == "end" for w, _, _ in _lines(log)) and time.monotonic() < killed + 30:
+            time.sleep(0.2)
+    finally:
+        os.kill(ledger.proc.pid, signal.SIGCONT)
+    (real,) = [t for w, _, t in _lines(log) if w == "end"]
+    (began,) = [t for w, _, t in _lines(log) if w == "start"]
+    time.sleep(max(0.0, killed + 12 - time.monotonic()))  # the controller away ~12 s
+    _thaw(ledger.cluster)
+    ledger.cluster.up()
+    ledger.wait("the job's end", lambda: status(ledger, 1) == "finished", timeout=180)
+    time.sleep(10)  # Slurm's new launch of the job would have run by now
+    assert [w for w, _, _ in _lines(log)] == ["start", "end"], _lines(log)
+    job = ledger.jobs()[1]
+    assert (job["outcome"], job["exit_code"]) == ("completed", 0), (job, ledger.service_log()[-3000:])  # fmt: skip  # noqa: E501
+    (ended,) = ledger.of("job.engine_ended.v1", 1)
+    assert ended["reason"] != "cancelled" and real - 1.0 <= ended["ended_at"] <= real + 1.5, ended
+    (started,) = ledger.of("job.started.v1", 1)
+    assert began - 2.0 <= started["started_at"] <= began + 1.0, (started, began)

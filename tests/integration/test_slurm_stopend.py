@@ -111,3 +111,57 @@ def test_a_stop_while_slurm_holds_the_launch_configuring_never_starts_the_comman
     job = ledger.jobs()[1]
     assert job["finish_reason"] == "cancelled" and job["started_at"] is None, job
     assert "stopped before its command started" in ledger.log_of(1)
+
+
+def test_a_stop_whose_service_restarts_after_the_node_returned_holds_its_gpus(
+    ledger: Ledger,
+) -> None:
+    """atk44s F2, F2b: as above, but the service is killed -9 during the stop (after its
+    `scancel`) and started again only once the node has returned: the restarted service never
+    saw the slurmd away, took Slurm's CANCELLED (at the node's DOWN) for the processes' end
+    (exit 0, not killed) and launched the job's next run beside the live first one (2.9 s), or
+    another user's job on its 4 GPUs (5.3 s). Now it judges from the run's marks (its beat and
+    the returned slurmd's TERM, after Slurm's end): held until run 0 is gone."""
+    work, cl = ledger.work, ledger.cluster
+    ledger.up()
+    ledger.submit("alice", 4, f"trap 'date +%s.%N >> {work}/term' TERM; "
+                  f"while true; do date +%s.%N >> {work}/alive.$GPULEDGER_RUN; sleep 0.2; done",
+                  "--resumable")  # fmt: skip
+    ledger.wait("the job to run", lambda: (work / "alive.0").exists() and status(ledger, 1) == "running")  # fmt: skip  # noqa: E501
+    os.kill(cl.daemon_pid("slurmd"), signal.SIGKILL)
+    ledger.cli("requeue", "1")
+    ledger.submit("bob", 4, f"date +%s.%N >> {work}/next; sleep 2")
+    time.sleep(4)  # past the grace (2 s): the executor's `scancel` is sent
+    ledger.kill9()
+
+    def cancelled() -> bool:
+        return any("job=1:run=0" in j["comment"] and j["state"] == "CANCELLED"
+                   for j in cl.jobs().values())  # fmt: skip
+
+    deadline = time.monotonic() + 120  # (the service is down: not `ledger.wait`)
+    while not cancelled() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert cancelled(), f"Slurm did not give the node up: {cl.jobs()}"
+    assert (_times(work / "alive.0") or [0.0])[-1] > time.time() - 2.0, "run 0 died early"
+    cl.up()  # slurmd back: Slurm's kill reaches run 0, SIGKILL KillWait (10 s) later
+
+    def back() -> bool:
+        return "down" not in cl.run("sinfo", "-h", "-N", "-o", "%T", check=False)
+
+    deadline = time.monotonic() + 60
+    while not back() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    ledger.up()  # the service, after the node's return
+    last = _until_quiet(work / "alive.0", 120)
+    ledger.wait("its next launch", lambda: bool(_times(work / "alive.1")), timeout=90)
+    first = _times(work / "alive.1")[0]
+    assert first > last, f"launch 2 began {last - first:.1f} s before launch 1 was gone"
+    (end,) = ledger.of("job.run_ended.v1", 1)
+    marks = ledger.home / "jobs" / "checkpoints" / "1.0"
+    seen = {m.name: m.lstat().st_ctime for m in marks.iterdir()}, _times(work / "term")
+    why = (end, last, seen, ledger.service_log()[-3000:])
+    assert end["run"] == 0 and end["ended_at"] >= last - 0.5 and end["killed"], why
+    ledger.cli("cancel", "1", actor="alice")
+    ledger.wait("job 2 to finish", lambda: status(ledger, 2) == "finished", timeout=90)
+    (started,) = _times(work / "next")
+    assert started > last, f"job 2 started {last - started:.1f} s before job 1's processes died"

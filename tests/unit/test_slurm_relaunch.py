@@ -121,6 +121,9 @@ def test_the_batch_script_never_runs_its_command_a_second_time(tmp_path: Path) -
         ("never seen started, pending", "PENDING", None, None, None, None, ""),
         ("the script refused a later launch", "FAILED", 40.0, None, 41.0, 1.0, "launched it again"),
         ("a refusal Slurm does not back", "FAILED", 0.0, None, 1.0, 0.5, ""),
+        ("started after its launch mark", "CANCELLED", 17.0, None, None, 1.0, "started it again"),
+        ("a launch mark within the margin", "RUNNING", 5.0, None, None, 1.0, ""),
+        ("a launch mark after the start", "RUNNING", 0.0, None, None, 30.0, ""),
     ],
 )
 def test_restarted(
@@ -338,3 +341,123 @@ def test_a_run_slurm_forgot_while_it_ran_is_gone_when_its_heartbeat_stops(tmp_pa
     gone = vanished(r, d, None, START + 60.0 + 30.0, kill_wait_s=10.0)
     assert gone is not None and gone.reason == "node_failure", gone
     assert START + 59.0 <= gone.at <= START + 60.0 + BEAT_EVERY_S + 1.0
+
+
+def test_a_run_that_exited_0_in_an_outage_no_read_saw_it_start_in_is_completed(
+    tmp_path: Path,
+) -> None:
+    """atk44s F7: slurmctld killed the moment the launch showed RUNNING, before any read of the
+    service; the command ran and exited 0 (its launch mark, beats, end record); the returning
+    slurmctld allocated the job again (its StartTime after the launch mark), slurmd refused a
+    second copy ("already running") and Slurm cancelled the job. It was recorded started after
+    its real end and `cancelled` "outside the ledger", nothing charged. Now: started at its
+    launch mark, completed at its own end."""
+    ex, _ = executor(tmp_path)
+    ex._runs = {1: Run(1, 0, None, slurm_id="7", submitted_at=START)}
+    d = run_dir(tmp_path)
+    for mark in ("launched", "alive"):
+        (d / mark).touch()
+    launched = os.lstat(d / "launched").st_ctime
+    ended = time.time()
+    (d / "ended").write_text(f"0 {ended:.6f} 0\n")
+    read(ex, slurm("CANCELLED", start=launched - START + 16, end=launched - START + 17), 80.0)
+    (x,) = ex._exits
+    assert (x.exit_code, x.reason) == (0, "exited") and x.reason != "cancelled", x
+    assert abs(x.at - ended) < 1.5, (x.at, ended)
+    (st,) = ex._starts
+    assert st.started_at is not None and abs(st.started_at - launched) < 1.0, (st, launched)
+
+
+def test_a_first_launch_slurm_killed_that_no_read_saw_running_is_a_node_failure(
+    tmp_path: Path,
+) -> None:
+    """atk44s F1: slurmctld killed ~1 s after the sbatch, the service up throughout and no read
+    of it seeing the run; the command ran 12.5 s (launch mark, heartbeat) until the returning
+    slurmctld's new launch SIGKILLed it, and the script refused that launch (125). It was
+    recorded `launch_failed` ("; no start of it was seen: its command never ran"), its resumable
+    job not requeued, nothing charged. Now: started at its launch mark, `node_failure` a beat
+    after its last heartbeat (a resumable job is requeued)."""
+    ex, _ = executor(tmp_path)
+    ex._runs = {1: Run(1, 0, None, slurm_id="7", submitted_at=START)}
+    d = run_dir(tmp_path)
+    for mark in ("launched", "alive", "relaunched"):
+        (d / mark).touch()
+    launched = os.lstat(d / "launched").st_ctime
+    code = f"{RELAUNCH_EXIT}:0"
+    failed = slurm("FAILED", start=launched - START + 20, end=launched - START + 21, code=code)
+    read(ex, failed, 62.0)
+    assert ex._exits == [] and 1 in ex._runs  # its beat is fresh: it may live
+    read(ex, failed, 62.0 + 60.0)
+    (x,) = ex._exits
+    assert x.reason == "node_failure" and x.note.startswith("Slurm "), x
+    (st,) = ex._starts
+    assert st.started_at is not None and abs(st.started_at - launched) < 1.0, (st, launched)
+
+
+def test_a_reused_slurm_id_adopted_by_a_restarted_service_starts_nothing_unmarked(
+    tmp_path: Path,
+) -> None:
+    """atk44s F6 (atk43s F5 through a restart): Slurm forgot job 38's id and gave it to job 44's
+    submission; the service was killed and restarted, and adopted the job by its name. slurmd
+    refused the launch ("already running") and Slurm cancelled it: it was recorded started and
+    `cancelled` though its command never ran. The adoption checks the executor's notes as a
+    submission does: a reused id, started only by its launch mark, `launch_failed` without."""
+    Notes(tmp_path).note(38, 0, "40", START - 100)  # the service before: job 38 had id 40
+    ex, _ = executor(tmp_path)
+    said = {"text": slurm("RUNNING", start=1.0, sid="40", job=44)}
+    ex._run = lambda args, *_, **__: said["text"] if args[-1] == "job" else ""  # type: ignore[method-assign]
+    run_dir(tmp_path, 44)
+    assert ex.adopt({44: 0}, START + 2.0) == {44}
+    read(ex, said["text"], 20.0)  # RUNNING, unmarked, 18 s
+    assert ex._starts == []
+    read(ex, slurm("CANCELLED", start=1.0, end=28.0, sid="40", job=44), 30.0)
+    assert ex._starts == []
+    (x,) = ex._exits
+    assert (x.reason, x.note) == ("launch_failed", REUSED_WHY), x
+
+
+def test_a_run_slurm_forgot_before_launching_it_is_submitted_again(tmp_path: Path) -> None:
+    """atk44s F4: slurmctld killed right after the sbatch, before its state save: it forgot the
+    job and gave its id to the next submission (another user's job). The run's script never
+    made a mark on a node whose marks the service sees: it was recorded `failed`, exit -1,
+    `lost` ("its run vanished"), its resumable job never run. Now it is submitted again (the
+    same run: nothing of it ran), with no end recorded."""
+    job = Launch(20, (GpuSlot(node="vm", gpu_indices=(0,)),), ("true",), None, "alice", "ai2/olmo")  # fmt: skip  # noqa: E501
+    ex, _ = executor(tmp_path)
+    ex._restarts.sharing.add("vm")  # an earlier run's launch mark was seen there
+    ex._runs = {20: Run(20, 0, job, slurm_id="25", submitted_at=START)}
+    run_dir(tmp_path, 20)
+    theirs = slurm("RUNNING", start=5.0, sid="25", job=21)  # the id is job 21's now
+    read(ex, theirs, 6.0)
+    read(ex, theirs, 6.0 + ex.vanish_after_s)
+    assert ex._exits == [] and 20 in ex._runs, ex._exits
+    r = ex._runs[20]
+    assert (r.slurm_id, r.submitted_at, r.run) == (None, None, 0), r  # submitted again
+    # one whose script marked its launch ran: it is never submitted again (its record says)
+    ex._runs = {20: Run(20, 0, job, slurm_id="25", submitted_at=START)}
+    (run_dir(tmp_path, 20) / "launched").touch()
+    read(ex, theirs, 100.0)
+    read(ex, theirs, 100.0 + ex.vanish_after_s)
+    assert ex._runs.get(20) is None or ex._runs[20].slurm_id == "25"
+
+
+def test_a_run_slurm_forgot_that_ran_is_started_at_its_launch_mark(tmp_path: Path) -> None:
+    """atk44s F5: slurmctld forgot the job while it ran (no read recorded its start); its command
+    completed by its own end record: it was recorded completed at its real end but with no
+    start, its running time never charged. Now it is started at its launch mark."""
+    ex, _ = executor(tmp_path)
+    ex._restarts.notes.note(1, 0, "7")  # submitted, its start never recorded
+    d = run_dir(tmp_path)
+    for mark in ("launched", "alive"):
+        (d / mark).touch()
+    launched = os.lstat(d / "launched").st_ctime
+    (d / "ended").write_text(f"0 {time.time():.6f} 0\n")
+    ex2, _ = executor(tmp_path)
+    ex2._view = {}
+    ex2._runs = {r.job_id: r for r in ex2._restarts.unlisted({1: 0}, set(), ex2._checkpoint_file, START + 60)}  # fmt: skip  # noqa: E501
+    ex2._read_runs(START + 60.0)
+    ex2._read_runs(START + 60.0 + ex2.vanish_after_s)
+    (x,) = ex2._exits
+    assert (x.exit_code, x.reason) == (0, "exited"), x
+    (st,) = ex2._starts
+    assert st.started_at is not None and abs(st.started_at - launched) < 1.0, (st, launched)

@@ -33,7 +33,6 @@ from ledger.engines.slurm.launching import (
     LAUNCHED,
     MarksSeen,
     WrongGpus,
-    forgotten_stop,
     mark_stopping,
     mark_time,
     never_ran,
@@ -42,12 +41,12 @@ from ledger.engines.slurm.launching import (
     node_fail_end,
     run_end,
     run_script,
-    stop_marks,
 )
 from ledger.engines.slurm.leaks import Leaks, held_with
 from ledger.engines.slurm.outage import Probe
 from ledger.engines.slurm.outputs import claim_outputs, files_umask, sbatch_env, sbatch_user
 from ledger.engines.slurm.restarts import Restarts, vanished
+from ledger.engines.slurm.stop_loop import carry_stops, resume_stops
 from ledger.engines.slurm.stops import (
     GONE_ALREADY,
     Quarantine,
@@ -55,7 +54,6 @@ from ledger.engines.slurm.stops import (
     Tag,
     completing,
     earlier_alive,
-    ended_by_itself,
     gpus_differ,
     grace_of,
     in_service,
@@ -64,15 +62,13 @@ from ledger.engines.slurm.stops import (
     outage_of,
     own_ends_first,
     placed_gpus,
-    resumed_stops,
     run_gpus,
-    stopped_end,
     stopping_gpus,
     tagged,
     unplaceable,
     unseen_end,
 )
-from ledger.engines.slurm.tracked import Run, forget_stop, note_stop, noted_stop, past_limit
+from ledger.engines.slurm.tracked import Run, note_stop, past_limit
 from ledger.engines.slurm.words import (
     UNTRACKED_OK,
     WAITING,
@@ -155,6 +151,7 @@ class SlurmExecutor:
         """The nodes the ledger counts lost: nothing is submitted onto them (`unplaceable`)."""
         self._down: frozenset[str] = frozenset()  # nodes Slurm showed DOWN in the last read
         self._unheard: frozenset[str] = frozenset()  # ... DOWN or not responding (F8)
+        self._slurmd_started: dict[str, float] = {}  # node -> SlurmdStartTime (atk44s F2)
         self._reported: set[str] = set()  # stopped runs whose end was reported, not yet recorded
         """A job's time limit by job id (`open_executor` reads the ledger's), for runs adopted
         after a restart, whose exact limit Slurm does not keep (it rounds up to minutes)."""
@@ -262,6 +259,7 @@ class SlurmExecutor:
         self._down = frozenset(n.name for n in found if n.down)
         self._unheard = self._down | {n.name for n in found if n.unresponsive}
         self._gres_used = {n.name: n.gres_used for n in found if n.gres_used}
+        self._slurmd_started = {n.name: n.slurmd_start for n in found if n.slurmd_start}
         return found
 
     def _hold_leaked(self) -> None:
@@ -557,26 +555,8 @@ class SlurmExecutor:
             stopping.term_refused |= any(w in err.line() for w in GONE_ALREADY)
             log.warning("slurm job %s: %s (retrying)", slurm_id, err.line())
 
-    def _resume_stops(self, now: float) -> None:
-        """The runs of ours to stop that this executor does not carry (a restart: stops live in
-        its memory alone), taken up as an uninterrupted stop would go on (`resumed_stops`): one
-        never signalled gets its SIGTERM and its whole grace now, as the node agents give it
-        (atk36-23 F2); one that was gets what is left of its grace from its noted SIGTERM, and
-        no second one (atk39-24 F1, F2)."""
-        self._reported &= set(self._view)
-        skip = {r.slurm_id for r in self._runs.values() if r.slurm_id} | set(self._stopping)
-        for j, st, grace in resumed_stops(
-            self._view, self.stopped_runs(), skip | self._reported, self.ledger_id,
-            self.partition, lambda i: noted_stop(self.log_dir, i), self.job_grace, self.grace_s,
-        ):  # fmt: skip
-            log.warning("slurm job %s is a run the ledger no longer runs: stopping it", j.slurm_id)
-            if st is None:
-                self._signal(j.slurm_id, now, grace, j.tag(self.ledger_id))
-            else:
-                self._stopping[j.slurm_id] = st
-
     def _read_runs(self, now: float) -> None:
-        self._resume_stops(now)
+        resume_stops(self, now)
         note_unanswered(self._stopping, self._view, self._unheard)  # Slurm's end alone (F8)
         # 0. our runs Slurm has ended whose processes may still live (COMPLETING)
         mine = {r.slurm_id for r in self._runs.values() if r.slurm_id} | set(self._stopping)
@@ -595,8 +575,15 @@ class SlurmExecutor:
                     r.missing_since = now
                 sacct = self._run if self._accounting else None  # past MinJobAge, or forgotten
                 run_dir = self._checkpoint_file(job_id, r.run).parent
+                if now - r.missing_since >= self.vanish_after_s and self._restarts.never_launched(r, run_dir):  # fmt: skip  # noqa: E501
+                    log.warning("job %s run %s: Slurm forgot its job %s before launching it (no "
+                                "mark of its script): submitting it again", job_id, r.run, r.slurm_id)  # fmt: skip  # noqa: E501
+                    r.slurm_id = r.submitted_at = r.missing_since = None  # (atk44s F4)
+                    continue
                 if now - r.missing_since >= self.vanish_after_s and (gone := vanished(r, run_dir, sacct, now, self.kill_wait_s)):  # fmt: skip  # noqa: E501
                     del self._runs[job_id]
+                    start = self._restarts.unseen_start(r, run_dir, now)  # it ran (atk44s F5)
+                    self._starts += [start] if start is not None and gone.reason != "lost" else []
                     self._exits.append(gone)
                 continue
             r.missing_since = None
@@ -657,45 +644,8 @@ class SlurmExecutor:
                          job_id, r.slurm_id, limit)  # fmt: skip
                 at = r.started_at + limit if r.started_at and limit is not None else now
                 self._signal(r.slurm_id, now, self._grace_of(r), since=at)  # grace from the limit
-        for slurm_id, st in list(self._stopping.items()):  # 2. stops: the grace, then scancel
-            j = self._view.get(slurm_id)
-            theirs = j is not None and st.run is not None and j.tag(self.ledger_id) != st.run
-            j = None if theirs else j  # its id names another job (atk43s F5, atk44ha F1)
-            st.gpus = (held_gpus(j, self._pinned) if j is not None else {}) or st.gpus
-            if j is not None and j.holding and not j.ended and now >= (self._settle_until or 0):
-                st.seen_running_at = now  # (`real_end`: a stopped run's end in an outage, F6)
-            doubt = st.run is not None and unseen_end(st, j)  # NODE_FAIL, or its cancel unseen
-            failed = self._how_failed(st.run, None, None, j, now, st.grace_s) if doubt else None
-            if doubt and failed is None:  # its processes may live: held (F7, atk43s F8)
-                if not st.in_doubt and j is not None:
-                    log.warning("stopped Slurm job %s is %s, its processes' end unseen: held "
-                                "until gone", slurm_id, j.state)  # fmt: skip
-                st.in_doubt = True
-            elif j is None and not theirs and not self._forgotten(slurm_id, st, now):
-                continue  # Slurm forgot it and its beat is fresh: its processes may live
-            elif j is None or j.ended:
-                self._quarantine.hold(failed, j, st.gpus)
-                del self._stopping[slurm_id]
-                if theirs:  # not its end: taken up again where it is listed (`_resume_stops`)
-                    continue
-                self._reported.add(slurm_id)
-                self._seen.forget(slurm_id)
-                forget_stop(self.log_dir, slurm_id)
-                seen = self._completing.pop(slurm_id, None)
-                if j is not None and st.run is not None and j.started:  # its processes' end
-                    run_dir = self._checkpoint_file(*st.run).parent
-                    own, beat, first = stop_marks(run_dir, now)  # (`first`: never ran, F10)
-                    itself = failed is None and ended_by_itself(own, j, st.term_refused)
-                    self._stopped.append(stopped_end(st, j, now, seen, failed, itself, (self._away, self.settle_s), (own, beat), first))  # fmt: skip  # noqa: E501
-                    if itself and j.exit_code == 0:  # it may complete its job (F3)
-                        self._completed.add(st.run[0])
-            elif not st.cancelled and now - st.since >= st.grace_s and self.cluster.confirm(now):
-                try:
-                    self._run(scancel_args(slurm_id, st.run))
-                    st.cancelled = st.killed = True
-                except EngineError as err:
-                    log.warning("slurm job %s: %s (retrying)", slurm_id, err.line())
-        # 3. foreign jobs on any partition: their GPUs are busy, never touched (`_resume_stops`)
+        carry_stops(self, now)  # 2. stops: the grace, then scancel (`stop_loop`)
+        # 3. foreign jobs on any partition: their GPUs are busy, never touched (`resume_stops`)
         other = others(self._view.values(), mine, self.ledger_id, self.partition, self._pinned)
         for j, holds in other.holders:
             if j.slurm_id not in self._foreign_seen:
@@ -746,13 +696,6 @@ class SlurmExecutor:
             self._checkpoint_file(*tag).parent, launch, started_at, j, self._answering,
             self.kill_wait_s, now, self.slurmd_timeout_s, self._seen, grace_s)  # fmt: skip
 
-    def _forgotten(self, slurm_id: str, st: Stopping, now: float) -> bool:
-        """A stop of a run Slurm no longer lists: its end from its marks, reported, else False."""
-        run_dir = self._checkpoint_file(*st.run).parent if st.run else None
-        end = forgotten_stop(st, slurm_id, run_dir, now, self.kill_wait_s) if run_dir else None
-        self._stopped += [end] if end is not None else []
-        return end is not None or run_dir is None
-
     def _past_limit(self, r: Run, now: float) -> bool:
         return past_limit(r, self._limit_of(r), now)
 
@@ -787,6 +730,7 @@ class SlurmExecutor:
                 logs = tracked.noted_logs(self.log_dir, job_id, run) or j.logs
                 self._runs[job_id] = Run(job_id, run, None, j.slurm_id, logs=logs)
                 log.info("adopted Slurm job %s as job %s run %s", j.slurm_id, job_id, run)
+                self._restarts.submitted(job_id, run, j.slurm_id)  # a reused id? (atk44s F6)
         for r in self._restarts.unlisted(runs, set(self._runs), self._checkpoint_file, now):
             self._runs[r.job_id] = r  # Slurm forgot it: its own end record says (atk43s F3)
         adopted = set(self._runs)

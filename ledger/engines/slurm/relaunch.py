@@ -30,6 +30,11 @@ executor that missed the restart takes the first launch's own end record's code
 (`ends.SLURM_SAW_NO_EXIT`), never Slurm's `COMPLETED`."""
 MOVED_S = 2.0
 """Slurm's StartTime (whole seconds) moved by more than this: Slurm started the job again."""
+LAUNCHED_BEFORE_S = 5.0
+"""Slurm's StartTime came this long after the run's `launched` mark (its ctime): the command
+was launched in an earlier allocation, which Slurm forgot (`restarted`, 4.). Slurm's start is
+its allocation, before the script runs and marks it; the margin is for the clocks of slurmctld
+and of the file server that sets the mark's ctime."""
 
 
 def guard_lines(launched_file: str, ended_file: str, relaunched_file: str) -> list[str]:
@@ -61,16 +66,24 @@ def restarted(
     2. Its StartTime moved from `first_start`: Slurm started it again.
     3. Its batch script refused a second launch (`relaunched_at`, the mark's time) and Slurm's
        StartTime came after its first launch's mark (`launched_at`, its ctime, which the job's
-       user cannot set back): the marks are the user's, so Slurm's word must agree."""
+       user cannot set back): the marks are the user's, so Slurm's word must agree.
+    4. No refusal (slurmd would not launch a second copy: "already running", and Slurm
+       cancelled the job), but Slurm's StartTime came `LAUNCHED_BEFORE_S` after its first
+       launch's mark: that launch was in an allocation Slurm forgot (atk44s F7: slurmctld killed
+       as the launch began, before any read saw it; a run that exited 0 in the outage was
+       recorded started after its end and `cancelled`). A mark made ahead of the launch is
+       refused by the script's guard (3.) all the same."""
     if (ran or first_start is not None) and j.state in WAITING:
         return "Slurm shows it pending again after it started (slurmctld lost its state)"
     moved = j.started and j.start_time is not None and first_start is not None
     if moved and abs(j.start_time - first_start) > MOVED_S:  # type: ignore[operator]
         return "Slurm started it again (its StartTime moved; slurmctld lost its state)"
-    if relaunched_at is None or launched_at is None:
+    if launched_at is None or not j.started or j.start_time is None:
         return ""
-    if j.started and j.start_time is not None and j.start_time > launched_at + OWN_END_SLACK_S:
+    if relaunched_at is not None and j.start_time > launched_at + OWN_END_SLACK_S:
         return "Slurm launched it again after it had launched (slurmctld lost its state)"
+    if j.start_time > launched_at + LAUNCHED_BEFORE_S:
+        return "Slurm started it again after its command was launched (slurmctld lost its state)"
     return ""
 
 

@@ -17,6 +17,8 @@ from ledger.engines.slurm.launching import (
     ALIVE,
     END_RECORD,
     LAUNCHED,
+    MARKS,
+    STOPPING,
     MarksSeen,
     last_beat,
     mark_time,
@@ -25,6 +27,7 @@ from ledger.engines.slurm.launching import (
     run_nodes,
 )
 from ledger.engines.slurm.relaunch import (
+    LAUNCHED_BEFORE_S,
     MOVED_S,
     RELAUNCH_EXIT,
     RELAUNCHED,
@@ -117,6 +120,28 @@ class Restarts:
             return REUSED_WHY
         return NEVER_REACHED_WHY if self._shares(r, j) and not r.started else why
 
+    def never_launched(self, r: Run, run_dir: Path) -> bool:
+        """Whether a run Slurm no longer lists (or whose id names another job now) never
+        launched: not started, never seen running, no mark of its script's, on nodes whose
+        marks the service sees (`_shares`). slurmctld lost its state before launching it (atk44s
+        F4: a resumable job whose command never ran was recorded `failed`, exit -1, `lost`):
+        Slurm no longer knows the job, so it cannot launch it; the executor submits it again."""
+        if r.launch is None or r.started or r.running_seen is not None or r.launch_seen:
+            return False
+        return self._shares(r, None) and not any(marked(run_dir, m) for m in MARKS if m != STOPPING)  # fmt: skip  # noqa: E501
+
+    def unseen_start(self, r: Run, run_dir: Path, now: float) -> Start | None:
+        """The start of a run Slurm no longer lists that no read recorded started, where its
+        script marked its launch and beat or wrote its end record (its command ran): at its
+        launch mark (atk44s F5: a run slurmctld forgot, completed by its own record, had no
+        start, its running time never charged). None otherwise."""
+        if r.started or r.slurm_id is None:
+            return None
+        at = mark_time(run_dir, LAUNCHED, now)
+        if at is None or not (marked(run_dir, ALIVE) or marked(run_dir, END_RECORD)):
+            return None
+        return Start(r.job_id, r.slurm_id, r.run, (), logs=r.logs, started_at=at)
+
     def last(self, job_id: int, run: int) -> SlurmJob | None:
         """The Slurm job of a run Slurm launched again as last read, ended if it was not (the
         executor cancelled it); None for any other run."""
@@ -151,14 +176,18 @@ class Restarts:
         if tag not in self.why:
             refused = j.ended and j.exit_code == RELAUNCH_EXIT  # its script's refusal: marks
             moved = j.start_time is not None and first is not None and abs(j.start_time - first) > MOVED_S  # fmt: skip  # noqa: E501
-            if not (refused or moved or j.state in WAITING):
+            # the mark's own ctime, not kept before `now`: a test's clock, or a node's behind
+            at = mark_time(run_dir, LAUNCHED, math.inf) if first is None and j.started else None
+            early = at is not None and j.start_time is not None and j.start_time > at + LAUNCHED_BEFORE_S  # fmt: skip  # noqa: E501
+            if not (refused or moved or early or j.state in WAITING):
                 return None
             # its first launch reached its script (its launch mark), not only Slurm's RUNNING:
             # a launch Slurm requeued before its script began is Slurm's to start again, the
             # script checking its GPUs (`script_gpus`)
             launched = r.launch_seen is not None or marked(run_dir, LAUNCHED)
             ran = launched and (r.started or first is not None or r.running_seen is not None)
-            marks = (mark_time(run_dir, RELAUNCHED, now), mark_time(run_dir, LAUNCHED, now)) if refused else (None, None)  # fmt: skip  # noqa: E501
+            relaunched = mark_time(run_dir, RELAUNCHED, now) if refused else None
+            marks = (relaunched, mark_time(run_dir, LAUNCHED, now)) if refused or early else (None, None)  # fmt: skip  # noqa: E501
             why = restarted(j, first if launched else None, *marks, ran)
             if not why:
                 return None
@@ -181,12 +210,15 @@ class Restarts:
                                   j.ended)  # fmt: skip
         if ending is None:
             return None, None
+        why = self.why.get(tag, "Slurm lost the run's state")
         self.forget(tag, r.slurm_id)
         log.info("job %s run %s (Slurm job %s): its first launch ended %s at %s", r.job_id, r.run,
                  r.slurm_id, ending.reason, ending.at)  # fmt: skip
-        if first is None and not r.started and r.running_seen is None and ending.reason != "exited":
-            # no start of its the executor saw: the marks alone are the job user's word
-            note = f"{self.why.get(tag, '')}; no start of it was seen: its command never ran"
+        # no start of its the executor saw, and no launch mark with a beat of its script's
+        # (made before its command: it ran, atk44s F1): its command never ran
+        ran = marked(run_dir, LAUNCHED) and beat is not None
+        if first is None and not r.started and r.running_seen is None and ending.reason != "exited" and not ran:  # fmt: skip  # noqa: E501
+            note = f"{why}; no start of it was seen: its command never ran"
             return None, Exit(r.job_id, -1, ending.at, "launch_failed", r.slurm_id, j.state, note)
         start = None  # recorded started only where its command was (Slurm's GPU-less relaunch)
         if not r.started and (first is not None or r.launch_seen or marked(run_dir, LAUNCHED)):

@@ -13,6 +13,7 @@ from ledger.cycle.executor import Exit, Launch, NodeChange
 from ledger.engines.slurm.ends import (
     BEAT_EVERY_S,
     BEAT_STALE_S,
+    OWN_END_SLACK_S,
     Ending,
     OwnEnd,
     own_finish,
@@ -64,7 +65,11 @@ class Stopping:
     stop, its run's): where an end in an outage really was (`words.real_end`, atk39-24 F6)."""
     unanswered: bool = False
     """A read of the nodes during the stop found one of its nodes not answering or DOWN
-    (`note_unanswered`): Slurm's end of it is then its decision alone (`unseen_end`)."""
+    (`note_unanswered`), or its run outlived Slurm's end (`outlived`): Slurm's end of it is
+    then its decision alone (`unseen_end`). Kept on disk (`tracked.note_unheard`) for a
+    restart of the service."""
+    kept: bool = False
+    """`unanswered` is kept on disk (`tracked.note_unheard`)."""
 
 
 GONE_ALREADY = ("Invalid job id", "already complet")
@@ -120,6 +125,41 @@ def unseen_end(st: Stopping | None, j: SlurmJob | None) -> bool:
     if st is None or j is None or not (j.ended and j.started):
         return False
     return end_reason(j.state) == "node_failure" or (st.unanswered and j.state in SLURM_ENDS_FIRST)
+
+
+def outlived(
+    j: SlurmJob | None, beat: float | None, signalled: float | None, kill_wait_s: float
+) -> bool:
+    """Pure: whether a stopped run's own marks prove its processes outlived Slurm's end of it
+    (its cancel or limit, `SLURM_ENDS_FIRST`): its script beat (`beat`, the `alive` mark's
+    ctime) later than Slurm's SIGKILL, `kill_wait_s` after its EndTime, could have let it (two
+    beats and the EndTime's rounding after: a loaded slurmd's RPCs), or noted a signal
+    (`signalled`, its ctime) as long after that EndTime: a TERM only a slurmd that came back
+    could send. Slurm then ended it on
+    its word alone (a node whose slurmd did not answer: `unseen_end`), however its nodes
+    answer now. These are durable facts: a service restarted after the node came back never saw
+    its slurmd away (atk44s F2, F2b: it took Slurm's CANCELLED for the processes' end and
+    launched the job's next run, or another user's job, onto the GPUs beside them)."""
+    if j is None or not (j.ended and j.started) or j.state not in SLURM_ENDS_FIRST:
+        return False
+    if j.end_time is None:
+        return False
+    slack = OWN_END_SLACK_S + 2 * BEAT_EVERY_S  # the EndTime's rounding, Slurm's RPCs
+    late_beat = beat is not None and beat > j.end_time + kill_wait_s + slack
+    return late_beat or (signalled is not None and signalled > j.end_time + slack)
+
+
+def slurmd_restarted(st: Stopping, j: SlurmJob | None, started: Mapping[str, float]) -> bool:
+    """Pure: whether a slurmd of a stopped run's nodes started again after the stop began
+    (`started`: node -> its `SlurmdStartTime`), and Slurm ended the run by its cancel or limit:
+    the slurmd that had the kill to deliver was away during the stop, so that end is Slurm's
+    word alone (`unseen_end`), however the node answers now. Slurm's own record: a service
+    restarted only after the node came back, within KillWait of Slurm's end, has no read of the
+    slurmd away and no mark late enough for `outlived` (atk44s F2)."""
+    if j is None or not (j.ended and j.started) or j.state not in SLURM_ENDS_FIRST or st.since <= 0:
+        return False
+    nodes = {*st.gpus, *j.gpus, *expand_hostlist(j.nodes)}
+    return any(started.get(n, 0.0) > st.since for n in nodes)
 
 
 def outage_of(

@@ -36,8 +36,29 @@ def noted_stop(log_dir: Path, slurm_id: str) -> float | None:
 
 def forget_stop(log_dir: Path, slurm_id: str) -> None:
     """The stop of `slurm_id` is over (its run has ended)."""
+    for name in (slurm_id, slurm_id + UNHEARD):
+        with contextlib.suppress(OSError):
+            (log_dir / "stops" / name).unlink()
+
+
+UNHEARD = ".unheard"
+
+
+def note_unheard(log_dir: Path, slurm_id: str) -> None:
+    """Keep that a read during the stop of `slurm_id` found one of its nodes' slurmd not
+    answering, or its run outlived Slurm's end (`Stopping.unanswered`: Slurm's end of it is its
+    word alone), in `<log_dir>/stops/<id>.unheard`: a restart of the service judges the stop as
+    this one did (`noted_unheard`; atk44s F2: a restart after the node's return took Slurm's
+    CANCELLED for the processes' end and launched beside them). Best effort, as `note_stop`."""
+    stops = log_dir / "stops"
     with contextlib.suppress(OSError):
-        (log_dir / "stops" / slurm_id).unlink()
+        stops.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_atomic(stops / (slurm_id + UNHEARD), b"", sync=True, mode=0o600)
+
+
+def noted_unheard(log_dir: Path, slurm_id: str) -> bool:
+    """Whether `note_unheard` kept the stop of `slurm_id` in doubt."""
+    return (log_dir / "stops" / (slurm_id + UNHEARD)).is_file()
 
 
 def note_logs(log_dir: Path, job_id: int, run: int, logs: tuple[str, ...]) -> None:

@@ -368,6 +368,8 @@ class SlurmNode:
     """The GRES type of each GPU index when each is its own (`pinned_types`); () otherwise."""
     gres_used: tuple[int, ...] = ()
     """The GPU indices Slurm counts allocated on the node (`GresUsed`, `scontrol -d`)."""
+    slurmd_start: float | None = None
+    """When its slurmd last started (`SlurmdStartTime`; `stops.slurmd_restarted`)."""
 
     @property
     def unavailable(self) -> bool:
@@ -403,6 +405,7 @@ def parse_nodes(text: str, partition: str) -> list[SlurmNode]:
                 reason=(rec.get("Reason") or "").strip(),
                 pinned=pinned_types(rec.get("Gres", "")),
                 gres_used=gres_indices(rec.get("GresUsed", "")),
+                slurmd_start=slurm_time(rec.get("SlurmdStartTime", "")),
             )
         )
     return sorted(out, key=lambda n: n.name)

@@ -1,0 +1,126 @@
+"""The Slurm executor's stops, read by read (an edge: it reads the runs' marks and runs
+`scancel`): the runs the ledger no longer runs, carried from the stop's SIGTERM through the
+job's grace to `scancel` and their recorded end (`carry_stops`), and the stops a restart of
+the service takes up again from the ledger and Slurm (`resume_stops`). The judgement is pure, in
+`ledger.engines.slurm.stops` and `ledger.engines.slurm.ends`; this is the loop that applies it to
+the executor's state (`SlurmExecutor._read_runs`)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from ledger.engines.slurm.cluster import scancel_args
+from ledger.engines.slurm.launching import forgotten_stop, last_beat, signalled_at, stop_marks
+from ledger.engines.slurm.stops import (
+    Stopping,
+    ended_by_itself,
+    outlived,
+    resumed_stops,
+    slurmd_restarted,
+    stopped_end,
+    unseen_end,
+)
+from ledger.engines.slurm.tracked import forget_stop, note_unheard, noted_stop, noted_unheard
+from ledger.engines.slurm.words import SlurmJob, held_gpus
+from schemas.errors import EngineError
+
+if TYPE_CHECKING:
+    from ledger.engines.slurm.executor import SlurmExecutor
+
+log = logging.getLogger("gpuledger.slurm")
+
+
+def resume_stops(ex: SlurmExecutor, now: float) -> None:
+    """The runs of ours to stop that the executor does not carry (a restart: stops live in
+    its memory alone), taken up as an uninterrupted stop would go on (`resumed_stops`): one
+    never signalled gets its SIGTERM and its whole grace now, as the node agents give it
+    (atk36-23 F2); one that was gets what is left of its grace from its noted SIGTERM, and
+    no second one (atk39-24 F1, F2)."""
+    ex._reported &= set(ex._view)
+    skip = {r.slurm_id for r in ex._runs.values() if r.slurm_id} | set(ex._stopping)
+    for j, st, grace in resumed_stops(
+        ex._view, ex.stopped_runs(), skip | ex._reported, ex.ledger_id,
+        ex.partition, lambda i: noted_stop(ex.log_dir, i), ex.job_grace, ex.grace_s,
+    ):  # fmt: skip
+        log.warning("slurm job %s is a run the ledger no longer runs: stopping it", j.slurm_id)
+        if st is None:
+            ex._signal(j.slurm_id, now, grace, j.tag(ex.ledger_id))
+        else:
+            st.unanswered = st.kept = noted_unheard(ex.log_dir, j.slurm_id)  # as judged (F2)
+            ex._stopping[j.slurm_id] = st
+
+
+def carry_stops(ex: SlurmExecutor, now: float) -> None:
+    """One read's step for every stop the executor carries: the GPUs it holds, whether Slurm's
+    end of it is its processes' (`unseen_end`: else held in doubt until known gone), its
+    recorded end once Slurm has ended it (`stopped_end`) or forgotten it (`forgotten`), and
+    `scancel` once its grace has passed."""
+    for slurm_id, st in list(ex._stopping.items()):  # 2. stops: the grace, then scancel
+        j = ex._view.get(slurm_id)
+        theirs = j is not None and st.run is not None and j.tag(ex.ledger_id) != st.run
+        j = None if theirs else j  # its id names another job (atk43s F5, atk44ha F1)
+        st.gpus = (held_gpus(j, ex._pinned) if j is not None else {}) or st.gpus
+        if j is not None and j.holding and not j.ended and now >= (ex._settle_until or 0):
+            st.seen_running_at = now  # (`real_end`: a stopped run's end in an outage, F6)
+        judge(ex, slurm_id, st, j, now)  # from durable facts too: a restart (atk44s F2)
+        doubt = st.run is not None and unseen_end(st, j)  # NODE_FAIL, or its cancel unseen
+        failed = ex._how_failed(st.run, None, None, j, now, st.grace_s) if doubt else None
+        if doubt and failed is None:  # its processes may live: held (F7, atk43s F8)
+            if not st.in_doubt and j is not None:
+                log.warning("stopped Slurm job %s is %s, its processes' end unseen: held "
+                            "until gone", slurm_id, j.state)  # fmt: skip
+            st.in_doubt = True
+        elif j is None and not theirs and not forgotten(ex, slurm_id, st, now):
+            continue  # Slurm forgot it and its beat is fresh: its processes may live
+        elif j is None or j.ended:
+            ex._quarantine.hold(failed, j, st.gpus)
+            del ex._stopping[slurm_id]
+            if theirs:  # not its end: taken up again where it is listed (`resume_stops`)
+                continue
+            ex._reported.add(slurm_id)
+            ex._seen.forget(slurm_id)
+            forget_stop(ex.log_dir, slurm_id)
+            seen = ex._completing.pop(slurm_id, None)
+            if j is not None and st.run is not None and j.started:  # its processes' end
+                run_dir = ex._checkpoint_file(*st.run).parent
+                own, beat, first = stop_marks(run_dir, now)  # (`first`: never ran, F10)
+                itself = failed is None and ended_by_itself(own, j, st.term_refused)
+                ex._stopped.append(stopped_end(st, j, now, seen, failed, itself, (ex._away, ex.settle_s), (own, beat), first))  # fmt: skip  # noqa: E501
+                if itself and j.exit_code == 0:  # it may complete its job (F3)
+                    ex._completed.add(st.run[0])
+        elif not st.cancelled and now - st.since >= st.grace_s and ex.cluster.confirm(now):
+            try:
+                ex._run(scancel_args(slurm_id, st.run))  # its name (atk44ha F1)
+                st.cancelled = st.killed = True
+            except EngineError as err:
+                log.warning("slurm job %s: %s (retrying)", slurm_id, err.line())
+
+
+def judge(ex: SlurmExecutor, slurm_id: str, st: Stopping, j: SlurmJob | None, now: float) -> None:
+    """Whether Slurm's end of a stop is its word alone (`Stopping.unanswered`), from what lasts:
+    a read that saw one of its nodes unheard (`note_unanswered`, kept on disk for a restart:
+    `note_unheard`), its run's marks (`outlived`: a beat or a signal later than Slurm's kill
+    of it could be), or its node's slurmd started again during the stop (`slurmd_restarted`),
+    which a restart finds as the reads left them (atk44s F2, F2b)."""
+    if st.run is not None and j is not None and j.ended and not st.unanswered:
+        run_dir = ex._checkpoint_file(*st.run).parent
+        if outlived(j, last_beat(run_dir, now), signalled_at(run_dir), ex.kill_wait_s):
+            st.unanswered = True
+            log.warning("stopped Slurm job %s (%s) outlived Slurm's end of it: its marks say "
+                        "its processes lived on", slurm_id, j.state)  # fmt: skip
+        elif slurmd_restarted(st, j, ex._slurmd_started):
+            st.unanswered = True
+            log.warning("stopped Slurm job %s (%s): its node's slurmd started again during the "
+                        "stop: Slurm's end of it is its word alone", slurm_id, j.state)  # fmt: skip
+    if st.unanswered and not st.kept and st.run is not None:
+        note_unheard(ex.log_dir, slurm_id)
+        st.kept = True
+
+
+def forgotten(ex: SlurmExecutor, slurm_id: str, st: Stopping, now: float) -> bool:
+    """A stop of a run Slurm no longer lists: its end from its marks, reported, else False."""
+    run_dir = ex._checkpoint_file(*st.run).parent if st.run else None
+    end = forgotten_stop(st, slurm_id, run_dir, now, ex.kill_wait_s) if run_dir else None
+    ex._stopped += [end] if end is not None else []
+    return end is not None or run_dir is None
