@@ -191,3 +191,21 @@ def check(value: Any, typ: Any, what: str) -> Any:
         return msgspec.convert(value, typ)
     except msgspec.ValidationError as e:
         raise InvalidCommand(f"invalid {what}: {describe(e, value)}") from e
+
+
+def check_command(cmd: msgspec.Struct) -> None:
+    """Every field of a command inside its type's bounds: the one check of them, whoever built
+    the command (a Struct built in Python skips its `Meta`), the domain's `decide` and the
+    HTTP client alike (a client checks before any request, without loading the domain); out of
+    bounds is one `InvalidCommand` naming the command and the field."""
+    try:
+        validate(cmd)
+    except msgspec.ValidationError as err:
+        op = type(cmd).__struct_config__.tag
+        data = msgspec.to_builtins(cmd)
+        field = str(err).rpartition("at `$.")[2].rstrip("`")
+        found, value = field_value(data, field)
+        fields = {field: value} if found and field.isidentifier() else {}
+        raise InvalidCommand(
+            f"invalid {op} command: {describe(err, data)}", op=op, **fields
+        ) from err

@@ -22,7 +22,8 @@ from schemas.errors import EnvironmentProblem, InvalidCommand
 
 if TYPE_CHECKING:  # the store is imported only by commands that open it (client mode never)
     from ledger.cycle.dispatcher import LiveState
-    from ledger.store.application import Appended, Ledger
+    from ledger.store.appended import Appended
+    from ledger.store.application import Ledger
     from ledger.store.live import LiveView
     from ledger.store.locate import LogSource
     from projections.store import Store

@@ -14,8 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypedDict, cast
 
-import msgspec
-
 from ledger.core import jobs
 from ledger.core.authz import authorise
 from ledger.core.conflicts import command_keys, event_keys
@@ -24,7 +22,7 @@ from ledger.core.runs import drained_after as _drained_after
 from ledger.core.state import DRAINED_NOTE, Account, Job, State
 from schemas import commands as c
 from schemas import events as e
-from schemas.bounds import NAME_PATTERN, describe, field_value, validate
+from schemas.bounds import NAME_PATTERN, check_command
 from schemas.errors import (
     ContractViolation,
     InvalidCommand,
@@ -43,7 +41,7 @@ NewId = Callable[[], str]
 
 def decide(state: State, cmd: c.AnyCommand, now: float, new_id: NewId) -> list[e.AnyEvent]:
     """Pure: validate `cmd` against `state` and return the events it causes, or raise."""
-    _bounded(cmd)
+    check_command(cmd)
     if not isinstance(cmd, c.InitLedger) and not state.initialised:
         raise InvalidCommand(
             "the ledger is not initialised", hint="run `gpuledger init --admin USER`"
@@ -57,22 +55,6 @@ def decide(state: State, cmd: c.AnyCommand, now: float, new_id: NewId) -> list[e
     events = handler(state, cmd, stamp)
     # a job that ended so that another's dependency can never hold ends that one too
     return events + jobs.dependents_ended(state, events, stamp.kw)
-
-
-def _bounded(cmd: c.AnyCommand) -> None:
-    """Every field inside its type's bounds (`schemas.bounds`): the one check of them, whoever
-    built the command (a Struct built in Python skips its `Meta`)."""
-    try:
-        validate(cmd)
-    except msgspec.ValidationError as err:
-        op = type(cmd).__struct_config__.tag
-        data = msgspec.to_builtins(cmd)
-        field = str(err).rpartition("at `$.")[2].rstrip("`")
-        found, value = field_value(data, field)
-        fields = {field: value} if found and field.isidentifier() else {}
-        raise InvalidCommand(
-            f"invalid {op} command: {describe(err, data)}", op=op, **fields
-        ) from err
 
 
 class _Envelope(TypedDict):

@@ -38,7 +38,7 @@ from typing import Any
 
 from ledger.cycle.loop import ServiceLoop, wait_time
 from ledger.server.ha import Leadership, store_words
-from ledger.store.application import Appended
+from ledger.store.appended import Appended
 from schemas.commands import AnyCommand, SubmitJob
 from schemas.errors import LedgerError, Unavailable
 

@@ -35,6 +35,7 @@ from ledger.core.decide import decide
 from ledger.core.evolve import evolve
 from ledger.core.state import State
 from ledger.store import EVENTS_DB, locate, requests, snapshots
+from ledger.store.appended import Appended
 from ledger.store.clock import Clock, IdSource, SystemClock, random_ids
 from ledger.store.live import decode_at
 from ledger.store.requests import KEY_PART, Requests, keyed_id
@@ -155,13 +156,6 @@ class StoreSource:
 
     def head(self) -> int:
         return int(self.recorder.max_notification_id() or 0)
-
-
-@dataclass(frozen=True)
-class Appended:
-    events: list[AnyEvent]
-    position: int
-    """The log position of the last event appended (the head after this command)."""
 
 
 class Ledger(Application[UUID]):

@@ -23,18 +23,17 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 import msgspec
 
+from ledger.store.appended import Appended
 from ledger.wire import SOCKET_NAME
 from schemas import api
+from schemas.bounds import check_command
 from schemas.commands import AnyCommand
 from schemas.errors import ERROR_CODES, InvalidCommand, LedgerError, Unavailable
-
-if TYPE_CHECKING:
-    from ledger.store.application import Appended
 
 TIMEOUT_S = 60.0
 LIST_TIMEOUT_S = 10.0
@@ -299,10 +298,7 @@ class Client:
         return passed
 
     def execute(self, cmd: AnyCommand) -> Appended:
-        from ledger.core.decide import _bounded
-        from ledger.store.application import Appended
-
-        _bounded(cmd)  # out of bounds: the same line as embedded mode, before any request
+        check_command(cmd)  # out of bounds: the same line as embedded mode, before any request
 
         tag = type(cmd).__struct_config__.tag
         data = self.request(
@@ -313,11 +309,8 @@ class Client:
         return Appended(events=list(result.events), position=result.position)
 
     def execute_all(self, cmds: list[AnyCommand]) -> Appended:
-        from ledger.core.decide import _bounded
-        from ledger.store.application import Appended
-
         for cmd in cmds:
-            _bounded(cmd)
+            check_command(cmd)
 
         data = self.request("POST", "/v1/batch", msgspec.json.encode(api.Batch(commands=cmds)))
         result = msgspec.json.decode(data, type=api.CommandResult)

@@ -52,15 +52,28 @@ def store_rows(home: Path) -> list[tuple[object, ...]]:
         return db.execute("SELECT rowid, * FROM stored_events ORDER BY rowid").fetchall()
 
 
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    h = tmp_path / "ledger"
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The data directory every test starts from, built once per module by the CLI: the
+    organisation of `BUDGET` and nodes n1, n2 (8 x h100 each). Tests get copies (`home`)."""
+    tmp = tmp_path_factory.mktemp("built")
+    h = tmp / "ledger"
     run(h, "init", "--admin", "root")
-    budget = tmp_path / "budget.toml"
+    budget = tmp / "budget.toml"
     budget.write_text(BUDGET)
     run(h, "budget", "apply", str(budget))
     run(h, "node", "add", "n1", "--gpus", "8", "--gpu-type", "h100")
     run(h, "node", "add", "n2", "--gpus", "8", "--gpu-type", "h100")
+    return h
+
+
+@pytest.fixture
+def home(built: Path, tmp_path: Path) -> Path:
+    """A copy of `built` of this test's own (no process has it open: a copy is the same data
+    directory), with the budget file it was applied from beside it."""
+    (tmp_path / "budget.toml").write_text(BUDGET)
+    h = tmp_path / "ledger"
+    shutil.copytree(built, h)
     return h
 
 

@@ -1,7 +1,8 @@
 """What a read from the CLI loads: `jobs`, `shares` and `queue` on a caught-up projection use
 DuckDB's engine only, never its Python API, Arrow, the HTTP server or Kafka, and read the live
 state without eventsourcing; a plain table that fits a pipe is printed without rich (each of
-them costs tens of milliseconds per command)."""
+them costs tens of milliseconds per command). A write through a server loads neither the store
+(eventsourcing) nor the domain: the server decides."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.serverkit import cli, env_for, set_up_ledger
+from tests.integration.serverkit import cli, env_for, set_up_ledger, start_server, workdir
 
 HEAVY = ("duckdb", "pyarrow", "litestar", "uvicorn", "kafka", "eventsourcing", "rich")
 
@@ -39,13 +40,16 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return home
 
 
-def _probe(home: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+def _probe(
+    home: Path, *args: str, user: str = "root"
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     proc = subprocess.run(
         [sys.executable, "-c", _PROBE, *args],
-        env=env_for(home, GPULEDGER_USER="root"),
+        env=env_for(home, GPULEDGER_USER=user),
         capture_output=True,
         text=True,
         timeout=60,
+        cwd=workdir(home),
     )
     probe: dict[str, Any] = json.loads(proc.stderr.strip().splitlines()[-1])
     assert probe["code"] in (0, None), proc.stderr
@@ -66,3 +70,18 @@ def test_a_queue_with_nothing_schedulable_to_show_decides_no_preview(home: Path)
     assert "ledger.cycle.dispatcher" not in probe["loaded"]  # where the preview is decided
     _, probe = _probe(home, "queue", "--json")  # job 1 waits: the preview orders it
     assert "ledger.cycle.dispatcher" in probe["loaded"]
+
+
+def test_a_write_through_a_server_loads_neither_the_store_nor_the_domain(tmp_path: Path) -> None:
+    home = tmp_path / "served"
+    set_up_ledger(home, tmp_path)
+    server = start_server(home)  # its Unix socket on the home: the CLI is its client
+    try:
+        args = ("submit", "-A", "ai2/olmo", "-G", "1", "--min-runtime", "1h", "--", "true")
+        proc, probe = _probe(home, *args, user="alice")
+        assert proc.stdout.startswith("submitted job 2 "), proc.stdout
+        assert [m for m in HEAVY if m in probe["modules"]] == []
+        assert "ledger.store.application" not in probe["loaded"]
+        assert "ledger.core.decide" not in probe["loaded"]
+    finally:
+        server.stop()

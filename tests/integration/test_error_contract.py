@@ -69,14 +69,26 @@ def rows(home: Path) -> list[tuple[object, ...]]:
         return db.execute("SELECT rowid, * FROM stored_events ORDER BY rowid").fetchall()
 
 
-@pytest.fixture
-def home(tmp_path: Path) -> Path:
-    h = tmp_path / "ledger"
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The data directory every test starts from, built once per module by the CLI: the
+    organisation of `BUDGET` and node n1 (8 x h100). Tests get copies (`home`)."""
+    tmp = tmp_path_factory.mktemp("built")
+    h = tmp / "ledger"
     ok(h, "init", "--admin", "root")
-    budget = tmp_path / "budget.toml"
+    budget = tmp / "budget.toml"
     budget.write_text(BUDGET)
     ok(h, "budget", "apply", str(budget))
     ok(h, "node", "add", "n1", "--gpus", "8", "--gpu-type", "h100")
+    return h
+
+
+@pytest.fixture
+def home(built: Path, tmp_path: Path) -> Path:
+    """A copy of `built` of this test's own (no process has it open: a copy is the same data
+    directory)."""
+    h = tmp_path / "ledger"
+    shutil.copytree(built, h)
     return h
 
 

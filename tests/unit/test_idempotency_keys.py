@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ledger.store.application import Appended, Ledger
+from ledger.store.appended import Appended
+from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
 from schemas import commands as c
 from schemas.errors import Conflict

@@ -199,3 +199,12 @@ def test_a_slurm_file_in_no_group_fails_the_collection(tmp_path: Path) -> None:
     assert "test_slurm_unmeasured.py is a Slurm test file in no Slurm group" in (
         run.stdout + run.stderr
     )
+
+
+def test_setup_writes_the_bytecode_of_every_package_of_ours() -> None:
+    """With PYTHONDONTWRITEBYTECODE set, nothing else writes it: each CLI call and server start
+    of the suite would compile our modules from source again (scripts/setup)."""
+    lines = (REPO / "scripts" / "setup").read_text().splitlines()
+    compiles = [line for line in lines if "-m compileall" in line and not line.startswith("#")]
+    assert len(compiles) == 1, compiles
+    assert {"schemas", "ledger", "projections"} <= set(compiles[0].split())
