@@ -79,7 +79,9 @@ def test_a_job_whose_completion_is_still_on_its_way_when_its_node_goes_down_is_c
     work = ledger.work
     cl = ledger.cluster
     ledger.up()
-    ledger.submit("alice", 1, _job(work, 3), "--resumable", "--min-runtime", "1h")
+    # 8 s: its slurmstepd is found through the job's /proc while it lives (3 s was gone before
+    # the `status` calls saw it running in 1 run of 4-6 at load 10)
+    ledger.submit("alice", 1, _job(work, 8), "--resumable", "--min-runtime", "1h")
     ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
     (linked,) = ledger.of("job.engine_linked.v1", 1)
     slurm_id = linked["engine_job_id"]
