@@ -440,6 +440,7 @@ def _build(
         return caller.actor.startswith("@node:") or ledger.state.is_admin(caller.actor)
 
     writes.app.unmetered = unmetered  # nor are their writes' bytes
+    writes.app.batching = lambda caller: caller.actor in batching  # asked before the body
     return app, Front(writes, identify, conns, unmetered)
 
 
