@@ -267,7 +267,7 @@ def _build(
             # 2.5 s, four at once stopped the cycle 9 s: atk44-25 F7)
             await copied.on_view(
                 worker, pool, caller.actor, "the batch's dry run",
-                lambda view: tables.dry_run(worker, view.ledger.state, view.moment, cmds),
+                lambda view: tables.dry_run(worker, view.ledger, view.moment, cmds),
             )  # fmt: skip
             appended = await worker.call(lambda: ledger.execute_all(cmds), write=True)
         finally:

@@ -129,3 +129,19 @@ def test_a_quiet_server_snapshots_ahead_of_the_commit_that_would(tmp_path: Path)
     assert live.snapshot_position == live.position == start + 5
     again = Ledger(tmp_path, live=True)
     assert again.restored_from == start + 5 and again.state.jobs == live.state.jobs
+
+
+def test_a_group_commits_events_are_kept_decoded_as_the_log_holds_them(tmp_path: Path) -> None:
+    """The batch's dry run reads the events after an `expected_position` from those the ledger
+    kept decoded (`Ledger.kept`, atk44w); a group commit kept none, so a submit made that way
+    was never there."""
+    led = ledger(tmp_path)
+    head = led.position
+    submit = c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1)
+    led.execute_each([submit, c.SubmitJob(actor="mallory", account="ai2/olmo", gpus=1), submit])
+    led.execute_each([c.CancelJob(actor="alice", job_id=1)])
+    kept = led.kept(head, led.position)
+    assert kept is not None and [p for p, _ in kept] == list(range(head + 1, led.position + 1))
+    assert kept == list(Ledger(tmp_path).follow(head))  # as the store holds them
+    assert led.kept(head, led.position + 1) is None  # not all kept: never a guess
+    assert led.kept(led.position, led.position) == []
