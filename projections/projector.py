@@ -21,7 +21,7 @@ import duckdb
 
 from projections.errors import CorruptEvent, ProjectionBusy, ProjectionMismatch
 from projections.source import EventSource, LogRecord, Row
-from projections.store import PROJECTION, Store, projection_path, sql_sections
+from projections.store import PROJECTION, Store, memory_limit, projection_path, sql_sections
 
 if TYPE_CHECKING:  # Arrow and the decoder load with the first Projector: reads that find the
     # projection caught up never pay for them
@@ -413,7 +413,7 @@ def _refuse_if_busy(path: Path) -> None:
     if not path.exists():
         return
     try:
-        duckdb.connect(str(path)).close()
+        duckdb.connect(str(path), config={"memory_limit": memory_limit()}).close()
     except duckdb.IOException as err:
         if "lock" in str(err).lower():
             raise ProjectionBusy(
