@@ -10,7 +10,7 @@ node and job tokens act as the narrow system actors `@node:NAME` and `@job:ID`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -176,6 +176,7 @@ class State:
     _dependents: dict[int, set[int]] | None = field(default=None, compare=False, repr=False)
     _arrays: dict[int, set[int]] | None = field(default=None, compare=False, repr=False)
     _by_user: dict[str, int] | None = field(default=None, compare=False, repr=False)
+    _bytes_by_user: dict[str, int] | None = field(default=None, compare=False, repr=False)
 
     @property
     def policy(self) -> AnyPolicyConfig | None:
@@ -207,6 +208,7 @@ class State:
             stopped_runs_kept=self.stopped_runs_kept,
             run_ends=dict(self.run_ends),
             run_ends_kept=self.run_ends_kept,
+            _bytes_by_user=None if self._bytes_by_user is None else dict(self._bytes_by_user),
         )
 
     # --- queries -------------------------------------------------------------------------------
@@ -295,6 +297,17 @@ class State:
             self._by_user = index
         return self._by_user.get(user, 0)
 
+    def held_of(self, user: str) -> int:
+        """About the bytes the specs of `user`'s unfinished jobs hold (`held_bytes`). Built from
+        the live jobs on first use, then kept by `evolve` (and carried by `copy`)."""
+        if self._bytes_by_user is None:
+            index: dict[str, int] = {}
+            for job_id in self.active:
+                spec = self.jobs[job_id].spec
+                index[spec.user] = index.get(spec.user, 0) + held_bytes(spec)
+            self._bytes_by_user = index
+        return self._bytes_by_user.get(user, 0)
+
     def array_tasks(self, array_job_id: int) -> set[int]:
         """The unfinished tasks of the job array `array_job_id` (empty for a job that is no
         array). Built from the live jobs on first use, then kept by `evolve`."""
@@ -310,6 +323,23 @@ class State:
     def free_indices(self, node: str) -> list[int]:
         holders = self.holders
         return [i for i in range(self.nodes[node].gpus) if (node, i) not in holders]
+
+
+JOB_HELD_OVERHEAD = 1024
+"""The bytes a job holds besides its strings (its records, ids, slots), for `held_bytes`."""
+
+
+def held_bytes(spec: Any) -> int:
+    """Pure: about the bytes a job's spec (a `JobSubmitted`, or the `SubmitJob` that makes one
+    task of it) holds in memory: its command line, environment, labels and paths, and
+    `JOB_HELD_OVERHEAD`."""
+    return (
+        JOB_HELD_OVERHEAD
+        + sum(map(len, spec.command))
+        + sum(len(k) + len(v) for k, v in spec.env.items())
+        + sum(len(k) + len(v) for k, v in spec.labels.items())
+        + len(spec.workdir) + len(spec.stdout) + len(spec.stderr) + len(spec.job_name)
+    )  # fmt: skip
 
 
 DRAINED_NOTE = "its node's agent drained"

@@ -423,10 +423,8 @@ class Ledger(Application[UUID]):
             del recent[: len(recent) - RECENT // 2]
 
     def kept(self, after: int, until: int) -> list[tuple[int, AnyEvent]] | None:
-        """The events with `after` < position <= `until` from those this ledger kept decoded
-        (`_recent`), or None when they are not all kept. Safe on another thread than the one
-        that folds: the kept list is copied whole first (one step under the interpreter's lock)
-        and only the copy is read."""
+        """The events with `after` < position <= `until` kept decoded (`_recent`), or None when
+        not all are; safe on another thread than the folding one (the list copied whole first)."""
         recent = list(self._recent)
         if not recent or recent[0][0] > after + 1 or recent[-1][0] < until:
             return None
