@@ -139,3 +139,15 @@ def test_a_batch_that_clashes_with_its_expected_position_is_refused_on_the_view(
     body = {"commands": [{**submit(), "expected_position": head + 10_000}]}  # ahead: no clash
     status, answer = world.server.request("POST", "/v1/batch", body, token=alice)
     assert status == 200, answer
+
+
+def test_an_audit_check_runs_nothing_on_the_worker(world: World) -> None:
+    """atk44w F6: `audit check` caught the projection up and queried it on the worker (~0.45 s
+    a check on a busy ledger); now beside it, with the view of the live state."""
+    alice = world.tokens["alice"]
+    assert world.server.request("POST", "/v1/commands/submit", submit(), token=alice)[0] == 200
+    before = worker_calls(world)
+    status, answer = world.server.request("GET", "/v1/audit/check", token=alice)
+    assert status == 200, answer
+    assert answer["events"] > 0 and answer["violations"] == [], answer
+    assert worker_calls(world) == before  # was one call
