@@ -37,12 +37,15 @@ through the write-ahead log and is written again by the next checkpoint: a quart
 CPU per event. Small enough to bound memory (about 1 KB per event in flight, two batches at a
 time)."""
 
-BATCH_BYTES = 64 << 20
-"""The stored bytes of a batch's events at most (one event at least): a batch of 122,880
-events of 900 KiB each is 100 GB, and `project follow` held ~10x the bytes it read (3.5 GB for
-a 330 MB topic: atk44z F8). Each read asks for as many events as the last read's average size
-fits in this (`next_count`); events of 546 bytes or less on average still fill whole batches
-(row groups)."""
+BATCH_BYTES = 16 << 20
+"""The stored bytes of a batch of large events at most (one event at least): a batch of
+122,880 events of 900 KiB each is 100 GB, and `project follow` held ~10x the bytes it read
+(3.5 GB for a 330 MB topic: atk44z F8; 150 events of 800 KB: 1.3 GB before, 0.67 GB in 16 MiB
+batches). Each read asks for as many events as the last read's average size fits in this
+(`next_count`), unless a whole batch of them fits in `WHOLE_BATCH_BYTES`."""
+WHOLE_BATCH_BYTES = 128 << 20
+"""Events of ~1 KiB or less on average still go in whole batches (row groups: a partial one
+costs a quarter more DuckDB CPU per event, see `DEFAULT_BATCH`)."""
 FIRST_READ = 16
 """Events the first read of a catch-up asks for (their size unknown yet: 16 of the largest
 events are ~14 MiB)."""
@@ -51,9 +54,15 @@ events are ~14 MiB)."""
 def next_count(batch_size: int, batch_bytes: int, done: int, per: int | None) -> int:
     """Pure: how many events the next read asks for, after `done` events of this catch-up, the
     events read last `per` bytes each on average (None: none read yet, `FIRST_READ`): what
-    completes the current `batch_size` (so batches stay whole row groups), fewer where as many
-    events of that size would pass `batch_bytes` (one at least)."""
-    fits = FIRST_READ if per is None else batch_bytes // max(1, per)
+    completes the current `batch_size` (so batches stay whole row groups), fewer where a whole
+    batch of events of that size would pass `WHOLE_BATCH_BYTES`: what fits in `batch_bytes`
+    (one at least)."""
+    if per is None:
+        fits = FIRST_READ
+    elif per * batch_size <= WHOLE_BATCH_BYTES:
+        fits = batch_size
+    else:
+        fits = batch_bytes // per
     return max(1, min(batch_size - done % batch_size, fits))
 
 

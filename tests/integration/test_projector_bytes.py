@@ -71,8 +71,8 @@ def test_a_catch_up_of_large_events_reads_them_a_few_mib_at_a_time(tmp_path: Pat
 
 
 def test_small_events_still_go_in_whole_row_groups() -> None:
-    assert next_count(122_880, 64 << 20, 0, None) == 16  # sizes unknown: a few first
-    assert next_count(122_880, 64 << 20, 16, 400) == 122_880 - 16  # completes the row group
-    assert next_count(122_880, 64 << 20, 122_880, 546) == 122_880
-    assert next_count(122_880, 64 << 20, 16, 880_000) == 76  # 64 MiB of 880 KB events
+    assert next_count(122_880, 16 << 20, 0, None) == 16  # sizes unknown: a few first
+    assert next_count(122_880, 16 << 20, 16, 400) == 122_880 - 16  # completes the row group
+    assert next_count(122_880, 16 << 20, 122_880, 1_000) == 122_880
+    assert next_count(122_880, 16 << 20, 16, 880_000) == 19  # 16 MiB of 880 KB events
     assert next_count(122_880, 1 << 20, 0, 4 << 20) == 1  # one at least
