@@ -349,7 +349,9 @@ class Projector:
 
         if self.quarantine:
             plain = cast("queue.Queue[Batch | BaseException | None]", out)  # whole batches only
-            quarantine.read_ahead(self.source, position, stop, self.batch_size, plain, halt)
+            quarantine.read_ahead(
+                self.source, position, stop, self.batch_size, plain, halt, self.batch_bytes
+            )
             return
         read: Callable[[int, int], Sequence[Row]] = getattr(
             self.source, "read_rows", self.source.read

@@ -70,6 +70,16 @@ def test_a_catch_up_of_large_events_reads_them_a_few_mib_at_a_time(tmp_path: Pat
     assert peak < 64 << 20, peak  # Python's share; was ~10x the bytes read
 
 
+def test_a_quarantine_readers_batches_are_bounded_in_bytes_too(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    head = _ledger(home, 20).position  # ~16 MB of events
+    with EmbeddedSource(home) as src, Store(tmp_path / "q.duckdb") as store:
+        counted = Counted(src)
+        done = Projector(store, counted, batch_bytes=2 << 20, quarantine=True).catch_up()  # type: ignore[arg-type]
+        assert done.position == head
+    assert max(counted.reads) <= 3 * (2 << 20), counted.reads  # was one read of 16 MB
+
+
 def test_small_events_still_go_in_whole_row_groups() -> None:
     assert next_count(122_880, 16 << 20, 0, None) == 16  # sizes unknown: a few first
     assert next_count(122_880, 16 << 20, 16, 400) == 122_880 - 16  # completes the row group
