@@ -21,7 +21,7 @@ import duckdb
 
 from projections.errors import CorruptEvent, ProjectionBusy, ProjectionMismatch
 from projections.source import EventSource, LogRecord, Row
-from projections.store import PROJECTION, Store, projection_path, sql_sections
+from projections.store import PROJECTION, Store, memory_limit, projection_path, sql_sections
 
 if TYPE_CHECKING:  # Arrow and the decoder load with the first Projector: reads that find the
     # projection caught up never pay for them
@@ -36,6 +36,40 @@ batch that is not a multiple of the row group (131,072 was) leaves a partial row
 through the write-ahead log and is written again by the next checkpoint: a quarter more DuckDB
 CPU per event. Small enough to bound memory (about 1 KB per event in flight, two batches at a
 time)."""
+
+BATCH_BYTES = 16 << 20
+"""The stored bytes of a batch of large events at most (one event at least): a batch of
+122,880 events of 900 KiB each is 100 GB, and `project follow` held ~10x the bytes it read
+(3.5 GB for a 330 MB topic: atk44z F8; 150 events of 800 KB: 1.3 GB before, 0.67 GB in 16 MiB
+batches). Each read asks for as many events as the last read's average size fits in this
+(`next_count`), unless a whole batch of them fits in `WHOLE_BATCH_BYTES`."""
+WHOLE_BATCH_BYTES = 128 << 20
+"""Events of ~1 KiB or less on average still go in whole batches (row groups: a partial one
+costs a quarter more DuckDB CPU per event, see `DEFAULT_BATCH`)."""
+FIRST_READ = 16
+"""Events the first read of a catch-up asks for (their size unknown yet: 16 of the largest
+events are ~14 MiB)."""
+
+
+def next_count(batch_size: int, batch_bytes: int, done: int, per: int | None) -> int:
+    """Pure: how many events the next read asks for, after `done` events of this catch-up, the
+    events read last `per` bytes each on average (None: none read yet, `FIRST_READ`): what
+    completes the current `batch_size` (so batches stay whole row groups), fewer where a whole
+    batch of events of that size would pass `WHOLE_BATCH_BYTES`: what fits in `batch_bytes`
+    (one at least)."""
+    if per is None:
+        fits = FIRST_READ
+    elif per * batch_size <= WHOLE_BATCH_BYTES:
+        fits = batch_size
+    else:
+        fits = batch_bytes // per
+    return max(1, min(batch_size - done % batch_size, fits))
+
+
+def average_bytes(records: Sequence[Row]) -> int:
+    """Pure: the average stored bytes of `records` (at least 1)."""
+    return max(1, sum(len(r[2]) for r in records) // max(1, len(records)))
+
 
 DEFERRED_CHECKPOINT = "1GB"
 """DuckDB's write-ahead-log size that triggers a checkpoint during a catch-up of more than one
@@ -91,6 +125,7 @@ class Projector:
         batch_size: int = DEFAULT_BATCH,
         quarantine: bool = False,
         lock: threading.RLock | None = None,
+        batch_bytes: int = BATCH_BYTES,
     ) -> None:
         """`quarantine`: record poison records in `dead_letters` and go on, instead of stopping
         at the first one (see `projections.quarantine`). `lock`: held by every catch-up (shared
@@ -103,6 +138,9 @@ class Projector:
         self.store = store
         self.source = source
         self.batch_size = batch_size
+        self.batch_bytes = batch_bytes
+        self.per_event: int | None = None
+        """The average stored bytes of the events the last read returned (`next_count`)."""
         self.quarantine = quarantine
         recall = getattr(source, "recall_from", None)
         if recall is not None:  # a Kafka source knows exact copies of what was applied
@@ -311,16 +349,22 @@ class Projector:
 
         if self.quarantine:
             plain = cast("queue.Queue[Batch | BaseException | None]", out)  # whole batches only
-            quarantine.read_ahead(self.source, position, stop, self.batch_size, plain, halt)
+            quarantine.read_ahead(
+                self.source, position, stop, self.batch_size, plain, halt, self.batch_bytes
+            )
             return
         read: Callable[[int, int], Sequence[Row]] = getattr(
             self.source, "read_rows", self.source.read
         )  # plain tuples where the source has them
+        done = 0
         try:
             while position < stop and not halt.is_set():
-                records = read(position, min(self.batch_size, stop - position))
+                count = next_count(self.batch_size, self.batch_bytes, done, self.per_event)
+                records = read(position, min(count, stop - position))
                 if not records:
                     break
+                done += len(records)
+                self.per_event = average_bytes(records)
                 rows = None
                 with contextlib.suppress(CorruptEvent):  # found again by build_batch
                     rows = events_rows(records)
@@ -413,7 +457,7 @@ def _refuse_if_busy(path: Path) -> None:
     if not path.exists():
         return
     try:
-        duckdb.connect(str(path)).close()
+        duckdb.connect(str(path), config={"memory_limit": memory_limit()}).close()
     except duckdb.IOException as err:
         if "lock" in str(err).lower():
             raise ProjectionBusy(

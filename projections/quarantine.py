@@ -221,16 +221,24 @@ def read_ahead(
     batch_size: int,
     out: queue.Queue[Batch | BaseException | None],
     halt: threading.Event,
+    batch_bytes: int | None = None,
 ) -> None:
     """The projector's reader thread in quarantine mode: like the default one, but poison goes
-    into the batches as dead letters instead of ending the run."""
+    into the batches as dead letters instead of ending the run. With `batch_bytes`, batches of
+    large events are bounded in bytes as the default one's (`projector.next_count`)."""
+    from projections.projector import average_bytes, next_count
+
     where = source.where if isinstance(source, Locates) else (lambda _position: None)
+    done, per = 0, None
     try:
         while position < stop and not halt.is_set():
             poison: list[DeadLetter] = []
+            count = batch_size
+            if batch_bytes is not None:
+                count = next_count(batch_size, batch_bytes, done, per)
             while True:
                 try:
-                    records = source.read(position, min(batch_size, stop - position))
+                    records = source.read(position, min(count, stop - position))
                     break
                 except PoisonRecord as p:
                     if not isinstance(source, Skips):
@@ -239,6 +247,8 @@ def read_ahead(
                     source.skip(p)
             if not records and not poison:
                 break
+            if records:
+                done, per = done + len(records), average_bytes(records)
             batch = quarantine_batch(records, poison, position, where)
             for letter in batch.dead:
                 log.warning("dead letter: %s", letter.text())

@@ -8,6 +8,7 @@ projector's. Readers in other processes open it read-only while no writer holds 
 from __future__ import annotations
 
 import logging
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,28 @@ PROJECTION = "ledger"
 log = logging.getLogger("gpuledger.projection")
 SCHEMA_VERSION = "7"
 PROJECTIONS_DIR = "projections"
+
+MEMORY_LIMIT_ENV = "GPULEDGER_DUCKDB_MEMORY_LIMIT"
+"""Overrides `MEMORY_LIMIT`: DuckDB's size text (`512MiB`, `4GB`)."""
+MEMORY_LIMIT = "2GiB"
+"""The most memory each projection's DuckDB database keeps (its buffers and its queries'),
+past which it spills to `<file>.tmp` or refuses the query (DuckDB's own default, 80% of the
+host's memory, let a server grow 0.7-1 GB per 16 MiB request and keep it: atk44z F10)."""
+_SIZE = re.compile(r"\d+(\.\d+)?\s*(B|KB|KIB|MB|MIB|GB|GIB|TB|TIB)", re.IGNORECASE)
+
+
+def memory_limit(environ: Any = None) -> str:
+    """The DuckDB memory limit of the environment (`MEMORY_LIMIT_ENV`) or `MEMORY_LIMIT`;
+    ProjectionError, one line, for a text that is no size."""
+    text = ((os.environ if environ is None else environ).get(MEMORY_LIMIT_ENV) or "").strip()
+    if not text:
+        return MEMORY_LIMIT
+    if not _SIZE.fullmatch(text):
+        raise ProjectionError(
+            f"{MEMORY_LIMIT_ENV}={text!r} is no size",
+            hint="give a number and a unit, e.g. 2GiB or 512MB (docs/server.md)",
+        )
+    return text
 
 
 CHAIN_TABLE = """
@@ -117,7 +140,9 @@ class Store:
             self.path.parent.mkdir(parents=True, mode=0o700)
             self.path.parent.chmod(0o700)
         try:
-            self.con = duckdb.connect(str(self.path), read_only=read_only)
+            self.con = duckdb.connect(
+                str(self.path), read_only=read_only, config={"memory_limit": memory_limit()}
+            )
             if new:
                 self.path.chmod(0o600)
         except duckdb.IOException as err:

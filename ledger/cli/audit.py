@@ -30,7 +30,7 @@ from ledger.history import tamper as tm
 from ledger.history.compare import CycleReplay
 from ledger.sim import whatif as wi
 from projections.kafka_wire import TOPIC, TOPIC_ENV
-from projections.store import projection_path
+from projections.store import memory_limit, projection_path
 from schemas import api
 from schemas import views as v
 from schemas.errors import InvalidCommand, LedgerError
@@ -276,7 +276,7 @@ def readonly(ctx: Ctx) -> Iterator[duckdb.DuckDBPyConnection]:
             yield store.con
             return
     try:
-        con = duckdb.connect(str(path), read_only=True)
+        con = duckdb.connect(str(path), read_only=True, config={"memory_limit": memory_limit()})
     except duckdb.IOException:  # taken meanwhile: a private copy
         with projection(ctx, quiet=True) as store:
             tables.lock_down(store.con, configuration=True)

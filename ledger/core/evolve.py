@@ -20,6 +20,7 @@ from ledger.core.state import (
     State,
     StoppedRun,
     Token,
+    held_bytes,
 )
 from schemas import events as e
 
@@ -225,6 +226,13 @@ def _indexed(state: State, spec: e.JobSubmitted, *, add: bool) -> None:
     """Keep the state's indexes of dependents, array tasks and jobs per user (when built) as
     jobs come and go."""
     deps, arrays, by_user = state._dependents, state._arrays, state._by_user
+    held = state._bytes_by_user
+    if held is not None:
+        size = held.get(spec.user, 0) + (held_bytes(spec) if add else -held_bytes(spec))
+        if size > 0:
+            held[spec.user] = size
+        else:
+            held.pop(spec.user, None)
     if by_user is not None:
         count = by_user.get(spec.user, 0) + (1 if add else -1)
         if count > 0:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from ledger.core.state import State
+from ledger.core.state import State, held_bytes
 from schemas import commands as c
 from schemas.bounds import MAX_ARRAY_TASKS
 from schemas.errors import NotAuthorised
@@ -198,6 +198,10 @@ class SubmitLimits:
     """Unfinished jobs (pending, placed, running; each array task one) a user may own."""
     max_array_size: int = 0
     """Tasks one array may have."""
+    max_job_bytes_per_user: int = 0
+    """About the bytes (`state.held_bytes`) a user's unfinished jobs' specs may hold in the
+    server's memory, all together: 20,000 jobs of a 900 KiB command each were taken, ~40 GB of
+    the server's memory for one plain user (atk44z F7)."""
 
     def check(self, state: State, cmd: c.SubmitJob) -> None:
         """Pure: NotAuthorised (one line) when `cmd` would go past a limit."""
@@ -219,6 +223,21 @@ class SubmitLimits:
                     hint="wait for some to end, or cancel some",
                     actor=cmd.actor,
                 )
+        if self.max_job_bytes_per_user:
+            held, more = state.held_of(user), tasks * held_bytes(cmd)
+            if held + more > self.max_job_bytes_per_user:
+                raise NotAuthorised(
+                    f"{user!r}'s unfinished jobs hold {_mib(held)} of commands, environments "
+                    f"and paths, and {tasks:,} more of {_mib(more)} would pass the "
+                    f"{_mib(self.max_job_bytes_per_user)} one user may have here "
+                    "(max_job_bytes_per_user)",
+                    hint="wait for some to end, cancel some, or send smaller commands",
+                    actor=cmd.actor,
+                )
+
+
+def _mib(size: int) -> str:
+    return f"{size / 2**20:,.1f} MiB"
 
 
 def admit(

@@ -10,7 +10,7 @@ node and job tokens act as the narrow system actors `@node:NAME` and `@job:ID`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -180,6 +180,7 @@ class State:
     """Node -> its free GPU indices (`free_gpus`), kept between reads: `evolve` forgets a
     node's entry whenever one of its GPUs is taken or given back, and every entry on a node
     event."""
+    _bytes_by_user: dict[str, int] | None = field(default=None, compare=False, repr=False)
 
     @property
     def policy(self) -> AnyPolicyConfig | None:
@@ -211,6 +212,7 @@ class State:
             stopped_runs_kept=self.stopped_runs_kept,
             run_ends=dict(self.run_ends),
             run_ends_kept=self.run_ends_kept,
+            _bytes_by_user=None if self._bytes_by_user is None else dict(self._bytes_by_user),
         )
 
     # --- queries -------------------------------------------------------------------------------
@@ -299,6 +301,17 @@ class State:
             self._by_user = index
         return self._by_user.get(user, 0)
 
+    def held_of(self, user: str) -> int:
+        """About the bytes the specs of `user`'s unfinished jobs hold (`held_bytes`). Built from
+        the live jobs on first use, then kept by `evolve` (and carried by `copy`)."""
+        if self._bytes_by_user is None:
+            index: dict[str, int] = {}
+            for job_id in self.active:
+                spec = self.jobs[job_id].spec
+                index[spec.user] = index.get(spec.user, 0) + held_bytes(spec)
+            self._bytes_by_user = index
+        return self._bytes_by_user.get(user, 0)
+
     def array_tasks(self, array_job_id: int) -> set[int]:
         """The unfinished tasks of the job array `array_job_id` (empty for a job that is no
         array). Built from the live jobs on first use, then kept by `evolve`."""
@@ -322,6 +335,23 @@ class State:
         if hit is None:
             hit = self._free[node] = tuple(self.free_indices(node))
         return hit
+
+
+JOB_HELD_OVERHEAD = 1024
+"""The bytes a job holds besides its strings (its records, ids, slots), for `held_bytes`."""
+
+
+def held_bytes(spec: Any) -> int:
+    """Pure: about the bytes a job's spec (a `JobSubmitted`, or the `SubmitJob` that makes one
+    task of it) holds in memory: its command line, environment, labels and paths, and
+    `JOB_HELD_OVERHEAD`."""
+    return (
+        JOB_HELD_OVERHEAD
+        + sum(map(len, spec.command))
+        + sum(len(k) + len(v) for k, v in spec.env.items())
+        + sum(len(k) + len(v) for k, v in spec.labels.items())
+        + len(spec.workdir) + len(spec.stdout) + len(spec.stderr) + len(spec.job_name)
+    )  # fmt: skip
 
 
 DRAINED_NOTE = "its node's agent drained"

@@ -267,7 +267,7 @@ def _build(
             # 2.5 s, four at once stopped the cycle 9 s: atk44-25 F7)
             await copied.on_view(
                 worker, pool, caller.actor, "the batch's dry run",
-                lambda view: tables.dry_run(worker, view.ledger.state, view.moment, cmds),
+                lambda view: tables.dry_run(worker, view.ledger, view.moment, cmds),
             )  # fmt: skip
             appended = await worker.call(lambda: ledger.execute_all(cmds), write=True)
         finally:
@@ -440,6 +440,7 @@ def _build(
         return caller.actor.startswith("@node:") or ledger.state.is_admin(caller.actor)
 
     writes.app.unmetered = unmetered  # nor are their writes' bytes
+    writes.app.batching = lambda caller: caller.actor in batching  # asked before the body
     return app, Front(writes, identify, conns, unmetered)
 
 

@@ -5,25 +5,33 @@ Every POST route with a JSON body (the commands, `/v1/batch`, `/v1/budget/plan`,
 be forgotten) has its body decoded here, strictly, before anything else reads it
 (docs/security.md, row T14; docs/server.md, "Request bodies"):
 
-- at most `MAX_BODY` bytes (4 MiB), else 413 `too_large` (the rest is not read);
+- the caller is identified from the headers first: an unidentified caller gets 401 before its
+  body is read (the rest is never buffered nor decoded: a tokenless 4 MB batch was read and
+  decoded first, atk44w F4); so are, before the body is read, a Content-Length over `MAX_BODY`
+  (413), a metered caller past the write meter (429), a second batch of a person's (429), and a
+  second body over `LARGE_BODY` of a person's (429);
+- at most `MAX_BODY` bytes (4 MiB), else 413 `too_large` (the rest is not read), read in the
+  chunks it comes in;
 - the route's Struct exactly, with msgspec's strict decoding: no coercion (`"2"` is no integer,
   `0` no boolean), a field the Struct does not know is refused, every bound of `schemas.bounds`
   holds (strings, lists); a NUL character in any string is refused; nesting deeper than the
   Struct allows is refused at its first level;
 - a body that fails is one problem+json line, 400 `invalid`, naming where (`$.gpus`), and
-  nothing is appended; an unidentified caller gets 401 first.
+  nothing is appended; a metered caller's body read is charged to her write meter whatever
+  the answer (its decoding cost the event loop ~5 ms a MiB: bounded by the meter's rate).
 
 A submit is the request a cluster sends most, and Litestar's per-request machinery (routing,
 the middleware stack, the signature model, kwargs extraction, the response object) cost about as
 much CPU as deciding and appending the command itself. So a command this layer decoded is also
 answered here, with exactly what the Litestar route does:
 
-  1 read the body; decode it strictly into the command's Struct (above)
-  2 identify the caller per request (`who`: the Unix socket's peer uid, or the bearer token,
+  1 identify the caller per request (`who`: the Unix socket's peer uid, or the bearer token,
     looked up in the ledger's state at that moment: revocation and expiry bite at once)
-  3 set the actor (`identity.act`), hand the command to the group commit (`Worker.execute`),
+  2 refuse by the Content-Length, the meter and the caller's requests under way (above)
+  3 read the body; decode it strictly into the command's Struct (above)
+  4 set the actor (`identity.act`), hand the command to the group commit (`Worker.execute`),
     answer only once its transaction has committed
-  4 answer `CommandResult` as JSON, or the LedgerError as problem+json rendered by the app's
+  5 answer `CommandResult` as JSON, or the LedgerError as problem+json rendered by the app's
     own exception handler; time the request in the same API histogram as every route.
 
 The other body routes get their checked body replayed to the framework (whose lenient
@@ -63,6 +71,12 @@ MAX_BODY = 4 * 1024 * 1024
 """The largest request body (413 beyond): a budget file (1 MiB, `api.BUDGET_FILE_MAX`) fits
 escaped as a JSON string, and an agent's report of a full node's parts."""
 
+LARGE_BODY = 1 << 20
+"""A metered caller's body over this many bytes is read one at a time per person (another
+meanwhile: 429 before it is read): only a batch or a mistaken submit is this large, and each
+costs the event loop ~5 ms a MiB to decode (msgspec holds the interpreter: a thread would not
+free the loop)."""
+
 _NUL = re.compile(rb"(?<!\\)(?:\\\\)*\\u0000")
 """A JSON escape of NUL (`\\u0000` after an even number of backslashes): the only way a NUL can be
 in a valid JSON text's strings."""
@@ -97,6 +111,11 @@ class CommandPath:
         """Each person's bytes written to the log (429 past them: `_turn`)."""
         self.unmetered: Callable[[ident.Identity], bool] = lambda _who: False
         """Whose writes are never metered (the ledger's admins and nodes: set by the app)."""
+        self.batching: Callable[[ident.Identity], bool] = lambda _who: False
+        """Whether a caller has a batch under way (set by the app: its `/v1/batch` route's
+        rule, asked here too so that a second batch is refused before its body is read)."""
+        self.reading: set[str] = set()
+        """The people (`Identity.whose`) with a body over `LARGE_BODY` being read or served."""
         self.observe = observe
         self.error_response = error_response
         self.commands = {f"/v1/commands/{cls.__struct_config__.tag}" for cls in served}
@@ -126,48 +145,70 @@ class CommandPath:
         path: str,
         route: tuple[str, msgspec.json.Decoder[Any]],
     ) -> int:
-        # 1 the body, at most MAX_BODY bytes, decoded strictly
-        body, more = b"", True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":
-                return 499  # the client went away
-            body += message.get("body", b"")
-            more = message.get("more_body", False)
-            if len(body) > MAX_BODY:
-                break
-        problem: LedgerError | None = None
-        value: Any = None
-        if len(body) > MAX_BODY:
-            problem = TooLarge(
-                f"the body of POST {path} is over {MAX_BODY // (1024 * 1024)} MiB",
-                hint="send less at once (docs/server.md, request bodies)",
-            )
-        else:
-            try:
-                value = route[1].decode(body)
-                if b"u0000" in body and _NUL.search(body):
-                    raise msgspec.ValidationError("a NUL character is refused in any string")
-            except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as err:
-                why = "nested too deep" if isinstance(err, RecursionError) else str(err)
-                problem = InvalidCommand(
-                    f"the body of POST {path} is not a valid {route[0]}: {why}",
-                    hint="see /v1/openapi.json",
-                )
-        # 2 who calls: an unidentified caller is told so before anything about its body
+        # 1 who calls, from the headers: an unidentified caller is told so before its body is
+        # read (a tokenless 4 MB batch was read and decoded first: atk44w F4)
         try:
             caller = self.who(scope.get(ident.PEER_UID), _authorization(scope))
         except LedgerError as err:
             return await self._error(scope, receive, send, err)
-        if problem is not None:
-            return await self._error(scope, receive, send, problem)
+        # 2 refused by its Content-Length, the write meter or a large body of the caller's
+        # under way, before the body is read (the rest is never buffered nor decoded)
+        length = _content_length(scope)
+        if length is not None and length > MAX_BODY:
+            return await self._error(scope, receive, send, _too_large(path))
         metered = is_write(path) and not self.unmetered(caller)
+        freeing = path in FREEING_PATHS  # never refused by the meter, only charged (atk44z F5)
+        if metered and not freeing and (wait := self.written.retry_in(caller.whose, _now())) > 0:
+            return await self._error(scope, receive, send, _written_past(self.written, wait))
+        if path == "/v1/batch" and self.batching(caller):
+            return await self._error(scope, receive, send, _batch_under_way())
+        large = metered and (length or 0) > LARGE_BODY
+        if large and caller.whose in self.reading:
+            return await self._error(scope, receive, send, _large_under_way())
+        if large:
+            self.reading.add(caller.whose)
+        try:
+            return await self._read_and_answer(scope, receive, send, path, route, caller, metered)
+        finally:
+            if large:
+                self.reading.discard(caller.whose)
+
+    async def _read_and_answer(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        path: str,
+        route: tuple[str, msgspec.json.Decoder[Any]],
+        caller: ident.Identity,
+        metered: bool,
+    ) -> int:
+        # 3 the body, in the chunks it comes in, at most MAX_BODY bytes; decoded strictly
+        body = await _read_body(receive)
+        if body is None:
+            return 499  # the client went away
+        if len(body) > MAX_BODY:
+            return await self._error(scope, receive, send, _too_large(path))
+        try:
+            value = route[1].decode(body)
+            if b"u0000" in body and _NUL.search(body):
+                raise msgspec.ValidationError("a NUL character is refused in any string")
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as err:
+            if metered:  # read and decoded: charged its body like any write (atk44w F4)
+                self.written.charge(caller.whose, len(body), _now())
+            why = "nested too deep" if isinstance(err, RecursionError) else str(err)
+            problem = InvalidCommand(
+                f"the body of POST {path} is not a valid {route[0]}: {why}",
+                hint="see /v1/openapi.json",
+            )
+            return await self._error(scope, receive, send, problem)
         # what it may write, taken before it is written (atk44z F2); a write that only frees
         # what earlier writes made (a cancel) is never refused, only charged (atk44z F5)
         reserved = reserve(value, body) if metered and not frees(value) else 0
         if reserved and (wait := self.written.reserve(caller.whose, reserved, _now())) > 0:
+            self.written.charge(caller.whose, len(body), _now())  # read and decoded all the same
             return await self._error(scope, receive, send, _written_past(self.written, wait))
-        status, written = 500, reserved  # kept whole when the write ends in an exception
+        status, written = 500, max(reserved, len(body))  # kept when the write ends in an exception
         try:
             status, written = await self._write(scope, receive, send, path, body, caller, value)
         finally:
@@ -186,8 +227,8 @@ class CommandPath:
         value: Any,
     ) -> tuple[int, int]:
         """Answer the write: its status and the bytes it is charged (about what it wrote: its
-        answer; a command refused 413 for its size its body, read and decoded all the same,
-        atk44w F5; another refusal nothing)."""
+        answer, at least its body; a refused one its body, read and decoded all the same:
+        atk44w F4, F5)."""
         with self._counted(path):  # a write from here on, not before (issue 25)
             if path not in self.commands:  # checked: the framework's route answers it
                 sent = [0]  # a batch answers with the events it appended: charged those
@@ -200,11 +241,11 @@ class CommandPath:
 
                 await self.app(scope, _replay(body, False, receive), counting)
                 return 200, max(len(body), sent[0])  # a 60 KB batch wrote 16 MiB (atk44z F1)
-            # 3 decided and appended in the group commit; answered once committed
+            # 4 decided and appended in the group commit; answered once committed
             size = await self._command(scope, receive, send, ident.act(caller, value))
             if size >= 0:
-                return 200, size
-            return -size, len(body) if size == -413 else 0
+                return 200, max(size, len(body))
+            return -size, len(body)
 
     def _counted(self, path: str) -> contextlib.AbstractContextManager[None]:
         if self.writes is None or not is_write(path):
@@ -225,7 +266,7 @@ class CommandPath:
         return len(data)
 
     async def _error(self, scope: Scope, receive: Receive, send: Send, err: Exception) -> int:
-        """4 the error as the app's exception handlers answer it (problem+json)."""
+        """5 the error as the app's exception handlers answer it (problem+json)."""
         request: Request[Any, Any, Any] = Request(scope, receive)
         response = self.error_response(err)
         await response.to_asgi_response(self.app, request)(scope, receive, send)
@@ -240,6 +281,10 @@ applies once per thing made (a hold again after a release, which is metered), so
 grow the log by themselves."""
 EVENT_EXTRA = 1024
 """What an event adds to its command's bytes, at most (its ids, times, hash link: ~450)."""
+
+
+FREEING_PATHS = frozenset(f"/v1/commands/{cls.__struct_config__.tag}" for cls in FREEING)
+"""Their routes: a person past the meter is not refused before such a body is read."""
 
 
 def frees(value: Any) -> bool:
@@ -269,6 +314,52 @@ def _reserve(cmd: Any, size: int) -> int:
 
 def _now() -> float:
     return time.monotonic()
+
+
+def _batch_under_way() -> TooBusy:
+    return TooBusy("a batch of yours is under way", hint="retry when it ends", retry_after=1)
+
+
+def _large_under_way() -> TooBusy:
+    return TooBusy(
+        f"a request of yours over {LARGE_BODY >> 20} MiB is under way",
+        hint="retry when it ends; send one large body at a time",
+        retry_after=1,
+    )
+
+
+def _too_large(path: str) -> TooLarge:
+    return TooLarge(
+        f"the body of POST {path} is over {MAX_BODY // (1024 * 1024)} MiB",
+        hint="send less at once (docs/server.md, request bodies)",
+    )
+
+
+def _content_length(scope: Scope) -> int | None:
+    """The request's Content-Length (the server's protocol lets one of digits through, or
+    none: `protocol.body_length`), or None."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            text = bytes(value).strip()
+            return int(text) if text.isdigit() else None
+    return None
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The body as its chunks come, kept as a list (a body grown by `+=` copied itself once
+    per chunk: ~64 MB of copies for 4 MB), at most a chunk past `MAX_BODY` (the rest is not
+    read); None: the client went away."""
+    parts: list[bytes] = []
+    size, more = 0, True
+    while more and size <= MAX_BODY:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        part = message.get("body", b"")
+        parts.append(part)
+        size += len(part)
+        more = message.get("more_body", False)
+    return b"".join(parts)
 
 
 def _written_past(meter: meters.Written, wait: float) -> TooBusy:

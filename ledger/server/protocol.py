@@ -261,13 +261,18 @@ class PeerCredProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         if self.conn is not None:
             self.conn.body_done()
+            if self.cycle is not None and self.cycle.response_complete:
+                self.conn.awaiting_request()  # answered before its body (`commands`): idle now
         super().on_message_complete()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         self._answering = False
         idle = self.cycle is None or self.cycle.response_complete  # no request parsed waits
-        if self.conn is not None and idle and not self.transport.is_closing():
+        # a request answered before its body came (a 401 from its headers: `commands`) still
+        # awaits that body, under the body's deadlines (dropped if it stops coming)
+        body_due = bool(self._body_left)
+        if self.conn is not None and idle and not body_due and not self.transport.is_closing():
             self.conn.awaiting_request()
         if self._unread and not self.transport.is_closing():
             self.loop.call_soon(self._feed)  # the next request, once this answer's task ends

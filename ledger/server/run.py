@@ -450,12 +450,18 @@ def _run_as(ledger: Ledger, config: ServeConfig) -> runas.RunAs | None:
         runas.PRIVILEGED_GROUPS | frozenset(config.privileged_groups),
     )
     owners = config.run_as == "submitter" and config.executor in RUNS
-    if config.max_jobs_per_user < 0 or not 0 <= config.max_array_size <= MAX_ARRAY_TASKS:
+    if (
+        min(config.max_jobs_per_user, config.max_job_bytes_per_user) < 0
+        or not 0 <= config.max_array_size <= MAX_ARRAY_TASKS
+    ):
         raise InvalidCommand(
-            "max_jobs_per_user must be 0 or more, max_array_size 0 to 10,000",
+            "max_jobs_per_user and max_job_bytes_per_user must be 0 or more, "
+            "max_array_size 0 to 10,000",
             hint="0: no limit of the site's own",
         )
-    limits = runas.SubmitLimits(config.max_jobs_per_user, config.max_array_size)
+    limits = runas.SubmitLimits(
+        config.max_jobs_per_user, config.max_array_size, config.max_job_bytes_per_user
+    )
     ledger.admit = functools.partial(
         runas.admit, lookup=os_account, rule=rule, submissions=owners, secret=secret, limits=limits
     )

@@ -416,6 +416,18 @@ class Ledger(Application[UUID]):
         if len(recent) > RECENT:
             del recent[: len(recent) - RECENT // 2]
 
+    def kept(self, after: int, until: int) -> list[tuple[int, AnyEvent]] | None:
+        """The events with `after` < position <= `until` kept decoded (`_recent`), or None when
+        not all are; safe on another thread than the folding one (the list copied whole first)."""
+        recent = list(self._recent)
+        if not recent or recent[0][0] > after + 1 or recent[-1][0] < until:
+            return None
+        start = after + 1 - recent[0][0]
+        got = recent[start : start + max(0, until - after)]
+        if got and (got[0][0] != after + 1 or got[-1][0] != until):
+            return None  # not contiguous: never guess
+        return got
+
     def follow_raw(
         self,
         after: int,
@@ -541,6 +553,7 @@ class Ledger(Application[UUID]):
         now = self.clock.now()
         outcomes: list[tuple[int, list[AnyEvent]] | LedgerError | Appended] = []
         stored: list[StoredEvent] = []
+        backs: list[AnyEvent] = []  # the stored events as read back, for `_remember`
         batch: dict[str, int] = {}  # keyed event id -> its outcome's slot in this batch
         for cmd, key in zip(cmds, keys, strict=True):
             eid = keyed_id(cmd.actor, key, _request_bytes(cmd)) if key else None
@@ -553,7 +566,7 @@ class Ledger(Application[UUID]):
                 if eid is not None and decided:
                     decided[0] = msgspec.structs.replace(decided[0], event_id=eid)
                     batch[eid[:KEY_PART]] = len(outcomes)
-                mine, chained, _ = self._stored(
+                mine, chained, read_back = self._stored(
                     decided, version=version, prev=prev, bounded=self.bounded and _bounded([cmd])
                 )
             except LedgerError as err:
@@ -569,6 +582,7 @@ class Ledger(Application[UUID]):
                 prev = _link_of(mine[-1])
             version += len(mine)
             stored += mine
+            backs += read_back
             outcomes.append((len(stored), chained))
         if any(isinstance(o, LedgerError) for o in outcomes) and self.head() != self.position:
             return None  # rejected on a state another writer has moved since: decide again
@@ -580,6 +594,10 @@ class Ledger(Application[UUID]):
             return None  # another writer appended first: catch up and decide again
         self.version, self.last_hash = version, prev
         self.position = ids[-1] if ids else self.head()
+        if ids and len(ids) == len(backs):  # kept for `follow` and `kept`, as `execute_all`
+            self._remember(list(zip(ids, backs, strict=True)))
+        else:
+            self._recent.clear()
         first = self.position - len(stored)
         for slot in batch.values():
             done = outcomes[slot]

@@ -21,6 +21,11 @@ from schemas.units import Duration, Interval
 C = TypeVar("C", bound=msgspec.Struct)
 
 
+MAX_JOB_BYTES_PER_USER = 256 << 20
+"""`ServeConfig.max_job_bytes_per_user`'s default: 20,000 jobs of a 12 KiB command and
+environment each, or 256 jobs of a 1 MiB one."""
+
+
 class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Every key of the config file (all optional)."""
 
@@ -131,6 +136,10 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     submission past it is refused with one line (Slurm's MaxSubmitJobs). 0: no limit."""
     max_array_size: int = 10_000
     """Tasks one job array may have (Slurm's MaxArraySize; at most 10,000). 0: 10,000."""
+    max_job_bytes_per_user: int = MAX_JOB_BYTES_PER_USER
+    """About the bytes one user's unfinished jobs may hold in the server's memory, all together
+    (their command lines, environments, labels and paths, and 1 KiB each: `held_bytes`); a
+    submission past it is refused with one line (403). 0: no limit."""
 
 
 def admission_of(
@@ -167,6 +176,11 @@ def admission_of(
         "secret_env": config.secret_env,
         "max_jobs_per_user": config.max_jobs_per_user,
         "max_array_size": config.max_array_size,
+        **(
+            {"max_job_bytes_per_user": config.max_job_bytes_per_user}
+            if config.max_job_bytes_per_user != MAX_JOB_BYTES_PER_USER
+            else {}  # recorded only when set: settings recorded before it was stay equal
+        ),
         "grace_s": float(config.grace.seconds),
         "partition": config.partition,
         "debug_limit_s": float(config.debug_limit.seconds),

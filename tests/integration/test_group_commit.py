@@ -130,3 +130,39 @@ def test_a_quiet_server_snapshots_ahead_of_the_commit_that_would(tmp_path: Path)
     assert live.snapshot_position == live.position == start + 5
     again = Ledger(tmp_path, live=True)
     assert again.restored_from == start + 5 and again.state.jobs == live.state.jobs
+
+
+def test_a_group_commits_events_are_kept_decoded_as_the_log_holds_them(tmp_path: Path) -> None:
+    """The batch's dry run reads the events after an `expected_position` from those the ledger
+    kept decoded (`Ledger.kept`, atk44w); a group commit kept none, so a submit made that way
+    was never there."""
+    led = ledger(tmp_path)
+    head = led.position
+    submit = c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1)
+    led.execute_each([submit, c.SubmitJob(actor="mallory", account="ai2/olmo", gpus=1), submit])
+    led.execute_each([c.CancelJob(actor="alice", job_id=1)])
+    kept = led.kept(head, led.position)
+    assert kept is not None and [p for p, _ in kept] == list(range(head + 1, led.position + 1))
+    assert kept == list(Ledger(tmp_path).follow(head))  # as the store holds them
+    assert led.kept(head, led.position + 1) is None  # not all kept: never a guess
+    assert led.kept(led.position, led.position) == []
+
+
+def test_the_bytes_a_users_unfinished_jobs_hold_are_kept_as_jobs_come_and_go(
+    tmp_path: Path,
+) -> None:
+    """`State.held_of` (serve.toml `max_job_bytes_per_user`, atk44z F7): kept by `evolve` and
+    carried by `copy`, equal to the sum built afresh from the live jobs."""
+    from ledger.core.state import held_bytes
+
+    led = ledger(tmp_path)
+    assert led.state.held_of("alice") == 0  # built (empty), then kept
+    big = c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1, command=("x" * 4000, "y"),
+                      env={"A": "b" * 300}, array=(0, 1, 2))  # fmt: skip
+    led.execute_each([big, c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1)])
+    view = led.state.copy()
+    led.execute_each([c.CancelJob(actor="alice", job_id=2)])
+    fresh = sum(held_bytes(led.state.jobs[j].spec) for j in led.state.active)
+    assert led.state.held_of("alice") == fresh > 2 * held_bytes(big)  # two tasks and job 4
+    assert view.held_of("alice") == fresh + held_bytes(led.state.jobs[2].spec)  # its own
+    assert Ledger(tmp_path).state.held_of("alice") == fresh  # folded from the log

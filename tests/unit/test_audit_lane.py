@@ -1,5 +1,5 @@
 """The whole-log audits' lanes (F5 of the attack atk25c on issue 25): one `audit verify` and one
-`audit check` at a time per lane, a busy lane answers 429 at once, and the admins' lane is not
+`audit check` at a time per lane, the people waiting served in turn, and the admins' lane is not
 the others' (a plain user looping verify never keeps an admin from verifying)."""
 
 from __future__ import annotations
@@ -14,19 +14,47 @@ from ledger.server.tables import _AuditLane
 from schemas.errors import TooBusy
 
 
-def test_a_busy_lane_refuses_at_once_and_the_admins_lane_is_apart() -> None:
+def test_people_wait_for_a_busy_lane_in_turn_and_the_admins_lane_is_apart() -> None:
+    """atk44w F2: a busy lane answered 429 to whoever came, so four plain users rotating
+    verify and check kept a fifth person's verify refused for good; now the people waiting are
+    served in turn (the one served longest ago first), one of a person's at a time."""
+    started: list[str] = []
+
     async def go() -> None:
         others, admins = _AuditLane(False), _AuditLane(True)
-        async with others.hold("verify"):
-            with pytest.raises(TooBusy, match="an audit verify is under way"):
-                async with others.hold("verify"):
-                    pass
-            async with others.hold("check"):  # another kind, another lock
+
+        async def audit(person: str, ends: asyncio.Event) -> None:
+            async with others.hold("verify", person):
+                started.append(person)
+                await ends.wait()
+
+        ends = {p: asyncio.Event() for p in ("ann", "bob", "dan", "ann2")}
+        ann = asyncio.create_task(audit("ann", ends["ann"]))
+        await asyncio.sleep(0)
+        bob = asyncio.create_task(audit("bob", ends["bob"]))
+        dan = asyncio.create_task(audit("dan", ends["dan"]))
+        await asyncio.sleep(0.01)
+        assert started == ["ann"]  # bob and dan wait: no 429
+        with pytest.raises(TooBusy, match="an audit verify of yours is under way"):
+            async with others.hold("verify", "ann"):
                 pass
-            async with admins.hold("verify"):  # the admins' own lane
-                pass
-        async with others.hold("verify"):  # free again once it ended
+        async with others.hold("check", "ann"):  # another kind, another slot
             pass
+        async with admins.hold("verify", "cat"):  # the admins' own lane
+            pass
+        ends["ann"].set()
+        await ann
+        await asyncio.sleep(0.01)
+        again = asyncio.create_task(audit("ann", ends["ann2"]))  # she asks again at once
+        await asyncio.sleep(0.01)
+        ends["bob"].set()
+        await bob
+        await asyncio.sleep(0.01)
+        assert started == ["ann", "bob", "dan"]  # dan before ann's second
+        ends["dan"].set()
+        ends["ann2"].set()
+        await asyncio.gather(dan, again)
+        assert started == ["ann", "bob", "dan", "ann"]
 
     asyncio.run(go())
 

@@ -84,7 +84,8 @@ def test_a_submit_counts_once_its_body_is_in_and_its_caller_known() -> None:
 @pytest.mark.filterwarnings("ignore:Use of deprecated parameter 'app'")  # CommandPath._error's
 def test_a_caller_who_is_no_one_is_never_a_write() -> None:
     arriving, executed, status = _serve("/v1/commands/submit", "Bearer bad", SUBMIT)
-    assert status == 401 and arriving == [0, 0] and executed == []
+    assert status == 401 and executed == []
+    assert arriving == []  # answered before its body was read (atk44w F4: read and decoded)
 
 
 @pytest.mark.parametrize("path", ["/v1/audit/table", "/v1/budget/plan"])

@@ -115,3 +115,39 @@ def test_a_batch_past_2000_commands_is_refused_before_it_is_decided(world: World
     assert status == 400, answer
     assert "2000" in answer["detail"] and "$.commands" in answer["detail"], answer
     assert worker_calls(world) == before
+
+
+def test_a_batch_that_clashes_with_its_expected_position_is_refused_on_the_view(
+    world: World,
+) -> None:
+    """atk44w: the dry run ignored `expected_position`, so a batch whose command clashed
+    passed it and was refused 409 on the worker (1.3-5 s each for 2,000 commands against
+    1,000 events)."""
+    alice = world.tokens["alice"]
+    first = world.server.request("POST", "/v1/commands/submit", submit(), token=alice)
+    assert first[0] == 200, first
+    seen = int(first[1]["position"])
+    later = world.server.request("POST", "/v1/commands/submit", submit(), token=alice)
+    assert later[0] == 200, later  # changes account:ai2/olmo after `seen`
+    before = worker_calls(world)
+    body = {"commands": [submit()] * 1_999 + [{**submit(), "expected_position": seen}]}
+    status, answer = world.server.request("POST", "/v1/batch", body, token=alice)
+    assert status == 409, answer
+    assert "stale command" in answer["detail"] and "account:ai2/olmo" in answer["detail"]
+    assert worker_calls(world) == before  # was a call (the whole batch decided on the worker)
+    head = int(later[1]["position"])
+    body = {"commands": [{**submit(), "expected_position": head + 10_000}]}  # ahead: no clash
+    status, answer = world.server.request("POST", "/v1/batch", body, token=alice)
+    assert status == 200, answer
+
+
+def test_an_audit_check_runs_nothing_on_the_worker(world: World) -> None:
+    """atk44w F6: `audit check` caught the projection up and queried it on the worker (~0.45 s
+    a check on a busy ledger); now beside it, with the view of the live state."""
+    alice = world.tokens["alice"]
+    assert world.server.request("POST", "/v1/commands/submit", submit(), token=alice)[0] == 200
+    before = worker_calls(world)
+    status, answer = world.server.request("GET", "/v1/audit/check", token=alice)
+    assert status == 200, answer
+    assert answer["events"] > 0 and answer["violations"] == [], answer
+    assert worker_calls(world) == before  # was one call
