@@ -56,8 +56,11 @@ REUSED_WHY = (
 @dataclass
 class Restarts:
     log_dir: Path
-    cancel: Callable[[str], object]
-    """`scancel` a Slurm job (raises `EngineError` when Slurm refuses)."""
+    cancel: Callable[[str, tuple[int, int]], object]
+    """`scancel` a Slurm job of a run (job, run), restricted to that job's name
+    (`cluster.scancel_args`: a controller swapped within scancel's retries has another job
+    under the id, which must not be cancelled; atk44ha F1); raises `EngineError` when Slurm
+    refuses."""
     may_act: Callable[[], bool]
     """The leader's lease (a deposed leader cancels nothing)."""
     notes: Notes = field(init=False)
@@ -199,7 +202,7 @@ class Restarts:
         self.jobs[tag] = j
         if not j.ended and r.slurm_id not in self.cancelled and self.may_act():
             try:
-                self.cancel(r.slurm_id)
+                self.cancel(r.slurm_id, tag)
                 self.cancelled.add(r.slurm_id)
             except EngineError as err:
                 log.warning("slurm job %s: %s (retrying)", r.slurm_id, err.line())
