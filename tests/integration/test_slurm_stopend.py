@@ -55,7 +55,7 @@ def test_a_run_cancelled_while_its_slurmd_is_dead_holds_its_gpus_until_it_is_gon
     ledger.wait("job 2 to finish", lambda: status(ledger, 2) == "finished", timeout=90)
     (started,) = _times(ledger.work / "next")
     assert started > last, f"job 2 started {last - started:.1f} s before job 1's processes died"
-    (end,) = ledger.of("job.run_ended.v1", 1)
+    (end,) = ledger.of("job.run_ended.v2", 1)
     assert end["ended_at"] >= last - 0.5 and end["killed"] is True, (end, last)
     assert ledger.jobs()[1]["finish_reason"] == "cancelled"
 
@@ -71,7 +71,7 @@ def test_a_run_requeued_while_its_slurmd_is_dead_is_never_alive_with_its_next_la
     ledger.wait("its next launch", lambda: bool(_times(work / "alive.1")), timeout=90)
     first = _times(work / "alive.1")[0]
     assert first > last, f"launch 2 began {last - first:.1f} s before launch 1 was gone"
-    (end,) = ledger.of("job.run_ended.v1", 1)
+    (end,) = ledger.of("job.run_ended.v2", 1)
     assert end["run"] == 0 and end["ended_at"] >= last - 0.5, (end, last)
     ledger.cli("cancel", "1", actor="alice")
     ledger.wait("job 2 to finish", lambda: status(ledger, 2) == "finished", timeout=90)
@@ -104,8 +104,8 @@ def test_a_stop_while_slurm_holds_the_launch_configuring_never_starts_the_comman
         time.sleep(1)
     finally:
         hold.unlink(missing_ok=True)
-    ledger.wait("the run's end", lambda: bool(ledger.of("job.run_ended.v1", 1)), timeout=60)
-    (end,) = ledger.of("job.run_ended.v1", 1)
+    ledger.wait("the run's end", lambda: bool(ledger.of("job.run_ended.v2", 1)), timeout=60)
+    (end,) = ledger.of("job.run_ended.v2", 1)
     assert not began.exists(), "the command ran after its stop"
     assert "the command never ran" in end["note"] and end["killed"] is False, end
     job = ledger.jobs()[1]
@@ -156,7 +156,7 @@ def test_a_stop_whose_service_restarts_after_the_node_returned_holds_its_gpus(
     ledger.wait("its next launch", lambda: bool(_times(work / "alive.1")), timeout=90)
     first = _times(work / "alive.1")[0]
     assert first > last, f"launch 2 began {last - first:.1f} s before launch 1 was gone"
-    (end,) = ledger.of("job.run_ended.v1", 1)
+    (end,) = ledger.of("job.run_ended.v2", 1)
     marks = ledger.home / "jobs" / "checkpoints" / "1.0"
     seen = {m.name: m.lstat().st_ctime for m in marks.iterdir()}, _times(work / "term")
     why = (end, last, seen, ledger.service_log()[-3000:])
