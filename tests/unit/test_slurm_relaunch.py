@@ -452,6 +452,40 @@ def test_a_run_slurm_forgot_before_launching_it_is_submitted_again(tmp_path: Pat
     assert ex._runs.get(20) is None or ex._runs[20].slurm_id == "25"
 
 
+def test_a_restarted_service_judges_a_run_slurm_forgot_before_launching_from_the_disk(
+    tmp_path: Path,
+) -> None:
+    """atk44s F4 after a restart of the service: the run's resubmission needed a launch mark
+    seen in this service's memory (`Restarts.sharing`); a restarted service that had read none
+    yet recorded the run `lost`. Now it judges from what lasts: the nodes noted at each
+    submission (`<home>/jobs/launches/`) and their runs' launch marks on disk."""
+    job = Launch(20, (GpuSlot(node="vm", gpu_indices=(0,)),), ("true",), None, "alice", "ai2/olmo")  # fmt: skip  # noqa: E501
+    earlier = Launch(19, (GpuSlot(node="vm", gpu_indices=(1,)),), ("true",), None, "bob", "a/b")
+    ex, _ = executor(tmp_path)  # the service before its restart
+    ex._restarts.submitted(19, 0, "24", earlier)  # noted at its sbatch, with its node
+    (run_dir(tmp_path, 19) / "launched").touch()  # its script ran there
+    ex2, _ = executor(tmp_path)  # restarted: nothing read since
+    assert ex2._restarts.sharing == set()
+    ex2._restarts.submitted(20, 0, "25", job)
+    ex2._runs = {20: Run(20, 0, job, slurm_id="25", submitted_at=START)}
+    run_dir(tmp_path, 20)
+    theirs = slurm("RUNNING", start=5.0, sid="25", job=21)  # Slurm forgot it: 25 is job 21's
+    read(ex2, theirs, 6.0)
+    read(ex2, theirs, 6.0 + ex2.vanish_after_s)
+    assert ex2._exits == [] and 20 in ex2._runs, ex2._exits  # it was `lost`, exit -1
+    r = ex2._runs[20]
+    assert (r.slurm_id, r.submitted_at, r.run) == (None, None, 0), r  # submitted again
+    # where no noted run left a launch mark on its node, the service cannot know: as before
+    other = tmp_path / "other"
+    ex3, _ = executor(other)
+    ex3._restarts.submitted(19, 0, "24", earlier)  # noted, but its script left no mark
+    ex3._restarts.submitted(20, 0, "25", job)
+    ex3._runs = {20: Run(20, 0, job, slurm_id="25", submitted_at=START)}
+    read(ex3, theirs, 6.0)
+    read(ex3, theirs, 6.0 + ex3.vanish_after_s)
+    assert 20 not in ex3._runs or ex3._runs[20].slurm_id == "25"
+
+
 def test_a_run_slurm_forgot_that_ran_is_started_at_its_launch_mark(tmp_path: Path) -> None:
     """atk44s F5: slurmctld forgot the job while it ran (no read recorded its start); its command
     completed by its own end record: it was recorded completed at its real end but with no

@@ -360,7 +360,7 @@ class SlurmExecutor:
         said = self._run(args, stdin=script, env=sbatch_env(self.env, mask))
         r.slurm_id = said.strip().split(";")[0]
         log.info("job %s run %s is Slurm job %s", job.job_id, job.run, r.slurm_id)
-        if self._restarts.submitted(job.job_id, job.run, r.slurm_id):  # what it named is gone
+        if self._restarts.submitted(job.job_id, job.run, r.slurm_id, job):  # what it named is gone
             self._completing.pop(r.slurm_id, None)
             self._seen.forget(r.slurm_id)
 
