@@ -11,6 +11,8 @@ import os
 import time
 from pathlib import Path
 
+import msgspec
+
 from ledger.engines.slurm.launching import LAUNCHED
 from tests.unit.test_slurm_stop_unseen import NODES, START, Slurm, executor, job, node_line
 
@@ -55,3 +57,17 @@ def test_a_stop_that_came_before_its_command_reports_no_start(tmp_path: Path) ->
     slurm.jobs = job("FAILED", int(now - START) + 2, "143:0")
     (end,) = ex.observe(now + 3.0, NODES).stopped
     assert end.started_at is None and "never ran" in end.note, end
+
+
+def test_explain_says_a_run_stopped_before_its_start_was_seen_is_charged_from_its_own_start() -> (
+    None
+):
+    from ledger.reads.explain import run_ended_line
+    from schemas import events as e
+
+    ev = e.JobRunEnded(event_id="x", at=1_000.0, actor="@executor", job_id=11, engine="slurm",
+                       engine_job_id="7", run=0, ended_at=990.0, started_at=975.0)  # fmt: skip
+    line = run_ended_line(ev)
+    assert "charged from its own start at" in line and "before seeing it start" in line, line
+    plain = run_ended_line(msgspec.structs.replace(ev, started_at=None))
+    assert "own start" not in plain
