@@ -11,7 +11,7 @@
 --   b_started    JobStarted: position, logs, started_at
 --   b_engine_ended JobEngineEnded: position, reason
 --   b_engine_linked JobEngineLinked: position, engine_job_id
---   b_run_ended  JobRunEnded: position, job_id, run, ended_at
+--   b_run_ended  JobRunEnded: position, job_id, run, ended_at, event_at, started_at
 --   b_cycles     CycleDecided rows
 --
 -- and, read back from the batch's rows of `events` once they are inserted (temp tables below):
@@ -261,14 +261,25 @@ WHERE job_intervals.start_position = c.start_position;
 -- A run's real end as its engine first reports it, on the interval of that run: a JobRunEnded
 -- names its run (run r is the job's (r + 1)-th placement: each placement after the first follows
 -- a preemption); a JobEngineEnded (run NULL) ends the job's last interval placed before it.
+-- A JobRunEnded that says when its run started (`started_at`: a run stopped while placed whose
+-- command ran, atk44s F3) starts an interval no JobStarted started, at that time (never before
+-- its placement), when recorded within a day of the placement (86400 s:
+-- `fairshare.OWN_START_KEPT_S`, which bounds what the in-memory fold keeps).
 UPDATE job_intervals SET
     run_end_position = c.position,
-    run_end_at       = c.ended_at
+    run_end_at       = c.ended_at,
+    run_start_position = CASE WHEN job_intervals.run_start_position IS NULL AND c.own_start IS NOT NULL
+                              THEN c.position ELSE job_intervals.run_start_position END,
+    run_start_at       = CASE WHEN job_intervals.run_start_position IS NULL AND c.own_start IS NOT NULL
+                              THEN greatest(job_intervals.start_at, c.own_start)
+                              ELSE job_intervals.run_start_at END
 FROM (
-    SELECT i.start_position, min(r.position) AS position, arg_min(r.ended_at, r.position) AS ended_at
+    SELECT i.start_position, min(r.position) AS position, arg_min(r.ended_at, r.position) AS ended_at,
+           arg_min_null(CASE WHEN r.event_at <= i.start_at + 86400.0 THEN r.started_at END,
+                        r.position) AS own_start
     FROM b_run_ended r
     JOIN (
-        SELECT job_id, start_position, run_end_position,
+        SELECT job_id, start_position, start_at, run_end_position,
                row_number() OVER (PARTITION BY job_id ORDER BY start_position) - 1 AS run,
                lead(start_position) OVER (PARTITION BY job_id ORDER BY start_position) AS next
         FROM job_intervals WHERE job_id IN (SELECT job_id FROM b_run_ended)

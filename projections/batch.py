@@ -144,6 +144,8 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("job_id", pa.int64()),
             ("run", pa.int64()),
             ("ended_at", pa.float64()),
+            ("event_at", pa.float64()),
+            ("started_at", pa.float64()),
         ]
     ),
     "b_engine_ended": pa.schema(
@@ -688,7 +690,8 @@ def _started(groups: dict[type, Group]) -> pa.Table:
 def _run_ended(groups: dict[type, Group]) -> pa.Table:
     """When runs really ended as their engines say (the end of an interval's charge, when
     earlier than its release): `JobRunEnded` names its run; `JobEngineEnded` (run NULL) is the
-    end of the job's current run, recorded with its release."""
+    end of the job's current run, recorded with its release. A `JobRunEnded` may also say when
+    its run started where no `JobStarted` did (`started_at`: `intervals_run_ended`)."""
     g = groups.get(e.JobRunEnded, _EMPTY_GROUP)
     x = groups.get(e.JobEngineEnded, _EMPTY_GROUP)
     evs = [*g.events, *x.events]
@@ -699,6 +702,8 @@ def _run_ended(groups: dict[type, Group]) -> pa.Table:
             "job_id": [ev.job_id for ev in evs],
             "run": [ev.run for ev in g.events] + [None] * len(x.events),
             "ended_at": [ev.at if ev.ended_at is None else ev.ended_at for ev in evs],
+            "event_at": [ev.at for ev in evs],
+            "started_at": [ev.started_at for ev in g.events] + [None] * len(x.events),
         },
     )
 

@@ -53,6 +53,13 @@ RANKING_VERSIONS = {
 """The versions of the ranking code (usage SQL + Fair Tree) decision records name, with how each
 charges usage. A change here that would rank the same log differently is a new version; the old
 ones stay so that their decisions replay with the rule in force when they were made."""
+OWN_START_KEPT_S = 86_400.0
+"""A run the ledger stopped while placed, never `JobStarted`, whose `JobRunEnded` says when it
+really started (`started_at`: its command ran, atk44s F3) is charged from then (never before
+its placement) when that report is recorded within this long of its placement (`apply.sql`
+`intervals_run_ended`; the fold keeps such placements no longer). Under `fairtree-2` and
+`fairtree-3` alike: no log written before `job.run_ended.v2` has such a start, so every older
+log ranks as it did (not a new ranking version)."""
 RANKING_VERSION = "fairtree-3"
 """The version new decisions record (`ranking_version(UsagePolicy())`)."""
 HOUR_S = 3600.0

@@ -53,8 +53,13 @@ class UsageFold:
         """Funded jobs not finished: job id -> (leaf, user, GPUs)."""
         self._node_type: dict[str, str] = {}
         self._open: dict[int, fs.Interval] = {}
-        self._placed: dict[int, str | None] = {}
-        """Run rule: funded jobs placed and not yet started -> the GPU type of their placement."""
+        self._placed: dict[int, tuple[str | None, float]] = {}
+        """Run rule: funded jobs placed and not yet started -> the GPU type of their placement,
+        and when they were placed."""
+        self._unstarted: dict[tuple[int, int], tuple[fs.Interval, float]] = {}
+        """Run rule: (job, run) -> a placement released before any `JobStarted` (its interval
+        from the placement, and its release), kept `fs.OWN_START_KEPT_S` after the placement
+        for a `JobRunEnded` that says when its run really started (`_run_ended`)."""
         self._full: dict[str, tuple[float, int]] = {}
         """Window mode: leaf -> (usage, count) of its closed intervals wholly inside the window."""
         self._by_start: list[tuple[float, int, fs.Interval]] = []
@@ -85,12 +90,13 @@ class UsageFold:
                 if self.policy.charge == fs.CHARGE_PLACEMENT:
                     self._open[ev.job_id] = self._interval(spec, ev.at, node_type)
                 else:
-                    self._placed[ev.job_id] = node_type
+                    self._placed[ev.job_id] = (node_type, ev.at)
         elif isinstance(ev, e.JobStarted):
             spec = self._specs.get(ev.job_id)
             if spec is not None and ev.job_id in self._placed:
                 start = ev.at if ev.started_at is None else ev.started_at
-                self._open[ev.job_id] = self._interval(spec, start, self._placed.pop(ev.job_id))
+                node_type, _ = self._placed.pop(ev.job_id)
+                self._open[ev.job_id] = self._interval(spec, start, node_type)
         elif isinstance(ev, e.JobPreempted | e.JobFinished):
             self._released(ev)
         elif isinstance(ev, e.JobRunEnded | e.JobEngineEnded):
@@ -101,12 +107,15 @@ class UsageFold:
         end when the finish says it), or, under `CHARGE_REAL` when its run was stopped, waits
         for the run's real end (`_run_ended`), counted to the release until then."""
         run = self._runs.get(ev.job_id, 0)
+        spec = self._specs.get(ev.job_id)
         if isinstance(ev, e.JobFinished):
             self._specs.pop(ev.job_id, None)
             self._runs.pop(ev.job_id, None)
         else:
             self._runs[ev.job_id] = run + 1
-        self._placed.pop(ev.job_id, None)
+        placed = self._placed.pop(ev.job_id, None)
+        if placed is not None and spec is not None:
+            self._keep_unstarted((ev.job_id, run), spec, placed, ev)
         iv = self._open.pop(ev.job_id, None)
         if iv is None:
             return
@@ -119,11 +128,47 @@ class UsageFold:
         else:
             self._close(iv, ev.at)
 
+    def _keep_unstarted(self, key: tuple[int, int], spec: tuple[str, str, int],
+                        placed: tuple[str | None, float], ev: e.JobPreempted | e.JobFinished) -> None:  # fmt: skip  # noqa: E501
+        """A placement released before any `JobStarted`: kept for a `JobRunEnded` that says its
+        run started (`fs.OWN_START_KEPT_S`), released as the projection's interval ends (a
+        finish at its run's real end when it says it); those placed longer ago are dropped."""
+        gpu_type, placed_at = placed
+        ended_at = ev.ended_at if isinstance(ev, e.JobFinished) else None
+        release = ev.at if ended_at is None else ended_at
+        self._unstarted[key] = (self._interval(spec, placed_at, gpu_type), release)
+        cut = ev.at - fs.OWN_START_KEPT_S
+        while self._unstarted:
+            oldest = next(iter(self._unstarted))
+            if self._unstarted[oldest][0].start_at >= cut:
+                break
+            del self._unstarted[oldest]
+
+    def _own_start(self, ev: e.JobRunEnded) -> None:
+        """A stopped run's report that says when it really started, where no `JobStarted` did:
+        charged from then (never before its placement) to its real end (`CHARGE_RUN`: no later
+        than its release), as the projection's `intervals_run_ended` charges it."""
+        kept = self._unstarted.pop((ev.job_id, ev.run), None)
+        if kept is None or ev.started_at is None:
+            return
+        iv, release = kept
+        if ev.at > iv.start_at + fs.OWN_START_KEPT_S:
+            return
+        start = max(iv.start_at, ev.started_at)
+        end = ev.at if ev.ended_at is None else ev.ended_at
+        if self.policy.charge == fs.CHARGE_RUN:
+            end = min(end, release)
+        begun = fs.Interval(leaf=iv.leaf, user=iv.user, gpus=iv.gpus, funded=True,
+                            start_at=start, end_at=None, gpu_type=iv.gpu_type, run_start_at=start)  # fmt: skip  # noqa: E501
+        self._close(begun, max(start, end))
+
     def _run_ended(self, ev: e.JobRunEnded | e.JobEngineEnded) -> None:
         """Under `CHARGE_REAL`: a stopped run's real end, as its engine first reports it
         (`JobRunEnded` names its run; `JobEngineEnded` is about the job's last one), closes its
-        interval there, before or after its release."""
+        interval there, before or after its release; a run never `JobStarted` is charged from
+        its own start when the report says it (`_own_start`)."""
         if isinstance(ev, e.JobRunEnded):
+            self._own_start(ev)
             key: tuple[int, int] | None = (ev.job_id, ev.run)
         else:
             key = max((k for k in self._stopped if k[0] == ev.job_id), default=None)

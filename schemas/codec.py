@@ -30,6 +30,8 @@ from schemas.events import (
     Event,
     JobFinished,
     JobFinishedV1,
+    JobRunEnded,
+    JobRunEndedV1,
     JobSubmitted,
     JobSubmittedV1,
     RankInputs,
@@ -219,12 +221,20 @@ def finished_v1_to_v2(ev: JobFinishedV1) -> JobFinished:
     return JobFinished(**msgspec.structs.asdict(ev), reason=ev.outcome)
 
 
+def run_ended_v1_to_v2(ev: JobRunEndedV1) -> JobRunEnded:
+    """Pure: a v1 stopped run's end as v2: the same end, `started_at` None (v1 had no start of
+    its own: its run was charged from its `JobStarted`, or, never started, not at all)."""
+    return JobRunEnded(**msgspec.structs.asdict(ev))
+
+
 def upcast(event: StoredEvent) -> AnyEvent:
     """Pure: the latest version of a decoded event (the event itself when it is the latest)."""
     if isinstance(event, JobSubmittedV1):
         return submitted_v1_to_v2(event)
     if isinstance(event, JobFinishedV1):
         return finished_v1_to_v2(event)
+    if isinstance(event, JobRunEndedV1):
+        return run_ended_v1_to_v2(event)
     if isinstance(event, CycleDecidedV1):
         return decided_v3_to_v4(decided_v2_to_v3(decided_v1_to_v2(event)))
     if isinstance(event, CycleDecidedV2):

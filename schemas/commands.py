@@ -337,6 +337,10 @@ class ConfirmRunEnded(JobCommand, frozen=True, kw_only=True, tag="job.run_ended"
     (its own end record, unsignalled; an agent's exit of a run it was not stopping): with
     exit code 0 the job completed, never to be run again (`runs.confirm_run_ended`). False:
     not known (and every report made before the field)."""
+    started_at: Epoch | None = None
+    """When the run really started, where the ledger recorded no start of it (stopped while
+    placed, before the engine saw it start, though its command ran: atk44s F3); None when
+    the engine knows of none, or the ledger recorded it (`JobRunEnded.started_at`)."""
 
 
 class SampleUtilisation(JobCommand, frozen=True, kw_only=True, tag="job.sample"):

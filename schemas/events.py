@@ -422,7 +422,7 @@ class JobEngineEnded(JobEvent, frozen=True, kw_only=True, tag="job.engine_ended.
     had to be killed after the grace."""
 
 
-class JobRunEnded(JobEvent, frozen=True, kw_only=True, tag="job.run_ended.v1"):
+class _RunEnded(JobEvent, frozen=True, kw_only=True):
     """A run the ledger had stopped (preempted, cancelled, requeued, its node lost) has really
     ended: its engine says every process of it is gone, and when. The end of a job's current
     run is `JobEngineEnded`'s `ended_at`; together they bound every run, which the audit checks
@@ -440,6 +440,26 @@ class JobRunEnded(JobEvent, frozen=True, kw_only=True, tag="job.run_ended.v1"):
     """Its command ended by itself before the stop's signal reached it (the engine's word;
     False in every record made before the field): exit 0 then completes the job, if it has
     not run again since (`job.finished.v2` `completed` follows)."""
+
+
+class JobRunEndedV1(_RunEnded, frozen=True, kw_only=True, tag="job.run_ended.v1"):
+    """The first record of a stopped run's end, without the run's own start. Still read:
+    `schemas.codec` upcasts it to `JobRunEnded` (v2) with `started_at` None (its run was
+    charged from its `JobStarted`, or not at all, as before)."""
+
+
+class JobRunEnded(_RunEnded, frozen=True, kw_only=True, tag="job.run_ended.v2"):
+    """A run the ledger had stopped (preempted, cancelled, requeued, its node lost) has really
+    ended: its engine says every process of it is gone, and when, and, where no `JobStarted`
+    said it, when it started. The end of a job's current run is `JobEngineEnded`'s `ended_at`;
+    together they bound every run, which the audit checks (no GPU held by two live runs, no
+    job with two live runs)."""
+
+    started_at: Epoch | None = None
+    """When the run really started, where no `JobStarted` recorded it (the ledger stopped it
+    while placed, before any read saw it start, and its command ran: Slurm's launch mark,
+    atk44s F3); None otherwise. Kept between the run's placement and its end: under
+    `fairtree-3` the run is charged from it to `ended_at` (docs/projections.md)."""
 
 
 class UtilisationSampled(JobEvent, frozen=True, kw_only=True, tag="job.utilisation_sampled.v1"):
@@ -703,7 +723,13 @@ EVENT_TYPES: tuple[type[Event], ...] = AnyEvent.__args__
 """The latest version of every event: what `schemas.codec.decode` returns."""
 
 StoredEvent = (
-    AnyEvent | CycleDecidedV3 | CycleDecidedV2 | CycleDecidedV1 | JobSubmittedV1 | JobFinishedV1
+    AnyEvent
+    | CycleDecidedV3
+    | CycleDecidedV2
+    | CycleDecidedV1
+    | JobSubmittedV1
+    | JobFinishedV1
+    | JobRunEndedV1
 )
 """Every version that may be stored; `schemas.codec` upcasts the older ones."""
 
@@ -713,6 +739,7 @@ OLDER_TYPES: tuple[type[Event], ...] = (
     CycleDecidedV1,
     JobSubmittedV1,
     JobFinishedV1,
+    JobRunEndedV1,
 )
 
 

@@ -36,7 +36,7 @@ def confirm_run_ended(state: State, cmd: c.ConfirmRunEnded, s: Stamp) -> list[e.
     """A stopped run's end, for the record (and the audit): any run of a job the ledger has
     known, up to its current one, even once the job has finished. Once: a run whose end is
     recorded already (`State.run_ends`; an agent's report sent again) records nothing, and the
-    first report stands (issue 24: one `job.run_ended.v1` per run)."""
+    first report stands (issue 24: one `job.run_ended.v2` per run)."""
     job = state.jobs.get(cmd.job_id)
     if job is None and not 0 < cmd.job_id < state.next_job_id:
         raise UnknownEntity(f"unknown job {cmd.job_id}", job_id=cmd.job_id)
@@ -59,6 +59,7 @@ def confirm_run_ended(state: State, cmd: c.ConfirmRunEnded, s: Stamp) -> list[e.
             killed=cmd.killed,
             note=cmd.note,
             by_itself=cmd.by_itself,
+            started_at=_own_start(state, cmd, s.now),
         )
     ]
     if job is not None and completed_meanwhile(job, cmd):
@@ -68,6 +69,15 @@ def confirm_run_ended(state: State, cmd: c.ConfirmRunEnded, s: Stamp) -> list[e.
         ended.append(done)
         ended += drained_after(state, (sl.node for sl in job.slots), {job.job_id}, s)
     return ended
+
+
+def _own_start(state: State, cmd: c.ConfirmRunEnded, now: float) -> float | None:
+    """Pure: the run's own start as the engine reports it, never after its end nor `now` (a
+    run the ledger stopped while it ran, `State.stopped_runs`, has its `JobStarted`: none)."""
+    if cmd.started_at is None or (cmd.job_id, cmd.run) in state.stopped_runs:
+        return None
+    end = now if cmd.ended_at is None else min(cmd.ended_at, now)
+    return min(cmd.started_at, end)
 
 
 COMPLETED_MEANWHILE = "its run completed by itself (exit 0) before the stop reached it"

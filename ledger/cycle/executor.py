@@ -166,6 +166,9 @@ class Exit:
     by_itself: bool = False
     """A stopped run (`Observed.stopped`) whose command ended by itself before the stop's
     signal reached it, as the engine knows (`ConfirmRunEnded.by_itself`)."""
+    started_at: float | None = None
+    """A stopped run's own start, where the ledger recorded none (`ConfirmRunEnded.started_at`:
+    stopped while placed, though its command ran)."""
 
 
 @dataclass(frozen=True)

@@ -169,6 +169,7 @@ def stopped_commands(stopped: Sequence[Exit], engine: str) -> list[c.AnyCommand]
             killed=x.engine_state == "KILLED",
             note=x.note[:1000],
             by_itself=x.by_itself,
+            started_at=x.started_at,
         )
         for x in stopped
     ]

@@ -29,7 +29,13 @@ from ledger.core.authz import authorisation_failure
 from ledger.core.evolve import evolve
 from ledger.core.state import DRAINED_NOTE, Job, State, is_system
 from projections import history
-from projections.fairshare import CHARGE_PLACEMENT, CHARGE_REAL, RANKING_VERSION, charge_of
+from projections.fairshare import (
+    CHARGE_PLACEMENT,
+    CHARGE_REAL,
+    OWN_START_KEPT_S,
+    RANKING_VERSION,
+    charge_of,
+)
 from projections.store import Store
 from schemas import events as e
 
@@ -194,6 +200,9 @@ class _Charge(msgspec.Struct, kw_only=True):
     closed_at: int = 0
     run_end: float | None = None
     """Its run's end as its engine first reported it: the charge ends there when earlier."""
+    released: tuple[float, int] | None = None
+    """(release time, position) of a placement released before any `JobStarted`: a
+    `JobRunEnded` that says when its run started charges it from then (`run_ended`)."""
 
 
 class _Charges:
@@ -241,8 +250,17 @@ class _Charges:
             ch = self.by_run.get((ev.job_id, ev.run))
         else:
             ch = self.last.get(ev.job_id)
-        if ch is not None and ch.run_end is None:
-            ch.run_end = ev.at if ev.ended_at is None else ev.ended_at
+        if ch is None or ch.run_end is not None:
+            return
+        ch.run_end = ev.at if ev.ended_at is None else ev.ended_at
+        own = ev.started_at if isinstance(ev, e.JobRunEnded) else None
+        kept = ch.released is not None and ev.at <= ch.placed + OWN_START_KEPT_S
+        if own is not None and ch.began is None and kept and ch.released is not None:
+            ch.began = max(ch.placed, own)  # its own start (atk44s F3), as usage charges it
+            end, pos = ch.released
+            if self.rule != CHARGE_PLACEMENT:  # to its real end (`violations`)
+                ch.charged, ch.rule, ch.closed_at = (ch.began, end), self.rule, pos
+                self.closed.append(ch)
 
     def released(self, pos: int, job: int, end: float, preempted: bool) -> None:
         if preempted:
@@ -251,7 +269,9 @@ class _Charges:
         if ch is None:
             return
         start = ch.placed if self.rule == CHARGE_PLACEMENT else ch.began
-        if start is not None and end > start:
+        if start is None:
+            ch.released = (end, pos)
+        elif end > start:
             ch.charged, ch.rule, ch.closed_at = (start, end), self.rule, pos
             self.closed.append(ch)
 

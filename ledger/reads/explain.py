@@ -205,11 +205,18 @@ def finish_line(ev: e.JobFinished) -> str:
 
 def run_ended_line(ev: e.JobRunEnded) -> str:
     """Pure: a stopped run's real end in one sentence: its processes outlived the stop by up
-    to their grace, holding (and charged for) its GPUs until then."""
+    to their grace, holding (and charged for) its GPUs until then; a run stopped before the
+    ledger saw it start, from its own start (`started_at`, atk44s F3)."""
     how = "killed at the end of its grace" if ev.killed else "its processes gone"
+    began = (
+        f", charged from its own start at {when(ev.started_at)} (the ledger had stopped it "
+        "before seeing it start)"
+        if ev.started_at is not None
+        else ""
+    )
     return (
         f"{when(_real(ev.ended_at, ev.at))} its run {ev.run + 1} really ended ({how}): its "
-        f"GPUs were held, and charged, until then{_recorded(ev.ended_at, ev.at)}."
+        f"GPUs were held, and charged, until then{began}{_recorded(ev.ended_at, ev.at)}."
     )
 
 

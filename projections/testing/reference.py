@@ -278,7 +278,12 @@ def _apply(s: RefState, pos: int, ev: e.AnyEvent) -> None:
             runs = [i for i in s.intervals if i["job_id"] == ev.job_id]
             if ev.run < len(runs) and runs[ev.run]["run_end_position"] is None:
                 ended = ev.at if ev.ended_at is None else ev.ended_at
-                runs[ev.run].update(run_end_position=pos, run_end_at=ended)
+                iv = runs[ev.run]
+                iv.update(run_end_position=pos, run_end_at=ended)
+                kept = ev.at <= iv["start_at"] + fs.OWN_START_KEPT_S
+                if ev.started_at is not None and iv["run_start_position"] is None and kept:
+                    # its own start, where no JobStarted said it (atk44s F3)
+                    iv.update(run_start_position=pos, run_start_at=max(iv["start_at"], ev.started_at))  # fmt: skip  # noqa: E501
         case e.JobHeld() | e.JobReleased():
             _touch(s, ev.job_id, pos)["held"] = isinstance(ev, e.JobHeld)
         case e.JobEngineEnded():

@@ -79,7 +79,7 @@ def test_an_agent_restart_keeps_adopted_jobs_while_an_orphan_is_slow_to_die(
     out = part_log(j["logs"][0])
     assert wait_for("the new job's word", lambda: out.read_text().split(), 30, c.why) == ["alone"]
     wait_for("the orphan's end recorded",
-             lambda: [e for e in c.events("job.run_ended.v1") if e["job_id"] == orphan], 30,
+             lambda: [e for e in c.events("job.run_ended.v2") if e["job_id"] == orphan], 30,
              c.why)  # fmt: skip
     assert node_row(c, NODE)["stopping_gpus"] == []
     assert alive(pid_i) and c.job(innocent)["status"] == "running"

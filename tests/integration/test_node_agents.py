@@ -698,7 +698,7 @@ def test_a_cancelled_jobs_gpus_show_stopping_until_its_node_says_it_is_gone(
     assert node()["free_gpus"] == GPUS - 1
     wait_for("its GPU free", lambda: node()["free_gpus"] == GPUS, 30, cluster.why)
     assert node()["stopping_gpus"] == []
-    assert cluster.events("job.run_ended.v1")  # its end was reported: the fence let it go
+    assert cluster.events("job.run_ended.v2")  # its end was reported: the fence let it go
 
 
 @with_flags(serve=("--node-fence", "5m"))

@@ -152,7 +152,7 @@ def test_a_cancel_whose_grace_outlives_a_kill_9_of_up_keeps_its_gpu_stopping(hom
     assert [p.pid for p in live_processes(state(home))] == [part.pid]  # still in its grace
     wait_for("its process to end", lambda: not live_processes(state(home)), home=home)
     wait_for("its GPU free", lambda: _gpus(home) == ([], 2), home=home)
-    assert [e for e in events(home, "job.run_ended.v1") if e["job_id"] == 1]
+    assert [e for e in events(home, "job.run_ended.v2") if e["job_id"] == 1]
 
 
 def test_up_refuses_to_start_while_the_other_executor_has_unfinished_runs(

@@ -181,7 +181,7 @@ def test_a_stopped_run_whose_node_goes_down_holds_its_gpus_until_its_processes_a
     recorded ended at Slurm's EndTime and the next job started on its GPUs ~8 s before its
     processes died."""
     last = _stopped_then_down(ledger, "")
-    (end,) = ledger.of("job.run_ended.v1", 1)
+    (end,) = ledger.of("job.run_ended.v2", 1)
     assert end["killed"] is True and end["ended_at"] >= last - 0.5, (end, last)
     assert ledger.jobs()[1]["finish_reason"] == "cancelled"
 
@@ -264,7 +264,7 @@ def test_a_requeued_run_whose_node_goes_down_is_never_alive_with_its_next_launch
     ledger.wait("its next launch", lambda: bool(_times(work / "alive.1")), timeout=60)
     first = _times(work / "alive.1")[0]
     assert first > last, f"launch 2 began {last - first:.1f} s before launch 1 was gone"
-    (end,) = ledger.of("job.run_ended.v1", 1)
+    (end,) = ledger.of("job.run_ended.v2", 1)
     assert end["run"] == 0 and end["killed"] is True and end["ended_at"] >= last - 0.5, end
     ledger.cli("cancel", "1", actor="alice")
 
@@ -320,7 +320,7 @@ def test_a_job_that_completes_as_the_ledger_requeues_it_is_completed_and_never_r
     ledger.wait("the job to finish", lambda: status(ledger, 1) == "finished", timeout=40)
     job = ledger.jobs()[1]
     assert (job["outcome"], job["exit_code"]) == ("completed", 0), job
-    (end,) = ledger.of("job.run_ended.v1", 1)
+    (end,) = ledger.of("job.run_ended.v2", 1)
     assert end["by_itself"] is True and end["exit_code"] == 0, end
     time.sleep(3)  # a requeued job would be launched again now
     assert len(_lines(work, "start")) == 1, (work / "runs").read_text()

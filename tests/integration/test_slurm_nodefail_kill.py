@@ -128,7 +128,7 @@ def test_a_restart_with_a_stop_in_doubt_submits_nothing_onto_the_lost_node_or_it
         f"job 2 started {last - started:.1f} s before job 1 ended; Slurm's jobs at the "
         f"restart: {submitted}\n{ledger.service_log()[-3000:]}"
     )
-    (end,) = ledger.of("job.run_ended.v1", 1)
+    (end,) = ledger.of("job.run_ended.v2", 1)
     assert end["ended_at"] >= last - 0.5, (end, last)
 
 

@@ -84,7 +84,7 @@ def test_a_run_first_seen_after_it_ended_keeps_slurms_times_and_gpus(ledger: Led
 def test_a_cancel_waits_the_jobs_own_grace_and_records_the_runs_end(ledger: Ledger) -> None:
     """F5: `up --grace 2s`, the job `--grace 20s` traps TERM and needs 5 s to save: it gets
     TERM, finishes saving (the service's 2 s would have killed it), and the run's end is
-    recorded (`job.run_ended.v1`, Slurm's EndTime, not killed)."""
+    recorded (`job.run_ended.v2`, Slurm's EndTime, not killed)."""
     work = ledger.work
     ledger.up()
     script = (f"trap 'date +%s.%N > {work}/term; sleep 5; date +%s.%N > {work}/saved; exit 0' "
@@ -100,8 +100,8 @@ def test_a_cancel_waits_the_jobs_own_grace_and_records_the_runs_end(ledger: Ledg
     _until("the job to save and end", lambda: saved_file.exists() and saved_file.read_text(), 60)
     saved = float((work / "saved").read_text())
     assert saved - float((work / "term").read_text()) >= 4.5  # its grace, not the service's
-    ledger.wait("the run's end", lambda: bool(ledger.of("job.run_ended.v1", 1)))
-    (end,) = ledger.of("job.run_ended.v1", 1)
+    ledger.wait("the run's end", lambda: bool(ledger.of("job.run_ended.v2", 1)))
+    (end,) = ledger.of("job.run_ended.v2", 1)
     assert end["killed"] is False and end["run"] == 0, end
     assert abs(end["ended_at"] - saved) <= 1.5, (end, saved)
     row = ledger.jobs()[1]

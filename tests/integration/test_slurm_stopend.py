@@ -55,7 +55,7 @@ def test_a_run_cancelled_while_its_slurmd_is_dead_holds_its_gpus_until_it_is_gon
     ledger.wait("job 2 to finish", lambda: status(ledger, 2) == "finished", timeout=90)
     (started,) = _times(ledger.work / "next")
     assert started > last, f"job 2 started {last - started:.1f} s before job 1's processes died"
-    (end,) = ledger.of("job.run_ended.v1", 1)
+    (end,) = ledger.of("job.run_ended.v2", 1)
     assert end["ended_at"] >= last - 0.5 and end["killed"] is True, (end, last)
     assert ledger.jobs()[1]["finish_reason"] == "cancelled"
 
@@ -71,7 +71,7 @@ def test_a_run_requeued_while_its_slurmd_is_dead_is_never_alive_with_its_next_la
     ledger.wait("its next launch", lambda: bool(_times(work / "alive.1")), timeout=90)
     first = _times(work / "alive.1")[0]
     assert first > last, f"launch 2 began {last - first:.1f} s before launch 1 was gone"
-    (end,) = ledger.of("job.run_ended.v1", 1)
+    (end,) = ledger.of("job.run_ended.v2", 1)
     assert end["run"] == 0 and end["ended_at"] >= last - 0.5, (end, last)
     ledger.cli("cancel", "1", actor="alice")
     ledger.wait("job 2 to finish", lambda: status(ledger, 2) == "finished", timeout=90)
@@ -104,13 +104,54 @@ def test_a_stop_while_slurm_holds_the_launch_configuring_never_starts_the_comman
         time.sleep(1)
     finally:
         hold.unlink(missing_ok=True)
-    ledger.wait("the run's end", lambda: bool(ledger.of("job.run_ended.v1", 1)), timeout=60)
-    (end,) = ledger.of("job.run_ended.v1", 1)
+    ledger.wait("the run's end", lambda: bool(ledger.of("job.run_ended.v2", 1)), timeout=60)
+    (end,) = ledger.of("job.run_ended.v2", 1)
     assert not began.exists(), "the command ran after its stop"
     assert "the command never ran" in end["note"] and end["killed"] is False, end
     job = ledger.jobs()[1]
     assert job["finish_reason"] == "cancelled" and job["started_at"] is None, job
     assert "stopped before its command started" in ledger.log_of(1)
+
+
+def test_a_run_requeued_in_its_hold_while_the_service_was_down_is_charged_from_its_start(
+    ledger: Ledger,
+) -> None:
+    """atk44s F3: requeued while Slurm held its launch CONFIGURING, the service down before it
+    could make the run's `stopping` mark; the hold ended and the command ran until the
+    restarted service stopped it. It was recorded with an end and no start, never charged.
+    Now its end (`job.run_ended.v2`) carries its own start, its launch mark, and the
+    projection charges the run from there."""
+    hold = Path(ledger.cluster.conf).parent / "hold-launches"
+    began = ledger.work / "began"
+    hold.touch()
+    try:
+        ledger.up()
+        ledger.submit("alice", 2, f"date +%s.%N > {began}; sleep 60", "--resumable")
+
+        def configuring() -> bool:
+            return any("job=1:" in j["comment"] and j["state"] == "CONFIGURING"
+                       for j in ledger.cluster.jobs().values())  # fmt: skip
+
+        ledger.wait("Slurm to hold the launch", configuring)
+        ledger.kill9()
+        ledger.cli("requeue", "1")  # appended; no service carries it out
+    finally:
+        hold.unlink(missing_ok=True)
+    deadline = time.monotonic() + 60  # (the service is down: not `ledger.wait`)
+    while not began.exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert began.exists(), f"the command never started: {ledger.cluster.jobs()}"
+    time.sleep(4)  # it runs
+    ledger.up()  # stops it: a run the ledger no longer runs (SIGTERM, the grace)
+    ledger.wait("the run's end", lambda: bool(ledger.of("job.run_ended.v2", 1)), timeout=90)
+    (end,) = ledger.of("job.run_ended.v2", 1)
+    start = float(began.read_text())
+    assert end["run"] == 0 and end["started_at"] is not None, end
+    assert start - 1.5 <= end["started_at"] <= start + 0.5, (end, start)
+    assert end["ended_at"] - end["started_at"] >= 4.0, end
+    rows = json.loads(ledger.cli("audit", "sql", "--json", "SELECT run_start_at, run_end_at "
+                                 "FROM job_intervals WHERE job_id = 1 ORDER BY start_position"))  # fmt: skip  # noqa: E501
+    assert rows and abs(float(rows[0]["run_start_at"]) - end["started_at"]) < 1e-3, rows
 
 
 def test_a_stop_whose_service_restarts_after_the_node_returned_holds_its_gpus(
@@ -156,7 +197,7 @@ def test_a_stop_whose_service_restarts_after_the_node_returned_holds_its_gpus(
     ledger.wait("its next launch", lambda: bool(_times(work / "alive.1")), timeout=90)
     first = _times(work / "alive.1")[0]
     assert first > last, f"launch 2 began {last - first:.1f} s before launch 1 was gone"
-    (end,) = ledger.of("job.run_ended.v1", 1)
+    (end,) = ledger.of("job.run_ended.v2", 1)
     marks = ledger.home / "jobs" / "checkpoints" / "1.0"
     seen = {m.name: m.lstat().st_ctime for m in marks.iterdir()}, _times(work / "term")
     why = (end, last, seen, ledger.service_log()[-3000:])

@@ -75,8 +75,8 @@ def test_a_cancelled_run_that_ignores_term_ends_and_is_charged_when_its_processe
     ledger.wait("its GPU shown stopping", lambda: _node(ledger)["stopping_gpus"] == [gpu])
     assert _node(ledger)["free_gpus"] == 3
     last = _until_quiet(work / "alive")
-    ledger.wait("the run's end", lambda: bool(ledger.of("job.run_ended.v1", 1)))
-    (end,) = ledger.of("job.run_ended.v1", 1)
+    ledger.wait("the run's end", lambda: bool(ledger.of("job.run_ended.v2", 1)))
+    (end,) = ledger.of("job.run_ended.v2", 1)
     assert end["killed"] is True, end
     ledger.wait("its GPU free", lambda: _node(ledger)["free_gpus"] == 4)
     assert _node(ledger)["stopping_gpus"] == []
@@ -131,7 +131,7 @@ def test_a_cancels_grace_counts_from_the_cancel_across_a_restart(ledger: Ledger)
     last = _until_quiet(work / "alive")
     # KillWait (10 s), not a new grace first (20 s + KillWait: 30 s); 24 s: CI at load ~10
     assert last - serving <= 24.0, (last, serving)
-    ledger.wait("the run's end", lambda: bool(ledger.of("job.run_ended.v1", 1)))
+    ledger.wait("the run's end", lambda: bool(ledger.of("job.run_ended.v2", 1)))
 
 
 def test_a_requeued_runs_grace_counts_from_its_preemption_across_a_restart(
@@ -164,7 +164,7 @@ def test_a_requeued_run_that_completes_while_the_service_is_down_completes_its_j
 ) -> None:
     """atk39-24 F1: a resumable job is requeued while the service is down (killed with -9: the
     stop's SIGTERM is never sent), then its command exits 0 by itself. After the restart the
-    run's end is recorded (`job.run_ended.v1`, ended by itself) and the job is completed: its
+    run's end is recorded (`job.run_ended.v2`, ended by itself) and the job is completed: its
     command never runs a second time."""
     work = ledger.work
     ledger.up()
@@ -181,7 +181,7 @@ def test_a_requeued_run_that_completes_while_the_service_is_down_completes_its_j
     time.sleep(5)  # a second run would be submitted by now
     assert (work / "runs").read_text().split() == ["0"]
     assert ledger.jobs()[1]["finish_reason"] == "completed", ledger.jobs()[1]
-    (ended,) = ledger.of("job.run_ended.v1", 1)
+    (ended,) = ledger.of("job.run_ended.v2", 1)
     assert ended["run"] == 0 and ended["by_itself"] and ended["exit_code"] == 0, ended
 
 
@@ -211,7 +211,7 @@ def test_a_stopped_run_that_ends_by_itself_in_an_outage_is_recorded_ended_when_l
     time.sleep(8)
     cl.up()
     ledger.wait("the job's end", lambda: status(ledger, 1) == "finished", timeout=180)
-    (ended,) = ledger.of("job.run_ended.v1", 1)
+    (ended,) = ledger.of("job.run_ended.v2", 1)
     assert ended["by_itself"] and ended["exit_code"] == 0, ended
     assert ended["ended_at"] <= real + 1.0, (ended, real)
     assert ledger.jobs()[1]["outcome"] == "completed", ledger.jobs()[1]

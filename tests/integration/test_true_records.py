@@ -199,7 +199,7 @@ def test_a_cancelled_run_is_recorded_and_charged_to_its_real_end_after_its_grace
     wait_for("the job to start", began.exists)
     c.cli("cancel", str(job))
     cancelled = time.time()
-    wait_for("the run's end", lambda: [ev for ev in c.events("job.run_ended.v1")
+    wait_for("the run's end", lambda: [ev for ev in c.events("job.run_ended.v2")
                                        if ev["job_id"] == job], 60, c.why)  # fmt: skip
     real_end = float(ended.read_text())
     assert real_end - cancelled >= 2.5
@@ -387,7 +387,7 @@ def test_a_stopping_runs_gpus_stay_held_across_a_server_restart_and_it_keeps_its
         time.sleep(1.0)
     wait_for("its process to be killed", lambda: not alive(int(pid)), 30, c.why)
     wait_for("its GPU free", lambda: _node_row(c, node) == ([], 2), 30, c.why)
-    assert [ev for ev in c.events("job.run_ended.v1") if ev["job_id"] == job]
+    assert [ev for ev in c.events("job.run_ended.v2") if ev["job_id"] == job]
 
 
 @agents.with_flags(serve=("--node-lost-after", "60s"), agent=("--check-every", "5s"))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -20,8 +22,14 @@ from ledger.cycle.dispatcher import rank_inputs
 from ledger.history.audit import check
 from ledger.history.compare import recorded_usage, usage_of
 from projections import fairshare as fs
+from projections import queries
+from projections.projector import Projector
+from projections.source import ListSource, LogRecord
+from projections.store import Store
+from projections.testing.compare import REFERENCE_TABLES, differences, dump, reference_dump
 from projections.testing.reference import fold
 from projections.usage import UsageFold
+from schemas import codec
 from schemas import commands as c
 from schemas import events as e
 from schemas.policy import FairShare7Config
@@ -327,3 +335,136 @@ def test_fairtree_3_charges_a_run_that_ended_with_its_node_to_its_engines_end() 
     folded = UsageFold(REAL)
     folded.apply_all(events)
     assert folded.usage(AT) == {"ai2/olmo/alice": 2 * 38.0}
+
+
+# --- a run stopped while placed whose command ran (atk44s F3) ----------------------------------
+
+
+def stopped_while_placed(version: str, own_start: float | None = T0 + 40) -> list[e.AnyEvent]:
+    """Job 1 is placed at T0 on Slurm, which holds it CONFIGURING; alice requeues it at T0 + 30,
+    before any read saw it start; the hold ends and its command runs from T0 + 40 (its launch
+    mark) to T0 + 100, which its engine reports a second later with its own start
+    (`own_start`; None: as every report before `job.run_ended.v2`)."""
+    return history(
+        [
+            *ORG,
+            (T0, c.SubmitJob(actor="alice", account="ai2/olmo", gpus=2, min_runtime_s=60,
+                             resumable=True)),
+            (T0, decision("c1", version, placed=(4,))),
+            (T0 + 30, c.RequeueJob(actor="alice", job_id=4)),
+            (T0 + 101, c.ConfirmRunEnded(actor="@executor", job_id=4, engine="slurm",
+                                         engine_job_id="9", ended_at=T0 + 100,
+                                         started_at=own_start)),
+        ]
+    )  # fmt: skip
+
+
+def test_the_domain_keeps_a_stopped_runs_own_start_only_where_no_start_was_recorded() -> None:
+    (ended,) = [ev for ev in stopped_while_placed("fairtree-3") if isinstance(ev, e.JobRunEnded)]
+    assert (ended.run, ended.started_at, ended.ended_at) == (0, T0 + 40, T0 + 100)
+    later = stopped_while_placed("fairtree-3", own_start=T0 + 500)  # never after its end
+    assert [ev.started_at for ev in later if isinstance(ev, e.JobRunEnded)] == [T0 + 100]
+    # a run stopped while it ran has its JobStarted: an engine's start beside it is not kept
+    events = history(
+        [
+            *ORG,
+            (T0, decision("c1", "fairtree-3", placed=(1,))),
+            (T0 + 5, c.StartJob(actor="@executor", job_id=1, engine="slurm", engine_job_id="9",
+                                started_at=T0 + 2)),
+            (T0 + 100, STOPS["requeued"]),
+            (T0 + 131, c.ConfirmRunEnded(actor="@executor", job_id=1, engine="slurm",
+                                         engine_job_id="9", ended_at=T0 + 130,
+                                         started_at=T0 + 3)),
+        ]
+    )  # fmt: skip
+    assert [ev.started_at for ev in events if isinstance(ev, e.JobRunEnded)] == [None]
+
+
+@pytest.mark.parametrize("policy", [REAL, RUN, PLACEMENT], ids=lambda p: p.charge)
+def test_a_run_stopped_while_placed_is_charged_from_its_own_start(policy: fs.UsagePolicy) -> None:
+    """atk44s F3: its command ran 60 s on 2 GPUs and was charged nothing (no JobStarted). Now
+    fairtree-3 charges it from its own start to its real end, in the fold, the reference and
+    the audit alike; fairtree-2 to its release, which came before its start: nothing;
+    fairtree-1 from the placement to the release, as before."""
+    events = stopped_while_placed(fs.ranking_version(policy))
+    want = {"real": 2 * 60.0, "run": 0.0, "placement": 2 * 30.0}[policy.charge]
+    folded = UsageFold(policy)
+    folded.apply_all(events)
+    assert folded.usage(AT) == ({"ai2/olmo/alice": want} if want else {})
+    ref = fold(enumerate(events, 1))
+    (iv,) = ref.intervals
+    assert (iv["run_start_at"], iv["run_end_at"], iv["end_at"]) == (T0 + 40, T0 + 100, T0 + 30)
+    assert fs.user_usage(ref.usage_intervals(), AT, policy) == ({"alice": want} if want else {})
+    if policy.charge != fs.CHARGE_PLACEMENT:
+        assert check(events).violations == ()
+
+
+def test_a_run_stopped_while_placed_without_its_own_start_is_charged_as_before() -> None:
+    """A report without the start (v1, or an engine that does not know it): uncharged under the
+    run rules, as every log written before `job.run_ended.v2` replays."""
+    events = stopped_while_placed("fairtree-3", own_start=None)
+    for policy in (REAL, RUN):
+        folded = UsageFold(policy)
+        folded.apply_all(events)
+        assert folded.usage(AT) == {}
+        ref = fold(enumerate(events, 1))
+        assert fs.user_usage(ref.usage_intervals(), AT, policy) == {}
+
+
+def test_an_own_start_reported_over_a_day_after_the_placement_is_not_charged() -> None:
+    """`fs.OWN_START_KEPT_S` bounds what the fold keeps; the projection and the audit agree."""
+    events = stopped_while_placed("fairtree-3")
+    late = fs.OWN_START_KEPT_S + 1
+    events[-1] = msgspec.structs.replace(events[-1], at=T0 + late)
+    folded = UsageFold(REAL)
+    folded.apply_all(events)
+    assert folded.usage(T0 + late) == {}
+    ref = fold(enumerate(events, 1))
+    assert ref.intervals[0]["run_start_at"] is None
+
+
+def _projected(tmp_path: Path, events: list[e.AnyEvent], batch: int | None = None,
+               v1: bool = False) -> dict[str, list[Any]]:  # fmt: skip
+    """The projection's read models (DuckDB, the projector's SQL) of `events`; `v1`: every
+    `JobRunEnded` stored as the code before `job.run_ended.v2` wrote it."""
+    records = []
+    for pos, ev in enumerate(events, 1):
+        if v1 and isinstance(ev, e.JobRunEnded):
+            fields = msgspec.structs.asdict(ev)
+            assert fields.pop("started_at") is None
+            ev = e.JobRunEndedV1(**fields)  # type: ignore[assignment]
+        records.append(LogRecord(pos, e.tag_of(type(ev)), codec.encode(ev)))  # type: ignore[arg-type]
+    with Store(tmp_path / f"p{len(list(tmp_path.iterdir()))}.duckdb") as store:
+        Projector(store, ListSource(records), **({} if batch is None else {"batch_size": batch})).catch_up()  # fmt: skip  # noqa: E501
+        got = dump(store, REFERENCE_TABLES)
+        usage = {
+            p.charge: {r.name: r.gpu_seconds for r in queries.usage(store, AT, by="user", policy=p)}
+            for p in (REAL, RUN, PLACEMENT)
+        }
+    return {"dump": [got], "usage": [usage]}
+
+
+@pytest.mark.parametrize("batch", [None, 1])
+def test_the_projections_sql_charges_a_run_stopped_while_placed_from_its_own_start(
+    tmp_path: Path, batch: int | None
+) -> None:
+    """The SQL (`apply.sql` `intervals_run_ended`) as the reference: run_start_at from the
+    report, charged 2 x 60 s under fairtree-3 (it was 0), whatever the batch boundaries."""
+    events = stopped_while_placed("fairtree-3")
+    got = _projected(tmp_path, events, batch)
+    assert differences(got["dump"][0], reference_dump(fold(enumerate(events, 1)))) == []
+    want = {"real": {"alice": 2 * 60.0}, "run": {}, "placement": {"alice": 2 * 30.0}}
+    assert got["usage"][0] == want
+
+
+def test_old_run_ended_records_project_as_before(tmp_path: Path) -> None:
+    """Determinism: a log whose stopped runs' ends are stored as `job.run_ended.v1` (the bytes
+    the code before v2 wrote) projects row for row as the same log read as v2 without a start,
+    and charges those runs as before (a stopped run's grace; a run never started: nothing)."""
+    for events in (stopped_while_placed("fairtree-3", own_start=None),
+                   stopped_late("fairtree-3", STOPS["requeued"])):  # fmt: skip
+        old = _projected(tmp_path, events, v1=True)
+        new = _projected(tmp_path, events)
+        assert differences(old["dump"][0], new["dump"][0]) == []
+        assert old["usage"] == new["usage"]
+    assert old["usage"][0]["real"] == {"alice": 2 * (98.0 + GRACE)}

@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-import msgspec
 import pytest
 
 from ledger.core.decide import decide
@@ -26,6 +25,7 @@ from ledger.engines.slurm.tracked import Run
 from ledger.engines.slurm.words import parse_jobs
 from schemas import commands as c
 from schemas import events as e
+from schemas.codec import decode
 
 LID = "0123abcd4567"
 SLOT = e.GpuSlot(node="n1", gpu_indices=(0,))
@@ -117,8 +117,8 @@ def test_an_old_run_ended_record_decodes_without_by_itself() -> None:
     old = (b'{"type":"job.run_ended.v1","event_id":"a","at":1.0,"actor":"@executor",'
            b'"job_id":1,"engine":"slurm","engine_job_id":"7","run":0,"ended_at":1.0,'
            b'"exit_code":0,"killed":false,"note":""}')  # fmt: skip
-    ev = msgspec.json.decode(old, type=e.AnyEvent)
-    assert isinstance(ev, e.JobRunEnded) and ev.by_itself is False
+    ev = decode(old)  # the one decoder: v1 upcast to the latest (v2, no own start)
+    assert isinstance(ev, e.JobRunEnded) and ev.by_itself is False and ev.started_at is None
 
 
 # --- the engines' word -----------------------------------------------------------------------

@@ -168,7 +168,7 @@ def test_a_run_slurm_shows_pending_again_is_cancelled_in_slurm_and_ends_as_it_re
     ex, calls = executor(tmp_path)
     started_run(ex, tmp_path)
     read(ex, slurm("PENDING", start=None), 60.0)
-    assert ["scancel", "7"] in calls.calls
+    assert ["scancel", "--name=gpuledger-1", "7"] in calls.calls
     assert 1 in ex._runs and ex._exits == []  # its first launch may still run: held
     (run_dir(tmp_path) / "ended").write_text(f"0 {START + 30.0:.6f} 0\n")
     os.utime(run_dir(tmp_path) / "ended")  # its ctime now: written "late" (the record's time kept)
@@ -176,6 +176,17 @@ def test_a_run_slurm_shows_pending_again_is_cancelled_in_slurm_and_ends_as_it_re
     (x,) = ex._exits
     assert (x.exit_code, x.reason, x.run) == (0, "exited", 0), x
     assert START + 30.0 <= x.at <= START + 62.0 and 1 not in ex._runs
+
+
+def test_the_cancel_of_slurms_second_launch_names_the_runs_job(tmp_path: Path) -> None:
+    """atk44ha F1's rule for `Restarts`: the scancel of a launch Slurm made again carries the
+    run's job name (`cluster.scancel_args`), so a controller swapped within scancel's retries,
+    which has another job under the id, leaves that job alone (it was a bare `scancel 7`)."""
+    ex, calls = executor(tmp_path)
+    started_run(ex, tmp_path)
+    read(ex, slurm("PENDING", start=None), 60.0)
+    cancels = [c for c in calls.calls if c[0] == "scancel"]
+    assert cancels == [["scancel", "--name=gpuledger-1", "7"]], cancels
 
 
 def test_a_run_slurm_killed_and_cancelled_is_a_node_failure_at_its_last_beat(
@@ -209,7 +220,7 @@ def test_a_second_launch_slurm_made_after_a_restart_of_the_service_is_cancelled(
     d = run_dir(tmp_path)
     (d / "launched").touch()
     read(ex2, slurm("RUNNING", start=45.0), 50.0)
-    assert ["scancel", "7"] in calls2.calls and ex2._starts == []
+    assert ["scancel", "--name=gpuledger-1", "7"] in calls2.calls and ex2._starts == []
     os.utime(d / "launched")
     (d / "alive").touch()
     read(ex2, slurm("CANCELLED", start=45.0, end=51.0), 60.0 + 45.0)  # its beat is old
@@ -324,7 +335,7 @@ def test_a_launch_slurm_requeued_before_its_script_began_is_left_to_slurms_resta
     run_dir(tmp_path)  # no mark: its script never began
     read(ex, slurm("PENDING", start=None), 14.0)
     read(ex, slurm("RUNNING", start=130.0), 131.0)
-    assert ["scancel", "7"] not in calls.calls and ex._restarts.why == {}
+    assert not [c for c in calls.calls if c[0] == "scancel"] and ex._restarts.why == {}
 
 
 def test_a_run_slurm_forgot_while_it_ran_is_gone_when_its_heartbeat_stops(tmp_path: Path) -> None:
@@ -439,6 +450,40 @@ def test_a_run_slurm_forgot_before_launching_it_is_submitted_again(tmp_path: Pat
     read(ex, theirs, 100.0)
     read(ex, theirs, 100.0 + ex.vanish_after_s)
     assert ex._runs.get(20) is None or ex._runs[20].slurm_id == "25"
+
+
+def test_a_restarted_service_judges_a_run_slurm_forgot_before_launching_from_the_disk(
+    tmp_path: Path,
+) -> None:
+    """atk44s F4 after a restart of the service: the run's resubmission needed a launch mark
+    seen in this service's memory (`Restarts.sharing`); a restarted service that had read none
+    yet recorded the run `lost`. Now it judges from what lasts: the nodes noted at each
+    submission (`<home>/jobs/launches/`) and their runs' launch marks on disk."""
+    job = Launch(20, (GpuSlot(node="vm", gpu_indices=(0,)),), ("true",), None, "alice", "ai2/olmo")  # fmt: skip  # noqa: E501
+    earlier = Launch(19, (GpuSlot(node="vm", gpu_indices=(1,)),), ("true",), None, "bob", "a/b")
+    ex, _ = executor(tmp_path)  # the service before its restart
+    ex._restarts.submitted(19, 0, "24", earlier)  # noted at its sbatch, with its node
+    (run_dir(tmp_path, 19) / "launched").touch()  # its script ran there
+    ex2, _ = executor(tmp_path)  # restarted: nothing read since
+    assert ex2._restarts.sharing == set()
+    ex2._restarts.submitted(20, 0, "25", job)
+    ex2._runs = {20: Run(20, 0, job, slurm_id="25", submitted_at=START)}
+    run_dir(tmp_path, 20)
+    theirs = slurm("RUNNING", start=5.0, sid="25", job=21)  # Slurm forgot it: 25 is job 21's
+    read(ex2, theirs, 6.0)
+    read(ex2, theirs, 6.0 + ex2.vanish_after_s)
+    assert ex2._exits == [] and 20 in ex2._runs, ex2._exits  # it was `lost`, exit -1
+    r = ex2._runs[20]
+    assert (r.slurm_id, r.submitted_at, r.run) == (None, None, 0), r  # submitted again
+    # where no noted run left a launch mark on its node, the service cannot know: as before
+    other = tmp_path / "other"
+    ex3, _ = executor(other)
+    ex3._restarts.submitted(19, 0, "24", earlier)  # noted, but its script left no mark
+    ex3._restarts.submitted(20, 0, "25", job)
+    ex3._runs = {20: Run(20, 0, job, slurm_id="25", submitted_at=START)}
+    read(ex3, theirs, 6.0)
+    read(ex3, theirs, 6.0 + ex3.vanish_after_s)
+    assert 20 not in ex3._runs or ex3._runs[20].slurm_id == "25"
 
 
 def test_a_run_slurm_forgot_that_ran_is_started_at_its_launch_mark(tmp_path: Path) -> None:

@@ -190,7 +190,7 @@ class SlurmExecutor:
         self._quarantine = Quarantine()  # GPUs of runs ended by their own record on NODE_FAIL
         self._seen = MarksSeen()  # NODE_FAIL runs' signal notes and heartbeats, as first read
         self._wrong_gpus = WrongGpus()  # jobs' runs ended `wrong-gpus` in a row
-        self._restarts = Restarts(log_dir, lambda i: self._run(["scancel", i]), lambda: self.may_act())  # fmt: skip  # noqa: E501
+        self._restarts = Restarts(log_dir, lambda i, run: self._run(scancel_args(i, run)), lambda: self.may_act())  # fmt: skip  # noqa: E501
         """Runs Slurm launched again, ids it gave twice (slurmctld lost its state: atk43s)."""
         self.launch_confirm_s = 10.0
         """A run Slurm shows RUNNING is recorded started once its batch script marked its launch
@@ -360,7 +360,7 @@ class SlurmExecutor:
         said = self._run(args, stdin=script, env=sbatch_env(self.env, mask))
         r.slurm_id = said.strip().split(";")[0]
         log.info("job %s run %s is Slurm job %s", job.job_id, job.run, r.slurm_id)
-        if self._restarts.submitted(job.job_id, job.run, r.slurm_id):  # what it named is gone
+        if self._restarts.submitted(job.job_id, job.run, r.slurm_id, job):  # what it named is gone
             self._completing.pop(r.slurm_id, None)
             self._seen.forget(r.slurm_id)
 

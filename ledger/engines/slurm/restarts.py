@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ledger.cycle.executor import Exit, Start
+from ledger.cycle.executor import Exit, Launch, Start
 from ledger.engines.slurm.ends import BEAT_EVERY_S, beat_window
 from ledger.engines.slurm.launch_notes import Notes
 from ledger.engines.slurm.launching import (
@@ -56,8 +56,11 @@ REUSED_WHY = (
 @dataclass
 class Restarts:
     log_dir: Path
-    cancel: Callable[[str], object]
-    """`scancel` a Slurm job (raises `EngineError` when Slurm refuses)."""
+    cancel: Callable[[str, tuple[int, int]], object]
+    """`scancel` a Slurm job of a run (job, run), restricted to that job's name
+    (`cluster.scancel_args`: a controller swapped within scancel's retries has another job
+    under the id, which must not be cancelled; atk44ha F1); raises `EngineError` when Slurm
+    refuses."""
     may_act: Callable[[], bool]
     """The leader's lease (a deposed leader cancels nothing)."""
     notes: Notes = field(init=False)
@@ -68,6 +71,8 @@ class Restarts:
     """The GPUs of each such run's first launch, held until it is known gone."""
     sharing: set[str] = field(default_factory=set)
     """Nodes where a run's launch mark was seen: the service sees their run directories."""
+    _durable_read: bool = False
+    """`durable_sharing` has read the notes and marks on disk."""
     reused: set[str] = field(default_factory=set)
     """Our Slurm ids Slurm had given an earlier run of ours (`Notes.reused`)."""
     seen: MarksSeen = field(default_factory=MarksSeen)
@@ -77,10 +82,12 @@ class Restarts:
     def __post_init__(self) -> None:
         self.notes = Notes(self.log_dir)
 
-    def submitted(self, job_id: int, run: int, slurm_id: str) -> bool:
-        """Note a submission's Slurm id; True when Slurm gave it an earlier run of ours."""
+    def submitted(self, job_id: int, run: int, slurm_id: str, launch: Launch | None = None) -> bool:
+        """Note a submission's Slurm id (and the nodes of its `launch`); True when Slurm gave it
+        an earlier run of ours."""
         earlier = self.notes.reused(slurm_id, job_id, run)
-        self.notes.note(job_id, run, slurm_id)
+        nodes = run_nodes(launch, _NO_JOB) if launch is not None else ()
+        self.notes.note(job_id, run, slurm_id, nodes=nodes)
         if earlier is None:
             self.reused.discard(slurm_id)
             return False
@@ -92,9 +99,30 @@ class Restarts:
 
     def _shares(self, r: Run, j: SlurmJob | None) -> bool:
         """Whether every node of the run showed the service a launch mark before (it sees
-        the run directories there: the batch script's marks are what tells a run that ran)."""
+        the run directories there: the batch script's marks are what tells a run that ran),
+        in this service's reads or, from what lasts, in a run noted there (`durable_sharing`)."""
         nodes = run_nodes(r.launch, j) if j is not None else run_nodes(r.launch, _NO_JOB)
+        if not nodes and r.slurm_id is not None:
+            noted = self.notes.get(r.job_id, r.run)
+            nodes = noted.nodes if noted is not None and noted.slurm_id == r.slurm_id else ()
+        if nodes and not all(n in self.sharing for n in nodes):
+            self.durable_sharing()
         return bool(nodes) and all(n in self.sharing for n in nodes)
+
+    def durable_sharing(self) -> None:
+        """Once per service: the nodes of runs noted at their submission (`Notes`, the
+        service's own) whose batch script left its launch mark in its run directory: the
+        service sees the marks there. A restarted service knows them as one that saw the
+        marks in its reads (atk44s F4: after a restart a run Slurm forgot before launching it
+        ended `lost`, no mark having been read since)."""
+        if self._durable_read:
+            return
+        self._durable_read = True
+        self.notes.load()
+        for (job_id, run), noted in list(self.notes.by_run.items()):
+            run_dir = self.log_dir / "checkpoints" / f"{job_id}.{run}"  # `tracked.checkpoint_file`
+            if noted.nodes and not set(noted.nodes) <= self.sharing and marked(run_dir, LAUNCHED):  # fmt: skip  # noqa: E501
+                self.sharing.update(noted.nodes)
 
     def marks_seen(self, r: Run) -> None:
         """The run's launch mark was seen: its nodes share the service's directory."""
@@ -123,11 +151,18 @@ class Restarts:
     def never_launched(self, r: Run, run_dir: Path) -> bool:
         """Whether a run Slurm no longer lists (or whose id names another job now) never
         launched: not started, never seen running, no mark of its script's, on nodes whose
-        marks the service sees (`_shares`). slurmctld lost its state before launching it (atk44s
-        F4: a resumable job whose command never ran was recorded `failed`, exit -1, `lost`):
-        Slurm no longer knows the job, so it cannot launch it; the executor submits it again."""
-        if r.launch is None or r.started or r.running_seen is not None or r.launch_seen:
+        marks the service sees (`_shares`, from the notes and marks on disk too: a restart of
+        the service judges alike), not noted started. slurmctld lost its state before launching
+        it (atk44s F4: a resumable job whose command never ran was recorded `failed`, exit -1,
+        `lost`): Slurm no longer knows the job, so it cannot launch it; the executor submits it
+        again."""
+        if r.started or r.running_seen is not None or r.launch_seen:
             return False
+        noted = self.notes.get(r.job_id, r.run)
+        if noted is not None and noted.started is not None:
+            return False  # recorded started, before a restart of the service
+        if r.launch is None and (noted is None or noted.slurm_id != r.slurm_id):
+            return False  # adopted, its nodes unknown
         return self._shares(r, None) and not any(marked(run_dir, m) for m in MARKS if m != STOPPING)  # fmt: skip  # noqa: E501
 
     def unseen_start(self, r: Run, run_dir: Path, now: float) -> Start | None:
@@ -199,7 +234,7 @@ class Restarts:
         self.jobs[tag] = j
         if not j.ended and r.slurm_id not in self.cancelled and self.may_act():
             try:
-                self.cancel(r.slurm_id)
+                self.cancel(r.slurm_id, tag)
                 self.cancelled.add(r.slurm_id)
             except EngineError as err:
                 log.warning("slurm job %s: %s (retrying)", r.slurm_id, err.line())

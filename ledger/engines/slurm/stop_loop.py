@@ -11,7 +11,14 @@ import logging
 from typing import TYPE_CHECKING
 
 from ledger.engines.slurm.cluster import scancel_args
-from ledger.engines.slurm.launching import forgotten_stop, last_beat, signalled_at, stop_marks
+from ledger.engines.slurm.launching import (
+    LAUNCHED,
+    forgotten_stop,
+    last_beat,
+    mark_time,
+    signalled_at,
+    stop_marks,
+)
 from ledger.engines.slurm.stops import (
     Stopping,
     ended_by_itself,
@@ -86,7 +93,10 @@ def carry_stops(ex: SlurmExecutor, now: float) -> None:
                 run_dir = ex._checkpoint_file(*st.run).parent
                 own, beat, first = stop_marks(run_dir, now)  # (`first`: never ran, F10)
                 itself = failed is None and ended_by_itself(own, j, st.term_refused)
-                ex._stopped.append(stopped_end(st, j, now, seen, failed, itself, (ex._away, ex.settle_s), (own, beat), first))  # fmt: skip  # noqa: E501
+                # its launch mark: its own start, for a run stopped before any read saw it
+                # start (the ledger keeps it only for such a run: atk44s F3)
+                launched = None if first else mark_time(run_dir, LAUNCHED, now)
+                ex._stopped.append(stopped_end(st, j, now, seen, failed, itself, (ex._away, ex.settle_s), (own, beat), first, launched))  # fmt: skip  # noqa: E501
                 if itself and j.exit_code == 0:  # it may complete its job (F3)
                     ex._completed.add(st.run[0])
         elif not st.cancelled and now - st.since >= st.grace_s and ex.cluster.confirm(now):

@@ -1,7 +1,7 @@
 """How the Slurm executor stops a run the ledger no longer runs, as the node agents do:
 `scancel --signal=TERM --full`, the job's own grace (`submit --grace`; the service's when it has
 none), then `scancel`; and the run's real end as Slurm kept it (EndTime), recorded for the audit
-(`job.run_ended.v1`). Pure."""
+(`job.run_ended.v2`). Pure."""
 
 from __future__ import annotations
 
@@ -187,6 +187,7 @@ def stopped_end(
     outage: tuple[tuple[float, float] | None, float] = (None, 0.0),
     record: tuple[OwnEnd | None, float | None] = (None, None),
     never_ran: bool = False,
+    launched: float | None = None,
 ) -> Exit:
     """Pure: a stopped run's real end as Slurm kept it (its EndTime, exit code and state), or,
     when its processes outlived the EndTime of a scancel (seen COMPLETING after it:
@@ -202,7 +203,10 @@ def stopped_end(
     gave it). One that ended by itself ended as its own end record says (`record`: it, and its
     script's last beat; `ends.own_finish`), not at Slurm's late word nor at its last sighting
     (atk42-24 F3). `never_ran`: its script ended it before its command started, the stop
-    having come first (`launching.stop_marks`, atk43s F10): its note says so."""
+    having come first (`launching.stop_marks`, atk43s F10): its note says so. `launched`: its
+    script's launch mark, its own start (`Exit.started_at`; no earlier than Slurm's StartTime,
+    no later than its end), which the ledger keeps for a run it stopped before recording its
+    start, its command having run (atk44s F3)."""
     assert st.run is not None
     end = processes_end(j.end_time, j.state, now, completing_seen)
     at = high = now if end is None else min(now, end)
@@ -222,8 +226,10 @@ def stopped_end(
         note += ", ended by itself before the stop reached it"
     if never_ran:
         note += "; stopped before its command started: the command never ran"
+    began = None if never_ran or launched is None else max(launched, j.start_time or launched)
     return Exit(st.run[0], code, at, "exited", j.slurm_id, state, note, run=st.run[1],
-                by_itself=by_itself and failed is None)  # fmt: skip
+                by_itself=by_itself and failed is None,
+                started_at=None if began is None else min(began, at))  # fmt: skip
 
 
 def forgotten_end(
