@@ -34,6 +34,7 @@ from ledger.engines.slurm.launching import (
     MarksSeen,
     WrongGpus,
     mark_stopping,
+    mark_taken_back,
     mark_time,
     never_ran,
     never_ran_reason,
@@ -703,10 +704,14 @@ class SlurmExecutor:
         return r.launch.time_limit_s if r.launch is not None else self.job_limit(r.job_id)
 
     def _take_back(self, r: Run, why: str, now: float) -> None:
-        """Cancel a run Slurm will not start; its job ends `launch_failed` with why."""
+        """Cancel a run Slurm will not start; its job ends `launch_failed` with why. Its
+        `taken-back` mark first: should a slurmctld restart lose the cancel, its script ends
+        before anything of the job's, and the executor stops what Slurm lists of it (atk45s F5)."""
         assert r.slurm_id is not None
         log.warning("job %s run %s (Slurm job %s): %s; taking it back", r.job_id, r.run,
                     r.slurm_id, why)  # fmt: skip
+        if self.may_act():  # a deposed leader's executor marks nothing (`_signal` cancels none)
+            mark_taken_back(self._checkpoint_file(r.job_id, r.run).parent)
         self._signal(r.slurm_id, now)  # it never ran: scancel at once
         del self._runs[r.job_id]
         self._exits.append(Exit(r.job_id, -1, now, "launch_failed", r.slurm_id, "PENDING", why))
