@@ -16,6 +16,7 @@ import pytest
 
 from ledger.cycle.executor import Launch
 from ledger.engines.slurm import SlurmExecutor, parse_jobs
+from ledger.engines.slurm.ends import BEAT_EVERY_S, OwnEnd, beat_window, ended_unseen
 from ledger.engines.slurm.launching import TAKEN_BACK, run_script
 from ledger.engines.slurm.script import TAKEN_BACK_EXIT, batch_script
 from ledger.engines.slurm.stops import still_ended
@@ -144,3 +145,45 @@ def test_still_ended() -> None:
     assert still_ended({"7", "8"}, view) == {"7"}
     alive = {j.slurm_id: j for j in parse_jobs(slurm("PENDING"))}
     assert still_ended({"7"}, alive) == set()
+
+
+# --- atk45s F3: a run Slurm lists running after its own end ---
+
+
+def test_ended_unseen() -> None:
+    """Its own record and a beat `window` old: ended; no record, no beat, or a fresh beat: not.
+    A beat more than a beat after the record was written does not count (`record_beat`)."""
+    own = OwnEnd(0, 100.0, False, written=100.0)
+    assert ended_unseen(own, 99.0, 99.0 + 30.0, 30.0)
+    assert not ended_unseen(own, 99.0, 99.0 + 29.0, 30.0)
+    assert not ended_unseen(None, 99.0, 500.0, 30.0)
+    assert not ended_unseen(own, None, 500.0, 30.0)
+    assert ended_unseen(own, 125.0, 100.0 + BEAT_EVERY_S + 30.0, 30.0)  # touched from outside
+
+
+def test_a_run_slurm_lists_running_after_its_own_end_ends_by_its_record(tmp_path: Path) -> None:
+    """A run that exited 0 just before slurmctld lost its state is listed RUNNING with nothing
+    of it alive: once its heartbeat is `beat_window` stale it ends by its own end record
+    (exit 0, at the record's time), and Slurm's job is cancelled. The old executor kept it
+    running, its GPUs held, as long as Slurm listed it."""
+    run_dir = tmp_path / "checkpoints" / "1.0"
+    run_dir.mkdir(parents=True)
+    ex = SlurmExecutor("gpuledger", LID, tmp_path)
+    calls = Calls(run_dir)
+    ex._run = calls  # type: ignore[method-assign]
+    ex._runs = {1: Run(1, 0, job(tmp_path / "out"), slurm_id="7", started=True,
+                       started_at=START, seen_running_at=START)}  # fmt: skip
+    real = time.time()
+    (run_dir / "alive").touch()
+    (run_dir / "launched").touch()
+    window = beat_window(ex.kill_wait_s)
+    read(ex, slurm("RUNNING", start=0.0), real - START + window - 5.0)  # no record: it runs
+    assert ex._exits == [] and 1 in ex._runs
+    (run_dir / "ended").write_text(f"0 {real:.6f} 0\n")
+    read(ex, slurm("RUNNING", start=0.0), real - START + window - 3.0)  # its beat fresh
+    assert ex._exits == [] and 1 in ex._runs and calls.cancels() == []
+    read(ex, slurm("RUNNING", start=0.0), real - START + window + 1.0)
+    (x,) = ex._exits
+    assert (x.job_id, x.exit_code, x.reason, x.run) == (1, 0, "exited", 0), x
+    assert real - 1.0 <= x.at <= real + 1.0 and 1 not in ex._runs
+    assert calls.cancels() == [["scancel", "--name=gpuledger-1", "7"]]

@@ -24,6 +24,7 @@ from ledger.engines.slurm.cluster import OtherCluster, Watch, max_time, scancel_
 from ledger.engines.slurm.ends import (
     Ending,
     answering,
+    beat_window,
     ends_after_term_s,
     kill_wait,
     own_end_after_s,
@@ -33,6 +34,7 @@ from ledger.engines.slurm.launching import (
     LAUNCHED,
     MarksSeen,
     WrongGpus,
+    ended_by_record,
     mark_stopping,
     mark_taken_back,
     mark_time,
@@ -91,6 +93,7 @@ from schemas.units import when
 log = logging.getLogger("gpuledger.slurm")
 
 ENGINE = "slurm"
+ENDED_UNSEEN = "Slurm listed it running after its end (slurmctld lost it?): its own end record"
 _Changes = tuple[list[NodeChange], frozenset[str]]
 
 
@@ -638,6 +641,12 @@ class SlurmExecutor:
                 code, at = self._end_of(r, j, now)
                 reason = "time_limit" if r.limited else end_reason(j.state)
                 self._exits.append(Exit(job_id, code, at, reason, r.slurm_id, j.state, run=r.run))
+            elif j.state == "RUNNING" and r.started and (own := self._ended_unseen(r, now)):
+                del self._runs[job_id]  # its own record, its beat stale: Slurm's word is stale
+                log.warning("job %s (Slurm job %s) ended at %s by its own end record, though "
+                            "Slurm lists it running: stopping that", job_id, r.slurm_id, when(own[1]))  # fmt: skip  # noqa: E501
+                self._exits.append(Exit(job_id, own[0], own[1], "time_limit" if r.limited else "exited", r.slurm_id, "COMPLETED" if own[0] == 0 else "FAILED", ENDED_UNSEEN, run=r.run))  # fmt: skip  # noqa: E501
+                self._signal(r.slurm_id, now, 0.0)  # nothing of it runs: `scancel` (F3)
             elif j.holding and self._past_limit(r, now):
                 r.limited, r.stop_sent_at = True, now
                 limit = self._limit_of(r)
@@ -654,6 +663,14 @@ class SlurmExecutor:
                 log.info("foreign Slurm job %s (%s) holds GPUs %s", j.slurm_id, j.state,
                          dict(holds))  # fmt: skip
         self._foreign = dict(other.foreign)
+
+    def _ended_unseen(self, r: Run, now: float) -> tuple[int, float] | None:
+        """A run Slurm lists running that its own end record and stale beat say ended (atk45s
+        F3: `launching.ended_by_record`), where Slurm reaches its nodes: (its code, its end)."""
+        if r.launch is not None and self._unheard & {sl.node for sl in r.launch.slots}:
+            return None
+        run_dir = self._checkpoint_file(r.job_id, r.run).parent
+        return ended_by_record(run_dir, r.started_at, now, beat_window(self.kill_wait_s))
 
     def _end_of(self, r: Run, j: SlurmJob, now: float) -> tuple[int, float]:
         """How (exit code) and when a run ended (`run_end`: Slurm's word, or, where Slurm did not

@@ -30,6 +30,7 @@ from ledger.engines.slurm.ends import (
     Ending,
     OwnEnd,
     beat_window,
+    ended_unseen,
     ends_after_term_s,
     node_fail_ending,
     own_finish,
@@ -201,6 +202,19 @@ def finish_by_record(
     lows = [t for t in (started_at, last_beat(run_dir, now)) if t is not None]
     low = min(now, max(lows)) if lows else None
     return own_finish(own_end(run_dir), state, code, at, low, high)
+
+
+def ended_by_record(
+    run_dir: Path, started_at: float | None, now: float, window_s: float
+) -> tuple[int, float] | None:
+    """(exit code, end) of a run Slurm lists running whose marks say it ended (`ends.ended_unseen`:
+    its own end record, its heartbeat `window_s` stale), as its record says (`finish_by_record`);
+    None otherwise. Read only once the record is there (one failed open a read before)."""
+    own = own_end(run_dir)
+    if own is None or not ended_unseen(own, last_beat(run_dir, now), now, window_s):
+        return None
+    code, at, _ = finish_by_record(run_dir, "", own.exit_code, now, started_at, now, now)
+    return code, at
 
 
 def run_end(
