@@ -727,8 +727,10 @@ class SlurmExecutor:
         assert r.slurm_id is not None
         log.warning("job %s run %s (Slurm job %s): %s; taking it back", r.job_id, r.run,
                     r.slurm_id, why)  # fmt: skip
-        if self.may_act():  # a deposed leader's executor marks nothing (`_signal` cancels none)
-            mark_taken_back(self._checkpoint_file(r.job_id, r.run).parent)
+        run_dir = self._checkpoint_file(r.job_id, r.run).parent
+        if self.may_act() and not mark_taken_back(run_dir):  # a deposed leader marks nothing
+            log.warning("job %s run %s: cannot mark %s taken back: only its stop stands should "
+                        "Slurm start it after all", r.job_id, r.run, run_dir)  # fmt: skip
         self._signal(r.slurm_id, now)  # it never ran: scancel at once
         del self._runs[r.job_id]
         self._exits.append(Exit(r.job_id, -1, now, "launch_failed", r.slurm_id, "PENDING", why))
