@@ -313,3 +313,17 @@ def record_beat(beat_at: float | None, written: float | None) -> float | None:
     if beat_at is None or written is None:
         return beat_at
     return min(beat_at, written + BEAT_EVERY_S)
+
+
+def ended_unseen(own: OwnEnd | None, beat: float | None, now: float, window_s: float) -> bool:
+    """Pure: whether a run Slurm lists running has ended by its own durable facts: its own end
+    record, and its last beat believed (`record_beat`: none counts more than a beat after the
+    record was written) `window_s` (`beat_window`) old. Its script writes the record once its
+    command has ended and beats no more after it, so nothing of it runs, whatever a rewound
+    slurmctld lists (atk45s F3: a run that exited 0 just before a slurmctld kill -9 was listed
+    RUNNING with no process alive, its GPUs held by the ledger for minutes). Without a record or
+    a beat (a node that does not share the service's directory): False."""
+    if own is None or beat is None:
+        return False
+    believed = record_beat(beat, own.written)
+    return believed is not None and now - believed >= window_s

@@ -24,6 +24,7 @@ from ledger.engines.slurm.cluster import OtherCluster, Watch, max_time, scancel_
 from ledger.engines.slurm.ends import (
     Ending,
     answering,
+    beat_window,
     ends_after_term_s,
     kill_wait,
     own_end_after_s,
@@ -33,7 +34,9 @@ from ledger.engines.slurm.launching import (
     LAUNCHED,
     MarksSeen,
     WrongGpus,
+    ended_by_record,
     mark_stopping,
+    mark_taken_back,
     mark_time,
     never_ran,
     never_ran_reason,
@@ -90,6 +93,7 @@ from schemas.units import when
 log = logging.getLogger("gpuledger.slurm")
 
 ENGINE = "slurm"
+ENDED_UNSEEN = "Slurm listed it running after its end (slurmctld lost it?): its own end record"
 _Changes = tuple[list[NodeChange], frozenset[str]]
 
 
@@ -637,6 +641,12 @@ class SlurmExecutor:
                 code, at = self._end_of(r, j, now)
                 reason = "time_limit" if r.limited else end_reason(j.state)
                 self._exits.append(Exit(job_id, code, at, reason, r.slurm_id, j.state, run=r.run))
+            elif j.state == "RUNNING" and r.started and (own := self._ended_unseen(r, now)):
+                del self._runs[job_id]  # its own record, its beat stale: Slurm's word is stale
+                log.warning("job %s (Slurm job %s) ended at %s by its own end record, though "
+                            "Slurm lists it running: stopping that", job_id, r.slurm_id, when(own[1]))  # fmt: skip  # noqa: E501
+                self._exits.append(Exit(job_id, own[0], own[1], "time_limit" if r.limited else "exited", r.slurm_id, "COMPLETED" if own[0] == 0 else "FAILED", ENDED_UNSEEN, run=r.run))  # fmt: skip  # noqa: E501
+                self._signal(r.slurm_id, now, 0.0)  # nothing of it runs: `scancel` (F3)
             elif j.holding and self._past_limit(r, now):
                 r.limited, r.stop_sent_at = True, now
                 limit = self._limit_of(r)
@@ -653,6 +663,14 @@ class SlurmExecutor:
                 log.info("foreign Slurm job %s (%s) holds GPUs %s", j.slurm_id, j.state,
                          dict(holds))  # fmt: skip
         self._foreign = dict(other.foreign)
+
+    def _ended_unseen(self, r: Run, now: float) -> tuple[int, float] | None:
+        """A run Slurm lists running that its own end record and stale beat say ended (atk45s
+        F3: `launching.ended_by_record`), where Slurm reaches its nodes: (its code, its end)."""
+        if r.launch is not None and self._unheard & {sl.node for sl in r.launch.slots}:
+            return None
+        run_dir = self._checkpoint_file(r.job_id, r.run).parent
+        return ended_by_record(run_dir, r.started_at, now, beat_window(self.kill_wait_s))
 
     def _end_of(self, r: Run, j: SlurmJob, now: float) -> tuple[int, float]:
         """How (exit code) and when a run ended (`run_end`: Slurm's word, or, where Slurm did not
@@ -703,10 +721,16 @@ class SlurmExecutor:
         return r.launch.time_limit_s if r.launch is not None else self.job_limit(r.job_id)
 
     def _take_back(self, r: Run, why: str, now: float) -> None:
-        """Cancel a run Slurm will not start; its job ends `launch_failed` with why."""
+        """Cancel a run Slurm will not start; its job ends `launch_failed` with why. Its
+        `taken-back` mark first: should a slurmctld restart lose the cancel, its script ends
+        before anything of the job's, and the executor stops what Slurm lists of it (atk45s F5)."""
         assert r.slurm_id is not None
         log.warning("job %s run %s (Slurm job %s): %s; taking it back", r.job_id, r.run,
                     r.slurm_id, why)  # fmt: skip
+        run_dir = self._checkpoint_file(r.job_id, r.run).parent
+        if self.may_act() and not mark_taken_back(run_dir):  # a deposed leader marks nothing
+            log.warning("job %s run %s: cannot mark %s taken back: only its stop stands should "
+                        "Slurm start it after all", r.job_id, r.run, run_dir)  # fmt: skip
         self._signal(r.slurm_id, now)  # it never ran: scancel at once
         del self._runs[r.job_id]
         self._exits.append(Exit(r.job_id, -1, now, "launch_failed", r.slurm_id, "PENDING", why))

@@ -30,6 +30,7 @@ from ledger.engines.slurm.ends import (
     Ending,
     OwnEnd,
     beat_window,
+    ended_unseen,
     ends_after_term_s,
     node_fail_ending,
     own_finish,
@@ -72,8 +73,12 @@ STOPPING = "stopping"
 """Made by the executor before its own stop's `scancel --signal=TERM --full` (which signals
 every process of the job): the batch script then passes no SIGTERM on to the command, which
 got its own (`script.batch_script`)."""
+TAKEN_BACK = "taken-back"
+"""Made by the executor before it cancels a run Slurm would not start (`mark_taken_back`): its
+batch script, should Slurm start it all the same, ends before anything of the job's
+(`script.taken_back_lines`)."""
 MARKS = (LAUNCHED, CANNOT_ENTER, CANNOT_START, END_RECORD, SIGNALLED, STOPPING, CANNOT_OPEN, ALIVE,
-         WRONG_GPUS, RELAUNCHED)  # fmt: skip
+         WRONG_GPUS, RELAUNCHED, TAKEN_BACK)  # fmt: skip
 
 
 def run_script(
@@ -99,7 +104,7 @@ def run_script(
                         after_term_s=after_term_s, own_end_s=own_end_s,
                         wrong_gpus_file=at[WRONG_GPUS], pinned_nodes=pinned_nodes,
                         files_limit=int(files) if files.isdigit() else None,
-                        relaunched_file=at[RELAUNCHED])  # fmt: skip
+                        relaunched_file=at[RELAUNCHED], taken_back_file=at[TAKEN_BACK])  # fmt: skip
 
 
 def mark_stopping(run_dir: Path) -> None:
@@ -109,6 +114,22 @@ def mark_stopping(run_dir: Path) -> None:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
     with contextlib.suppress(OSError):
         os.close(os.open(run_dir / STOPPING, flags, 0o644))
+
+
+def mark_taken_back(run_dir: Path) -> bool:
+    """Make the run's `TAKEN_BACK` mark (the service's: never through a link) and make it last
+    (the directory synced) before the run's cancel, which a slurmctld restart may lose (atk45s
+    F5); whether it is there. Without it, a run Slurm starts after all is still stopped by the
+    executor (`stop_loop.resume_stops`), but its command may have begun."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW
+    with contextlib.suppress(OSError):
+        os.close(os.open(run_dir / TAKEN_BACK, flags, 0o644))
+        fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return marked(run_dir, TAKEN_BACK)
 
 
 def marked(run_dir: Path, mark: str) -> bool:
@@ -181,6 +202,19 @@ def finish_by_record(
     lows = [t for t in (started_at, last_beat(run_dir, now)) if t is not None]
     low = min(now, max(lows)) if lows else None
     return own_finish(own_end(run_dir), state, code, at, low, high)
+
+
+def ended_by_record(
+    run_dir: Path, started_at: float | None, now: float, window_s: float
+) -> tuple[int, float] | None:
+    """(exit code, end) of a run Slurm lists running whose marks say it ended (`ends.ended_unseen`:
+    its own end record, its heartbeat `window_s` stale), as its record says (`finish_by_record`);
+    None otherwise. Read only once the record is there (one failed open a read before)."""
+    own = own_end(run_dir)
+    if own is None or not ended_unseen(own, last_beat(run_dir, now), now, window_s):
+        return None
+    code, at, _ = finish_by_record(run_dir, "", own.exit_code, now, started_at, now, now)
+    return code, at
 
 
 def run_end(

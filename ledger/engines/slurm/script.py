@@ -50,6 +50,7 @@ def batch_script(
     pinned_nodes: Collection[str] = (),
     files_limit: int | None = None,
     relaunched_file: str = "",
+    taken_back_file: str = "",
 ) -> str:
     """Pure: the batch script: with `outputs` (`script_files`), its output files opened first, as
     the user, with `files_umask`, and its working directory checked (slurmstepd opens /dev/null
@@ -93,12 +94,14 @@ def batch_script(
     open-files limit the service started with, which the job gets back (sbatch hands its own to
     the job, raised by `serve` for its connections), as on the local executor. With
     `relaunched_file`, a run launched before (Slurm's restart of it) ends first
-    (`relaunch.guard_lines`). (The
+    (`relaunch.guard_lines`); with `taken_back_file`, a run the executor took back (Slurm would
+    not start it) that Slurm starts all the same ends first (`taken_back_lines`). (The
     variables sit in the script:
     `sbatch --export=ALL,VAR=...` makes Slurm start a job about 1.5 s later; sbatch itself runs
     with PATH and `SBATCH_ENV` alone, so nothing of the service's reaches the job.)"""
     env = job_environment(job, who or SbatchUser(), checkpoint_file)
-    lines = ["#!/bin/bash", *guard_lines(launched_file, ended_file, relaunched_file)]
+    lines = ["#!/bin/bash", *taken_back_lines(taken_back_file)]
+    lines += guard_lines(launched_file, ended_file, relaunched_file)
     lines += _files_limit(files_limit)
     if outputs:  # what the job needs is there and its user's, else why, before anything
         paths = [p for p, _ in outputs[:2]]
@@ -176,6 +179,23 @@ def batch_script(
         'exit "$gpuledger_rc"',
     ]
     return "\n".join(lines) + "\n"
+
+
+TAKEN_BACK_EXIT = 124
+"""The batch script's exit code when its run was taken back before it started
+(`taken_back_lines`): FAILED in Slurm, no command run, no mark of the run's made."""
+
+
+def taken_back_lines(taken_back_file: str) -> list[str]:
+    """Pure: the batch script's first line: a run whose `taken-back` mark is there (a link
+    counts) was taken back by the executor (`SlurmExecutor._take_back`: Slurm would not start
+    it, its job ended `launch_failed`, nothing charged) before Slurm started it all the same
+    (a slurmctld restart that lost the cancel: atk45s F5): it ends with `TAKEN_BACK_EXIT`
+    before anything of the job's, so its command never runs and no mark of it is made."""
+    if not taken_back_file:
+        return []
+    q = shlex.quote(taken_back_file)
+    return [f"if [ -e {q} ] || [ -L {q} ]; then exit {TAKEN_BACK_EXIT}; fi"]
 
 
 STOPPED_FIRST = "gpuledger: stopped before its command started: it was not run"

@@ -25,6 +25,7 @@ from ledger.engines.slurm.stops import (
     outlived,
     resumed_stops,
     slurmd_restarted,
+    still_ended,
     stopped_end,
     unseen_end,
 )
@@ -44,7 +45,7 @@ def resume_stops(ex: SlurmExecutor, now: float) -> None:
     never signalled gets its SIGTERM and its whole grace now, as the node agents give it
     (atk36-23 F2); one that was gets what is left of its grace from its noted SIGTERM, and
     no second one (atk39-24 F1, F2)."""
-    ex._reported &= set(ex._view)
+    ex._reported = still_ended(ex._reported, ex._view)  # listed alive again: stopped (F5)
     skip = {r.slurm_id for r in ex._runs.values() if r.slurm_id} | set(ex._stopping)
     for j, st, grace in resumed_stops(
         ex._view, ex.stopped_runs(), skip | ex._reported, ex.ledger_id,

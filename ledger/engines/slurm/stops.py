@@ -268,6 +268,15 @@ def resumed(j: SlurmJob, tag: Tag, since: float | None, grace_s: float,
                     gpus=dict(gpus or {}))  # fmt: skip
 
 
+def still_ended(reported: Set[str], view: Mapping[str, SlurmJob]) -> set[str]:
+    """Pure: of the stops whose end the executor reported (`SlurmExecutor._reported`, which
+    `resumed_stops` skips), those Slurm still lists ended. One it no longer lists is forgotten;
+    one it lists again not ended was brought back by a slurmctld restart that lost its end or
+    its cancel, and is stopped again as any run the ledger no longer runs (atk45s F5: two runs
+    the executor took back were run to completion by Slurm, unseen)."""
+    return {i for i in reported if (j := view.get(i)) is not None and j.ended}
+
+
 def resumed_stops(
     view: Mapping[str, SlurmJob],
     stopped: Mapping[Tag, StoppedRun],
