@@ -8,12 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
-from ledger.core.state import State
+from ledger.core.runas import SubmitLimits
+from ledger.core.state import DEPENDENCY_ID_BYTES, State, held_bytes
+from schemas import commands as c
 from schemas import events as e
 from schemas.bounds import MAX_DEPENDENCY_IDS
-from schemas.errors import InvalidCommand
+from schemas.errors import InvalidCommand, NotAuthorised
 from tests.unit.test_jobs_world import World
 
 
@@ -86,3 +89,23 @@ def test_the_same_id_under_another_kind_is_its_own_term(w: World) -> None:
         e.Dependency(kind="afterok", job_ids=(one.job_id,)),
         e.Dependency(kind="singleton"),
     )
+
+
+def test_the_ids_a_dependency_names_count_in_what_a_users_jobs_hold(w: World) -> None:
+    """atk45-25 F5: `max_job_bytes_per_user` counted a job as ~1 KiB whatever its dependency
+    (160 terms of 1,024 ids each: ~19 MB of the server's memory per pending job)."""
+    w.submit(array=tuple(range(1_100)))  # jobs 1-1,100
+    ids = e.Dependency(kind="afterany", job_ids=tuple(range(1, 1_001)))
+    held = w.state.held_of("alice")
+    (job,) = w.submit(dependency=(ids,))
+    assert w.state.held_of("alice") - held == held_bytes(job) >= 1_000 * DEPENDENCY_ID_BYTES
+    limits = SubmitLimits(max_job_bytes_per_user=w.state.held_of("alice") + 40_000)
+    cmd = c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1, dependency=(ids,))
+    with pytest.raises(NotAuthorised, match="max_job_bytes_per_user"):
+        limits.check(w.state, cmd)  # 1,000 ids: ~48 KB
+    many = msgspec.structs.replace(cmd, dependency=(ids,) * 200)  # named again: counted once
+    assert held_bytes(many) == held_bytes(cmd)
+    limits = SubmitLimits(max_job_bytes_per_user=w.state.held_of("alice") + 60_000)
+    limits.check(w.state, many)  # fits
+    w.run(many)
+    assert w.state.held_of("alice") - held == 2 * held_bytes(job)
