@@ -130,6 +130,29 @@ def test_an_array_past_the_request_bound_is_refused_at_once_and_charged_its_clai
         assert server.stop() == 0
 
 
+def test_a_request_refused_for_what_it_built_is_charged_its_claim(tmp_path: Path) -> None:
+    """atk45-25 F6: a request refused 413 once its events were built (an environment, which its
+    floor does not count: 100 tasks of 250 KB each) was charged its 250 KB body. Charged what it
+    reserved, a submit and a batch alike: a 20 MiB burst takes two, then 429."""
+    home = tmp_path / "ledger"
+    set_up_ledger(home, tmp_path)
+    alice, bob = (make_token(home, "--user", who) for who in ("alice", "bob"))
+    server = start_server(home, env={"GPULEDGER_WRITE_BURST": str(20 << 20)})
+    try:
+        env = {f"V{i}": "e" * 16_000 for i in range(16)}
+        task = {"actor": "", "account": "ai2/olmo", "gpus": 1, "array": list(range(100)),
+                "command": ["/bin/true"], "env": env}  # fmt: skip
+        for token, path, body in (
+            (alice, "/v1/commands/submit", task),
+            (bob, "/v1/batch", {"commands": [{**task, "op": "submit"}]}),
+        ):
+            answers = [server.request("POST", path, body, token) for _ in range(3)]
+            assert [status for status, _ in answers] == [413, 413, 429], (path, answers)
+            assert "would write more than 16,777,216" in answers[0][1]["message"], answers[0]
+    finally:
+        assert server.stop() == 0
+
+
 def test_concurrent_writes_pass_the_burst_by_one_request_at_most(tmp_path: Path) -> None:
     """atk44z F2: the meter was checked before a write and charged after it, so every request
     admitted while the earlier ones were still being committed wrote: 16 concurrent submits of
