@@ -113,6 +113,13 @@ each event as one Kafka record, and a broker refuses a record past its `message.
 (under 1 KiB). A command whose event would be larger is refused, nothing written (a 1.2 MB
 command line stopped the relay for good: atk44-25 F8). The dispatcher's decision records are
 not refused here (a cycle must go on); the relay says which record it cannot publish."""
+MAX_DEPENDENCY_IDS = 1_024
+"""The most job ids a submission's dependency may name in all its terms together, each id
+counted once per kind (`afterok:5,afterok:5:6` names two): every one is looked up in the state
+when the job is submitted, so their number bounds what the submission costs the group commit
+(1,024 terms of 1,024 ids each were allowed, every one looked up, repeats included: a plain
+user's 825 KB submit held the server 50 s, atk45-25 F3). The schema bounds each term's list to
+1,024 ids and the terms to 1,024 (`schemas.events.LISTED`); this bounds their sum."""
 MAX_REQUEST_WRITTEN = 16 << 20
 """The most one request (a command, an array's every task, a batch) may write to the log, all
 its events together (a 105 KB array request of 1,000 tasks wrote 186 MiB: atk44-25 F12)."""

@@ -227,11 +227,12 @@ class SubmitLimits:
             held, more = state.held_of(user), tasks * held_bytes(cmd)
             if held + more > self.max_job_bytes_per_user:
                 raise NotAuthorised(
-                    f"{user!r}'s unfinished jobs hold {_mib(held)} of commands, environments "
-                    f"and paths, and {tasks:,} more of {_mib(more)} would pass the "
+                    f"{user!r}'s unfinished jobs hold {_mib(held)} of commands, environments, "
+                    f"paths and dependencies, and {tasks:,} more of {_mib(more)} would pass the "
                     f"{_mib(self.max_job_bytes_per_user)} one user may have here "
                     "(max_job_bytes_per_user)",
-                    hint="wait for some to end, cancel some, or send smaller commands",
+                    hint="wait for some to end, cancel some, or send smaller commands "
+                    "or dependencies",
                     actor=cmd.actor,
                 )
 

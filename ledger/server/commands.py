@@ -202,6 +202,12 @@ class CommandPath:
                 hint="see /v1/openapi.json",
             )
             return await self._error(scope, receive, send, problem)
+        # what it will write at least, known now: past the most a request may write it is
+        # refused before anything is built, and charged what it claimed (atk45-25 F6)
+        if (floor := written_floor(value)) > bounds.MAX_REQUEST_WRITTEN:
+            if metered:
+                self.written.charge(caller.whose, max(reserve(value, body), len(body)), _now())
+            return await self._error(scope, receive, send, _writes_too_much(floor))
         # what it may write, taken before it is written (atk44z F2); a write that only frees
         # what earlier writes made (a cancel) is never refused, only charged (atk44z F5)
         reserved = reserve(value, body) if metered and not frees(value) else 0
@@ -210,7 +216,9 @@ class CommandPath:
             return await self._error(scope, receive, send, _written_past(self.written, wait))
         status, written = 500, max(reserved, len(body))  # kept when the write ends in an exception
         try:
-            status, written = await self._write(scope, receive, send, path, body, caller, value)
+            status, written = await self._write(
+                scope, receive, send, path, body, caller, value, reserved
+            )
         finally:
             if metered:
                 self.written.settle(caller.whose, reserved, written, _now())
@@ -225,27 +233,32 @@ class CommandPath:
         body: bytes,
         caller: ident.Identity,
         value: Any,
+        reserved: int,
     ) -> tuple[int, int]:
         """Answer the write: its status and the bytes it is charged (about what it wrote: its
         answer, at least its body; a refused one its body, read and decoded all the same:
-        atk44w F4, F5)."""
+        atk44w F4, F5; one refused 413 for its size what it reserved, `reserved`: charged its
+        60 KB body, a 10,000-task array refused for its 16 MiB was looped, atk45-25 F6)."""
         with self._counted(path):  # a write from here on, not before (issue 25)
             if path not in self.commands:  # checked: the framework's route answers it
-                sent = [0]  # a batch answers with the events it appended: charged those
+                sent = [0, 200]  # a batch answers with the events it appended: charged those
 
                 async def counting(message: Any) -> None:
+                    if message["type"].endswith("start"):
+                        sent[1] = message.get("status", 200)
                     sent[0] += (
                         len(message.get("body", b"")) if message["type"].endswith("body") else 0
                     )
                     await send(message)
 
                 await self.app(scope, _replay(body, False, receive), counting)
-                return 200, max(len(body), sent[0])  # a 60 KB batch wrote 16 MiB (atk44z F1)
+                too_large = reserved if sent[1] == 413 else 0
+                return 200, max(len(body), sent[0], too_large)  # a 60 KB batch wrote 16 MiB
             # 4 decided and appended in the group commit; answered once committed
             size = await self._command(scope, receive, send, ident.act(caller, value))
             if size >= 0:
                 return 200, max(size, len(body))
-            return -size, len(body)
+            return -size, max(len(body), reserved if size == -413 else 0)
 
     def _counted(self, path: str) -> contextlib.AbstractContextManager[None]:
         if self.writes is None or not is_write(path):
@@ -303,6 +316,32 @@ def reserve(value: Any, body: bytes) -> int:
     else:
         size = _reserve(value, len(body))
     return min(size, bounds.MAX_REQUEST_WRITTEN + EVENT_EXTRA)
+
+
+def written_floor(value: Any) -> int:
+    """Pure: the least the write `value` (a command, a batch) will write to the log, known once
+    it is decoded: each submission's command line, labels and paths as JSON, once per task
+    (every task's event records them as they are, with more). Past `MAX_REQUEST_WRITTEN` the
+    write is refused before anything is built (a 10,000-task array of a 1.7 KB command built
+    16 MiB of events before its 413, atk45-25 F6)."""
+    commands = value.commands if isinstance(value, api.Batch) else (value,)
+    return sum(_floor(cmd) for cmd in commands)
+
+
+def _floor(cmd: Any) -> int:
+    if not isinstance(cmd, c.SubmitJob):
+        return 0
+    kept = (cmd.command, cmd.labels, cmd.workdir, cmd.stdout, cmd.stderr, cmd.job_name)
+    return max(1, len(set(cmd.array))) * sum(len(_encoder.encode(x)) for x in kept if x)
+
+
+def _writes_too_much(floor: int) -> TooLarge:
+    return TooLarge(
+        f"this request would write more than {bounds.MAX_REQUEST_WRITTEN:,} bytes to the log "
+        f"(at least {floor:,}: its command lines, labels and paths, once per array task); "
+        "nothing written",
+        hint="submit fewer array tasks or a shorter command, or split the batch",
+    )
 
 
 def _reserve(cmd: Any, size: int) -> int:

@@ -138,7 +138,8 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     """Tasks one job array may have (Slurm's MaxArraySize; at most 10,000). 0: 10,000."""
     max_job_bytes_per_user: int = MAX_JOB_BYTES_PER_USER
     """About the bytes one user's unfinished jobs may hold in the server's memory, all together
-    (their command lines, environments, labels and paths, and 1 KiB each: `held_bytes`); a
+    (their command lines, environments, labels and paths, the job ids their dependencies name,
+    and 1 KiB each: `held_bytes`); a
     submission past it is refused with one line (403). 0: no limit."""
 
 

@@ -111,3 +111,30 @@ def test_a_simulations_or_what_ifs_log_is_not_bounded(tmp_path: Path) -> None:
         ]
     )
     assert sim.execute(submit("u", BIG)).events
+
+
+def test_what_a_write_will_write_at_least_is_known_before_it_is_built(lab: Ledger) -> None:
+    """atk45-25 F6: a 10,000-task array of a 1.7 KB command built and encoded 16 MiB of events
+    before its 413. What it writes at least (`written_floor`: its command line, labels and paths
+    once per task) is known once decoded: past the bound, refused before anything is built;
+    and never more than what a submission stores."""
+    from ledger.server.commands import written_floor
+    from schemas import api
+
+    attack = submit("u", ("/bin/true", "y" * 1700), array=tuple(range(10_000)))
+    assert written_floor(attack) > bounds.MAX_REQUEST_WRITTEN
+    assert written_floor(api.Batch(commands=[submit("u", attack.command, (1, 2))] * 5000)) > (
+        bounds.MAX_REQUEST_WRITTEN
+    )
+    command = ("python", "train.py", "--config", "configs/big-model.yaml", "--seed", "%a")
+    ordinary = submit("u", command, array=tuple(range(bounds.MAX_ARRAY_TASKS)))
+    assert written_floor(ordinary) < bounds.MAX_REQUEST_WRITTEN / 4
+    assert written_floor(c.CancelJob(actor="u", job_id=1)) == 0
+    odd = c.SubmitJob(
+        actor="u", account="lab/a", gpus=1, command=('say "h\u00e9"\n', "\x01", "x" * 300),
+        labels={"k": 'v"\\'}, workdir="/w", stdout="o-%j", stderr="e", job_name="n",
+        array=(3, 1, 1, 2),
+    )  # fmt: skip
+    done = lab.execute(odd)
+    stored = sum(map(len, _stored(lab, done.position - 2)))
+    assert written_floor(odd) <= stored < 3 * written_floor(odd) + 3 * 2048

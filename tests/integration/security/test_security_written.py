@@ -48,7 +48,8 @@ def test_what_a_request_and_a_person_write_is_bounded(tmp_path: Path) -> None:
             accepted += 1
         assert status == 429, body
         assert body["message"].startswith("you wrote more than 32 MiB to the log lately")
-        assert 30 <= accepted <= 45, accepted  # 32 MiB of them, then one line
+        # 32 MiB of them less the ~17 MiB her two refusals claimed and were charged (F6)
+        assert 14 <= accepted <= 28, accepted
         at = job_id(bob)  # another person's submits go on
         assert submit(alice, ["/bin/true"])[0] == 429
         assert job_id(bob) == at + 1  # nothing of hers appended
@@ -100,6 +101,54 @@ def test_requests_refused_for_their_size_are_metered_too(tmp_path: Path) -> None
                 break
         assert statuses[-1] == 429 and 20 <= len(statuses) <= 32, statuses
         assert answer["message"].startswith("you wrote more than 32 MiB to the log lately")
+    finally:
+        assert server.stop() == 0
+
+
+def test_an_array_past_the_request_bound_is_refused_at_once_and_charged_its_claim(
+    tmp_path: Path,
+) -> None:
+    """atk45-25 F6: a 60 KB submit of a 10,000-task array of a 1.7 KB command built 16 MiB of
+    events before its 413 and was charged its body: a plain user's loops slowed another's
+    submits 300x. Refused once decoded (what it writes at least is past the bound), and charged
+    what it claimed it would write: a 20 MiB burst takes two such refusals, then 429."""
+    home = tmp_path / "ledger"
+    set_up_ledger(home, tmp_path)
+    alice, bob = (make_token(home, "--user", who) for who in ("alice", "bob"))
+    server = start_server(home, env={"GPULEDGER_WRITE_BURST": str(20 << 20)})
+    try:
+        body = {"actor": "", "account": "ai2/olmo", "gpus": 1, "array": list(range(10_000)),
+                "command": ["/bin/true", "y" * 1700]}  # fmt: skip
+        answers = [server.request("POST", "/v1/commands/submit", body, alice) for _ in range(3)]
+        assert [status for status, _ in answers] == [413, 413, 429], answers
+        assert "would write more than 16,777,216 bytes" in answers[0][1]["message"]
+        assert "(at least 17," in answers[0][1]["message"], answers[0][1]  # before it is built
+        assert answers[2][1]["message"].startswith("you wrote more than 20 MiB to the log lately")
+        small = {"actor": "", "account": "ai2/olmo", "gpus": 1, "command": ["/bin/true"]}
+        assert server.request("POST", "/v1/commands/submit", small, bob)[0] == 200
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_request_refused_for_what_it_built_is_charged_its_claim(tmp_path: Path) -> None:
+    """atk45-25 F6: a request refused 413 once its events were built (an environment, which its
+    floor does not count: 100 tasks of 250 KB each) was charged its 250 KB body. Charged what it
+    reserved, a submit and a batch alike: a 20 MiB burst takes two, then 429."""
+    home = tmp_path / "ledger"
+    set_up_ledger(home, tmp_path)
+    alice, bob = (make_token(home, "--user", who) for who in ("alice", "bob"))
+    server = start_server(home, env={"GPULEDGER_WRITE_BURST": str(20 << 20)})
+    try:
+        env = {f"V{i}": "e" * 16_000 for i in range(16)}
+        task = {"actor": "", "account": "ai2/olmo", "gpus": 1, "array": list(range(100)),
+                "command": ["/bin/true"], "env": env}  # fmt: skip
+        for token, path, body in (
+            (alice, "/v1/commands/submit", task),
+            (bob, "/v1/batch", {"commands": [{**task, "op": "submit"}]}),
+        ):
+            answers = [server.request("POST", path, body, token) for _ in range(3)]
+            assert [status for status, _ in answers] == [413, 413, 429], (path, answers)
+            assert "would write more than 16,777,216" in answers[0][1]["message"], answers[0]
     finally:
         assert server.stop() == 0
 
