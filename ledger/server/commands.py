@@ -158,20 +158,21 @@ class CommandPath:
             return await self._error(scope, receive, send, _too_large(path))
         metered = is_write(path) and not self.unmetered(caller)
         freeing = path in FREEING_PATHS  # never refused by the meter, only charged (atk44z F5)
-        if metered and not freeing and (wait := self.written.retry_in(caller.whose, _now())) > 0:
+        wait = self.written.retry_in(caller.writes_as, _now()) if metered and not freeing else 0
+        if wait > 0:
             return await self._error(scope, receive, send, _written_past(self.written, wait))
         if path == "/v1/batch" and self.batching(caller):
             return await self._error(scope, receive, send, _batch_under_way())
         large = metered and (length or 0) > LARGE_BODY
-        if large and caller.whose in self.reading:
+        if large and caller.writes_as in self.reading:
             return await self._error(scope, receive, send, _large_under_way())
         if large:
-            self.reading.add(caller.whose)
+            self.reading.add(caller.writes_as)
         try:
             return await self._read_and_answer(scope, receive, send, path, route, caller, metered)
         finally:
             if large:
-                self.reading.discard(caller.whose)
+                self.reading.discard(caller.writes_as)
 
     async def _read_and_answer(
         self,
@@ -195,7 +196,7 @@ class CommandPath:
                 raise msgspec.ValidationError("a NUL character is refused in any string")
         except (msgspec.ValidationError, msgspec.DecodeError, RecursionError) as err:
             if metered:  # read and decoded: charged its body like any write (atk44w F4)
-                self.written.charge(caller.whose, len(body), _now())
+                self.written.charge(caller.writes_as, len(body), _now())
             why = "nested too deep" if isinstance(err, RecursionError) else str(err)
             problem = InvalidCommand(
                 f"the body of POST {path} is not a valid {route[0]}: {why}",
@@ -206,13 +207,13 @@ class CommandPath:
         # refused before anything is built, and charged what it claimed (atk45-25 F6)
         if (floor := written_floor(value)) > bounds.MAX_REQUEST_WRITTEN:
             if metered:
-                self.written.charge(caller.whose, max(reserve(value, body), len(body)), _now())
+                self.written.charge(caller.writes_as, max(reserve(value, body), len(body)), _now())
             return await self._error(scope, receive, send, _writes_too_much(floor))
         # what it may write, taken before it is written (atk44z F2); a write that only frees
         # what earlier writes made (a cancel) is never refused, only charged (atk44z F5)
         reserved = reserve(value, body) if metered and not frees(value) else 0
-        if reserved and (wait := self.written.reserve(caller.whose, reserved, _now())) > 0:
-            self.written.charge(caller.whose, len(body), _now())  # read and decoded all the same
+        if reserved and (wait := self.written.reserve(caller.writes_as, reserved, _now())) > 0:
+            self.written.charge(caller.writes_as, len(body), _now())  # read and decoded all same
             return await self._error(scope, receive, send, _written_past(self.written, wait))
         status, written = 500, max(reserved, len(body))  # kept when the write ends in an exception
         try:
@@ -221,7 +222,7 @@ class CommandPath:
             )
         finally:
             if metered:
-                self.written.settle(caller.whose, reserved, written, _now())
+                self.written.settle(caller.writes_as, reserved, written, _now())
         return status
 
     async def _write(

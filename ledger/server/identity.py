@@ -46,6 +46,14 @@ class Identity:
         return self.actor
 
     @property
+    def writes_as(self) -> str:
+        """The account its bytes written count against (the write meter, one large body at a
+        time: `commands.CommandPath`): a job token's, its job's owner's, whose jobs' tokens
+        share her allowance (each token its own multiplied it by her running jobs: 267 MiB in
+        30 s past her 32 MiB, atk45-25 F4); any other caller's, `whose`."""
+        return self.jobs_of or self.whose
+
+    @property
     def pool(self) -> str | None:
         """The allowance its connections count against beside `whose`'s: a job token's, its
         job's owner's jobs' together (`Tally.claim`); None for any other."""

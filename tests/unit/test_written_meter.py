@@ -78,3 +78,18 @@ def test_only_writes_that_end_what_metered_writes_made_go_past_the_meter() -> No
     assert not frees(c.SubmitJob(actor="bob", account="a/b", gpus=1))
     assert not frees(api.Batch(commands=[cancel, c.SubmitJob(actor="b", account="a/b", gpus=1)]))
     assert not frees(api.Batch(commands=[]))
+
+
+def test_a_users_job_tokens_write_against_her_own_allowance() -> None:
+    """atk45-25 F4: each job token had a meter of its own (`whose` is the job), so a user with
+    7 running jobs wrote 267 MiB in 30 s past her 32 MiB; her jobs' tokens and she share one."""
+    from ledger.server.identity import Identity
+
+    alice = Identity(actor="alice", via="peer:1000")
+    jobs = [Identity(actor=f"@job:{n}", via=f"token:t{n}", jobs_of="alice") for n in range(7)]
+    assert {who.writes_as for who in (alice, *jobs)} == {"alice"}
+    meter = Written()
+    for who in jobs:  # each job's token writes the whole allowance once
+        meter.reserve(who.writes_as, WRITE_BYTES_BURST, 0.0)
+    assert meter.retry_in(alice.writes_as, 0.0) > 0  # past it: she waits too
+    assert Identity(actor="bob", via="token:b").writes_as == "bob"  # anyone else: `whose`
