@@ -531,7 +531,13 @@ def _runs_left(
     them, and passes; so does `--abandon-runs`, which says so."""
     import json
 
-    from ledger.engines.slurm.cluster import changed, left_behind, runs_held, runs_not_on
+    from ledger.engines.slurm.cluster import (
+        changed,
+        left_behind,
+        left_status,
+        runs_held,
+        runs_not_on,
+    )
     from ledger.engines.slurm.opening import ledger_id
 
     how = changed(json.loads(recorded.admission or "{}"), slurm)
@@ -551,7 +557,7 @@ def _runs_left(
         log.warning("--new-settings: another Slurm cluster (%s); it lists every run the ledger "
                     "holds (a move): they are adopted there", how)  # fmt: skip
         return
-    status = {j: state.jobs[j].status for j in left}
+    status = left_status(left, {j: job.status for j, job in state.jobs.items()})
     if config.abandon_runs:
         log.warning("--new-settings --abandon-runs onto another Slurm cluster (%s): %s", how,
                     left_behind(left, status, True))  # fmt: skip

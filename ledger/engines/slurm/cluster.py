@@ -273,6 +273,14 @@ def runs_held(
     return sorted(held | set(stopping))
 
 
+def left_status(left: Iterable[int], live: Mapping[int, str]) -> dict[int, str]:
+    """Pure: the status of each job of `left` (`runs_not_on`) by the ledger's live jobs
+    (`live`: job id -> status); a job that has finished (cancelled, its run still being
+    stopped: `runs_held`) is no live job: "stopping". Before, such a job crashed
+    `--new-settings` with an internal error (KeyError, atk45ha F2)."""
+    return {j: live.get(j, "stopping") for j in left}
+
+
 def left_behind(left: Iterable[int], status: Mapping[int, str], abandoned: bool) -> str:
     """Pure: what `--new-settings` onto another cluster does to the ledger's jobs `left` (their
     runs the new cluster does not list; `status`: each job's in the ledger), in words: a
