@@ -194,6 +194,7 @@ class SlurmExecutor:
         self._restarts = Restarts(log_dir, lambda i: self._run(["scancel", i]), lambda: self.may_act())  # fmt: skip  # noqa: E501
         """Runs Slurm launched again, ids it gave twice (slurmctld lost its state: atk43s)."""
         self.in_flight = InFlight()  # placed runs the last holder may have submitted (F1)
+        self.abandoned: Set[Tag] = frozenset()  # `--abandon-runs`: never adopted (atk45ha L1)
         self.launch_confirm_s = 10.0
         """A run Slurm shows RUNNING is recorded started once its batch script marked its launch
         (`_launched`), or after this long running unmarked (a node that does not share the
@@ -724,6 +725,7 @@ class SlurmExecutor:
         return None
 
     def adopt(self, runs: Mapping[int, int], now: float) -> set[int]:
+        runs = {j: r for j, r in runs.items() if (j, r) not in self.abandoned}  # recorded lost
         if not self.refresh():
             raise EngineError("Slurm cannot be read, so the ledger cannot be reconciled with it",
                               hint="start slurmctld (scripts/slurm/slurm up), retry")  # fmt: skip
