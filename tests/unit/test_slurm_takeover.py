@@ -153,7 +153,12 @@ def test_which_copy_of_a_run_is_kept() -> None:
     carried = {(5, 0): ("42", False), (6, 0): ("47", False)}
     assert [(j.slurm_id, keep) for j, keep in duplicates(view, carried, LID, "gpuledger")] == [
         ("40", "40"),  # it runs, ours waits: kept
-        ("46", "47"),  # both wait: ours kept (47 is not listed yet)
+    ]  # 46: ours (47) is not listed: not judged
+    lines.append(job("47", "PENDING", job_id=6))
+    view = parse_jobs("\n".join(lines))
+    assert [(j.slurm_id, keep) for j, keep in duplicates(view, carried, LID, "gpuledger")] == [
+        ("40", "40"),
+        ("46", "47"),  # both wait: ours kept
     ]
     carried = {(5, 0): ("42", True)}  # ours recorded started: ours kept
     assert [(j.slurm_id, keep) for j, keep in duplicates(view, carried, LID, "gpuledger")] == [

@@ -73,7 +73,8 @@ def duplicates(
     under another Slurm id (`carried`: (job, run) -> (its Slurm id, recorded started)), each
     with the Slurm id to keep: theirs when its command may have started (not waiting) while the
     executor's own has not (listed waiting, its start not recorded), else the executor's. A
-    copy that has ended is none (it holds nothing; its end is not the run's)."""
+    copy that has ended is none (it holds nothing; its end is not the run's), nor one judged
+    while the executor's own is not listed (forgotten, or not listed yet)."""
     listed = {j.slurm_id: j for j in view}
     out: list[tuple[SlurmJob, str]] = []
     for j in sorted(listed.values(), key=lambda j: j.slurm_id):
@@ -84,8 +85,10 @@ def duplicates(
         if ours == j.slurm_id:
             continue
         mine = listed.get(ours)
+        if mine is None:  # not listed (yet, or forgotten): no copy to judge against
+            continue
         theirs_ran = j.state not in WAITING
-        mine_waits = mine is not None and mine.state in WAITING and not started
+        mine_waits = mine.state in WAITING and not started
         out.append((j, j.slurm_id if theirs_ran and mine_waits else ours))
     return out
 
