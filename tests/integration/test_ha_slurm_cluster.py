@@ -345,18 +345,21 @@ def test_new_settings_onto_another_cluster_leaves_no_run_of_the_recorded_one_beh
         assert "--abandon-runs" in err, err
         assert _row(pg_store) == before  # nothing written: the lease row as it was
         assert len(log_events(home)) == events and _jobs(home) == {1: "running"}
-        # the operator's word: the runs are abandoned (recorded lost; they run on, on A)
+        # the operator's word: the runs are abandoned (recorded lost; they run on, on A), by
+        # the same server (its home holds the run's marks: it carried the run as one its Slurm
+        # forgot, `running`, and recorded nothing, atk45ha L1)
         log = tmp_path / "abandon.log"
         with log.open("ab") as out:
             procs.append(subprocess.Popen(
                 [GPULEDGER, "serve", "--store", pg_store, "--listen", f"127.0.0.1:{free_port()}",
                  *args, "--new-settings", "--abandon-runs"],
-                env=env_for(tmp_path / "b", SLURM_CONF=conf_b), stdout=out, stderr=out,
+                env=env_for(home, SLURM_CONF=conf_b), stdout=out, stderr=out,
             ))  # fmt: skip
         text = lambda: log.read_text(errors="replace")  # noqa: E731
         lost = "job 1 has no run in the engine after a restart: recording it lost"
         waits.wait_for("the abandoned run recorded lost", lambda: lost in text(), 120, text)
         assert "--abandon-runs onto another Slurm cluster" in text(), text()
+        waits.wait_for("job 1 recorded lost", lambda: _jobs(home).get(1) != "running", 60, text)
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
