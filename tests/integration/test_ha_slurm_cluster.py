@@ -549,3 +549,66 @@ def test_a_failover_during_a_slow_sbatch_runs_the_job_once(tmp_path: Path, pg_st
         subprocess.run(["scancel", "--partition", PARTITION], env=a, capture_output=True,
                        timeout=60, check=False)  # fmt: skip
         shutil.rmtree(home.parent, ignore_errors=True)
+
+
+def test_new_settings_while_a_cancelled_run_is_still_stopping_names_it(
+    tmp_path: Path, pg_store: str
+) -> None:
+    """atk45ha F2: a cancelled job whose run is still stopping on the recorded cluster (its
+    command traps SIGTERM and lingers) made `serve --new-settings` onto another cluster exit
+    70, "internal error: KeyError: <job>", with or without `--abandon-runs`: the job has
+    finished, its run is still held. Now the refusal names it in one line, apart from the
+    running ones."""
+    conf_a, conf_b = _confs()
+    _answering(conf_a)
+    _answering(conf_b)
+    home = _reachable_home()
+    cli(home, "init", "--admin", "root", "--store", pg_store)
+    (tmp_path / "budget.toml").write_text(BUDGET)
+    cli(home, "budget", "apply", str(tmp_path / "budget.toml"), GPULEDGER_USER="root")
+    args = ("--lease", "5s", "--executor", "slurm", "--partition", PARTITION, "--run-as",
+            "service", "--interval", "0.5s", "--grace", "120s")  # fmt: skip
+    log = tmp_path / "a.log"
+    text = lambda: log.read_text(errors="replace")  # noqa: E731
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [GPULEDGER, "serve", "--store", pg_store, "--listen", f"127.0.0.1:{free_port()}",
+             *args], env=env_for(home, SLURM_CONF=conf_a), stdout=out, stderr=out,
+        )  # fmt: skip
+    try:
+        waits.wait_for("A's node", lambda: cli(home, "node", "list", "--json").stdout.strip()
+                       not in ("", "[]"), 90, text)  # fmt: skip
+        cli(home, "submit", "-A", "ai2/olmo", "-G", "1", "--", "sh", "-c",
+            "trap 'sleep 100' TERM; sleep 1000 & wait", GPULEDGER_USER="alice")  # fmt: skip
+        waits.wait_for("job 1 to run", lambda: _jobs(home).get(1) == "running", 120, text)
+        cli(home, "cancel", "1", GPULEDGER_USER="alice")
+        waits.wait_for("job 1 cancelled", lambda: 1 not in _jobs(home) or _jobs(home)[1] !=
+                       "running", 60, text)  # fmt: skip
+        time.sleep(2)  # its SIGTERM sent: the command lingers in its trap
+        proc.send_signal(signal.SIGTERM)  # "stop every server", its run still stopping
+        proc.wait(timeout=60)
+        copies = _named(conf_a, "gpuledger-1")
+        assert copies and "JobState=RUNNING" in copies[0], copies
+        err = one_line(serve(tmp_path / "b", pg_store, *args, "--new-settings",
+                             SLURM_CONF=conf_b))  # fmt: skip
+        want = "would leave 1 runs being stopped on the recorded one that it does not list (jobs 1)"
+        assert want in err, err
+        log = tmp_path / "b.log"
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                [GPULEDGER, "serve", "--store", pg_store, "--listen", f"127.0.0.1:{free_port()}",
+                 *args, "--new-settings", "--abandon-runs"],
+                env=env_for(tmp_path / "b", SLURM_CONF=conf_b), stdout=out, stderr=out,
+            )  # fmt: skip
+        waits.wait_for("the abandoning server to lead", lambda: "leading at epoch" in text() or
+                       proc.poll() is not None, 120, text)  # fmt: skip
+        assert proc.poll() is None and "internal error" not in text(), text()
+        assert "leaves 1 runs being stopped on the recorded one" in text(), text()
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+        a = {**os.environ, "SLURM_CONF": conf_a}
+        subprocess.run(["scancel", "--partition", PARTITION], env=a, capture_output=True,
+                       timeout=60, check=False)  # fmt: skip
+        shutil.rmtree(home.parent, ignore_errors=True)
