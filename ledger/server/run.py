@@ -29,7 +29,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable, Coroutine, Generator, Mapping
+from collections.abc import Callable, Coroutine, Generator, Mapping, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -144,6 +144,7 @@ def make_executor(
     keeping: Callable[[], float | None] | None = None,
     keep_delay_s: float = 0.0,
     cluster: Mapping[str, object] | None = None,
+    abandoned: Set[tuple[int, int]] = frozenset(),
 ) -> Executor:
     """The executor `config` names, the only place one is made for the service. Slurm's is
     checked first (the partition exists and Slurm will neither reorder nor preempt on it; one
@@ -155,7 +156,8 @@ def make_executor(
     (`ledger.server.ha.Leadership.keeping`); `keep_delay_s`: when the servers begin to keep
     (`KeepTiming.delay_s`), told to each agent that registers; `cluster`: the Slurm cluster the
     store records (`cluster.identity`; None: the first one Slurm's executor reads), which it
-    checks whenever slurmctld answers after being away."""
+    checks whenever slurmctld answers after being away; `abandoned`: the runs (job, run)
+    `--abandon-runs` left on the recorded cluster, recorded lost at its takeover."""
     home = ledger.home
     if config.executor == "slurm":
         from ledger.engines.slurm import open_executor
@@ -170,6 +172,7 @@ def make_executor(
             may_act,
             config.node_fence.seconds,
             cluster,
+            abandoned,
         )
     if config.executor == "agents":
         from ledger.engines.agents import AgentExecutor
@@ -281,7 +284,7 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         },
         known_only=True,
     )
-    ha, cluster = _leadership(ledger, config, policy) if dsn is not None else (None, None)
+    ha, cluster, abandoned = _leadership(ledger, config, policy) if dsn else (None, None, set())
     # 2 the executor before any line is logged: a partition Slurm would overrule is one error
     # (a standby makes it when it takes the lead)
     executor = make_executor(ledger, config, actor) if ha is None else NoExecutor()
@@ -326,7 +329,7 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
     app: Any = front
     if ha is not None:
         worker.ha = ha
-        worker.promote, worker.demote = _roles(ha, service, config, actor, cluster)
+        worker.promote, worker.demote = _roles(ha, service, config, actor, cluster, abandoned)
         ha.position = lambda: ledger.position
         ha.notify = worker.nudge
         # behind the connections' front (each request's caller claims its connection, one
@@ -488,11 +491,12 @@ def run_as_words(config: ServeConfig) -> str:
 
 def _leadership(
     ledger: Ledger, config: ServeConfig, policy: Any
-) -> tuple[Leadership, dict[str, object] | None]:
+) -> tuple[Leadership, dict[str, object] | None, set[tuple[int, int]]]:
     """This server's side of the lease on the ledger's PostgreSQL store (refused in one line
     when the store records another lease, node settings, executor, policy or admission and
     security settings: `lease.agree`), and the Slurm cluster it runs (None: not Slurm), which
-    its executor checks again whenever slurmctld answers after being away (atk43ha F5)."""
+    its executor checks again whenever slurmctld answers after being away (atk43ha F5), and
+    the runs `--abandon-runs` leaves on the recorded cluster (`_runs_left`)."""
     assert ledger.dsn is not None
     slurm = None
     if config.executor == "slurm":  # which cluster: compared with the other servers' (F2)
@@ -500,7 +504,8 @@ def _leadership(
 
         slurm = read_identity(os.environ)
     mine = settings_of(config, policy, slurm)
-    vet = None if slurm is None else functools.partial(_runs_left, ledger, config, slurm)
+    abandoned: set[tuple[int, int]] = set()
+    vet = None if slurm is None else functools.partial(_runs_left, ledger, config, slurm, abandoned)
     since = lease.agree(ledger.dsn, mine, config.new_settings, vet)
     address = config.advertise
     if not address:
@@ -515,53 +520,24 @@ def _leadership(
                     "flag changes nothing (start it without the flag)")  # fmt: skip
     mine_lease = lease.Lease(ledger.dsn, holder, address, mine.lease_s, mine.node, mine.work, since,
                              admission=mine.admission)  # fmt: skip
-    return Leadership(mine_lease), slurm
+    return Leadership(mine_lease), slurm, abandoned
 
 
 def _runs_left(
-    ledger: Ledger, config: ServeConfig, slurm: dict[str, object], recorded: lease.Settings
+    ledger: Ledger,
+    config: ServeConfig,
+    slurm: dict[str, object],
+    abandoned: set[tuple[int, int]],
+    recorded: lease.Settings,
 ) -> None:
-    """Refuse (one line) `--new-settings` onto another Slurm cluster than the `recorded` one
-    while the ledger holds runs the new cluster (`slurm`, `SLURM_CONF`'s) does not list: they
-    run on the recorded cluster, and the take would record them lost (exit -1) while they run
-    on there, unaccounted and out of the ledger's reach; going back stopped them (atk43ha F2).
-    Runs it stopped whose end is not recorded count too (`runs_held`: a cancel recorded while
-    the controller was away never reached its run, atk44ha F3). A move of the same cluster
-    (its controller's host or port, its state copied to another `StateSaveLocation`) lists
-    them, and passes; so does `--abandon-runs`, which says so."""
-    import json
-
-    from ledger.engines.slurm.cluster import changed, left_behind, runs_held, runs_not_on
+    """`--new-settings` onto another Slurm cluster than the `recorded` one: refused in one line
+    while the ledger holds runs it does not list, unless `--abandon-runs` (then `abandoned`
+    holds the runs recorded lost at the takeover): `cluster.vet_runs_left`."""
+    from ledger.engines.slurm.cluster import vet_runs_left
     from ledger.engines.slurm.opening import ledger_id
 
-    how = changed(json.loads(recorded.admission or "{}"), slurm)
-    state = ledger.state  # its runs still stopping too: a cancel may never have reached one
-    held = runs_held(((j.job_id, j.status, j.preemptions) for j in state.jobs.values()),
-                     state.stopped_runs)  # fmt: skip
-    if not how or not held:
-        return
-    try:
-        left = runs_not_on(os.environ, config.partition, ledger_id(ledger), held)
-    except LedgerError as err:
-        raise InvalidCommand(
-            f"--new-settings onto another Slurm cluster ({how}): its jobs "
-            f"cannot be read to check the ledger's runs: {err.line()}"
-        ) from err
-    if not left:
-        log.warning("--new-settings: another Slurm cluster (%s); it lists every run the ledger "
-                    "holds (a move): they are adopted there", how)  # fmt: skip
-        return
-    status = {j: state.jobs[j].status for j in left}
-    if config.abandon_runs:
-        log.warning("--new-settings --abandon-runs onto another Slurm cluster (%s): %s", how,
-                    left_behind(left, status, True))  # fmt: skip
-        return
-    raise InvalidCommand(
-        f"--new-settings onto another Slurm cluster ({how}) {left_behind(left, status, False)}",
-        hint="let them end or cancel them first (start the servers with the recorded cluster's "
-        "SLURM_CONF), or move that cluster's state with it; or give --abandon-runs with "
-        "--new-settings to record them lost (docs/ha.md)",
-    )
+    abandoned |= vet_runs_left(ledger.state, recorded.admission, slurm, config.partition,
+                               lambda: ledger_id(ledger), config.abandon_runs)  # fmt: skip
 
 
 def settings_of(
@@ -607,6 +583,7 @@ def _roles(
     config: ServeConfig,
     actor: str,
     cluster: Mapping[str, object] | None = None,
+    abandoned: Set[tuple[int, int]] = frozenset(),
 ) -> tuple[Callable[[], None], Callable[[], None]]:
     """What the worker runs when this server takes the lead, and when it gives it up."""
     ledger = service.ledger
@@ -622,6 +599,7 @@ def _roles(
                 ha.keeping,
                 ha.timing.delay_s,
                 cluster,
+                abandoned,
             ),
             epoch=ha.lease.epoch,
             may_act=ha.lease.may_act,

@@ -345,18 +345,21 @@ def test_new_settings_onto_another_cluster_leaves_no_run_of_the_recorded_one_beh
         assert "--abandon-runs" in err, err
         assert _row(pg_store) == before  # nothing written: the lease row as it was
         assert len(log_events(home)) == events and _jobs(home) == {1: "running"}
-        # the operator's word: the runs are abandoned (recorded lost; they run on, on A)
+        # the operator's word: the runs are abandoned (recorded lost; they run on, on A), by
+        # the same server (its home holds the run's marks: it carried the run as one its Slurm
+        # forgot, `running`, and recorded nothing, atk45ha L1)
         log = tmp_path / "abandon.log"
         with log.open("ab") as out:
             procs.append(subprocess.Popen(
                 [GPULEDGER, "serve", "--store", pg_store, "--listen", f"127.0.0.1:{free_port()}",
                  *args, "--new-settings", "--abandon-runs"],
-                env=env_for(tmp_path / "b", SLURM_CONF=conf_b), stdout=out, stderr=out,
+                env=env_for(home, SLURM_CONF=conf_b), stdout=out, stderr=out,
             ))  # fmt: skip
         text = lambda: log.read_text(errors="replace")  # noqa: E731
         lost = "job 1 has no run in the engine after a restart: recording it lost"
         waits.wait_for("the abandoned run recorded lost", lambda: lost in text(), 120, text)
         assert "--abandon-runs onto another Slurm cluster" in text(), text()
+        waits.wait_for("job 1 recorded lost", lambda: _jobs(home).get(1) != "running", 60, text)
     finally:
         for proc in procs:
             proc.send_signal(signal.SIGTERM)
@@ -438,3 +441,176 @@ def test_an_sbatch_that_lands_on_another_cluster_is_cancelled_there_and_submitte
         subprocess.run(["scancel", "--partition", PARTITION], env=env_b, capture_output=True,
                        timeout=60, check=False)  # fmt: skip
         shutil.rmtree(state_c.parent, ignore_errors=True)
+
+
+def _slow_sbatch_conf(conf: str, where: Path, flag: Path) -> str:
+    """A copy of `conf` for the clients alone (the controller's own is unchanged, so the
+    cluster's identity is the same) whose `sbatch` runs a site cli_filter that sleeps as many
+    seconds as `flag` says, before it sends a ledger's job (`gpuledger-*`): a slow pre-submit
+    step, as an LDAP lookup or a busy munged makes one (atk45ha F1)."""
+    where.mkdir(parents=True)
+    where.chmod(0o755)
+    text = Path(conf).read_text()
+    (where / "slurm.conf").write_text(text + "\nCliFilterPlugins=cli_filter/lua\n")
+    (where / "cli_filter.lua").write_text(f"""
+function slurm_cli_setup_defaults(options, early_pass) return slurm.SUCCESS end
+function slurm_cli_post_submit(offset, job_id, step_id) return slurm.SUCCESS end
+function slurm_cli_pre_submit(options, pack_offset)
+  local f = io.open("{flag}", "r")
+  if f ~= nil then
+    local n = f:read("*l"); f:close()
+    if string.sub(options["job-name"] or "", 1, 10) == "gpuledger-" then
+      os.execute("sleep " .. (n or "12"))
+    end
+  end
+  return slurm.SUCCESS
+end
+""")
+    return str(where / "slurm.conf")
+
+
+def _named(conf: str, name: str) -> list[str]:
+    """Every Slurm job of job name `name` the cluster lists (any state), one line each (an
+    earlier test's too, listed for `MinJobAge`)."""
+    env = {**os.environ, "SLURM_CONF": conf}
+    done = subprocess.run(["scontrol", "-o", "show", "job"], capture_output=True, text=True,
+                          timeout=60, env=env, check=False)  # fmt: skip
+    return [ln for ln in done.stdout.splitlines() if f" JobName={name} " in ln]
+
+
+def test_a_failover_during_a_slow_sbatch_runs_the_job_once(tmp_path: Path, pg_store: str) -> None:
+    """atk45ha F1: the leader is killed (kill -9) while its `sbatch` is slow (a site
+    cli_filter): its `sbatch` child lives on and lands after the standby took the lease.
+    Before, the new leader submitted the run again at once; the late copy, taken for a run
+    the ledger no longer runs, was stopped through the run's `stopping` mark, which the new
+    copy found: it exited 143 and the job was recorded `failed`, "never ran". Now the new
+    leader waits for that sbatch (its timeout + 5 s) and adopts the late copy: one Slurm job,
+    the job runs."""
+    conf_a = CLUSTERS["a"].conf
+    _answering(conf_a)
+    home = _reachable_home()
+    cli(home, "init", "--admin", "root", "--store", pg_store)
+    (tmp_path / "budget.toml").write_text(BUDGET)
+    cli(home, "budget", "apply", str(tmp_path / "budget.toml"), GPULEDGER_USER="root")
+    flag = tmp_path / "slow-sbatch"
+    earlier = {ln.split()[0] for ln in _named(conf_a, "gpuledger-1")}
+    slow = _slow_sbatch_conf(conf_a, home.parent / "slow", flag)
+    args = ("--lease", "5s", "--executor", "slurm", "--partition", PARTITION, "--run-as",
+            "service", "--interval", "0.5s")  # fmt: skip
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    logs = {"s0": tmp_path / "s0.log", "s1": tmp_path / "s1.log"}
+    text = lambda name: logs[name].read_text(errors="replace")  # noqa: E731
+    why = lambda: "".join(f"\n--- {n}\n{text(n)[-3000:]}" for n in logs if logs[n].exists())  # noqa: E731
+    orphan: list[int] = []
+    try:
+        for name, h, conf in (("s0", home, slow), ("s1", tmp_path / "s1", conf_a)):
+            with logs[name].open("ab") as out:
+                procs[name] = subprocess.Popen(
+                    [GPULEDGER, "serve", "--store", pg_store, "--listen",
+                     f"127.0.0.1:{free_port()}", *args],
+                    env=env_for(h, SLURM_CONF=conf), stdout=out, stderr=out,
+                )  # fmt: skip
+            waits.wait_for(f"{name} to listen", lambda n=name: "listening on" in text(n), 90, why)  # type: ignore[misc]
+            if name == "s0":
+                waits.wait_for("s0 to lead", lambda: "leading at epoch" in text("s0"), 60, why)
+        waits.wait_for("A's node", lambda: cli(home, "node", "list", "--json").stdout.strip()
+                       not in ("", "[]"), 60, why)  # fmt: skip
+        flag.write_text("12\n")
+        cli(home, "submit", "-A", "ai2/olmo", "-G", "1", "--", "sleep", "1000",
+            GPULEDGER_USER="alice")  # fmt: skip
+
+        def in_flight() -> bool:
+            done = subprocess.run(["pgrep", "-f", "sbatch --job-name=gpuledger-1 "],
+                                  capture_output=True, text=True, check=False)  # fmt: skip
+            orphan[:] = [int(p) for p in done.stdout.split()]
+            return bool(orphan)
+
+        waits.wait_for("s0's sbatch of job 1", in_flight, 60, why)
+        procs["s0"].kill()  # kill -9: its sbatch child lives on
+        procs["s0"].wait(timeout=60)
+        flag.unlink()  # the new leader's own sbatch is fast
+        waits.wait_for("s1 to lead", lambda: "leading at epoch" in text("s1"), 60, why)
+        took = time.monotonic()
+        waits.wait_for("job 1 to run", lambda: _jobs(home).get(1) == "running", 120, why)
+        assert "job 1 run 0 waits until" in text("s1"), why()
+        time.sleep(max(0.0, took + 32 - time.monotonic()))  # past the wait: nothing resubmitted
+        copies = [c for c in _named(conf_a, "gpuledger-1") if c.split()[0] not in earlier]
+        assert len(copies) == 1 and "JobState=RUNNING" in copies[0], (copies, why())
+        assert _jobs(home).get(1) == "running", why()
+        assert "second copy" not in text("s1") and "no longer runs" not in text("s1"), why()
+    finally:
+        flag.unlink(missing_ok=True)
+        for pid in orphan:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=60)
+        a = {**os.environ, "SLURM_CONF": conf_a}
+        subprocess.run(["scancel", "--partition", PARTITION], env=a, capture_output=True,
+                       timeout=60, check=False)  # fmt: skip
+        shutil.rmtree(home.parent, ignore_errors=True)
+
+
+def test_new_settings_while_a_cancelled_run_is_still_stopping_names_it(
+    tmp_path: Path, pg_store: str
+) -> None:
+    """atk45ha F2: a cancelled job whose run is still stopping on the recorded cluster (its
+    command traps SIGTERM and lingers) made `serve --new-settings` onto another cluster exit
+    70, "internal error: KeyError: <job>", with or without `--abandon-runs`: the job has
+    finished, its run is still held. Now the refusal names it in one line, apart from the
+    running ones."""
+    conf_a, conf_b = _confs()
+    _answering(conf_a)
+    _answering(conf_b)
+    home = _reachable_home()
+    cli(home, "init", "--admin", "root", "--store", pg_store)
+    (tmp_path / "budget.toml").write_text(BUDGET)
+    cli(home, "budget", "apply", str(tmp_path / "budget.toml"), GPULEDGER_USER="root")
+    args = ("--lease", "5s", "--executor", "slurm", "--partition", PARTITION, "--run-as",
+            "service", "--interval", "0.5s", "--grace", "120s")  # fmt: skip
+    log = tmp_path / "a.log"
+    text = lambda: log.read_text(errors="replace")  # noqa: E731
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [GPULEDGER, "serve", "--store", pg_store, "--listen", f"127.0.0.1:{free_port()}",
+             *args], env=env_for(home, SLURM_CONF=conf_a), stdout=out, stderr=out,
+        )  # fmt: skip
+    try:
+        waits.wait_for("A's node", lambda: cli(home, "node", "list", "--json").stdout.strip()
+                       not in ("", "[]"), 90, text)  # fmt: skip
+        cli(home, "submit", "-A", "ai2/olmo", "-G", "1", "--", "sh", "-c",
+            "trap 'sleep 100' TERM; sleep 1000 & wait", GPULEDGER_USER="alice")  # fmt: skip
+        waits.wait_for("job 1 to run", lambda: _jobs(home).get(1) == "running", 120, text)
+        cli(home, "cancel", "1", GPULEDGER_USER="alice")
+        waits.wait_for("job 1 cancelled", lambda: 1 not in _jobs(home) or _jobs(home)[1] !=
+                       "running", 60, text)  # fmt: skip
+        time.sleep(2)  # its SIGTERM sent: the command lingers in its trap
+        proc.send_signal(signal.SIGTERM)  # "stop every server", its run still stopping
+        proc.wait(timeout=60)
+        copies = _named(conf_a, "gpuledger-1")
+        assert any("JobState=RUNNING" in c for c in copies), copies
+        err = one_line(serve(tmp_path / "b", pg_store, *args, "--new-settings",
+                             SLURM_CONF=conf_b))  # fmt: skip
+        want = "would leave 1 runs being stopped on the recorded one that it does not list (jobs 1)"
+        assert want in err, err
+        log = tmp_path / "b.log"
+        with log.open("ab") as out:
+            proc = subprocess.Popen(
+                [GPULEDGER, "serve", "--store", pg_store, "--listen", f"127.0.0.1:{free_port()}",
+                 *args, "--new-settings", "--abandon-runs"],
+                env=env_for(tmp_path / "b", SLURM_CONF=conf_b), stdout=out, stderr=out,
+            )  # fmt: skip
+        waits.wait_for("the abandoning server to lead", lambda: "leading at epoch" in text() or
+                       proc.poll() is not None, 120, text)  # fmt: skip
+        assert proc.poll() is None and "internal error" not in text(), text()
+        assert "leaves 1 runs being stopped on the recorded one" in text(), text()
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+        a = {**os.environ, "SLURM_CONF": conf_a}
+        subprocess.run(["scancel", "--partition", PARTITION], env=a, capture_output=True,
+                       timeout=60, check=False)  # fmt: skip
+        shutil.rmtree(home.parent, ignore_errors=True)

@@ -380,15 +380,17 @@ def test_new_settings_says_what_becomes_of_the_runs_left_on_the_recorded_cluster
     again on the new one)."""
     from ledger.engines.slurm.cluster import left_behind
 
-    status = {9: "running", 10: "cancelled", 12: "placed"}
+    status = {9: "running", 10: "stopping", 12: "placed"}
     assert left_behind([9, 10, 12], status, False) == (
-        "would record lost 2 runs the ledger holds that it does not list (jobs 9, 10): they run "
-        "(or are being stopped) on the recorded one; would submit again here 1 placed runs it "
-        "does not list (jobs 12): one submitted on the recorded one before may start there too"
+        "would record lost 1 runs the ledger holds that it does not list (jobs 9): they run on "
+        "the recorded one; would leave 1 runs being stopped on the recorded one that it does not "
+        "list (jobs 10): their end is recorded once a server talks to it again; would submit "
+        "again here 1 placed runs it does not list (jobs 12): one submitted on the recorded one "
+        "before may start there too"
     )
     assert left_behind([9], status, True) == (
-        "recorded lost 1 runs the ledger holds that it does not list (jobs 9): they run (or are "
-        "being stopped) on the recorded one, out of the ledger's reach until a server talks to "
-        "it again, which stops them"
+        "recorded lost 1 runs the ledger holds that it does not list (jobs 9): they run on the "
+        "recorded one, out of the ledger's reach until a server talks to it again, which stops "
+        "them"
     )
     assert left_behind([12], status, True).startswith("submits again here 1 placed runs")

@@ -13,9 +13,13 @@ import logging
 import re
 import subprocess
 from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from ledger.engines.slurm.words import UNTRACKED_OK
-from schemas.errors import EngineError, InvalidCommand
+from schemas.errors import EngineError, InvalidCommand, LedgerError
+
+if TYPE_CHECKING:
+    from ledger.core.state import State
 
 log = logging.getLogger("gpuledger.slurm")
 
@@ -273,27 +277,45 @@ def runs_held(
     return sorted(held | set(stopping))
 
 
+def left_status(left: Iterable[int], live: Mapping[int, str]) -> dict[int, str]:
+    """Pure: the status of each job of `left` (`runs_not_on`) by the ledger's live jobs
+    (`live`: job id -> status); a job that has finished (cancelled, its run still being
+    stopped: `runs_held`) is no live job: "stopping". Before, such a job crashed
+    `--new-settings` with an internal error (KeyError, atk45ha F2)."""
+    return {j: live.get(j, "stopping") for j in left}
+
+
 def left_behind(left: Iterable[int], status: Mapping[int, str], abandoned: bool) -> str:
     """Pure: what `--new-settings` onto another cluster does to the ledger's jobs `left` (their
-    runs the new cluster does not list; `status`: each job's in the ledger), in words: a
-    running run, or one being stopped, is recorded lost and runs on there, out of the ledger's
-    reach, until a server talks to that cluster again, which stops it as a run the ledger no
-    longer runs; a placed one is submitted again on the new cluster (before, both were said to
-    run on the recorded cluster, unaccounted: atk44ha L1). `abandoned`: `--abandon-runs` given
+    runs the new cluster does not list; `status`: each job's in the ledger, "stopping" for a
+    finished one: `left_status`), in words: a running run is recorded lost at the takeover and
+    runs on there, out of the ledger's reach, until a server talks to that cluster again,
+    which stops it as a run the ledger no longer runs; a run being stopped (its job cancelled,
+    preempted or requeued) stays stopping in the ledger, its end recorded once a server talks
+    to that cluster again; a placed one is submitted again on the new cluster (before, both
+    were said to run on the recorded cluster, unaccounted: atk44ha L1; and the running ones
+    were said recorded lost and were not: atk45ha L1). `abandoned`: `--abandon-runs` given
     (what is done), else what would be."""
 
     def named(jobs: list[int]) -> str:
         return ", ".join(map(str, jobs[:10])) + (", ..." if len(jobs) > 10 else "")
 
+    running = [j for j in left if status.get(j) == "running"]
     placed = [j for j in left if status.get(j) == "placed"]
-    held = [j for j in left if status.get(j) != "placed"]
+    stopping = [j for j in left if status.get(j) not in ("running", "placed")]
     said = []
     reach = ", out of the ledger's reach until a server talks to it again, which stops them"
-    if held:
+    if running:
         said.append(
-            f"{'recorded' if abandoned else 'would record'} lost {len(held)} runs the ledger "
-            f"holds that it does not list (jobs {named(held)}): they run (or are being stopped) "
-            f"on the recorded one{reach if abandoned else ''}"
+            f"{'recorded' if abandoned else 'would record'} lost {len(running)} runs the ledger "
+            f"holds that it does not list (jobs {named(running)}): they run on the recorded "
+            f"one{reach if abandoned else ''}"
+        )
+    if stopping:
+        said.append(
+            f"{'leaves' if abandoned else 'would leave'} {len(stopping)} runs being stopped on "
+            f"the recorded one that it does not list (jobs {named(stopping)}): their end is "
+            "recorded once a server talks to it again"
         )
     if placed:
         said.append(
@@ -323,3 +345,56 @@ def runs_not_on(
         raise EngineError(f"scontrol show job: {said[-1] if said else done.returncode}")
     listed = {j.tag(ledger_id) for j in parse_jobs(done.stdout) if j.partition == partition}
     return sorted({job for job, run in held if (job, run) not in listed})
+
+
+def vet_runs_left(
+    state: State,
+    admission: str | None,
+    slurm: Mapping[str, object],
+    partition: str,
+    ledger_id: Callable[[], str],
+    abandon: bool,
+) -> set[tuple[int, int]]:
+    """Refuse (one line) `--new-settings` onto another Slurm cluster than the one the store
+    records (`admission`: its recorded settings) while the ledger (`state`) holds runs the new
+    cluster (`slurm`, `SLURM_CONF`'s) does not list: they run on the recorded cluster, and the
+    take would record them lost (exit -1) while they run on there, unaccounted and out of the
+    ledger's reach; going back stopped them (atk43ha F2). Runs it stopped whose end is not
+    recorded count too (`runs_held`: a cancel recorded while the controller was away never
+    reached its run, atk44ha F3; its job finished: `left_status`, atk45ha F2). A move of the
+    same cluster (its controller's host or port, its state copied to another
+    `StateSaveLocation`) lists them, and passes; so does `abandon` (`--abandon-runs`), which
+    says so and returns the running runs (job, run) left there, which the new leader's
+    executor never adopts, so its takeover records them lost (before, it said so and
+    recorded nothing: the new leader carried them as runs its Slurm forgot, `running` for as
+    long as their heartbeat lived, atk45ha L1)."""
+    import json
+    import os
+
+    how = changed(json.loads(admission or "{}"), slurm)
+    held = runs_held(((j.job_id, j.status, j.preemptions) for j in state.jobs.values()),
+                     state.stopped_runs)  # fmt: skip
+    if not how or not held:
+        return set()
+    try:
+        left = runs_not_on(os.environ, partition, ledger_id(), held)
+    except LedgerError as err:
+        raise InvalidCommand(
+            f"--new-settings onto another Slurm cluster ({how}): its jobs "
+            f"cannot be read to check the ledger's runs: {err.line()}"
+        ) from err
+    if not left:
+        log.warning("--new-settings: another Slurm cluster (%s); it lists every run the ledger "
+                    "holds (a move): they are adopted there", how)  # fmt: skip
+        return set()
+    status = left_status(left, {j: job.status for j, job in state.jobs.items()})
+    if abandon:
+        log.warning("--new-settings --abandon-runs onto another Slurm cluster (%s): %s", how,
+                    left_behind(left, status, True))  # fmt: skip
+        return {(j, r) for j, r in held if status.get(j) == "running"}
+    raise InvalidCommand(
+        f"--new-settings onto another Slurm cluster ({how}) {left_behind(left, status, False)}",
+        hint="let them end or cancel them first (start the servers with the recorded cluster's "
+        "SLURM_CONF), or move that cluster's state with it; or give --abandon-runs with "
+        "--new-settings to record the running ones lost (docs/ha.md)",
+    )

@@ -71,6 +71,7 @@ from ledger.engines.slurm.stops import (
     unplaceable,
     unseen_end,
 )
+from ledger.engines.slurm.takeover import InFlight, take_up_copies
 from ledger.engines.slurm.tracked import Run, note_stop, past_limit
 from ledger.engines.slurm.words import (
     UNTRACKED_OK,
@@ -196,6 +197,8 @@ class SlurmExecutor:
         self._wrong_gpus = WrongGpus()  # jobs' runs ended `wrong-gpus` in a row
         self._restarts = Restarts(log_dir, lambda i, run: self._run(scancel_args(i, run)), lambda: self.may_act())  # fmt: skip  # noqa: E501
         """Runs Slurm launched again, ids it gave twice (slurmctld lost its state: atk43s)."""
+        self.in_flight = InFlight()  # placed runs the last holder may have submitted (F1)
+        self.abandoned: Set[Tag] = frozenset()  # `--abandon-runs`: never adopted (atk45ha L1)
         self.launch_confirm_s = 10.0
         """A run Slurm shows RUNNING is recorded started once its batch script marked its launch
         (`_launched`), or after this long running unmarked (a node that does not share the
@@ -382,8 +385,11 @@ class SlurmExecutor:
                 log.info("job %s run %s waits: node %s is down", r.job_id, r.run, bad)
                 continue
             adopted = tagged(self._view, self.ledger_id, r.job_id, r.run)  # a timed-out sbatch
-            if adopted is not None:
+            if adopted is not None:  # or one of the last holder's, landed late (atk45ha F1)
                 r.slurm_id = adopted.slurm_id
+                log.info("adopted Slurm job %s as job %s run %s", r.slurm_id, r.job_id, r.run)
+                continue
+            if self.in_flight.waits(r, now):  # the last holder's sbatch may still land (F1)
                 continue
             if any(held.get(sl.node, set()) & set(sl.gpu_indices) for sl in r.launch.slots):
                 continue
@@ -560,6 +566,7 @@ class SlurmExecutor:
             log.warning("slurm job %s: %s (retrying)", slurm_id, err.line())
 
     def _read_runs(self, now: float) -> None:
+        take_up_copies(self, now)  # a late copy is no stray: never the run's stop (F1)
         resume_stops(self, now)
         note_unanswered(self._stopping, self._view, self._unheard)  # Slurm's end alone (F8)
         # 0. our runs Slurm has ended whose processes may still live (COMPLETING)
@@ -742,6 +749,7 @@ class SlurmExecutor:
         return None
 
     def adopt(self, runs: Mapping[int, int], now: float) -> set[int]:
+        runs = {j: r for j, r in runs.items() if (j, r) not in self.abandoned}  # recorded lost
         if not self.refresh():
             raise EngineError("Slurm cannot be read, so the ledger cannot be reconciled with it",
                               hint="start slurmctld (scripts/slurm/slurm up), retry")  # fmt: skip
@@ -758,6 +766,7 @@ class SlurmExecutor:
         for r in self._restarts.unlisted(runs, set(self._runs), self._checkpoint_file, now):
             self._runs[r.job_id] = r  # Slurm forgot it: its own end record says (atk43s F3)
         adopted = set(self._runs)
+        self.in_flight.begin(runs, adopted, now, self.timeout_s)  # (atk45ha F1)
         tracked.forget_logs(self.log_dir, ((r.job_id, r.run) for r in self._runs.values()))
         self._node_changes({}, now)  # which nodes answer: a stop Slurm ended there (F8)
         self._read_runs(now)  # runs that ended while we were away: exits at the next `observe`

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Set
 from pathlib import Path
 
 from ledger.core.state import Node
@@ -63,6 +63,7 @@ def open_executor(
     may_act: Callable[[], bool] | None = None,
     node_fence_s: float = 300.0,
     cluster: Mapping[str, object] | None = None,
+    abandoned: Set[tuple[int, int]] = frozenset(),
 ) -> SlurmOpening:
     """The executor of `partition`. When slurmctld answers, it is opened now: Slurm must let
     gpu-ledger own the partition, whose GPU nodes are registered in the ledger by `actor` (an
@@ -70,7 +71,8 @@ def open_executor(
     nothing appended then. When slurmctld does not answer, the service starts all the same and
     the executor opens once it does (`SlurmOpening`); nor while another cluster than
     `cluster` (the one the store records; None: the first one read) answers in its place
-    (`cluster.Watch`, asked again whenever slurmctld answers after being away)."""
+    (`cluster.Watch`, asked again whenever slurmctld answers after being away). `abandoned`:
+    runs (job, run) `--abandon-runs` left on another cluster, never adopted (recorded lost)."""
     if not partition:
         raise InvalidCommand(
             "the Slurm executor needs the partition gpu-ledger owns",
@@ -80,6 +82,7 @@ def open_executor(
         partition, ledger_id(ledger), log_dir, grace_s=grace_s, run_as=run_as, may_act=may_act
     )
     slurm.fence_s = node_fence_s  # `serve --node-fence`, as for the node agents
+    slurm.abandoned = frozenset(abandoned)  # `--abandon-runs`: recorded lost (atk45ha L1)
     slurm.cluster = Watch(slurm.cluster.read, cluster)
     slurm.job_grace = lambda job_id: grace_in(ledger.state, job_id)
     slurm.job_limit = lambda job_id: limit_in(ledger.state, job_id)
