@@ -611,16 +611,17 @@ class SlurmExecutor:
             # a run Slurm ran without its GPUs is charged, whatever its marks say (atk43s F2)
             ran = not never_ran or never_ran_reason(never_ran) == "node_failure"
             held = j.state == "CONFIGURING"  # its command not started yet (atk43s F1)
+            end = j.end_time if j.ended else None  # (a running job's is its limit's)
             r.configuring_seen = now if held else r.configuring_seen
             if j.started and not r.started and (j.holding or j.ended) and ran and not held:
-                r.started_at = r.real_start(j.start_time)  # its limit counts from it
+                r.started_at = r.real_start(j.start_time, end)  # its limit counts from it
             if (
                 j.started
                 and not r.started
                 and (j.ended or (j.holding and not held and self._launched(r, now)))
                 and ran
             ):  # RUNNING alone is not yet a start: Slurm may still fail the launch (N3)
-                r.started, r.started_at = True, r.real_start(j.start_time)  # (its mark, just seen)
+                r.started, r.started_at = True, r.real_start(j.start_time, end)  # its mark
                 gpus = run_gpus(j, self._pinned)  # also once ended: Slurm's record
                 # charged from its real start (the ledger keeps it inside the placement)
                 self._starts.append(Start(job_id, r.slurm_id, r.run, gpus, logs=r.logs,
@@ -760,7 +761,10 @@ class SlurmExecutor:
             job_id, run = tag
             if runs.get(job_id) == run:
                 logs = tracked.noted_logs(self.log_dir, job_id, run) or j.logs
-                self._runs[job_id] = Run(job_id, run, None, j.slurm_id, logs=logs)
+                # a hold no read saw: its launch mark says when it started (atk45s F1)
+                launched = mark_time(self._checkpoint_file(job_id, run).parent, LAUNCHED, now)
+                self._runs[job_id] = Run(job_id, run, None, j.slurm_id, logs=logs,
+                                         launch_seen=launched, adopted=True)  # fmt: skip
                 log.info("adopted Slurm job %s as job %s run %s", j.slurm_id, job_id, run)
                 self._restarts.submitted(job_id, run, j.slurm_id)  # a reused id? (atk44s F6)
         for r in self._restarts.unlisted(runs, set(self._runs), self._checkpoint_file, now):

@@ -125,26 +125,35 @@ class Run:
     seen_running_at: float | None = None
     """The last read that showed it running while Slurm's view was current (not in an outage's
     settle period): its end cannot be earlier."""
+    adopted: bool = False
+    """Adopted after a restart of the service before it was recorded started: a hold in
+    CONFIGURING may have gone unseen, so its `launched` mark says when it started (`real_start`)."""
 
-    def real_start(self, slurm_start: float | None) -> float | None:
-        """When its command started, from Slurm's StartTime and what the reads saw
-        (`real_start`)."""
-        return real_start(slurm_start, self.configuring_seen, self.launch_seen, self.running_seen)
+    def real_start(self, slurm_start: float | None, end: float | None = None) -> float | None:
+        """When its command started, from Slurm's StartTime and what the reads saw, no later
+        than Slurm's `end` of it where no read saw it RUNNING (`real_start`)."""
+        running = self.running_seen if self.running_seen is not None else end
+        return real_start(slurm_start, self.configuring_seen, self.launch_seen, running,
+                          self.adopted)  # fmt: skip
 
 
 def real_start(
     slurm_start: float | None, configuring: float | None, launched: float | None,
-    running: float | None,
+    running: float | None, adopted: bool = False,
 ) -> float | None:  # fmt: skip
     """Pure: when a run's command started. Slurm's StartTime, but for a launch Slurm held
     CONFIGURING (a slow PrologSlurmctld: Slurm 22.05 keeps StartTime at the allocation) never
     before the last read that showed it so (`configuring`), and from its `launched` mark's time
     (`launched`, as first read: `launching.mark_time`) where a read saw it, no later than the
     first read that showed it RUNNING (`running`: the mark is the job user's to make late).
-    atk43s F1: a launch held 20 s was charged those 20 s, its limit running during the hold."""
-    if configuring is None or slurm_start is None:  # (None: Slurm's unreadable, as before)
+    atk43s F1: a launch held 20 s was charged those 20 s, its limit running during the hold.
+    A run `adopted` after a restart of the service may have been held while it was down, no
+    read to see it: its `launched` mark says, never before Slurm's StartTime (atk45s F1: a
+    `-t 30s` job held through a kill -9 of the service got SIGTERM 9 s after its command began).
+    """
+    if slurm_start is None or (configuring is None and not adopted):  # (None: unreadable)
         return slurm_start
-    start = max(slurm_start, configuring)
+    start = slurm_start if configuring is None else max(slurm_start, configuring)
     if launched is not None:
         start = max(start, launched if running is None else min(launched, running))
     return start
