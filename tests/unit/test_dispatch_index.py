@@ -5,6 +5,7 @@ whose GPUs are taken and given back, drained and resized."""
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import msgspec
 import pytest
@@ -61,19 +62,24 @@ def _step(rng: random.Random, nodes: list[NodeView]) -> list[NodeView]:
     return out
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_index_made_from_the_last_answers_as_one_made_afresh(seed: int) -> None:
-    rng = random.Random(seed)
-    nodes = [
+def _nodes(rng: random.Random, count: int, free: Callable[[], tuple[int, ...]]) -> list[NodeView]:
+    """`count` 8-GPU nodes of one cluster, each of a random type, its free GPUs `free()`."""
+    return [
         NodeView(
             name=f"n{i:02d}",
             cluster="c",
             gpu_type=rng.choice(["h100", "a100"]),
             gpus=8,
-            free=tuple(range(8)),
+            free=free(),
         )
-        for i in range(24)
+        for i in range(count)
     ]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_index_made_from_the_last_answers_as_one_made_afresh(seed: int) -> None:
+    rng = random.Random(seed)
+    nodes = _nodes(rng, 24, lambda: tuple(range(8)))
     for step in range(150):
         nodes = _step(rng, nodes)
         kept = FreeIndex.of(nodes)
@@ -117,16 +123,7 @@ def _fragmentation_one_pass_per_skip(index: FreeIndex, smallest: dict, skip: set
 @pytest.mark.parametrize("seed", range(8))
 def test_fragmentation_of_every_node_and_of_the_rest_in_one_pass(seed: int) -> None:
     rng = random.Random(seed)
-    nodes = [
-        NodeView(
-            name=f"n{i:02d}",
-            cluster="c",
-            gpu_type=rng.choice(["h100", "a100"]),
-            gpus=8,
-            free=tuple(sorted(rng.sample(range(8), rng.randint(0, 8)))),
-        )
-        for i in range(16)
-    ]
+    nodes = _nodes(rng, 16, lambda: tuple(sorted(rng.sample(range(8), rng.randint(0, 8)))))
     index = FreeIndex(nodes)
     for _ in range(40):
         smallest = {
