@@ -149,7 +149,11 @@ class Tip(NamedTuple):
     def problem(self, data: bytes | None) -> str | None:
         """Pure: why the record `data` does not link to this tip (None: it does). The position
         is checked by the caller (`kafka_wire.envelope`)."""
-        got = prev_hash(data)
+        return self.problem_of(prev_hash(data))
+
+    def problem_of(self, got: str | None) -> str | None:
+        """Pure: why a record whose value carries the `prev_hash` `got` (None: none readable)
+        does not link to this tip (None: it does)."""
         if got is None:
             return "no readable prev_hash in the value"
         at = f"position {self.position}" if self.position else "the start of the log"

@@ -70,6 +70,7 @@ from projections.kafka_wire import (
     SigningKeys,
     client_config,
     envelope,
+    header_position,
     is_signature_problem,
     reader_config,
     signing_keys,
@@ -645,7 +646,7 @@ class KafkaSource:
         every committed record before `end` is then either at or before `_after` or buffered."""
         if self._after is None or self._consumer.position(self.tp) < end:
             return None
-        return _head_of(self._buffer, self._after)
+        return _head_of((header_position(r.headers) for r in self._buffer), self._after)
 
     def _last_position(self, end: int) -> int:
         """The largest position among the last committed records before `end` (0: none)."""
@@ -659,10 +660,10 @@ class KafkaSource:
             while True:
                 start = max(begin, end - back)
                 probe.seek(self.tp, start)
-                window: list[Any] = []
+                window: list[int | None] = []  # positions: a window of values is never held
                 while probe.position(self.tp) < end:
                     got = probe.poll(timeout_ms=500).get(self.tp, [])
-                    window += [rec for rec in got if rec.offset < end]
+                    window += [header_position(rec.headers) for rec in got if rec.offset < end]
                     self._check_deadline(deadline, "reading the end of")
                 best = _head_of(window, 0)
                 if best or start == begin:
@@ -723,14 +724,13 @@ class KafkaSource:
         )
 
 
-def _head_of(records: Iterable[Any], after: int) -> int:
-    """Pure: the head of a log whose records up to position `after` are followed by `records`:
-    the largest position they carry, or one past it when the last record is not the one that
-    carries it (poison at the tail: a reader reading up to the head then meets it)."""
+def _head_of(positions: Iterable[int | None], after: int) -> int:
+    """Pure: the head of a log whose records up to position `after` are followed by records
+    carrying `positions` (None: none readable): the largest, or one past it when the last one
+    is not the one that carries it (poison at the tail: a reader reading to the head meets it)."""
     best = after
     last: int | None = after
-    for rec in records:
-        last, _tag, _problem = envelope(rec.headers, b"", None)
+    for last in positions:
         if last is not None and last > best:
             best = last
     return best if last == best else best + 1

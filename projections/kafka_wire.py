@@ -157,6 +157,11 @@ def envelope(
     return position, tag, None
 
 
+def header_position(headers: Iterable[tuple[str, bytes | None]] | None) -> int | None:
+    """Pure: the position a record's headers carry (None: none readable). Never raises."""
+    return envelope(headers, b"", None)[0]
+
+
 # --- signing ------------------------------------------------------------------------------------
 
 

@@ -33,10 +33,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from itertools import pairwise
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -46,6 +43,13 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError
 
 from ledger.store import EVENTS_DB, recorded
+from ledger.store.relay_tail import (
+    bookmark,
+    last_published,
+    store_digests,
+    tail_windows,
+    unavailable,
+)
 from ledger.store.relay_topic import (
     DEFAULT_TIMEOUT_S,
     RecordTooLarge,
@@ -58,7 +62,6 @@ from ledger.store.relay_topic import (
     producer_sizes,
     raise_record_limit,
 )
-from projections.chain import START, Tip
 from projections.kafka_wire import (
     DEFAULT_CONNECT_TIMEOUT_S,
     PARTITION,
@@ -67,7 +70,6 @@ from projections.kafka_wire import (
     TOPIC,
     SigningKeys,
     client_config,
-    envelope,
     patience,
     reader_config,
     record_headers,
@@ -194,63 +196,6 @@ def _commit(producer: Any, timeout_s: float) -> None:
         raise KafkaTimeoutError(f"the broker did not answer the commit in {timeout_s:g} s")
 
 
-@dataclass(frozen=True)
-class Published:
-    """The last committed record on the topic: its log position and its bytes."""
-
-    position: int
-    data: bytes
-
-
-def tail_windows(
-    bootstrap: str,
-    topic: str = TOPIC,
-    config: Mapping[str, Any] | None = None,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
-) -> Iterator[tuple[bool, list[Any]]]:
-    """The last committed records of the topic in growing windows (16, 256, ... offsets from the
-    end), each as (reaches the first offset, records in offset order): the caller stops when it
-    has seen enough. read_committed skips aborted records and markers, and its end offset stops
-    before any open transaction. Raises RelayUnavailable when the broker does not answer within
-    `timeout_s`."""
-    tp = TopicPartition(topic, PARTITION)
-    deadline = time.monotonic() + timeout_s
-    try:
-        consumer = KafkaConsumer(
-            **reader_config(bootstrap, "gpuledger-relay-probe", connect_timeout_s, **(config or {}))
-        )
-    except KafkaError as e:
-        raise _unavailable(bootstrap, e) from e
-    try:
-        consumer.assign([tp])
-        ms = int(timeout_s * 1000)
-        end = consumer.end_offsets([tp], timeout_ms=ms)[tp]
-        begin = consumer.beginning_offsets([tp], timeout_ms=ms)[tp]
-        back = 16
-        while True:
-            start = max(begin, end - back)
-            consumer.seek(tp, start)
-            window: list[Any] = []
-            # The position only moves forward, past aborted data and markers too, so this
-            # loop ends at `end`; an empty poll means "not yet", never "nothing left".
-            while consumer.position(tp) < end:
-                if time.monotonic() > deadline:
-                    raise RelayUnavailable(
-                        f"reading the end of {topic} took over {timeout_s:g} s",
-                        hint="is the broker overloaded or restarting?",
-                    )
-                window += [r for r in consumer.poll(timeout_ms=500).get(tp, []) if r.offset < end]
-            yield start == begin, window
-            if start == begin:
-                return
-            back *= 16
-    except KafkaError as e:
-        raise _unavailable(bootstrap, e) from e
-    finally:
-        consumer.close()
-
-
 def held_at(
     bootstrap: str,
     topic: str = TOPIC,
@@ -275,11 +220,11 @@ def held_at(
                 )
             )
         except KafkaError as e:
-            raise _unavailable(bootstrap, e) from e
+            raise unavailable(bootstrap, e) from e
         try:
             ends.append(int(consumer.end_offsets([tp], timeout_ms=ms)[tp]))
         except KafkaError as e:
-            raise _unavailable(bootstrap, e) from e
+            raise unavailable(bootstrap, e) from e
         finally:
             consumer.close()
     stable, end = ends
@@ -293,42 +238,6 @@ def held_text(topic: str, held: tuple[int, int]) -> str:
         f"({end - stable:,} offset(s) behind it): readers see nothing after it until the broker "
         "ends it (within the broker's transaction.max.timeout.ms: a minute with scripts/kafka, "
         "15 by Kafka's default)"
-    )
-
-
-def last_committed(
-    bootstrap: str,
-    topic: str = TOPIC,
-    config: Mapping[str, Any] | None = None,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-) -> Published:
-    """The last committed record that carries a readable position (position 0, no bytes, when
-    there is none)."""
-    for _whole, window in tail_windows(bootstrap, topic, config, timeout_s):
-        for rec in reversed(window):
-            position = _position(rec)
-            if position is not None:
-                return Published(position, rec.value or b"")
-    return Published(0, b"")
-
-
-def last_published(
-    bootstrap: str, topic: str = TOPIC, config: Mapping[str, Any] | None = None
-) -> int:
-    """The log position in the last committed record on the topic (0 when empty)."""
-    return last_committed(bootstrap, topic, config).position
-
-
-def _position(rec: Any) -> int | None:
-    """The position a record's header carries (None: none readable). Never raises."""
-    position, _tag, _problem = envelope(rec.headers, rec.value, None)
-    return position
-
-
-def _unavailable(bootstrap: str, e: BaseException) -> RelayUnavailable:
-    return RelayUnavailable(
-        f"Kafka at {bootstrap}: {type(e).__name__}: {e}",
-        hint="is the broker up? (`scripts/kafka/kafka status`)",
     )
 
 
@@ -382,7 +291,7 @@ class Relay:
         try:
             return ensure_topic(self.bootstrap, self.topic, self.config, self.connect_timeout_s)
         except KafkaError as e:
-            raise _unavailable(self.bootstrap, e) from e
+            raise unavailable(self.bootstrap, e) from e
 
     def _connect(self) -> Any:
         """A fresh transactional producer, and our position read back from the topic.
@@ -407,7 +316,7 @@ class Relay:
                 **client_config(self.config),
             )
         except KafkaError as e:
-            raise _unavailable(self.bootstrap, e) from e
+            raise unavailable(self.bootstrap, e) from e
         try:
             producer.init_transactions()
             held = held_at(
@@ -424,107 +333,54 @@ class Relay:
         except BaseException as e:
             _discard(producer)
             if isinstance(e, KafkaError):
-                raise _unavailable(self.bootstrap, e) from e
+                raise unavailable(self.bootstrap, e) from e
             raise
         if foreign:
             log.warning(
                 "relay: %d foreign record(s) after position %d on %s skipped (offsets %s): "
                 "the store is the source of truth; only the relay may write to the topic",
                 len(foreign),
-                last.position,
+                last,
                 self.topic,
                 offsets_text(foreign),
             )
-        self.position = last.position
+        self.position = last
         self.skipped = tuple(foreign)
         return producer
 
-    def _bookmark(self) -> tuple[Published, list[int]]:
-        """Our last committed record on the topic, and the offsets of the foreign records after
-        it (written by another producer: skipped, the store being the source of truth).
+    def _bookmark(self) -> tuple[int, list[int]]:
+        """The position of our last committed record on the topic, and the offsets of the
+        foreign records after it (written by another producer: skipped, the store being the
+        source of truth).
 
-        Reads back from the end in growing windows. Our last record is the one with the highest
-        readable position whose bytes equal the store's at that position (an older record
-        copied to the tail is foreign, and so is anything after ours that the store does not
-        hold: a forged event, however well it links). With signing keys, a record right after
-        ours that continues the chain from it *and* carries our signature is no forgery: the
-        topic holds events this store lacks (a store replaced by an older copy, or another
-        relay with our keys), and the relay refuses the topic. So it does when the whole topic
-        holds none of our records but records that chain (another ledger's topic).
+        Reads back from the end in growing windows, keeping a digest of each record, never its
+        value (`relay_tail`). Our last record is the one with the highest readable position
+        whose bytes equal the store's at that position (an older record copied to the tail is
+        foreign, and so is anything after ours that the store does not hold: a forged event,
+        however well it links). With signing keys, a record right after ours that continues
+        the chain from it *and* carries our signature is no forgery: the topic holds events
+        this store lacks (a store replaced by an older copy, or another relay with our keys),
+        and the relay refuses the topic. So it does when the whole topic holds none of our
+        records but records that chain (another ledger's topic).
         """
-        for whole, window in tail_windows(
+        windows = tail_windows(
             self.bootstrap, self.topic, self.config, self.timeout_s, self.connect_timeout_s
-        ):
-            parsed = [(rec, _position(rec)) for rec in window]
-            stored = self._stored({p for _rec, p in parsed if p is not None})
-            best: int | None = None
-            for i, (rec, position) in enumerate(parsed):
-                if position is None or stored.get(position) != rec.value:
-                    continue
-                if best is None or position > (parsed[best][1] or 0):
-                    best = i
-            if best is not None:
-                mine, position = parsed[best]
-                assert position is not None
-                after = parsed[best + 1 :]
-                if self.keys is not None and any(self._continues(r, mine) for r, _p in after):
-                    raise self._refusal(window, position)
-                return Published(position, mine.value), [r.offset for r, _p in after]
-            if whole:
-                formed = [(rec, p) for rec, p in parsed if p is not None and rec.value is not None]
-                if any(
-                    self._continues(b, a, signed=False) for (a, _), (b, _) in pairwise(formed)
-                ) or (formed and self._continues(formed[0][0], None, signed=False)):
-                    raise self._refusal(window)
-                return Published(0, b""), [r.offset for r, _p in parsed]
-        return Published(0, b""), []  # not reached: the last window is the whole topic
-
-    def _stored(self, positions: set[int]) -> dict[int, bytes]:
-        """The store's bytes at `positions` (those it has)."""
-        if not positions:
-            return {}
-        lo, hi = min(positions), min(max(positions), self.recorder.max_notification_id() or 0)
-        if hi < lo:
-            return {}
-        source = RawSource(self.recorder)
-        if hi - lo < 200_000:
-            return {
-                r.position: r.data
-                for page in follow(source, lo - 1, hi, page=hi - lo + 1)
-                for r in page
-            }
-        return {
-            r.position: r.data
-            for p in positions
-            for page in follow(source, p - 1, p, page=1)
-            for r in page
-            if r.position == p
-        }
-
-    def _continues(self, rec: Any, before: Any | None, signed: bool = True) -> bool:
-        """Whether `rec` is the event after the record `before` in a log (None: the start)."""
-        position, tag, _problem = (
-            envelope(before.headers, before.value, None)
-            if before
-            else (
-                0,
-                "",
-                None,
-            )
         )
-        if position is None or tag is None or _position(rec) != position + 1:
-            return False
-        if signed and self.keys is not None:
-            mine, its_tag, _problem = envelope(rec.headers, rec.value, None)
-            if self.keys.problem(rec.headers, rec.value, mine, its_tag) is not None:
-                return False
-        tip = START if before is None else Tip.of(position, tag, before.value or b"")
-        return tip.problem(rec.value) is None
+        source = RawSource(self.recorder)
 
-    def _refusal(self, window: Sequence[Any], ours: int = 0) -> RelayError:
-        """The topic holds another log: say where it disagrees with the store (`ours`: the
-        position of our last record on it, kept in the error's `published` field)."""
-        position = next((p for p in map(_position, reversed(window)) if p is not None), 0)
+        def digests(positions: set[int]) -> Mapping[int, bytes]:
+            return store_digests(
+                lambda after, until, page: follow(source, after, until, page=page),
+                source.head(),
+                positions,
+            )
+
+        return bookmark(windows, digests, self.keys, self._refusal)
+
+    def _refusal(self, position: int, ours: int) -> RelayError:
+        """The topic holds another log: say where it disagrees with the store (`position`: the
+        last one the window names; `ours`: the position of our last record on it, kept in the
+        error's `published` field)."""
         head = self.recorder.max_notification_id() or 0
         if position > head:
             return RelayError(

@@ -1,0 +1,262 @@
+"""The end of the relay's topic read back: where the relay's last record is (its bookmark), which
+records after it are foreign, whether a transaction is held open on the topic.
+
+An edge (network). The tail is read in growing windows (16, 256, ... offsets from the end) until
+one holds the relay's last record. A window is never kept: each record is reduced as it is
+polled to what the verdict needs (`Seen`: its offset, position, a digest of its value, the link
+its value carries, the link to it and whether our key signed it), and those are compared with
+the store a chunk at a time (`Scan`). So a restarting relay holds a few records' values at once
+however large the records after its own are: thirty forged 7 MB records at the tail gave it a
+1 GB peak when it kept each window's records (atk45-25 F2).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from itertools import islice
+from typing import Any, NamedTuple
+
+from kafka import KafkaConsumer, TopicPartition
+from kafka.errors import KafkaError
+
+from ledger.store.relay_topic import DEFAULT_TIMEOUT_S, RelayError, RelayUnavailable
+from projections.chain import START, Tip, prev_hash, rule
+from projections.kafka_wire import (
+    DEFAULT_CONNECT_TIMEOUT_S,
+    PARTITION,
+    TOPIC,
+    SigningKeys,
+    envelope,
+    header_position,
+    reader_config,
+)
+
+CHUNK = 1024
+"""Records compared with the store at once: their digests are all a window keeps besides the
+foreign records' offsets."""
+PAGE = 512
+"""Store events read at once."""
+DENSE = 16
+"""A chunk's positions are read from the store as one range (in pages) when it spans at most
+DENSE store events per position (plus a page), else one position at a time: forged positions
+spread over the log cost a read each, never the log between them."""
+
+
+def tail_windows(
+    bootstrap: str,
+    topic: str = TOPIC,
+    config: Mapping[str, Any] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+) -> Iterator[tuple[bool, Iterator[Any]]]:
+    """The last committed records of the topic in growing windows (16, 256, ... offsets from the
+    end), each as (reaches the first offset, its records in offset order, polled as they are
+    taken: read each window to its end before asking for the next); the caller stops when it
+    has seen enough. read_committed skips aborted records and markers, and its end offset stops
+    before any open transaction. Raises RelayUnavailable when the broker does not answer within
+    `timeout_s`."""
+    tp = TopicPartition(topic, PARTITION)
+    deadline = time.monotonic() + timeout_s
+    try:
+        consumer = KafkaConsumer(
+            **reader_config(bootstrap, "gpuledger-relay-probe", connect_timeout_s, **(config or {}))
+        )
+    except KafkaError as e:
+        raise unavailable(bootstrap, e) from e
+
+    def window(start: int, end: int) -> Iterator[Any]:
+        try:
+            consumer.seek(tp, start)
+            # The position only moves forward, past aborted data and markers too, so this
+            # loop ends at `end`; an empty poll means "not yet", never "nothing left".
+            while consumer.position(tp) < end:
+                if time.monotonic() > deadline:
+                    raise RelayUnavailable(
+                        f"reading the end of {topic} took over {timeout_s:g} s",
+                        hint="is the broker overloaded or restarting?",
+                    )
+                for rec in consumer.poll(timeout_ms=500).get(tp, []):
+                    if rec.offset < end:
+                        yield rec
+        except KafkaError as e:
+            raise unavailable(bootstrap, e) from e
+
+    try:
+        consumer.assign([tp])
+        ms = int(timeout_s * 1000)
+        end = consumer.end_offsets([tp], timeout_ms=ms)[tp]
+        begin = consumer.beginning_offsets([tp], timeout_ms=ms)[tp]
+        back = 16
+        while True:
+            start = max(begin, end - back)
+            yield start == begin, window(start, end)
+            if start == begin:
+                return
+            back *= 16
+    except KafkaError as e:
+        raise unavailable(bootstrap, e) from e
+    finally:
+        consumer.close()
+
+
+def last_published(
+    bootstrap: str, topic: str = TOPIC, config: Mapping[str, Any] | None = None
+) -> int:
+    """The log position in the last committed record on the topic that carries a readable one
+    (0 when there is none)."""
+    for _whole, records in tail_windows(bootstrap, topic, config):
+        last = 0
+        for rec in records:
+            last = header_position(rec.headers) or last
+        if last:
+            return last
+    return 0
+
+
+def unavailable(bootstrap: str, e: BaseException) -> RelayUnavailable:
+    return RelayUnavailable(
+        f"Kafka at {bootstrap}: {type(e).__name__}: {e}",
+        hint="is the broker up? (`scripts/kafka/kafka status`)",
+    )
+
+
+# --- the bookmark -------------------------------------------------------------------------------
+
+
+class Seen(NamedTuple):
+    """What the bookmark keeps of one record of the tail: never its value."""
+
+    offset: int
+    position: int | None
+    """From its header (None: none readable)."""
+    digest: bytes | None
+    """SHA-256 of its value (None: no value), compared with the store's event at `position`."""
+    tip: Tip | None
+    """The link to it, what a record after it must carry (None: no readable position, tag or
+    value)."""
+    link: str | None
+    """The `prev_hash` its value carries: a link, "" (the first event), "?" (not a link: never
+    kept, whatever its length) or None (none readable)."""
+    signed: bool
+    """Signed by one of our keys (False without keys)."""
+
+
+def seen(rec: Any, keys: SigningKeys | None) -> Seen:
+    """Pure: the record `rec` (a ConsumerRecord) reduced to what the bookmark needs."""
+    value: bytes | None = rec.value
+    position, tag, _problem = envelope(rec.headers, value, None)
+    if value is None:
+        return Seen(rec.offset, position, None, None, None, False)
+    got = prev_hash(value)
+    if got is not None and got != "" and rule(got) is None:
+        got = "?"
+    tip = Tip.of(position, tag, value) if position is not None and tag is not None else None
+    signed = keys is not None and keys.problem(rec.headers, value, position, tag) is None
+    return Seen(rec.offset, position, hashlib.sha256(value).digest(), tip, got, signed)
+
+
+def continues(rec: Seen, before: Seen | None) -> bool:
+    """Pure: whether `rec` is the event after the record `before` in a log (None: the start),
+    by its position and its link (its signature is the caller's)."""
+    tip = START if before is None else before.tip
+    if tip is None or rec.position != tip.position + 1:
+        return False
+    return tip.problem_of(rec.link) is None
+
+
+class Scan:
+    """One window's records, taken in offset order a chunk at a time with the store's digests
+    at their positions; its verdict is `best` (our last record: the highest position whose
+    bytes equal the store's), `after` (the offsets after it: foreign) and the facts a refusal
+    rests on."""
+
+    def __init__(self, signing: bool) -> None:
+        self.signing = signing
+        self.best: Seen | None = None
+        self.after = array("q")
+        """Offsets after `best` (every offset while there is none)."""
+        self.continued = False
+        """A record after `best` continues it with our signature (only counted with keys)."""
+        self.chained = False
+        """Two records of the window in a row continue one another (or the first continues
+        the start of a log), signatures aside: a log, though not ours."""
+        self.formed: Seen | None = None
+        """The last record with a readable position and a value, for `chained`."""
+        self.last_position = 0
+        """The last readable position in the window (what a refusal names)."""
+
+    def take(self, chunk: Iterable[Seen], stored: Mapping[int, bytes]) -> None:
+        for rec in chunk:
+            position = rec.position
+            if position is None:
+                self.after.append(rec.offset)
+                continue
+            self.last_position = position
+            if rec.digest is not None:  # formed
+                self.chained = self.chained or continues(rec, self.formed)
+                self.formed = rec
+            ours = rec.digest is not None and stored.get(position) == rec.digest
+            best = self.best
+            if ours and (best is None or position > (best.position or 0)):
+                self.best, self.after, self.continued = rec, array("q"), False
+                continue
+            self.after.append(rec.offset)
+            if self.signing and best is not None and rec.signed and continues(rec, best):
+                self.continued = True
+
+
+def bookmark(
+    windows: Iterable[tuple[bool, Iterable[Any]]],
+    digests: Callable[[set[int]], Mapping[int, bytes]],
+    keys: SigningKeys | None,
+    refusal: Callable[[int, int], RelayError],
+) -> tuple[int, list[int]]:
+    """Our last record's position among the `windows` of the tail (`tail_windows`), and the
+    offsets of the foreign records after it. `digests(positions)` gives the store's digests at
+    those of `positions` it holds; `refusal(position, ours)` the error for a topic that holds
+    another log (`position`: the last one the window names; `ours`: our last record's).
+
+    With signing keys, a record after ours that continues the chain from it *and* carries our
+    signature is no forgery: the topic holds events this store lacks, and it is refused. So it
+    is when the whole topic holds none of our records but records that chain (another
+    ledger's topic)."""
+    for whole, records in windows:
+        scan = Scan(signing=keys is not None)
+        taken = (seen(rec, keys) for rec in records)
+        while chunk := list(islice(taken, CHUNK)):
+            scan.take(chunk, digests({r.position for r in chunk if r.position is not None}))
+        if scan.best is not None:
+            position = scan.best.position or 0
+            if scan.continued:
+                raise refusal(scan.last_position, position)
+            return position, scan.after.tolist()
+        if whole:
+            if scan.chained:
+                raise refusal(scan.last_position, 0)
+            return 0, scan.after.tolist()
+    return 0, []  # not reached: the last window is the whole topic
+
+
+def store_digests(
+    read: Callable[[int, int, int], Iterable[Iterable[Any]]], head: int, positions: set[int]
+) -> dict[int, bytes]:
+    """SHA-256 of the store's events at `positions` (those it has, up to `head`), read by
+    `read(after, until, page)` (pages of RawRecords) a page at a time."""
+    wanted = {p for p in positions if 0 < p <= head}
+    if not wanted:
+        return {}
+    lo, hi = min(wanted), max(wanted)
+    if hi - lo < DENSE * len(wanted) + PAGE:
+        spans = [(lo - 1, hi, PAGE)]
+    else:
+        spans = [(p - 1, p, 1) for p in sorted(wanted)]
+    return {
+        r.position: hashlib.sha256(r.data).digest()
+        for after, until, page in spans
+        for records in read(after, until, page)
+        for r in records
+        if r.position in wanted
+    }
