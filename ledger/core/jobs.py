@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -258,10 +259,16 @@ def never_met(kind: e.DependencyKind, ends: Sequence[str], live: bool) -> bool:
     dependency on an array's id waits for every task), can no longer hold, from how its members
     ended (`ends`) and whether one has not ended yet (`live`): `afterok` once one did not
     complete; `afternotok` once all ended and every one completed; `afterany` never."""
+    completed = sum(why == "completed" for why in ends)
+    return never_met_counted(kind, len(ends), completed, live)
+
+
+def never_met_counted(kind: e.DependencyKind, ended: int, completed: int, live: bool) -> bool:
+    """Pure: `never_met` from how many members ended and how many of those completed."""
     if kind == "afterok":
-        return any(why != "completed" for why in ends)
+        return ended > completed
     if kind == "afternotok":
-        return not live and bool(ends) and all(why == "completed" for why in ends)
+        return not live and ended > 0 and completed == ended
     return False
 
 
@@ -281,26 +288,26 @@ def active_ids(state: State, job_id: int) -> list[int]:
 def dependents_ended(state: State, events: list[e.AnyEvent], kw: Envelope) -> list[e.AnyEvent]:
     """Pure: the ends of the pending jobs whose dependency the jobs `events` end have made
     impossible (and of theirs in turn), in job order: what `decide` appends after every
-    command."""
-    ending = [ev for ev in events if isinstance(ev, e.JobFinished)]
+    command. The kept ends are walked once, whatever the number of dependents (`_Ends`)."""
+    ending = deque(ev for ev in events if isinstance(ev, e.JobFinished))
     if not ending or not state.dependents():
         return []
-    done = {ev.job_id: ev.reason for ev in ending}
+    done = _Ends(state, {ev.job_id: ev.reason for ev in ending})
     out: list[e.AnyEvent] = []
     while ending:
-        ev = ending.pop(0)
+        ev = ending.popleft()
         job = state.jobs.get(ev.job_id)
         keys = {ev.job_id} | ({job.spec.array_job_id} if job and job.spec.array_job_id else set())
         for child_id in sorted({d for k in keys for d in state.dependents().get(k, ())}):
             child = state.jobs.get(child_id)
-            if child is None or child_id in done or not child.active:
+            if child is None or child_id in done.reasons or not child.active:
                 continue
             hit = next(
                 (
                     (t, named)
                     for t in child.spec.dependency
                     for named in sorted(keys & set(t.job_ids))
-                    if _never_now(state, t.kind, named, done)
+                    if done.never_now(t.kind, named)
                 ),
                 None,
             )
@@ -320,19 +327,81 @@ def dependents_ended(state: State, events: list[e.AnyEvent], kw: Envelope) -> li
                 reason="dependency_never_satisfied",
                 note=note,
             )
-            done[child_id] = end.reason
+            done.add(child_id, end.reason)
             out.append(end)
             ending.append(end)
     return out
 
 
-def _never_now(state: State, kind: e.DependencyKind, named: int, done: Mapping[int, str]) -> bool:
-    """Pure: whether `kind:named` can no longer hold once the jobs of `done` (job id -> how it
-    ends, in the events being appended; `state` is before them) have ended."""
-    members = {named} | state.array_tasks(named)
-    live = [j for j in active_ids(state, named) if j not in done]
-    ends = ends_of(state, named) + [why for jid, why in done.items() if jid in members]
-    return never_met(kind, ends, bool(live))
+@dataclass
+class _Named:
+    """How the members of a job or array a dependency names stand: `members` ({it} and its
+    unfinished tasks), `active` (those unfinished), and counts over the kept ends and the ends
+    being appended."""
+
+    members: set[int]
+    active: set[int]
+    ended: int
+    completed: int
+    live: int
+
+
+class _Ends:
+    """The ends a dependency is judged on while `dependents_ended` runs: the state's kept ends
+    (walked once, at the first need, into an index by array) and the ends being appended
+    (`reasons`: job id -> how it ends; `state` is before them), counted per job or array named.
+    A job's end with 10,000 pending dependents walked 20,000 kept ends once for each: 49 s."""
+
+    def __init__(self, state: State, reasons: dict[int, str]) -> None:
+        self.state = state
+        self.reasons = reasons
+        self._tasks_ended: dict[int, list[str]] | None = None
+        self._named: dict[int, _Named] = {}
+
+    def _kept(self, named: int) -> list[str]:
+        """`ends_of(state, named)` from one walk of the kept ends for every `named`."""
+        if self._tasks_ended is None:
+            index: dict[int, list[str]] = {}
+            for jid, (why, _at, array) in self.state.ends.items():
+                if array is not None and array != jid:
+                    index.setdefault(array, []).append(why)
+            self._tasks_ended = index
+        got = self.state.ends.get(named)
+        return ([got[0]] if got is not None else []) + self._tasks_ended.get(named, [])
+
+    def _of(self, named: int) -> _Named:
+        hit = self._named.get(named)
+        if hit is None:
+            members = {named} | self.state.array_tasks(named)
+            active = set(active_ids(self.state, named))
+            reasons = self.reasons
+            if len(members) <= len(reasons):
+                appended = [reasons[j] for j in members if j in reasons]
+            else:
+                appended = [why for j, why in reasons.items() if j in members]
+            ends = self._kept(named) + appended
+            completed = sum(why == "completed" for why in ends)
+            live = sum(j not in reasons for j in active)
+            hit = self._named[named] = _Named(members, active, len(ends), completed, live)
+        return hit
+
+    def never_now(self, kind: e.DependencyKind, named: int) -> bool:
+        """Whether `kind:named` can no longer hold once the ends so far are appended."""
+        n = self._of(named)
+        return never_met_counted(kind, n.ended, n.completed, n.live > 0)
+
+    def add(self, job_id: int, why: str) -> None:
+        """The job `job_id` ends too (it had not, in `reasons`), for `why`."""
+        self.reasons[job_id] = why
+        job = self.state.jobs.get(job_id)
+        array = job.spec.array_job_id if job is not None else None
+        for named in (job_id,) if array is None or array == job_id else (job_id, array):
+            n = self._named.get(named)
+            if n is None or job_id not in n.members:
+                continue
+            n.ended += 1
+            n.completed += why == "completed"
+            n.live -= job_id in n.active
 
 
 # --- who may run now ------------------------------------------------------------------------
