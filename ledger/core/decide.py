@@ -137,6 +137,7 @@ def _open_account(state: State, cmd: c.OpenAccount, s: _Stamp) -> list[e.AnyEven
     existing = state.accounts.get(path)
     if not (existing is None or not existing.open):
         raise InvalidTransition(f"account {path!r} is already open", account=path)
+    _room_below(state, cmd.actor, path)
     parent_kind = state.open_account(parent).kind if parent is not None else None
     allowed = _PARENT_KINDS[cmd.kind]
     if parent_kind not in allowed:
@@ -190,6 +191,20 @@ def _project(state: State, path: str) -> Account:
 
 
 MAX_MEMBERS = 2_000  # a manager's most in a project; each costs every cycle (atk44-25 F13)
+MAX_BELOW = 10_000  # a manager's most open accounts below one they manage, members' included
+
+
+def _room_below(state: State, actor: str, path: str) -> None:
+    """A manager (an admin may go past) opens no account at `path` where one they manage above
+    it has MAX_BELOW open accounts below it: the bound on members is per project, and a manager
+    opens projects at will (atk44w F3)."""
+    for root in () if state.is_admin(actor) else sorted(state.managers.get(actor, ())):
+        if path.startswith(root + "/") and (n := state.open_below(root)) >= MAX_BELOW:
+            raise InvalidTransition(
+                f"{root!r} has {n:,} open accounts below it, the most a manager may keep below "
+                f"one account ({MAX_BELOW:,})", hint="close unused ones, or ask an admin",
+                actor=actor, account=root,
+            )  # fmt: skip
 
 
 def _add_member(state: State, cmd: c.AddMember, s: _Stamp) -> list[e.AnyEvent]:
@@ -212,6 +227,7 @@ def _add_member(state: State, cmd: c.AddMember, s: _Stamp) -> list[e.AnyEvent]:
             hint="rename the account or the user",
         )
     if existing is None or not existing.open:
+        _room_below(state, cmd.actor, leaf)
         out.append(e.AccountOpened(**s.kw(), path=leaf, parent=cmd.project, kind="user"))
         out.append(e.SharesSet(**s.kw(), account=leaf, shares=cmd.shares, reason="member added"))
     return out

@@ -20,6 +20,7 @@ from ledger.core.state import (
     State,
     StoppedRun,
     Token,
+    ancestors,
     held_bytes,
 )
 from schemas import events as e
@@ -82,12 +83,15 @@ def evolve(state: State, event: e.AnyEvent) -> State:
         case e.AdminRevoked():
             state.admins.discard(event.user)
         case e.AccountOpened():
+            was = state.accounts.get(event.path)
             state.accounts[event.path] = Account(
                 path=event.path, parent=event.parent, kind=event.kind
             )
+            _below(state, event.path, 0 if was is not None and was.open else 1)
         case e.AccountClosed():
             acct = state.accounts[event.path]
             state.accounts[event.path] = msgspec.structs.replace(acct, open=False)
+            _below(state, event.path, -1 if acct.open else 0)
         case e.SharesSet():
             acct = state.accounts[event.account]
             state.accounts[event.account] = msgspec.structs.replace(acct, shares=event.shares)
@@ -220,6 +224,14 @@ def evolve(state: State, event: e.AnyEvent) -> State:
         case e.UtilisationSampled() | e.CycleDecided() | e.JobEngineEnded():
             pass
     return state
+
+
+def _below(state: State, path: str, change: int) -> None:
+    """Keep the count of open accounts below each account (when built) as one opens or closes."""
+    index = state._open_below
+    if index is not None and change:
+        for above in ancestors(path):
+            index[above] = index.get(above, 0) + change
 
 
 def _indexed(state: State, spec: e.JobSubmitted, *, add: bool) -> None:

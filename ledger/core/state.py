@@ -182,6 +182,7 @@ class State:
     node's entry whenever one of its GPUs is taken or given back, and every entry on a node
     event."""
     _bytes_by_user: dict[str, int] | None = field(default=None, compare=False, repr=False)
+    _open_below: dict[str, int] | None = field(default=None, compare=False, repr=False)
 
     @property
     def policy(self) -> AnyPolicyConfig | None:
@@ -313,6 +314,18 @@ class State:
             self._bytes_by_user = index
         return self._bytes_by_user.get(user, 0)
 
+    def open_below(self, path: str) -> int:
+        """How many open accounts sit below the account `path` (at any depth). Built from the
+        accounts on first use, then kept by `evolve`."""
+        if self._open_below is None:
+            index: dict[str, int] = {}
+            for acct in self.accounts.values():
+                if acct.open:
+                    for above in ancestors(acct.path):
+                        index[above] = index.get(above, 0) + 1
+            self._open_below = index
+        return self._open_below.get(path, 0)
+
     def array_tasks(self, array_job_id: int) -> set[int]:
         """The unfinished tasks of the job array `array_job_id` (empty for a job that is no
         array). Built from the live jobs on first use, then kept by `evolve`."""
@@ -391,3 +404,9 @@ NODE_ACTOR = "@node:"
 """A node token acts as `@node:NAME`: it reports starts, exits and samples of jobs on NAME only."""
 JOB_ACTOR = "@job:"
 """A job token acts as `@job:ID`: it reports checkpoints of job ID only."""
+
+
+def ancestors(path: str) -> list[str]:
+    """Pure: the accounts above the account `path`, nearest last (`a/b/c`: `a`, `a/b`)."""
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
