@@ -516,8 +516,6 @@ def _leadership(
         scheme = "https" if config.tls_cert else "http"
         address = f"{scheme}://{config.listen}" if config.listen else f"unix:{ledger.home}"
     holder = f"{socket.gethostname()}:{os.getpid()}:{ledger.ids()[:8]}"
-    log.info("store %s: leading once the lease is free (lease %gs)", redacted(ledger.dsn),
-             config.lease.seconds)  # fmt: skip
     since = since if config.new_settings else None
     if config.new_settings and since is None:
         log.warning("--new-settings: the store records this server's settings already; the "
@@ -526,7 +524,9 @@ def _leadership(
                              admission=mine.admission)  # fmt: skip
     if others := address_taken(mine_lease):  # two servers at one URL (atk45ha L2)
         raise InvalidCommand(same_address_words(address, others),
-                             hint="give this server its own --advertise (docs/ha.md)")  # fmt: skip
+                             hint="see docs/ha.md, 'One address per server'")  # fmt: skip
+    log.info("store %s: leading once the lease is free (lease %gs)", redacted(ledger.dsn),
+             config.lease.seconds)  # fmt: skip
     return Leadership(mine_lease), slurm, abandoned
 
 
