@@ -114,7 +114,19 @@ class Health(msgspec.Struct, frozen=True, kw_only=True):
     store: str = "sqlite"
     """"sqlite" or "postgresql"."""
     store_error: str | None = None
-    """Why the store does not answer, when it does not (writes are refused meanwhile)."""
+    """Why the store does not answer, when it does not (writes are refused meanwhile); on a
+    server of several, also a lease statement that failed less than one lease ago, or has had
+    no answer for a third of the lease (a link that drops packets: docs/ha.md)."""
+    lease_read_s_ago: float | None = None
+    """Seconds since this server last read the lease row: the lease fields are as of then
+    (None: a single server, or never read)."""
+    stale_s: float | None = None
+    """How old the log this standby answers reads from is, when older than one lease (its
+    reads of the store fail): its read answers say so too (`X-Gpuledger-Stale`). None: fresh,
+    a leader, or a single server."""
+    address_error: str | None = None
+    """Another server reports at this server's address (two servers advertising one URL):
+    this server takes no lease while it does (docs/ha.md). None: it is alone there."""
     settings_error: str | None = None
     """Why this server takes no lease: its settings (lease, node-lost timeout, fence, executor,
     policy) are not the ones its store records (docs/ha.md); None: they are, or one server."""

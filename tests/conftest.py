@@ -39,6 +39,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
     for name in [n for n in os.environ if re.match(SECRET_NAMES, n)]:
         del os.environ[name]
+    # the CLI keeps the position of its last write under XDG_STATE_HOME (ledger.wire.written):
+    # the suite's own, not the caller's home
+    import atexit
+    import shutil
+    import tempfile
+
+    state = tempfile.mkdtemp(prefix="gpuledger-test-state-")
+    os.environ["XDG_STATE_HOME"] = state
+    atexit.register(shutil.rmtree, state, True)
 
 
 SLURM_FILES = "test_slurm"

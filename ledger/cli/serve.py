@@ -418,6 +418,8 @@ def status(ctx: Ctx, as_json: bool) -> None:
         click.echo(f"  role          {h.role}, epoch {h.epoch}, leader {leader}")
         if h.settings_error:
             click.echo(f"  settings      this server will not lead: {h.settings_error}")
+        if h.address_error:
+            click.echo(f"  address       this server will not lead: {h.address_error}")
         if h.older_servers:
             click.echo(f"  older         refused the lease (an earlier version): {h.older_servers};"
                        " upgrade them (docs/ha.md)")  # fmt: skip
@@ -444,8 +446,16 @@ def _lease_line(h: Health) -> str:
     if left is None or not h.lease_s:
         return ""
     renewed = "" if ago is None else f", renewed {ago:.1f} s ago"
-    if h.store_error:  # nobody can lead meanwhile (atk33-28 F6, F10)
+    # this server's own link failing lately (`store_seen.store_trouble`), not the store away:
+    # its view of the row is as old as its last read, never the leader's fault (atk45ha F3)
+    lately = (h.store_error or "").startswith("a lease statement ")
+    if h.store_error and not lately:  # nobody can lead meanwhile (atk33-28 F6, F10)
         return f"{h.lease_s:g} s{renewed}: nobody leads until the store answers and commits"
+    read = h.lease_read_s_ago
+    if read is not None and read > h.lease_s / 3 + 1.0:
+        return (f"{h.lease_s:g} s{renewed} as this server last read it, {read:.1f} s ago: its "
+                "own link to the store fails (the `store` line); the leader's renewals are not "
+                "seen from here")  # fmt: skip
     if left < 0:
         then = ("a standby takes it at its next try" if not h.no_taker else
                 f"no server takes it: {h.no_taker}; start one with the recorded settings "

@@ -41,6 +41,7 @@ from ledger.server.commands import CommandPath
 from ledger.server.front import Front
 from ledger.server.ha import POSITION_HEADER
 from ledger.server.readpool import ReadPool, limits_from_env
+from ledger.server.store_seen import stale_s
 from ledger.server.worker import Worker
 from ledger.store.requests import valid_key
 from schemas import api
@@ -456,6 +457,8 @@ def _roles(worker: Worker, head: int) -> dict[str, Any]:
     if ha is None:
         return {"store": store, "store_error": worker.follow_error}
     expires_in, renewed_ago = ha.lease_times()
+    stale = stale_s(time.monotonic(), worker.read_at, ha.acting(), ha.lease.lease_s)
+    stale = None if stale is None else round(stale, 1)
     return {
         "role": ha.role,
         "leader": ha.leader_address(),
@@ -464,8 +467,11 @@ def _roles(worker: Worker, head: int) -> dict[str, Any]:
         "lease_expires_in_s": None if expires_in is None else round(expires_in, 3),
         "lease_renewed_s_ago": None if renewed_ago is None else round(renewed_ago, 3),
         "store": store,
-        "store_error": ha.unreachable or worker.follow_error,
+        "store_error": ha.store_error() or worker.follow_error,
+        "lease_read_s_ago": None if (read := ha.lease_read_s_ago()) is None else round(read, 3),
+        "stale_s": stale,
         "settings_error": ha.refused,
+        "address_error": ha.same_address,
         "no_taker": ha.no_taker(),
         "older_servers": ha.older,
         "servers": ha.servers(head),

@@ -29,24 +29,35 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import http.client
 import logging
 import math
-import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import msgspec
 
-from ledger.server.peers import REFUSED_ROLE, no_taker, older_words, server_states
+from ledger.server.ha_wire import (
+    ROLE_HEADER,
+    abandon,
+    body_within,
+    connection,
+    exchange,
+    not_authenticated,
+)
+from ledger.server.peers import (
+    REFUSED_ROLE,
+    no_taker,
+    older_words,
+    others_at,
+    same_address_words,
+    server_states,
+)
+from ledger.server.store_seen import STALE_HEADER, stale_s, store_trouble
 from ledger.store.lease import Holder, Lease, Member, NotCommitting, dead_here
 from schemas import api
-from schemas.errors import TooLarge
 
 log = logging.getLogger("gpuledger.ha")
 
@@ -57,7 +68,6 @@ Send = Callable[[Any], Awaitable[None]]
 POSITION_HEADER = "x-gpuledger-position"
 MIN_POSITION_HEADER = "x-gpuledger-min-position"
 LEADER_HEADER = "x-gpuledger-leader"
-ROLE_HEADER = "x-gpuledger-role"
 HOP_HEADER = "x-gpuledger-forwarded"
 """Set on a write a standby forwards: a server that does not lead refuses it rather than
 forwarding it again (two standbys that each name the other never bounce a write around)."""
@@ -139,6 +149,9 @@ class Leadership:
     `Lease.refusal`), when it does not (log, health, status)."""
     older: str | None = None
     """Servers of an earlier version refused the lease lately (`Lease.refused_older`)."""
+    same_address: str | None = None
+    """Why another server at this server's address is a fault, while one reports there
+    (`peers.others_at`): this server takes no lease meanwhile (health `address_error`)."""
     _older_at: frozenset[str] = frozenset()
     """Their addresses."""
     changed: threading.Event = field(default_factory=threading.Event)
@@ -156,6 +169,10 @@ class Leadership:
     """This server handed a lease back because its worker did not look at the role: it takes
     none again before the worker has (0: it takes one whenever it is free)."""
     _uncommitted: str | None = None
+    _erred: tuple[float, str] | None = None
+    """The last lease statement that failed (monotonic time, why): said for a lease after it."""
+    _asking_since: float | None = None
+    """monotonic time the lease statements under way were begun (None: none under way)."""
     """Why the store commits none of this server's writes (`NotCommitting`), until one does."""
     _leader_read_at: float = 0.0
     reported_at: float = 0.0
@@ -306,6 +323,7 @@ class Leadership:
         held = self.lease.may_act()
         if self._held_back_at and self.turned_at > self._held_back_at:
             self._held_back_at = 0.0
+        self._asking_since = time.monotonic()
         try:
             if held and self._unready():
                 # renewing a lease nobody here acts on locks every server out (after an outage
@@ -321,7 +339,7 @@ class Leadership:
                           self.lease.epoch, why)  # fmt: skip
                 self._took_at, self._held_back_at = 0.0, time.monotonic()
                 held = False
-                self.lease.release()
+                self.lease.release(clean=False)  # its worker may be in an sbatch
                 self._changed()
             elif held:
                 if not self.lease.renew():
@@ -329,7 +347,7 @@ class Leadership:
                     self._changed()
                 else:
                     self._uncommitted = None
-            elif not self._held_back_at and self.lease.acquire():
+            elif not self._held_back_at and self.same_address is None and self.lease.acquire():
                 self._took_at = time.monotonic()
                 self._uncommitted = None
                 log.info("took the lease: leading at epoch %d", self.lease.epoch)
@@ -347,12 +365,23 @@ class Leadership:
                 self._uncommitted = why
             if self.unreachable is None:
                 log.error("the store does not answer the lease: %s", why)
-            self.unreachable = why
+            self.unreachable, self._erred = why, (time.monotonic(), why)
+        self._asking_since = None
         if held and not self.lease.may_act():
             log.error("the lease ran out (epoch %d): stepping down", self.lease.epoch)
             self._changed()
         elif self.leading and not self.lease.may_act():
             self._changed()  # the worker has not stepped down yet
+
+    def store_error(self) -> str | None:
+        """Health's `store_error` (`store_seen.store_trouble`): any failed lease statement for a
+        lease after it, and one unanswered for a third of the lease (atk45ha F3)."""
+        return store_trouble(time.monotonic(), self.unreachable, self._erred,
+                             self._asking_since, self.lease.lease_s)  # fmt: skip
+
+    def lease_read_s_ago(self) -> float | None:
+        """Seconds since this server last read the lease row (None: never)."""
+        return time.monotonic() - self._leader_read_at if self._leader_read_at else None
 
     def _refusal(self, held: bool) -> None:
         """Say once (log, health) why this server takes no lease: its settings are not the
@@ -379,6 +408,11 @@ class Leadership:
             self._reporting = False
         self._uncommitted = None
         self.members = self.lease.members()
+        clash = others_at(self.members, self.lease.address, self.lease.holder, api.SILENT_S)
+        same = same_address_words(self.lease.address, clash) if clash else None
+        if same is not None and same != self.same_address:
+            log.error("%s; this server takes no lease meanwhile", same)
+        self.same_address = same
         self._older_at, older = older_words(self.lease.refused_older(), self.members, api.SILENT_S)
         if older != self.older and older is not None:
             log.warning("the store refuses the lease to servers of an earlier version: %s "
@@ -404,6 +438,19 @@ class Leadership:
         return server_states(self.members, self.leader_address(), head)
 
 
+def address_taken(mine: Lease) -> list[str]:
+    """The live servers that report at `mine`'s address (`peers.others_at`): a predecessor of
+    this host that is gone retires (`Lease.retire`), and one elsewhere has `SILENT_S` to go
+    silent (a restart on another host of a server killed there)."""
+    mine.retire(dead_here)
+    until = time.monotonic() + api.SILENT_S + 1.0
+    while others := others_at(mine.members(), mine.address, mine.holder, api.SILENT_S):
+        if time.monotonic() > until:
+            return others
+        time.sleep(1.0)
+    return []
+
+
 def may_keep(since_report_s: float, timing: KeepTiming) -> bool:
     """Pure: may a server whose store is away keep node leases `since_report_s` after its last
     report to the store? From `timing.delay_s` (every leader sees it silent by then) until
@@ -427,8 +474,11 @@ class HAFront:
         position: Callable[[], int],
         keep_node: Callable[[str, str], bool] = lambda node, authorization: False,
         valid: Callable[[str], bool] = lambda authorization: True,
+        read_at: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self.app = app
+        self.read_at = read_at
+        """monotonic time of this server's last read of the log that answered (`stale_s`)."""
         self.ha = ha
         self.position = position
         self.keep_node = keep_node
@@ -473,7 +523,7 @@ class HAFront:
         )
         if leader and leader != self.ha.lease.address and forwardable:
             if not await self._known(headers["authorization"]):
-                await _not_authenticated(send, self.ha.role)
+                await not_authenticated(send, self.ha.role)
                 return
             await self._forward(leader, scope, receive, send, headers)
             return
@@ -493,11 +543,20 @@ class HAFront:
                 if not any(k.lower() == POSITION_HEADER.encode() for k, _ in headers):
                     # a read of the projection says its own position (ledger.server.pooled)
                     headers.append((POSITION_HEADER.encode(), str(self.position()).encode()))
+                more = self._node_lease() if agent else self._stale()
                 message["headers"] = [*headers, (ROLE_HEADER.encode(), self.ha.role.encode()),
-                                      *(self._node_lease() if agent else [])]  # fmt: skip
+                                      *more]  # fmt: skip
             await send(message)
 
         return stamped
+
+    def _stale(self) -> list[tuple[bytes, bytes]]:
+        """`STALE_HEADER` when this server's last read of the log is older than one lease."""
+        read = self.read_at()
+        if not read:
+            return []
+        age = stale_s(time.monotonic(), read, self.ha.acting(), self.ha.lease.lease_s)
+        return [] if age is None else [(STALE_HEADER.encode(), f"{age:.1f}".encode())]
 
     def _node_lease(self) -> list[tuple[bytes, bytes]]:
         node = self.ha.lease.node  # `NODE_LEASE_HEADER` (none: no node settings)
@@ -617,7 +676,7 @@ class HAFront:
         there by its key; a write without one is refused in one line, its fate unknown). A
         cancel through a standby waited 10 s on a frozen leader, then the CLI its own 10 s
         (atk37-28 F5)."""
-        body = await _body_within(receive, scope["path"], send, self.ha.role)
+        body = await body_within(receive, scope["path"], send, self.ha.role)
         if body is None:
             return
         query = scope["query_string"].decode()
@@ -627,14 +686,14 @@ class HAFront:
             from concurrent.futures import ThreadPoolExecutor
 
             self._pool = ThreadPoolExecutor(FORWARD_THREADS, thread_name_prefix="gpuledger-fwd")
-        conn = _connection(leader)
+        conn = connection(leader)
         call = asyncio.get_running_loop().run_in_executor(
-            self._pool, _exchange, conn, scope["method"], path, body, sent
+            self._pool, exchange, conn, scope["method"], path, body, sent
         )
         while not call.done() and self.ha.leader_address() == leader and not self.ha.acting():
             await asyncio.wait({call}, timeout=0.05)
         if not call.done():  # another leads, or nobody: the leader never answered
-            _abandon(conn)
+            abandon(conn)
             call.add_done_callback(lambda c: c.exception())  # its error is expected
             await self._after_forward(leader, scope, body, send, headers)
             return
@@ -688,104 +747,5 @@ class HAFront:
         await self._refuse(send, f"the leader {gone} did not answer and leads no more")
 
 
-async def _body_within(receive: Receive, path: str, send: Send, role: str) -> bytes | None:
-    """A forwarded write's body, at most `commands.MAX_BODY` bytes (collected in one buffer),
-    or None: the client went away, or it was over the limit and answered 413 in one line, as
-    the leader answers it (the rest is not read). Collected by `body +=` with no bound, one
-    user's 1 GB body grew a standby by ~1 GB and slowed everyone's writes through it ~40x
-    (atk38-25 F1)."""
-    from ledger.server.commands import MAX_BODY
-
-    body, more = bytearray(), True
-    while more:
-        message = await receive()
-        if message["type"] != "http.request":
-            return None
-        body += message.get("body", b"")
-        more = message.get("more_body", False)
-        if len(body) > MAX_BODY:
-            err = TooLarge(
-                f"the body of POST {path} is over {MAX_BODY // (1024 * 1024)} MiB",
-                hint="send less at once (docs/server.md, request bodies)",
-            )
-            problem = msgspec.json.encode(
-                api.Problem(title=err.code, status=413, detail=err.line(), code=err.code,
-                            message=err.message, hint=err.hint)
-            )  # fmt: skip
-            headers = [
-                (b"content-type", b"application/problem+json"),
-                (b"content-length", str(len(problem)).encode()),
-                (ROLE_HEADER.encode(), role.encode()),
-                (b"connection", b"close"),
-            ]
-            await send({"type": "http.response.start", "status": 413, "headers": headers})
-            await send({"type": "http.response.body", "body": problem})
-            return None
-    return bytes(body)
-
-
-async def _not_authenticated(send: Send, role: str) -> None:
-    """The 401 the leader would give a write without a valid token (`identity.from_bearer`'s
-    words), answered by a standby itself."""
-    from ledger.server.identity import denied
-
-    err = denied()
-    body = msgspec.json.encode(
-        api.Problem(title=err.code, status=401, detail=err.line(), code=err.code,
-                    message=err.message, hint=err.hint)
-    )  # fmt: skip
-    headers = [
-        (b"content-type", b"application/problem+json"),
-        (b"content-length", str(len(body)).encode()),
-        (b"www-authenticate", b"Bearer"),
-        (ROLE_HEADER.encode(), role.encode()),
-    ]
-    await send({"type": "http.response.start", "status": 401, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
 class _NodeOnly(msgspec.Struct):
     node: str = ""
-
-
-FORWARD_TIMEOUT_S = 30.0
-"""The longest a standby waits for the leader's answer to a forwarded write while it still
-names that leader (a leader that slow for so long is stuck, whatever its lease says)."""
-
-
-def _connection(url: str) -> http.client.HTTPConnection:
-    """A connection to the leader at `url` (http or https), not yet opened."""
-    parts = urlsplit(url)
-    if parts.scheme == "https":
-        import ssl
-
-        ctx = ssl.create_default_context()
-        return http.client.HTTPSConnection(
-            parts.hostname or "", parts.port or 443, timeout=FORWARD_TIMEOUT_S, context=ctx
-        )
-    return http.client.HTTPConnection(
-        parts.hostname or "", parts.port or 80, timeout=FORWARD_TIMEOUT_S
-    )
-
-
-def _exchange(
-    conn: http.client.HTTPConnection, method: str, path: str, body: bytes, headers: dict[str, str]
-) -> tuple[int, bytes, str]:
-    """One request on `conn`; (status, body, content type). Blocks: run in a thread."""
-    try:
-        conn.request(method, path, body=body, headers=headers)
-        resp = conn.getresponse()
-        return resp.status, resp.read(), resp.getheader("content-type") or "application/json"
-    except http.client.HTTPException as err:
-        raise OSError(str(err)) from err
-    finally:
-        conn.close()
-
-
-def _abandon(conn: http.client.HTTPConnection) -> None:
-    """End a forward's wait at once (its thread's read fails): the thread is not held for the
-    rest of `FORWARD_TIMEOUT_S` by a leader that will never answer."""
-    sock = conn.sock
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.shutdown(socket.SHUT_RDWR)

@@ -80,3 +80,19 @@ def server_states(members: list[Member], leader: str, head: int) -> list[api.Ser
         )
         for m in members
     ]
+
+
+def others_at(members: Sequence[Member], address: str, holder: str, silent_s: float) -> list[str]:
+    """Pure: the other servers (holders) that reported within `silent_s` at `address`, this
+    server's own (`holder`): two servers advertising one URL (atk45ha L2). Clients and agents
+    reach one of them at random, a standby forwards writes to "the leader" that may be the
+    other, and `status` shows one row for both; nothing said so before."""
+    live = [m for m in members if m.seen_s_ago <= silent_s]
+    return sorted(m.holder for m in live if m.address == address and m.holder != holder)
+
+
+def same_address_words(address: str, holders: Sequence[str]) -> str:
+    """Pure: why two servers at one address is refused, in one line."""
+    return (f"another server reports at this server's address {address} ({', '.join(holders)}): "
+            "each server needs its own --advertise (the URL the clients, the agents and the "
+            "other servers reach it at)")  # fmt: skip

@@ -50,7 +50,8 @@ from ledger.engines.supervised import SupervisedExecutor, handled_jobs
 from ledger.server import identity, whatifs
 from ledger.server.app import create_asgi
 from ledger.server.connections import Limits, fit_files, limits_from_env
-from ledger.server.ha import HAFront, Leadership
+from ledger.server.ha import HAFront, Leadership, address_taken
+from ledger.server.peers import same_address_words
 from ledger.server.protocol import protocol_for
 from ledger.server.worker import Worker
 from ledger.store import lease, locate
@@ -145,6 +146,7 @@ def make_executor(
     keep_delay_s: float = 0.0,
     cluster: Mapping[str, object] | None = None,
     abandoned: Set[tuple[int, int]] = frozenset(),
+    handed_over: bool = False,
 ) -> Executor:
     """The executor `config` names, the only place one is made for the service. Slurm's is
     checked first (the partition exists and Slurm will neither reorder nor preempt on it; one
@@ -157,7 +159,8 @@ def make_executor(
     (`KeepTiming.delay_s`), told to each agent that registers; `cluster`: the Slurm cluster the
     store records (`cluster.identity`; None: the first one Slurm's executor reads), which it
     checks whenever slurmctld answers after being away; `abandoned`: the runs (job, run)
-    `--abandon-runs` left on the recorded cluster, recorded lost at its takeover."""
+    `--abandon-runs` left on the recorded cluster, recorded lost at its takeover;
+    `handed_over`: the lease was taken after a clean stop (`Lease.handed_over`)."""
     home = ledger.home
     if config.executor == "slurm":
         from ledger.engines.slurm import open_executor
@@ -173,6 +176,7 @@ def make_executor(
             config.node_fence.seconds,
             cluster,
             abandoned,
+            handed_over,
         )
     if config.executor == "agents":
         from ledger.engines.agents import AgentExecutor
@@ -335,7 +339,7 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         # behind the connections' front (each request's caller claims its connection, one
         # without a valid token is metered), forwarding only writes of tokens it knows
         front.app = HAFront(front.app, ha, lambda: ledger.position, _keep_node(service),
-                            _valid_token(ledger))  # fmt: skip
+                            _valid_token(ledger), lambda: worker.read_at)  # fmt: skip
     # a statement is tried again after a connection error only while the server goes on (and a
     # leader's lease runs: a fenced append past it is refused anyway)
     ledger.give_up_when(lambda: not worker.accepting or (
@@ -512,14 +516,17 @@ def _leadership(
         scheme = "https" if config.tls_cert else "http"
         address = f"{scheme}://{config.listen}" if config.listen else f"unix:{ledger.home}"
     holder = f"{socket.gethostname()}:{os.getpid()}:{ledger.ids()[:8]}"
-    log.info("store %s: leading once the lease is free (lease %gs)", redacted(ledger.dsn),
-             config.lease.seconds)  # fmt: skip
     since = since if config.new_settings else None
     if config.new_settings and since is None:
         log.warning("--new-settings: the store records this server's settings already; the "
                     "flag changes nothing (start it without the flag)")  # fmt: skip
     mine_lease = lease.Lease(ledger.dsn, holder, address, mine.lease_s, mine.node, mine.work, since,
                              admission=mine.admission)  # fmt: skip
+    if others := address_taken(mine_lease):  # two servers at one URL (atk45ha L2)
+        raise InvalidCommand(same_address_words(address, others),
+                             hint="see docs/ha.md, 'One address per server'")  # fmt: skip
+    log.info("store %s: leading once the lease is free (lease %gs)", redacted(ledger.dsn),
+             config.lease.seconds)  # fmt: skip
     return Leadership(mine_lease), slurm, abandoned
 
 
@@ -600,6 +607,7 @@ def _roles(
                 ha.timing.delay_s,
                 cluster,
                 abandoned,
+                ha.lease.handed_over,
             ),
             epoch=ha.lease.epoch,
             may_act=ha.lease.may_act,

@@ -103,6 +103,9 @@ class Worker:
     """How often a standby folds what the log gained."""
     follow_error: str | None = None
     """Why the last follow failed (the store is away), for health; None once it works."""
+    read_at: float = 0.0
+    """monotonic time of the last read of the log that answered (a standby's follow, a leader's
+    cycle): a standby's reads say how old it is past one lease (`store_seen.stale_s`)."""
     _epoch: int = 0
     """The lease epoch this server last took up the leader's work at."""
     _early_at: float = float("-inf")
@@ -454,6 +457,7 @@ class Worker:
             self._next_cycle = time.monotonic() + self.tick_s
             return
         self.follow_error = None  # the store answers (a standby that now leads said otherwise)
+        self.read_at = time.monotonic()
         self._next_cycle = time.monotonic() + wait_time(result, self.tick_s, clock.now())
 
     def _follow(self) -> None:
@@ -474,7 +478,7 @@ class Worker:
             return
         if self.follow_error is not None:
             log.warning("following the log again at position %d", self.service.ledger.position)
-        self.follow_error = None
+        self.follow_error, self.read_at = None, time.monotonic()
 
 
 def _resolve_all(done: list[tuple[_Task, Any]]) -> None:

@@ -392,13 +392,19 @@ _TAKE = (
     "work = COALESCE(%(work)s::text, work), admission = COALESCE(%(admission)s::text, admission), "
     "admission_epoch = CASE WHEN %(admission)s::text IS NOT NULL OR admission_epoch = epoch "
     "THEN epoch + 1 ELSE admission_epoch END "
+    f"FROM (SELECT expires_at AS was_until, stamp AS was_stamp FROM {LEADER_TABLE} "
+    "WHERE id = 1) AS was "
     "WHERE id = 1 AND (expires_at < now() OR holder = %(holder)s) "
     f"AND ({_AGREES} OR settings_at IS NULL AND %(since)s::timestamptz IS NOT NULL "
-    "OR settings_at < %(since)s::timestamptz) RETURNING epoch"
+    "OR settings_at < %(since)s::timestamptz) "
+    "RETURNING epoch, was.was_until = '-infinity' AND was.was_stamp + 1 = stamp"
 )
 """Take the lease (`Lease.acquire`). A node lease granted by the old settings runs at most
 their node-lost timeout + fence after the last renewal, which came before this take: until
-`held_until` (the latest of every such change)."""
+`held_until` (the latest of every such change). Its second column: the lease taken was
+released by a clean stop (`Lease.release`: '-infinity'), as the row was when this take read
+it and still is (the stamp it read is the one it raised: no take or renewal between; a
+release between is not seen, and counts as not clean)."""
 
 
 def leading_now(dsn: str) -> str | None:
@@ -442,6 +448,9 @@ class Lease:
         settings the row recorded before then are replaced by this server's when it takes the
         lease. None: it takes the lease only while the row records its own settings."""
         self.epoch = 0
+        self.handed_over = False
+        """The last take followed a clean stop of the last holder (`release`): nothing of its
+        was in flight (its worker had finished its cycle: no `sbatch` may still land)."""
         self.deadline = 0.0
         """monotonic time until which this server may act as leader (0: it is not leader)."""
         self._con: Any = None
@@ -526,6 +535,7 @@ class Lease:
         if not rows:
             return False
         self.epoch = int(rows[0][0])
+        self.handed_over = bool(rows[0][1])
         self.deadline = sent + self.lease_s * (1 - MARGIN)
         return True
 
@@ -545,11 +555,14 @@ class Lease:
         self.deadline = sent + self.lease_s * (1 - MARGIN)
         return True
 
-    def release(self) -> None:
-        """A clean stop: let a standby take over at once."""
+    def release(self, clean: bool = True) -> None:
+        """Let a standby take over at once: a `clean` stop ('-infinity': its worker has
+        finished, nothing of its is in flight, so the next take is `handed_over`), or a lease
+        handed over by a server whose worker is busy (expired now: it may be in an `sbatch`)."""
         if self.epoch and self.may_act():
+            until = "'-infinity'" if clean else "now()"
             self._run(
-                f"UPDATE {LEADER_TABLE} SET expires_at = '-infinity' "
+                f"UPDATE {LEADER_TABLE} SET expires_at = {until} "
                 "WHERE id = 1 AND holder = %s AND epoch = %s RETURNING 1",
                 (self.holder, self.epoch),
             )

@@ -30,6 +30,7 @@ import msgspec
 
 from ledger.store.appended import Appended
 from ledger.wire import SOCKET_NAME
+from ledger.wire.written import last_written, remember, stale_line, written_file
 from schemas import api
 from schemas.bounds import check_command
 from schemas.commands import AnyCommand
@@ -163,6 +164,11 @@ class Client:
         self._servers = [_Server(u, timeout) for u in urls]
         self._at = 0
         self.url = urls[0]
+        self._stale_said = False
+        self.written = written_file(urls) if len(urls) > 1 else None
+        """Where the position of this user's last write through this list of servers is kept
+        (`ledger.wire.written`): a read asks for at least it in the next command too."""
+        self.position = last_written(self.written)
 
     @property
     def _server(self) -> _Server:
@@ -255,6 +261,9 @@ class Client:
             self.url = server.url
             if status >= 400:
                 raise _error(status, data)
+            if server.stale_s is not None and not self._stale_said:  # one line a command
+                self._stale_said = True
+                sys.stderr.write(stale_line(server.url, server.stale_s))
             return data
 
     def _follow(self, named_by: str, leader: str) -> bool:
@@ -306,6 +315,7 @@ class Client:
         )
         result = msgspec.json.decode(data, type=api.CommandResult)
         self.position = max(self.position, result.position)
+        remember(self.written, result.position)
         return Appended(events=list(result.events), position=result.position)
 
     def execute_all(self, cmds: list[AnyCommand]) -> Appended:
@@ -315,6 +325,7 @@ class Client:
         data = self.request("POST", "/v1/batch", msgspec.json.encode(api.Batch(commands=cmds)))
         result = msgspec.json.decode(data, type=api.CommandResult)
         self.position = max(self.position, result.position)
+        remember(self.written, result.position)
         return Appended(events=list(result.events), position=result.position)
 
     def get(self, path: str, query: dict[str, Any] | None = None, type: Any = Any) -> Any:
@@ -358,6 +369,8 @@ class _Server:
         """`Retry-After` of the last answer when it was a 429 (seconds; 0: none)."""
         self.store_away = False
         """The last answer said the server's store does not answer (`X-Gpuledger-Store`)."""
+        self.stale_s: float | None = None
+        """`X-Gpuledger-Stale` of the last answer: how old the log it was read from is."""
         self._conn: http.client.HTTPConnection | None = None
         if url.startswith("unix:"):
             self._unix: str | None = url[len("unix:") :]
@@ -423,6 +436,8 @@ class _Server:
         after = (resp.getheader("Retry-After") or "") if resp.status == 429 else ""
         self.retry_after = min(int(after), 60) if after.isdigit() else 0
         self.store_away = resp.getheader("X-Gpuledger-Store") == "away"
+        stale = resp.getheader("X-Gpuledger-Stale") or ""
+        self.stale_s = float(stale) if stale.replace(".", "", 1).isdigit() else None
         cut = resp.getheader("X-Gpuledger-Truncated") or ""
         if cut:  # a page cut at its bytes (pooled.MAX_PAGE_BYTES): said, never silently short
             sys.stderr.write(

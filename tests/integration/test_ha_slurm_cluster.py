@@ -519,8 +519,9 @@ def test_a_failover_during_a_slow_sbatch_runs_the_job_once(tmp_path: Path, pg_st
         cli(home, "submit", "-A", "ai2/olmo", "-G", "1", "--", "sleep", "1000",
             GPULEDGER_USER="alice")  # fmt: skip
 
-        def in_flight() -> bool:
-            done = subprocess.run(["pgrep", "-f", "sbatch --job-name=gpuledger-1 "],
+        def in_flight() -> bool:  # s0's own child (other runs on this host submit a job 1)
+            done = subprocess.run(["pgrep", "-P", str(procs["s0"].pid), "-f",
+                                   "sbatch --job-name=gpuledger-1 "],
                                   capture_output=True, text=True, check=False)  # fmt: skip
             orphan[:] = [int(p) for p in done.stdout.split()]
             return bool(orphan)
@@ -614,3 +615,93 @@ def test_new_settings_while_a_cancelled_run_is_still_stopping_names_it(
         subprocess.run(["scancel", "--partition", PARTITION], env=a, capture_output=True,
                        timeout=60, check=False)  # fmt: skip
         shutil.rmtree(home.parent, ignore_errors=True)
+
+
+def test_a_copy_landed_on_another_cluster_runs_nothing_when_the_leader_died_before_its_check(
+    tmp_path: Path, pg_store: str
+) -> None:
+    """atk45ha F4: B's slurmctld is swapped for C's (B's config, another `StateSaveLocation`)
+    during the leader's `sbatch` (slowed by a site cli_filter), and the leader is killed (kill
+    -9) before its landing check (`Watch.landed`) runs: the orphaned `sbatch` lands on C, and
+    nobody cancels it there. Before, C ran the job's command, out of the ledger's reach (a
+    second copy once the next leader submitted the run on B). Now the batch script asks which
+    cluster started it before anything of the job's, and ends with exit 123 on C: the command
+    never runs there."""
+    b = CLUSTERS["b"]
+    _answering(b.conf)
+    home = _reachable_home()
+    cli(home, "init", "--admin", "root", "--store", pg_store)
+    (tmp_path / "budget.toml").write_text(BUDGET)
+    cli(home, "budget", "apply", str(tmp_path / "budget.toml"), GPULEDGER_USER="root")
+    flag = tmp_path / "slow-sbatch"
+    slow = _slow_sbatch_conf(b.conf, home.parent / "slow", flag)
+    ran = home.parent / "ran"  # the command's own trace, wherever it runs
+    ran.mkdir()
+    ran.chmod(0o1777)
+    log = tmp_path / "s0.log"
+    text = lambda: log.read_text(errors="replace")  # noqa: E731
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [GPULEDGER, "serve", "--store", pg_store, "--listen", f"127.0.0.1:{free_port()}",
+             "--lease", "5s", "--executor", "slurm", "--partition", PARTITION, "--run-as",
+             "service", "--interval", "0.5s"], env=env_for(home, SLURM_CONF=slow),
+            stdout=out, stderr=out,
+        )  # fmt: skip
+    state_c = Path(tempfile.mkdtemp(prefix="gpuledger-ha-slurm-c-")) / "state"
+    env_c = {**os.environ, "SLURM_CONF": str(state_c.parent / "slurm.conf")}
+    ctld_c: subprocess.Popen[bytes] | None = None
+    orphan: list[int] = []
+    try:
+        waits.wait_for("B's node", lambda: b.node in cli(home, "node", "list").stdout, 90, text)
+        flag.write_text("15\n")
+        cli(home, "submit", "-A", "ai2/olmo", "-G", "1", "--", "sh", "-c",
+            f'echo "$SLURM_JOB_ID" >> {ran}/job-1; sleep 600', GPULEDGER_USER="alice")  # fmt: skip
+
+        def in_flight() -> bool:  # its own child (other runs submit a job 1 too)
+            done = subprocess.run(["pgrep", "-P", str(proc.pid), "-f",
+                                   "sbatch --job-name=gpuledger-1 "],
+                                  capture_output=True, text=True, check=False)  # fmt: skip
+            orphan[:] = [int(p) for p in done.stdout.split()]
+            return bool(orphan)
+
+        waits.wait_for("the leader's sbatch of job 1", in_flight, 60, text)
+        ctld_c = _controller_in_place(b.data, state_c)  # C answers in B's controller's place
+        proc.kill()  # kill -9 before its sbatch returns: no landing check, no cancel on C
+        proc.wait(timeout=60)
+
+        def on_c() -> list[str]:
+            done = subprocess.run(["scontrol", "-o", "show", "job"], env=env_c, text=True,
+                                  capture_output=True, timeout=60, check=False)  # fmt: skip
+            return [ln for ln in done.stdout.splitlines() if " JobName=gpuledger-1 " in ln]
+
+        def ended_on_c() -> bool:  # (or its command ran: the code before)
+            return (ran / "job-1").exists() or any(
+                re.search(r"JobState=(FAILED|COMPLETED|CANCELLED)", ln) for ln in on_c()
+            )
+
+        waits.wait_for("the orphaned sbatch's copy on C to end", ended_on_c, 180,
+                       lambda: f"{on_c()}\n{text()[-2000:]}")  # fmt: skip
+        copies = on_c()
+        assert not (ran / "job-1").exists(), (copies, (ran / "job-1").read_text())
+        assert len(copies) == 1 and "ExitCode=123:0" in copies[0], copies
+        assert "StartTime=Unknown" not in copies[0], copies  # C started it: its script refused
+    finally:
+        flag.unlink(missing_ok=True)
+        for pid in orphan:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+        if ctld_c is not None:
+            subprocess.run(["scancel", "--partition", PARTITION], env=env_c, capture_output=True,
+                           timeout=60, check=False)  # fmt: skip
+            ctld_c.kill()
+            ctld_c.wait(timeout=30)
+        _slurm(b.data, b.ctld, b.slurmd, b.node, "up")
+        _answering(b.conf)
+        env_b = {**os.environ, "SLURM_CONF": b.conf}
+        subprocess.run(["scancel", "--partition", PARTITION], env=env_b, capture_output=True,
+                       timeout=60, check=False)  # fmt: skip
+        shutil.rmtree(home.parent, ignore_errors=True)
+        shutil.rmtree(state_c.parent, ignore_errors=True)

@@ -146,3 +146,27 @@ def _a_dead_pid() -> int:
     proc = subprocess.Popen(["true"])
     proc.wait()
     return proc.pid
+
+
+def test_a_take_says_whether_the_last_holder_stopped_cleanly(pg_store: str) -> None:
+    """A new leader's Slurm executor waits 25 s for the last leader's `sbatch` that may still
+    land (takeover.InFlight); after a clean stop nothing of its is in flight, so the take says
+    so (`Lease.handed_over`): only a release by a clean stop ('-infinity') counts, never a
+    lease that ran out (a kill -9) nor one handed over by a server whose worker is busy
+    (perhaps in an `sbatch`). Before, the take said nothing and every takeover waited."""
+    lease.setup(pg_store)
+    a = lease.Lease(pg_store, "a", "http://a", LEASE_S)
+    b = lease.Lease(pg_store, "b", "http://b", LEASE_S)
+    try:
+        assert a.acquire() and a.handed_over  # a row nobody ever held
+        a.release()  # a clean stop
+        assert b.acquire() and b.handed_over
+        assert not a.acquire()
+        time.sleep(LEASE_S + 0.3)  # b dies: its lease runs out
+        assert a.acquire() and not a.handed_over
+        a.release(clean=False)  # handed over by a busy worker
+        assert b.acquire() and not b.handed_over
+    finally:
+        for x in (a, b):
+            x.release()
+            x.close()

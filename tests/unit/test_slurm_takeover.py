@@ -171,3 +171,16 @@ def test_until_when_a_takeover_waits_for_the_last_holders_sbatch() -> None:
     assert waiting == {(5, 0): 125.0, (7, 0): 125.0}
     assert held((5, 0), waiting, 124.9) == 125.0
     assert held((5, 0), waiting, 125.0) is None and held((6, 1), waiting, 101.0) is None
+
+
+def test_after_a_clean_handover_a_placed_run_is_submitted_at_once(tmp_path: Path) -> None:
+    """The lease was taken after the last leader's clean stop (`Lease.handed_over`): its worker
+    had finished its cycle, no sbatch of its may land. Before, the run waited 25 s all the
+    same."""
+    slurm = Slurm()
+    ex = executor(tmp_path, slurm)
+    ex.in_flight.handed_over = True  # as `open_executor(handed_over=True)` sets it
+    ex.adopt({5: 0}, 100.0)
+    ex.carry_out(placed(), 100.0)
+    ex.observe(100.5, NODES)
+    assert slurm.sbatches() == 1 and ex._runs[5].slurm_id == "42"

@@ -363,7 +363,8 @@ class SlurmExecutor:
         umask = own_umask() if job.umask is None else job.umask  # the submitter's, as sbatch's
         script = run_script(job, who, checkpoint, umask, claimed.files(r.logs), mask,
                             claimed.workdir, ends_after_term_s(self._grace_of(r), self.kill_wait_s),
-                            self._pinned, own_end_after_s(self.kill_wait_s))  # fmt: skip
+                            self._pinned, own_end_after_s(self.kill_wait_s),
+                            self.cluster.expected)  # fmt: skip
         said = self._run(args, stdin=script, env=sbatch_env(self.env, mask))
         r.slurm_id = said.strip().split(";")[0]
         log.info("job %s run %s is Slurm job %s", job.job_id, job.run, r.slurm_id)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shutil
 import stat
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ from ledger.engines.slurm.ends import (
 )
 from ledger.engines.slurm.relaunch import RELAUNCHED
 from ledger.engines.slurm.script import batch_script
+from ledger.engines.slurm.script_cluster import OTHER_CLUSTER_EXIT, OTHER_CLUSTER_WHY, cluster_lines
 from ledger.engines.slurm.stops import Stopping, forgotten_end
 from ledger.engines.slurm.words import (
     NEVER_STARTS,
@@ -92,10 +94,13 @@ def run_script(
     after_term_s: int,
     pinned_nodes: Collection[str],
     own_end_s: int,
+    cluster: Mapping[str, object] | None = None,
 ) -> str:
     """A run's batch script (`script.batch_script`), its marks beside its checkpoint file, the
     soft open-files limit the service started with (`supervise.JOB_NOFILE_VAR`, set by a
-    `serve` that raised its own: atk40-25's open finding) given back to the job."""
+    `serve` that raised its own: atk40-25's open finding) given back to the job, and the check
+    that it runs on `cluster` (the identity confirmed before its sbatch: `script_cluster`),
+    asked of the `scontrol` the service runs."""
     at = {m: str(checkpoint.with_name(m)) for m in MARKS}
     files = os.environ.get(JOB_NOFILE_VAR, "")
     return batch_script(job, who, str(checkpoint), at[LAUNCHED], umask, at[CANNOT_ENTER],
@@ -104,7 +109,9 @@ def run_script(
                         after_term_s=after_term_s, own_end_s=own_end_s,
                         wrong_gpus_file=at[WRONG_GPUS], pinned_nodes=pinned_nodes,
                         files_limit=int(files) if files.isdigit() else None,
-                        relaunched_file=at[RELAUNCHED], taken_back_file=at[TAKEN_BACK])  # fmt: skip
+                        relaunched_file=at[RELAUNCHED], taken_back_file=at[TAKEN_BACK],
+                        cluster=cluster_lines(cluster, shutil.which("scontrol") or "scontrol"),
+                        )  # fmt: skip
 
 
 def mark_stopping(run_dir: Path) -> None:
@@ -341,7 +348,8 @@ def never_ran(
     start its command (the marks, left before the launch mark, of a run not recorded
     `started` that ran less than `confirm_s`), or Slurm started it without its GPUs (its
     `wrong-gpus` mark, of a run whose `launched` mark no read saw: `launch_seen`; the job's
-    user may remove the mark, not what the executor saw, atk43s F2)."""
+    user may remove the mark, not what the executor saw, atk43s F2), or its script found
+    another cluster than the one it was submitted for (`script_cluster`: its exit code)."""
     if j.launch_failed:
         return launch_failure(launch, logs)
     ran = (j.end_time or 0.0) - (j.start_time or 0.0)  # a failing `cd` or check ends at once
@@ -352,6 +360,8 @@ def never_ran(
         return f"{WRONG_GPUS_WHY} (Slurm 22.05 restarts a launch it requeued with none): never ran"
     if started or ran >= confirm_s or launch_marked:
         return ""
+    if j.exit_code == OTHER_CLUSTER_EXIT:  # its script's check (`script_cluster`): a run
+        return f"{OTHER_CLUSTER_WHY}: never ran"  # pending across a move of its controller
     if marked(run_dir, CANNOT_OPEN):
         return said(run_dir, CANNOT_OPEN, "cannot open the output file ") or cannot_open(logs)
     if marked(run_dir, CANNOT_START):

@@ -64,6 +64,7 @@ def open_executor(
     node_fence_s: float = 300.0,
     cluster: Mapping[str, object] | None = None,
     abandoned: Set[tuple[int, int]] = frozenset(),
+    handed_over: bool = False,
 ) -> SlurmOpening:
     """The executor of `partition`. When slurmctld answers, it is opened now: Slurm must let
     gpu-ledger own the partition, whose GPU nodes are registered in the ledger by `actor` (an
@@ -72,7 +73,9 @@ def open_executor(
     the executor opens once it does (`SlurmOpening`); nor while another cluster than
     `cluster` (the one the store records; None: the first one read) answers in its place
     (`cluster.Watch`, asked again whenever slurmctld answers after being away). `abandoned`:
-    runs (job, run) `--abandon-runs` left on another cluster, never adopted (recorded lost)."""
+    runs (job, run) `--abandon-runs` left on another cluster, never adopted (recorded lost).
+    `handed_over`: this server took the lease after its last holder's clean stop: no `sbatch`
+    of its is in flight, and placed runs are submitted at once (`takeover.InFlight`)."""
     if not partition:
         raise InvalidCommand(
             "the Slurm executor needs the partition gpu-ledger owns",
@@ -83,6 +86,7 @@ def open_executor(
     )
     slurm.fence_s = node_fence_s  # `serve --node-fence`, as for the node agents
     slurm.abandoned = frozenset(abandoned)  # `--abandon-runs`: recorded lost (atk45ha L1)
+    slurm.in_flight.handed_over = handed_over  # a clean handover: nothing waits
     slurm.cluster = Watch(slurm.cluster.read, cluster)
     slurm.job_grace = lambda job_id: grace_in(ledger.state, job_id)
     slurm.job_limit = lambda job_id: limit_in(ledger.state, job_id)

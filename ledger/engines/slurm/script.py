@@ -51,6 +51,7 @@ def batch_script(
     files_limit: int | None = None,
     relaunched_file: str = "",
     taken_back_file: str = "",
+    cluster: Sequence[str] = (),
 ) -> str:
     """Pure: the batch script: with `outputs` (`script_files`), its output files opened first, as
     the user, with `files_umask`, and its working directory checked (slurmstepd opens /dev/null
@@ -95,12 +96,14 @@ def batch_script(
     the job, raised by `serve` for its connections), as on the local executor. With
     `relaunched_file`, a run launched before (Slurm's restart of it) ends first
     (`relaunch.guard_lines`); with `taken_back_file`, a run the executor took back (Slurm would
-    not start it) that Slurm starts all the same ends first (`taken_back_lines`). (The
+    not start it) that Slurm starts all the same ends first (`taken_back_lines`); with
+    `cluster` (`script_cluster.cluster_lines`), a run started on another cluster than the one it
+    was submitted for ends next, its command never run (atk45ha F4). (The
     variables sit in the script:
     `sbatch --export=ALL,VAR=...` makes Slurm start a job about 1.5 s later; sbatch itself runs
     with PATH and `SBATCH_ENV` alone, so nothing of the service's reaches the job.)"""
     env = job_environment(job, who or SbatchUser(), checkpoint_file)
-    lines = ["#!/bin/bash", *taken_back_lines(taken_back_file)]
+    lines = ["#!/bin/bash", *taken_back_lines(taken_back_file), *cluster]
     lines += guard_lines(launched_file, ended_file, relaunched_file)
     lines += _files_limit(files_limit)
     if outputs:  # what the job needs is there and its user's, else why, before anything

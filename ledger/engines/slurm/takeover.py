@@ -11,7 +11,8 @@ and the job was recorded `failed`. Now:
 1. a placed run Slurm did not list at the takeover waits (`in_flight`, `held`) until an `sbatch`
    begun before it has surely returned or been killed (the executor's sbatch timeout plus
    `MARGIN_S`); a Slurm job of the run's comment that appears meanwhile is adopted (as after a
-   restart), and only then is the run submitted;
+   restart), and only then is the run submitted; not after a clean handover (`handed_over`:
+   the last leader's worker had finished its cycle before it released the lease);
 2. a second Slurm job of a run the executor carries under another id (`duplicates`: the same
    comment, a submission that landed later still) is cancelled without the run's marks, and
    nothing is recorded of it; the copy kept is the one whose command may have started when the
@@ -97,13 +98,21 @@ class InFlight:
     """The runs whose submission waits for the last holder's (`in_flight`), from the last
     takeover (`adopt`) on, each said once in the log."""
 
-    def __init__(self) -> None:
+    def __init__(self, handed_over: bool = False) -> None:
         self.until: dict[Tag, float] = {}
         self._said: set[Tag] = set()
+        self.handed_over = handed_over
+        """The lease was taken after a clean stop of the last holder (`Lease.handed_over`: its
+        worker had finished, so no `sbatch` of its is in flight): nothing waits. Before, the
+        wait followed a clean handover too, 25 s for nothing (docs/ha.md)."""
 
     def begin(self, runs: Mapping[int, int], adopted: Iterable[int], now: float,
               timeout_s: float) -> None:  # fmt: skip
         self.until, self._said = in_flight(runs, adopted, now, timeout_s), set()
+        if self.handed_over and self.until:
+            log.info("the last leader stopped cleanly: %d placed runs are submitted at once "
+                     "(no sbatch of its can be in flight)", len(self.until))  # fmt: skip
+            self.until = {}
 
     def waits(self, r: Run, now: float) -> bool:
         """Whether run `r` (placed, not submitted) waits for a submission of the last holder
