@@ -183,7 +183,8 @@ _JOBS = """WITH page AS (  -- the page first: newest first, over the given filte
             -- real end when the ledger stopped it (its processes outlive the stop by a grace)
     SELECT job_id, arg_max(slots, start_position) AS slots,
            arg_max(start_at, start_position) AS start_at,
-           arg_max(run_end_at, start_position) AS run_end_at
+           arg_max(run_end_at, start_position) AS run_end_at,
+           arg_max(run_start_at, start_position) AS run_start_at
     FROM job_intervals
     WHERE job_id IN (SELECT job_id FROM top)
     GROUP BY job_id
@@ -195,7 +196,10 @@ SELECT j.job_id, j.account, j.user_name, j.gpus, j.gpu_type, j.cluster,
        -- a finished job keeps its last placement's time (a preemption that ended it cleared it)
        CASE WHEN j.status = 'finished' THEN coalesce(j.placed_at, iv.start_at)
             ELSE j.placed_at END AS placed_at,
-       CASE WHEN j.status IN ('running', 'finished') THEN j.run_started_at END AS started_at,
+       -- a run stopped while placed whose command ran: its own start, as charged (atk44s F3)
+       CASE WHEN j.status = 'running' THEN j.run_started_at
+            WHEN j.status = 'finished' THEN coalesce(j.run_started_at, iv.run_start_at)
+       END AS started_at,
        -- a finished job ended when its last run really ended, when that came after the stop
        CASE WHEN j.status = 'finished' AND iv.run_end_at > j.finished_at THEN iv.run_end_at
             ELSE j.finished_at END AS finished_at,
@@ -232,11 +236,12 @@ def jobs_page(
     below `below` when given (the next page), past the first `offset` of them, ended for
     `reason` when given (a `finish_reason` word): `state` is
     `held` for a held pending job; `started_at` the start of its running or last run (None when
-    no process started); `finished_at` its end, or its last run's real end when the ledger
-    stopped it and its processes outlived the stop (their grace); `slots` the GPUs it holds or
-    its last run held; `logs` are those of its
-    last start; `finish_reason` the ledger's word on why it ended. `since`/`until` select the
-    jobs alive at some moment of [since, until].
+    no process started; for a run the ledger stopped while placed whose command ran, its own
+    start as its engine reported it, from which it was charged); `finished_at` its end, or its
+    last run's real end when the ledger stopped it and its processes outlived the stop (their
+    grace); `slots` the GPUs it holds or its last run held; `logs` are those of its last
+    start; `finish_reason` the ledger's word on why it ended. `since`/`until` select the jobs
+    alive at some moment of [since, until].
 
     The page is cut first, on the jobs table alone: a filter not given is left out of the
     statement, so the engine reads no column for it and the page without filters is a top-N

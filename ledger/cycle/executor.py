@@ -216,6 +216,9 @@ class NodeChange:
     in doubt until its engine says how they ended or the fence passes (`NodeLost`: an agent's
     report, or on Slurm a NODE_FAIL run's own end record or its sure end); 0: they end at once
     (an admin's word)."""
+    jobs: tuple[int, ...] = ()
+    """For `unplace`: only these jobs go back to the queue (the GPUs they were placed on cannot
+    run them: Slurm counts them allocated with no job holding them); empty: all placed there."""
 
 
 @dataclass(frozen=True)

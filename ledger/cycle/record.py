@@ -71,7 +71,9 @@ def unplace_commands(change: NodeChange, state: State, actor: str = EXECUTOR) ->
     says: the engine cannot start them there (a node another cluster's partition does not
     list: they waited there for good after `--new-settings`, issue 28). None when none is."""
     placed = sorted(
-        j for j in state.node_jobs.get(change.node, ()) if state.jobs[j].status == "placed"
+        j
+        for j in state.node_jobs.get(change.node, ())
+        if state.jobs[j].status == "placed" and (not change.jobs or j in change.jobs)
     )
     why = f"node {change.node} cannot run it: {change.reason}"[:1000]
     return [c.RequeueJob(actor=actor, job_id=j, reason=why) for j in placed]

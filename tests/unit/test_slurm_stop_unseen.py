@@ -94,7 +94,8 @@ def test_a_cancelled_run_slurm_ends_on_a_node_whose_slurmd_is_dead_holds_its_gpu
     assert not st.unanswered
     note_unanswered({"7": st}, {"7": running}, frozenset({"vm"}))  # vm's slurmd unheard, or DOWN
     assert st.unanswered and unseen_end(st, cancelled)
-    note_unanswered({"7": st}, {"7": running}, frozenset())  # it answers again later:
+    note_unanswered({"7": st}, {"7": cancelled}, frozenset({"vm"}))  # Slurm ends it so
+    note_unanswered({"7": st}, {"7": cancelled}, frozenset())  # it answers again later:
     assert st.unanswered  # Slurm's end stays its word alone, for good
     pending = parse_jobs(job("PENDING").replace("NodeList=vm", "NodeList=(null)"))[0]
     waiting = Stopping(since=START + 10, grace_s=2.0, run=(1, 0))
@@ -110,6 +111,33 @@ def test_a_cancelled_run_slurm_ends_on_a_node_whose_slurmd_is_dead_holds_its_gpu
     assert not unseen_end(st, completed)
     assert unseen_end(Stopping(since=0.0), parse_jobs(job("NODE_FAIL", 40))[0])
     assert not unseen_end(None, cancelled)
+
+
+def test_a_stop_whose_node_answers_again_before_slurm_s_end_is_judged_by_its_state_now(
+    tmp_path: Path,
+) -> None:
+    """A stop whose node's slurmd is unheard at one read (a loaded or briefly unreachable
+    slurmd: `MIXED*`) and answers again before the grace passes: Slurm's kill reaches the run,
+    its CANCELLED end is the processes' end, recorded at once. The old executor marked the
+    stop `unanswered` for good at the first flag and held its end in doubt by the NODE_FAIL
+    rules (its GPUs `stopping`, its end waiting for KillWait after the node answered)."""
+    slurm = Slurm()
+    ex = executor(tmp_path, slurm)
+    ex._stopping["7"] = Stopping(since=START + 10.0, grace_s=2.0, run=(1, 0))
+    slurm.node = node_line("MIXED*")  # flagged: this read's nodes
+    ex.observe(START + 11.0, NODES)
+    ex.observe(START + 11.5, NODES)  # the next read's runs see it flagged
+    assert ex._stopping["7"].unanswered
+    slurm.node = node_line("MIXED")  # it answers again
+    ex.observe(START + 12.0, NODES)
+    ex.observe(START + 13.0, NODES)  # past the grace: `scancel`, the node answering
+    assert ["scancel", "--name=gpuledger-1", "7"] in slurm.said
+    assert not ex._stopping["7"].unanswered
+    slurm.jobs = job("CANCELLED", 14, "0:15")
+    seen = ex.observe(START + 15.0, NODES)
+    (x,) = seen.stopped
+    assert (x.job_id, x.run, x.at) == (1, 0, START + 14.0), x
+    assert "7" not in ex._stopping
 
 
 def test_a_cancel_slurm_ends_while_the_slurmd_is_dead_is_held_until_the_run_is_gone(

@@ -187,3 +187,49 @@ def test_a_run_slurm_lists_running_after_its_own_end_ends_by_its_record(tmp_path
     assert (x.job_id, x.exit_code, x.reason, x.run) == (1, 0, "exited", 0), x
     assert real - 1.0 <= x.at <= real + 1.0 and 1 not in ex._runs
     assert calls.cancels() == [["scancel", "--name=gpuledger-1", "7"]]
+
+
+# --- a taken-back run Slurm ran all the same: its script's exit 124 is no run of the job's ---
+
+
+def test_a_taken_back_run_slurm_ran_again_as_a_stray_is_recorded_never_ran(
+    tmp_path: Path,
+) -> None:
+    """After its take-back was reported, a rewound slurmctld lists the run RUNNING: stopped
+    again, its script exits 124 at once (its mark), Slurm ends it FAILED 124. Its end is
+    recorded as a run whose command never ran, no start of its own (the old executor recorded
+    Slurm's FAILED 124 as the run's end, as if its command had run and failed)."""
+    run_dir = tmp_path / "checkpoints" / "1.0"
+    run_dir.mkdir(parents=True)
+    ex = SlurmExecutor("gpuledger", LID, tmp_path, start_within_s=300.0)
+    ex._run = Calls(run_dir)  # type: ignore[method-assign]
+    ex._runs = {1: Run(1, 0, job(tmp_path / "out"), slurm_id="7", submitted_at=START)}
+    read(ex, slurm("PENDING", "Resources"), 300.0)  # taken back: marked, cancelled
+    read(ex, slurm("CANCELLED", end=300.0), 302.0)
+    ex._exits.clear()
+    read(ex, slurm("RUNNING", start=340.0), 341.0)  # the cancel lost: stopped again
+    failed = slurm("FAILED", start=340.0, end=340.0).replace("ExitCode=0:0", "ExitCode=124:0")
+    read(ex, failed, 343.0)
+    (x,) = ex._stopped
+    assert (x.job_id, x.run, x.started_at) == (1, 0, None), x
+    assert "the command never ran" in x.note, x.note
+
+
+def test_a_taken_back_run_the_executor_still_carries_ends_launch_failed_uncharged(
+    tmp_path: Path,
+) -> None:
+    """A run of the job's current run marked taken back (a leader that took it back and lost
+    its lease before its end was recorded; an adopted run) that Slurm ran, exit 124 at once:
+    `launch_failed`, no start recorded (the old executor recorded its start at Slurm's
+    StartTime and its end FAILED 124: charged, `failed`)."""
+    run_dir = tmp_path / "checkpoints" / "1.0"
+    run_dir.mkdir(parents=True)
+    (run_dir / TAKEN_BACK).touch()
+    ex = SlurmExecutor("gpuledger", LID, tmp_path)
+    ex._run = Calls(run_dir)  # type: ignore[method-assign]
+    ex._runs = {1: Run(1, 0, None, slurm_id="7", adopted=True)}
+    failed = slurm("FAILED", start=10.0, end=10.0).replace("ExitCode=0:0", "ExitCode=124:0")
+    read(ex, failed, 12.0)
+    (x,) = ex._exits
+    assert (x.job_id, x.reason, x.exit_code) == (1, "launch_failed", -1), x
+    assert "never ran" in x.note and ex._starts == []

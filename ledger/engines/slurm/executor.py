@@ -45,6 +45,7 @@ from ledger.engines.slurm.launching import (
     run_end,
     run_script,
 )
+from ledger.engines.slurm.leaked_runs import holding, unplace_leaked
 from ledger.engines.slurm.leaks import Leaks, held_with
 from ledger.engines.slurm.outage import Probe
 from ledger.engines.slurm.outputs import claim_outputs, files_umask, sbatch_env, sbatch_user
@@ -307,7 +308,8 @@ class SlurmExecutor:
         """GPUs busy in Slurm now, plus those our submitted-but-not-started runs will take; with
         `ours`, all our runs' and stops' (a recovered slurmctld may list a job without its GPUs)."""
         busy: list[Mapping[str, Iterable[int]]] = [held_gpus(j, self._pinned) for j in self._view.values()]  # fmt: skip  # noqa: E501
-        busy += [{sl.node: sl.gpu_indices for sl in r.launch.slots} for r in self._runs.values() if r.slurm_id is not None and (ours or not r.started) and r.launch is not None]  # fmt: skip  # noqa: E501
+        busy += [{sl.node: sl.gpu_indices for sl in r.launch.slots} for r in self._runs.values() if r.slurm_id is not None and not r.started and r.launch is not None and not ours]  # fmt: skip  # noqa: E501
+        busy += [holding(self._runs.values(), self._view)] if ours else []  # never pending (F4)
         busy += [stopping_gpus(self._stopping, self._view, self._pinned), self._quarantine.held]  # fmt: skip  # noqa: E501
         busy += list(self._restarts.held.values())  # a first launch Slurm launched again (F11)
         held: dict[str, set[int]] = {}
@@ -444,6 +446,7 @@ class SlurmExecutor:
             self._try_submit(now)
             changes, unseen = self._node_changes(nodes, now)
             self._hold_leaked()
+            changes += unplace_leaked(self, now)  # runs waiting on a leaked GPU (atk45s F4)
             self._read_max_time(now)
             if self._settle_until is not None and now < self._settle_until:
                 unseen = in_service(nodes)  # what ended meanwhile is recorded; nothing is decided

@@ -37,7 +37,7 @@ from ledger.engines.slurm.ends import (
     own_finish,
 )
 from ledger.engines.slurm.relaunch import RELAUNCHED
-from ledger.engines.slurm.script import batch_script
+from ledger.engines.slurm.script import TAKEN_BACK_EXIT, batch_script
 from ledger.engines.slurm.script_cluster import OTHER_CLUSTER_EXIT, OTHER_CLUSTER_WHY, cluster_lines
 from ledger.engines.slurm.stops import Stopping, forgotten_end
 from ledger.engines.slurm.words import (
@@ -123,6 +123,9 @@ def mark_stopping(run_dir: Path) -> None:
         os.close(os.open(run_dir / STOPPING, flags, 0o644))
 
 
+TAKEN_BACK_WHY = "taken back by the executor, its script ended before its command: never ran"
+
+
 def mark_taken_back(run_dir: Path) -> bool:
     """Make the run's `TAKEN_BACK` mark (the service's: never through a link) and make it last
     (the directory synced) before the run's cancel, which a slurmctld restart may lose (atk45s
@@ -189,12 +192,14 @@ def stop_marks(run_dir: Path, now: float) -> tuple[OwnEnd | None, float | None, 
     """What a stopped run's marks say of its end: its own end record (`own_end`), its last beat
     (`last_beat`), and whether its script ended it before its command started because the stop
     came first (`script._stopped_first`: its record, signalled, exit 143, and neither its launch
-    mark nor a beat; atk43s F10). The marks are the job user's: a forged one changes only the
-    note of that user's own run."""
+    mark nor a beat; atk43s F10) or the run was taken back (its `TAKEN_BACK` mark, no record, no
+    launch mark, no beat: `script.taken_back_lines`; it was recorded Slurm's FAILED 124). The
+    marks are the job user's: a forged one changes only the note of that user's own run."""
     own = own_end(run_dir)
-    first = (
-        own is not None and own.signalled and own.exit_code == 143
-        and not marked(run_dir, LAUNCHED) and not marked(run_dir, ALIVE)
+    unmarked = not marked(run_dir, LAUNCHED) and not marked(run_dir, ALIVE)
+    first = unmarked and (
+        (own is not None and own.signalled and own.exit_code == 143)
+        or (own is None and marked(run_dir, TAKEN_BACK))  # its script ended it at once (F5)
     )  # fmt: skip
     return own, last_beat(run_dir, now), first
 
@@ -349,7 +354,9 @@ def never_ran(
     `started` that ran less than `confirm_s`), or Slurm started it without its GPUs (its
     `wrong-gpus` mark, of a run whose `launched` mark no read saw: `launch_seen`; the job's
     user may remove the mark, not what the executor saw, atk43s F2), or its script found
-    another cluster than the one it was submitted for (`script_cluster`: its exit code)."""
+    another cluster than the one it was submitted for (`script_cluster`: its exit code), or
+    found the run taken back (`TAKEN_BACK`, exit `TAKEN_BACK_EXIT`): Slurm ran it after the
+    executor's cancel, a slurmctld restart having lost it, and it was recorded FAILED 124."""
     if j.launch_failed:
         return launch_failure(launch, logs)
     ran = (j.end_time or 0.0) - (j.start_time or 0.0)  # a failing `cd` or check ends at once
@@ -362,6 +369,8 @@ def never_ran(
         return ""
     if j.exit_code == OTHER_CLUSTER_EXIT:  # its script's check (`script_cluster`): a run
         return f"{OTHER_CLUSTER_WHY}: never ran"  # pending across a move of its controller
+    if j.exit_code == TAKEN_BACK_EXIT and marked(run_dir, TAKEN_BACK):
+        return TAKEN_BACK_WHY
     if marked(run_dir, CANNOT_OPEN):
         return said(run_dir, CANNOT_OPEN, "cannot open the output file ") or cannot_open(logs)
     if marked(run_dir, CANNOT_START):

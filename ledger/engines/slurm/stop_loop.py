@@ -124,8 +124,8 @@ def judge(ex: SlurmExecutor, slurm_id: str, st: Stopping, j: SlurmJob | None, no
             st.unanswered = True
             log.warning("stopped Slurm job %s (%s): its node's slurmd started again during the "
                         "stop: Slurm's end of it is its word alone", slurm_id, j.state)  # fmt: skip
-    if st.unanswered and not st.kept and st.run is not None:
-        note_unheard(ex.log_dir, slurm_id)
+    if st.unanswered and not st.kept and st.run is not None and j is not None and j.ended:
+        note_unheard(ex.log_dir, slurm_id)  # decided: Slurm ended it so (its node's state now)
         st.kept = True
 
 

@@ -104,11 +104,15 @@ def note_unanswered(
     stopping: Mapping[str, Stopping], view: Mapping[str, SlurmJob], away: Set[str]
 ) -> None:
     """Pure (it marks the stops): each stop of a started run one of whose nodes the last read of
-    the nodes showed not responding or DOWN (`away`) is `unanswered`, for good: Slurm takes a
-    job whose slurmd it cannot reach for ended on its own word alone (`unseen_end`)."""
+    the nodes showed not responding or DOWN (`away`) is `unanswered` while they do, and for good
+    once Slurm has ended it so: Slurm takes a job whose slurmd it cannot reach for ended on its
+    own word alone (`unseen_end`). A node that answers again before Slurm's end delivers the
+    stop's kill itself: a stop flagged once, briefly, was judged by the NODE_FAIL rules for good
+    (its end held in doubt, recorded late). The durable facts (`stop_loop.judge`: its marks
+    outlived Slurm's end, its slurmd started again during the stop; `kept` on disk) hold too."""
     for slurm_id, st in stopping.items():
         j = view.get(slurm_id)
-        if j is None or not j.started or st.unanswered:
+        if j is None or not j.started or st.kept or (st.unanswered and j.ended):
             continue
         st.unanswered = bool(away & {*st.gpus, *j.gpus, *expand_hostlist(j.nodes)})
 
@@ -202,8 +206,12 @@ def stopped_end(
     atk39-24 F6: such a run was recorded ended at the late EndTime the returning controller
     gave it). One that ended by itself ended as its own end record says (`record`: it, and its
     script's last beat; `ends.own_finish`), not at Slurm's late word nor at its last sighting
-    (atk42-24 F3). `never_ran`: its script ended it before its command started, the stop
-    having come first (`launching.stop_marks`, atk43s F10): its note says so. `launched`: its
+    (atk42-24 F3). A run the executor killed after its grace that wrote its own end record
+    ended as that record says (its code; its time kept after its start and last beat): Slurm's
+    end is the kill's, late when a slurmctld that lost its state listed the ended run running
+    (atk45s F2: recorded 15-23 s late, exit 0, killed). `never_ran`: its script ended it before
+    its command started, the stop having come first (`launching.stop_marks`, atk43s F10): its
+    note says so. `launched`: its
     script's launch mark, its own start (`Exit.started_at`; no earlier than Slurm's StartTime,
     no later than its end), which the ledger keeps for a run it stopped before recording its
     start, its command having run (atk44s F3)."""
@@ -216,9 +224,14 @@ def stopped_end(
     note = f"Slurm: {j.state}" + (", killed after its grace" if st.killed else "")
     state = "KILLED" if st.killed else j.state
     code = j.exit_code
+    low = max((t for t in (j.start_time, record[1]) if t is not None), default=None)
     if by_itself and failed is None:
-        low = max((t for t in (j.start_time, record[1]) if t is not None), default=None)
         code, at, _ = own_finish(record[0], j.state, code, at, low, high)
+    elif st.killed and failed is None and not never_ran and record[0] is not None:
+        # its own record: its command ended then, with that code; Slurm's end is the kill's,
+        # late when a rewound slurmctld listed it running after that end (atk45s F2)
+        code, at, _ = own_finish(record[0], "", code, at, low, high)
+        note, state = f"Slurm: {j.state} after its grace; its own end record", j.state
     if failed is not None:
         at, code, note = min(now, failed.at), failed.exit_code, f"{note}; {failed.note}"
         state = "KILLED" if st.killed or failed.reason == "node_failure" else j.state
