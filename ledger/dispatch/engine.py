@@ -67,7 +67,7 @@ from ledger.dispatch.preemption import (
     plan_single_least,
     ready_key,
 )
-from ledger.dispatch.reservation import Frees, Hold, soonest, start_plan
+from ledger.dispatch.reservation import Frees, Hold, KeptSlots, soonest, start_plan
 from ledger.dispatch.snapshot import (
     KeptRanks,
     PendingJob,
@@ -218,7 +218,14 @@ def _facts(policy: Policy, job: PendingJob, snapshot: Snapshot) -> _Facts:
 class _Cycle:
     """The scratch state of one `decide()` call."""
 
-    def __init__(self, snapshot: Snapshot, policy: Policy, now: float, index: FreeIndex) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        policy: Policy,
+        now: float,
+        index: FreeIndex,
+        kept_slots: KeptSlots | None = None,
+    ) -> None:
         self.snapshot = snapshot
         self.policy = policy
         self.now = now
@@ -283,8 +290,9 @@ class _Cycle:
         serves every job of the group this cycle (preempted jobs are skipped as they go)."""
         self.ordered: dict[tuple[tuple[PoolKey, ...], bool], list[RunningJob]] = {}
         self.shared: dict[tuple[str, str, float | None], Unplaceable] = {}
-        self.frees = Frees(now, self.index, policy.expected_end)
-        """When the running jobs free their GPUs, for the cycle's reservations (`_hold_for`)."""
+        self.frees = Frees(now, self.index, policy.expected_end, kept_slots)
+        """When the running jobs free their GPUs, for the cycle's reservations (`_hold_for`),
+        from the last cycle's slots on active nodes of the jobs that did not change."""
         self.epoch = 0
         """Counts every change of the cycle's state other than the index's GPUs (those count in
         `FreeIndex.moves`): a search spent, the reserve or the held nodes hidden or shown, a
@@ -723,6 +731,8 @@ class Carry(msgspec.Struct, frozen=True):
 
     index: KeptIndex | None = None
     ranks: KeptRanks | None = None
+    slots: KeptSlots | None = None
+    """The running jobs' slots on active nodes the last reservation read (`Frees`)."""
 
 
 def decide(snapshot: Snapshot, policy: Policy, now: float) -> Decision:
@@ -745,11 +755,12 @@ def decide_carried(
         snapshot = msgspec.structs.replace(snapshot, ranks=ranks)
         # 1. index the free GPUs
         index, kept_index = FreeIndex.of(snapshot.nodes, last.index)
-        cycle = _Cycle(snapshot, policy, now, index)
+        cycle = _Cycle(snapshot, policy, now, index, last.slots)
         # 2. maintenance drains
         cycle.drain()
         # 3. pending jobs in the policy's order: place, preempt for, or explain
         ordered = policy.order(snapshot)
         cycle.consider(ordered if isinstance(ordered, Ordered) else tuple(ordered))
         # 4. fragmentation and the next wake-up
-        return cycle.decision(), Carry(index=kept_index, ranks=kept_ranks)
+        slots = cycle.frees.kept(last.slots)
+        return cycle.decision(), Carry(index=kept_index, ranks=kept_ranks, slots=slots)
