@@ -11,7 +11,7 @@ check it, as numbered steps:
 3. utilisation at P: `ledger.core.utilisation.UtilTracker` over the events 1..P, with the squat
    threshold that C records (`squat_util_pct`, else the tracker's default);
 4. ranks at `decided_at` from the projection (usage counted as the record's rank inputs say,
-   else the 7-day window), the snapshot (`snapshot_from_state`), and `decide()` with the policy
+   else the 7-day window), the snapshot (`snapshot_kept`), and `decide_carried()` with the policy
    rebuilt from C (`registry.build`; a record without C, whose version's code is gone or whose
    old string settings no code wrote, is a clear error);
 5. compare with the record, field by field: `compare` names every difference.
