@@ -33,9 +33,9 @@ from ledger.cycle.executor import (
     Orders,
     launch_of,
 )
-from ledger.cycle.inputs import snapshot_from_state
+from ledger.cycle.inputs import Views, snapshot_from_state, snapshot_kept
 from ledger.cycle.record import EXECUTOR, Recorded, record
-from ledger.dispatch.engine import Decision, decide
+from ledger.dispatch.engine import Carry, Decision, decide, decide_carried
 from ledger.dispatch.policy import Policy
 from ledger.dispatch.registry import config_of
 from ledger.dispatch.snapshot import Snapshot
@@ -273,6 +273,11 @@ class Dispatcher:
         threshold = squat_threshold(policy)
         self.util = util or UtilTracker(threshold_pct=threshold)
         self._seen = 0
+        self._views: Views | None = None
+        self._carry: Carry | None = None
+        """What the last cycle's snapshot and `decide()` hand the next (`snapshot_kept`,
+        `decide_carried`): views and indexes of what did not change, kept by this dispatcher
+        and passed in, so the pure parts keep nothing."""
         self.idle_record_s = idle_record_s
         self._skipped = 0
         """Cycles that decided nothing since the last record, not recorded on their own."""
@@ -435,10 +440,11 @@ class Dispatcher:
         self._observe_new_events()
         ranks, level_fs = self.rank_source.ranks(now, position)
         usage, shares = usage_shares(self.rank_source, self.policy, now, position)
-        snapshot = snapshot_from_state(
+        snapshot, self._views = snapshot_kept(
             self.ledger.state,
             ranks,
             now,
+            self._views,
             level_fs=level_fs,
             usage=usage,
             shares=shares,
@@ -451,7 +457,7 @@ class Dispatcher:
             longest_s=seen.longest_s,
         )
         # 2. decide (pure)
-        decision = decide(snapshot, self.policy, now)
+        decision, self._carry = decide_carried(snapshot, self.policy, now, self._carry)
         if self._recorded_at is None:
             self._recorded_at = now
         if (

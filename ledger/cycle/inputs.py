@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from ledger.core.jobs import blocked
 from ledger.core.state import Job, Node, State
 from ledger.dispatch.snapshot import (
+    KeptRanks,
     NodeView,
     PendingJob,
     RunningJob,
     Snapshot,
-    complete_ranks,
+    complete_ranks_kept,
 )
 
 
@@ -70,7 +72,64 @@ def snapshot_from_state(
     from_start: bool = False,
     longest_s: float | None = None,
 ) -> Snapshot:
-    """Pure: the snapshot of the write-side `state` (tests, simulation, replay).
+    """Pure: the snapshot of the write-side `state` (tests, simulation, replay): the one of
+    `snapshot_kept` built from nothing kept."""
+    return snapshot_kept(
+        state,
+        ranks,
+        now,
+        None,
+        level_fs=level_fs,
+        usage=usage,
+        shares=shares,
+        low_util_since=low_util_since,
+        position=position,
+        unavailable=unavailable,
+        unobserved=unobserved,
+        from_start=from_start,
+        longest_s=longest_s,
+    )[0]
+
+
+@dataclass(frozen=True, slots=True)
+class Views:
+    """What one `snapshot_kept` hands the next: the node names of its state as the state keys
+    them and sorted, the views it made of the nodes (by name: the write side's node and its
+    view) and of the live jobs (by job id: the write side's job, the other inputs of a running
+    job's view (since when it runs, since when its GPUs idle), and the view), and the ranks it
+    completed. A node or job whose record is the same object (records are frozen: a change is a
+    new one) with the same inputs (a node's free GPUs) gets the same view again, so a cycle
+    builds views only for what changed since the last one. Each call makes new ones (never
+    changed after): they hold the live jobs of one state, and a call over another state's jobs
+    only misses. The cycle's owner (the service's dispatcher, a replay) keeps them."""
+
+    order: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    nodes: dict[str, tuple[Node, NodeView]] = field(default_factory=dict)
+    running: dict[int, tuple[Job, tuple[float, float | None], RunningJob]] = field(
+        default_factory=dict
+    )
+    pending: dict[int, tuple[Job, PendingJob]] = field(default_factory=dict)
+    ranks: KeptRanks | None = None
+
+
+def snapshot_kept(
+    state: State,
+    ranks: Mapping[str, int],
+    now: float,
+    kept: Views | None,
+    *,
+    level_fs: Mapping[str, float] | None = None,
+    usage: Mapping[str, float] | None = None,
+    shares: Mapping[str, float] | None = None,
+    low_util_since: Mapping[int, float] | None = None,
+    position: int | None = None,
+    unavailable: Mapping[str, frozenset[int]] | None = None,
+    unobserved: frozenset[str] = frozenset(),
+    from_start: bool = False,
+    longest_s: float | None = None,
+) -> tuple[Snapshot, Views]:
+    """Pure: the snapshot of the write-side `state`, made with what the last call handed on
+    (`kept`; None: nothing), and what to hand the next call (`Views`).
 
     `position` defaults to the number of events folded into `state`, which is the log position of
     a single-stream ledger. Interior ranks are completed from the leaf ranks (`complete_ranks`).
@@ -90,14 +149,14 @@ def snapshot_from_state(
     """
     low = low_util_since or {}
     busy = unavailable or {}
-    global _NODES
-    made_nodes, kept_nodes = _NODES, {}
+    last = kept or Views()
+    made_nodes: dict[str, tuple[Node, NodeView]] = last.nodes
+    kept_nodes: dict[str, tuple[Node, NodeView]] = {}
     views: list[NodeView] = []
-    global _NODE_ORDER
     names = tuple(state.nodes)
-    order = _NODE_ORDER  # one read: another thread may take another state's snapshot
+    order = last.order
     if order[0] != names:
-        order = _NODE_ORDER = (names, sorted(names))
+        order = (names, tuple(sorted(names)))
     all_nodes = state.nodes
     for n in [all_nodes[name] for name in order[1]]:  # by name (a node is keyed by its name)
         if n.state == "removed":
@@ -130,8 +189,7 @@ def snapshot_from_state(
     jobs = state.jobs
     live = [jobs[i] for i in sorted(state.active)]
     waiting = blocked(state, live)  # a dependency not met, an array at its limit: not placed yet
-    global _RUNNING, _PENDING
-    made_running, made_pending = _RUNNING, _PENDING
+    made_running, made_pending = last.running, last.pending
     kept_running: dict[int, tuple[Job, tuple[float, float | None], RunningJob]] = {}
     kept_pending: dict[int, tuple[Job, PendingJob]] = {}
     for job in live:
@@ -183,29 +241,16 @@ def snapshot_from_state(
             )
         kept_running[job_id] = (job, inputs, run)
         running.append(run)
-    _RUNNING, _PENDING, _NODES = kept_running, kept_pending, kept_nodes
-    return Snapshot(
+    completed, kept_ranks = complete_ranks_kept(ranks, last.ranks)
+    snapshot = Snapshot(
         position=state.events if position is None else position,
         taken_at=now,
         nodes=nodes,
         running=tuple(running),
         pending=tuple(pending),
-        ranks=complete_ranks(ranks),
+        ranks=completed,
         level_fs=dict(level_fs or {}),
         usage=dict(usage or {}),
         shares=dict(shares or {}),
     )
-
-
-_NODE_ORDER: tuple[tuple[str, ...], list[str]] = ((), [])
-"""The node names of the last snapshot's state, as the state keys them and sorted."""
-_NODES: dict[str, tuple[Node, NodeView]] = {}
-_RUNNING: dict[int, tuple[Job, tuple[float, float | None], RunningJob]] = {}
-_PENDING: dict[int, tuple[Job, PendingJob]] = {}
-"""The views made by the last `snapshot_from_state` of the nodes (by name: the write side's
-node and its view) and of the live jobs (by job id: the write side's job, the other inputs of a
-running job's view (since when it runs, since when its GPUs idle), and the view). A node or job
-whose record is the same object (records are frozen: a change is a new one) with the same
-inputs (a node's free GPUs) gets the same view again, so a cycle builds views only for what
-changed since the last one. Replaced whole by each call: they hold the live jobs of one
-state, and a call over another state's jobs only misses."""
+    return snapshot, Views(order, kept_nodes, kept_running, kept_pending, kept_ranks)

@@ -203,10 +203,6 @@ class SlurmMultifactor2(SlurmMultifactor, frozen=True, kw_only=True):
         return self.preempt_unfunded and job.min_runtime_s > 0
 
 
-_USAGE: dict[int, tuple[Snapshot, dict[str, int], set[int]]] = {}
-"""`in_cap_usage` of the last snapshot a `LegacyCaps2` looked at (its cycle asks once per job)."""
-
-
 class LegacyCaps2(LegacyCaps, frozen=True, kw_only=True):
     """`LegacyCaps` with one victim search per team and cycle (in-cap jobs of a team share
     their victims: other teams' overflow and unfunded jobs) and none by jobs beyond their
@@ -215,11 +211,12 @@ class LegacyCaps2(LegacyCaps, frozen=True, kw_only=True):
     version: str = "legacy-2"
 
     def _usage(self, snapshot: Snapshot) -> tuple[dict[str, int], set[int]]:
-        found = _USAGE.get(self.team_depth)
-        if found is None or found[0] is not snapshot:
-            used, overflow = in_cap_usage(snapshot.running, self.caps, self.team_depth)
-            found = _USAGE[self.team_depth] = (snapshot, used, overflow)
-        return found[1], found[2]
+        """`in_cap_usage` of `snapshot` (its cycle asks once per job: kept with it)."""
+        key = ("in_cap_usage", self.team_depth, tuple(sorted(self.caps.items())))
+        found: tuple[dict[str, int], set[int]] | None = snapshot.memo.get(key)
+        if found is None:
+            found = snapshot.memo[key] = in_cap_usage(snapshot.running, self.caps, self.team_depth)
+        return found
 
     def victim_group(self, job: PendingJob, snapshot: Snapshot) -> Hashable:
         """The team, for a job that fits inside its team's cap; None (no search) for others."""

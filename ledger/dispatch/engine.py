@@ -42,14 +42,20 @@ Why a job waits (`Unplaceable.code`):
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from operator import itemgetter
-from typing import Literal
 
 import msgspec
 
 from ledger.dispatch.ordering import Ordered, SortKey
-from ledger.dispatch.placement import FreeIndex, Pool, PoolKey, Shape, fragmentation_split
+from ledger.dispatch.placement import (
+    FreeIndex,
+    KeptIndex,
+    Pool,
+    PoolKey,
+    Shape,
+    fragmentation_split,
+)
 from ledger.dispatch.policy import Policy
 from ledger.dispatch.preemption import (
     Ask,
@@ -61,8 +67,20 @@ from ledger.dispatch.preemption import (
     plan_single_least,
     ready_key,
 )
-from ledger.dispatch.reservation import Frees, Hold, soonest, start_plan
-from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot, complete_ranks
+from ledger.dispatch.reservation import Frees, Hold, KeptSlots, soonest, start_plan
+from ledger.dispatch.snapshot import (
+    KeptRanks,
+    PendingJob,
+    RunningJob,
+    Snapshot,
+    complete_ranks_kept,
+)
+
+# `Unplaceable`, `WaitCode`, `WaitRun` are re-exported: their readers import them from here
+from ledger.dispatch.waits import Unplaceable as Unplaceable
+from ledger.dispatch.waits import WaitCode as WaitCode
+from ledger.dispatch.waits import WaitRun as WaitRun
+from ledger.dispatch.waits import Waits
 from schemas.codec import gc_paused
 from schemas.commands import ApplyDecision, DecisionBody
 from schemas.digest import summarise_runs
@@ -76,69 +94,6 @@ from schemas.events import (
     Waiting,
 )
 from schemas.policy import AnyPolicyConfig
-
-WaitCode = Literal["WAIT_RESOURCES", "WAIT_PRIORITY", "WAIT_CONTRACT"]
-
-
-class Unplaceable(msgspec.Struct, frozen=True, kw_only=True):
-    """Why a pending job was not placed this cycle. A value, never an exception; jobs that wait
-    for the same reason share one value."""
-
-    code: WaitCode
-    reason: str
-    until: float | None = None
-    """For `WAIT_CONTRACT`: when the contracts in the way end."""
-
-    def text(self) -> str:
-        return f"{self.code}: {self.reason}"
-
-
-class WaitRun(msgspec.Struct, frozen=True, array_like=True):
-    """Consecutive jobs of a decision's order that waited for one reason: `order[start:stop]`
-    all wait for `wait` (placed jobs are in no run)."""
-
-    start: int
-    stop: int
-    wait: Unplaceable
-
-
-class Waits(Mapping[int, Unplaceable]):
-    """Job id -> why it waited, read from a decision's order and runs. The cycle writes one run
-    per stretch of jobs waiting for the same reason, never a record per job; the mapping is
-    built on the first look-up by job id (its size and the runs themselves need none)."""
-
-    __slots__ = ("_by_job", "order", "runs")
-
-    def __init__(
-        self, order: Sequence[tuple[SortKey, PendingJob]], runs: Sequence[WaitRun]
-    ) -> None:
-        self.order = order
-        self.runs = runs
-        self._by_job: dict[int, Unplaceable] | None = None
-
-    def _map(self) -> dict[int, Unplaceable]:
-        found = self._by_job
-        if found is None:
-            order = self.order
-            found = self._by_job = {
-                order[i][1].job_id: r.wait for r in self.runs for i in range(r.start, r.stop)
-            }
-        return found
-
-    def __getitem__(self, job_id: int) -> Unplaceable:
-        return self._map()[job_id]
-
-    def __contains__(self, job_id: object) -> bool:
-        return job_id in self._map()
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self._map())
-
-    def __len__(self) -> int:
-        return sum(r.stop - r.start for r in self.runs)
-
-    def __repr__(self) -> str:
-        return f"Waits({self._map()!r})"
 
 
 class Decision(msgspec.Struct, frozen=True, kw_only=True):
@@ -263,11 +218,18 @@ def _facts(policy: Policy, job: PendingJob, snapshot: Snapshot) -> _Facts:
 class _Cycle:
     """The scratch state of one `decide()` call."""
 
-    def __init__(self, snapshot: Snapshot, policy: Policy, now: float) -> None:
+    def __init__(
+        self,
+        snapshot: Snapshot,
+        policy: Policy,
+        now: float,
+        index: FreeIndex,
+        kept_slots: KeptSlots | None = None,
+    ) -> None:
         self.snapshot = snapshot
         self.policy = policy
         self.now = now
-        self.index = FreeIndex.of(snapshot.nodes)
+        self.index = index
         self.spent: dict[str, int] = {}
         """Victim searches spent per budget (`Policy.budget_of`)."""
         self.reserved = sorted(n for n in policy.reserved(snapshot) if n in self.index.free)
@@ -328,8 +290,9 @@ class _Cycle:
         serves every job of the group this cycle (preempted jobs are skipped as they go)."""
         self.ordered: dict[tuple[tuple[PoolKey, ...], bool], list[RunningJob]] = {}
         self.shared: dict[tuple[str, str, float | None], Unplaceable] = {}
-        self.frees = Frees(now, self.index, policy.expected_end)
-        """When the running jobs free their GPUs, for the cycle's reservations (`_hold_for`)."""
+        self.frees = Frees(now, self.index, policy.expected_end, kept_slots)
+        """When the running jobs free their GPUs, for the cycle's reservations (`_hold_for`),
+        from the last cycle's slots on active nodes of the jobs that did not change."""
         self.epoch = 0
         """Counts every change of the cycle's state other than the index's GPUs (those count in
         `FreeIndex.moves`): a search spent, the reserve or the held nodes hidden or shown, a
@@ -760,20 +723,44 @@ class _Cycle:
         )
 
 
+class Carry(msgspec.Struct, frozen=True):
+    """What one `decide()` hands the next (`decide_carried`): the free-GPU index it made
+    (`FreeIndex.of`) and the ranks it completed (`complete_ranks_kept`). A value its caller
+    (the service's dispatcher, a replay, the simulator) owns and passes back in; every
+    answer of `decide` is the same with or without it, only cheaper with it."""
+
+    index: KeptIndex | None = None
+    ranks: KeptRanks | None = None
+    slots: KeptSlots | None = None
+    """The running jobs' slots on active nodes the last reservation read (`Frees`)."""
+
+
 def decide(snapshot: Snapshot, policy: Policy, now: float) -> Decision:
     """Pure: the decision of one cycle over `snapshot` (see the module docstring for the steps).
 
     Interior accounts missing from `snapshot.ranks` are ranked as their best leaf first
     (`complete_ranks`), so a reader may hand over the leaf ranks alone.
     """
+    return decide_carried(snapshot, policy, now, None)[0]
+
+
+def decide_carried(
+    snapshot: Snapshot, policy: Policy, now: float, carry: Carry | None
+) -> tuple[Decision, Carry]:
+    """Pure: `decide(snapshot, policy, now)`, made from what the last call handed on (`carry`,
+    None: nothing), and what to hand the next one."""
+    last = carry or Carry()
     with gc_paused():
-        snapshot = msgspec.structs.replace(snapshot, ranks=complete_ranks(snapshot.ranks))
+        ranks, kept_ranks = complete_ranks_kept(snapshot.ranks, last.ranks)
+        snapshot = msgspec.structs.replace(snapshot, ranks=ranks)
         # 1. index the free GPUs
-        cycle = _Cycle(snapshot, policy, now)
+        index, kept_index = FreeIndex.of(snapshot.nodes, last.index)
+        cycle = _Cycle(snapshot, policy, now, index, last.slots)
         # 2. maintenance drains
         cycle.drain()
         # 3. pending jobs in the policy's order: place, preempt for, or explain
         ordered = policy.order(snapshot)
         cycle.consider(ordered if isinstance(ordered, Ordered) else tuple(ordered))
         # 4. fragmentation and the next wake-up
-        return cycle.decision()
+        slots = cycle.frees.kept(last.slots)
+        return cycle.decision(), Carry(index=kept_index, ranks=kept_ranks, slots=slots)

@@ -72,17 +72,8 @@ class FairShare11(FairShare8, frozen=True, kw_only=True):
     def job_traits(self, job: PendingJob, snapshot: Snapshot) -> Hashable:
         """`fairshare-8`'s traits (with whether the job is the reserved one), the reserved job
         looked up once per snapshot: a cycle asks for every waiting job."""
-        last = _RESERVED[0]  # one read: another thread may replace it meanwhile
-        if last is not None and last[0] is snapshot and last[1] is self:
-            picked = last[2]
-        else:
-            picked = self.reserved_job(snapshot)
-            _RESERVED[0] = (snapshot, self, picked)
+        picked = self.reserved_job(snapshot)  # kept with the snapshot (`reserved_for`)
         return (FairShare7.job_traits(self, job, snapshot), job.job_id == picked)
 
     def squat_note(self, job: RunningJob) -> str:
         return f"low utilisation since {when(job.low_util_since)}"
-
-
-_RESERVED: list[tuple[Snapshot, FairShare11, int | None] | None] = [None]
-"""The snapshot and policy last asked about and the id of the job it reserves for."""

@@ -46,7 +46,7 @@ from typing import Literal
 from ledger.dispatch.fairshare2 import team_fs, team_of
 from ledger.dispatch.fairshare7 import FairShare7, pool_gpus
 from ledger.dispatch.fairshare11 import FairShare11
-from ledger.dispatch.snapshot import NodeView, PendingJob, RunningJob, Snapshot
+from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot
 
 HoldBy = Literal["oldest", "share"]
 
@@ -70,15 +70,11 @@ class FairShare12(FairShare11, frozen=True, kw_only=True):
             return None
         pending = snapshot.pending
         settings = (self.hold_share, self.debug_lane, self.hold_team_fs, self.hold_by)
-        last = _PICKED[0]  # one read: another thread may replace it meanwhile
-        if (
-            last is not None
-            and last[0] is pending
-            and last[1] is snapshot.nodes
-            and last[2] is snapshot.level_fs
-            and last[3] == settings
-        ):
-            return last[4]
+        kept = ("reserved_for12", *settings, self.team_depth)
+        memo = snapshot.memo  # a cycle asks once per waiting job
+        if kept in memo:
+            last: PendingJob | None = memo[kept]
+            return last
         best: PendingJob | None = None
         best_key: tuple[float, float, int] | None = None
         shares: dict[str, float] = {}
@@ -98,7 +94,7 @@ class FairShare12(FairShare11, frozen=True, kw_only=True):
             key = (-fs if self.hold_by == "share" else 0.0, j.submitted_at, j.job_id)
             if best_key is None or key < best_key:
                 best, best_key = j, key
-        _PICKED[0] = (pending, snapshot.nodes, snapshot.level_fs, settings, best)
+        memo[kept] = best
         return best
 
     def holds_for(self, job: PendingJob, snapshot: Snapshot) -> bool:
@@ -134,17 +130,3 @@ class FairShare12(FairShare11, frozen=True, kw_only=True):
         """Whether the engine may start `job` on its reservation's nodes by preempting the jobs
         there once all are past their contracts (`engine._start_held`)."""
         return self.hold_start and job.job_id == self.reserved_job(snapshot)
-
-
-_PICKED: list[
-    tuple[
-        tuple[PendingJob, ...],
-        tuple[NodeView, ...],
-        object,
-        tuple[float, bool, float, str],
-        PendingJob | None,
-    ]
-    | None
-] = [None]
-"""The pending jobs, nodes and level fair shares last asked about, the settings, and the job
-picked, as one value (a cycle asks once per waiting job; the references kept make `is` safe)."""

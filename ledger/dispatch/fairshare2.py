@@ -125,9 +125,10 @@ def team_places(snapshot: Snapshot, depth: int) -> dict[str, int]:
     """Pure: the teams (the accounts `depth` levels down) in order of their share of the whole
     tree (`team_fs`, highest first; ties: Fair Tree rank, then name), as places 0, 1, ...;
     empty when a team's share is unknown (the order then falls back to Fair Tree ranks)."""
-    last = _PLACES.get(depth)
-    if last is not None and last[0] is snapshot:
-        return last[1]
+    key = ("team_places", depth)
+    last: dict[str, int] | None = snapshot.memo.get(key)  # a cycle asks once per waiting job
+    if last is not None:
+        return last
     level_fs, ranks = snapshot.level_fs, snapshot.ranks
     keyed: list[tuple[float, int, str]] = []
     for path in level_fs:
@@ -140,14 +141,12 @@ def team_places(snapshot: Snapshot, depth: int) -> dict[str, int]:
         keyed.append((-share, ranks.get(path, UNRANKED), path))
     keyed.sort()
     found = {path: i for i, (_, _, path) in enumerate(keyed)}
-    _PLACES[depth] = (snapshot, found)
+    snapshot.memo[key] = found
     return found
 
 
-_PLACES: dict[int, tuple[Snapshot, dict[str, int]]] = {}
 _JOB_ID = attrgetter("job_id")
 _SUBMITTED = attrgetter("submitted_at")
-"""The team places of the last snapshot asked about, per depth."""
 
 
 def _gpu_h(gpu_s: float) -> str:

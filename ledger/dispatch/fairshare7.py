@@ -107,23 +107,15 @@ class FairShare7(FairShare2, frozen=True, kw_only=True):
         return job.min_runtime_s <= 0 or ends_before(job, until, now)
 
 
-_POOLS: dict[tuple[str | None, str | None], int] = {}
-"""The pool sizes of the snapshot `_POOLS_OF[0]` (a cycle asks once per waiting job)."""
-_POOLS_OF: list[Snapshot | None] = [None]
-
-
 def pool_gpus(snapshot: Snapshot, job: PendingJob) -> int:
     """Pure: the GPUs of the active nodes `job` may run on (its GPU type and cluster, when it
     names them)."""
-    key = (job.gpu_type, job.cluster)
-    if _POOLS_OF[0] is snapshot:
-        found = _POOLS.get(key)
-        if found is not None:
-            return found
-    else:
-        _POOLS.clear()
-        _POOLS_OF[0] = snapshot
-    found = _POOLS[key] = sum(
+    key = ("pool_gpus", job.gpu_type, job.cluster)
+    memo = snapshot.memo  # a cycle asks once per waiting job
+    found: int | None = memo.get(key)
+    if found is not None:
+        return found
+    found = memo[key] = sum(
         n.gpus
         for n in snapshot.nodes
         if n.state == "active"

@@ -40,7 +40,7 @@ from typing import Literal
 from ledger.dispatch.fairshare2 import team_fs, team_of
 from ledger.dispatch.fairshare7 import FairShare7, pool_gpus
 from ledger.dispatch.ordering import SortKey
-from ledger.dispatch.snapshot import NodeView, PendingJob, Snapshot
+from ledger.dispatch.snapshot import PendingJob, Snapshot
 
 HoldPick = Literal["first", "oldest"]
 
@@ -66,11 +66,11 @@ class FairShare8(FairShare7, frozen=True, kw_only=True):
         if self.hold_pick != "oldest" or self.hold_share <= 0:
             return None
         pending = snapshot.pending
-        settings = (self.hold_share, self.debug_lane)
-        last = _PICKED[0]  # one read: another thread may replace it meanwhile
-        same = last is not None and last[0] is pending and last[1] is snapshot.nodes
-        if last is not None and same and last[2] == settings:
-            return last[3]
+        key = ("reserved_for8", self.hold_share, self.debug_lane)
+        memo = snapshot.memo  # a cycle asks once per waiting job
+        if key in memo:
+            last: PendingJob | None = memo[key]
+            return last
         best: PendingJob | None = None
         share = self.hold_share
         for j in pending:
@@ -81,7 +81,7 @@ class FairShare8(FairShare7, frozen=True, kw_only=True):
                 continue  # not large, or larger than its pool: it would hold nothing, forever
             if best is None or (j.submitted_at, j.job_id) < (best.submitted_at, best.job_id):
                 best = j
-        _PICKED[0] = (pending, snapshot.nodes, settings, best)
+        memo[key] = best
         return best
 
     def reserved_job(self, snapshot: Snapshot) -> int | None:
@@ -124,11 +124,3 @@ class FairShare8(FairShare7, frozen=True, kw_only=True):
         if self.hold_pick == "first":
             return traits
         return (traits, job.job_id == self.reserved_job(snapshot))
-
-
-_PICKED: list[
-    tuple[tuple[PendingJob, ...], tuple[NodeView, ...], tuple[float, bool], PendingJob | None]
-    | None
-] = [None]
-"""The pending jobs and nodes last asked about, the settings, and the job picked, as one value
-(a cycle asks once per waiting job; the references kept make `is` safe)."""

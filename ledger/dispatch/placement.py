@@ -103,15 +103,17 @@ class FreeIndex:
         """How many times GPUs were taken or given back (a cycle's memo of answers checks it)."""
 
     @classmethod
-    def of(cls, nodes: Sequence[NodeView]) -> FreeIndex:
-        """The index of `nodes`, equal in every answer to `FreeIndex(nodes)`, made from the
-        last one this function made when the same nodes (by name, in the same order, of the
-        same pools, sizes and states) changed only their free GPUs: a cycle re-enters the
-        nodes whose views changed (`snapshot_from_state` hands back the same view for a node
-        that did not) instead of indexing every node again. The index handed out is a copy:
-        the one kept is never changed, so a caller may use its copy as scratch."""
-        global _LAST_INDEX
-        last = _LAST_INDEX  # one read: another thread may index other nodes meanwhile
+    def of(
+        cls, nodes: Sequence[NodeView], last: KeptIndex | None = None
+    ) -> tuple[FreeIndex, KeptIndex]:
+        """Pure: the index of `nodes`, equal in every answer to `FreeIndex(nodes)`, and what to
+        hand the next call as `last`. When `last` (the previous call's) indexed the same nodes
+        (by name, in the same order, of the same pools, sizes and states) and only their free
+        GPUs changed, the nodes whose views changed (`snapshot_from_state` hands back the same
+        view for a node that did not) are entered again in a copy of its index instead of
+        indexing every node. The index handed out is a copy: the one kept is never changed, so
+        a caller may use its copy as scratch. The caller (the cycle's owner) keeps `last`:
+        nothing is kept here."""
         base: FreeIndex | None = None
         if last is not None and len(last[0]) == len(nodes):
             views, kept = last
@@ -129,8 +131,7 @@ class FreeIndex:
                     base.start = {k: base.capacity([p]) for k, p in base.pools.items()}
         if base is None:
             base = cls(nodes)
-        _LAST_INDEX = (tuple(nodes), base)
-        return base._copy()
+        return base._copy(), (tuple(nodes), base)
 
     def _copy(self) -> FreeIndex:
         """An independent copy (sizes and pools of nodes, never changed after indexing, are
@@ -364,8 +365,9 @@ def _same_node(a: NodeView, b: NodeView) -> bool:
         b.name, b.cluster, b.gpu_type, b.gpus, b.state)  # fmt: skip
 
 
-_LAST_INDEX: tuple[tuple[NodeView, ...], FreeIndex] | None = None
-"""The nodes `FreeIndex.of` indexed last and their index (never changed after)."""
+KeptIndex = tuple[tuple[NodeView, ...], FreeIndex]
+"""The nodes `FreeIndex.of` indexed and their index (never changed after): its next call's
+`last`."""
 
 
 Shape = tuple[str | None, str | None, bool]

@@ -120,9 +120,6 @@ class Policy(Protocol):
 RESERVE_MIN_NODES = 8
 """Pools smaller than this keep no nodes for debug work."""
 
-_KEPT: dict[tuple[int, int], tuple[Snapshot, frozenset[str]]] = {}
-"""The kept nodes of the last snapshot asked about (a cycle asks once per victim group)."""
-
 
 def debug_nodes(snapshot: Snapshot, per: int, min_nodes: int = RESERVE_MIN_NODES) -> frozenset[str]:
     """Pure: the nodes kept for debug work: in every pool (cluster, GPU type) of at least
@@ -130,9 +127,10 @@ def debug_nodes(snapshot: Snapshot, per: int, min_nodes: int = RESERVE_MIN_NODES
     `per` is 0."""
     if per <= 0:
         return frozenset()
-    last = _KEPT.get((per, min_nodes))
-    if last is not None and last[0] is snapshot:
-        return last[1]
+    key = ("debug_nodes", per, min_nodes)
+    last: frozenset[str] | None = snapshot.memo.get(key)  # a cycle asks once per victim group
+    if last is not None:
+        return last
     pools: dict[tuple[str, str], list[str]] = {}
     for n in snapshot.nodes:
         if n.state == "active":
@@ -143,7 +141,7 @@ def debug_nodes(snapshot: Snapshot, per: int, min_nodes: int = RESERVE_MIN_NODES
             names.sort()
             keep += names[-math.ceil(len(names) / per) :]
     found = frozenset(keep)
-    _KEPT[(per, min_nodes)] = (snapshot, found)
+    snapshot.memo[key] = found
     return found
 
 

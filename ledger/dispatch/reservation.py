@@ -27,7 +27,13 @@ class Hold(msgspec.Struct, frozen=True, kw_only=True):
     until: float
 
 
-_Row = tuple[int, float, float, list[tuple[str, tuple[str, str], int]]]
+_Slots = list[tuple[str, tuple[str, str], int]]
+_Row = tuple[int, float, float, _Slots]
+
+KeptSlots = tuple[Mapping[str, tuple[str, str]], dict[int, tuple[RunningJob, _Slots]]]
+"""What one cycle's `Frees` hands the next: the index's node -> pool map it read (the same
+object while the active nodes and their pools stay the same: `FreeIndex.of`) and, per running
+job, the job's view and its (node, pool, GPUs) on those active nodes."""
 
 
 class Frees:
@@ -37,22 +43,46 @@ class Frees:
     nodes and `now` do not change inside one)."""
 
     def __init__(
-        self, now: float, index: FreeIndex, expected_end: Callable[[RunningJob, float], float]
+        self,
+        now: float,
+        index: FreeIndex,
+        expected_end: Callable[[RunningJob, float], float],
+        last: KeptSlots | None = None,
     ) -> None:
+        """`last`: what the last cycle's `kept()` handed on (its jobs' slots on active nodes,
+        read again for a job whose view is the same object while the active nodes are)."""
         self.now = now
         self.index = index
         self.expected_end = expected_end
         self.rows: dict[int, _Row] = {}
+        self.slots: dict[int, tuple[RunningJob, _Slots]] = {}
+        self.last = last[1] if last is not None and last[0] is index.pool_of else {}
 
     def _row(self, r: RunningJob) -> _Row:
-        now, free, pool_of = self.now, self.index.free, self.index.pool_of
-        row = self.rows[r.job_id] = (
-            r.job_id,
+        now = self.now
+        job_id = r.job_id
+        was = self.last.get(job_id)
+        if was is not None and was[0] is r:
+            on = was[1]
+        else:
+            free, pool_of = self.index.free, self.index.pool_of
+            on = [(sl.node, pool_of[sl.node], len(sl.gpu_indices)) for sl in r.slots
+                  if sl.node in free]  # fmt: skip
+        self.slots[job_id] = (r, on)
+        row = self.rows[job_id] = (
+            job_id,
             max(now, r.placed_at + r.min_runtime_s),
             max(now, self.expected_end(r, now)),
-            [(sl.node, pool_of[sl.node], len(sl.gpu_indices)) for sl in r.slots if sl.node in free],
+            on,
         )
         return row
+
+    def kept(self, last: KeptSlots | None) -> KeptSlots | None:
+        """What to hand the next cycle: this cycle's slots when it worked any out (a reservation
+        reads every running job), else `last` as it was."""
+        if not self.slots:
+            return last
+        return (self.index.pool_of, self.slots)
 
     def on(
         self,

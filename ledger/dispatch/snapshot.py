@@ -15,8 +15,8 @@ preemption margin compares it and decision notes quote it.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Literal
+from collections.abc import Hashable, Mapping
+from typing import Any, Literal
 
 import msgspec
 
@@ -109,7 +109,7 @@ class PendingJob(msgspec.Struct, frozen=True, kw_only=True):
         return f"{self.account}/{self.user}"
 
 
-class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True, dict=True):
     """Everything `decide()` reads, taken at log position `position`."""
 
     position: int
@@ -127,6 +127,15 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     shares: dict[str, float] = msgspec.field(default_factory=dict)
     """Account path -> its share of its parent's (norm shares), alongside `usage`."""
 
+    @property
+    def memo(self) -> dict[Hashable, Any]:
+        """Answers worked out from this snapshot alone (a policy's pool sizes, team places),
+        kept with it so a cycle that asks once per waiting job works each out once: never
+        part of the snapshot's value (not encoded, not compared), gone with it, and empty in
+        a copy (`msgspec.structs.replace`)."""
+        memo: dict[Hashable, Any] = self.__dict__.setdefault("memo_", {})
+        return memo
+
     def rank_key(self, account: str, user: str) -> str:
         """The account whose rank orders a job: the user leaf if ranked, else the project."""
         leaf = f"{account}/{user}"
@@ -135,17 +144,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
 
 def complete_ranks(leaf_ranks: Mapping[str, int]) -> dict[str, int]:
     """Pure: add every ancestor of the ranked paths, ranked as its best descendant. Completing
-    a completed mapping changes nothing: the last few answers are handed back as they are (the
-    cycle completes the ranks of its snapshot, then `decide()` asks again). Leaf ranks equal to
-    the last ones completed get that answer again: ranks are an order, which usage moves far
-    less often than a cycle runs (a simulation asks ~7,000 times in 28 days)."""
-    for done in _COMPLETED:
-        if leaf_ranks is done:
-            return done
-    global _LAST
-    last = _LAST  # one read: another thread may complete other ranks meanwhile
-    if last is not None and last[0] == leaf_ranks and list(last[0]) == list(leaf_ranks):
-        return last[1]  # the same ranks in the same order: compared in C, no walk of the paths
+    a completed mapping changes nothing."""
     out = dict(leaf_ranks)
     for path, rank in leaf_ranks.items():
         cut = path.find("/")
@@ -156,15 +155,30 @@ def complete_ranks(leaf_ranks: Mapping[str, int]) -> dict[str, int]:
                 if have is None or rank < have:
                     out[anc] = rank
             cut = path.find("/", cut + 1)
-    _COMPLETED[:] = [out, *_COMPLETED[:3]]
-    _LAST = (dict(leaf_ranks), out)
     return out
 
 
-_COMPLETED: list[dict[str, int]] = []
-"""The last answers of `complete_ranks` (never changed by their readers)."""
-_LAST: tuple[dict[str, int], dict[str, int]] | None = None
-"""A copy of the last leaf ranks completed and their answer (`complete_ranks`)."""
+KeptRanks = tuple[dict[str, int], dict[str, int]]
+"""A copy of leaf ranks `complete_ranks_kept` completed and its answer (never changed by its
+readers): its next call's `last`."""
+
+
+def complete_ranks_kept(
+    leaf_ranks: Mapping[str, int], last: KeptRanks | None
+) -> tuple[dict[str, int], KeptRanks]:
+    """Pure: `complete_ranks(leaf_ranks)`, and what to hand the next call as `last`. Leaf
+    ranks equal to the last ones, in the same order, get the last answer again (compared in
+    C, no walk of the paths), and so does that answer itself (completing it changes nothing):
+    ranks are an order, which usage moves far less often than a cycle runs (a simulation asks
+    ~7,000 times in 28 days), and a cycle completes its snapshot's ranks, then `decide()`
+    asks again. The caller (the cycle's owner) keeps `last`: nothing is kept here."""
+    if last is not None:
+        if leaf_ranks is last[1]:
+            return last[1], last
+        if last[0] == leaf_ranks and list(last[0]) == list(leaf_ranks):
+            return last[1], last
+    out = complete_ranks(leaf_ranks)
+    return out, (dict(leaf_ranks), out)
 
 
 def fs_text(value: float) -> str:

@@ -11,7 +11,7 @@ check it, as numbered steps:
 3. utilisation at P: `ledger.core.utilisation.UtilTracker` over the events 1..P, with the squat
    threshold that C records (`squat_util_pct`, else the tracker's default);
 4. ranks at `decided_at` from the projection (usage counted as the record's rank inputs say,
-   else the 7-day window), the snapshot (`snapshot_from_state`), and `decide()` with the policy
+   else the 7-day window), the snapshot (`snapshot_kept`), and `decide_carried()` with the policy
    rebuilt from C (`registry.build`; a record without C, whose version's code is gone or whose
    old string settings no code wrote, is a clear error);
 5. compare with the record, field by field: `compare` names every difference.
@@ -41,10 +41,10 @@ from pathlib import Path
 from ledger.core.evolve import evolve
 from ledger.core.state import State
 from ledger.core.utilisation import DEFAULT_SQUAT_UTIL_PCT, UtilTracker
-from ledger.cycle.inputs import snapshot_from_state
+from ledger.cycle.inputs import Views, snapshot_kept
 from ledger.cycle.loop import SERVICE
 from ledger.dispatch import registry
-from ledger.dispatch.engine import decide
+from ledger.dispatch.engine import Carry, decide_carried
 from ledger.dispatch.policy import Policy
 from ledger.dispatch.snapshot import Snapshot
 from ledger.history.checkpoints import (
@@ -163,6 +163,10 @@ class Replayer:
         self._history: tuple[list[int], list[int], list[float]] | None = None
         self._tree: FairTree | None = None
         """The Fair Tree the last ranks were read from (its usage and shares: `fairshare-10`)."""
+        self._views: Views | None = None
+        self._carry: Carry | None = None
+        """What the last snapshot and `decide()` hand the next (`snapshot_kept`,
+        `decide_carried`): the same decisions, less rebuilt."""
         self._threads(1)
         self.as_of: AsOf | None = None
         if not self.exact:
@@ -422,10 +426,11 @@ class Replayer:
                 )
             elif self._tree is not None:
                 usage_of, shares = self._tree.usage_shares()
-        snapshot = snapshot_from_state(
+        snapshot, self._views = snapshot_kept(
             self.state,
             ranks,
             now,
+            self._views,
             level_fs=level_fs,
             usage=usage_of,
             shares=shares,
@@ -443,7 +448,7 @@ class Replayer:
         except (UnknownEntity, InvalidCommand) as err:
             return cycle_replay(position, recorded, error=err.line())
         started = time.perf_counter()
-        decision = decide(snapshot, policy, decided_at(recorded))
+        decision, self._carry = decide_carried(snapshot, policy, decided_at(recorded), self._carry)
         self.timings.decide_s += time.perf_counter() - started
         outcome = self.outcome(position, recorded)
         # the settings in force at P, the position before Q, as the service recorded them (an

@@ -80,9 +80,10 @@ def _nodes(rng: random.Random, count: int, free: Callable[[], tuple[int, ...]]) 
 def test_index_made_from_the_last_answers_as_one_made_afresh(seed: int) -> None:
     rng = random.Random(seed)
     nodes = _nodes(rng, 24, lambda: tuple(range(8)))
+    last = None
     for step in range(150):
         nodes = _step(rng, nodes)
-        kept = FreeIndex.of(nodes)
+        kept, last = FreeIndex.of(nodes, last)
         fresh = FreeIndex(nodes)
         assert answers(kept, step) == answers(fresh, step), f"seed {seed} step {step}"
 
@@ -90,10 +91,10 @@ def test_index_made_from_the_last_answers_as_one_made_afresh(seed: int) -> None:
 def test_the_index_handed_out_is_scratch_the_kept_one_does_not_change() -> None:
     nodes = [NodeView(name=f"n{i}", cluster="c", gpu_type="h100", gpus=8, free=tuple(range(8)))
              for i in range(6)]  # fmt: skip
-    first = FreeIndex.of(nodes)
+    first, last = FreeIndex.of(nodes)
     first.place(_job(1, 8, None), False)
     first.place(_job(2, 3, None), False)
-    again = FreeIndex.of(nodes)
+    again, _ = FreeIndex.of(nodes, last)
     assert answers(again, 1) == answers(FreeIndex(nodes), 1)
 
 

@@ -10,8 +10,7 @@ from typing import Any
 import pytest
 
 from ledger.core.state import State
-from ledger.cycle import inputs
-from ledger.cycle.inputs import snapshot_from_state
+from ledger.cycle.inputs import Views, snapshot_from_state, snapshot_kept
 from ledger.dispatch import Decision, FairShare, Policy, Snapshot, decide, snapshot
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
@@ -65,9 +64,10 @@ def cycle(
 ) -> Decision:
     ranks, level = fair_share(ledger.state, used)
     now = clock.now()
-    snap = snapshot_from_state(
-        ledger.state, ranks, now, level_fs=level, low_util_since=low_util_since
-    )
+    snap, _KEPT[id(ledger)] = snapshot_kept(
+        ledger.state, ranks, now, _KEPT.get(id(ledger)), level_fs=level,
+        low_util_since=low_util_since,
+    )  # fmt: skip
     assert snap == fresh_snapshot(
         ledger.state, ranks, now, level_fs=level, low_util_since=low_util_since
     )
@@ -81,18 +81,14 @@ def cycle(
     return d
 
 
+_KEPT: dict[int, Views] = {}
+"""What each test ledger's last `cycle` snapshot handed on (by the ledger's id), as a
+dispatcher keeps it."""
+
+
 def fresh_snapshot(state: State, ranks: dict[str, int], now: float, **kw: Any) -> Snapshot:
-    """`snapshot_from_state` with no view of an earlier call to reuse (and no ranks completed
-    before), the memos as they were afterwards."""
-    kept = (inputs._NODES, inputs._RUNNING, inputs._PENDING, snapshot._LAST)
-    completed = snapshot._COMPLETED[:]
-    inputs._NODES, inputs._RUNNING, inputs._PENDING, snapshot._LAST = {}, {}, {}, None
-    snapshot._COMPLETED.clear()
-    try:
-        return snapshot_from_state(state, dict(ranks), now, **kw)
-    finally:
-        inputs._NODES, inputs._RUNNING, inputs._PENDING, snapshot._LAST = kept
-        snapshot._COMPLETED[:] = completed
+    """`snapshot_from_state`: nothing kept from an earlier call."""
+    return snapshot_from_state(state, dict(ranks), now, **kw)
 
 
 def test_views_of_unchanged_jobs_are_reused_and_equal_fresh_ones(tmp_path: Path) -> None:
@@ -107,8 +103,8 @@ def test_views_of_unchanged_jobs_are_reused_and_equal_fresh_ones(tmp_path: Path)
     big = submit(ledger, "lab/c", 32, min_runtime_s=600)  # no cycle after it: pending
     ledger.execute(c.StartJob(actor="@executor", job_id=a))
     ranks = {"lab/a/u1": 0}
-    one = snapshot_from_state(ledger.state, ranks, 1_600.0)
-    two = snapshot_from_state(ledger.state, ranks, 1_600.0)
+    one, kept = snapshot_kept(ledger.state, ranks, 1_600.0, None)
+    two, kept = snapshot_kept(ledger.state, ranks, 1_600.0, kept)
     assert [r.job_id for r in one.running] == [a, b] and [p.job_id for p in one.pending] == [big]
     assert two == one and all(x is y for x, y in zip(two.running, one.running, strict=True))
     assert two.pending[0] is one.pending[0]
@@ -116,18 +112,20 @@ def test_views_of_unchanged_jobs_are_reused_and_equal_fresh_ones(tmp_path: Path)
     ledger.execute(c.ReportCheckpoint(actor="@executor", job_id=a))
     ledger.execute(c.DrainNode(actor="root", node="a0", reason="fan"))
     kw: dict[str, Any] = {"low_util_since": {b: 1_550.0}}
-    three = snapshot_from_state(ledger.state, ranks, 1_600.0, **kw)
+    three, kept = snapshot_kept(ledger.state, ranks, 1_600.0, kept, **kw)
     assert three == fresh_snapshot(ledger.state, ranks, 1_600.0, **kw)
     assert three.running[0] is not one.running[0] and three.running[0].checkpoint_at is not None
     assert three.running[1] is not one.running[1] and three.running[1].low_util_since == 1_550.0
     assert three.pending[0] is one.pending[0]
     changed = [x.name for x, y in zip(three.nodes, one.nodes, strict=True) if x is not y]
     assert changed == ["a0"] and three.nodes[0].state == "drained"  # it held no job
-    busy = snapshot_from_state(ledger.state, ranks, 1_600.0, unavailable={"n5": frozenset({0})})
+    busy, kept = snapshot_kept(
+        ledger.state, ranks, 1_600.0, kept, unavailable={"n5": frozenset({0})}
+    )
     assert busy.nodes[-1].name == "n5" and 0 not in busy.nodes[-1].free
     assert busy == fresh_snapshot(ledger.state, ranks, 1_600.0, unavailable={"n5": frozenset({0})})
     # placed but not started, contracts from the engine's start: its view moves with `now`
-    later = snapshot_from_state(ledger.state, ranks, 1_700.0, from_start=True, **kw)
+    later, kept = snapshot_kept(ledger.state, ranks, 1_700.0, kept, from_start=True, **kw)
     assert later == fresh_snapshot(ledger.state, ranks, 1_700.0, from_start=True, **kw)
     assert later.running[1].placed_at == 1_700.0
 
@@ -135,12 +133,14 @@ def test_views_of_unchanged_jobs_are_reused_and_equal_fresh_ones(tmp_path: Path)
 def test_equal_leaf_ranks_complete_as_the_last_ones_did() -> None:
     """Ranks equal to the last ones completed, in the same order, get the same answer; in
     another order, the answer a walk gives (the same ranks, keys in that order)."""
-    first = snapshot.complete_ranks({"a/x/u": 0, "b/y/u": 1})
-    again = snapshot.complete_ranks({"a/x/u": 0, "b/y/u": 1})
+    first, kept = snapshot.complete_ranks_kept({"a/x/u": 0, "b/y/u": 1}, None)
+    again, kept = snapshot.complete_ranks_kept({"a/x/u": 0, "b/y/u": 1}, kept)
     assert again is first and first == {"a/x/u": 0, "a": 0, "a/x": 0, "b/y/u": 1, "b": 1, "b/y": 1}
-    other = snapshot.complete_ranks({"b/y/u": 1, "a/x/u": 0})
+    assert snapshot.complete_ranks_kept(first, kept)[0] is first  # completing it changes nothing
+    other, kept = snapshot.complete_ranks_kept({"b/y/u": 1, "a/x/u": 0}, kept)
     assert other == first and list(other) == ["b/y/u", "a/x/u", "b", "b/y", "a", "a/x"]
-    assert snapshot.complete_ranks({"a/x/u": 1, "b/y/u": 0})["a"] == 1
+    assert snapshot.complete_ranks_kept({"a/x/u": 1, "b/y/u": 0}, kept)[0]["a"] == 1
+    assert snapshot.complete_ranks({"a/x/u": 0, "b/y/u": 1}) is not first  # nothing kept
 
 
 def submit(ledger: Ledger, project: str, gpus: int, **kw: object) -> int:
