@@ -25,6 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ledger.cycle.executor import Exit, Launch
+from ledger.engines.slurm.command_check import (
+    REFUSED_COMMAND,
+    REFUSED_OPENINGS,
+    checker_code,
+    checker_sources,
+)
 from ledger.engines.slurm.ends import (
     BEAT_STALE_S,
     Ending,
@@ -78,7 +84,7 @@ TAKEN_BACK = "taken-back"
 batch script, should Slurm start it all the same, ends before anything of the job's
 (`script.taken_back_lines`)."""
 MARKS = (LAUNCHED, CANNOT_ENTER, CANNOT_START, END_RECORD, SIGNALLED, STOPPING, CANNOT_OPEN, ALIVE,
-         WRONG_GPUS, RELAUNCHED, TAKEN_BACK)  # fmt: skip
+         WRONG_GPUS, RELAUNCHED, TAKEN_BACK, REFUSED_COMMAND)  # fmt: skip
 
 
 def run_script(
@@ -104,7 +110,9 @@ def run_script(
                         after_term_s=after_term_s, own_end_s=own_end_s,
                         wrong_gpus_file=at[WRONG_GPUS], pinned_nodes=pinned_nodes,
                         files_limit=int(files) if files.isdigit() else None,
-                        relaunched_file=at[RELAUNCHED], taken_back_file=at[TAKEN_BACK])  # fmt: skip
+                        relaunched_file=at[RELAUNCHED], taken_back_file=at[TAKEN_BACK],
+                        refused_file=at[REFUSED_COMMAND],
+                        checker=checker_code(checker_sources()))  # fmt: skip
 
 
 def mark_stopping(run_dir: Path) -> None:
@@ -271,7 +279,7 @@ class MarksSeen:
         return min(ctime, seen[1])
 
 
-def said(run_dir: Path, mark: str, opening: str) -> str:
+def said(run_dir: Path, mark: str, opening: str | tuple[str, ...]) -> str:
     """The reason the batch script wrote into `mark` (`script_files.usable_lines`: one line,
     naming the node), "" when it wrote none or it does not begin with `opening` (the mark is
     the job user's to write: it may only say why its own launch failed, never pass for another
@@ -354,6 +362,10 @@ def never_ran(
         return ""
     if marked(run_dir, CANNOT_OPEN):
         return said(run_dir, CANNOT_OPEN, "cannot open the output file ") or cannot_open(logs)
+    if marked(run_dir, REFUSED_COMMAND):  # the path rule (`command_check`)
+        return said(run_dir, REFUSED_COMMAND, REFUSED_OPENINGS) or (
+            "the path rule refused the command's names on its node (the batch script said no more)"
+        )
     if marked(run_dir, CANNOT_START):
         return cannot_start(launch)
     if not marked(run_dir, CANNOT_ENTER):
