@@ -57,6 +57,7 @@ with its own foreign jobs, so a group's files run one after the other on one wor
 
 SLURM_SECONDS: dict[str, float] = {
     "test_slurm": 905,
+    "test_slurm_command_path": 70,
     "test_slurm_ctldloss": 200,
     "test_slurm_faults": 311,
     "test_slurm_foreign_work": 81,

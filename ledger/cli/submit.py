@@ -350,7 +350,11 @@ def workdir(chdir: str | None) -> str:
 )
 @click.option("--resumable/--not-resumable", default=False, show_default=True)
 @click.option(
-    "--priority", type=int, default=0, show_default=True, help="Orders jobs inside one team only."
+    "--priority",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Orders jobs inside one team only; above 0: managers and admins only.",
 )
 @click.option(
     "--time",

@@ -222,6 +222,7 @@ def _command_rule(state: State, cmd: c.AnyCommand, actor: str) -> None:
             user = cmd.user or actor
             if user != actor and not (is_system(actor) or state.manages(actor, cmd.account)):
                 raise NotAuthorised(f"{actor!r} may not submit on behalf of {cmd.user!r}")
+            _raise_priority(state, cmd, actor)
             # only a project's members charge it (what is not an open project, the handler
             # refuses as such)
             account = state.accounts.get(cmd.account)
@@ -279,6 +280,21 @@ def _command_rule(state: State, cmd: c.AnyCommand, actor: str) -> None:
                 raise NotAuthorised(f"{actor!r} may not configure the service: only admins may")
         case _:
             pass
+
+
+def _raise_priority(state: State, cmd: c.SubmitJob, actor: str) -> None:
+    """A priority above the default (0) orders a job before its teammates' (it sorts before
+    the per-person fair share inside a team): only a manager of the job's account or an admin
+    sets one, as Slurm's `--priority` is its operators' and admins'; anyone may lower their
+    own (`--nice`). A member's `--priority 1000000000` went ahead of every teammate's job
+    (atk46-23 F15)."""
+    if cmd.priority > 0 and not (is_system(actor) or state.manages(actor, cmd.account)):
+        raise NotAuthorised(
+            f"{actor!r} may not raise a job's priority above 0 in {cmd.account!r}: only its "
+            "managers and admins may (a member may lower it, a negative --priority)",
+            actor=actor,
+            account=cmd.account,
+        )
 
 
 def _require_admin(state: State, actor: str, what: str) -> None:

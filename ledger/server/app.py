@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from importlib.metadata import version
 from typing import Any, ClassVar
 
@@ -181,13 +181,18 @@ def error_response(err: Exception) -> Response[api.Problem]:
 
 
 def create_asgi(
-    worker: Worker, *, clock: Callable[[], float], limits: connections.Limits | None = None
+    worker: Worker,
+    *,
+    clock: Callable[[], float],
+    limits: connections.Limits | None = None,
+    os_accounts: Mapping[str, str] | None = None,
 ) -> Front:
     """What `serve` serves: the Litestar app behind the command routes' hot path, its writes
     under way counted (the reads give way to them: `pooled.paged`), behind the connections'
     limits (`ledger.server.connections`: each caller's connections capped, a read's admission
-    held until its answer is sent; `limits`: the environment's when None)."""
-    return _build(worker, clock, limits)[1]
+    held until its answer is sent; `limits`: the environment's when None). `os_accounts`:
+    serve.toml's, which the Unix socket's callers are named by (`identity.from_peer`)."""
+    return _build(worker, clock, limits, os_accounts or {})[1]
 
 
 def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
@@ -196,7 +201,10 @@ def create_app(worker: Worker, *, clock: Callable[[], float]) -> Litestar:
 
 
 def _build(
-    worker: Worker, clock: Callable[[], float], limits: connections.Limits | None = None
+    worker: Worker,
+    clock: Callable[[], float],
+    limits: connections.Limits | None = None,
+    os_accounts: Mapping[str, str] | None = None,
 ) -> tuple[Litestar, Front]:
     ledger = worker.service.ledger
     writes = pooled.Writes()
@@ -206,13 +214,14 @@ def _build(
         """A socket peer's account, and whether it is the host's admin: root or a ledger
         admin's OS account (the socket's admin reserve, `connections.Tally`)."""
         name, root = connections.os_account(uid)
-        return name, root or ledger.state.is_admin(name)
+        actor = ident.socket_user(name, os_accounts or {})
+        return name, root or (isinstance(actor, str) and ledger.state.is_admin(actor))
 
     conns.whose_uid = whose_uid
 
     def identify(uid: Any, bearer: str | None) -> ident.Identity:
         if isinstance(uid, int) and not bearer:  # a token sent on the socket is the caller
-            return ident.from_peer(uid)
+            return ident.from_peer(uid, os_accounts)
         return ident.from_bearer(ledger.state, bearer, clock())
 
     def who(request: Request[Any, Any, Any]) -> ident.Identity:

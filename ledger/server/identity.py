@@ -13,6 +13,7 @@ from __future__ import annotations
 import pwd
 import socket
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ledger.core import tokens
@@ -96,13 +97,46 @@ def peer_uid(sock: socket.socket) -> int | None:
     return int(uid)
 
 
-def from_peer(uid: int) -> Identity:
-    """A local caller on the Unix socket acts as its OS user (how Slurm trusts its head node)."""
+def from_peer(uid: int, os_accounts: Mapping[str, str] | None = None) -> Identity:
+    """A local caller on the Unix socket acts as the ledger user its OS account is
+    (`socket_user`: its OS user name, or the ledger user serve.toml's `os_accounts` maps to
+    it; how Slurm trusts its head node)."""
     try:
         name = pwd.getpwuid(uid).pw_name
     except KeyError as err:
         raise NotAuthenticated(f"uid {uid} has no user name on this host") from err
-    return Identity(actor=name, via=f"peer:{uid}")
+    actor = socket_user(name, os_accounts or {})
+    if isinstance(actor, NotAuthenticated):
+        raise actor
+    return Identity(actor=actor, via=f"peer:{uid}")
+
+
+def socket_user(os_name: str, os_accounts: Mapping[str, str]) -> str | NotAuthenticated:
+    """Pure: the ledger user the OS account `os_name` acts as on the Unix socket, the inverse
+    of `os_accounts` (ledger user -> the OS account its jobs run as): the ledger user mapped to
+    it (`L = "O"`: O's caller is L), else its own name, unless that name is a ledger user
+    mapped to another account (its jobs run as that one: OS user L is not ledger user L,
+    whose jobs would run as O, another person's code as O: atk46-23 F4); refused too when
+    several ledger users map to it (who it is cannot be said). A refusal is one line; a token
+    still works."""
+    mapped = sorted(u for u, account in os_accounts.items() if account == os_name and u != os_name)
+    if len(mapped) == 1:
+        return mapped[0]
+    hint = "send a token of the ledger user (GPULEDGER_TOKEN), or an admin fixes os_accounts"
+    if mapped:
+        return NotAuthenticated(
+            f"OS account {os_name!r} is the account of several ledger users in serve.toml's "
+            f"os_accounts ({', '.join(mapped)}): it cannot be told which one on the socket",
+            hint=hint,
+        )
+    if os_accounts.get(os_name, os_name) != os_name:
+        return NotAuthenticated(
+            f"OS account {os_name!r} is not the ledger user {os_name!r}: serve.toml's "
+            f"os_accounts runs that user's jobs as OS account {os_accounts[os_name]!r}, whose "
+            "caller on the socket is that user",
+            hint=hint,
+        )
+    return os_name
 
 
 def act(identity: Identity, cmd: c.AnyCommand) -> c.AnyCommand:

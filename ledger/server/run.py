@@ -329,7 +329,8 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         log.warning("no executor (--executor none): nothing is placed; jobs wait in the queue")
     worker = Worker(service, tick_s=config.interval.seconds, max_batch=config.max_batch)
     limits = _fit_descriptors(limits_from_env())
-    front = create_asgi(worker, clock=ledger.clock.now, limits=limits)
+    front = create_asgi(worker, clock=ledger.clock.now, limits=limits,
+                        os_accounts=dict(config.os_accounts))  # fmt: skip
     app: Any = front
     if ha is not None:
         worker.ha = ha

@@ -100,6 +100,12 @@ REJECTED = [
         id="an overflowing priority",
     ),
     pytest.param(
+        ["submit", "-A", "ml/nlp", "-G", "1", "--priority", "1000000000"],
+        "forbidden",
+        "'alice' may not raise a job's priority above 0 in 'ml/nlp': only its managers and admins",
+        id="a member raising her own priority (atk46-23 F15)",
+    ),
+    pytest.param(
         ["share", "set", "ml/nlp", "9223372036854775808"],
         "invalid",
         "`shares` must be int <= 1000000000",

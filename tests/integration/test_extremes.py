@@ -82,8 +82,8 @@ def build(home: Path) -> None:
         ]
     )
     big = c.SubmitJob(
-        actor=USER, account=PROJECT, gpus=128, min_runtime_s=b.TEN_YEARS_S, resumable=True,
-        priority=10**9, time_limit_s=b.TEN_YEARS_S, duration_s=float(b.TEN_YEARS_S),
+        actor=ADMIN, user=USER, account=PROJECT, gpus=128, min_runtime_s=b.TEN_YEARS_S,
+        resumable=True, priority=10**9, time_limit_s=b.TEN_YEARS_S, duration_s=float(b.TEN_YEARS_S),
         command=tuple("x" * 4_096 for _ in range(8)),
         labels={f"{i:063d}": TEXT for i in range(64)},
     )  # fmt: skip

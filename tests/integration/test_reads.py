@@ -89,7 +89,15 @@ def build(home: Path) -> None:
         clock.advance_to(T0 + 200)
         ledger.execute(c.SubmitJob(actor="bob", account="ai2/olmo", gpus=4, min_runtime_s=600))
         ledger.execute(
-            c.SubmitJob(actor="alice", account="ai2/olmo", gpus=4, min_runtime_s=600, priority=5)
+            # a priority above 0 is an admin's or a manager's to give (atk46-23 F15)
+            c.SubmitJob(
+                actor="root",
+                user="alice",
+                account="ai2/olmo",
+                gpus=4,
+                min_runtime_s=600,
+                priority=5,
+            )
         )
         d.cycle(T0 + 300)
     ledger.close()

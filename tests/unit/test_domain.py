@@ -257,6 +257,20 @@ SUBMISSION = [
         NotAuthorised, "'bob' may not submit on behalf of 'alice'"),
     err("nobody submits on behalf of a non-member", submit("carol", actor="root"),
         NotAuthorised, "'carol' is not a member of 'ai2/olmo'"),
+    # atk46-23 F15: a priority above 0 goes ahead of every teammate (Slurm: operators' alone)
+    err("a member may not raise her own job's priority", submit(priority=10**9), NotAuthorised,
+        "'alice' may not raise a job's priority above 0 in 'ai2/olmo': only its managers and "
+        "admins may (a member may lower it, a negative --priority)",
+        want_fields={"actor": "alice", "account": "ai2/olmo"}),
+    err("nor by 1", submit(priority=1), NotAuthorised, "may not raise a job's priority"),
+    ok("a member may lower hers", submit(priority=-5), e.JobSubmitted,
+       want_attrs={e.JobSubmitted: {"priority": -5, "user": "alice"}}),
+    ok("the project's manager may raise a member's", submit("alice", actor="mgr", priority=7),
+       e.JobSubmitted, want_attrs={e.JobSubmitted: {"priority": 7, "actor": "mgr"}}),
+    ok("the program's manager may too", submit("alice", actor="pm", priority=7), e.JobSubmitted),
+    ok("an admin may", submit("alice", actor="root", priority=10**9), e.JobSubmitted),
+    err("another project's manager may not", submit("carol", actor="mgr", account="ai2/tulu",
+        priority=7), NotAuthorised, "'mgr' may not submit on behalf of 'carol'"),
 ]
 
 GPU_COUNT = [

@@ -89,11 +89,11 @@ def test_a_dependent_that_sorts_before_what_it_waits_for_waits_for_its_estimate(
          c.SubmitJob(actor="u", account="p/q", gpus=4, time_limit_s=100,
                      min_runtime_s=60))  # fmt: skip
     _place(state, 0.0, "fairshare")
-    after2 = (Dependency(kind="afterany", job_ids=(2,)),)
+    after2 = (Dependency(kind="afterany", job_ids=(2,)),)  # job 3's priority: an admin's (F15)
     _run(state, 1.0,
          c.SubmitJob(actor="u", account="p/q", gpus=4, time_limit_s=100, min_runtime_s=60),
-         c.SubmitJob(actor="u", account="p/q", gpus=4, time_limit_s=100, min_runtime_s=60,
-                     priority=5, dependency=after2))  # fmt: skip
+         c.SubmitJob(actor="root", user="u", account="p/q", gpus=4, time_limit_s=100,
+                     min_runtime_s=60, priority=5, dependency=after2))  # fmt: skip
     now = 2.0
     snap = snapshot_from_state(state, {}, now)
     policy = build("fairshare")

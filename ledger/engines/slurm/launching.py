@@ -26,6 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ledger.cycle.executor import Exit, Launch
+from ledger.engines.slurm.command_check import (
+    REFUSED_COMMAND,
+    REFUSED_OPENINGS,
+    checker_code,
+    checker_sources,
+)
 from ledger.engines.slurm.ends import (
     BEAT_STALE_S,
     Ending,
@@ -80,7 +86,7 @@ TAKEN_BACK = "taken-back"
 batch script, should Slurm start it all the same, ends before anything of the job's
 (`script.taken_back_lines`)."""
 MARKS = (LAUNCHED, CANNOT_ENTER, CANNOT_START, END_RECORD, SIGNALLED, STOPPING, CANNOT_OPEN, ALIVE,
-         WRONG_GPUS, RELAUNCHED, TAKEN_BACK)  # fmt: skip
+         WRONG_GPUS, RELAUNCHED, TAKEN_BACK, REFUSED_COMMAND)  # fmt: skip
 
 
 def run_script(
@@ -111,7 +117,8 @@ def run_script(
                         files_limit=int(files) if files.isdigit() else None,
                         relaunched_file=at[RELAUNCHED], taken_back_file=at[TAKEN_BACK],
                         cluster=cluster_lines(cluster, shutil.which("scontrol") or "scontrol"),
-                        )  # fmt: skip
+                        refused_file=at[REFUSED_COMMAND],
+                        checker=checker_code(checker_sources()))  # fmt: skip
 
 
 def mark_stopping(run_dir: Path) -> None:
@@ -283,7 +290,7 @@ class MarksSeen:
         return min(ctime, seen[1])
 
 
-def said(run_dir: Path, mark: str, opening: str) -> str:
+def said(run_dir: Path, mark: str, opening: str | tuple[str, ...]) -> str:
     """The reason the batch script wrote into `mark` (`script_files.usable_lines`: one line,
     naming the node), "" when it wrote none or it does not begin with `opening` (the mark is
     the job user's to write: it may only say why its own launch failed, never pass for another
@@ -373,6 +380,10 @@ def never_ran(
         return TAKEN_BACK_WHY
     if marked(run_dir, CANNOT_OPEN):
         return said(run_dir, CANNOT_OPEN, "cannot open the output file ") or cannot_open(logs)
+    if marked(run_dir, REFUSED_COMMAND):  # the path rule (`command_check`)
+        return said(run_dir, REFUSED_COMMAND, REFUSED_OPENINGS) or (
+            "the path rule refused the command's names on its node (the batch script said no more)"
+        )
     if marked(run_dir, CANNOT_START):
         return cannot_start(launch)
     if not marked(run_dir, CANNOT_ENTER):

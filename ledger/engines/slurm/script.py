@@ -9,6 +9,7 @@ import shlex
 from collections.abc import Collection, Sequence
 
 from ledger.cycle.executor import Launch
+from ledger.engines.slurm.command_check import check_lines
 from ledger.engines.slurm.ends import (
     BEAT_EVERY_S,
     UNBEATEN_S,
@@ -52,6 +53,8 @@ def batch_script(
     relaunched_file: str = "",
     taken_back_file: str = "",
     cluster: Sequence[str] = (),
+    refused_file: str = "",
+    checker: str = "",
 ) -> str:
     """Pure: the batch script: with `outputs` (`script_files`), its output files opened first, as
     the user, with `files_umask`, and its working directory checked (slurmstepd opens /dev/null
@@ -98,7 +101,9 @@ def batch_script(
     (`relaunch.guard_lines`); with `taken_back_file`, a run the executor took back (Slurm would
     not start it) that Slurm starts all the same ends first (`taken_back_lines`); with
     `cluster` (`script_cluster.cluster_lines`), a run started on another cluster than the one it
-    was submitted for ends next, its command never run (atk45ha F4). (The
+    was submitted for ends next, its command never run (atk45ha F4). With `checker` and
+    `refused_file`, the path rule for its command's names, run on the node as the user in its
+    working directory before the command starts (`command_check`). (The
     variables sit in the script:
     `sbatch --export=ALL,VAR=...` makes Slurm start a job about 1.5 s later; sbatch itself runs
     with PATH and `SBATCH_ENV` alone, so nothing of the service's reaches the job.)"""
@@ -120,6 +125,7 @@ def batch_script(
             f"{mark} exit 127; }}"
         )
         lines += workdir_check(job.workdir, real_workdir, mark) if outputs else []
+    lines += check_lines(job.command, checker, refused_file)  # the node agents' rule (F8)
     if cannot_start_file and job.command:
         cmd = shlex.quote(job.command[0])
         mark = f"{{ : > {shlex.quote(cannot_start_file)}; }} 2>/dev/null;"
