@@ -300,3 +300,27 @@ def test_reads_after_an_upgrade_make_an_older_projection_again(home: Path) -> No
     assert json.loads(got.stdout) == before
     assert "schema version 1" in got.stderr and "made again from the log" in got.stderr
     assert run(home, "jobs", "--json").stderr == ""  # once
+
+
+def test_import_shares_keeps_roots_users_and_names_what_it_moves_or_leaves_out(
+    tmp_path: Path,
+) -> None:
+    """atk46-23 F6: `root||alice|3` vanished without a word, and an account whose parent is in
+    no line made a file `budget apply` refused (`unknown account 'nope'`). Both files apply;
+    alice is a member of root/root; the orphan and Slurm's own root user are named."""
+    h = tmp_path / "ledger"
+    run(h, "init", "--admin", "root")
+    c1, c2 = tmp_path / "c1.txt", tmp_path / "c2.txt"
+    c1.write_text("root|||1\nroot||root|1\nroot||alice|3\nphysics|root||2\nphysics||bob|1\n")
+    c2.write_text("orphan|nope||1\norphan||u2|1\n")
+    done = run(h, "slurm", "import-shares", "--from", str(c1), "-o", str(tmp_path / "b1.toml"))
+    assert "members of the project root/root: alice" in done.stderr, done.stderr
+    assert "left out: root/root" in done.stderr
+    done = run(h, "slurm", "import-shares", "--from", str(c2), "-o", str(tmp_path / "b2.toml"))
+    assert "placed at the top: orphan (parent nope)" in done.stderr, done.stderr
+    run(h, "budget", "apply", str(tmp_path / "b1.toml"))
+    run(h, "budget", "apply", str(tmp_path / "b2.toml"))
+    tree = {a["path"]: a for a in json.loads(run(h, "account", "tree", "--json").stdout)}
+    assert tree["root/root"]["members"] == ["alice"] and tree["root/root/alice"]["shares"] == 3
+    assert tree["root/physics"]["members"] == ["bob"]
+    assert tree["root/orphan"]["members"] == ["u2"]
