@@ -519,6 +519,10 @@ def test_import_shares_refuses_a_name_budget_apply_would_and_counts_what_it_writ
     assert accounts_written(toml) == 2 == toml.count("[accounts.")  # root kept, and physics
 
 
+ROOTS = "root/root"
+"""The project of the users of Slurm's root account (a path of its own, not a machine's home)."""
+
+
 def test_users_of_slurms_root_are_members_and_an_unknown_parent_is_the_top() -> None:
     """atk46-23 F6: `root||alice|3` vanished from the import with no word (alice then in no
     account: her jobs refused), and an account whose parent is in no line was written under
@@ -535,8 +539,8 @@ def test_users_of_slurms_root_are_members_and_an_unknown_parent_is_the_top() -> 
     assert tree == {
         "root": ("program", 1),
         "root/root": ("project", 4),  # alice's 3 and al2's default 1
-        "root/root/al2": ("user", 1),
-        "root/root/alice": ("user", 3),
+        f"{ROOTS}/al2": ("user", 1),
+        f"{ROOTS}/alice": ("user", 3),
         "root/physics": ("project", 2),
         "root/physics/bob": ("user", 1),
     }
