@@ -48,11 +48,60 @@ def node_list(rows: list[NodeRow]) -> None:
     print_table(("node", "cluster", "type", "gpus", "free", "state", "jobs"), table)
 
 
+STATES = ("pending", "held", "placed", "running", "finished", "active")
+"""The `jobs --status` words that are a job's state (one at a time)."""
+REASONS = (
+    "completed", "failed", "cancelled", "time_limit", "preempted", "node_lost",
+    "dependency_never_satisfied", "launch_failed",
+)  # fmt: skip
+"""The `jobs --status` words that are how a finished job ended (`finish_reason`; several)."""
+SLURM_STATES: dict[str, tuple[str, ...]] = {
+    "PD": ("pending",), "PENDING": ("pending",), "R": ("running",), "RUNNING": ("running",),
+    "CF": ("placed",), "CONFIGURING": ("placed",),
+    "CD": ("completed",), "COMPLETED": ("completed",),
+    "F": ("failed", "launch_failed"), "FAILED": ("failed", "launch_failed"),
+    "CA": ("cancelled", "dependency_never_satisfied"),
+    "CANCELLED": ("cancelled", "dependency_never_satisfied"),
+    "TO": ("time_limit",), "TIMEOUT": ("time_limit",),
+    "PR": ("preempted",), "PREEMPTED": ("preempted",),
+    "NF": ("node_lost",), "NODE_FAIL": ("node_lost",),
+}  # fmt: skip
+"""sacct's `-s` state names and abbreviations as the ledger's words (docs/slurm-users.md):
+Slurm's FAILED is also a job whose launch failed, and its CANCELLED a job whose dependency can
+never be satisfied (slurmctld cancels it)."""
+
+
+def status_words(text: str) -> tuple[str | None, tuple[str, ...] | None]:
+    """Pure: `jobs --status TEXT` as (state, finish reasons): one state word, or one or more
+    ways a job ended (`finish_reason` words, sacct's names and abbreviations: `TO,F,NF`)."""
+    words: list[str] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        mapped = SLURM_STATES.get(part.upper()) or (
+            (part.lower(),) if part.lower() in STATES + REASONS else None
+        )
+        if mapped is None:
+            raise InvalidCommand(
+                f"invalid --status {part!r}",
+                hint=f"use one of {', '.join(STATES)}; or how jobs ended, several with commas: "
+                f"{', '.join(REASONS)} (sacct's CD, F, CA, TO, PR, NF too)",
+            )
+        words += [w for w in mapped if w not in words]
+    states = [w for w in words if w in STATES]
+    if not words or (states and len(words) > 1):
+        raise InvalidCommand(
+            f"invalid --status {text!r}: one state at a time, or ways jobs ended",
+            hint="e.g. --status running, or --status time_limit,failed (sacct -s TO,F)",
+        )
+    return (states[0], None) if states else (None, tuple(words))
+
+
 @click.command()
 @click.option(
     "--status",
-    type=click.Choice(["pending", "held", "placed", "running", "finished", "active"]),
     default=None,
+    help="One state: pending, held, placed, running, finished, active; or how finished jobs "
+    "ended, several with commas: completed, failed, cancelled, time_limit, preempted, node_lost, "
+    "dependency_never_satisfied, launch_failed (sacct -s: CD, F, CA, TO, PR, NF, R, PD, CF).",
 )
 @click.option("--user", "-u", default=None)
 @click.option(
@@ -93,10 +142,12 @@ def jobs(
     as_json: bool,
 ) -> None:
     """List jobs newest first, like sacct: start, end, elapsed, exit code, why it ended."""
+    wanted, reasons = (None, None) if status is None else status_words(status)
     selected = ctx.read(
         "jobs",
         quiet=False,
-        status=status,
+        status=wanted,
+        reasons=reasons,
         user=user,
         account=account_path,
         since=None if since is None else parse_time(since),

@@ -325,3 +325,25 @@ def test_import_shares_keeps_roots_users_and_names_what_it_moves_or_leaves_out(
     assert tree[roots]["members"] == ["alice"] and tree[f"{roots}/alice"]["shares"] == 3
     assert tree["root/physics"]["members"] == ["bob"]
     assert tree["root/orphan"]["members"] == ["u2"]
+
+
+def test_jobs_status_filters_by_how_jobs_ended_as_sacct_s(home: Path) -> None:
+    """atk46-23 F2: `jobs --status time_limit` (or `TO`, `CA`) was a usage error: `--status`
+    took states only, where docs/slurm-users.md maps sacct's `-s STATE` to it. Finish reasons
+    and sacct's names and abbreviations select finished jobs by how they ended."""
+    for _ in range(3):
+        run(home, "submit", "-A", "ai2/olmo", "-G", "1", "-t", "1", "--", "true", actor="alice")
+    run(home, "cancel", "1", actor="alice")
+
+    def ids(*status: str) -> list[int]:
+        out = run(home, "jobs", "--status", *status, "--json", actor="alice").stdout
+        return [j["job_id"] for j in json.loads(out)]
+
+    assert ids("CA") == ids("cancelled") == ids("cancelled,TO") == ids("CANCELLED") == [1]
+    assert ids("completed") == ids("TO,F,NF") == []
+    assert ids("pending") == ids("PD") == [3, 2]
+    table = run(home, "jobs", "--status", "ca", actor="alice").stdout
+    assert "cancelled" in table and "pending" not in table
+    for bad, said in (("R,TO", "one state at a time"), ("nope", "invalid --status 'nope'")):
+        done = run(home, "jobs", "--status", bad, actor="alice", ok=False)
+        assert done.returncode != 0 and said in done.stderr, done.stderr
