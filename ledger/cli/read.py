@@ -115,7 +115,8 @@ def status_words(text: str) -> tuple[str | None, tuple[str, ...] | None]:
     "-j",
     "job_ids",
     default=None,
-    help="Only these jobs: ID[,ID...]; an array's id: all its tasks (like sacct -j).",
+    help="Only these jobs: ID[,ID...]; an array's id: all its tasks, ARRAY_TASK (17_2): that "
+    "task (like sacct -j).",
 )
 @click.option(
     "--at", default=None, help="The jobs as they were at this moment (default now; ISO 8601)."
@@ -143,6 +144,7 @@ def jobs(
 ) -> None:
     """List jobs newest first, like sacct: start, end, elapsed, exit code, why it ended."""
     wanted, reasons = (None, None) if status is None else status_words(status)
+    refs = None if job_ids is None else _ids(job_ids)
     selected = ctx.read(
         "jobs",
         quiet=False,
@@ -154,9 +156,17 @@ def jobs(
         until=None if until is None else parse_time(until),
         limit=limit,
         at=None if at is None else parse_time(at),
-        job_ids=None if job_ids is None else _ids(job_ids),
+        job_ids=None if refs is None else tuple(sorted({i for i, _ in refs})),
         before_id=before_id,
     )
+    if refs is not None and any(t is not None for _, t in refs):  # ARRAY_TASK: that task only
+        whole = {i for i, t in refs if t is None}
+        tasks = {(i, t) for i, t in refs if t is not None}
+        selected = [
+            r for r in selected
+            if r.job_id in whole or r.array_job_id in whole
+            or (r.array_job_id, r.array_task_id) in tasks
+        ]  # fmt: skip
     if as_json:
         echo_json(selected)
         return
@@ -182,12 +192,18 @@ def jobs(
     print_table(header, rows)
 
 
-def _ids(text: str) -> tuple[int, ...]:
-    """`-j 5,6,7` as job ids; one clear error for anything else."""
+def _ids(text: str) -> list[tuple[int, int | None]]:
+    """`-j 5,6,7` (or `-j 17_2`, one task of array 17) as job references; one clear error for
+    anything else."""
+    from ledger.cli.submit import job_ref
+
     parts = [x.strip() for x in text.split(",") if x.strip()]
-    if not parts or not all(x.isdigit() for x in parts):
-        raise InvalidCommand(f"invalid --jobs {text!r}", hint="use job ids: -j 5 or -j 5,6,7")
-    return tuple(int(x) for x in parts)
+    refs = [job_ref(x) for x in parts]
+    if not parts or any(r is None for r in refs):
+        raise InvalidCommand(
+            f"invalid --jobs {text!r}", hint="use job ids: -j 5, -j 5,6,7 or -j 17_2 (a task)"
+        )
+    return [r for r in refs if r is not None]
 
 
 def _summary(ev: Any) -> str:

@@ -347,3 +347,30 @@ def test_jobs_status_filters_by_how_jobs_ended_as_sacct_s(home: Path) -> None:
     for bad, said in (("R,TO", "one state at a time"), ("nope", "invalid --status 'nope'")):
         done = run(home, "jobs", "--status", bad, actor="alice", ok=False)
         assert done.returncode != 0 and said in done.stderr, done.stderr
+
+
+def test_an_arrays_task_is_named_id_task_and_one_cancel_names_a_task_twice_without_error(
+    home: Path,
+) -> None:
+    """atk46-23 F1: task 0 of an array could not be cancelled alone (its id is the array's),
+    `cancel 17_0` and `jobs -j 17_2` were usage errors, and `cancel 17 19` reported 19 as an
+    error after the same command had cancelled it. Slurm's ARRAY_TASK form names one task."""
+    run(home, "submit", "-A", "ai2/olmo", "-G", "1", "-a", "0-3", "--", "true", actor="alice")
+    done = run(home, "cancel", "1_0", actor="alice")
+    assert "cancelled job 1 " in done.stdout, done.stdout
+    rows = json.loads(run(home, "jobs", "--json", actor="alice").stdout)
+    assert {j["job_id"]: j["status"] for j in rows} == {
+        1: "finished",
+        2: "pending",
+        3: "pending",
+        4: "pending",
+    }
+    picked = json.loads(run(home, "jobs", "-j", "1_2,1_3", "--json", actor="alice").stdout)
+    assert [(j["job_id"], j["array_task_id"]) for j in picked] == [(4, 3), (3, 2)]
+    done = run(home, "cancel", "1", "3", actor="alice")
+    assert "cancelled jobs 2, 3, 4" in done.stdout and "job 3: already cancelled" in done.stdout
+    assert done.stderr == ""
+    done = run(home, "cancel", "1_9", "x_1", actor="alice", ok=False)
+    assert done.returncode == 1
+    assert "job 1 is no array with a task 9" in done.stderr
+    assert "invalid job id 'x_1'" in done.stderr
