@@ -12,6 +12,7 @@ import msgspec
 from ledger.cli._common import Ctx, build, pass_ctx, view_command
 from ledger.cli.output import console, echo_json, json_option, print_table
 from ledger.cli.write import account, node
+from schemas.bounds import MAX_ARRAY_TASKS
 from schemas.errors import InvalidCommand
 from schemas.units import format_duration, format_time, parse_time, span
 from schemas.views import AccountNode, LogEntry, LogFilter, NodeRow
@@ -145,6 +146,7 @@ def jobs(
     """List jobs newest first, like sacct: start, end, elapsed, exit code, why it ended."""
     wanted, reasons = (None, None) if status is None else status_words(status)
     refs = None if job_ids is None else _ids(job_ids)
+    tasks = {(i, t) for i, t in refs or () if t is not None}
     selected = ctx.read(
         "jobs",
         quiet=False,
@@ -154,19 +156,18 @@ def jobs(
         account=account_path,
         since=None if since is None else parse_time(since),
         until=None if until is None else parse_time(until),
-        limit=limit,
+        limit=max(limit, MAX_ARRAY_TASKS) if tasks else limit,  # an array's every task
         at=None if at is None else parse_time(at),
         job_ids=None if refs is None else tuple(sorted({i for i, _ in refs})),
         before_id=before_id,
     )
-    if refs is not None and any(t is not None for _, t in refs):  # ARRAY_TASK: that task only
-        whole = {i for i, t in refs if t is None}
-        tasks = {(i, t) for i, t in refs if t is not None}
+    if tasks:  # ARRAY_TASK: that task only
+        whole = {i for i, t in refs or () if t is None}
         selected = [
             r for r in selected
             if r.job_id in whole or r.array_job_id in whole
             or (r.array_job_id, r.array_task_id) in tasks
-        ]  # fmt: skip
+        ][:limit]  # fmt: skip
     if as_json:
         echo_json(selected)
         return

@@ -33,7 +33,7 @@ from ledger.core.runas import SECRET_NAMES, secret_value
 from ledger.engines.accounts import own_umask
 from ledger.engines.job_paths import path_refusal, program_refusal
 from schemas import commands as c
-from schemas.bounds import ENV_NAME_PATTERN, MAX_ENV_VALUE
+from schemas.bounds import ENV_NAME_PATTERN, MAX_ARRAY_TASKS, MAX_ENV_VALUE
 from schemas.errors import InvalidCommand, LedgerError
 from schemas.events import JobFinished, JobSubmitted
 from schemas.units import format_duration, parse_duration, parse_job_time
@@ -495,7 +495,7 @@ def job_ref(text: str) -> tuple[int, int | None] | None:
 
 def task_job(ctx: Ctx, array: int, task: int) -> int:
     """The job id of task `task` of the array `array` (one clear error when it has none)."""
-    for row in ctx.read("jobs", job_ids=(array,), limit=1000):
+    for row in ctx.read("jobs", job_ids=(array,), limit=MAX_ARRAY_TASKS):
         if row.array_job_id == array and row.array_task_id == task:
             return int(row.job_id)
     raise InvalidCommand(
