@@ -374,3 +374,22 @@ def test_an_arrays_task_is_named_id_task_and_one_cancel_names_a_task_twice_witho
     assert done.returncode == 1
     assert "job 1 is no array with a task 9" in done.stderr
     assert "invalid job id 'x_1'" in done.stderr
+
+
+def test_authorization_jwt_dsn_and_token_shaped_values_never_reach_the_log(home: Path) -> None:
+    """atk46-23 F10: AUTHORIZATION, HTTP_AUTHORIZATION, CI_JOB_JWT, SENTRY_DSN and a GitHub
+    token under a plain name were recorded in `job.submitted` (the immutable log, Kafka). A
+    real submit with them exported: named in the note, not one of their values in the store."""
+    leaks = {"AUTHORIZATION": "Basic dXNlcjpwYXNzLEAK1", "HTTP_AUTHORIZATION": "Bearer LEAK2abcd",
+             "CI_JOB_JWT": "eyJhbGciOiLEAK3", "SENTRY_DSN": "https://LEAK4abc@o1.ingest.sentry.io/1",
+             "GHP": "ghp_LEAK5abcdefghijklmnopqrstuvwxyz0123"}  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}
+    env.update(GPULEDGER_HOME=str(home), GPULEDGER_USER="alice", PLAIN_VAR="kept", **leaks)
+    done = subprocess.run(
+        [GPULEDGER, "submit", "-A", "ai2/olmo", "-G", "1", "-t", "1", "--", "true"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert all(name in done.stderr for name in leaks), done.stderr
+    stored = repr(store_rows(home))
+    assert "kept" in stored and not [v for v in leaks.values() if v in stored]
