@@ -151,6 +151,13 @@ _JOB_STATUS = {
 }
 """The `status` filters that are not one stored status (held is a state of a pending job)."""
 
+_REASON_WORD = (
+    "CASE WHEN j.finish_reason = 'failed' AND j.engine_reason = 'time_limit' THEN "
+    "'time_limit' WHEN j.finish_reason = 'failed' AND j.engine_reason = 'node_failure' "
+    "THEN 'node_lost' ELSE j.finish_reason END"
+)
+"""A job's `finish_reason` as the rows read it (a v1 end's engine word: see `_JOBS`)."""
+
 _JOB_FILTERS = (
     ("user", "j.user_name = $user"),
     ("account", "(j.account = $account OR starts_with(j.account, $account || '/'))"),
@@ -165,12 +172,7 @@ _JOB_FILTERS = (
     ("before", "j.submitted_position <= $before"),
     ("below", "j.job_id < $below"),
     # the word `finish_reason` says (a v1 end's engine word read as the rows read it)
-    (
-        "reason",
-        "(CASE WHEN j.finish_reason = 'failed' AND j.engine_reason = 'time_limit' THEN "
-        "'time_limit' WHEN j.finish_reason = 'failed' AND j.engine_reason = 'node_failure' "
-        "THEN 'node_lost' ELSE j.finish_reason END) = $reason",
-    ),
+    ("reason", f"({_REASON_WORD}) = $reason"),
 )
 
 _JOBS = """WITH page AS (  -- the page first: newest first, over the given filters' columns only
@@ -266,6 +268,9 @@ def _job_where(f: v.JobFilter, given: dict[str, Any]) -> tuple[list[str], dict[s
     """The conditions and parameters of the filters given (`_JOB_FILTERS`) and `f.status`."""
     where = [sql for name, sql in _JOB_FILTERS if given.get(name) is not None]
     params: dict[str, Any] = {k: x for k, x in given.items() if x is not None}
+    if f.reasons is not None:  # the finish_reason word as the rows read it, one of these
+        where.append(f"({_REASON_WORD}) IN (SELECT unnest($reasons))")
+        params["reasons"] = list(f.reasons)
     if f.status in _JOB_STATUS:
         where.append(_JOB_STATUS[f.status])
     elif f.status is not None:

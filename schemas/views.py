@@ -60,6 +60,9 @@ class JobFilter(_View, frozen=True, kw_only=True):
     before_id: Annotated[int, msgspec.Meta(ge=1, le=2**53)] | None = None
     """Only jobs with a smaller id: the page after one whose last row is this job (a page is
     newest first by job id, which no two jobs share; a page cut at its bytes says so)."""
+    reasons: Annotated[tuple[FinishReason, ...], msgspec.Meta(max_length=8)] | None = None
+    """Only finished jobs that ended for one of these reasons (`finish_reason`; sacct's
+    `-s CD,F,TO,...`, read by `jobs --status`)."""
 
 
 class QueueFilter(_View, frozen=True, kw_only=True):

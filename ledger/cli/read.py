@@ -12,6 +12,7 @@ import msgspec
 from ledger.cli._common import Ctx, build, pass_ctx, view_command
 from ledger.cli.output import console, echo_json, json_option, print_table
 from ledger.cli.write import account, node
+from schemas.bounds import MAX_ARRAY_TASKS
 from schemas.errors import InvalidCommand
 from schemas.units import format_duration, format_time, parse_time, span
 from schemas.views import AccountNode, LogEntry, LogFilter, NodeRow
@@ -48,11 +49,60 @@ def node_list(rows: list[NodeRow]) -> None:
     print_table(("node", "cluster", "type", "gpus", "free", "state", "jobs"), table)
 
 
+STATES = ("pending", "held", "placed", "running", "finished", "active")
+"""The `jobs --status` words that are a job's state (one at a time)."""
+REASONS = (
+    "completed", "failed", "cancelled", "time_limit", "preempted", "node_lost",
+    "dependency_never_satisfied", "launch_failed",
+)  # fmt: skip
+"""The `jobs --status` words that are how a finished job ended (`finish_reason`; several)."""
+SLURM_STATES: dict[str, tuple[str, ...]] = {
+    "PD": ("pending",), "PENDING": ("pending",), "R": ("running",), "RUNNING": ("running",),
+    "CF": ("placed",), "CONFIGURING": ("placed",),
+    "CD": ("completed",), "COMPLETED": ("completed",),
+    "F": ("failed", "launch_failed"), "FAILED": ("failed", "launch_failed"),
+    "CA": ("cancelled", "dependency_never_satisfied"),
+    "CANCELLED": ("cancelled", "dependency_never_satisfied"),
+    "TO": ("time_limit",), "TIMEOUT": ("time_limit",),
+    "PR": ("preempted",), "PREEMPTED": ("preempted",),
+    "NF": ("node_lost",), "NODE_FAIL": ("node_lost",),
+}  # fmt: skip
+"""sacct's `-s` state names and abbreviations as the ledger's words (docs/slurm-users.md):
+Slurm's FAILED is also a job whose launch failed, and its CANCELLED a job whose dependency can
+never be satisfied (slurmctld cancels it)."""
+
+
+def status_words(text: str) -> tuple[str | None, tuple[str, ...] | None]:
+    """Pure: `jobs --status TEXT` as (state, finish reasons): one state word, or one or more
+    ways a job ended (`finish_reason` words, sacct's names and abbreviations: `TO,F,NF`)."""
+    words: list[str] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        mapped = SLURM_STATES.get(part.upper()) or (
+            (part.lower(),) if part.lower() in STATES + REASONS else None
+        )
+        if mapped is None:
+            raise InvalidCommand(
+                f"invalid --status {part!r}",
+                hint=f"use one of {', '.join(STATES)}; or how jobs ended, several with commas: "
+                f"{', '.join(REASONS)} (sacct's CD, F, CA, TO, PR, NF too)",
+            )
+        words += [w for w in mapped if w not in words]
+    states = [w for w in words if w in STATES]
+    if not words or (states and len(words) > 1):
+        raise InvalidCommand(
+            f"invalid --status {text!r}: one state at a time, or ways jobs ended",
+            hint="e.g. --status running, or --status time_limit,failed (sacct -s TO,F)",
+        )
+    return (states[0], None) if states else (None, tuple(words))
+
+
 @click.command()
 @click.option(
     "--status",
-    type=click.Choice(["pending", "held", "placed", "running", "finished", "active"]),
     default=None,
+    help="One state: pending, held, placed, running, finished, active; or how finished jobs "
+    "ended, several with commas: completed, failed, cancelled, time_limit, preempted, node_lost, "
+    "dependency_never_satisfied, launch_failed (sacct -s: CD, F, CA, TO, PR, NF, R, PD, CF).",
 )
 @click.option("--user", "-u", default=None)
 @click.option(
@@ -66,7 +116,8 @@ def node_list(rows: list[NodeRow]) -> None:
     "-j",
     "job_ids",
     default=None,
-    help="Only these jobs: ID[,ID...]; an array's id: all its tasks (like sacct -j).",
+    help="Only these jobs: ID[,ID...]; an array's id: all its tasks, ARRAY_TASK (17_2): that "
+    "task (like sacct -j).",
 )
 @click.option(
     "--at", default=None, help="The jobs as they were at this moment (default now; ISO 8601)."
@@ -93,19 +144,30 @@ def jobs(
     as_json: bool,
 ) -> None:
     """List jobs newest first, like sacct: start, end, elapsed, exit code, why it ended."""
+    wanted, reasons = (None, None) if status is None else status_words(status)
+    refs = None if job_ids is None else _ids(job_ids)
+    tasks = {(i, t) for i, t in refs or () if t is not None}
     selected = ctx.read(
         "jobs",
         quiet=False,
-        status=status,
+        status=wanted,
+        reasons=reasons,
         user=user,
         account=account_path,
         since=None if since is None else parse_time(since),
         until=None if until is None else parse_time(until),
-        limit=limit,
+        limit=max(limit, MAX_ARRAY_TASKS) if tasks else limit,  # an array's every task
         at=None if at is None else parse_time(at),
-        job_ids=None if job_ids is None else _ids(job_ids),
+        job_ids=None if refs is None else tuple(sorted({i for i, _ in refs})),
         before_id=before_id,
     )
+    if tasks:  # ARRAY_TASK: that task only
+        whole = {i for i, t in refs or () if t is None}
+        selected = [
+            r for r in selected
+            if r.job_id in whole or r.array_job_id in whole
+            or (r.array_job_id, r.array_task_id) in tasks
+        ][:limit]  # fmt: skip
     if as_json:
         echo_json(selected)
         return
@@ -131,12 +193,18 @@ def jobs(
     print_table(header, rows)
 
 
-def _ids(text: str) -> tuple[int, ...]:
-    """`-j 5,6,7` as job ids; one clear error for anything else."""
+def _ids(text: str) -> list[tuple[int, int | None]]:
+    """`-j 5,6,7` (or `-j 17_2`, one task of array 17) as job references; one clear error for
+    anything else."""
+    from ledger.cli.submit import job_ref
+
     parts = [x.strip() for x in text.split(",") if x.strip()]
-    if not parts or not all(x.isdigit() for x in parts):
-        raise InvalidCommand(f"invalid --jobs {text!r}", hint="use job ids: -j 5 or -j 5,6,7")
-    return tuple(int(x) for x in parts)
+    refs = [job_ref(x) for x in parts]
+    if not parts or any(r is None for r in refs):
+        raise InvalidCommand(
+            f"invalid --jobs {text!r}", hint="use job ids: -j 5, -j 5,6,7 or -j 17_2 (a task)"
+        )
+    return [r for r in refs if r is not None]
 
 
 def _summary(ev: Any) -> str:

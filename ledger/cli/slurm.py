@@ -62,8 +62,28 @@ def import_shares(source: Path | None, output: Path | None) -> None:
                 hint="import-shares needs Slurm accounting (slurmdbd); or pass --from FILE",
             )
         text = done.stdout
-    rows, parents, duplicates, inherit = parse_sacctmgr_shares(text)
+    rows, parents, duplicates, inherit, orphans, left_out = parse_sacctmgr_shares(text)
     toml = shares_toml(rows, parents)
+    if orphans:
+        shown = ", ".join(f"{a} (parent {p})" for a, p in sorted(orphans.items()))
+        click.echo(
+            f"note: {len(orphans)} accounts have a parent that is in no line (a partial output, "
+            f"or a parent on another cluster?): placed at the top: {shown}",
+            err=True,
+        )
+    if left_out:
+        click.echo(
+            f"note: left out: {', '.join(left_out)} (Slurm's own root user association; the "
+            "ledger's admins are named at `gpuledger init`)",
+            err=True,
+        )
+    if any(a == "root" and u for a, u, _ in rows):
+        users = sorted(u for a, u, _ in rows if a == "root" and u)
+        click.echo(
+            f"note: {len(users)} users are associated with Slurm's root account itself: "
+            f"members of the project root/root: {', '.join(users)}",
+            err=True,
+        )
     if inherit:
         shown = ", ".join(inherit[:20]) + (" ..." if len(inherit) > 20 else "")
         click.echo(

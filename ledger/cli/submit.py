@@ -33,7 +33,7 @@ from ledger.core.runas import SECRET_NAMES, secret_value
 from ledger.engines.accounts import own_umask
 from ledger.engines.job_paths import path_refusal, program_refusal
 from schemas import commands as c
-from schemas.bounds import ENV_NAME_PATTERN, MAX_ENV_VALUE
+from schemas.bounds import ENV_NAME_PATTERN, MAX_ARRAY_TASKS, MAX_ENV_VALUE
 from schemas.errors import InvalidCommand, LedgerError
 from schemas.events import JobFinished, JobSubmitted
 from schemas.units import format_duration, parse_duration, parse_job_time
@@ -485,7 +485,27 @@ def _time_limit(text: str | None) -> int | None:
     return parse_job_time(text) or None
 
 
-_TASK = re.compile(r"^(\d+)$")
+_JOB_REF = re.compile(r"^(\d+)(?:_(\d+))?$")
+
+
+def job_ref(text: str) -> tuple[int, int | None] | None:
+    """Pure: a job named as Slurm names it: `ID` (a job, or a whole array by its id) or
+    `ARRAY_TASK` (one task of an array: `17_0`), as (id, task or None); None for anything else."""
+    m = _JOB_REF.match(text.strip())
+    if m is None or int(m[1]) > 2**53 or (m[2] is not None and int(m[2]) > 2**31):
+        return None
+    return int(m[1]), None if m[2] is None else int(m[2])
+
+
+def task_job(ctx: Ctx, array: int, task: int) -> int:
+    """The job id of task `task` of the array `array` (one clear error when it has none)."""
+    for row in ctx.read("jobs", job_ids=(array,), limit=MAX_ARRAY_TASKS):
+        if row.array_job_id == array and row.array_task_id == task:
+            return int(row.job_id)
+    raise InvalidCommand(
+        f"job {array} is no array with a task {task}",
+        hint=f"see `gpuledger jobs -j {array}`",
+    )
 
 
 @click.command()
@@ -493,16 +513,23 @@ _TASK = re.compile(r"^(\d+)$")
 @pass_ctx
 def cancel(ctx: Ctx, job_ids: tuple[str, ...]) -> None:
     """Cancel JOB_ID... (its owner, a manager of its account, or an admin), like scancel: the id
-    of a job array (its first task's) cancels every unfinished task of it. Each id is cancelled
-    on its own; one that cannot be is one error line, and the exit code is 1."""
+    of a job array (its first task's) cancels every unfinished task of it, ARRAY_TASK (`17_0`)
+    that task alone. Each id is cancelled on its own; one that cannot be is one error line, and
+    the exit code is 1; an id an earlier one of the same command cancelled is no error."""
     failed = 0
+    done: set[int] = set()
     for text in job_ids:
-        if not _TASK.match(text):
-            click.echo(f"error: invalid job id {text!r} [usage]", err=True)
+        ref = job_ref(text)
+        if ref is None:
+            click.echo(f"error: invalid job id {text!r} (ID or ARRAY_TASK) [usage]", err=True)
             failed += 1
             continue
-        cmd = c.CancelJob(actor=ctx.actor, job_id=int(text), whole_array=True)
         try:
+            job_id = ref[0] if ref[1] is None else task_job(ctx, ref[0], ref[1])
+            if job_id in done:
+                click.echo(f"job {text}: already cancelled above")
+                continue
+            cmd = c.CancelJob(actor=ctx.actor, job_id=job_id, whole_array=ref[1] is None)
             appended = ctx.execute(cmd)
         except LedgerError as err:  # one line each, and on to the next id
             click.echo(f"error: {' '.join(err.line().split())} [{err.code}]", err=True)
@@ -510,6 +537,7 @@ def cancel(ctx: Ctx, job_ids: tuple[str, ...]) -> None:
             continue
         ends = [ev for ev in appended.events if isinstance(ev, JobFinished)]
         ended = [ev.job_id for ev in ends if ev.reason == "cancelled"]
+        done.update(ended)
         what = f"job {ended[0]}" if len(ended) == 1 else f"jobs {', '.join(map(str, ended))}"
         click.echo(f"cancelled {what} (position {appended.position})")
         never = [ev.job_id for ev in ends if ev.reason == "dependency_never_satisfied"]

@@ -358,10 +358,14 @@ def queue(rows: list[QueueRow]) -> None:
     then the jobs that may not run yet (a dependency, an array's limit) and held ones. With
     `--state running`, the jobs that hold GPUs, when they started and where."""
     if any(r.state in ("placed", "running") for r in rows):
-        head = ("job", "account", "user", "gpus", "state", "started", "nodes")
+        # `started` only when a process started (a placed job may never start); a pending
+        # row's estimate is its own column
+        head = ("job", "account", "user", "gpus", "state", "started", "est. start", "nodes")
         print_table(head, [
             (str(r.job_id), r.account, r.user, str(r.gpus), r.state,
-             _when(r.estimated_start_at), ",".join(r.nodes) or "-")
+             "-" if r.started_at is None else _when(r.started_at),
+             _when(r.estimated_start_at) if r.state == "pending" else "-",
+             ",".join(r.nodes) or "-")
             for r in rows
         ])  # fmt: skip
         return

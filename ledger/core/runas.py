@@ -43,31 +43,45 @@ PATH_NAMES = (
 other (the file stays readable by its owner alone), though their names look like secrets."""
 SECRET_NAMES = (
     rf"(?i)^(?!(?:{'|'.join(PATH_NAMES)})$).*?"
-    r"(TOKEN|SECRET|PASS(WORD|WD|PHRASE)|(^|_|SSH)PASS($|_)|_PWD$|CREDENTIAL|PRIVATE_KEY|APIKEY"
-    r"|COOKIE|(^|_)KEY($|_)|(^|_)PAT$"
-    r"|(^|_)AUTH($|_))"
+    r"(TOKEN|SECRET|PASS(WORD|WD|PHRASE)|(^|_|SSH|PG)PASS($|_)|_PWD$|CREDENTIAL|PRIVATE_?KEY"
+    r"|APIKEY|COOKIE|(^|_)KEY($|_)|(^|_)PAT$|(^|_)AUTH($|_)|AUTHORI[SZ]ATION|JWT(_V[0-9]+)?$"
+    r"|(^|_)DSN$|SAS_?(SIG|URL|KEY)|(^|_)SIG($|_))"
 )
 """The environment variables a job is never sent with by default: names that hold tokens,
 passwords, keys and sessions (the submitter's own `GPULEDGER_TOKEN` first of all; `OPENAI_KEY`,
 `GITHUB_PAT`, `WANDB_KEY`, `SSHPASS`, `DB_PASSWORD`, `AWS_SECRET_ACCESS_KEY`, `NPM_AUTH`,
-`HF_AUTH_TOKEN`, `SESSION_COOKIE`, `DB_PWD`), but not `PATH_NAMES`, nor names where `PASS` is
+`HF_AUTH_TOKEN`, `SESSION_COOKIE`, `DB_PWD`, `AUTHORIZATION`, `HTTP_AUTHORIZATION`,
+`CI_JOB_JWT`, `SENTRY_DSN`, `PRIVATEKEY`, `PGPASS`, `AZURE_SAS_SIG`), but not `PATH_NAMES`
+(nor `GIT_AUTHOR_NAME`: AUTH only as a word or in AUTHORIZATION), nor names where `PASS` is
 part of another word (`TOX_TESTENV_PASSENV`, `BYPASS_CACHE`: a submitter's every job would
 otherwise carry a note about a variable that holds no secret). A site sets its own pattern
-(`secret_env` in serve.toml); the CLI leaves these out before it sends anything. A value holding
-a password in a URL (`postgres://u:pass@h/db`), a connection string's key or password
-(`...;AccountKey=...`) or a Slack webhook is never sent either (`secret_value`), whatever its
-name."""
+(`secret_env` in serve.toml); the CLI leaves these out before it sends anything. A value of a
+secret's shape (`SECRET_VALUE`) is never sent either, whatever its name."""
 SECRET_VALUE = re.compile(
     r"[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:[^/\s@]+@"
     r"|(?i:(?:^|;)\s*(?:AccountKey|SharedAccessKey|Password|Pwd)\s*=)"
     r"|(?i:hooks\.slack\.com/)"
+    r"|(?i:://[^/\s:@]+@[^/\s]*sentry\.io)"
+    r"|(?<![A-Za-z0-9])(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{20,}"
+    r"|sk-[A-Za-z0-9_-]{32,}|xox[abposr]-[A-Za-z0-9-]{10,}|hf_[A-Za-z0-9]{30,}"
+    r"|glpat-[A-Za-z0-9_-]{20,}|(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Z])"
+    r"|eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.)"
+    r"|(?i:^\s*(?:Bearer|Basic|Token)\s+[A-Za-z0-9+/=._~-]{8,}\s*$)"
+    r"|(?i:[?&]sig=[A-Za-z0-9%+/=]{8,})"
+    r"|(?i:\bmachine\s+\S+.*\bpassword\s+\S)"
 )
-"""A URL with a password in it (`scheme://user:password@host`), a connection string with a key
-or password (Azure's `AccountKey=`/`SharedAccessKey=`, ODBC's `Password=`), a Slack webhook."""
+"""Values that are secrets whatever their name (an event in the log is never removed):
+a URL with a password in it (`scheme://user:password@host`), a connection string with a key
+or password (Azure's `AccountKey=`/`SharedAccessKey=`, ODBC's `Password=`), a Slack webhook,
+a Sentry DSN (its key is the URL's user), a token of a well-known shape (GitHub `ghp_`/`gho_`/
+`ghu_`/`ghs_`/`ghr_`/`github_pat_`, OpenAI/Anthropic `sk-`, Slack `xoxb-`/`xoxp-`/..., Hugging
+Face `hf_`, GitLab `glpat-`, AWS access key ids `AKIA`/`ASIA`, a signed JWT `eyJ...eyJ...`),
+an HTTP `Authorization` header's value (`Bearer ...`, `Basic ...`), a SAS signature (`sig=`)
+and a netrc line (`machine ... password ...`). Built in: a site adds names with `secret_env`."""
 
 
 def secret_value(value: str) -> bool:
-    """Pure: whether an environment value holds a password in a URL."""
+    """Pure: whether an environment value is a secret by its shape (`SECRET_VALUE`)."""
     return bool(SECRET_VALUE.search(value))
 
 

@@ -246,7 +246,9 @@ def jobs_as_of(
     rows as they were."""
     from projections.history import changed_after, job_records, jobs_page
 
-    fixed = msgspec.structs.replace(f, status=None, since=None, at=None, limit=max(f.limit, 500))
+    fixed = msgspec.structs.replace(
+        f, status=None, reasons=None, since=None, at=None, limit=max(f.limit, 500)
+    )
     out: list[tuple[Any, ...]] = []
     while len(out) < f.limit:
         page = jobs_page(store.con, fixed, before=position, below=below)
@@ -279,9 +281,12 @@ def _rebuilt(records: list[tuple[int, str, bytes]]) -> list[tuple[Any, ...]]:
 
 
 def _kept(row: tuple[Any, ...], f: v.JobFilter) -> bool:
-    """Whether a job row passes the filters that depend on its state (`status`, `since`)."""
+    """Whether a job row passes the filters that depend on its state (`status`, `reasons`,
+    `since`)."""
     status, finished_at = row[6], row[18]
     if f.since is not None and finished_at is not None and finished_at < f.since:
+        return False
+    if f.reasons is not None and row[24] not in f.reasons:
         return False
     if f.status is None:
         return True

@@ -123,7 +123,7 @@ def queue(
                     code=wait.code if wait else "NEXT_CYCLE",
                     reason=_reason(wait, policy, snapshot, p, now) if wait else _next(state),
                     submitted_at=p.submitted_at, waiting_s=max(0.0, now - p.submitted_at),
-                    estimated_start_at=starts.get(p.job_id),
+                    estimated_start_at=starts.get(p.job_id), time_limit_s=p.time_limit_s,
                 )
             )  # fmt: skip
     if f.state in QUEUED:
@@ -143,6 +143,7 @@ def queue(
                     funded=job.funded, debug=s.debug, state="held", sort_key=[], code="HELD",
                     reason="held: `gpuledger release` lets it be scheduled",
                     submitted_at=s.at, waiting_s=max(0.0, now - s.at), estimated_start_at=None,
+                    time_limit_s=s.time_limit_s,
                 )
             )  # fmt: skip
     if f.state in ("running", "all") and len(rows) < f.limit:
@@ -254,7 +255,7 @@ def queue_page(
                 code=x[6],
                 reason=_reason(wait, policy, snapshot, p, now) if wait else _next(state),
                 submitted_at=p.submitted_at, waiting_s=max(0.0, now - p.submitted_at),
-                estimated_start_at=starts.get(p.job_id),
+                estimated_start_at=starts.get(p.job_id), time_limit_s=p.time_limit_s,
             )
         )  # fmt: skip
     return QueuePage(len(entries), codes, rows)
@@ -322,7 +323,7 @@ def _blocked_rows(
                 order=None, job_id=s.job_id, account=s.account, user=s.user, gpus=s.gpus,
                 funded=job.funded, debug=s.debug, state="pending", sort_key=[], code=why.code,
                 reason=why.reason, submitted_at=s.at, waiting_s=max(0.0, now - s.at),
-                estimated_start_at=estimate,
+                estimated_start_at=estimate, time_limit_s=s.time_limit_s,
             )
         )  # fmt: skip
     return rows

@@ -300,3 +300,96 @@ def test_reads_after_an_upgrade_make_an_older_projection_again(home: Path) -> No
     assert json.loads(got.stdout) == before
     assert "schema version 1" in got.stderr and "made again from the log" in got.stderr
     assert run(home, "jobs", "--json").stderr == ""  # once
+
+
+def test_import_shares_keeps_roots_users_and_names_what_it_moves_or_leaves_out(
+    tmp_path: Path,
+) -> None:
+    """atk46-23 F6: `root||alice|3` vanished without a word, and an account whose parent is in
+    no line made a file `budget apply` refused (`unknown account 'nope'`). Both files apply;
+    alice is a member of root/root; the orphan and Slurm's own root user are named."""
+    h = tmp_path / "ledger"
+    run(h, "init", "--admin", "root")
+    c1, c2 = tmp_path / "c1.txt", tmp_path / "c2.txt"
+    c1.write_text("root|||1\nroot||root|1\nroot||alice|3\nphysics|root||2\nphysics||bob|1\n")
+    c2.write_text("orphan|nope||1\norphan||u2|1\n")
+    done = run(h, "slurm", "import-shares", "--from", str(c1), "-o", str(tmp_path / "b1.toml"))
+    assert "members of the project root/root: alice" in done.stderr, done.stderr
+    assert "left out: root/root" in done.stderr
+    done = run(h, "slurm", "import-shares", "--from", str(c2), "-o", str(tmp_path / "b2.toml"))
+    assert "placed at the top: orphan (parent nope)" in done.stderr, done.stderr
+    run(h, "budget", "apply", str(tmp_path / "b1.toml"))
+    run(h, "budget", "apply", str(tmp_path / "b2.toml"))
+    tree = {a["path"]: a for a in json.loads(run(h, "account", "tree", "--json").stdout)}
+    roots = "root/root"  # (a path of its own, not a machine's home)
+    assert tree[roots]["members"] == ["alice"] and tree[f"{roots}/alice"]["shares"] == 3
+    assert tree["root/physics"]["members"] == ["bob"]
+    assert tree["root/orphan"]["members"] == ["u2"]
+
+
+def test_jobs_status_filters_by_how_jobs_ended_as_sacct_s(home: Path) -> None:
+    """atk46-23 F2: `jobs --status time_limit` (or `TO`, `CA`) was a usage error: `--status`
+    took states only, where docs/slurm-users.md maps sacct's `-s STATE` to it. Finish reasons
+    and sacct's names and abbreviations select finished jobs by how they ended."""
+    for _ in range(3):
+        run(home, "submit", "-A", "ai2/olmo", "-G", "1", "-t", "1", "--", "true", actor="alice")
+    run(home, "cancel", "1", actor="alice")
+
+    def ids(*status: str) -> list[int]:
+        out = run(home, "jobs", "--status", *status, "--json", actor="alice").stdout
+        return [j["job_id"] for j in json.loads(out)]
+
+    assert ids("CA") == ids("cancelled") == ids("cancelled,TO") == ids("CANCELLED") == [1]
+    assert ids("completed") == ids("TO,F,NF") == []
+    assert ids("pending") == ids("PD") == [3, 2]
+    table = run(home, "jobs", "--status", "ca", actor="alice").stdout
+    assert "cancelled" in table and "pending" not in table
+    for bad, said in (("R,TO", "one state at a time"), ("nope", "invalid --status 'nope'")):
+        done = run(home, "jobs", "--status", bad, actor="alice", ok=False)
+        assert done.returncode != 0 and said in done.stderr, done.stderr
+
+
+def test_an_arrays_task_is_named_id_task_and_one_cancel_names_a_task_twice_without_error(
+    home: Path,
+) -> None:
+    """atk46-23 F1: task 0 of an array could not be cancelled alone (its id is the array's),
+    `cancel 17_0` and `jobs -j 17_2` were usage errors, and `cancel 17 19` reported 19 as an
+    error after the same command had cancelled it. Slurm's ARRAY_TASK form names one task."""
+    run(home, "submit", "-A", "ai2/olmo", "-G", "1", "-a", "0-3", "--", "true", actor="alice")
+    done = run(home, "cancel", "1_0", actor="alice")
+    assert "cancelled job 1 " in done.stdout, done.stdout
+    rows = json.loads(run(home, "jobs", "--json", actor="alice").stdout)
+    assert {j["job_id"]: j["status"] for j in rows} == {
+        1: "finished",
+        2: "pending",
+        3: "pending",
+        4: "pending",
+    }
+    picked = json.loads(run(home, "jobs", "-j", "1_2,1_3", "--json", actor="alice").stdout)
+    assert [(j["job_id"], j["array_task_id"]) for j in picked] == [(4, 3), (3, 2)]
+    done = run(home, "cancel", "1", "3", actor="alice")
+    assert "cancelled jobs 2, 3, 4" in done.stdout and "job 3: already cancelled" in done.stdout
+    assert done.stderr == ""
+    done = run(home, "cancel", "1_9", "x_1", actor="alice", ok=False)
+    assert done.returncode == 1
+    assert "job 1 is no array with a task 9" in done.stderr
+    assert "invalid job id 'x_1'" in done.stderr
+
+
+def test_authorization_jwt_dsn_and_token_shaped_values_never_reach_the_log(home: Path) -> None:
+    """atk46-23 F10: AUTHORIZATION, HTTP_AUTHORIZATION, CI_JOB_JWT, SENTRY_DSN and a GitHub
+    token under a plain name were recorded in `job.submitted` (the immutable log, Kafka). A
+    real submit with them exported: named in the note, not one of their values in the store."""
+    leaks = {"AUTHORIZATION": "Basic dXNlcjpwYXNzLEAK1", "HTTP_AUTHORIZATION": "Bearer LEAK2abcd",
+             "CI_JOB_JWT": "eyJhbGciOiLEAK3", "SENTRY_DSN": "https://LEAK4abc@o1.ingest.sentry.io/1",
+             "GHP": "ghp_LEAK5abcdefghijklmnopqrstuvwxyz0123"}  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}
+    env.update(GPULEDGER_HOME=str(home), GPULEDGER_USER="alice", PLAIN_VAR="kept", **leaks)
+    done = subprocess.run(
+        [GPULEDGER, "submit", "-A", "ai2/olmo", "-G", "1", "-t", "1", "--", "true"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert all(name in done.stderr for name in leaks), done.stderr
+    stored = repr(store_rows(home))
+    assert "kept" in stored and not [v for v in leaks.values() if v in stored]

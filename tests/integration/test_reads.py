@@ -634,3 +634,50 @@ def test_a_series_starts_at_its_window_and_loses_no_hour(handles: Any) -> None:
     assert sum(p.delivered_gpu_hours for p in points) == pytest.approx(
         sum(t.delivered_gpu_hours for t in view.teams)
     )
+
+
+class _Placing(KernelExecutor):
+    """An engine that takes placements and starts nothing yet (a Slurm launch still
+    CONFIGURING): its jobs stay `placed`."""
+
+    def carry_out(self, orders: Any, now: float) -> tuple[Any, ...]:
+        return ()
+
+
+def test_queue_rows_carry_every_jobs_limit_and_a_start_only_when_one_happened(
+    tmp_path: Path,
+) -> None:
+    """atk46-23 F9: `queue --json` gave `time_limit_s: null` for pending jobs with a limit;
+    F11: `queue -t running/all` tables printed a `started` time for a placed job (its
+    placement) and for pending ones (their estimate). Every row has its limit; `started` is
+    `-` until a process started, the estimate is its own column."""
+    home = tmp_path / "home"
+    ledger = Ledger(home, SimClock(T0), seeded_ids(5))
+    ledger.execute(c.InitLedger(actor="root", admin="root"))
+    ledger.execute_all([
+        c.OpenAccount(actor="root", path="ai2", kind="program"),
+        c.OpenAccount(actor="root", path="ai2/tulu", kind="project", shares=1),
+        c.AddMember(actor="root", user="dan", project="ai2/tulu"),
+        c.RegisterNode(actor="root", node="n0", gpu_type="h100", gpus=8),
+    ])  # fmt: skip
+    for gpus, limit in ((8, 120), (4, 1800)):
+        ledger.execute(c.SubmitJob(actor="dan", account="ai2/tulu", gpus=gpus, time_limit_s=limit))
+    with Store(":memory:") as store, EmbeddedSource(home) as source:
+        d = Dispatcher(ledger, ProjectionRanks(Projector(store, source)), FairShare(), _Placing())
+        d.cycle(T0)
+        Projector(store, source).catch_up()
+        assert ledger.state.jobs[1].status == "placed"
+    ledger.close()
+    rows = {r["job_id"]: r for r in strict(cli(home, "queue", "-t", "all", "--json").stdout)}
+    assert {i: (r["state"], r["time_limit_s"]) for i, r in rows.items()} == {
+        1: ("placed", 120),
+        2: ("pending", 1800),
+    }
+    assert rows[1]["started_at"] is None
+    table = cli(home, "queue", "-t", "all").stdout
+    assert "est. start" in table, table
+    line = {
+        ln.split()[0]: ln.split() for ln in table.splitlines() if ln.split()[:1] in (["1"], ["2"])
+    }
+    assert line["1"][5:7] == ["-", "-"], table  # placed: not started, no estimate
+    assert line["2"][5] == "-" and line["2"][6] != "-", table  # pending: its estimate alone

@@ -440,7 +440,8 @@ tulu||dan|1
 
 
 def test_sacctmgr_shares_parse_and_become_a_budget_file() -> None:
-    rows, parents, duplicates, inherit = parse_sacctmgr_shares(SACCTMGR)
+    rows, parents, duplicates, inherit, orphans, left_out = parse_sacctmgr_shares(SACCTMGR)
+    assert orphans == {} and left_out == ["root/root"]  # Slurm's own root user: named
     assert rows == [
         ("root", "", 1),
         ("ai2", "", 100),
@@ -492,7 +493,7 @@ chem|root||parent
 chem||carol|1
 chem|root||20
 """
-    rows, parents, duplicates, inherit = parse_sacctmgr_shares(text)
+    rows, parents, duplicates, inherit, _, _ = parse_sacctmgr_shares(text)
     assert duplicates == {"physics/alice": [3, 7], "chem": [-1, 20]}
     assert inherit == ["physics/b.smith"]
     state = _applies(shares_toml(rows, parents))
@@ -513,9 +514,50 @@ def test_import_shares_refuses_a_name_budget_apply_would_and_counts_what_it_writ
     it wrote); the count printed is the accounts written, Slurm's root among them."""
     with pytest.raises(InvalidCommand, match="line 2: account name 'a b' cannot be a ledger"):
         parse_sacctmgr_shares("root|||1\na b|root||1\n")
-    rows, parents, _, _ = parse_sacctmgr_shares("root|||1\nphysics|root||4\nphysics||al|1\n")
+    rows, parents, *_ = parse_sacctmgr_shares("root|||1\nphysics|root||4\nphysics||al|1\n")
     toml = shares_toml(rows, parents)
     assert accounts_written(toml) == 2 == toml.count("[accounts.")  # root kept, and physics
+
+
+ROOTS = "root/root"
+"""The project of the users of Slurm's root account (a path of its own, not a machine's home)."""
+
+
+def test_users_of_slurms_root_are_members_and_an_unknown_parent_is_the_top() -> None:
+    """atk46-23 F6: `root||alice|3` vanished from the import with no word (alice then in no
+    account: her jobs refused), and an account whose parent is in no line was written under
+    that parent, a file `budget apply` refused (`unknown account 'nope'`). Root's users are
+    members of the project root/root; the orphan sits at the top; both are named, and Slurm's
+    own `root||root` is named as left out."""
+    text = (
+        "root|||1\nroot||root|1\nroot||alice|3\nroot||al2|parent\nphysics|root||2\nphysics||bob|1\n"
+    )
+    imp = parse_sacctmgr_shares(text)
+    assert imp.left_out == ["root/root"] and imp.orphans == {}
+    state = _applies(shares_toml(imp.rows, imp.parents))
+    tree = {p: (a.kind, a.shares) for p, a in state.accounts.items() if a.open}
+    assert tree == {
+        "root": ("program", 1),
+        "root/root": ("project", 4),  # alice's 3 and al2's default 1
+        f"{ROOTS}/al2": ("user", 1),
+        f"{ROOTS}/alice": ("user", 3),
+        "root/physics": ("project", 2),
+        "root/physics/bob": ("user", 1),
+    }
+    imp = parse_sacctmgr_shares("orphan|nope||1\norphan||u2|1\nsub|orphan||4\n")
+    assert imp.orphans == {"orphan": "nope"} and imp.left_out == []
+    state = _applies(shares_toml(imp.rows, imp.parents))
+    tree = {p: (a.kind, a.shares) for p, a in state.accounts.items() if a.open}
+    assert tree == {
+        "root": ("program", 1),
+        "root/orphan": ("project", 1),
+        "root/orphan/u2": ("user", 1),
+        "root/orphan/sub": ("project", 4),
+    }
+    imp = parse_sacctmgr_shares("lab|gone||3\nlab2|lab||1\nlab2||x|1\n")  # no users at the top
+    assert imp.orphans == {"lab": "gone"}
+    state = _applies(shares_toml(imp.rows, imp.parents))
+    assert {p for p, a in state.accounts.items() if a.open} == {"lab", "lab/lab2", "lab/lab2/x"}
 
 
 @pytest.mark.parametrize(

@@ -311,3 +311,26 @@ def test_credentials_file_paths_are_sent_and_auth_cookies_and_connection_keys_ar
     }
     with pytest.raises(InvalidCommand, match="'SLACK_WEBHOOK_URL' is not sent to jobs: its value"):
         environment("NONE,SLACK_WEBHOOK_URL", leaks)
+
+
+def test_authorization_jwt_dsn_and_well_known_token_shapes_are_never_sent() -> None:
+    """atk46-23 F10: AUTHORIZATION, HTTP_AUTHORIZATION, *_JWT, SENTRY_DSN and GitHub, OpenAI,
+    Slack, AWS tokens under plain names reached the immutable log and Kafka. Their names and
+    their values' shapes are left out (and named in the note); look-alikes are sent."""
+    leaks = {"AUTHORIZATION": "Basic dXNlcjpwYXNz", "HTTP_AUTHORIZATION": "Bearer abc",
+             "CI_JOB_JWT": "eyJhbGciOi", "CI_JOB_JWT_V2": "x", "PRIVATEKEY": "k", "PGPASS": "p",
+             "SENTRY_DSN": "https://abcdef123@o1.ingest.sentry.io/1", "AZURE_SAS_SIG": "s",
+             "GHP": "ghp_abcdefghijklmnopqrstuvwxyz0123456789",
+             "GHPAT": "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz",
+             "OPENAI": "sk-proj-" + "a1B2c3D4e5" * 5, "SLACKBOT": "xoxb-1234567890-abcdefghij",
+             "AWSID": "AKIAIOSFODNN7EXAMPLE", "HFT": "hf_" + "a" * 34,
+             "HDR": "Bearer eyJhbGciOiJIUzI1NiJ9", "WEB": "eyJhbGciOiJIUzI1.eyJzdWIiOiIx.sig",
+             "SAS_QS": "sv=2022-11-02&ss=b&sig=abcDEF123%2Bxyz%3D",
+             "NETRC_CONTENT": "machine h login u password p"}  # fmt: skip
+    kept = {"PATH": "/bin", "GIT_AUTHOR_NAME": "Ann", "GIT_AUTHOR_EMAIL": "a@b.c",
+            "AUTHOR": "Ann", "TASK": "sk-1", "MODE": "Basic", "DESK": "desk-" + "a" * 40,
+            "SITE": "https://example.org/x", "SIGNAL": "TERM", "PGHOST": "db",
+            "PGPASSFILE": "/home/a/.pgpass"}  # fmt: skip
+    env, left, _ = environment("ALL", {**kept, **leaks})
+    assert env == kept
+    assert left == sorted(leaks)

@@ -19,6 +19,14 @@ accepts is what this writes (tests/unit/test_slurm_pure.py applies every file it
   the caller (`Imported.duplicates`), and its first share and parent are kept.
 - Account names are lowercased (Slurm stores them so); an account that is its own ancestor and
   a share over the ledger's bound are refused with one line naming the line or the loop.
+- Users associated with Slurm's root account itself (`root||alice|3`) become members of the
+  project `root/root` (their shares its member shares, the project's share their sum: in Slurm
+  each competes beside the top-level accounts), and Slurm's root is kept as the program `root`.
+  Slurm's own `root||root|1` association (made by every install) is left out, and named
+  (`Imported.left_out`): the ledger's admins are named at `init`, not by membership.
+- An account whose parent is in no line (a filtered or partial output, a parent on another
+  cluster) is placed at the top, as if its parent were Slurm's root, and named
+  (`Imported.orphans`): `budget apply` refuses a parent it does not know.
 """
 
 from __future__ import annotations
@@ -49,14 +57,19 @@ class Imported(NamedTuple):
     duplicates: dict[str, list[int]]
     inherit: list[str]
     """The users ("account/user") whose share was `parent`: members with the default share."""
+    orphans: dict[str, str]
+    """The accounts whose parent is in no line (account -> that parent): placed at the top."""
+    left_out: list[str]
+    """The associations ("account/user") not written: Slurm's own `root/root`."""
 
 
 def parse_sacctmgr_shares(text: str) -> Imported:
     """Pure: `sacctmgr -nP show associations format=Account,ParentName,User,Share` read (module
-    doc); the root account's user rows are left out (root is the top, not an account)."""
+    doc): Slurm's own `root||root` is left out, an unknown parent made the top, both named."""
     seen: dict[tuple[str, str], int] = {}
     duplicates: dict[str, list[int]] = {}
     parents: dict[str, str] = {}
+    left_out: list[str] = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -79,7 +92,9 @@ def parse_sacctmgr_shares(text: str) -> Imported:
                 )
         if parent:
             parents.setdefault(account, parent)  # the first association's, as its share
-        if account == "root" and user:
+        if account == "root" and user == "root":
+            if "root/root" not in left_out:
+                left_out.append("root/root")
             continue
         if share.lower() == "parent":
             value = PARENT
@@ -100,9 +115,12 @@ def parse_sacctmgr_shares(text: str) -> Imported:
         seen[key] = value
     for account in parents:
         _no_cycle(parents, account)
+    known = {a for a, _ in seen} | {"root"}
+    orphans = {a: p for a, p in parents.items() if p not in known}
+    parents.update({a: "root" for a in orphans})
     rows = [(a, u, _resolved(seen, parents, a, u)) for (a, u) in seen]
     inherit = [f"{a}/{u}" for (a, u), share in seen.items() if u and share == PARENT]
-    return Imported(rows, parents, duplicates, inherit)
+    return Imported(rows, parents, duplicates, inherit, orphans, left_out)
 
 
 def _no_cycle(parents: Mapping[str, str], account: str) -> None:
@@ -162,7 +180,8 @@ def shares_toml(rows: Iterable[tuple[str, str, int]], parents: Mapping[str, str]
         return out
 
     accounts = {a for a, _, _ in rows} - {"root"}
-    top_holds_users = any(len(chain(a)) == 1 and a in users for a in accounts)
+    root_users = sorted(users.get("root", []))
+    top_holds_users = bool(root_users) or any(len(chain(a)) == 1 and a in users for a in accounts)
     prefix = ["root"] if top_holds_users else []
     lines = ["# imported from Slurm associations (sacctmgr); review, then `gpuledger budget apply`"]
     if top_holds_users:
@@ -174,17 +193,29 @@ def shares_toml(rows: Iterable[tuple[str, str, int]], parents: Mapping[str, str]
             'kind = "program"',
             f"shares = {account_shares.get('root', 1)}",
         ]
+    if root_users:  # users of Slurm's root account itself: one project beside the others
+        lines += [
+            "",
+            "# the users associated with Slurm's root account itself",
+            '[accounts."root/root"]',
+            'kind = "project"',
+            f"shares = {min(MAX_SHARES, sum(s for _, s in root_users))}",
+            *_members(root_users),
+        ]
     for acct in sorted(accounts, key=lambda a: "/".join(reversed(chain(a)))):
         path = "/".join(prefix + list(reversed(chain(acct))))
         kind = "project" if any(a in users for a in chain(acct)) else "program"
         lines += ["", f'[accounts."{path}"]', f'kind = "{kind}"']
         lines.append(f"shares = {account_shares.get(acct, 1)}")
         if acct in users:
-            members = sorted(users[acct])
-            lines.append("members = [" + ", ".join(f'"{u}"' for u, _ in members) + "]")
-            weights = [(u, s) for u, s in members if s != 1]
-            if weights:
-                lines.append(
-                    "member_shares = { " + ", ".join(f'"{u}" = {s}' for u, s in weights) + " }"
-                )
+            lines += _members(sorted(users[acct]))
     return "\n".join(lines) + "\n"
+
+
+def _members(members: list[tuple[str, int]]) -> list[str]:
+    """Pure: a project's `members` (and `member_shares` for those not of share 1) lines."""
+    out = ["members = [" + ", ".join(f'"{u}"' for u, _ in members) + "]"]
+    weights = [(u, s) for u, s in members if s != 1]
+    if weights:
+        out.append("member_shares = { " + ", ".join(f'"{u}" = {s}' for u, s in weights) + " }")
+    return out

@@ -184,6 +184,7 @@ def test_an_unidentified_caller_hears_401_before_anything_about_its_query(api: A
 def test_good_queries_still_answer(api: Api) -> None:
     for path in ("/v1/jobs?job_ids=1&job_ids=2&limit=5", "/v1/log?after=0&limit=5",
                  "/v1/log?tail=3", "/v1/jobs?since=0.5&status=active",
+                 "/v1/jobs?reasons=time_limit&reasons=node_lost",
                  "/ui/api/queue?state=all&sort=order&descending=true&offset=0&limit=100",
                  "/ui/api/queue?descending=false", "/ui/api/teams?window=7d",
                  "/ui/queue?user=x&descending=true&mine=true", "/ui/job?id=1",
@@ -196,6 +197,7 @@ def test_good_queries_still_answer(api: Api) -> None:
     try:
         got = client.get("jobs", {"job_ids": [1, 2, 99], "limit": 5})
         assert {j["job_id"] for j in got} <= {1, 2} and got
+        assert client.get("jobs", {"reasons": ["time_limit", "failed"]}) == []  # F2 served
         assert isinstance(client.get("log", {"after": 0, "limit": 2}), list)
     finally:
         client.close()
