@@ -57,9 +57,24 @@ Priority = Annotated[int, msgspec.Meta(ge=-1_000_000_000, le=1_000_000_000)]
 Seconds = Annotated[int, msgspec.Meta(ge=0, le=TEN_YEARS_S)]
 """A whole number of seconds: a contract (`min_runtime_s`: 0 unfunded, else at least 1 s)."""
 PositiveSeconds = Annotated[int, msgspec.Meta(ge=1, le=TEN_YEARS_S)]
-MAX_GRACE_S = 3600
-GraceSeconds = Annotated[int, msgspec.Meta(ge=0, le=MAX_GRACE_S)]
-"""SIGTERM-to-SIGKILL grace of a job being stopped: whole seconds, at most an hour."""
+RECORDED_GRACE_S = 3600
+GraceSeconds = Annotated[int, msgspec.Meta(ge=0, le=RECORDED_GRACE_S)]
+"""SIGTERM-to-SIGKILL grace of a job being stopped, as recorded: whole seconds, at most the hour
+submit took before `MAX_GRACE_S` (events and the agents' parts read every recorded job)."""
+MAX_GRACE_S = 120
+"""The most SIGTERM-to-SIGKILL grace a job may ask for (`submit --grace`), and the most any
+job gets at its stop, recorded before this cap or not (`job_grace`): like Slurm's KillWait, the
+time a job may outlive its limit or a cancel is the site's, not the user's (a `-t 0:05 --grace
+1h` debug job held its GPU an hour past its limit: atk46-23 F7)."""
+SubmitGraceSeconds = Annotated[int, msgspec.Meta(ge=0, le=MAX_GRACE_S)]
+
+
+def job_grace(asked: float | None, default: float) -> float:
+    """Pure: the grace a job gets when stopped: its own (at most `MAX_GRACE_S`), else the
+    service's `default` (the admin's setting)."""
+    return default if asked is None else min(float(asked), float(MAX_GRACE_S))
+
+
 Umask = Annotated[int, msgspec.Meta(ge=0, le=0o777)]
 """A file mode creation mask (`umask`), as a number (0o022 is 18)."""
 PositiveInterval = Annotated[float, msgspec.Meta(ge=0.001, le=float(TEN_YEARS_S))]

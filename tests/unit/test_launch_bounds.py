@@ -18,7 +18,7 @@ from ledger.cycle.executor import Exit, Observed, Start, launch_of
 from ledger.cycle.record import record
 from schemas import agent as a
 from schemas import commands as c
-from schemas.bounds import MAX_ENV_VALUE, MAX_PATH
+from schemas.bounds import MAX_ENV_VALUE, MAX_GRACE_S, MAX_PATH, job_grace
 from schemas.errors import InvalidCommand
 from tests.unit.test_cycle_record import FakeLedger, place
 from tests.unit.test_jobs_world import World
@@ -114,3 +114,14 @@ def test_a_start_refused_with_its_logs_is_recorded_without_them_and_said(
     job = ledger.state.jobs[1]
     assert (job.status, job.logs) == ("finished", ()) and job.started_at is not None
     assert "start of job 1 refused with its log paths" in caplog.text
+
+
+def test_a_jobs_grace_is_capped_at_submit_and_at_its_stop(w: World) -> None:
+    """`--grace 1h` let a job outlive its limit (a debug job its debug limit) by an hour
+    (atk46-23 F7): submit takes at most MAX_GRACE_S, and a job recorded before the cap gets
+    no more at its stop; the service's own default is the admin's."""
+    with pytest.raises(InvalidCommand, match="grace_s"):
+        w.submit(grace_s=3600, command=("t",))
+    (ok,) = w.submit(grace_s=MAX_GRACE_S, command=("t",))
+    assert ok.grace_s == MAX_GRACE_S == 120
+    assert (job_grace(3600, 30.0), job_grace(5, 30.0), job_grace(None, 300.0)) == (120, 5, 300)
