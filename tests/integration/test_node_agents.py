@@ -1119,3 +1119,29 @@ def test_the_longest_environment_and_log_path_submit_accepts_run_and_are_charged
     assert [part_log(x) for x in row["logs"]] == [Path(path)]
     assert all(got[j]["outcome"] == "completed" for j in after)
     assert "Traceback" not in "".join(ag.text() for ag in c.agents.values())
+
+
+@with_flags(serve=("--node-fence", "3s"))
+def test_an_exit_while_its_agent_was_away_past_the_fence_is_recorded_at_its_real_end(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """atk46-23 F5: the job exits while its node's agent is stopped; the node is lost and its
+    fence passes (the job ends `node_lost` at the fence); the agent returns and reports the real
+    end, which wins: `jobs` shows it (not the fence's), and the audit finds every charge inside
+    the real run."""
+    c = cluster
+    go, end = tmp_path / "go-f5", tmp_path / "ended-f5"
+    job = c.submit(1, f"echo $$; while [ ! -e {go} ]; do sleep 0.1; done; date +%s.%N > {end}")
+    node, _ = running_pid(c, job)
+    c.agents[node].kill(signal.SIGSTOP)
+    go.touch()
+    wait_for("the job to end", lambda: end.exists() and end.read_text().strip(), 30)
+    really = float(end.read_text())
+    fenced = c.wait_status(job, "finished")
+    assert fenced["finish_reason"] == "node_lost" and fenced["finished_at"] > really + 4, fenced
+    c.agents[node].proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+    heard = lambda: abs(c.job(job)["finished_at"] - really) <= 1.0  # noqa: E731
+    wait_for("the real end to be recorded", heard, 30, c.why)
+    assert c.events("job.run_ended.v2")[-1]["ended_at"] == pytest.approx(really, abs=1.0)
+    c.server.stop(signal.SIGTERM)
+    assert ": 0 violations" in audit_check(c)
