@@ -125,3 +125,19 @@ def test_a_jobs_grace_is_capped_at_submit_and_at_its_stop(w: World) -> None:
     (ok,) = w.submit(grace_s=MAX_GRACE_S, command=("t",))
     assert ok.grace_s == MAX_GRACE_S == 120
     assert (job_grace(3600, 30.0), job_grace(5, 30.0), job_grace(None, 300.0)) == (120, 5, 300)
+
+
+def test_explain_says_a_job_past_its_limit_is_stopping(w: World) -> None:
+    """A job in its limit's grace was shown plain running, `explain` silent on it (F7)."""
+    from ledger.reads.explain import limit_line
+    from schemas.units import when
+
+    (job,) = w.submit(time_limit_s=5, grace_s=60, command=("t",))
+    w.place(job.job_id)
+    w.run(c.StartJob(actor="@executor", job_id=job.job_id))
+    running = w.state.jobs[job.job_id]
+    start = running.started_at
+    assert start is not None and limit_line(running, start + 4) == []
+    (line,) = limit_line(running, start + 10)
+    assert f"reached its time limit at {when(start + 5)}: it is stopping" in line
+    assert f"SIGKILL at {when(start + 65)} at the latest" in line
