@@ -694,16 +694,19 @@ def _run_ended(groups: dict[type, Group]) -> pa.Table:
     its run started where no `JobStarted` did (`started_at`: `intervals_run_ended`)."""
     g = groups.get(e.JobRunEnded, _EMPTY_GROUP)
     x = groups.get(e.JobEngineEnded, _EMPTY_GROUP)
-    evs = [*g.events, *x.events]
+    # a fence's end is no run's real end: its node's report is (`events.FENCED_STATE`)
+    heard = [(pos, ev) for pos, ev in zip(x.positions, x.events, strict=True) if not e.fenced(ev)]
+    x_positions, x_events = [p for p, _ in heard], [ev for _, ev in heard]
+    evs = [*g.events, *x_events]
     return _table(
         "b_run_ended",
         {
-            "position": [*g.positions, *x.positions],
+            "position": [*g.positions, *x_positions],
             "job_id": [ev.job_id for ev in evs],
-            "run": [ev.run for ev in g.events] + [None] * len(x.events),
+            "run": [ev.run for ev in g.events] + [None] * len(x_events),
             "ended_at": [ev.at if ev.ended_at is None else ev.ended_at for ev in evs],
             "event_at": [ev.at for ev in evs],
-            "started_at": [ev.started_at for ev in g.events] + [None] * len(x.events),
+            "started_at": [ev.started_at for ev in g.events] + [None] * len(x_events),
         },
     )
 

@@ -202,9 +202,11 @@ SELECT j.job_id, j.account, j.user_name, j.gpus, j.gpu_type, j.cluster,
        CASE WHEN j.status = 'running' THEN j.run_started_at
             WHEN j.status = 'finished' THEN coalesce(j.run_started_at, iv.run_start_at)
        END AS started_at,
-       -- a finished job ended when its last run really ended, when that came after the stop
-       CASE WHEN j.status = 'finished' AND iv.run_end_at > j.finished_at THEN iv.run_end_at
-            ELSE j.finished_at END AS finished_at,
+       -- a finished job ended when its last run really ended, when that came after the stop,
+       -- or before its lost node's fence ended it (its node's report wins: atk46-23 F5)
+       CASE WHEN j.status = 'finished' AND (iv.run_end_at > j.finished_at
+                 OR j.engine_reason = 'node_failure' AND iv.run_end_at IS NOT NULL)
+            THEN iv.run_end_at ELSE j.finished_at END AS finished_at,
        j.placements, j.preemptions,
        CASE WHEN j.status = 'pending' THEN [] ELSE coalesce(iv.slots, []) END AS slots,
        j.command, j.logs,

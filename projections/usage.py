@@ -121,7 +121,11 @@ class UsageFold:
             return
         charge = self.policy.charge
         ended_at = ev.ended_at if isinstance(ev, e.JobFinished) else None
-        if charge != fs.CHARGE_PLACEMENT and ended_at is not None:
+        lost = isinstance(ev, e.JobFinished) and ev.reason == "node_lost"
+        if charge == fs.CHARGE_REAL and lost and ended_at is not None:
+            # at its node's fence, maybe: the run's real end, once its node reports it, wins
+            self._stopped[(ev.job_id, run)] = _closed(iv, max(iv.start_at, ended_at))
+        elif charge != fs.CHARGE_PLACEMENT and ended_at is not None:
             self._close(iv, max(iv.start_at, ended_at))
         elif charge == fs.CHARGE_REAL:
             self._stopped[(ev.job_id, run)] = _closed(iv, ev.at)
@@ -170,6 +174,8 @@ class UsageFold:
         if isinstance(ev, e.JobRunEnded):
             self._own_start(ev)
             key: tuple[int, int] | None = (ev.job_id, ev.run)
+        elif e.fenced(ev):  # the fence's presumption: the node's own word is still to come
+            return
         else:
             key = max((k for k in self._stopped if k[0] == ev.job_id), default=None)
         iv = self._stopped.pop(key, None) if key is not None else None

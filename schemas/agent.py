@@ -14,16 +14,18 @@ from typing import Annotated, TypeVar
 import msgspec
 
 from schemas.bounds import (
-    Arg,
     CommandLine,
     Count,
+    EnvPairs,
     Epoch,
     ExitCode,
     FloatSeconds,
     GraceSeconds,
     JobId,
+    LogPath,
     Name,
     NodeGpus,
+    Path,
     PositiveSeconds,
     Text,
     Token,
@@ -114,12 +116,14 @@ class Part(PartRun, frozen=True, kw_only=True, forbid_unknown_fields=False):
     job_token: Token = ""
     """The job's own token (`GPULEDGER_JOB_TOKEN`), minted at placement; "" when the server
     no longer holds it (a restart: the part was launched before)."""
-    workdir: Arg = ""
+    workdir: Path = ""
     """Where the job starts ("": the agent's default, the run's own directory)."""
-    env: Annotated[tuple[tuple[Arg, Arg], ...], msgspec.Meta(max_length=4_096)] = ()
+    env: EnvPairs = ()
     """The job's environment as submitted; the agent adds the ledger's variables."""
-    stdout: Arg = ""
-    stderr: Arg = ""
+    stdout: LogPath = ""
+    stderr: LogPath = ""
+    """Every field takes what a submission may hold (`schemas.bounds`): an answer an agent
+    cannot read wedged its node (atk46-23 F13); `decode_assignment` refuses a part alone."""
     job_name: Text = ""
     array_job_id: JobId | None = None
     array_task_id: Count | None = None
@@ -141,7 +145,7 @@ class Assignment(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class PartStarted(PartRun, frozen=True, kw_only=True):
-    log: Arg = ""
+    log: LogPath = ""
     """Where the part's output goes on its node."""
     started_at: Epoch | None = None
     """When its process started (the agent's clock)."""
@@ -218,3 +222,49 @@ class Ack(msgspec.Struct, frozen=True, kw_only=True):
     restarted with a shorter fence, or another server leading with its own, shortens the node's
     lease at once (learnt only at registration, a lease of the old length outlived the new
     fence and a job ran twice: atk37-28 F1). None from an older server."""
+
+
+class _Listed(msgspec.Struct, frozen=True, kw_only=True):
+    """A poll answer whose parts are read one by one (`decode_assignment`)."""
+
+    node: str
+    version: str
+    parts: tuple[msgspec.Raw, ...]
+    server_time: float
+    epoch: int = 0
+
+
+class _Which(msgspec.Struct, frozen=True, kw_only=True):
+    job_id: int
+    run: int = 0
+
+
+class Unreadable(msgspec.Struct, frozen=True, kw_only=True):
+    """A part of a poll answer the agent could not read: the agent fails its launch with `why`."""
+
+    job_id: int
+    run: int
+    why: str
+
+
+def decode_assignment(data: bytes) -> tuple[Assignment, tuple[Unreadable, ...]]:
+    """The poll answer in `data` with every part the agent can read, and the parts it cannot
+    (each with its job, run and why). One part out of the agent's bounds used to fail the whole
+    answer, killing the agent's poll thread behind a live heartbeat: every later job on the node
+    stayed placed for ever (atk46-23 F13). An answer that is no assignment at all still raises
+    `msgspec.ValidationError` / `DecodeError`."""
+    listed = msgspec.json.decode(data, type=_Listed)
+    parts: list[Part] = []
+    bad: list[Unreadable] = []
+    for raw in listed.parts:
+        try:
+            parts.append(msgspec.json.decode(raw, type=Part))
+        except msgspec.ValidationError as err:
+            which = msgspec.json.decode(raw, type=_Which)  # a part with no job id: raises
+            bad.append(Unreadable(job_id=which.job_id, run=which.run, why=str(err)))
+    head = msgspec.json.encode(
+        {"node": listed.node, "version": listed.version, "parts": [],
+         "server_time": listed.server_time, "epoch": listed.epoch}
+    )  # fmt: skip
+    asg = msgspec.json.decode(head, type=Assignment)
+    return msgspec.structs.replace(asg, parts=tuple(parts)), tuple(bad)

@@ -28,7 +28,8 @@ TEN_YEARS_S = 10 * 365 * 86_400
 YEAR_3000 = 32_503_680_000.0
 MAX_GPUS_PER_NODE = 64
 
-Name = Annotated[str, msgspec.Meta(max_length=63)]
+MAX_NAME = 63
+Name = Annotated[str, msgspec.Meta(max_length=MAX_NAME)]
 """A user, node, GPU type or cluster name (the domain checks the characters: NAME_PATTERN).
 Lengths only: what else a name must be, the domain says (one copy of each rule)."""
 AccountPath = Annotated[str, msgspec.Meta(max_length=255)]
@@ -44,7 +45,8 @@ TokenId = Annotated[str, msgspec.Meta(max_length=32)]
 Sha256Hex = Annotated[str, msgspec.Meta(max_length=64)]
 """A SHA-256 digest (the domain checks its form: lowercase hex)."""
 
-JobId = Annotated[int, msgspec.Meta(ge=1, le=2**53)]
+MAX_JOB_ID = 2**53
+JobId = Annotated[int, msgspec.Meta(ge=1, le=MAX_JOB_ID)]
 Position = Annotated[int, msgspec.Meta(ge=0, le=2**62)]
 JobGpus = Annotated[int, msgspec.Meta(ge=1, le=1_000_000)]
 NodeGpus = Annotated[int, msgspec.Meta(ge=1, le=MAX_GPUS_PER_NODE)]
@@ -55,9 +57,24 @@ Priority = Annotated[int, msgspec.Meta(ge=-1_000_000_000, le=1_000_000_000)]
 Seconds = Annotated[int, msgspec.Meta(ge=0, le=TEN_YEARS_S)]
 """A whole number of seconds: a contract (`min_runtime_s`: 0 unfunded, else at least 1 s)."""
 PositiveSeconds = Annotated[int, msgspec.Meta(ge=1, le=TEN_YEARS_S)]
-MAX_GRACE_S = 3600
-GraceSeconds = Annotated[int, msgspec.Meta(ge=0, le=MAX_GRACE_S)]
-"""SIGTERM-to-SIGKILL grace of a job being stopped: whole seconds, at most an hour."""
+RECORDED_GRACE_S = 3600
+GraceSeconds = Annotated[int, msgspec.Meta(ge=0, le=RECORDED_GRACE_S)]
+"""SIGTERM-to-SIGKILL grace of a job being stopped, as recorded: whole seconds, at most the hour
+submit took before `MAX_GRACE_S` (events and the agents' parts read every recorded job)."""
+MAX_GRACE_S = 120
+"""The most SIGTERM-to-SIGKILL grace a job may ask for (`submit --grace`), and the most any
+job gets at its stop, recorded before this cap or not (`job_grace`): like Slurm's KillWait, the
+time a job may outlive its limit or a cancel is the site's, not the user's (a `-t 0:05 --grace
+1h` debug job held its GPU an hour past its limit: atk46-23 F7)."""
+SubmitGraceSeconds = Annotated[int, msgspec.Meta(ge=0, le=MAX_GRACE_S)]
+
+
+def job_grace(asked: float | None, default: float) -> float:
+    """Pure: the grace a job gets when stopped: its own (at most `MAX_GRACE_S`), else the
+    service's `default` (the admin's setting)."""
+    return default if asked is None else min(float(asked), float(MAX_GRACE_S))
+
+
 Umask = Annotated[int, msgspec.Meta(ge=0, le=0o777)]
 """A file mode creation mask (`umask`), as a number (0o022 is 18)."""
 PositiveInterval = Annotated[float, msgspec.Meta(ge=0.001, le=float(TEN_YEARS_S))]
@@ -73,10 +90,21 @@ TeamDepth = Annotated[int, msgspec.Meta(ge=1, le=64)]
 
 Arg = Annotated[str, msgspec.Meta(max_length=4_096)]
 CommandLine = Annotated[tuple[Arg, ...], msgspec.Meta(max_length=1_024)]
-LogPaths = Annotated[tuple[Arg, ...], msgspec.Meta(max_length=1_000_000)]
+MAX_PATH = 4_096
+Path = Annotated[str, msgspec.Meta(max_length=MAX_PATH)]
+"""A file or directory path as submitted (a job's working directory, its output file pattern):
+submit keeps an output pattern's expansion within it too (`ledger.core.jobs.check_pattern`)."""
+MAX_LOG_PATH = 2 * MAX_PATH + 1
+"""The longest output file a job's launch may name: its working directory (a `Path`), '/', and
+its output pattern written out (within `MAX_PATH`). Every reader of a launch (the agents' poll
+answer, an agent's start report) takes this much, so no submission can make one it refuses
+(a 4,103-character default output under a 4,085-character cwd wedged a node: atk46-23 F13)."""
+LogPath = Annotated[str, msgspec.Meta(max_length=MAX_LOG_PATH)]
+LogItem = Annotated[str, msgspec.Meta(max_length=MAX_NAME + 1 + MAX_LOG_PATH)]
+"""Where one part of a run writes: `<node>:<path>` (the node's name as the prefix: a path of
+4,096 characters was refused with it, the run's start dropped: atk46-23 F14)."""
+LogPaths = Annotated[tuple[LogItem, ...], msgspec.Meta(max_length=1_000_000)]
 """Where a job's parts write their output: one path per part (at most one part per GPU)."""
-Path = Annotated[str, msgspec.Meta(max_length=4_096)]
-"""A file or directory path (a job's working directory, its output file pattern)."""
 EnvName = Annotated[str, msgspec.Meta(max_length=255)]
 """An environment variable's name (the domain checks its form: ENV_NAME_PATTERN)."""
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -84,12 +112,19 @@ MAX_ENV_VALUE = 16_384
 EnvValue = Annotated[str, msgspec.Meta(max_length=MAX_ENV_VALUE)]
 MAX_ENV_BYTES = 256 * 1024
 """The most a job's environment may hold, names and values together (the domain checks it)."""
-Environment = Annotated[dict[EnvName, EnvValue], msgspec.Meta(max_length=2_048)]
+MAX_ENV_VARS = 2_048
+Environment = Annotated[dict[EnvName, EnvValue], msgspec.Meta(max_length=MAX_ENV_VARS)]
 """A job's environment as submitted (after `--export`): at most 2,048 variables."""
-JobName = Annotated[str, msgspec.Meta(max_length=255)]
+EnvPairs = Annotated[tuple[tuple[EnvName, EnvValue], ...], msgspec.Meta(max_length=MAX_ENV_VARS)]
+"""A job's environment as its launch carries it (the agents' poll answer): what `Environment`
+takes, so a value submit accepts never fails a reader (4,096 per value there, 16,384 at submit,
+killed an agent's poll: atk46-23 F13)."""
+MAX_JOB_NAME = 255
+JobName = Annotated[str, msgspec.Meta(max_length=MAX_JOB_NAME)]
 """A job's name (`-J`): what `%x` writes and `--dependency=singleton` groups by."""
 MAX_ARRAY_TASKS = 10_000
-ArrayIndex = Annotated[int, msgspec.Meta(ge=0, le=4_000_000)]
+MAX_ARRAY_INDEX = 4_000_000
+ArrayIndex = Annotated[int, msgspec.Meta(ge=0, le=MAX_ARRAY_INDEX)]
 """A job array's task index (`--array=0-15`, `1,3,5`)."""
 ArrayTasks = Annotated[tuple[ArrayIndex, ...], msgspec.Meta(max_length=MAX_ARRAY_TASKS)]
 ArrayLimit = Annotated[int, msgspec.Meta(ge=1, le=MAX_ARRAY_TASKS)]

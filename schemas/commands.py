@@ -27,7 +27,6 @@ from schemas.bounds import (
     Epoch,
     ExitCode,
     FloatSeconds,
-    GraceSeconds,
     JobGpus,
     JobId,
     JobName,
@@ -43,6 +42,7 @@ from schemas.bounds import (
     Seconds,
     Sha256Hex,
     Shares,
+    SubmitGraceSeconds,
     Text,
     Token,
     TokenId,
@@ -204,7 +204,7 @@ class SubmitJob(Command, frozen=True, kw_only=True, tag="submit"):
     duration_s: FloatSeconds | None = None
     user: Name | None = None
     """Submit on behalf of `user` (admins and the simulator); defaults to the actor."""
-    grace_s: GraceSeconds | None = None
+    grace_s: SubmitGraceSeconds | None = None
     """SIGTERM-to-SIGKILL grace when the job is stopped; None: the executor's default."""
     workdir: Path = ""
     """The absolute directory the job starts in (the CLI sends its own working directory, as

@@ -406,6 +406,18 @@ class JobEngineLinked(JobEvent, frozen=True, kw_only=True, tag="job.engine_linke
     """What the engine observed of each part (node agents: leader pid and cgroup)."""
 
 
+FENCED_STATE = "FENCED"
+"""`JobEngineEnded.engine_state` of a run ended at its lost node's fence, with no word from the
+node: a presumption, not the run's real end. Every usage fold (the SQL projection, the
+in-memory fold, the reference, the audit) waits for the real end its node's agent reports on
+its return (`JobRunEnded`), charged to the release (the fence) until then (atk46-23 F5)."""
+
+
+def fenced(ev: JobEngineEnded) -> bool:
+    """Pure: the end is the fence's presumption (`FENCED_STATE`), not the engine's word."""
+    return ev.engine_state == FENCED_STATE
+
+
 class JobEngineEnded(JobEvent, frozen=True, kw_only=True, tag="job.engine_ended.v1"):
     """How the execution engine says a run ended, recorded with the run's JobFinished."""
 
@@ -413,10 +425,12 @@ class JobEngineEnded(JobEvent, frozen=True, kw_only=True, tag="job.engine_ended.
     engine_job_id: Name
     reason: EndReason
     engine_state: Name = ""
-    """The engine's own word for the ending (Slurm: COMPLETED, FAILED, TIMEOUT, NODE_FAIL, ...)."""
+    """The engine's own word for the ending (Slurm: COMPLETED, FAILED, TIMEOUT, NODE_FAIL, ...);
+    `FENCED` (`FENCED_STATE`): no engine's word, the ledger's when its node's fence passed."""
     exit_code: ExitCode | None = None
     ended_at: Epoch | None = None
-    """When the run really ended (as in its JobFinished)."""
+    """When the run really ended (as in its JobFinished); for a `FENCED` end, the fence's time,
+    which the run's real end wins over once its node reports it (`JobRunEnded`)."""
     note: Text = ""
     """What else the engine says: why a launch failed, processes the leader left behind that
     had to be killed after the grace."""

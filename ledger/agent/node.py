@@ -174,6 +174,10 @@ class Seen:
     epoch: int = 0
 
 
+Polled = tuple[a.Assignment, tuple[a.Unreadable, ...]]
+"""A poll's answer: the node's list and the parts of it the agent cannot read."""
+
+
 class AgentClient:
     """The agent API over the project's HTTP client (one per thread). `url` may list several
     servers (docs/ha.md): the client follows the leader; `seen` fences out a deposed one."""
@@ -214,18 +218,20 @@ class AgentClient:
         answer = self.client.request(method, path, data, idempotent=True)
         return msgspec.json.decode(answer, type=type)
 
-    def poll(self, node: str, since: str, wait_s: float) -> a.Assignment:
+    def poll(self, node: str, since: str, wait_s: float) -> Polled:
+        """The node's list, and the parts of it this agent cannot read (`decode_assignment`)."""
         from urllib.parse import urlencode
 
         q = urlencode({"node": node, "since": since, "wait": wait_s})
-        got: a.Assignment = self.call("GET", f"/v1/agent/poll?{q}", None, a.Assignment)
+        answer = self.client.request("GET", f"/v1/agent/poll?{q}", None, idempotent=True)
+        got, unreadable = a.decode_assignment(answer)
         if 0 < got.epoch < self.seen.epoch:  # a deposed leader's list: never launch or stop by it
             raise Unavailable(
                 f"a server of leader epoch {got.epoch} answered after epoch {self.seen.epoch}",
                 hint="asking the leader again",
             )
         self.seen.epoch = max(self.seen.epoch, got.epoch)
-        return got
+        return got, unreadable
 
 
 class NodeAgent:
@@ -257,7 +263,7 @@ class NodeAgent:
         self._draining = False
         """`drain` has begun: every report says so (`Report.draining`)."""
         self.wake = threading.Event()
-        self._latest: a.Assignment | None = None
+        self._latest: Polled | None = None
         self._lock = threading.Lock()
         self.parts: dict[int, a.Part] = {}
         self.version = ""
@@ -297,10 +303,11 @@ class NodeAgent:
         """Steps 2 and 3 of the module doc: stop the orphans, then register."""
         if self.boot.rebooted_header() and not self._report_ends():
             return
-        asg = self._retry("ask what runs here", lambda: self.client.poll(self.s.node, "", 0))
-        if asg is None:
+        polled = self._retry("ask what runs here", lambda: self.client.poll(self.s.node, "", 0))
+        if polled is None:
             return
-        self._take(asg)
+        asg = polled[0]
+        self._take(polled)
         orphans = self._apply(_now())
         self.applied = asg.version
         if orphans:
@@ -443,22 +450,36 @@ class NodeAgent:
         while not self.stop_event.is_set():
             try:
                 sent = _now()
-                asg = client.poll(self.s.node, version, self.s.poll_wait_s)
+                polled = client.poll(self.s.node, version, self.s.poll_wait_s)
             except LedgerError as err:
                 self._error(err)
                 self.stop_event.wait(REFUSED_PAUSE_S)
                 continue
+            except Exception:  # an answer it cannot read: the thread lives on (atk46-23 F13)
+                log.exception("the server's list for this node could not be read; asking again")
+                self.stop_event.wait(REFUSED_PAUSE_S)
+                continue
             self._contact(sent, client.node_lease)
-            version = asg.version
-            log.debug("poll: version %s, %d part(s)", version, len(asg.parts))
+            version = polled[0].version
+            log.debug("poll: version %s, %d part(s)", version, len(polled[0].parts))
             with self._lock:
-                self._latest = asg
+                self._latest = polled
             self.wake.set()
 
-    def _take(self, asg: a.Assignment) -> None:
+    def _take(self, polled: Polled) -> None:
+        asg, unreadable = polled
         self.version = asg.version
         self.parts = {p.job_id: p for p in asg.parts}
-        self.finished &= {(p.job_id, p.run) for p in asg.parts}
+        listed = {(p.job_id, p.run) for p in asg.parts} | {(u.job_id, u.run) for u in unreadable}
+        self.finished &= listed
+        for u in unreadable:  # its launch fails here, once: the ledger ends the job
+            if (u.job_id, u.run) in self.finished:
+                continue
+            log.error("job %s (run %s): its part cannot be read here: %s", u.job_id, u.run, u.why)
+            why = f"the node's agent could not read the job's launch: {u.why}"
+            end = Exit(u.job_id, -1, _now(), "launch_failed", f"{u.job_id}.{u.run + 1}", note=why)
+            with self._out_lock:
+                self._queue(Observed(exits=(end,)))
 
     def _apply(self, now: float) -> set[int]:
         """Stop what runs here and is not listed (or is an older run); launch what is listed

@@ -365,7 +365,9 @@ def workdir(chdir: str | None) -> str:
     help="Wall time, as sbatch reads it: minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS, "
     "or 90s, 2h; <= 15m makes a debug job.",
 )
-@click.option("--grace", default=None, help="SIGTERM-to-SIGKILL grace when stopped (default 30s).")
+@click.option(
+    "--grace", default=None, help="SIGTERM-to-SIGKILL grace when stopped (default 30s, at most 2m)."
+)
 @click.option("--chdir", "-D", default=None, help="Start in this directory (default: here).")
 @click.option(
     "--export",

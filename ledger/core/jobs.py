@@ -31,9 +31,13 @@ from schemas import commands as c
 from schemas import events as e
 from schemas.bounds import (
     ENV_NAME_PATTERN,
+    MAX_ARRAY_INDEX,
     MAX_ARRAY_TASKS,
     MAX_DEPENDENCY_IDS,
     MAX_ENV_BYTES,
+    MAX_JOB_ID,
+    MAX_NAME,
+    MAX_PATH,
     ArrayIndex,
     check,
 )
@@ -96,8 +100,9 @@ def _world(cmd: c.SubmitJob) -> dict[str, Any]:
     for what, text in (("working directory", cmd.workdir), ("job name", cmd.job_name)):
         if "\x00" in text or "\n" in text:
             raise InvalidCommand(f"the {what} holds a NUL or a newline")
+    job_name = cmd.job_name or (os.path.basename(cmd.command[0])[:255] if cmd.command else "")
     for flag, pattern in (("-o/--output", cmd.stdout), ("-e/--error", cmd.stderr)):
-        check_pattern(pattern, flag)
+        check_pattern(pattern, flag, job_name)
         if pattern and not pattern.startswith("/") and not cmd.workdir:
             raise InvalidCommand(
                 f"{flag} {pattern!r} is relative and the job has no working directory",
@@ -118,20 +123,34 @@ def _world(cmd: c.SubmitJob) -> dict[str, Any]:
             f"the job's environment is {size} bytes; at most {MAX_ENV_BYTES} are kept",
             hint="send fewer variables: --export=NONE or --export=VAR,...",
         )
-    name = cmd.job_name or (os.path.basename(cmd.command[0])[:255] if cmd.command else "")
     stdout = cmd.stdout or (DEFAULT_OUTPUT if cmd.workdir else "")
     return {
         "workdir": cmd.workdir,
         "env": dict(sorted(cmd.env.items())),
         "stdout": stdout,
         "stderr": cmd.stderr,
-        "job_name": name,
+        "job_name": job_name,
         "umask": cmd.umask,
     }
 
 
-def check_pattern(pattern: str, flag: str) -> None:
-    """Pure: an output file pattern uses only the escapes `expand_output` knows."""
+_WIDEST = {"%": 1, "j": len(str(MAX_JOB_ID)), "J": len(str(MAX_JOB_ID)), "u": MAX_NAME}
+_WIDEST |= {"A": len(str(MAX_JOB_ID)), "a": len(str(MAX_ARRAY_INDEX)), "N": MAX_NAME}
+
+
+def longest_output(pattern: str, job_name: str) -> int:
+    """Pure: the most characters `pattern` can make once `expand_output` writes it out for a job
+    named `job_name` (every other escape at its widest: `schemas.bounds`)."""
+    escapes = _ESCAPE.findall(pattern)
+    widths = sum(len(job_name) if k == "x" else _WIDEST.get(k, 2) for k in escapes)
+    return len(pattern) - 2 * len(escapes) + widths
+
+
+def check_pattern(pattern: str, flag: str, job_name: str = "") -> None:
+    """Pure: an output file pattern uses only the escapes `expand_output` knows, and written out
+    it stays a `Path` (MAX_PATH): what every reader of the launch takes (`bounds.MAX_LOG_PATH`;
+    thirty `%x` of a 200-character name made a 6,000-character file name that wedged the
+    job's node: atk46-23 F13)."""
     if "\x00" in pattern or "\n" in pattern:
         raise InvalidCommand(f"{flag} holds a NUL or a newline")
     for m in _ESCAPE.finditer(pattern.replace("%%", "")):
@@ -143,6 +162,12 @@ def check_pattern(pattern: str, flag: str) -> None:
             )
     if pattern.endswith("%") and not pattern.endswith("%%"):
         raise InvalidCommand(f"{flag} {pattern!r} ends with a lone %", hint="write %% for a %")
+    if (longest := longest_output(pattern, job_name)) > MAX_PATH:
+        raise InvalidCommand(
+            f"{flag} {pattern[:60]!r}... can name a file of {longest:,} characters once written "
+            f"out; at most {MAX_PATH:,}",
+            hint="use a shorter output pattern (fewer %x, %N or %u, or a shorter job name)",
+        )
 
 
 def expand_output(

@@ -134,7 +134,7 @@ def settle_commands(state: State, now: float, actor: str) -> list[c.FinishJob]:
                 engine=job.engine,
                 engine_job_id=job.engine_job_id,
                 reason="node_failure",
-                engine_state="FENCED",
+                engine_state=e.FENCED_STATE,
                 ended_at=job.doubt_until,
                 note="its node was lost and did not return within the fence",
             )

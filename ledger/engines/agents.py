@@ -50,6 +50,7 @@ from ledger.engines.fence import Fence, reboot_honoured
 from ledger.store.clock import new_token_secret
 from schemas import agent as a
 from schemas import commands as c
+from schemas.bounds import job_grace
 from schemas.errors import InvalidCommand, InvalidTransition, LedgerError
 from schemas.events import GpuSlot, RunPart
 
@@ -649,7 +650,7 @@ class AgentExecutor:
     def _add(self, job: Launch, token: str, *, started: bool = False, publish: bool = True) -> None:
         nodes = tuple(sl.node for sl in job.slots)
         self._placed_on(job.job_id, nodes)
-        grace = self.grace_s if job.grace_s is None else job.grace_s
+        grace = job_grace(job.grace_s, self.grace_s)
         r = _Run(job.job_id, job.run, nodes, job.slots, start_reported=started, grace_s=grace)
         self._runs[job.job_id] = r
         part = a.Part(

@@ -58,6 +58,7 @@ from ledger.engines.runs import (
     handled_jobs,
     keep_stop,
     kept_stop,
+    limit_from,
     live_processes,
     part_log,
     read_exit,
@@ -69,6 +70,7 @@ from ledger.engines.runs import (
 )
 from ledger.engines.supervise import CANNOT_START, Forked, read_record, record_says_started
 from ledger.engines.tree import Containment, Tree
+from schemas.bounds import job_grace
 from schemas.commands import RunEnd
 from schemas.errors import InvalidCommand
 from schemas.events import RunPart
@@ -442,7 +444,7 @@ class SupervisedExecutor:
             launch=launch,
             launched_at=now,
             time_limit_s=self._limit(job),
-            grace_s=self.grace_s if job.grace_s is None else job.grace_s,
+            grace_s=job_grace(job.grace_s, self.grace_s),
             parts=[],
         )
         master = job.master_addr or self.address_of(job.slots[0].node)
@@ -624,7 +626,7 @@ class SupervisedExecutor:
         if (
             h.stop_reason is None
             and h.time_limit_s is not None
-            and now >= h.launched_at + h.time_limit_s
+            and now >= limit_from(h) + h.time_limit_s
         ):
             log.info("job %s reached its time limit (%gs): stopping it", h.job_id, h.time_limit_s)
             self._terminate(h, now, "time_limit")
@@ -676,6 +678,10 @@ class SupervisedExecutor:
         )  # fmt: skip
 
     def _terminate(self, h: Handle, now: float, why: StopReason) -> None:
+        if why == "ledger" and h.stop_reason == "time_limit" and not h.killed:
+            # past its limit, in its grace: a cancel cuts it short, as scancel does (atk46-23 F7)
+            self._signal(h, signal.SIGKILL)
+            h.killed = True
         if h.stop_reason is None or why == "ledger":
             h.stop_reason = why
             keep_stop([Path(p.rundir) for p in h.parts], why)  # told so after a restart

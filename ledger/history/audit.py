@@ -248,6 +248,8 @@ class _Charges:
         `JobEngineEnded` ends the job's last placement."""
         if isinstance(ev, e.JobRunEnded):
             ch = self.by_run.get((ev.job_id, ev.run))
+        elif e.fenced(ev):  # the fence's presumption: its node's report is the real end
+            return
         else:
             ch = self.last.get(ev.job_id)
         if ch is None or ch.run_end is not None:

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from schemas import events as e
+from schemas.bounds import job_grace
 from schemas.units import key_text, plural, span, times_in, when
 
 if TYPE_CHECKING:  # annotations only: `explain`'s time words load without the dispatcher
@@ -308,7 +309,21 @@ def explain_history(
                 out.append(run_ended_line(ev))
     if job.status in ("placed", "running"):
         out.append(contract_line(job, now))
+        out += limit_line(job, now)
     return out
+
+
+def limit_line(job: Job, now: float) -> list[str]:
+    """Pure: a running job past its time limit is being stopped (SIGTERM at the limit, SIGKILL
+    after its grace, at most `MAX_GRACE_S`): said, not shown as plain running (atk46-23 F7)."""
+    limit, start = job.spec.time_limit_s, job.started_at
+    if job.status != "running" or limit is None or start is None or now < start + limit:
+        return []
+    grace = job.spec.grace_s
+    kill = (f"SIGKILL at {when(start + limit + job_grace(grace, 0.0))} at the latest"
+            if grace is not None else "SIGKILL after the service's grace")  # fmt: skip
+    return [f"It reached its time limit at {when(start + limit)}: it is stopping (SIGTERM "
+            f"then, {kill}); its GPUs are held until its processes are gone."]  # fmt: skip
 
 
 def _world(ev: e.JobSubmitted) -> str:

@@ -289,7 +289,7 @@ def _apply(s: RefState, pos: int, ev: e.AnyEvent) -> None:
         case e.JobEngineEnded():
             _touch(s, ev.job_id, pos)["engine_reason"] = ev.reason
             runs = [i for i in s.intervals if i["job_id"] == ev.job_id]
-            if runs and runs[-1]["run_end_position"] is None:
+            if runs and runs[-1]["run_end_position"] is None and not e.fenced(ev):
                 ended = ev.at if ev.ended_at is None else ev.ended_at
                 runs[-1].update(run_end_position=pos, run_end_at=ended)
         case e.JobEngineLinked():

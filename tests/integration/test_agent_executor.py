@@ -100,6 +100,39 @@ def test_the_time_limit_is_sigterm_then_sigkill_after_the_jobs_grace(
     assert 2 <= time.monotonic() - t0 < 10
 
 
+def test_the_time_limit_counts_from_the_commands_own_start(dirs: tuple[Path, Path]) -> None:
+    """Counted from the launch's bookkeeping (before the supervisor started the command), a
+    `-t 0:20` job ran 19.65-19.8 s: Slurm never stops a job before its limit (atk46-23 F3)."""
+    ex = executor(dirs, grace_s=5)
+    launch(ex, job(5, "exec sleep 60", time_limit_s=2))
+    [st] = wait_starts(ex)
+    [x] = until(ex, lambda x: len(x) == 1)
+    assert x.reason == "time_limit" and st.started_at is not None
+    assert 2.0 <= x.at - st.started_at < 4.0
+
+
+def test_a_stop_of_a_job_in_its_limits_grace_kills_it_at_once(dirs: tuple[Path, Path]) -> None:
+    """A job past its limit ignoring SIGTERM, with an hour's grace (as recorded before the cap):
+    a cancel left its GPU `stopping` for the hour; it is killed at once, as scancel does
+    (atk46-23 F7)."""
+    ex = executor(dirs, grace_s=5)
+    termed = dirs[1] / "termed"
+    launch(ex, job(6, f"trap 'touch {termed}' TERM; while :; do sleep 0.1; done",
+                   time_limit_s=1, grace_s=3600))  # fmt: skip
+    wait_starts(ex)
+    deadline = time.monotonic() + 20
+    while not termed.exists():
+        assert time.monotonic() < deadline, "no SIGTERM at the limit"
+        observe(ex)
+        time.sleep(0.05)
+    stop(ex, 6)
+    t0 = time.monotonic()
+    while not (gone := [x for x in observe(ex).stopped if x.job_id == 6]):
+        assert time.monotonic() - t0 < 4, "still in its grace"
+        time.sleep(0.05)
+    assert gone[0].exit_code == KILLED
+
+
 def test_debug_jobs_end_at_the_debug_limit_even_when_they_declare_more(
     dirs: tuple[Path, Path],
 ) -> None:

@@ -46,7 +46,7 @@ def test_an_agent_restart_keeps_adopted_jobs_while_an_orphan_is_slow_to_die(
         c.cli("node", "drain", other, "--reason", "test")
     go = c.home.parent / "go"
     innocent = c.submit(1, "echo $$; while :; do date +%s; sleep 0.2; done", user="alice")
-    orphan = c.submit(1, f"trap '' TERM; {until(go, 0)}", "--grace", "10m")
+    orphan = c.submit(1, f"trap '' TERM; {until(go, 0)}", "--grace", "2m")
     (node_i, pid_i), (node_o, pid_o) = running_pid(c, innocent), running_pid(c, orphan)
     assert node_i == node_o == NODE
     (orphan_slot,) = c.job(orphan)["slots"]

@@ -12,7 +12,7 @@ import pytest
 
 from ledger.store.embedded import EmbeddedSource
 from projections import fairshare as fs
-from projections import queries
+from projections import history, queries
 from projections.as_of import AS_OF_SQL, AsOf
 from projections.projector import Projector
 from projections.store import Store
@@ -20,6 +20,7 @@ from projections.testing.compare import REFERENCE_TABLES, differences, dump, ref
 from projections.testing.reference import fold
 from projections.testing.synthetic import append_to_store
 from schemas import events as e
+from schemas import views as v
 from tests.unit.test_charged_from_start import (
     AT,
     GRACE,
@@ -35,6 +36,7 @@ from tests.unit.test_charged_from_start import (
     stopped_late,
     waiting_runs,
 )
+from tests.unit.test_fenced_real_end import FENCE_S, LOST, REAL_END, SETTLED, fenced_then_heard
 
 
 def projected(home: Path, batch: int | None = None) -> Store:
@@ -150,4 +152,33 @@ def test_fairtree_3_charges_a_stopped_run_through_its_grace_in_sql(
         reader.at(len(events) - 1)  # before the end was heard: charged to the release
         assert {r.name: r.gpu_seconds for r in queries.usage(reader, AT, by="user")} == {
             "alice": 2 * 98.0
+        }
+
+
+@pytest.mark.parametrize("resumable", [False, True], ids=["fails", "requeued"])
+def test_a_fenced_runs_real_end_its_agent_reports_is_charged_and_shown_in_sql(
+    tmp_path: Path, resumable: bool
+) -> None:
+    """atk46-23 F5: a run its lost node's fence ended at T0 + 320, which really ended at T0 + 40
+    (its agent's report on return): charged to T0 + 40 by the SQL as by the reference, and
+    `jobs` shows it ended then (the fence's end, as of a position before the report)."""
+    events = fenced_then_heard(resumable)
+    home = tmp_path / "home"
+    append_to_store(home, iter(events))
+    heard = next(i for i, ev in enumerate(events, 1) if isinstance(ev, e.JobRunEnded))
+    with projected(home, 1) as store:
+        ref = reference_dump(fold(enumerate(events, 1)))
+        assert differences(dump(store, REFERENCE_TABLES), ref) == []
+        got = {r.name: r.gpu_seconds for r in queries.usage(store, AT, by="user")}
+        assert got == {"alice": 2 * (REAL_END - (T0 + 2))}
+        (row,) = history.jobs_page(store.con, v.JobFilter(), job_id=4)
+        assert row[18] == REAL_END  # finished_at
+        store.con.execute(AS_OF_SQL)
+        reader = AsOf(store)
+        # before the agent's word: charged to the release, the fence's end (a requeued run:
+        # its requeue, when the server saw the fence had passed), as any stopped run's
+        released = SETTLED if resumable else LOST + FENCE_S
+        reader.at(heard - 1)
+        assert {r.name: r.gpu_seconds for r in queries.usage(reader, AT, by="user")} == {
+            "alice": 2 * (released - (T0 + 2))
         }

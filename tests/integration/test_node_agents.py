@@ -1084,3 +1084,64 @@ def test_a_second_agent_given_the_holders_agent_id_on_the_same_host_is_refused(
         ran_once(c, job, pid, go)
     finally:
         kill_rest(second)
+
+
+def test_the_longest_environment_and_log_path_submit_accepts_run_and_are_charged(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A 16,384-character value (a module's LD_LIBRARY_PATH) killed the agent's poll thread: the
+    job, and every later one on its node, stayed placed for ever (atk46-23 F13). A log path of
+    4,096 characters ran with its start dropped (`node:path` over the bound): no start time, no
+    charge (atk46-23 F14)."""
+    c = cluster
+    value = "/opt/lib:" * (16_384 // 9)
+    out = cli(c.home, "submit", "-A", "ai2/olmo", "-G", "1", "--min-runtime", "1h", "--",
+              "sh", "-c", 'echo "${#LONG_LIB}"', GPULEDGER_USER="root", LONG_LIB=value)  # fmt: skip
+    long_env = int(out.stdout.split()[2].rstrip(":"))
+    deep = tmp_path
+    while len(str(deep)) < 4_000:
+        deep /= "d" * min(200, 4_000 - len(str(deep)))
+    deep.mkdir(parents=True)
+    path = f"{deep}/" + "o" * (4_096 - len(str(deep)) - 1)
+    assert len(path) == 4_096
+    out = cli(c.home, "submit", "-A", "ai2/olmo", "-G", "2", "--min-runtime", "1h",
+              "-o", path.rpartition("/")[2], "--", "sh", "-c", "sleep 1; echo done",
+              cwd=deep, GPULEDGER_USER="root")  # fmt: skip
+    long_log = int(out.stdout.split()[2].rstrip(":"))
+    after = [c.submit(2, "true") for _ in range(3)]  # every node runs again
+    for j in (long_env, long_log, *after):
+        c.wait_status(j, "finished")
+    got = c.jobs()
+    assert got[long_env]["outcome"] == "completed", got[long_env]
+    assert part_log(got[long_env]["logs"][0]).read_text().strip() == str(len(value))
+    row = got[long_log]
+    assert row["outcome"] == "completed" and row["started_at"] is not None, row
+    assert [part_log(x) for x in row["logs"]] == [Path(path)]
+    assert all(got[j]["outcome"] == "completed" for j in after)
+    assert "Traceback" not in "".join(ag.text() for ag in c.agents.values())
+
+
+@with_flags(serve=("--node-fence", "3s"))
+def test_an_exit_while_its_agent_was_away_past_the_fence_is_recorded_at_its_real_end(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """atk46-23 F5: the job exits while its node's agent is stopped; the node is lost and its
+    fence passes (the job ends `node_lost` at the fence); the agent returns and reports the real
+    end, which wins: `jobs` shows it (not the fence's), and the audit finds every charge inside
+    the real run."""
+    c = cluster
+    go, end = tmp_path / "go-f5", tmp_path / "ended-f5"
+    job = c.submit(1, f"echo $$; while [ ! -e {go} ]; do sleep 0.1; done; date +%s.%N > {end}")
+    node, _ = running_pid(c, job)
+    c.agents[node].kill(signal.SIGSTOP)
+    go.touch()
+    wait_for("the job to end", lambda: end.exists() and end.read_text().strip(), 30)
+    really = float(end.read_text())
+    fenced = c.wait_status(job, "finished")
+    assert fenced["finish_reason"] == "node_lost" and fenced["finished_at"] > really + 4, fenced
+    c.agents[node].proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+    heard = lambda: abs(c.job(job)["finished_at"] - really) <= 1.0  # noqa: E731
+    wait_for("the real end to be recorded", heard, 30, c.why)
+    assert c.events("job.run_ended.v2")[-1]["ended_at"] == pytest.approx(really, abs=1.0)
+    c.server.stop(signal.SIGTERM)
+    assert ": 0 violations" in audit_check(c)

@@ -125,7 +125,7 @@ def test_a_leader_named_by_a_server_of_the_list_is_followed_though_the_list_lack
     asg = a.Assignment(node="n", version="v", parts=(), server_time=0.0, epoch=4)
     lead.answer = lambda *_: (200, {}, msgspec.json.encode(asg))
     agent = AgentClient(stand.url, "node-tok", 10)
-    assert agent.poll("n", "", 0).epoch == 4
+    assert agent.poll("n", "", 0)[0].epoch == 4
     assert lead.seen[-1][2]["authorization"] == "Bearer node-tok"
     agent.client.close()
     # never to a Unix socket, nor from https to http, whoever names it
@@ -191,12 +191,12 @@ def test_an_agent_never_takes_a_list_from_an_older_leader_epoch(fakes: tuple[Fak
     server.answer = assignment
     seen = Seen()
     agent = AgentClient(server.url, "tok", 10, seen)
-    assert agent.poll("n", "", 0).epoch == 3 and seen.epoch == 3
+    assert agent.poll("n", "", 0)[0].epoch == 3 and seen.epoch == 3
     epoch[0] = 2  # a deposed leader answers
     with pytest.raises(Unavailable, match="leader epoch 2 answered after epoch 3"):
         AgentClient(server.url, "tok", 10, seen).poll("n", "", 0)
     epoch[0] = 0  # a single server (no lease) is not fenced
-    assert agent.poll("n", "", 0).epoch == 0
+    assert agent.poll("n", "", 0)[0].epoch == 0
     agent.client.close()
 
 
