@@ -37,7 +37,8 @@ def pytest_configure(config: pytest.Config) -> None:
     shell they were started from. Tests that need one set it themselves."""
     from ledger.core.runas import SECRET_NAMES
 
-    for name in [n for n in os.environ if re.match(SECRET_NAMES, n)]:
+    kept = {"GPULEDGER_PG_DSN"}  # scripts/test's own PostgreSQL (a `_DSN` name is a secret's)
+    for name in [n for n in os.environ if re.match(SECRET_NAMES, n) and n not in kept]:
         del os.environ[name]
     # the CLI keeps the position of its last write under XDG_STATE_HOME (ledger.wire.written):
     # the suite's own, not the caller's home
