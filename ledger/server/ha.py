@@ -275,14 +275,16 @@ class Leadership:
         self._thread = threading.Thread(target=self._run, name="ledger-lease", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        """A clean stop: hand the lease over at once (a standby takes it at its next try)."""
+    def stop(self, clean: bool = True) -> None:
+        """A stop: hand the lease over at once (a standby takes it at its next try); `clean`:
+        nothing of this server's may still be submitted (`takeover.hands_over_cleanly`), so
+        the next leader waits for nothing."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
         try:
             if self.unreachable is None:  # else it would wait for a connection: it expires
-                self.lease.release()
+                self.lease.release(clean)
                 self._report()  # its last keep stays known (`forget` then keeps its row)
                 self.lease.forget()
         except Exception as err:  # the store is away: the lease expires by itself

@@ -137,6 +137,18 @@ def _bind_tcp(listen: str) -> socket.socket:
     return sock
 
 
+def _hands_over_cleanly(config: ServeConfig, ha: Leadership, service: ServiceLoop) -> bool:
+    """Whether this server's stop hands its lease over as clean: always, but for Slurm's
+    executor while a placed run still waits for its last holder's sbatch
+    (`takeover.hands_over_cleanly`, atk46-ha F1)."""
+    if config.executor != "slurm":
+        return True
+    from ledger.engines.slurm.takeover import hands_over_cleanly
+
+    waiting = getattr(service.executor, "in_flight", None)
+    return hands_over_cleanly(ha.lease.handed_over, waiting, service.clock.now())
+
+
 def make_executor(
     ledger: Ledger,
     config: ServeConfig,
@@ -384,7 +396,7 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         away = ha is not None and (ha.unreachable is not None or worker.follow_error is not None)
         service.close(store_away=away)
         if ha is not None:
-            ha.stop()  # hands the lease over at once
+            ha.stop(_hands_over_cleanly(config, ha, service))  # hands the lease over at once
         with contextlib.suppress(OSError):
             unix_path.unlink()
         log.info("stopped cleanly at position %d", ledger.position)

@@ -13,7 +13,14 @@ from ledger.core.state import Node
 from ledger.cycle.executor import Launch, Orders
 from ledger.engines.slurm.executor import SlurmExecutor
 from ledger.engines.slurm.launching import STOPPING
-from ledger.engines.slurm.takeover import MARGIN_S, duplicates, held, in_flight
+from ledger.engines.slurm.takeover import (
+    MARGIN_S,
+    InFlight,
+    duplicates,
+    hands_over_cleanly,
+    held,
+    in_flight,
+)
 from ledger.engines.slurm.words import parse_jobs
 from schemas.events import GpuSlot
 
@@ -184,3 +191,21 @@ def test_after_a_clean_handover_a_placed_run_is_submitted_at_once(tmp_path: Path
     ex.carry_out(placed(), 100.0)
     ex.observe(100.5, NODES)
     assert slurm.sbatches() == 1 and ex._runs[5].slurm_id == "42"
+
+
+def test_a_stop_inside_its_own_takeover_wait_is_no_clean_handover() -> None:
+    """atk46-ha F1: s2 took the lease from a leader cut off in its sbatch (not clean) and began
+    its 25 s wait; stopped (SIGTERM) inside it, it handed the lease over as clean and s0
+    submitted the run at once, while the first leader's sbatch was still in flight: the job's
+    command started twice. A stop is clean only once nothing waits."""
+    waits = InFlight(handed_over=False)
+    waits.begin({4: 0}, adopted=(), now=100.0, timeout_s=20.0)  # job 4 run 0 waits
+    assert not hands_over_cleanly(False, waits, now=101.0)
+    assert not hands_over_cleanly(True, waits, now=101.0)  # whatever its own take was
+    assert hands_over_cleanly(False, waits, now=100.0 + 20.0 + MARGIN_S + 0.1)  # the wait is over
+    nothing = InFlight(handed_over=False)
+    nothing.begin({4: 0}, adopted=(4,), now=100.0, timeout_s=20.0)  # Slurm listed it: no wait
+    assert hands_over_cleanly(False, nothing, now=101.0)
+    # a server that took the lease otherwise than cleanly and never made its executor
+    assert not hands_over_cleanly(False, None, now=101.0)
+    assert hands_over_cleanly(True, None, now=101.0)

@@ -114,6 +114,11 @@ class InFlight:
                      "(no sbatch of its can be in flight)", len(self.until))  # fmt: skip
             self.until = {}
 
+    def open(self, now: float) -> bool:
+        """Whether a run still waits for the last holder's sbatch at `now`: a stop then is no
+        clean handover (`hands_over_cleanly`)."""
+        return any(until > now for until in self.until.values())
+
     def waits(self, r: Run, now: float) -> bool:
         """Whether run `r` (placed, not submitted) waits for a submission of the last holder
         that may still land (`held`)."""
@@ -185,3 +190,16 @@ def cancel_duplicates(ex: SlurmExecutor, now: float) -> None:
             st.cancelled = True
         except EngineError as err:
             log.warning("slurm job %s: %s (retrying)", gone, err.line())
+
+
+def hands_over_cleanly(taken_cleanly: bool, waiting: InFlight | None, now: float) -> bool:
+    """Pure: whether a server's stop may hand its lease over as clean (the next leader then
+    submits placed runs at once). Not while a run of its still waits for its own last holder's
+    sbatch (`InFlight.open`): that sbatch may land after the next take too; and not when this
+    server took the lease otherwise than cleanly and never began its wait (no Slurm executor
+    made: `waiting` None). Before, every stop was clean, so a leader stopped inside its 25 s
+    wait let the next one submit a run the leader before it was still submitting, and the
+    job's command started twice (atk46-ha F1)."""
+    if waiting is None:
+        return taken_cleanly
+    return not waiting.open(now)
