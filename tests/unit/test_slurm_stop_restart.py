@@ -182,6 +182,7 @@ def test_a_restart_after_a_limit_stop_slurm_ended_records_the_time_limit(tmp_pat
     assert again.adopt({1: 0}, now + 30) == {1}
     (end,) = again.observe(now + 30.5, NODES).exits
     assert (end.job_id, end.reason, end.engine_state) == (1, "time_limit", "CANCELLED"), end
+    assert end.at == START + 27, end  # no beat of its after Slurm's EndTime: Slurm's word
     # a restart that no longer runs it forgets the note; a stale note of a Slurm id that came
     # back never makes an end before the limit a limit's
     assert noted_limited(tmp_path, "7")
@@ -193,3 +194,25 @@ def test_a_restart_after_a_limit_stop_slurm_ended_records_the_time_limit(tmp_pat
     assert end.reason == "cancelled", end
     executor(tmp_path, slurm).adopt({}, now + 90)
     assert not noted_limited(tmp_path, "7")
+
+
+def test_a_limit_stop_ended_unseen_ends_at_its_last_beat_within_killwait(tmp_path: Path) -> None:
+    """atk46-s F2, the end: stopped at its limit, the service killed while Slurm held the job
+    COMPLETING (its processes ignore SIGTERM, killed KillWait after the scancel), back after
+    Slurm ended it: it was recorded ended at Slurm's EndTime, the scancel, ~10 s before its
+    processes died. Its script's heartbeat after the EndTime says they lived: the end is that
+    beat, never past EndTime + KillWait."""
+    slurm = Slurm()
+    run_dir = executor(tmp_path, slurm)._checkpoint_file(1, 0).parent
+    run_dir.mkdir(parents=True)
+    (tmp_path / "stops").mkdir()
+    (tmp_path / "stops" / "7.limited").touch()  # the killed service's limit stop
+    (run_dir / ALIVE).touch()  # its last beat: now, 300 s or more after the job started
+    beat = (run_dir / ALIVE).stat().st_ctime
+    for end_s, want in ((int(beat - START) - 5, beat), (27, START + 27 + KILL_WAIT)):
+        slurm.jobs = job("CANCELLED", end_s, "0:15")
+        ex = executor(tmp_path, slurm)
+        ex.job_limit = lambda job_id: 20.0  # type: ignore[method-assign]
+        ex.adopt({1: 0}, beat + 5)
+        (end,) = ex.observe(beat + 5.5, NODES).exits
+        assert (end.reason, end.at) == ("time_limit", want), (end, want - START)

@@ -27,6 +27,7 @@ from ledger.engines.slurm.ends import (
     beat_window,
     ends_after_term_s,
     kill_wait,
+    limit_kill_end,
     own_end_after_s,
 )
 from ledger.engines.slurm.foreign import others
@@ -75,6 +76,7 @@ from ledger.engines.slurm.stops import (
 from ledger.engines.slurm.takeover import InFlight, take_up_copies
 from ledger.engines.slurm.tracked import Run, note_stop, past_limit
 from ledger.engines.slurm.words import (
+    SLURM_ENDS_FIRST,
     UNTRACKED_OK,
     WAITING,
     SbatchUser,
@@ -696,6 +698,8 @@ class SlurmExecutor:
         run_dir = self._checkpoint_file(r.job_id, r.run).parent
         outage = outage_of(self._away, self.settle_s, r.stop_sent_at)  # stopped after it? (F9)
         code, at, own = run_end(run_dir, j, r.started_at, now, seen, r.seen_running_at, outage)
+        if r.limited and seen is None and j.state in SLURM_ENDS_FIRST:  # its KillWait (F2)
+            at = limit_kill_end(at, j.end_time, self._seen.beat(run_dir, r.slurm_id, now), self.kill_wait_s)  # fmt: skip  # noqa: E501
         if j.end_time is not None and at < min(now, j.end_time) - 1:
             log.info("job %s (Slurm job %s) ended at %s (%s; Slurm says %s, when it heard)",
                      r.job_id, r.slurm_id, when(at), "its own end record" if own else
