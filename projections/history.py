@@ -548,8 +548,14 @@ PREEMPTIONS_SQL = """
 SELECT p.position, p.preempted_at, p.job_id, p.account, p.user_name, p.gpus, p.reason,
        p.for_job, p.note, p.actor, p.cycle_id, p.funded, p.resumable, p.placed_at,
        p.preempted_at - p.placed_at AS held_s, j.min_runtime_s,
-       coalesce(p.preempted_at < p.placed_at + j.min_runtime_s, false) AS inside_contract
+       coalesce(p.preempted_at < p.placed_at + j.min_runtime_s, false)
+       -- an engine's take-back of a placement it never started ran none of its contract
+       -- (`ledger.history.audit`, atk46-s F3)
+       AND NOT (starts_with(p.actor, '@') AND starts_with(coalesce(p.note, ''), 'requeued by ')
+                AND i.start_position IS NOT NULL AND i.run_start_position IS NULL)
+           AS inside_contract
 FROM preemptions p LEFT JOIN jobs j USING (job_id)
+LEFT JOIN job_intervals i ON i.job_id = p.job_id AND i.end_position = p.position
 WHERE ($account IS NULL OR p.account = $account OR starts_with(p.account, $account || '/')
        OR p.leaf = $account)
   AND ($since IS NULL OR p.preempted_at >= $since)

@@ -453,7 +453,7 @@ class _Checker:
         if job is None or placed is None:
             return
         ends = placed + job.spec.min_runtime_s
-        if ev.at >= ends or self._lost_with_node(job, ev):
+        if ev.at >= ends or self._lost_with_node(job, ev) or self._taken_back_unstarted(job, ev):
             return
         left = ends - ev.at
         what = (
@@ -488,6 +488,14 @@ class _Checker:
             )
             reason = f"{what}: its node was drained for maintenance (agent --drain)"
             self.note(pos, ev, "DRAINED_IN_CONTRACT", reason, ev.job_id)
+
+    @staticmethod
+    def _taken_back_unstarted(job: Job, ev: e.JobPreempted) -> bool:
+        """An engine's take-back of a placement it cannot start (`RequeueJob` by a system
+        actor, "requeued by @executor: node N cannot run it: ...", `unplace_commands`; Slurm's
+        leaked GPUs, atk46-s F3) of a job not started yet (`placed`, folded before the event):
+        the run never ran, so no contract of its was cut short."""
+        return job.status == "placed" and is_system(ev.actor) and ev.note.startswith("requeued by ")
 
     def _lost_with_node(self, job: Job, ev: e.JobPreempted) -> bool:
         """A contract cannot outlive its node: a requeue because a node it runs on is lost

@@ -501,3 +501,73 @@ def test_the_later_of_two_reported_ends_counts() -> None:
     events = [*base(), _linked(1, 0, T0 + 1, (0,)), _engine_ended(1, 0, T0 + 3),
               _run_ended(1, 0, T0 + 7, T0 + 40), _linked(2, 0, T0 + 5, (0,))]  # fmt: skip
     assert [v.code for v in check_history(events)] == ["RUN_GPU_HELD_TWICE"]
+
+
+def _leak_take_back(started: bool) -> list[e.AnyEvent]:
+    """Alice's job (1 h contract) placed on n1; the Slurm executor takes it back at T0 + 2 as a
+    leaked GPU's take-back does (`unplace_commands`: a `RequeueJob` by @executor), its run
+    started first or not."""
+    from ledger.cycle.executor import NodeChange
+    from ledger.cycle.record import unplace_commands
+
+    place = c.ApplyDecision(
+        actor="@dispatcher",
+        decision=c.DecisionBody(
+            cycle_id="c1",
+            based_on=9,
+            policy_version="x",
+            placements=(e.Placement(job_id=1, slots=(Slot(node="n1", gpu_indices=(0, 1, 2, 3)),)),),
+        ),
+    )
+    cmds: list[tuple[float, c.AnyCommand]] = [*ORG, (T0, place)]
+    if started:
+        cmds.append((T0 + 1, c.StartJob(actor="@executor", job_id=1)))
+    state, new_id, out = State(), ids(), []
+    for at, cmd in cmds:
+        for ev in decide(state, cmd, at, new_id):
+            evolve(state, ev)
+            out.append(ev)
+    why = "Slurm counts GPU 3 allocated with no job holding it (GresUsed)"
+    requeue = c.RequeueJob(actor="@executor", job_id=1, reason=f"node n1 cannot run it: {why}")
+    if not started:  # the executor's own command, as it records a leak's take-back
+        [requeue] = unplace_commands(NodeChange("n1", "unplace", why, jobs=(1,)), state)
+    for ev in decide(state, requeue, T0 + 2, new_id):
+        evolve(state, ev)
+        out.append(ev)
+    return out
+
+
+def test_an_executors_take_back_of_a_run_that_never_started_breaks_no_contract() -> None:
+    """atk46-s F3: a run placed on a GPU Slurm leaked, taken back (back to the queue) before it
+    started, was flagged PREEMPTED_IN_CONTRACT: a placement never started has run none of its
+    contract. A started run requeued inside its contract still is a violation."""
+    report = check(_leak_take_back(started=False))
+    assert report.violations == () and report.noted == ()
+    events = _leak_take_back(started=True)
+    pos = next(i for i, ev in enumerate(events, 1) if isinstance(ev, e.JobPreempted))
+    assert [v.line() for v in check(events).violations] == [
+        f"position {pos}: PREEMPTED_IN_CONTRACT: job 1 preempted (admin) by '@executor' 3598 s "
+        "before its contract ends"
+    ]
+
+
+def test_audit_preemptions_does_not_call_a_never_started_take_back_inside_its_contract() -> None:
+    """atk46-s F3, `audit preemptions` (the projection's `inside_contract`): the same rule as
+    `check` for the take-back of a run that never started; a started run's is inside."""
+    from projections.history import dicts, preemptions
+    from projections.projector import Projector
+    from projections.source import ListSource, LogRecord
+    from projections.store import Store
+    from schemas import codec
+    from schemas.events import tag_of
+
+    def inside(events: list[e.AnyEvent]) -> list[bool]:
+        records = [
+            LogRecord(i, tag_of(type(ev)), codec.encode(ev)) for i, ev in enumerate(events, 1)
+        ]
+        with Store(":memory:") as store:
+            Projector(store, ListSource(records)).catch_up()
+            return [r["inside_contract"] for r in dicts(store.con, preemptions(None, None))]
+
+    assert inside(_leak_take_back(started=False)) == [False]
+    assert inside(_leak_take_back(started=True)) == [True]

@@ -12,7 +12,7 @@ from ledger.core.state import StoppedRun
 from ledger.engines.slurm.executor import SlurmExecutor
 from ledger.engines.slurm.launching import ALIVE, SIGNALLED
 from ledger.engines.slurm.stops import Stopping, earlier_alive, outlived, slurmd_restarted
-from ledger.engines.slurm.tracked import note_stop, noted_unheard
+from ledger.engines.slurm.tracked import Run, note_stop, noted_limited, noted_unheard
 from ledger.engines.slurm.words import parse_jobs
 from schemas.events import GpuSlot
 from tests.unit.test_slurm_stop_unseen import (
@@ -159,3 +159,60 @@ def test_slurmd_restarted() -> None:
     (completed,) = parse_jobs(job("COMPLETED", 13))
     assert not slurmd_restarted(st, completed, {"vm": START + 12.0})  # its own end
     assert not slurmd_restarted(Stopping(since=0.0), cancelled, {"vm": START + 12.0})
+
+
+def test_a_restart_after_a_limit_stop_slurm_ended_records_the_time_limit(tmp_path: Path) -> None:
+    """atk46-s F2: a run stopped at its time limit (its SIGTERM, then the scancel), the service
+    killed -9 after that, back once Slurm ended the job CANCELLED: the restarted executor
+    adopted it and took that CANCELLED for a cancel outside the ledger (`Run.limited` lived
+    only in the killed service's memory). The limit's stop is kept on disk before its SIGTERM
+    (`note_limited`): the run ends `time_limit`, and the note goes with the stop."""
+    slurm = Slurm()
+    ex = executor(tmp_path, slurm)
+    ex.job_limit = lambda job_id: 20.0  # type: ignore[method-assign]
+    ex._runs[1] = Run(1, 0, None, slurm_id="7", started=True, started_at=START, adopted=True)
+    now = time.time()
+    ex.observe(now, NODES)  # 300 s in, past its 20 s: stopped at its limit
+    assert ex._runs[1].limited and noted_limited(tmp_path, "7")
+    assert any("scancel" in " ".join(a) for a in slurm.said), slurm.said
+    # the service killed -9 (its memory gone); Slurm ends the job CANCELLED meanwhile
+    slurm.jobs = job("CANCELLED", 27, "0:15")
+    again = executor(tmp_path, slurm)
+    again.job_limit = lambda job_id: 20.0  # type: ignore[method-assign]
+    assert again.adopt({1: 0}, now + 30) == {1}
+    (end,) = again.observe(now + 30.5, NODES).exits
+    assert (end.job_id, end.reason, end.engine_state) == (1, "time_limit", "CANCELLED"), end
+    assert end.at == START + 27, end  # no beat of its after Slurm's EndTime: Slurm's word
+    # a restart that no longer runs it forgets the note; a stale note of a Slurm id that came
+    # back never makes an end before the limit a limit's
+    assert noted_limited(tmp_path, "7")
+    slurm.jobs = job("CANCELLED", 10, "0:15")
+    third = executor(tmp_path, slurm)
+    third.job_limit = lambda job_id: 20.0  # type: ignore[method-assign]
+    third.adopt({1: 0}, now + 60)
+    (end,) = third.observe(now + 60.5, NODES).exits
+    assert end.reason == "cancelled", end
+    executor(tmp_path, slurm).adopt({}, now + 90)
+    assert not noted_limited(tmp_path, "7")
+
+
+def test_a_limit_stop_ended_unseen_ends_at_its_last_beat_within_killwait(tmp_path: Path) -> None:
+    """atk46-s F2, the end: stopped at its limit, the service killed while Slurm held the job
+    COMPLETING (its processes ignore SIGTERM, killed KillWait after the scancel), back after
+    Slurm ended it: it was recorded ended at Slurm's EndTime, the scancel, ~10 s before its
+    processes died. Its script's heartbeat after the EndTime says they lived: the end is that
+    beat, never past EndTime + KillWait."""
+    slurm = Slurm()
+    run_dir = executor(tmp_path, slurm)._checkpoint_file(1, 0).parent
+    run_dir.mkdir(parents=True)
+    (tmp_path / "stops").mkdir()
+    (tmp_path / "stops" / "7.limited").touch()  # the killed service's limit stop
+    (run_dir / ALIVE).touch()  # its last beat: now, 300 s or more after the job started
+    beat = (run_dir / ALIVE).stat().st_ctime
+    for end_s, want in ((int(beat - START) - 5, beat), (27, START + 27 + KILL_WAIT)):
+        slurm.jobs = job("CANCELLED", end_s, "0:15")
+        ex = executor(tmp_path, slurm)
+        ex.job_limit = lambda job_id: 20.0  # type: ignore[method-assign]
+        ex.adopt({1: 0}, beat + 5)
+        (end,) = ex.observe(beat + 5.5, NODES).exits
+        assert (end.reason, end.at) == ("time_limit", want), (end, want - START)

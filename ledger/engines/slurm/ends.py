@@ -327,3 +327,17 @@ def ended_unseen(own: OwnEnd | None, beat: float | None, now: float, window_s: f
         return False
     believed = record_beat(beat, own.written)
     return believed is not None and now - believed >= window_s
+
+
+def limit_kill_end(
+    at: float, end_time: float | None, beat: float | None, kill_wait_s: float
+) -> float:
+    """Pure: the end of a run the executor stopped at its limit that Slurm ended by the stop's
+    `scancel` (`SLURM_ENDS_FIRST`) unseen COMPLETING (a service killed in the stop and back
+    once Slurm had ended it: atk46-s F2): its processes got SIGKILL up to KillWait after
+    Slurm's EndTime, and its script's heartbeat (`beat`, the `alive` mark's ctime, while its
+    command lived) says how long they did. The later of `at` (Slurm's word) and that beat,
+    never past EndTime + KillWait; `at` without a beat after the EndTime."""
+    if end_time is None or beat is None or beat <= at:
+        return at
+    return max(at, min(beat, end_time + kill_wait_s))

@@ -27,6 +27,7 @@ from ledger.engines.slurm.ends import (
     beat_window,
     ends_after_term_s,
     kill_wait,
+    limit_kill_end,
     own_end_after_s,
 )
 from ledger.engines.slurm.foreign import others
@@ -75,6 +76,7 @@ from ledger.engines.slurm.stops import (
 from ledger.engines.slurm.takeover import InFlight, take_up_copies
 from ledger.engines.slurm.tracked import Run, note_stop, past_limit
 from ledger.engines.slurm.words import (
+    SLURM_ENDS_FIRST,
     UNTRACKED_OK,
     WAITING,
     SbatchUser,
@@ -661,6 +663,8 @@ class SlurmExecutor:
                 self._signal(r.slurm_id, now, 0.0)  # nothing of it runs: `scancel` (F3)
             elif j.holding and self._past_limit(r, now):
                 r.limited, r.stop_sent_at = True, now
+                if self.may_act():  # kept before its SIGTERM: a restart says `time_limit` (F2)
+                    tracked.note_limited(self.log_dir, j.slurm_id)
                 limit = self._limit_of(r)
                 log.info("job %s (Slurm job %s) reached its limit of %s s: stopping it",
                          job_id, r.slurm_id, limit)  # fmt: skip
@@ -694,6 +698,8 @@ class SlurmExecutor:
         run_dir = self._checkpoint_file(r.job_id, r.run).parent
         outage = outage_of(self._away, self.settle_s, r.stop_sent_at)  # stopped after it? (F9)
         code, at, own = run_end(run_dir, j, r.started_at, now, seen, r.seen_running_at, outage)
+        if r.limited and seen is None and j.state in SLURM_ENDS_FIRST:  # its KillWait (F2)
+            at = limit_kill_end(at, j.end_time, self._seen.beat(run_dir, r.slurm_id, now), self.kill_wait_s)  # fmt: skip  # noqa: E501
         if j.end_time is not None and at < min(now, j.end_time) - 1:
             log.info("job %s (Slurm job %s) ended at %s (%s; Slurm says %s, when it heard)",
                      r.job_id, r.slurm_id, when(at), "its own end record" if own else
@@ -768,14 +774,17 @@ class SlurmExecutor:
                 # a hold no read saw: its launch mark says when it started (atk45s F1)
                 launched = mark_time(self._checkpoint_file(job_id, run).parent, LAUNCHED, now)
                 self._runs[job_id] = Run(job_id, run, None, j.slurm_id, logs=logs,
-                                         launch_seen=launched, adopted=True)  # fmt: skip
+                                         launch_seen=launched, adopted=True,
+                                         limited=tracked.ended_limited(self.log_dir, j, self.job_limit(job_id)))  # fmt: skip  # noqa: E501
                 log.info("adopted Slurm job %s as job %s run %s", j.slurm_id, job_id, run)
                 self._restarts.submitted(job_id, run, j.slurm_id)  # a reused id? (atk44s F6)
         for r in self._restarts.unlisted(runs, set(self._runs), self._checkpoint_file, now):
             self._runs[r.job_id] = r  # Slurm forgot it: its own end record says (atk43s F3)
+            r.limited = tracked.noted_limited(self.log_dir, r.slurm_id)  # ended: its limit's? (F2)
         adopted = set(self._runs)
         self.in_flight.begin(runs, adopted, now, self.timeout_s)  # (atk45ha F1)
         tracked.forget_logs(self.log_dir, ((r.job_id, r.run) for r in self._runs.values()))
+        tracked.forget_limited(self.log_dir, (r.slurm_id for r in self._runs.values()))
         self._node_changes({}, now)  # which nodes answer: a stop Slurm ended there (F8)
         self._read_runs(now)  # runs that ended while we were away: exits at the next `observe`
         return adopted

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ledger.cycle.executor import Launch
 from ledger.engines.proc import write_atomic
-from ledger.engines.slurm.words import SbatchUser
+from ledger.engines.slurm.words import SbatchUser, SlurmJob
 
 
 def note_stop(log_dir: Path, slurm_id: str, since: float) -> None:
@@ -36,7 +36,7 @@ def noted_stop(log_dir: Path, slurm_id: str) -> float | None:
 
 def forget_stop(log_dir: Path, slurm_id: str) -> None:
     """The stop of `slurm_id` is over (its run has ended)."""
-    for name in (slurm_id, slurm_id + UNHEARD):
+    for name in (slurm_id, slurm_id + UNHEARD, slurm_id + LIMITED):
         with contextlib.suppress(OSError):
             (log_dir / "stops" / name).unlink()
 
@@ -59,6 +59,48 @@ def note_unheard(log_dir: Path, slurm_id: str) -> None:
 def noted_unheard(log_dir: Path, slurm_id: str) -> bool:
     """Whether `note_unheard` kept the stop of `slurm_id` in doubt."""
     return (log_dir / "stops" / (slurm_id + UNHEARD)).is_file()
+
+
+LIMITED = ".limited"
+
+
+def note_limited(log_dir: Path, slurm_id: str) -> None:
+    """Keep that the executor stops Slurm job `slurm_id` at its time limit (`Run.limited`), in
+    `<log_dir>/stops/<id>.limited` (the service's alone: the job's user cannot forge it), made
+    to last before the stop's SIGTERM: a restart that finds the run ended records it
+    `time_limit` (`noted_limited`; atk46-s F2: a service killed -9 after the limit's scancel
+    came back and recorded it `cancelled` outside the ledger). Best effort, as `note_stop`."""
+    stops = log_dir / "stops"
+    with contextlib.suppress(OSError):
+        stops.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_atomic(stops / (slurm_id + LIMITED), b"", sync=True, mode=0o600)
+
+
+def noted_limited(log_dir: Path, slurm_id: str | None) -> bool:
+    """Whether `note_limited` kept that the executor stopped `slurm_id` at its limit."""
+    return slurm_id is not None and (log_dir / "stops" / (slurm_id + LIMITED)).is_file()
+
+
+def ended_limited(log_dir: Path, j: SlurmJob, limit: float | None) -> bool:
+    """Whether an adopted run Slurm lists ended was stopped at its limit by the executor before
+    a restart (`noted_limited`), and ended past that limit (`limit`: its job's; Slurm's times
+    are whole seconds): a note of an earlier job whose Slurm id came back (a controller that
+    lost its state) never makes another run's end a limit's. One Slurm still runs is stopped
+    at its limit again (`past_limit`)."""
+    if not j.ended or not noted_limited(log_dir, j.slurm_id):
+        return False
+    start, end = j.start_time, j.end_time
+    return limit is None or start is None or end is None or end + 1 >= start + limit
+
+
+def forget_limited(log_dir: Path, keep: Iterable[str | None]) -> None:
+    """Forget the limit notes (`note_limited`) of every Slurm job but `keep`'s: after a
+    restart's adoption, the runs that ended are recorded."""
+    kept = {f"{i}{LIMITED}" for i in keep if i is not None}
+    with contextlib.suppress(OSError):
+        for note in (log_dir / "stops").iterdir():
+            if note.name.endswith(LIMITED) and note.name not in kept:
+                note.unlink(missing_ok=True)
 
 
 def note_logs(log_dir: Path, job_id: int, run: int, logs: tuple[str, ...]) -> None:
