@@ -234,6 +234,12 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
     help="The Slurm partition gpu-ledger owns (with --executor slurm).",
 )
 @click.option(
+    "--slurm-jobs-dir",
+    default=None,
+    help="With --executor slurm: the runs' directories (batch scripts, marks), one every "
+    "server of a store and the nodes see at this path (docs/ha.md) [<home>/jobs].",
+)
+@click.option(
     "--node-lost-after",
     default=None,
     help="With agents: mark a node lost after its agent is silent this long [60s].",
@@ -293,6 +299,7 @@ def serve(
     executor: str | None,
     run_as: str | None,
     partition: str | None,
+    slurm_jobs_dir: str | None,
     node_lost_after: str | None,
     node_fence: str | None,
     grace: str | None,
@@ -324,6 +331,7 @@ def serve(
         executor=executor,
         run_as=run_as,
         partition=partition,
+        slurm_jobs_dir=slurm_jobs_dir,
         node_lost_after=node_lost_after,
         node_fence=node_fence,
         grace=grace,
