@@ -178,7 +178,7 @@ def up(
         log_level=log_level.upper(),
     )
     up_ = Up(until_idle=until_idle, for_s=for_s)
-    sys.exit(run_server(ctx.home, config, ctx.actor, up=up_))
+    sys.exit(run_server(ctx.home, config, ctx.own_actor, up=up_))
 
 
 def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
@@ -188,7 +188,7 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
         name, gpus, gpu_type = _node_spec(text)
         have = ledger.state.nodes.get(name)
         if have is None or have.state == "removed":
-            cmds.append(c.RegisterNode(actor=ctx.actor, node=name, gpus=gpus, gpu_type=gpu_type))
+            cmds.append(c.RegisterNode(actor=ctx.own_actor, node=name, gpus=gpus, gpu_type=gpu_type))
     if cmds:
         ledger.execute_all(cmds)
 
@@ -351,7 +351,7 @@ def serve(
             "/proc/PID/cmdline): leave it out of the DSN and put it in a PGPASSFILE "
             "(libpq's ~/.pgpass), or give the DSN as the config key `store` (docs/security.md)"
         )
-    sys.exit(run_server(ctx.home, config, actor=ctx.actor))
+    sys.exit(run_server(ctx.home, config, actor=ctx.own_actor))  # never $GPULEDGER_URL's
 
 
 @click.command()
