@@ -188,7 +188,8 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
         name, gpus, gpu_type = _node_spec(text)
         have = ledger.state.nodes.get(name)
         if have is None or have.state == "removed":
-            cmds.append(c.RegisterNode(actor=ctx.own_actor, node=name, gpus=gpus, gpu_type=gpu_type))
+            cmd = c.RegisterNode(actor=ctx.own_actor, node=name, gpus=gpus, gpu_type=gpu_type)
+            cmds.append(cmd)
     if cmds:
         ledger.execute_all(cmds)
 
