@@ -90,6 +90,15 @@ class Ctx:
         return "" if self.remote is not None else os_user()
 
     @property
+    def own_actor(self) -> str:
+        """Who acts in this process itself (`serve`: the admin starting it, who registers the
+        Slurm partition's nodes), whatever server a client of this host would reach: --as (or
+        $GPULEDGER_USER), else the OS user. `actor` was "" for a `serve` with $GPULEDGER_URL
+        exported (as docs/ha.md has clients do on every host) and every take of the lease
+        failed, "no actor given", handed back about twice a second (atk46-ha F5)."""
+        return self.actor if self._actor else os_user()
+
+    @property
     def remote(self) -> Any:
         """The server's client, or None in embedded mode."""
         if self._client is None:

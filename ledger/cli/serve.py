@@ -178,7 +178,7 @@ def up(
         log_level=log_level.upper(),
     )
     up_ = Up(until_idle=until_idle, for_s=for_s)
-    sys.exit(run_server(ctx.home, config, ctx.actor, up=up_))
+    sys.exit(run_server(ctx.home, config, ctx.own_actor, up=up_))
 
 
 def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
@@ -188,7 +188,8 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
         name, gpus, gpu_type = _node_spec(text)
         have = ledger.state.nodes.get(name)
         if have is None or have.state == "removed":
-            cmds.append(c.RegisterNode(actor=ctx.actor, node=name, gpus=gpus, gpu_type=gpu_type))
+            cmd = c.RegisterNode(actor=ctx.own_actor, node=name, gpus=gpus, gpu_type=gpu_type)
+            cmds.append(cmd)
     if cmds:
         ledger.execute_all(cmds)
 
@@ -232,6 +233,12 @@ def _register_nodes(ctx: Ctx, nodes: tuple[str, ...]) -> None:
     "--partition",
     default=None,
     help="The Slurm partition gpu-ledger owns (with --executor slurm).",
+)
+@click.option(
+    "--slurm-jobs-dir",
+    default=None,
+    help="With --executor slurm: the runs' directories (batch scripts, marks), one every "
+    "server of a store and the nodes see at this path (docs/ha.md) [<home>/jobs].",
 )
 @click.option(
     "--node-lost-after",
@@ -293,6 +300,7 @@ def serve(
     executor: str | None,
     run_as: str | None,
     partition: str | None,
+    slurm_jobs_dir: str | None,
     node_lost_after: str | None,
     node_fence: str | None,
     grace: str | None,
@@ -324,6 +332,7 @@ def serve(
         executor=executor,
         run_as=run_as,
         partition=partition,
+        slurm_jobs_dir=slurm_jobs_dir,
         node_lost_after=node_lost_after,
         node_fence=node_fence,
         grace=grace,
@@ -343,7 +352,7 @@ def serve(
             "/proc/PID/cmdline): leave it out of the DSN and put it in a PGPASSFILE "
             "(libpq's ~/.pgpass), or give the DSN as the config key `store` (docs/security.md)"
         )
-    sys.exit(run_server(ctx.home, config, actor=ctx.actor))
+    sys.exit(run_server(ctx.home, config, actor=ctx.own_actor))  # never $GPULEDGER_URL's
 
 
 @click.command()

@@ -29,8 +29,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
+import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
@@ -49,6 +51,8 @@ from ledger.server.ha_wire import (
 )
 from ledger.server.peers import (
     REFUSED_ROLE,
+    Key,
+    address_key,
     no_taker,
     older_words,
     others_at,
@@ -184,6 +188,8 @@ class Leadership:
     _bound_read_at: float = 0.0
     _reporting: bool = False
     """A report is under way: no keep is decided meanwhile (it might miss the report)."""
+    _keys: dict[str, Key] = field(default_factory=dict)
+    """What server each address reported names (`_address_key`)."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -410,7 +416,8 @@ class Leadership:
             self._reporting = False
         self._uncommitted = None
         self.members = self.lease.members()
-        clash = others_at(self.members, self.lease.address, self.lease.holder, api.SILENT_S)
+        clash = others_at(self.members, self.lease.address, self.lease.holder, api.SILENT_S,
+                          self._address_key)  # fmt: skip
         same = same_address_words(self.lease.address, clash) if clash else None
         if same is not None and same != self.same_address:
             log.error("%s; this server takes no lease meanwhile", same)
@@ -422,6 +429,13 @@ class Leadership:
         self.older = older
         self._bound = self.lease.keep_bound(self.timing.stale_s, KEEP_WITHOUT_STORE_S)
         self._bound_read_at = time.monotonic()
+
+    def _address_key(self, address: str) -> Key:
+        """`peers.address_key`, each address resolved once (its first report) for the life of
+        this server: no lookup in the lease's turns after that."""
+        if address not in self._keys:
+            self._keys[address] = address_key(address, resolved)
+        return self._keys[address]
 
     def _changed(self) -> None:
         self.changed.set()
@@ -446,11 +460,21 @@ def address_taken(mine: Lease) -> list[str]:
     silent (a restart on another host of a server killed there)."""
     mine.retire(dead_here)
     until = time.monotonic() + api.SILENT_S + 1.0
-    while others := others_at(mine.members(), mine.address, mine.holder, api.SILENT_S):
+    key = functools.lru_cache(maxsize=None)(functools.partial(address_key, resolve=resolved))
+    while others := others_at(mine.members(), mine.address, mine.holder, api.SILENT_S, key):
         if time.monotonic() > until:
             return others
         time.sleep(1.0)
     return []
+
+
+def resolved(host: str, port: int) -> list[str]:
+    """The IP addresses `host` resolves to (getaddrinfo), sorted; none when it does not."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return []
+    return sorted({str(info[4][0]) for info in infos})
 
 
 def may_keep(since_report_s: float, timing: KeepTiming) -> bool:

@@ -4,7 +4,7 @@ refuses. Pure: built from what the servers last reported (`ledger.store.lease.Me
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ledger.store.lease import Member
 from schemas import api
@@ -82,13 +82,48 @@ def server_states(members: list[Member], leader: str, head: int) -> list[api.Ser
     ]
 
 
-def others_at(members: Sequence[Member], address: str, holder: str, silent_s: float) -> list[str]:
-    """Pure: the other servers (holders) that reported within `silent_s` at `address`, this
-    server's own (`holder`): two servers advertising one URL (atk45ha L2). Clients and agents
-    reach one of them at random, a standby forwards writes to "the leader" that may be the
-    other, and `status` shows one row for both; nothing said so before."""
-    live = [m for m in members if m.seen_s_ago <= silent_s]
-    return sorted(m.holder for m in live if m.address == address and m.holder != holder)
+Key = frozenset[tuple[str, int]]
+"""What server an address names (`address_key`): the (IP address, port) pairs it reaches."""
+
+
+def others_at(
+    members: Sequence[Member],
+    address: str,
+    holder: str,
+    silent_s: float,
+    key: Callable[[str], Key] | None = None,
+) -> list[str]:
+    """Pure (given `key`): the other servers (holders) that reported within `silent_s` at
+    `address`, this server's own (`holder`): two servers advertising one URL (atk45ha L2).
+    Clients and agents reach one of them at random, a standby forwards writes to "the leader"
+    that may be the other, and `status` shows one row for both; nothing said so before.
+    `key`: what server an address names (`address_key`), so that two texts of one address are
+    one (`http://H:P/`, `HTTP://H:P`, `http://localhost:P` beside `http://127.0.0.1:P` were
+    accepted, and the one that led took no write: atk46-ha F3); None: the text."""
+    named = key or (lambda a: frozenset({(a, 0)}))
+    mine = named(address)
+    live = [m for m in members if m.seen_s_ago <= silent_s and m.holder != holder]
+    return sorted(m.holder for m in live if named(m.address) & mine)
+
+
+def address_key(address: str, resolve: Callable[[str, int], Sequence[str]]) -> Key:
+    """Pure (given `resolve`: a host and port's IP addresses, none when it does not resolve):
+    what server the advertised `address` names: the IP addresses its host resolves to, with its
+    port (the scheme's default when it names none); the scheme's case, the path and a trailing
+    `/` do not count. An address that is no `http(s)://` URL of a host (`unix:PATH`), or
+    whose host does not resolve, is its text (the host lowercased, no trailing `/`)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(address.strip())
+        port = parts.port
+    except ValueError:  # a port that is no number: the text
+        return frozenset({(address.strip().rstrip("/"), 0)})
+    scheme, host = parts.scheme.lower(), (parts.hostname or "").lower()
+    if scheme not in ("http", "https") or not host:
+        return frozenset({(address.strip().rstrip("/"), 0)})
+    port = port if port is not None else (443 if scheme == "https" else 80)
+    return frozenset((ip, port) for ip in (resolve(host, port) or [host]))
 
 
 def same_address_words(address: str, holders: Sequence[str]) -> str:

@@ -58,7 +58,7 @@ from ledger.store import lease, locate
 from ledger.store.application import Ledger
 from ledger.store.pgread import redacted
 from ledger.wire import SOCKET_NAME
-from ledger.wire.config import ServeConfig, admission_of
+from ledger.wire.config import ServeConfig, admission_of, slurm_jobs_dir
 from schemas.bounds import MAX_ARRAY_TASKS
 from schemas.errors import InvalidCommand, LedgerError
 
@@ -180,7 +180,7 @@ def make_executor(
         return open_executor(
             ledger,
             config.partition,
-            home / "jobs",
+            slurm_jobs_dir(config, home),  # one directory for every server (atk46-ha F4)
             config.grace.seconds,
             actor,
             config.run_as,
@@ -520,7 +520,7 @@ def _leadership(
         from ledger.engines.slurm.cluster import read_identity
 
         slurm = read_identity(os.environ)
-    mine = settings_of(config, policy, slurm)
+    mine = settings_of(config, policy, slurm, slurm_jobs_dir(config, ledger.home))
     abandoned: set[tuple[int, int]] = set()
     vet = None if slurm is None else functools.partial(_runs_left, ledger, config, slurm, abandoned)
     since = lease.agree(ledger.dsn, mine, config.new_settings, vet)
@@ -561,14 +561,18 @@ def _runs_left(
 
 
 def settings_of(
-    config: ServeConfig, policy: Any, slurm: dict[str, object] | None = None
+    config: ServeConfig,
+    policy: Any,
+    slurm: dict[str, object] | None = None,
+    jobs_dir: Path | None = None,
 ) -> lease.Settings:
     """What every server on a store runs alike (`lease.Settings`): the lease, the node-lost
     timeout and fence, the executor and the policy, and what it admits and how it runs it
-    (`admission_of`; `slurm`: which Slurm cluster it talks to). A standby takes the leader's
-    work over as it was started, so a takeover with others changes them under running jobs (a
-    server with `--executor none` took over a cluster's agents and their jobs were killed:
-    atk33-28 F5)."""
+    (`admission_of`; `slurm`: which Slurm cluster it talks to; `jobs_dir`: with it, the run
+    directory, `slurm_jobs_dir`, where the next leader reads the runs' marks). A standby takes
+    the leader's work over as it was started, so a takeover with others changes them under
+    running jobs (a server with `--executor none` took over a cluster's agents and their jobs
+    were killed: atk33-28 F5)."""
     work = {
         "executor": config.executor,
         "words": _policy_words(registry.config_of(policy)),
@@ -578,7 +582,7 @@ def settings_of(
         config.lease.seconds,
         (config.node_lost_after.seconds, config.node_fence.seconds),
         msgspec.json.encode(work).decode(),
-        admission_of(config, service_account(), slurm),
+        admission_of(config, service_account(), slurm, jobs_dir),
     )
 
 

@@ -8,6 +8,7 @@ one is an error at start that names the key or the flag.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal, TypeVar
 
@@ -56,6 +57,11 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     engine: demos, tests)."""
     partition: str = ""
     """The Slurm partition gpu-ledger owns (executor "slurm"); checked at start."""
+    slurm_jobs_dir: str = ""
+    """Executor "slurm": the directory of the runs' batch scripts and marks (launched, alive,
+    ended), which the compute nodes write and every server on the store reads: one directory
+    that all of them (and the nodes) see at this path; "" = `<home>/jobs` (one server). The
+    store records it with the settings: a server given another never leads (docs/ha.md)."""
     node_lost_after: Duration = Duration("60s")
     """With node agents: a node whose agent is silent this long is marked lost; its GPUs are
     never placed on again before that (nor after, until it returns)."""
@@ -144,7 +150,10 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
 
 def admission_of(
-    config: ServeConfig, service: tuple[int, str], slurm: dict[str, object] | None = None
+    config: ServeConfig,
+    service: tuple[int, str],
+    slurm: dict[str, object] | None = None,
+    jobs_dir: Path | None = None,
 ) -> str:
     """Pure: the settings that change what a leader admits or how it runs what it admits, as
     canonical JSON (config key -> value, sorted; `lease.Settings.admission`): who jobs run as
@@ -163,7 +172,10 @@ def admission_of(
     failover the new leader could not cancel the jobs the old one ran (atk42-28 F1).
     `slurm`: with the Slurm executor, which cluster this server talks to and
     whether it accepts untracked processes (`ledger.engines.slurm.cluster.identity`): a standby
-    with another `SLURM_CONF` took over another cluster's partition (atk40-28 F2). The text is
+    with another `SLURM_CONF` took over another cluster's partition (atk40-28 F2); `jobs_dir`
+    (with `slurm`): the run directory (`slurm_jobs_dir`), whose marks the next leader reads: one
+    with its own found none of a run that ended around a kill -9 of the leader and recorded it
+    never started (atk46-ha F4). The text is
     of `admission_meaning`: settings written otherwise that mean the same are recorded alike."""
     admission: dict[str, object] = {
         "service_runs_as_root": service[0] == 0,
@@ -189,7 +201,19 @@ def admission_of(
     }
     if slurm is not None:
         admission.update(slurm)
+        if jobs_dir is not None:
+            admission["slurm_jobs_dir"] = str(jobs_dir)
     return msgspec.json.encode(admission_meaning(admission), order="sorted").decode()
+
+
+def slurm_jobs_dir(config: ServeConfig, home: Path) -> Path:
+    """Pure: the Slurm executor's run directory (`slurm_jobs_dir`, else `<home>/jobs`), absolute
+    (relative to the working directory) as the batch scripts name it and the store records it:
+    a new leader reads an adopted run's marks there, and a leader with another found none and
+    recorded a run that ran to exit 0 as never started (atk46-ha F4)."""
+    return Path(
+        os.path.abspath(Path(config.slurm_jobs_dir) if config.slurm_jobs_dir else home / "jobs")
+    )
 
 
 def load(path: Path | None) -> ServeConfig:

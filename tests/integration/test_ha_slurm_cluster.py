@@ -117,6 +117,7 @@ def test_a_server_talking_to_another_slurm_cluster_never_leads(
     home = tmp_path / "server-0"
     cli(home, "init", "--admin", "root", "--store", pg_store)
     args = ("--executor", "slurm", "--partition", PARTITION)
+    args += ("--slurm-jobs-dir", str(home / "jobs"))  # one for all (atk46-ha F4)
     g = make_group(tmp_path, pg_store, 2, *args, home=home)
     g.lease = "5s"  # a Slurm leader's cycle on a loaded machine let a 2 s lease run out
     s0, s1 = g.members
@@ -132,6 +133,10 @@ def test_a_server_talking_to_another_slurm_cluster_never_leads(
         err = one_line(serve(tmp_path / "u", pg_store, "--lease", g.lease, *args,
                              GPULEDGER_SLURM_UNTRACKED_OK="1"))  # fmt: skip
         assert "slurm_untracked_ok false (recorded) against true here" in err, err
+        # so is one that would write its runs' marks elsewhere (its own home: atk46-ha F4)
+        err = one_line(serve(tmp_path / "d", pg_store, "--lease", g.lease, *args[:-2]))
+        want = f'slurm_jobs_dir "{home / "jobs"}" (recorded) against "{tmp_path / "d" / "jobs"}"'
+        assert want in err, err
         # one whose slurmctld does not answer does not start: its cluster is not known
         err = one_line(serve(tmp_path / "s", pg_store, "--lease", g.lease, *args,
                              SLURM_CONF=_silent_copy(conf_a, tmp_path)))  # fmt: skip
@@ -177,6 +182,7 @@ def test_another_cluster_in_the_place_of_the_recorded_one_is_told_apart(
     home = tmp_path / "server-0"
     cli(home, "init", "--admin", "root", "--store", pg_store)
     args = ("--lease", "5s", "--executor", "slurm", "--partition", PARTITION)
+    args += ("--slurm-jobs-dir", str(home / "jobs"))  # one for all (atk46-ha F4)
     log = tmp_path / "leader.log"
     with log.open("ab") as out:  # the leader, on cluster B: B's identity is recorded
         proc = subprocess.Popen(
@@ -324,6 +330,7 @@ def test_new_settings_onto_another_cluster_leaves_no_run_of_the_recorded_one_beh
     cli(home, "budget", "apply", str(tmp_path / "budget.toml"), GPULEDGER_USER="root")
     args = ("--lease", "5s", "--executor", "slurm", "--partition", PARTITION, "--run-as",
             "service", "--interval", "0.5s")  # fmt: skip
+    args += ("--slurm-jobs-dir", str(home / "jobs"))  # one for all (atk46-ha F4)
     g = make_group(tmp_path, pg_store, 1, *args[2:], home=home)
     g.lease = "5s"
     (s0,) = g.members
@@ -497,6 +504,7 @@ def test_a_failover_during_a_slow_sbatch_runs_the_job_once(tmp_path: Path, pg_st
     slow = _slow_sbatch_conf(conf_a, home.parent / "slow", flag)
     args = ("--lease", "5s", "--executor", "slurm", "--partition", PARTITION, "--run-as",
             "service", "--interval", "0.5s")  # fmt: skip
+    args += ("--slurm-jobs-dir", str(home / "jobs"))  # one for all (atk46-ha F4)
     procs: dict[str, subprocess.Popen[bytes]] = {}
     logs = {"s0": tmp_path / "s0.log", "s1": tmp_path / "s1.log"}
     text = lambda name: logs[name].read_text(errors="replace")  # noqa: E731
@@ -571,6 +579,7 @@ def test_new_settings_while_a_cancelled_run_is_still_stopping_names_it(
     cli(home, "budget", "apply", str(tmp_path / "budget.toml"), GPULEDGER_USER="root")
     args = ("--lease", "5s", "--executor", "slurm", "--partition", PARTITION, "--run-as",
             "service", "--interval", "0.5s", "--grace", "120s")  # fmt: skip
+    args += ("--slurm-jobs-dir", str(home / "jobs"))  # one for all (atk46-ha F4)
     log = tmp_path / "a.log"
     text = lambda: log.read_text(errors="replace")  # noqa: E731
     with log.open("ab") as out:
