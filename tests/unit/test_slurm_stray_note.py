@@ -108,3 +108,21 @@ def test_the_process_that_noted_a_stray_reports_its_end_once(tmp_path: Path) -> 
     slurm.jobs = ""  # and Slurm forgets it
     assert ex.observe(now + 11, NODES).stopped == ()
     assert ex.observe(now + 12, NODES).stopped == ()
+
+
+def test_a_restart_that_finds_the_stray_running_stops_it_and_reports_its_end_once(
+    tmp_path: Path,
+) -> None:
+    """Killed during the grace, the service is back while Slurm still runs the job: it is a
+    stray again (`resume_stops`, what is left of its grace), its note kept; its end once."""
+    slurm, _, now = first_restart(tmp_path)
+    again = executor(tmp_path, slurm)
+    again.adopt({}, now + 1)
+    again.observe(now + 1.5, NODES)
+    assert "7" in again._stopping
+    slurm.jobs = job("CANCELLED", int(now - START) + 2, "0:15")
+    (end,) = again.observe(now + 10, NODES).stopped
+    assert end.started_at is not None and (end.job_id, end.run) == (1, 0), end
+    assert again.observe(now + 11, NODES).stopped == ()
+    slurm.jobs = ""
+    assert again.observe(now + 12, NODES).stopped == ()

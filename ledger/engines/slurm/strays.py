@@ -108,7 +108,10 @@ def note_started_stops(ex: SlurmExecutor, now: float) -> None:
     started (a hold released during the stop makes it late)."""
     notes, stopped = ex.strays.notes(), None
     for slurm_id, st in ex._stopping.items():
-        if st.run is None or slurm_id in notes:
+        if st.run is None:
+            continue
+        if slurm_id in notes:  # (a restart's: `resume_stops` took up a stray still running)
+            ex.strays.taken.add(slurm_id)
             continue
         stopped = ex.stopped_runs() if stopped is None else stopped
         if st.run in stopped:
