@@ -73,6 +73,7 @@ from ledger.engines.slurm.stops import (
     unplaceable,
     unseen_end,
 )
+from ledger.engines.slurm.strays import Strays
 from ledger.engines.slurm.takeover import InFlight, take_up_copies
 from ledger.engines.slurm.tracked import Run, note_stop, past_limit
 from ledger.engines.slurm.words import (
@@ -161,6 +162,7 @@ class SlurmExecutor:
         self._unheard: frozenset[str] = frozenset()  # ... DOWN or not responding (F8)
         self._slurmd_started: dict[str, float] = {}  # node -> SlurmdStartTime (atk44s F2)
         self._reported: set[str] = set()  # stopped runs whose end was reported, not yet recorded
+        self.strays = Strays(log_dir)  # stops of runs never recorded started, on disk (F1)
         """A job's time limit by job id (`open_executor` reads the ledger's), for runs adopted
         after a restart, whose exact limit Slurm does not keep (it rounds up to minutes)."""
         self._foreign: dict[str, frozenset[int]] = {}

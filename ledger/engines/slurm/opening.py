@@ -91,6 +91,7 @@ def open_executor(
     slurm.job_grace = lambda job_id: grace_in(ledger.state, job_id)
     slurm.job_limit = lambda job_id: limit_in(ledger.state, job_id)
     slurm.stopped_runs = lambda: ledger.state.stopped_runs  # its stops, after a restart too
+    slurm.strays.recorded = lambda tag: tag in ledger.state.run_ends  # (atk46-s F1)
     slurm.lost_nodes = lambda: lost_in(ledger.state)
     opening = SlurmOpening(slurm, lambda: _open(ledger, slurm, log_dir, actor))
     away = controller_answers(slurm)

@@ -29,6 +29,7 @@ from ledger.engines.slurm.stops import (
     stopped_end,
     unseen_end,
 )
+from ledger.engines.slurm.strays import note_started_stops, take_up_strays, with_starts
 from ledger.engines.slurm.tracked import forget_stop, note_unheard, noted_stop, noted_unheard
 from ledger.engines.slurm.words import SlurmJob, held_gpus
 from schemas.errors import EngineError
@@ -46,6 +47,7 @@ def resume_stops(ex: SlurmExecutor, now: float) -> None:
     (atk36-23 F2); one that was gets what is left of its grace from its noted SIGTERM, and
     no second one (atk39-24 F1, F2)."""
     ex._reported = still_ended(ex._reported, ex._view)  # listed alive again: stopped (F5)
+    take_up_strays(ex, now)  # a stray's stop a second kill cut short (atk46-s F1)
     skip = {r.slurm_id for r in ex._runs.values() if r.slurm_id} | set(ex._stopping)
     for j, st, grace in resumed_stops(
         ex._view, ex.stopped_runs(), skip | ex._reported, ex.ledger_id,
@@ -64,6 +66,8 @@ def carry_stops(ex: SlurmExecutor, now: float) -> None:
     end of it is its processes' (`unseen_end`: else held in doubt until known gone), its
     recorded end once Slurm has ended it (`stopped_end`) or forgotten it (`forgotten`), and
     `scancel` once its grace has passed."""
+    note_started_stops(ex, now)  # a stop of a run never recorded started: on disk (F1)
+    reported = len(ex._stopped)
     for slurm_id, st in list(ex._stopping.items()):  # 2. stops: the grace, then scancel
         j = ex._view.get(slurm_id)
         theirs = j is not None and st.run is not None and j.tag(ex.ledger_id) != st.run
@@ -106,6 +110,7 @@ def carry_stops(ex: SlurmExecutor, now: float) -> None:
                 st.cancelled = st.killed = True
             except EngineError as err:
                 log.warning("slurm job %s: %s (retrying)", slurm_id, err.line())
+    ex._stopped[reported:] = with_starts(ex, ex._stopped[reported:])  # their noted starts
 
 
 def judge(ex: SlurmExecutor, slurm_id: str, st: Stopping, j: SlurmJob | None, now: float) -> None:
