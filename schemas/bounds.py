@@ -155,6 +155,12 @@ when the job is submitted, so their number bounds what the submission costs the 
 (1,024 terms of 1,024 ids each were allowed, every one looked up, repeats included: a plain
 user's 825 KB submit held the server 50 s, atk45-25 F3). The schema bounds each term's list to
 1,024 ids and the terms to 1,024 (`schemas.events.LISTED`); this bounds their sum."""
+MAX_FOREIGN_DEPENDENTS = 10_000
+"""The most unfinished jobs that may wait on one job when another user's submission adds to
+them: a job's end ends, in its own write, every dependent it makes impossible, so their number
+is what another user's jobs make that write cost (atk46-25: 40,000 held the writer 4 s, 44,000
+made the job's end unrecordable). A submission naming a job of another user is refused (409)
+when the job would have more waiting on it; the owner's own submissions are not."""
 MAX_REQUEST_WRITTEN = 16 << 20
 """The most one request (a command, an array's every task, a batch) may write to the log, all
 its events together (a 105 KB array request of 1,000 tasks wrote 186 MiB: atk44-25 F12)."""

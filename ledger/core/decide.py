@@ -31,16 +31,22 @@ from schemas.errors import (
     UnknownEntity,
 )
 
-__all__ = ["command_keys", "decide", "event_keys"]
+__all__ = ["command_keys", "decide", "decide_parts", "event_keys"]
 
 DEBUG_TIME_LIMIT_S = 15 * 60
 _NAME = re.compile(NAME_PATTERN)
 
 NewId = Callable[[], str]
+_Evs = list[e.AnyEvent]
 
 
 def decide(state: State, cmd: c.AnyCommand, now: float, new_id: NewId) -> list[e.AnyEvent]:
     """Pure: validate `cmd` against `state` and return the events it causes, or raise."""
+    return [ev for part in decide_parts(state, cmd, now, new_id) for ev in part]
+
+
+def decide_parts(state: State, cmd: c.AnyCommand, now: float, new_id: NewId) -> tuple[_Evs, _Evs]:
+    """Pure: `decide` in two: its own events, the dependents' ends they cause (atk46-25 F1)."""
     check_command(cmd)
     if not isinstance(cmd, c.InitLedger) and not state.initialised:
         raise InvalidCommand(
@@ -49,12 +55,10 @@ def decide(state: State, cmd: c.AnyCommand, now: float, new_id: NewId) -> list[e
     if not cmd.actor:
         raise NotAuthorised("no actor given", hint="pass --as USER or set GPULEDGER_USER")
     authorise(state, cmd)
-    handler = _HANDLERS[type(cmd)]
     real = cmd.real_actor if cmd.real_actor != cmd.actor else None
     stamp = _Stamp(now, cmd.actor, new_id, real)
-    events = handler(state, cmd, stamp)
-    # a job that ended so that another's dependency can never hold ends that one too
-    return events + jobs.dependents_ended(state, events, stamp.kw)
+    events = _HANDLERS[type(cmd)](state, cmd, stamp)
+    return events, jobs.dependents_ended(state, events, stamp.kw)
 
 
 class _Envelope(TypedDict):

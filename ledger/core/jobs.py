@@ -35,13 +35,14 @@ from schemas.bounds import (
     MAX_ARRAY_TASKS,
     MAX_DEPENDENCY_IDS,
     MAX_ENV_BYTES,
+    MAX_FOREIGN_DEPENDENTS,
     MAX_JOB_ID,
     MAX_NAME,
     MAX_PATH,
     ArrayIndex,
     check,
 )
-from schemas.errors import InvalidCommand
+from schemas.errors import InvalidCommand, InvalidTransition
 
 DEFAULT_OUTPUT = "gpuledger-%j.out"
 """A job's output file when it names none (like sbatch's `slurm-%j.out`), in its directory."""
@@ -68,6 +69,7 @@ def submissions(
     tasks: tuple[int | None, ...] = tuple(sorted(set(cmd.array))) or (None,)
     if cmd.array_limit is not None and not cmd.array:
         raise InvalidCommand("an array limit (`%N`) needs an array", hint="use --array=0-15%4")
+    _room_to_wait(state, dependency, contract["user"], len(tasks))
     first = state.next_job_id
     return [
         e.JobSubmitted(
@@ -235,6 +237,27 @@ def _dependency(state: State, terms: Iterable[e.Dependency]) -> tuple[e.Dependen
         for job_id in term.job_ids:
             _dependable(state, term.kind, job_id, ends.get(job_id, []))
     return tuple(out)
+
+
+def _room_to_wait(state: State, dependency: Iterable[e.Dependency], user: str, count: int) -> None:
+    """None when `count` more jobs of `user` may wait on every job `dependency` names, else one
+    `InvalidTransition`: a job of another user may have at most `MAX_FOREIGN_DEPENDENTS`
+    unfinished jobs waiting on it once they are added (its end ends those its end makes
+    impossible in the same write). One look at each named job: the index keeps the counts."""
+    waiting = state.dependents()
+    for job_id in sorted({j for term in dependency for j in term.job_ids}):
+        parent = state.jobs.get(job_id)
+        if parent is None or parent.spec.user == user:
+            continue
+        now = len(waiting.get(job_id, ()))
+        if now + count > MAX_FOREIGN_DEPENDENTS:
+            raise InvalidTransition(
+                f"job {job_id} is another user's and {now:,} unfinished jobs wait on it: "
+                f"{count:,} more would pass the {MAX_FOREIGN_DEPENDENTS:,} another user's jobs "
+                "may bring it to",
+                hint="depend on your own jobs, or wait for some of those to end",
+                job_id=job_id,
+            )
 
 
 def _ends_named(state: State, ids: set[int]) -> dict[int, list[str]]:

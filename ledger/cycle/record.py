@@ -28,7 +28,7 @@ import msgspec
 from ledger.core.runs import settle_commands
 from ledger.cycle.executor import Exit, NodeChange, Observed, Sample, Start
 from schemas import commands as c
-from schemas.errors import LedgerError
+from schemas.errors import InvalidTransition, LedgerError, UnknownEntity
 
 if TYPE_CHECKING:
     from ledger.core.state import Job, State
@@ -223,11 +223,7 @@ def record(ledger: Recorder, seen: Observed, engine: str, now: float | None = No
         if cmd is None:  # the ledger moved past it: a run it stopped meanwhile, maybe
             _record_batch(ledger, [x] if (x := overtaken_command(ex, ledger.state, engine)) else [])
             continue
-        try:
-            ledger.execute(cmd)
-            finished += 1
-        except LedgerError as err:  # the ledger moved on (cancel, preemption): keep going
-            log.info("exit of job %s not recorded: %s", ex.job_id, err.line())
+        finished += _record_exit(ledger, cmd)
     _record_batch(ledger, stopped_commands(seen.stopped, engine))
     if now is not None:
         for settle in settle_commands(ledger.state, now, EXECUTOR):
@@ -239,6 +235,31 @@ def record(ledger: Recorder, seen: Observed, engine: str, now: float | None = No
             except LedgerError as err:
                 log.info("run of job %s not settled: %s", settle.job_id, err.line())
     return Recorded(started=len(starts), finished=finished)
+
+
+def _record_exit(ledger: Recorder, cmd: c.FinishJob) -> int:
+    """1 when the exit `cmd` is recorded. One the ledger refuses because it moved on (a cancel,
+    a preemption: the job ended otherwise) is passed over in a word; one refused for anything
+    else is said at ERROR and tried again without its note; one refused even so at ERROR again
+    (a completed exit refused for its dependents' ends was dropped at INFO, and the job showed
+    running for good, its GPUs held: atk46-25 F1)."""
+    try:
+        ledger.execute(cmd)
+        return 1
+    except (InvalidTransition, UnknownEntity) as err:  # the ledger moved on: keep going
+        log.info("exit of job %s not recorded: %s", cmd.job_id, err.line())
+        return 0
+    except LedgerError as err:
+        log.error("exit of job %s refused: %s", cmd.job_id, err.line())
+    if not cmd.note:
+        return 0
+    try:
+        ledger.execute(msgspec.structs.replace(cmd, note=""))
+        log.error("exit of job %s recorded without its note", cmd.job_id)
+        return 1
+    except LedgerError as err:
+        log.error("exit of job %s not recorded: %s", cmd.job_id, err.line())
+        return 0
 
 
 def _record_starts(ledger: Recorder, starts: list[c.AnyCommand]) -> None:

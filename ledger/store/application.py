@@ -13,7 +13,7 @@ import contextlib
 import logging
 import os
 import sqlite3
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence, Set
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from eventsourcing.persistence import (
 from eventsourcing.sqlite import SQLiteConnection, SQLiteConnectionPool, SQLiteFactory
 
 from ledger.core import conflicts
-from ledger.core.decide import decide
+from ledger.core.decide import decide_parts
 from ledger.core.evolve import evolve
 from ledger.core.state import State
 from ledger.store import EVENTS_DB, locate, requests, snapshots
@@ -49,6 +49,7 @@ from schemas.events import AnyEvent, tag_of
 
 STREAM_ID = snapshots.STREAM_ID
 log = logging.getLogger("gpuledger.ledger")
+_Evs = list[AnyEvent]
 
 RECENT = 8192
 """How many of the events it folded last a ledger keeps decoded for `follow` (its own readers
@@ -486,14 +487,15 @@ class Ledger(Application[UUID]):
             self._reload()
         for _ in range(self.retries):
             try:
-                scratch, events = self._decide(cmds)
+                scratch, events, free = self._decide(cmds)
             except LedgerError:
                 if self.position == self.catch_up():
                     raise  # rejected by the latest state
                 continue  # another writer moved the log: decide again
             if not events:
                 return Appended(events=[], position=self.position)
-            stored, events, back = self._stored(events, bounded=self.bounded and _bounded(cmds))
+            bounded = self.bounded and _bounded(cmds)
+            stored, events, back = self._stored(events, bounded=bounded, free=free)
             ids = self._insert(stored)
             if ids is None:
                 self.catch_up()  # another writer appended first: catch up and decide again
@@ -562,13 +564,12 @@ class Ledger(Application[UUID]):
                 continue
             try:
                 self._check_conflicts([cmd])
-                decided = self._decide_one(self.state, cmd, now)
+                decided, free = self._decide_one(self.state, cmd, now)
                 if eid is not None and decided:
                     decided[0] = msgspec.structs.replace(decided[0], event_id=eid)
                     batch[eid[:KEY_PART]] = len(outcomes)
-                mine, chained, read_back = self._stored(
-                    decided, version=version, prev=prev, bounded=self.bounded and _bounded([cmd])
-                )
+                bounded = self.bounded and _bounded([cmd])
+                mine, chained, read_back = self._stored(decided, version, prev, bounded, free)
             except LedgerError as err:
                 outcomes.append(err)
                 continue
@@ -691,38 +692,41 @@ class Ledger(Application[UUID]):
             return self.position
         return self.catch_up()
 
-    def _decide(self, cmds: Sequence[AnyCommand]) -> tuple[State, list[AnyEvent]]:
+    def _decide(self, cmds: Sequence[AnyCommand]) -> tuple[State, list[AnyEvent], set[str]]:
         self._check_conflicts(cmds)
         now = self.clock.now()
         if len(cmds) == 1:
-            return self.state, self._decide_one(self.state, cmds[0], now)
-        scratch, events = self.state.copy(), []
+            return self.state, *self._decide_one(self.state, cmds[0], now)
+        scratch, events, free = self.state.copy(), [], set()
         for cmd in cmds:
-            decided = self._decide_one(scratch, cmd, now)
+            decided, ends = self._decide_one(scratch, cmd, now)
             for ev in decided:
                 evolve(scratch, ev)
             events += decided
-        return scratch, events
+            free |= ends
+        return scratch, events, free
 
-    def _decide_one(self, state: State, cmd: AnyCommand, now: float) -> list[AnyEvent]:
-        """`decide`, after the edge's `admit` when one is set."""
+    def _decide_one(self, state: State, cmd: AnyCommand, now: float) -> tuple[_Evs, set[str]]:
+        """`decide` after the edge's `admit` (when set), and its dependents' ends' event ids."""
         if self.admit is not None:
             cmd = self.admit(state, cmd)
-        return decide(state, cmd, now, self.ids)
+        own, ends = decide_parts(state, cmd, now, self.ids)
+        return own + ends, {ev.event_id for ev in ends}
 
     def _stored(
         self,
         decided: list[AnyEvent],
-        *,
         version: int | None = None,
         prev: str | None = None,
         bounded: bool = True,
+        free: Set[str] = frozenset(),
     ) -> tuple[list[StoredEvent], list[AnyEvent], list[AnyEvent]]:
         """Chain, encode through the mapper once, and prove every event reads back as itself:
         what the store cannot hold faithfully (inf, NaN, lone surrogates) is rejected, and,
         `bounded`, what a reader could not take (`bounds.check_written`: an event past the relay's
-        record size, a request writing more than its bound). Returns the stored events, the
-        chained events and the chained events as read back."""
+        record size, a request writing more than its bound; the events `free` names, dependents'
+        ends a job's end drags along, to the event's bound only: atk46-25 F1). Returns the stored
+        events, the chained events and the chained events as read back."""
         out, events, back, written = [], [], [], 0
         prev = self.last_hash if prev is None else prev
         version = self.version if version is None else version
@@ -743,7 +747,9 @@ class Ledger(Application[UUID]):
                     f"{tag_of(type(ev))} would not read back as written",
                     hint="use finite numbers (no inf or NaN)",
                 )
-            if bounded:
+            if bounded and ev.event_id in free:
+                check_written(tag_of(type(ev)), len(se.state), 0)
+            elif bounded:
                 check_written(tag_of(type(ev)), len(se.state), written)
                 written += len(se.state)
             out.append(se)
