@@ -12,8 +12,12 @@ checked). Wrappers are followed to what they run:
 - a shell with `-c STRING` (options before it, `-o NAME`, `--rcfile FILE` too) runs the simple
   commands of STRING, split at `;`, `&&`, `||`, `|`, `&` and newlines (a backslash-newline
   joins two lines);
-- any other program (`nohup`, `timeout 1h`, `taskset -c 0`, `setsid`, `flock LOCK`, `nice -n
-  5`...) runs the command from its first later word that names an interpreter, a shell or env.
+- a known wrapper (`WRAPPERS`: `nohup`, `timeout 1h`, `taskset -c 0`, `setsid`, `flock LOCK`,
+  `nice -n 5`, `ionice`, `time`, `stdbuf`, `numactl`, `chrt`, `xargs`, `exec`, `command`) runs
+  the command after its options and own words, whatever it names (a script by its path too);
+- any other program runs the command from its first later word that names an interpreter, a
+  shell or env;
+- the shell's `.` and `source` run the script they are given, as an interpreter does.
 
 Outside attacks found each of these running a teammate's swapped script as the submitter
 (atk43n F1, atk44n F1-F3, F5, F11), and the walk refusing a script's data (atk44n F7, F8, F12).
@@ -53,9 +57,14 @@ MAX_DEPTH = 4
 """Wrappers inside wrappers followed this deep (`env sh -c 'env ...'`); deeper is left whole."""
 
 
+SOURCES = frozenset({".", "source"})
+"""The shell's words that run the script they are given in the shell itself (`. run.sh`):
+as a command's program only (`find . -name x` is no script run: atk46-23r R1)."""
+
+
 def runs_script(program: str) -> bool:
-    """Whether `program` (a word of a command) runs a script it is given by name."""
-    return INTERPRETER.fullmatch(os.path.basename(program)) is not None
+    """Whether `program` (a command's program) runs a script it is given by name."""
+    return program in SOURCES or INTERPRETER.fullmatch(os.path.basename(program)) is not None
 
 
 def simple_commands(command: Sequence[str], wd: str, depth: int = 0) -> list[tuple[list[str], str]]:
@@ -78,11 +87,54 @@ def simple_commands(command: Sequence[str], wd: str, depth: int = 0) -> list[tup
         return found
     if runs_script(words[0]):
         return [(words, wd)]
+    start = _wrapped(name, words)
+    if start is not None:  # a known wrapper: its command, whatever it names (atk46-23r R1)
+        return [(words[:start], wd), *simple_commands(words[start:], wd, depth + 1)]
     for i, word in enumerate(words[1:], 1):
         base = os.path.basename(word)
-        if base == "env" or runs_script(word):
+        if base == "env" or (word not in SOURCES and runs_script(word)):
             return [(words[:i], wd), *simple_commands(words[i:], wd, depth + 1)]
     return [(words, wd)]
+
+
+WRAPPERS: dict[str, tuple[frozenset[str], int]] = {
+    "nohup": (frozenset(), 0),
+    "setsid": (frozenset(), 0),
+    "nice": (frozenset({"-n", "--adjustment"}), 0),
+    "ionice": (frozenset({"-c", "-n", "-p", "-P", "-u", "--class", "--classdata"}), 0),
+    "timeout": (frozenset({"-s", "--signal", "-k", "--kill-after"}), 1),
+    "taskset": (frozenset(), 1),
+    "chrt": (frozenset(), 1),
+    "time": (frozenset({"-o", "--output", "-f", "--format"}), 0),
+    "stdbuf": (frozenset({"-i", "-o", "-e"}), 0),
+    "flock": (frozenset({"-w", "--timeout", "-E", "--conflict-exit-code"}), 1),
+    "numactl": (frozenset({"-C", "-N", "-m", "-p", "-i", "--physcpubind", "--cpunodebind",
+                           "--membind", "--preferred", "--interleave"}), 0),
+    "xargs": (frozenset({"-a", "-d", "-E", "-I", "-L", "-n", "-P", "-s", "--arg-file",
+                         "--delimiter", "--max-args", "--max-procs", "--max-lines"}), 0),
+    "exec": (frozenset({"-a"}), 0),
+    "command": (frozenset(), 0),
+}  # fmt: skip
+"""Programs that run a command given after their options (each option of the set takes the
+next word as its value) and as many words of their own (`timeout DURATION`, `flock LOCK`,
+`taskset MASK`, `chrt PRIORITY`): that command is walked whatever it names, a script named by
+a path too (`timeout 20 /srv/team/y.sh`: before, only a later interpreter, shell or env was
+followed, and a teammate's swapped script ran as the submitter, atk46-23r R1)."""
+
+
+def _wrapped(name: str, words: list[str]) -> int | None:
+    """Where the command a known wrapper (`WRAPPERS`) runs begins in `words` (None: `name` is
+    no wrapper, or it names no command)."""
+    if name not in WRAPPERS:
+        return None
+    values, own = WRAPPERS[name]
+    i = 1
+    while i < len(words) and words[i].startswith("-") and words[i] != "--":
+        i += 2 if words[i] in values else 1
+    if i < len(words) and words[i] == "--":
+        i += 1
+    i += own
+    return i if i < len(words) else None
 
 
 ENV_VALUE_OPTIONS = {"--chdir": "C", "--unset": "u", "--split-string": "S"}

@@ -76,3 +76,37 @@ def test_an_unbalanced_quote_is_split_on_spaces_not_an_error() -> None:
     assert simple_commands(["sh", "-c", "python3 't.py"], "/w")[1:] == [
         (["python3", "'t.py"], "/w")
     ]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["timeout", "20", "/srv/team/y.sh"],
+        ["nohup", "/srv/team/y.sh"],
+        ["nice", "-n", "5", "/srv/team/y.sh"],
+        ["taskset", "-c", "0", "/srv/team/y.sh"],
+        ["ionice", "-c3", "/srv/team/y.sh"],
+        ["/usr/bin/time", "-o", "/tmp/out", "/srv/team/y.sh"],
+        ["flock", "/tmp/lock", "/srv/team/y.sh"],
+        ["timeout", "-s", "KILL", "--", "1h", "/srv/team/y.sh"],
+        ["bash", "-c", ". /srv/team/y.sh"],
+        ["bash", "-c", "source /srv/team/y.sh && echo done"],
+    ],
+)
+def test_a_script_named_by_its_path_after_a_wrapper_is_walked_to(command: list[str]) -> None:
+    """atk46-23r R1: a wrapper followed by a script named by its path (`timeout 20
+    /srv/team/y.sh`), and the shell's `.`/`source`, ran a teammate's swapped script as the
+    submitter: the walk followed a wrapper only to a later interpreter, shell or env. The
+    script is a simple command of its own now (its program named by a path: checked), or the
+    script `.` runs; the wrapper's own words (a lock file, `-o FILE`) are not taken for it."""
+    found = simple_commands(command, "/w")
+    runs = [words for words, _ in found]
+    assert ["/srv/team/y.sh"] in runs or any(
+        w[:1] in (["."], ["source"]) and w[1:2] == ["/srv/team/y.sh"] for w in runs
+    ), runs
+    assert not any(w[:1] == ["/tmp/lock"] or w[:1] == ["/tmp/out"] for w in runs)
+
+
+def test_a_dot_is_a_script_runner_only_as_a_program() -> None:
+    assert runs_script(".") and runs_script("source")
+    assert simple_commands(["find", ".", "-name", "x"], "/w") == [(["find", ".", "-name", "x"], "/w")]
