@@ -109,4 +109,5 @@ def test_a_script_named_by_its_path_after_a_wrapper_is_walked_to(command: list[s
 
 def test_a_dot_is_a_script_runner_only_as_a_program() -> None:
     assert runs_script(".") and runs_script("source")
-    assert simple_commands(["find", ".", "-name", "x"], "/w") == [(["find", ".", "-name", "x"], "/w")]
+    find = ["find", ".", "-name", "x"]
+    assert simple_commands(find, "/w") == [(find, "/w")]
