@@ -185,8 +185,12 @@ class RelayService:
         self._written = 0.0
         self._busy_since: float | None = None
         """When the publishing call under way began (None: none is)."""
-        self._published = 0
-        """The last position known committed on the topic (kept when a relay is replaced)."""
+        previous = _previous(home, topic)
+        self._published = previous or 0
+        """The last position known committed on the topic (kept when a relay is replaced; read
+        back from the health the last service left)."""
+        self._progress_known = previous is not None
+        """A health file of this topic was found: `_published` is our durable progress."""
         self._probed_down = False
         """The watcher found the broker unreachable while nothing was being sent."""
         self._held: str | None = None
@@ -366,6 +370,7 @@ class RelayService:
                     timeout_s=self.timeout_s,
                     connect_timeout_s=self.connect_timeout_s,
                     keys=self.keys,
+                    progress=self._published if self._progress_known else None,
                 )
             published = self.relay.publish_pending()
         except RelayError:
@@ -475,6 +480,18 @@ class RelayService:
             os.replace(tmp, path)
         except OSError as e:  # the health file is a report: never stop publishing over it
             log.debug("relay: cannot write %s: %s", path, e)
+
+
+def _previous(home: Path, topic: str) -> int | None:
+    """The position the last service's relay left committed on `topic` (`<home>/relay.json`),
+    the relay's durable progress; None: unknown (no readable health of this topic)."""
+    try:
+        health = read_health(home)
+    except RelayError:
+        return None
+    if health is None or health.topic != topic:
+        return None
+    return health.position
 
 
 def _quiet_head(relay: Relay) -> int:
