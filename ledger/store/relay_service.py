@@ -169,10 +169,18 @@ class RelayService:
         self._recorder: ApplicationRecorder | None = None
         self.clock = SystemClock()
         now = self.clock.now()
+        previous = _previous(home, topic)
+        self._published = previous or 0
+        """The last position known committed on the topic (kept when a relay is replaced; read
+        back from the health the last service left, and written on: it is the relay's progress,
+        which decides which unsigned records on the topic may be its own)."""
+        self._progress_known = previous is not None
+        """A health file of this topic was found: `_published` is our durable progress."""
         self.health = RelayHealth(
             state="connecting",
             bootstrap=bootstrap,
             topic=topic,
+            position=self._published,
             since=now,
             updated=now,
             check_s=check_s,
@@ -185,12 +193,6 @@ class RelayService:
         self._written = 0.0
         self._busy_since: float | None = None
         """When the publishing call under way began (None: none is)."""
-        previous = _previous(home, topic)
-        self._published = previous or 0
-        """The last position known committed on the topic (kept when a relay is replaced; read
-        back from the health the last service left)."""
-        self._progress_known = previous is not None
-        """A health file of this topic was found: `_published` is our durable progress."""
         self._probed_down = False
         """The watcher found the broker unreachable while nothing was being sent."""
         self._held: str | None = None

@@ -87,7 +87,7 @@ class Topic:
     def position(self, _tp: Any) -> int:
         return self.at
 
-    def poll(self, timeout_ms: int = 0) -> dict[Any, list[Rec]]:
+    def poll(self, timeout_ms: int = 0, **_kw: Any) -> dict[Any, list[Rec]]:
         """Two records a poll: the consumer's own fetch is bounded (its fetch sizes)."""
         from kafka import TopicPartition
 
@@ -264,3 +264,44 @@ def test_the_service_takes_its_progress_from_the_health_it_left(tmp_path: Any) -
     health_path(tmp_path).write_bytes(msgspec.json.encode(health))
     assert _previous(tmp_path, TOPIC) == 84
     assert _previous(tmp_path, "another") is None
+    # a service starting writes its health at once: it keeps the progress (was: position 0, so
+    # a service killed while it connected left every record of ours beyond its progress)
+    from ledger.store.relay_service import RelayService
+
+    service = RelayService(tmp_path, "127.0.0.1:9", topic=TOPIC)
+    assert service.health.position == 84 and service._position() == 84
+    assert RelayService(tmp_path, "127.0.0.1:9", topic="another").health.position == 0
+
+
+def test_a_readers_head_behind_forged_low_positions_at_the_tail_reaches_the_records_left() -> None:
+    """atk46-25 F5: forged records at the tail claiming position 50 made a reader's head 50, so
+    `project follow --once` stopped there (exit 0) with 103 events on the topic. With records
+    left before the end, the head is past the reader's position by as many as are left."""
+    import collections
+
+    from kafka import TopicPartition
+
+    from projections.kafka_source import KafkaSource
+
+    Topic.specs = ours(chain(103), None) + [forged(50) for _ in range(20)]
+    source = object.__new__(KafkaSource)
+    source._probe, source.tp = Topic(), TopicPartition(TOPIC, 0)
+    source._consumer = Topic()
+    source._consumer.at = 50  # it handed out positions 1..50 (offsets 0..49)
+    source.topic, source.bootstrap, source.timeout_s = TOPIC, "127.0.0.1:9", 30.0
+    source._exists, source._after, source._head, source._buffer = (
+        True,
+        50,
+        None,
+        collections.deque(),
+    )
+    source._max_poll_records = 0  # never "close behind": the probe's read of the tail decides,
+    # as for a reader more than 5,000 records behind (`_close_behind`) or a fresh one
+    try:
+        assert source._last_position(len(Topic.specs)) == 50  # the tail's claim
+        assert source.head() == 50 + 73  # was 50: the reader stopped short
+        assert not source.read_to(len(Topic.specs))
+        source._consumer.at, source._after = len(Topic.specs), 103
+        assert source.head() == 103 and source.read_to(len(Topic.specs))
+    finally:
+        Topic.specs = []
