@@ -305,3 +305,29 @@ def test_a_readers_head_behind_forged_low_positions_at_the_tail_reaches_the_reco
         assert source.head() == 103 and source.read_to(len(Topic.specs))
     finally:
         Topic.specs = []
+
+
+def test_the_tail_search_has_a_deadline_per_poll_not_one_for_the_whole_search(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """atk46-25 F6: ~4 million tiny forged records after the relay's last one took longer than
+    the search's single 30 s deadline to read: every restart timed out and retried, for good.
+    A clock moving 1 s per look: 240 forged records (120 polls) outlast 30 s; each poll that
+    brings records restarts the deadline. A broker that hands out nothing still times out."""
+    from ledger.store import relay_tail
+
+    now = [0.0]
+
+    def tick() -> float:
+        now[0] += 1.0
+        return now[0]
+
+    monkeypatch.setattr(relay_tail.time, "monotonic", tick)
+    store = chain(5)
+    assert bookmark(monkeypatch, store, ours(store, None) + [forged(9) for _ in range(240)]) == (
+        5,
+        list(range(5, 245)),
+    )
+    monkeypatch.setattr(Topic, "poll", lambda self, timeout_ms=0, **_kw: {})
+    with pytest.raises(RelayError, match="no record came for 30 s"):
+        bookmark(monkeypatch, store, ours(store, None))
