@@ -38,7 +38,8 @@ decimal) and `gpuledger.tag` (the event tag).
   as the relay (`kafka_wire.client_config`), or as keyword arguments
   (`security_protocol="SASL_SSL"`, ...).
 
-`follow()` keeps a projection up to date with the topic (the loop of `gpuledger project follow`).
+`projections.kafka_follow.follow()` keeps a projection up to date with the topic (the loop of
+`gpuledger project follow`).
 
 This module never imports `ledger`.
 """
@@ -47,9 +48,8 @@ from __future__ import annotations
 
 import collections
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
@@ -76,7 +76,6 @@ from projections.kafka_wire import (
     signing_keys,
     unreachable,
 )
-from projections.projector import CatchUp, Progress, Projector
 from projections.quarantine import KAFKA_HINT, Where
 from projections.source import LogRecord
 
@@ -215,9 +214,9 @@ class KafkaSource:
     def head(self) -> int:
         """The position of the last committed record (0 when the topic is empty or absent).
 
-        When the reading consumer holds a record after its position that carries no readable
-        position (poison at the tail), the head is at least one past it, so that a reader meets
-        that record (and stops at it, or sets it aside) instead of waiting for it forever."""
+        When records after the reader's position are left before the end and the last ones
+        claim no position past it (poison at the tail, a forged low one), the head is past it by
+        as many as are left: a reader meets them instead of waiting or stopping short."""
         if not self._ready():
             return 0
         end = self._end_hint = self._end()
@@ -232,9 +231,20 @@ class KafkaSource:
                 found = self._known_head(end)
             position = self._last_position(end) if found is None else found
             self._head = (end, position)
-        if self._buffer and self._after is not None and position <= self._after:
-            return self._after + 1
+        if self._after is not None and position <= self._after:
+            # records not handed out yet, one position each at most (F5: forged records at the
+            # tail claiming a low one stopped a reader there); none: at its own position
+            return (
+                self._after
+                + len(self._buffer)
+                + max(0, end - int(self._consumer.position(self.tp)))
+            )
         return position
+
+    def read_to(self, end: int) -> bool:
+        """Whether every record before offset `end` has been handed out (or set aside)."""
+        done = self._after is not None and self._consumer.position(self.tp) >= end
+        return done and (not self._buffer or self._buffer[0].offset >= end)
 
     def close(self) -> None:
         for consumer in (self._consumer, self._probe):
@@ -734,67 +744,3 @@ def _head_of(positions: Iterable[int | None], after: int) -> int:
         if last is not None and last > best:
             best = last
     return best if last == best else best + 1
-
-
-# --- following a topic ----------------------------------------------------------------------------
-
-
-def follow(
-    projector: Projector,
-    stop: threading.Event,
-    *,
-    until: int | None = None,
-    once: bool = False,
-    wait_s: float = 0.5,
-    progress: Progress | None = None,
-    on_error: Callable[[SourceUnavailable], None] | None = None,
-) -> int:
-    """Keep `projector`'s store up to date with its source until `stop` is set; returns the
-    tracked position at the end.
-
-    `until`: return once the projection reaches that position. `once`: return after catching up
-    with the log as it is now. Between catch-ups it blocks in the source's long poll (`wait`),
-    so a new event is applied as soon as the broker hands it out. A broker that is away is
-    reported to `on_error` once per outage and retried (backing off 0.2 s to 2 s; the retries are
-    logged at DEBUG level); poison stops the loop with its error, unless the projector
-    quarantines it.
-    """
-    source = projector.source
-    delay = 0.2
-    position = projector.store.position()
-    failing = False
-
-    def failed(err: SourceUnavailable) -> None:
-        nonlocal failing
-        if not failing and on_error is not None:
-            on_error(err)
-        else:
-            log.debug("still unavailable: %s", err.line())
-        failing = True
-
-    while not stop.is_set():
-        try:
-            result: CatchUp = projector.catch_up(until=until, progress=progress)
-        except SourceUnavailable as err:  # poison and mismatches end the loop
-            failed(err)
-            stop.wait(delay)
-            delay = min(delay * 2, 2.0)
-            continue
-        if failing:
-            log.warning("kafka: reachable again, at position %d", result.position)
-            failing = False
-        delay = 0.2
-        position = result.position
-        if (until is not None and position >= until) or once:
-            break
-        if result.applied == 0 or position >= result.head:
-            waiter = getattr(source, "wait", None)
-            try:
-                if waiter is None:
-                    stop.wait(wait_s)
-                else:
-                    waiter(position, wait_s)
-            except SourceUnavailable as err:
-                failed(err)
-                stop.wait(delay)
-    return position

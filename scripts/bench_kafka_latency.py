@@ -8,7 +8,7 @@ One process plays the ledger the way `gpuledger up --kafka` runs it: the main th
 `SubmitJob` commands through `Ledger.execute` at `--rate` commands per second (paced against the
 clock, one command per call), a relay thread publishes the store to a fresh topic (`Relay.run`,
 as `up --kafka` starts it) and the projector follows the topic into a DuckDB file
-(`projections.kafka_source.follow`, the loop of `gpuledger project follow`):
+(`projections.kafka_follow.follow`, the loop of `gpuledger project follow`):
 
 - `--follower thread` (default): in a thread of the same process, as in `up --kafka`;
 - `--follower process`: `gpuledger project follow --kafka ...` in a child process with its own
@@ -45,7 +45,8 @@ from benchkit import broker, machine
 from ledger.store.application import Ledger
 from ledger.store.clock import SystemClock
 from ledger.store.relay import Relay, open_store
-from projections.kafka_source import KafkaSource, follow
+from projections.kafka_follow import follow
+from projections.kafka_source import KafkaSource
 from projections.projector import Projector
 from projections.store import Store
 from schemas import commands as c

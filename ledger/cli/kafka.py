@@ -22,8 +22,8 @@ from ledger.cli.views import projection_group
 from ledger.store.relay import RelayError
 from ledger.store.relay_service import read_health
 from projections.errors import ProjectionMismatch
+from projections.kafka_follow import follow as follow_topic
 from projections.kafka_source import KafkaSource
-from projections.kafka_source import follow as follow_topic
 from projections.kafka_wire import TOPIC, TOPIC_ENV, connect_timeout, quiet_kafka_logs
 from projections.projector import DEFAULT_BATCH, Projector
 from projections.quarantine import quarantined

@@ -3,9 +3,10 @@
 An edge (network, files). Guarantees, with the reasons (docs/kafka.md has the long version):
 
 - *No gap, no duplicate, same order.* One partition, so Kafka keeps the log order. Every record
-  carries its log position in a header. The relay keeps no state of its own: on start (and after
-  every error) it reads the position of the last *committed* record on the topic and resumes
-  right after it, so the topic itself is the relay's bookmark and cannot disagree with it.
+  carries its log position in a header. The relay keeps no offsets of its own: on start (and
+  after every error) it reads the position of its last *committed* record on the topic and
+  resumes right after it, so the topic itself is the relay's bookmark. Which records are its own
+  is its signature's word, or (unsigned) its progress's (`progress`: the service's health file).
 - *Atomic batches.* Each batch is one Kafka transaction: a relay that dies mid-batch leaves an
   open transaction; the next relay's `init_transactions` aborts it before reading the bookmark,
   so read_committed consumers never see the half batch, and the next relay sends it again.
@@ -261,6 +262,7 @@ class Relay:
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         config: Mapping[str, Any] | None = None,
         keys: SigningKeys | None = None,
+        progress: int | None = None,
     ) -> None:
         self.recorder = recorder
         self.bootstrap = bootstrap
@@ -275,6 +277,10 @@ class Relay:
         self.config = dict(config or {})
         self.keys = keys if keys is not None else signing_keys()
         """Signing keys: when set, every record is signed with the first one."""
+        self.progress = progress
+        """The highest position this relay (its service, across restarts: `<home>/relay.json`)
+        knows it committed; None: unknown. An unsigned record on the topic claiming a position
+        beyond it is never our bookmark (`relay_tail.Scan.vouched`)."""
         self.position = 0
         """The log position of the last event known to be committed on the topic."""
         self.skipped: tuple[int, ...] = ()
@@ -355,8 +361,11 @@ class Relay:
 
         Reads back from the end in growing windows, keeping a digest of each record, never its
         value (`relay_tail`). Our last record is the one with the highest readable position
-        whose bytes equal the store's at that position (an older record copied to the tail is
-        foreign, and so is anything after ours that the store does not hold: a forged event,
+        whose bytes equal the store's at that position and that we vouch for: with keys, it
+        carries our signature (or, unsigned, lies within `progress`: a topic signed since); without
+        keys, it claims no position beyond `progress` (a topic writer can rebuild the bytes
+        of an event not yet published: atk46-25 F3). An older record copied to the tail is
+        foreign, and so is anything after ours that the store does not hold (a forged event,
         however well it links). With signing keys, a record right after ours that continues
         the chain from it *and* carries our signature is no forgery: the topic holds events
         this store lacks (a store replaced by an older copy, or another relay with our keys),
@@ -375,7 +384,8 @@ class Relay:
                 positions,
             )
 
-        return bookmark(windows, digests, self.keys, self._refusal)
+        progress = None if self.progress is None else max(self.progress, self.position)
+        return bookmark(windows, digests, self.keys, self._refusal, progress)
 
     def _refusal(self, position: int, ours: int) -> RelayError:
         """The topic holds another log: say where it disagrees with the store (`position`: the

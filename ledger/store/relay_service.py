@@ -169,10 +169,18 @@ class RelayService:
         self._recorder: ApplicationRecorder | None = None
         self.clock = SystemClock()
         now = self.clock.now()
+        previous = _previous(home, topic)
+        self._published = previous or 0
+        """The last position known committed on the topic (kept when a relay is replaced; read
+        back from the health the last service left, and written on: it is the relay's progress,
+        which decides which unsigned records on the topic may be its own)."""
+        self._progress_known = previous is not None
+        """A health file of this topic was found: `_published` is our durable progress."""
         self.health = RelayHealth(
             state="connecting",
             bootstrap=bootstrap,
             topic=topic,
+            position=self._published,
             since=now,
             updated=now,
             check_s=check_s,
@@ -185,8 +193,6 @@ class RelayService:
         self._written = 0.0
         self._busy_since: float | None = None
         """When the publishing call under way began (None: none is)."""
-        self._published = 0
-        """The last position known committed on the topic (kept when a relay is replaced)."""
         self._probed_down = False
         """The watcher found the broker unreachable while nothing was being sent."""
         self._held: str | None = None
@@ -366,6 +372,7 @@ class RelayService:
                     timeout_s=self.timeout_s,
                     connect_timeout_s=self.connect_timeout_s,
                     keys=self.keys,
+                    progress=self._published if self._progress_known else None,
                 )
             published = self.relay.publish_pending()
         except RelayError:
@@ -475,6 +482,18 @@ class RelayService:
             os.replace(tmp, path)
         except OSError as e:  # the health file is a report: never stop publishing over it
             log.debug("relay: cannot write %s: %s", path, e)
+
+
+def _previous(home: Path, topic: str) -> int | None:
+    """The position the last service's relay left committed on `topic` (`<home>/relay.json`),
+    the relay's durable progress; None: unknown (no readable health of this topic)."""
+    try:
+        health = read_health(home)
+    except RelayError:
+        return None
+    if health is None or health.topic != topic:
+        return None
+    return health.position
 
 
 def _quiet_head(relay: Relay) -> int:

@@ -13,6 +13,7 @@ however large the records after its own are: thirty forged 7 MB records at the t
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -34,6 +35,8 @@ from projections.kafka_wire import (
     reader_config,
 )
 
+log = logging.getLogger("gpuledger.relay")
+
 CHUNK = 1024
 """Records compared with the store at once: their digests are all a window keeps besides the
 foreign records' offsets."""
@@ -43,6 +46,10 @@ DENSE = 16
 """A chunk's positions are read from the store as one range (in pages) when it spans at most
 DENSE store events per position (plus a page), else one position at a time: forged positions
 spread over the log cost a read each, never the log between them."""
+REACH = 16**4
+"""How far back from the end (offsets) the bookmark goes on looking for a record of ours higher
+than the first window's best when that one is below the relay's own progress (old copies at the
+tail: atk46-25 F4); beyond it the best found stands (duplicates, never a gap)."""
 
 
 def tail_windows(
@@ -56,10 +63,11 @@ def tail_windows(
     end), each as (reaches the first offset, its records in offset order, polled as they are
     taken: read each window to its end before asking for the next); the caller stops when it
     has seen enough. read_committed skips aborted records and markers, and its end offset stops
-    before any open transaction. Raises RelayUnavailable when the broker does not answer within
-    `timeout_s`."""
+    before any open transaction. Raises RelayUnavailable when the broker hands out no record for
+    `timeout_s` (a deadline per poll that brings records, not one for the whole search: four
+    million tiny forged records at the tail outlasted a single 30 s and the relay retried for
+    good, atk46-25 F6)."""
     tp = TopicPartition(topic, PARTITION)
-    deadline = time.monotonic() + timeout_s
     try:
         consumer = KafkaConsumer(
             **reader_config(bootstrap, "gpuledger-relay-probe", connect_timeout_s, **(config or {}))
@@ -70,15 +78,26 @@ def tail_windows(
     def window(start: int, end: int) -> Iterator[Any]:
         try:
             consumer.seek(tp, start)
+            if end - start >= REACH:
+                log.info(
+                    "relay: reading the last %d offsets of %s for its last record",
+                    end - start,
+                    topic,
+                )
+            deadline = time.monotonic() + timeout_s
             # The position only moves forward, past aborted data and markers too, so this
             # loop ends at `end`; an empty poll means "not yet", never "nothing left".
             while consumer.position(tp) < end:
                 if time.monotonic() > deadline:
                     raise RelayUnavailable(
-                        f"reading the end of {topic} took over {timeout_s:g} s",
+                        f"reading the end of {topic} (offsets {start:,} to {end:,}, at "
+                        f"{consumer.position(tp):,}): no record came for {timeout_s:g} s",
                         hint="is the broker overloaded or restarting?",
                     )
-                for rec in consumer.poll(timeout_ms=500).get(tp, []):
+                got = consumer.poll(timeout_ms=500).get(tp, [])
+                if got:
+                    deadline = time.monotonic() + timeout_s
+                for rec in got:
                     if rec.offset < end:
                         yield rec
         except KafkaError as e:
@@ -173,8 +192,13 @@ class Scan:
     bytes equal the store's), `after` (the offsets after it: foreign) and the facts a refusal
     rests on."""
 
-    def __init__(self, signing: bool) -> None:
+    def __init__(self, signing: bool, progress: int | None = None) -> None:
         self.signing = signing
+        self.progress = progress
+        """The highest position this relay knows it committed (its durable progress; None:
+        unknown). A record equal to the store's event is ours only when it carries our signature
+        or (unsigned) claims no position beyond this: anyone who can write the topic can rebuild
+        a not-yet-published event's bytes (atk46-25 F3)."""
         self.best: Seen | None = None
         self.after = array("q")
         """Offsets after `best` (every offset while there is none)."""
@@ -188,6 +212,16 @@ class Scan:
         self.last_position = 0
         """The last readable position in the window (what a refusal names)."""
 
+    def vouched(self, rec: Seen, position: int) -> bool:
+        """Whether a record equal to the store's event at `position` may be ours: signed by our
+        key, or within our progress (with keys and no known progress: signed only; without
+        either: any, the topic's writers being trusted)."""
+        if rec.signed:
+            return True
+        if self.progress is None:
+            return not self.signing
+        return position <= self.progress
+
     def take(self, chunk: Iterable[Seen], stored: Mapping[int, bytes]) -> None:
         for rec in chunk:
             position = rec.position
@@ -198,7 +232,11 @@ class Scan:
             if rec.digest is not None:  # formed
                 self.chained = self.chained or continues(rec, self.formed)
                 self.formed = rec
-            ours = rec.digest is not None and stored.get(position) == rec.digest
+            ours = (
+                rec.digest is not None
+                and stored.get(position) == rec.digest
+                and self.vouched(rec, position)
+            )
             best = self.best
             if ours and (best is None or position > (best.position or 0)):
                 self.best, self.after, self.continued = rec, array("q"), False
@@ -213,6 +251,7 @@ def bookmark(
     digests: Callable[[set[int]], Mapping[int, bytes]],
     keys: SigningKeys | None,
     refusal: Callable[[int, int], RelayError],
+    progress: int | None = None,
 ) -> tuple[int, list[int]]:
     """Our last record's position among the `windows` of the tail (`tail_windows`), and the
     offsets of the foreign records after it. `digests(positions)` gives the store's digests at
@@ -222,9 +261,15 @@ def bookmark(
     With signing keys, a record after ours that continues the chain from it *and* carries our
     signature is no forgery: the topic holds events this store lacks, and it is refused. So it
     is when the whole topic holds none of our records but records that chain (another
-    ledger's topic)."""
+    ledger's topic).
+
+    Our last record is the highest record equal to the store's event that our signature or our
+    `progress` vouches for (`Scan.vouched`), not the first window's: while that is below
+    `progress`, wider windows are read (up to REACH offsets back), so copies of an old record
+    of ours at the tail do not make the relay publish everything after it again."""
+    back = 16
     for whole, records in windows:
-        scan = Scan(signing=keys is not None)
+        scan = Scan(signing=keys is not None, progress=progress)
         taken = (seen(rec, keys) for rec in records)
         while chunk := list(islice(taken, CHUNK)):
             scan.take(chunk, digests({r.position for r in chunk if r.position is not None}))
@@ -232,11 +277,15 @@ def bookmark(
             position = scan.best.position or 0
             if scan.continued:
                 raise refusal(scan.last_position, position)
-            return position, scan.after.tolist()
-        if whole:
+            # A wider window holds this one: its best is never lower. Look on while ours is
+            # below our progress (copies of an old record of ours at the tail), within REACH.
+            if progress is None or position >= progress or whole or back >= REACH:
+                return position, scan.after.tolist()
+        elif whole:
             if scan.chained:
                 raise refusal(scan.last_position, 0)
             return 0, scan.after.tolist()
+        back *= 16
     return 0, []  # not reached: the last window is the whole topic
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any, ClassVar, NamedTuple
 
+import msgspec
 import pytest
 
 from ledger.store.relay import Relay, RelayError, tail_windows
@@ -86,7 +87,7 @@ class Topic:
     def position(self, _tp: Any) -> int:
         return self.at
 
-    def poll(self, timeout_ms: int = 0) -> dict[Any, list[Rec]]:
+    def poll(self, timeout_ms: int = 0, **_kw: Any) -> dict[Any, list[Rec]]:
         """Two records a poll: the consumer's own fetch is bounded (its fetch sizes)."""
         from kafka import TopicPartition
 
@@ -127,6 +128,7 @@ def bookmark(
     store: list[tuple[int, bytes]],
     topic: list[Spec],
     keys: SigningKeys | None = None,
+    progress: int | None = None,
 ) -> tuple[int, list[int]]:
     monkeypatch.setattr(sys.modules[tail_windows.__module__], "KafkaConsumer", Topic)
     monkeypatch.setattr(Topic, "specs", topic)
@@ -134,6 +136,7 @@ def bookmark(
     relay.recorder = Recorder(store)  # type: ignore[assignment]
     relay.bootstrap, relay.topic, relay.config = "127.0.0.1:9", TOPIC, {}
     relay.timeout_s, relay.connect_timeout_s, relay.keys = 30.0, 3.0, keys
+    relay.progress, relay.position = progress, 0
     last, foreign = relay._bookmark()
     return last if isinstance(last, int) else last.position, foreign
 
@@ -196,8 +199,8 @@ def test_a_topic_that_holds_another_log_is_refused(monkeypatch: pytest.MonkeyPat
     with pytest.raises(RelayError, match="ahead of the store: it has position 12") as err:
         bookmark(monkeypatch, store, ours(more, KEYS), KEYS)
     assert err.value.fields["published"] == 10
-    # unsigned, the same continuation is foreign: skipped
-    assert bookmark(monkeypatch, store, ours(more, None), KEYS) == (10, [10, 11])
+    # unsigned, the same continuation is foreign: skipped (ours unsigned: within our progress)
+    assert bookmark(monkeypatch, store, ours(more, None), KEYS, progress=10) == (10, [10, 11])
 
 
 def test_a_readers_head_probe_behind_forged_7_mb_records_holds_a_few_of_them() -> None:
@@ -220,3 +223,111 @@ def test_a_readers_head_probe_behind_forged_7_mb_records_holds_a_few_of_them() -
         Topic.specs = []
     assert head == 35
     assert peak < 8 * BIG, f"{peak / 1e6:.0f} MB held"  # 42 MB, the fake's polls; was 126 MB
+
+
+@pytest.mark.parametrize("keys", [None, KEYS], ids=["unsigned", "signed"])
+def test_a_rebuilt_copy_of_an_event_not_yet_published_is_not_the_bookmark(
+    monkeypatch: pytest.MonkeyPatch, keys: SigningKeys | None
+) -> None:
+    """atk46-25 F3: a topic writer rebuilds the exact bytes of event 13 (the relay published up
+    to 10) and sends it unsigned: it was the bookmark, and 11, 12 were never published. It is
+    ours only with our signature, or (unsigned) within the relay's own progress."""
+    store = chain(20)
+    rebuilt = ours([store[12]], None)  # exact bytes and headers, no signature
+    topic = ours(store[:10], keys) + rebuilt
+    progress = 10 if keys is None else None  # signed: the signature alone decides
+    assert bookmark(monkeypatch, store, topic, keys, progress) == (10, [10])
+    # the relay's own records past a progress it had not written yet: republished, not skipped
+    assert bookmark(monkeypatch, store, ours(store[:12], None), None, progress=10) == (10, [10, 11])
+    # signed records of ours past it are ours (a topic signed since: unsigned within it too)
+    mixed = ours(store[:5], None) + ours(store[5:12], KEYS)
+    assert bookmark(monkeypatch, store, mixed, KEYS, progress=5) == (12, [])
+    assert bookmark(monkeypatch, store, ours(store[:5], None), KEYS, progress=5) == (5, [])
+
+
+@pytest.mark.parametrize("keys", [None, KEYS], ids=["unsigned", "signed"])
+def test_copies_of_an_old_record_at_the_tail_do_not_move_the_bookmark_back(
+    monkeypatch: pytest.MonkeyPatch, keys: SigningKeys | None
+) -> None:
+    """atk46-25 F4: 16 copies of position 5 after the relay's last record (60) made the first
+    window's best 5: the relay published 6..60 again. Below its progress it looks further."""
+    store = chain(60)
+    topic = ours(store, keys) + ours([store[4]], keys) * 16
+    assert bookmark(monkeypatch, store, topic, keys, progress=60) == (60, list(range(60, 76)))
+
+
+def test_the_service_takes_its_progress_from_the_health_it_left(tmp_path: Any) -> None:
+    from ledger.store.relay_service import RelayHealth, _previous, health_path
+
+    assert _previous(tmp_path, TOPIC) is None
+    health = RelayHealth(state="exited", bootstrap="127.0.0.1:9", topic=TOPIC, position=84)
+    health_path(tmp_path).write_bytes(msgspec.json.encode(health))
+    assert _previous(tmp_path, TOPIC) == 84
+    assert _previous(tmp_path, "another") is None
+    # a service starting writes its health at once: it keeps the progress (was: position 0, so
+    # a service killed while it connected left every record of ours beyond its progress)
+    from ledger.store.relay_service import RelayService
+
+    service = RelayService(tmp_path, "127.0.0.1:9", topic=TOPIC)
+    assert service.health.position == 84 and service._position() == 84
+    assert RelayService(tmp_path, "127.0.0.1:9", topic="another").health.position == 0
+
+
+def test_a_readers_head_behind_forged_low_positions_at_the_tail_reaches_the_records_left() -> None:
+    """atk46-25 F5: forged records at the tail claiming position 50 made a reader's head 50, so
+    `project follow --once` stopped there (exit 0) with 103 events on the topic. With records
+    left before the end, the head is past the reader's position by as many as are left."""
+    import collections
+
+    from kafka import TopicPartition
+
+    from projections.kafka_source import KafkaSource
+
+    Topic.specs = ours(chain(103), None) + [forged(50) for _ in range(20)]
+    source = object.__new__(KafkaSource)
+    source._probe, source.tp = Topic(), TopicPartition(TOPIC, 0)
+    source._consumer = Topic()
+    source._consumer.at = 50  # it handed out positions 1..50 (offsets 0..49)
+    source.topic, source.bootstrap, source.timeout_s = TOPIC, "127.0.0.1:9", 30.0
+    source._exists, source._after, source._head, source._buffer = (
+        True,
+        50,
+        None,
+        collections.deque(),
+    )
+    source._max_poll_records = 0  # never "close behind": the probe's read of the tail decides,
+    # as for a reader more than 5,000 records behind (`_close_behind`) or a fresh one
+    try:
+        assert source._last_position(len(Topic.specs)) == 50  # the tail's claim
+        assert source.head() == 50 + 73  # was 50: the reader stopped short
+        assert not source.read_to(len(Topic.specs))
+        source._consumer.at, source._after = len(Topic.specs), 103
+        assert source.head() == 103 and source.read_to(len(Topic.specs))
+    finally:
+        Topic.specs = []
+
+
+def test_the_tail_search_has_a_deadline_per_poll_not_one_for_the_whole_search(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """atk46-25 F6: ~4 million tiny forged records after the relay's last one took longer than
+    the search's single 30 s deadline to read: every restart timed out and retried, for good.
+    A clock moving 1 s per look: 240 forged records (120 polls) outlast 30 s; each poll that
+    brings records restarts the deadline. A broker that hands out nothing still times out."""
+    from ledger.store import relay_tail
+
+    now = [0.0]
+
+    def tick() -> float:
+        now[0] += 1.0
+        return now[0]
+
+    monkeypatch.setattr(relay_tail.time, "monotonic", tick)
+    store = chain(5)
+    assert bookmark(monkeypatch, store, ours(store, None) + [forged(9) for _ in range(240)]) == (
+        5,
+        list(range(5, 245)),
+    )
+    monkeypatch.setattr(Topic, "poll", lambda self, timeout_ms=0, **_kw: {})
+    with pytest.raises(RelayError, match="no record came for 30 s"):
+        bookmark(monkeypatch, store, ours(store, None))
