@@ -198,8 +198,9 @@ def environment(
     password in a URL: `secret_value`); the secrets `ALL` left out (for the note `submit`
     prints); and the variables `ALL` leaves out because no job could be given them as they are
     (a shell's exported functions, `BASH_FUNC_module%%` of environment modules, whose names are
-    no variable names; a NUL; a value over the bound). A variable named on its own must be
-    sendable and no secret, or it is one error."""
+    no variable names; a NUL; a value over the bound; a name or value that is not UTF-8, as a
+    shell's OLDPWD after a `cd` into a Latin-1 directory, atk46-23r R2). A variable named on
+    its own must be sendable and no secret, or it is one error."""
     pattern = re.compile(secret)
 
     def hidden(key: str, value: str | None) -> bool:
@@ -247,6 +248,8 @@ def environment(
                 + (
                     f"its value is {len(env[key])} characters (at most {MAX_ENV_VALUE})"
                     if len(env[key]) > MAX_ENV_VALUE
+                    else "its value is not valid UTF-8"
+                    if ENV_NAME.fullmatch(key) and not _utf8(env[key])
                     else "it is no variable name or its value holds a NUL"
                 ),
                 hint="leave it out of --export",
@@ -255,7 +258,73 @@ def environment(
 
 
 def _sendable(name: str, value: str) -> bool:
-    return bool(ENV_NAME.fullmatch(name)) and len(value) <= MAX_ENV_VALUE and "\x00" not in value
+    return (
+        bool(ENV_NAME.fullmatch(name))
+        and len(value) <= MAX_ENV_VALUE
+        and "\x00" not in value
+        and _utf8(value)
+    )
+
+
+def _utf8(text: str) -> bool:
+    """Whether `text` is valid UTF-8 as the OS gave it: Python hands a byte that is not (a
+    Latin-1 `caf\\xe9`) over as a lone surrogate, which no request can carry."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def shown_bytes(text: str) -> str:
+    """Pure: `text` as one printable line, a byte that is not UTF-8 as `\\xe9`."""
+    out = [
+        f"\\x{ord(ch) - 0xDC00:02x}"
+        if "\udc80" <= ch <= "\udcff"
+        else ch
+        if ch.isprintable()
+        else repr(ch)[1:-1]
+        for ch in text[:200]
+    ]
+    return "'" + "".join(out) + "'"
+
+
+_WHAT = {
+    "workdir": "the working directory (-D, or here)",
+    "stdout": "-o/--output",
+    "stderr": "-e/--error",
+    "job_name": "-J/--job-name",
+}
+
+
+def utf8_refusal(fields: Mapping[str, Any]) -> None:
+    """Pure: one `InvalidCommand` line naming the first of a submission's fields (its working
+    directory, an argument of its command, -o, -e, -J or any other option) that is not valid
+    UTF-8, which a request cannot carry (sbatch passes the bytes; the ledger's log is JSON).
+    Nothing is sent then: it was an `[internal]` UnicodeEncodeError (atk46-23r R2)."""
+
+    def strings(value: Any) -> list[str]:
+        if isinstance(value, str):
+            return [value]
+        if isinstance(value, Mapping):
+            return [s for k, v in value.items() for s in (*strings(k), *strings(v))]
+        if isinstance(value, (list, tuple)):
+            return [s for v in value for s in strings(v)]
+        return []
+
+    for key, value in fields.items():
+        if key == "command":
+            bad = [(i, a) for i, a in enumerate(value, 1) if not _utf8(a)]
+            what = f"argument {bad[0][0]} of the command" if bad else ""
+            text = bad[0][1] if bad else ""
+        else:
+            text = next((s for s in strings(value) if not _utf8(s)), "")
+            what = _WHAT.get(key, f"--{key.replace('_', '-')}")
+        if what and text:
+            raise InvalidCommand(
+                f"{what} is not valid UTF-8: {shown_bytes(text)}",
+                hint="rename it in UTF-8 (e.g. `convmv -f latin1 -t utf8`), or choose another",
+            )
 
 
 def path_warnings(wd: str, outputs: tuple[str, ...], command: Sequence[str] = ()) -> list[str]:
@@ -435,10 +504,12 @@ def _submission(ctx: Ctx, g: Mapping[str, Any]) -> c.SubmitJob:
             err=True,
         )
     if unsendable:
-        shown = ", ".join(n[:64] for n in unsendable[:8]) + (" ..." if len(unsendable) > 8 else "")
+        more = " ..." if len(unsendable) > 8 else ""
+        shown = ", ".join(shown_bytes(n[:64])[1:-1] for n in unsendable[:8]) + more
         click.echo(
             f"note: --export=ALL left out {len(unsendable)} variable(s) no job can be given "
-            f"as they are (shell functions, values over {MAX_ENV_VALUE} characters): {shown}",
+            f"as they are (shell functions, values over {MAX_ENV_VALUE} characters or not "
+            f"UTF-8): {shown}",
             err=True,
         )
     tasks, limit = parse_array(g["array"]) if g["array"] else ((), None)
@@ -469,6 +540,7 @@ def _submission(ctx: Ctx, g: Mapping[str, Any]) -> c.SubmitJob:
         dependency=parse_dependency(g["dependency"]) if g["dependency"] else (),
         umask=own_umask(),  # the job's and its output files', as sbatch records it
     )
+    utf8_refusal(fields)
     outputs = (fields["stdout"], fields["stderr"])
     job_user = g["user"] or ctx.actor
     for why in warnings_as(job_user, fields["workdir"], outputs, fields["command"]):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger.cli.submit import SBATCH, directives, environment, interpreter
+from ledger.cli.submit import SBATCH, directives, environment, interpreter, utf8_refusal
 from ledger.core.decide import decide
 from ledger.core.evolve import evolve
 from ledger.core.state import State
@@ -334,3 +334,26 @@ def test_authorization_jwt_dsn_and_well_known_token_shapes_are_never_sent() -> N
     env, left, _ = environment("ALL", {**kept, **leaks})
     assert env == kept
     assert left == sorted(leaks)
+
+
+def test_what_is_not_utf8_is_left_out_of_the_environment_or_refused_by_name() -> None:
+    """atk46-23r R2: a byte that is not UTF-8 (Latin-1 `caf\\xe9`, which Python holds as a lone
+    surrogate) was an `[internal]` UnicodeEncodeError; through OLDPWD it broke every submit."""
+    environ = {"PATH": "/bin", "OLDPWD": "/home/a/dir\udce9", "K\udce9": "1", "BADV": "caf\udce9"}
+    assert environment("ALL", environ) == ({"PATH": "/bin"}, [], ["BADV", "K\udce9", "OLDPWD"])
+    with pytest.raises(InvalidCommand, match="'BADV' cannot be sent: its value is not valid UTF"):
+        environment("PATH,BADV", environ)
+    fields = {"workdir": "/p", "command": ("echo", "ok"), "stdout": "o", "stderr": "",
+              "job_name": "j", "env": {"PATH": "/bin"}, "labels": {"k": "v"}}  # fmt: skip
+    utf8_refusal(fields)  # all UTF-8: nothing said
+    for key, bad, want in [
+        ("workdir", "/p/dir\udce9", r"the working directory \(-D, or here\) is not valid UTF-8: "
+         r"'/p/dir\\xe9'"),
+        ("command", ("echo", "x\udce9y"), "argument 2 of the command is not valid UTF-8"),
+        ("stdout", "caf\udce9.out", "-o/--output is not valid UTF-8"),
+        ("stderr", "caf\udce9.err", "-e/--error is not valid UTF-8"),
+        ("job_name", "caf\udce9", "-J/--job-name is not valid UTF-8"),
+        ("labels", {"k": "caf\udce9"}, "--labels is not valid UTF-8"),
+    ]:  # fmt: skip
+        with pytest.raises(InvalidCommand, match=want):
+            utf8_refusal({**fields, key: bad})
