@@ -442,10 +442,17 @@ def test_a_runs_start_is_slurms_start_time_and_a_checkpoint_from_inside_is_recor
     (placed,) = ledger.of("job.placed.v1", 1)
     (seen,) = ledger.of("job.started.v1", 1)
     want = max(slurm_start(ledger, row["engine_job_id"]), placed["at"])
-    assert abs(row["started_at"] - want) < 1e-3, (row["started_at"], want, placed["at"])
-    assert seen["started_at"] == row["started_at"] < seen["at"]  # recorded later than it began
     # the batch script marked its launch (what the start waits for: N3), as the job's user
-    assert (ledger.home / "jobs" / "checkpoints" / "1.0" / "launched").is_file()
+    mark = ledger.home / "jobs" / "checkpoints" / "1.0" / "launched"
+    assert mark.is_file()
+    # a read that saw the launch CONFIGURING (the cluster's PrologSlurmctld, at load) starts it
+    # at its mark instead (`tracked.real_start`, atk43s F1): the mark comes after the script's
+    # cluster check (`script_cluster`, ~0.4 s at load); never when the executor saw it run
+    launched = os.lstat(mark).st_ctime
+    assert any(abs(row["started_at"] - t) < 1e-3 for t in (want, launched)), (
+        row["started_at"], want, launched, placed["at"]
+    )  # fmt: skip
+    assert seen["started_at"] == row["started_at"] < seen["at"]  # recorded later than it began
 
 
 def test_import_shares_round_trips_and_a_parent_share_is_no_weight_of_its_own(
