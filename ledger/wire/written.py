@@ -33,7 +33,14 @@ def last_written(path: Path | None) -> int:
         text = path.read_text(encoding="ascii").strip()
     except (OSError, UnicodeDecodeError):
         return 0
-    return int(text) if text.isdigit() else 0
+    return _position(text)
+
+
+def _position(text: str) -> int:
+    """A kept position's text as a position: digits, at most 19 (a log position is a 64-bit
+    integer), else 0 (a file of 4,300 digits or more made every command of its user an internal
+    error: Python refuses to read such an int, atk46-ha F2)."""
+    return int(text) if text.isdigit() and len(text) <= 19 else 0
 
 
 def remember(path: Path | None, position: int) -> None:
@@ -50,7 +57,7 @@ def remember(path: Path | None, position: int) -> None:
 
             fcntl.flock(fd, fcntl.LOCK_EX)
             text = os.read(fd, 32).decode("ascii", errors="replace").strip()
-            if position > (int(text) if text.isdigit() else 0):
+            if position > _position(text):
                 os.lseek(fd, 0, os.SEEK_SET)
                 os.ftruncate(fd, 0)
                 os.write(fd, f"{position}\n".encode())

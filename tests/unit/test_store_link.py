@@ -216,3 +216,16 @@ def test_the_kept_position_only_rises(tmp_path: Path, monkeypatch: pytest.Monkey
     path.write_text("junk")
     assert last_written(path) == 0
     assert last_written(None) == 0
+
+
+def test_a_kept_position_of_thousands_of_digits_is_no_position(tmp_path: Path) -> None:
+    """atk46-ha F2: a position file of more than 4,300 digits made every CLI command of its user
+    `internal error: ValueError` (Python refuses to read such an int): it reads as none now,
+    and the next write replaces it."""
+    kept = tmp_path / "written"
+    kept.write_text("9" * 5000 + "\n")
+    assert last_written(kept) == 0
+    remember(kept, 42)
+    assert last_written(kept) == 42
+    kept.write_text("12345678901234567890\n")  # 20 digits: past any 64-bit position
+    assert last_written(kept) == 0
