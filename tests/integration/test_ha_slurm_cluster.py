@@ -108,6 +108,15 @@ def _silent_copy(conf: str, tmp_path: Path) -> str:
     return str(copy)
 
 
+def _clear(conf: str, top: Path) -> None:
+    """A test's end: every job of the partition on the cluster of `conf` cancelled, and the
+    test's servers' directory `top` removed."""
+    env = {**os.environ, "SLURM_CONF": conf}
+    subprocess.run(["scancel", "--partition", PARTITION], env=env, capture_output=True,
+                   timeout=60, check=False)  # fmt: skip
+    shutil.rmtree(top, ignore_errors=True)
+
+
 def test_a_server_talking_to_another_slurm_cluster_never_leads(
     tmp_path: Path, pg_store: str
 ) -> None:
@@ -300,10 +309,7 @@ def test_a_controller_back_as_another_cluster_is_neither_read_nor_placed_on(
             ctld_c.wait(timeout=30)
         _slurm(data_b, *ports, node_b, "up")
         _answering(conf_b)
-        b = {**os.environ, "SLURM_CONF": conf_b}
-        subprocess.run(["scancel", "--partition", PARTITION], env=b, capture_output=True,
-                       timeout=60, check=False)  # fmt: skip
-        shutil.rmtree(home.parent, ignore_errors=True)
+        _clear(conf_b, home.parent)
         shutil.rmtree(state_c.parent, ignore_errors=True)
 
 
@@ -372,10 +378,7 @@ def test_new_settings_onto_another_cluster_leaves_no_run_of_the_recorded_one_beh
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
         g.stop()
-        a = {**os.environ, "SLURM_CONF": conf_a}
-        subprocess.run(["scancel", "--partition", PARTITION], env=a, capture_output=True,
-                       timeout=60, check=False)  # fmt: skip
-        shutil.rmtree(home.parent, ignore_errors=True)
+        _clear(conf_a, home.parent)
 
 
 def test_an_sbatch_that_lands_on_another_cluster_is_cancelled_there_and_submitted_again(
@@ -556,10 +559,7 @@ def test_a_failover_during_a_slow_sbatch_runs_the_job_once(tmp_path: Path, pg_st
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=60)
-        a = {**os.environ, "SLURM_CONF": conf_a}
-        subprocess.run(["scancel", "--partition", PARTITION], env=a, capture_output=True,
-                       timeout=60, check=False)  # fmt: skip
-        shutil.rmtree(home.parent, ignore_errors=True)
+        _clear(conf_a, home.parent)
 
 
 def test_new_settings_while_a_cancelled_run_is_still_stopping_names_it(
@@ -620,10 +620,7 @@ def test_new_settings_while_a_cancelled_run_is_still_stopping_names_it(
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=60)
-        a = {**os.environ, "SLURM_CONF": conf_a}
-        subprocess.run(["scancel", "--partition", PARTITION], env=a, capture_output=True,
-                       timeout=60, check=False)  # fmt: skip
-        shutil.rmtree(home.parent, ignore_errors=True)
+        _clear(conf_a, home.parent)
 
 
 def test_a_copy_landed_on_another_cluster_runs_nothing_when_the_leader_died_before_its_check(
@@ -709,8 +706,5 @@ def test_a_copy_landed_on_another_cluster_runs_nothing_when_the_leader_died_befo
             ctld_c.wait(timeout=30)
         _slurm(b.data, b.ctld, b.slurmd, b.node, "up")
         _answering(b.conf)
-        env_b = {**os.environ, "SLURM_CONF": b.conf}
-        subprocess.run(["scancel", "--partition", PARTITION], env=env_b, capture_output=True,
-                       timeout=60, check=False)  # fmt: skip
-        shutil.rmtree(home.parent, ignore_errors=True)
+        _clear(b.conf, home.parent)
         shutil.rmtree(state_c.parent, ignore_errors=True)
