@@ -205,8 +205,12 @@ def test_a_run_that_exits_0_while_slurmctld_and_the_service_are_down_completes_o
     assert len(ends) == 1, (ends, ledger.service_log()[-4000:])
     (ended,) = ends
     assert real - 1.0 <= ended["ended_at"] <= real + 1.5, (ended, real)
+    # the ledger's launches only: slurmctld back from its last state save may list one of
+    # `_settle_ids`' plain jobs (`wrap`) RUNNING that had ended before the kill (CI, stop 41)
     live = ("RUNNING", "PENDING", "CONFIGURING")
-    assert not [j for j in ledger.cluster.jobs().values() if j["state"] in live], "left in Slurm"
+    left = [j for j in ledger.cluster.jobs().values()
+            if j["state"] in live and j["name"].startswith("gpuledger-")]  # fmt: skip
+    assert not left, f"left in Slurm: {left}"
 
 
 def test_a_second_launch_slurm_makes_while_the_service_is_down_never_runs_the_command(
