@@ -209,3 +209,37 @@ def test_a_stop_inside_its_own_takeover_wait_is_no_clean_handover() -> None:
     # a server that took the lease otherwise than cleanly and never made its executor
     assert not hands_over_cleanly(False, None, now=101.0)
     assert hands_over_cleanly(True, None, now=101.0)
+
+
+def test_a_takeover_adopts_the_copy_that_ran_never_the_second_copy_cancelled_while_pending(
+    tmp_path: Path,
+) -> None:
+    """atk46-ha F6: after a PostgreSQL restart the next leader listed two Slurm jobs of job 98
+    run 0: the run (27917000) and a second copy its predecessor had cancelled while pending
+    (27917001: no nodes, Slurm's StartTime its cancel time). It adopted the last listed, the
+    cancelled copy, and logged 'Slurm started it again ... (slurmctld lost its state)'. The one
+    given nodes is the run, whichever id is higher; among copies alike, one alive, then the
+    first."""
+    from ledger.engines.slurm.takeover import adoptable
+
+    ran = job("27917000", "COMPLETED")
+    cancelled = job("27917001", "CANCELLED").replace("NodeList=vm", "NodeList=(null)")
+    for order in ([ran, cancelled], [cancelled, ran]):
+        view = parse_jobs("\n".join(order))
+        ((tag, chosen),) = adoptable(view, {5: 0}, LID, "gpuledger")
+        assert (tag, chosen.slurm_id) == ((5, 0), "27917000")
+    # the copy kept by `duplicates` (theirs ran, ours waited) may be the higher id
+    waited = job("41", "CANCELLED").replace("NodeList=vm", "NodeList=(null)")
+    ((_, chosen),) = adoptable(parse_jobs(f"{waited}\n{job('44', 'RUNNING')}"), {5: 0}, LID,
+                               "gpuledger")  # fmt: skip
+    assert chosen.slurm_id == "44"
+    # both given nodes: the alive one, then the first; another run's or another ledger's: none
+    both = parse_jobs(f"{job('50', 'CANCELLED')}\n{job('51', 'RUNNING')}")
+    assert [j.slurm_id for _, j in adoptable(both, {5: 0}, LID, "gpuledger")] == ["51"]
+    assert adoptable(both, {5: 1}, LID, "gpuledger") == []
+    assert adoptable(both, {5: 0}, "ffffffffffff", "gpuledger") == []
+    # the executor's own takeover (before: the last listed, 27917001, was adopted)
+    slurm = Slurm()
+    slurm.jobs = [job("27917000", "RUNNING"), cancelled]
+    ex = executor(tmp_path, slurm)
+    assert ex.adopt({5: 0}, 100.0) == {5} and ex._runs[5].slurm_id == "27917000"

@@ -74,7 +74,7 @@ from ledger.engines.slurm.stops import (
     unseen_end,
 )
 from ledger.engines.slurm.strays import Strays
-from ledger.engines.slurm.takeover import InFlight, take_up_copies
+from ledger.engines.slurm.takeover import InFlight, adoptable, take_up_copies
 from ledger.engines.slurm.tracked import Run, note_stop, past_limit
 from ledger.engines.slurm.words import (
     SLURM_ENDS_FIRST,
@@ -766,20 +766,16 @@ class SlurmExecutor:
         if not self.refresh():
             raise EngineError("Slurm cannot be read, so the ledger cannot be reconciled with it",
                               hint="start slurmctld (scripts/slurm/slurm up), retry")  # fmt: skip
-        for j in sorted(self._view.values(), key=lambda j: int(j.slurm_id.split("_")[0])):
-            tag = j.tag(self.ledger_id)
-            if tag is None or j.partition != self.partition:
-                continue
-            job_id, run = tag
-            if runs.get(job_id) == run:
-                logs = tracked.noted_logs(self.log_dir, job_id, run) or j.logs
-                # a hold no read saw: its launch mark says when it started (atk45s F1)
-                launched = mark_time(self._checkpoint_file(job_id, run).parent, LAUNCHED, now)
-                self._runs[job_id] = Run(job_id, run, None, j.slurm_id, logs=logs,
-                                         launch_seen=launched, adopted=True,
-                                         limited=tracked.ended_limited(self.log_dir, j, self.job_limit(job_id)))  # fmt: skip  # noqa: E501
-                log.info("adopted Slurm job %s as job %s run %s", j.slurm_id, job_id, run)
-                self._restarts.submitted(job_id, run, j.slurm_id)  # a reused id? (atk44s F6)
+        for (job_id, run), j in adoptable(self._view.values(), runs, self.ledger_id,
+                                          self.partition):  # fmt: skip
+            logs = tracked.noted_logs(self.log_dir, job_id, run) or j.logs
+            # a hold no read saw: its launch mark says when it started (atk45s F1)
+            launched = mark_time(self._checkpoint_file(job_id, run).parent, LAUNCHED, now)
+            self._runs[job_id] = Run(job_id, run, None, j.slurm_id, logs=logs,
+                                     launch_seen=launched, adopted=True,
+                                     limited=tracked.ended_limited(self.log_dir, j, self.job_limit(job_id)))  # fmt: skip  # noqa: E501
+            log.info("adopted Slurm job %s as job %s run %s", j.slurm_id, job_id, run)
+            self._restarts.submitted(job_id, run, j.slurm_id)  # a reused id? (atk44s F6)
         for r in self._restarts.unlisted(runs, set(self._runs), self._checkpoint_file, now):
             self._runs[r.job_id] = r  # Slurm forgot it: its own end record says (atk43s F3)
             r.limited = tracked.noted_limited(self.log_dir, r.slurm_id)  # ended: its limit's? (F2)

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from ledger.engines.slurm.cluster import scancel_args
 from ledger.engines.slurm.stops import Stopping
-from ledger.engines.slurm.words import WAITING, SlurmJob
+from ledger.engines.slurm.words import WAITING, SlurmJob, expand_hostlist
 from schemas.errors import EngineError
 from schemas.units import when
 
@@ -92,6 +92,35 @@ def duplicates(
         mine_waits = mine.state in WAITING and not started
         out.append((j, j.slurm_id if theirs_ran and mine_waits else ours))
     return out
+
+
+def adoptable(
+    view: Iterable[SlurmJob], runs: Mapping[int, int], ledger_id: str, partition: str
+) -> list[tuple[Tag, SlurmJob]]:
+    """Pure: the Slurm job to adopt for each run the ledger holds (`runs`: job -> run), in
+    Slurm id order. Where two are listed for one run (a second copy a last holder cancelled, a
+    submission in flight at a takeover: `duplicates`), the one that was given nodes (a copy
+    cancelled while pending has none, and Slurm's StartTime is its cancel time), then one still
+    alive, then the first. Before, the last listed was taken: a leader after a PostgreSQL
+    restart adopted the cancelled copy and logged a slurmctld restart that never happened
+    (atk46-ha F6)."""
+    best: dict[Tag, SlurmJob] = {}
+    for j in view:
+        tag = j.tag(ledger_id)
+        if tag is None or j.partition != partition or runs.get(tag[0]) != tag[1]:
+            continue
+        if tag not in best or _adoption_key(j) < _adoption_key(best[tag]):
+            best[tag] = j
+    return sorted(best.items(), key=lambda tj: _id_order(tj[1]))
+
+
+def _id_order(j: SlurmJob) -> tuple[int, str]:
+    head = j.slurm_id.split("_")[0]
+    return (int(head) if head.isdigit() else 0, j.slurm_id)
+
+
+def _adoption_key(j: SlurmJob) -> tuple[bool, bool, tuple[int, str]]:
+    return (not expand_hostlist(j.nodes), j.ended, _id_order(j))
 
 
 class InFlight:
