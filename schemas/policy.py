@@ -308,6 +308,22 @@ class FairShare12Config(FairShare11Config, frozen=True, kw_only=True, tag="fairs
     team using no more than its share; 0: any team."""
 
 
+class FairShare13Config(FairShare12Config, frozen=True, kw_only=True, tag="fairshare-13"):
+    """`fairshare-12`'s reservation, drained only of unfunded work and the reserved job's own
+    team's resumable work (other teams' funded work frees its nodes at its declared limit only),
+    with debug-lane jobs let onto the held nodes (docs/dispatch.md, docs/simulation.md)."""
+
+    hold_drain: Literal["over", "own", "fair"] = "own"
+    """Which running jobs free the reservation's nodes at their contracts' ends (and are
+    preempted to start it): "own", unfunded jobs and resumable jobs of the reserved job's own
+    team; "fair", those and the jobs fair share offers the reserved job as victims (teams it
+    outranks by the margin); "over", `fairshare-12`'s (resumable jobs of teams below
+    `hold_victim_fs`)."""
+    hold_debug: bool = True
+    """Debug-lane jobs may be placed on the held nodes (and preempt there as their lane
+    allows): they end within 15 minutes."""
+
+
 class Slurm2Config(PolicyConfig, frozen=True, kw_only=True, tag="slurm-2"):
     """Slurm's multifactor priority as configured by default: no preemption unless
     `preempt_unfunded` (PreemptType=preempt/partition_prio with a scavenger partition)."""
@@ -366,7 +382,8 @@ class Legacy2Config(PolicyConfig, frozen=True, kw_only=True, tag="legacy-2"):
 
 
 AnyPolicyConfig = (
-    FairShare12Config
+    FairShare13Config
+    | FairShare12Config
     | FairShare11Config
     | FairShare10Config
     | FairShare9Config
@@ -388,6 +405,7 @@ AnyPolicyConfig = (
 """Any registered policy version's config (tagged by `version`)."""
 
 POLICY_CONFIG_TYPES: tuple[type[PolicyConfig], ...] = (
+    FairShare13Config,
     FairShare12Config,
     FairShare11Config,
     FairShare10Config,

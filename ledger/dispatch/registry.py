@@ -38,6 +38,7 @@ from ledger.dispatch.fairshare9 import FairShare9
 from ledger.dispatch.fairshare10 import FairShare10
 from ledger.dispatch.fairshare11 import FairShare11
 from ledger.dispatch.fairshare12 import FairShare12
+from ledger.dispatch.fairshare13 import FairShare13
 from ledger.dispatch.policy import FairShare, Fifo, Policy
 from schemas.errors import InvalidCommand, UnknownEntity
 from schemas.policy import (
@@ -53,6 +54,7 @@ from schemas.policy import (
     FairShare10Config,
     FairShare11Config,
     FairShare12Config,
+    FairShare13Config,
     FairShareConfig,
     FifoConfig,
     Legacy2Config,
@@ -93,6 +95,7 @@ def _fields(config: AnyPolicyConfig) -> dict[str, Any]:
 VERSIONS: dict[str, Registered] = {
     r.version: r
     for r in (
+        Registered("fairshare", FairShare13Config, FairShare13, ranked=True),
         Registered("fairshare", FairShare12Config, FairShare12, ranked=True),
         Registered("fairshare", FairShare11Config, FairShare11, ranked=True),
         Registered("fairshare", FairShare10Config, FairShare10, ranked=True),

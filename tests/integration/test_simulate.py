@@ -319,6 +319,7 @@ def test_two_job_arrays_at_zero_usage_share_an_idle_cluster_in_the_first_cycle(
         "fairshare-10",
         "fairshare-11",
         "fairshare-12",
+        "fairshare-13",
     ],
 )
 def test_every_simulated_decision_of_every_policy_replays_identically(
