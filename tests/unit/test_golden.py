@@ -23,6 +23,7 @@ from schemas.policy import (
     FairShare7Config,
     FairShare9Config,
     FairShare11Config,
+    FairShare12Config,
 )
 
 GOLDEN = Path(__file__).parent.parent / "golden"
@@ -364,3 +365,31 @@ def test_recorded_fairshare_12_decisions_replay_identically_and_differ_as_fairsh
     ]
     assert len(as_eleven) == len(decisions)
     assert not all(r.identical for r in replay_decisions(source, as_eleven))
+
+
+def test_recorded_fairshare_13_decisions_replay_identically_and_differ_as_fairshare_12() -> None:
+    """fairshare-13 (fairshare-12's reservation drained only of unfunded work and the reserved
+    job's own team's resumable work; debug jobs on the held nodes) decides exactly as it
+    recorded (`fairshare-13.jsonl`); read as fairshare-12 with the settings the two share, some
+    decisions differ, so the test can fail."""
+    source, decisions = _recorded_decisions("fairshare-13")
+    assert len(decisions) > 1
+    results = list(replay_decisions(source, decisions))
+    assert [r.headline() for r in results if not r.identical] == []
+    shared = FairShare12Config.__struct_fields__
+    as_twelve = [
+        (
+            position,
+            msgspec.structs.replace(
+                d,
+                policy_version="fairshare-12",
+                policy=FairShare12Config(
+                    **{k: v for k, v in msgspec.structs.asdict(d.policy).items() if k in shared}
+                ),
+            ),
+        )
+        for position, d in decisions
+        if d.policy is not None
+    ]
+    assert len(as_twelve) == len(decisions)
+    assert not all(r.identical for r in replay_decisions(source, as_twelve))
