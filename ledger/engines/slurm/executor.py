@@ -661,7 +661,7 @@ class SlurmExecutor:
                 del self._runs[job_id]  # its own record, its beat stale: Slurm's word is stale
                 log.warning("job %s (Slurm job %s) ended at %s by its own end record, though "
                             "Slurm lists it running: stopping that", job_id, r.slurm_id, when(own[1]))  # fmt: skip  # noqa: E501
-                self._exits.append(Exit(job_id, own[0], own[1], "time_limit" if r.limited else "exited", r.slurm_id, "COMPLETED" if own[0] == 0 else "FAILED", ENDED_UNSEEN, run=r.run))  # fmt: skip  # noqa: E501
+                self._exits.append(Exit(job_id, own[0], own[1], "time_limit" if r.limited else "exited", r.slurm_id, "COMPLETED" if own[0] == 0 else "FAILED", ENDED_UNSEEN + own[2], run=r.run))  # fmt: skip  # noqa: E501
                 self._signal(r.slurm_id, now, 0.0)  # nothing of it runs: `scancel` (F3)
             elif j.holding and self._past_limit(r, now):
                 r.limited, r.stop_sent_at = True, now
@@ -682,7 +682,7 @@ class SlurmExecutor:
                          dict(holds))  # fmt: skip
         self._foreign = dict(other.foreign)
 
-    def _ended_unseen(self, r: Run, now: float) -> tuple[int, float] | None:
+    def _ended_unseen(self, r: Run, now: float) -> tuple[int, float, str] | None:
         """A run Slurm lists running that its own end record and stale beat say ended (atk45s
         F3: `launching.ended_by_record`), where Slurm reaches its nodes: (its code, its end)."""
         if r.launch is not None and self._unheard & {sl.node for sl in r.launch.slots}:
