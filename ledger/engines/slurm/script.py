@@ -277,8 +277,8 @@ def _beating(
     next beat, at once, so the
     executor believes no beat a beat after the record (`ends.record_beat`: a touch of the mark
     from outside Slurm held an ended run's GPUs, atk42-24 F1); its own record replaces it. At
-    its end it SIGKILLs the command and its child and goes on to the end record (Slurm ends
-    what is left of the job: proctrack/cgroup)."""
+    its end it SIGKILLs the command and its child and goes on to the end record, after what is
+    left of the job in its step's cgroup (`script_tree`: at once, its end having come)."""
     note = shlex.quote(signalled_file) if signalled_file else ""
     mark = f" {{ : > {note}; }} 2>/dev/null;" if note else ""
     fwd = " gpuledger_fwd;" * bool(forward)
