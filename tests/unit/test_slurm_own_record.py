@@ -288,12 +288,12 @@ def test_a_directory_at_its_end_record_does_not_end_the_run(tmp_path: Path) -> N
             (
                 2,
                 True,
-                "; its command left 2 processes in the job's cgroup, killed after the job's grace",
+                "its command left 2 processes in the job's cgroup, killed after the job's grace",
             ),
         ),
         (
             "3 100.5 0 1 0\n",
-            (1, False, "; its command left 1 processes in the job's cgroup, ended at SIGTERM"),
+            (1, False, "its command left 1 processes in the job's cgroup, ended at SIGTERM"),
         ),
     ],
 )

@@ -127,7 +127,7 @@ class OwnEnd:
         if not self.left:
             return ""
         how = "killed after the job's grace" if self.killed else "ended at SIGTERM"
-        return f"; its command left {self.left} processes in the job's cgroup, {how}"
+        return f"its command left {self.left} processes in the job's cgroup, {how}"
 
 
 @dataclass(frozen=True)
@@ -213,7 +213,8 @@ def node_fail_ending(
         if own.written is not None:  # a record written later says no earlier end (`own_finish`)
             low = max(low, min(own.written, now) - OWN_END_SLACK_S)
         at = max(low, min(own.at, now))
-        said = f"its own end record: exit {own.exit_code}; Slurm said {state}{own.tree_note()}"
+        tree = f"; {own.tree_note()}" * bool(own.left)
+        said = f"its own end record: exit {own.exit_code}; Slurm said {state}{tree}"
         written = None if own.written is None else min(own.written, now)  # as first read
         killed_then = signalled_at is not None and signalled_at >= slurm  # Slurm's TERM, passed
         # on to the command, may end it within the EndTime's second (a checkpoint and exit 0)

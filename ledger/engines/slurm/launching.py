@@ -184,6 +184,13 @@ def own_end(run_dir: Path) -> OwnEnd | None:
         os.close(fd)
 
 
+def tree_said(run_dir: Path) -> str:
+    """What the run's own end record says of the processes its command left in its step's
+    cgroup (`OwnEnd.tree_note`), "" when nothing or no record: the note of its end."""
+    own = own_end(run_dir)
+    return "" if own is None else own.tree_note()
+
+
 def signalled_at(run_dir: Path) -> float | None:
     """When the job last got a signal (`SIGNALLED`'s ctime: never before the note was made,
     whatever time the job's user gives it), None when it has had none."""

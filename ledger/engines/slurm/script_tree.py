@@ -68,10 +68,10 @@ def reap_lines(grace_s: int, ended_file: str, beating: bool) -> list[str]:
     `UNBEATEN_S`), until none lives; with `beating` it beats every `BEAT_EVERY_S` meanwhile. It
     sets `gpuledger_left` (how many were left) and `gpuledger_killed` (1: SIGKILL was sent)."""
     end = shlex.quote(ended_file)
-    forged = f" [ -f {end} ] && [ ! -L {end} ] && k=$EPOCHSECONDS;" if ended_file else ""
+    forged = f" [ -f {end} ] && [ ! -L {end} ] && k=0;" if ended_file else ""
     beat = (
         f" [ $((EPOCHSECONDS - b)) -lt {BEAT_EVERY_S} ] || {{ b=$EPOCHSECONDS; gpuledger_beat ||"
-        f" [ $((EPOCHSECONDS - gpuledger_ok)) -lt {UNBEATEN_S} ] || k=$EPOCHSECONDS; }};"
+        f" [ $((EPOCHSECONDS - gpuledger_ok)) -lt {UNBEATEN_S} ] || k=0; }};"
         if beating
         else ""
     )
@@ -89,13 +89,14 @@ def reap_lines(grace_s: int, ended_file: str, beating: bool) -> list[str]:
         '  gpuledger_live; gpuledger_left=${#gpuledger_l[@]}; [ "$gpuledger_left" = 0 ] &&'
         " return 0",
         f'  {said}; kill -TERM "${{gpuledger_l[@]}}" 2>/dev/null',
-        f"  local k=$((EPOCHSECONDS + {grace_s})) b=$EPOCHSECONDS",
+        # times in microseconds (EPOCHREALTIME's digits: its point is the locale's)
+        f"  local t=${{EPOCHREALTIME//[!0-9]/}} k b=$EPOCHSECONDS; k=$((t + {grace_s} * 1000000))",
         "  while :; do",
-        '    [ -n "${gpuledger_ends-}" ] && [ "$gpuledger_ends" -lt "$k" ] && k=$gpuledger_ends;'
-        f"{forged}",
+        '    [ -n "${gpuledger_ends-}" ] && [ $((gpuledger_ends * 1000000)) -lt "$k" ] &&'
+        f" k=$((gpuledger_ends * 1000000));{forged}",
         f'    command -p sleep {REAP_POLL_S} & gpuledger_z=$!; wait "$gpuledger_z"',
         '    gpuledger_live; [ "${#gpuledger_l[@]}" = 0 ] && return 0',
-        '    [ "$EPOCHSECONDS" -lt "$k" ] ||'
+        '    t=${EPOCHREALTIME//[!0-9]/}; [ "$t" -lt "$k" ] ||'
         ' { gpuledger_killed=1; kill -KILL "${gpuledger_l[@]}" 2>/dev/null; };' + beat,
         "  done",
         "}",
