@@ -7,6 +7,7 @@ job before the ledger records its end, and a job opens only its own GPU device f
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -91,6 +92,10 @@ def test_a_slurm_jobs_orphans_and_setsid_children_end_before_its_end_is_recorded
         gpus = [int(i) for i in log.split("CVD=", 1)[1].split()[0].split(",")]
         assert pids(log, "open") == gpus and len(pids(log, "denied")) == 3, log
     assert ledger.jobs()[1]["outcome"] == "completed"
+    # its batch script ended what the leader left (its TERM-ignoring daemon killed after the
+    # grace) before its end record, which says so (atk46-s F4)
+    (ended,) = ledger.of("job.engine_ended.v1", 1)
+    assert re.search(r"left \d processes in the job's cgroup, killed after", ended["note"]), ended
 
 
 def test_no_job_is_preempted_for_a_job_over_the_partitions_max_time(ledger: Ledger) -> None:

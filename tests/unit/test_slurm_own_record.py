@@ -26,6 +26,7 @@ from ledger.engines.slurm.ends import (
     own_finish,
     record_beat,
 )
+from ledger.engines.slurm.launching import own_end
 from ledger.engines.slurm.script import batch_script
 from ledger.engines.slurm.stops import Quarantine, Stopping, stopped_end, vanished_end
 from ledger.engines.slurm.tracked import Run
@@ -276,3 +277,38 @@ def test_a_directory_at_its_end_record_does_not_end_the_run(tmp_path: Path) -> N
         with contextlib.suppress(ProcessLookupError):
             os.killpg(bash.pid, signal.SIGKILL)
         bash.wait(timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("0 100.5 0\n", (0, False, "")),
+        (
+            "0 100.5 1 2 1\n",
+            (
+                2,
+                True,
+                "its command left 2 processes in the job's cgroup, killed after the job's grace",
+            ),
+        ),
+        (
+            "3 100.5 0 1 0\n",
+            (1, False, "its command left 1 processes in the job's cgroup, ended at SIGTERM"),
+        ),
+    ],
+)
+def test_the_end_record_says_what_the_command_left_in_its_cgroup(
+    tmp_path: Path, text: str, want: tuple[int, bool, str]
+) -> None:
+    """atk46-s F4: the batch script ends what its command left in its step's cgroup before its
+    record, and the record says how many and whether they were killed (`script_tree`); a record
+    without it (nothing left, or an older script's) reads as before; a record of 4 words does
+    not read."""
+    (tmp_path / "ended").write_text(text)
+    own = own_end(tmp_path)
+    assert own is not None and own.at == 100.5
+    assert (own.left, own.killed, own.tree_note()) == want
+    said = node_fail_ending(own, None, True, 200.0, 0, 50.0, None, 10.0, 300.0)
+    assert said is not None and said.note.endswith(want[2] or "Slurm said NODE_FAIL")
+    (tmp_path / "ended").write_text("0 100.5 0 2\n")
+    assert own_end(tmp_path) is None

@@ -116,6 +116,18 @@ class OwnEnd:
     written: float | None = None
     """When the record was written (its ctime, which the job's user can set only to now;
     None: unknown): the batch script's beats stop before it (`record_beat`)."""
+    left: int = 0
+    """How many processes the command left in the step's cgroup, which the script ended before
+    its record (`script_tree`)."""
+    killed: bool = False
+    """Whether they had to be killed (SIGKILL after the job's grace)."""
+
+    def tree_note(self) -> str:
+        """Pure: what the record says of the processes the command left ("" for none)."""
+        if not self.left:
+            return ""
+        how = "killed after the job's grace" if self.killed else "ended at SIGTERM"
+        return f"its command left {self.left} processes in the job's cgroup, {how}"
 
 
 @dataclass(frozen=True)
@@ -201,7 +213,8 @@ def node_fail_ending(
         if own.written is not None:  # a record written later says no earlier end (`own_finish`)
             low = max(low, min(own.written, now) - OWN_END_SLACK_S)
         at = max(low, min(own.at, now))
-        said = f"its own end record: exit {own.exit_code}; Slurm said {state}"
+        tree = f"; {own.tree_note()}" * bool(own.left)
+        said = f"its own end record: exit {own.exit_code}; Slurm said {state}{tree}"
         written = None if own.written is None else min(own.written, now)  # as first read
         killed_then = signalled_at is not None and signalled_at >= slurm  # Slurm's TERM, passed
         # on to the command, may end it within the EndTime's second (a checkpoint and exit 0)

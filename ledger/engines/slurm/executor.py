@@ -45,6 +45,7 @@ from ledger.engines.slurm.launching import (
     node_fail_end,
     run_end,
     run_script,
+    tree_said,
 )
 from ledger.engines.slurm.leaked_runs import holding, unplace_leaked
 from ledger.engines.slurm.leaks import Leaks, held_with
@@ -654,14 +655,14 @@ class SlurmExecutor:
             elif j.ended:
                 del self._runs[job_id]
                 self._wrong_gpus.ran(job_id)
-                code, at = self._end_of(r, j, now)
+                code, at, note = self._end_of(r, j, now)
                 reason = "time_limit" if r.limited else end_reason(j.state)
-                self._exits.append(Exit(job_id, code, at, reason, r.slurm_id, j.state, run=r.run))
+                self._exits.append(Exit(job_id, code, at, reason, r.slurm_id, j.state, note, run=r.run))  # fmt: skip  # noqa: E501
             elif j.state == "RUNNING" and r.started and (own := self._ended_unseen(r, now)):
                 del self._runs[job_id]  # its own record, its beat stale: Slurm's word is stale
                 log.warning("job %s (Slurm job %s) ended at %s by its own end record, though "
                             "Slurm lists it running: stopping that", job_id, r.slurm_id, when(own[1]))  # fmt: skip  # noqa: E501
-                self._exits.append(Exit(job_id, own[0], own[1], "time_limit" if r.limited else "exited", r.slurm_id, "COMPLETED" if own[0] == 0 else "FAILED", ENDED_UNSEEN, run=r.run))  # fmt: skip  # noqa: E501
+                self._exits.append(Exit(job_id, own[0], own[1], "time_limit" if r.limited else "exited", r.slurm_id, "COMPLETED" if own[0] == 0 else "FAILED", "; ".join(filter(None, (ENDED_UNSEEN, own[2]))), run=r.run))  # fmt: skip  # noqa: E501
                 self._signal(r.slurm_id, now, 0.0)  # nothing of it runs: `scancel` (F3)
             elif j.holding and self._past_limit(r, now):
                 r.limited, r.stop_sent_at = True, now
@@ -682,7 +683,7 @@ class SlurmExecutor:
                          dict(holds))  # fmt: skip
         self._foreign = dict(other.foreign)
 
-    def _ended_unseen(self, r: Run, now: float) -> tuple[int, float] | None:
+    def _ended_unseen(self, r: Run, now: float) -> tuple[int, float, str] | None:
         """A run Slurm lists running that its own end record and stale beat say ended (atk45s
         F3: `launching.ended_by_record`), where Slurm reaches its nodes: (its code, its end)."""
         if r.launch is not None and self._unheard & {sl.node for sl in r.launch.slots}:
@@ -690,9 +691,9 @@ class SlurmExecutor:
         run_dir = self._checkpoint_file(r.job_id, r.run).parent
         return ended_by_record(run_dir, r.started_at, now, beat_window(self.kill_wait_s))
 
-    def _end_of(self, r: Run, j: SlurmJob, now: float) -> tuple[int, float]:
+    def _end_of(self, r: Run, j: SlurmJob, now: float) -> tuple[int, float, str]:
         """How (exit code) and when a run ended (`run_end`: Slurm's word, or, where Slurm did not
-        decide it, its own end record's: a completion slurmctld heard late is not charged)."""
+        decide it, its own end record's: a completion slurmctld heard late is not charged); note."""
         assert r.slurm_id is not None
         seen = self._completing.get(r.slurm_id)
         if r.slurm_id not in self._stopping:
@@ -706,7 +707,7 @@ class SlurmExecutor:
             log.info("job %s (Slurm job %s) ended at %s (%s; Slurm says %s, when it heard)",
                      r.job_id, r.slurm_id, when(at), "its own end record" if own else
                      "last seen running, slurmctld away", when(j.end_time))  # fmt: skip
-        return code, at
+        return code, at, tree_said(run_dir)
 
     def _node_failed(self, r: Run, j: SlurmJob, now: float) -> None:
         """A run Slurm ended NODE_FAIL (or, stopped at its limit, by its cancel on a node that

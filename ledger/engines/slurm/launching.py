@@ -69,8 +69,9 @@ on (`script_gpus`): the script ends there (exit 127), its command never run; the
 `node_failure` (`never_ran_reason`), so a resumable job is placed again."""
 WRONG_GPUS_WHY = "Slurm started it without the GPUs the ledger placed it on"
 END_RECORD = "ended"
-"""The run's end record (`<exit code> <epoch seconds> <signalled 0|1>`), written by its batch
-script when the job's command exits (`script.batch_script`)."""
+"""The run's end record (`<exit code> <epoch seconds> <signalled 0|1>`, then `<left> <killed
+0|1>` when the command left processes in the step's cgroup), written by its batch script once
+the job's command has exited and nothing it left lives (`script.batch_script`)."""
 SIGNALLED = "signalled"
 """Touched by the batch script at each signal the job gets (its ctime: the last one)."""
 ALIVE = "alive"
@@ -168,14 +169,26 @@ def own_end(run_dir: Path) -> OwnEnd | None:
             return None
         words = os.read(fd, 100).decode("ascii", errors="replace").split()
         code, at = (
-            (int(words[0]), float(words[1].replace(",", "."))) if len(words) == 3 else (0, math.nan)
+            (int(words[0]), float(words[1].replace(",", ".")))
+            if len(words) in (3, 5)
+            else (0, math.nan)
         )
         written = os.fstat(fd).st_ctime
-        return OwnEnd(code, at, words[2] == "1", written) if math.isfinite(at) else None
+        left, killed = (int(words[3]), words[4] == "1") if len(words) == 5 else (0, False)
+        if not math.isfinite(at):
+            return None
+        return OwnEnd(code, at, words[2] == "1", written, left, killed)
     except (OSError, ValueError):
         return None
     finally:
         os.close(fd)
+
+
+def tree_said(run_dir: Path) -> str:
+    """What the run's own end record says of the processes its command left in its step's
+    cgroup (`OwnEnd.tree_note`), "" when nothing or no record: the note of its end."""
+    own = own_end(run_dir)
+    return "" if own is None else own.tree_note()
 
 
 def signalled_at(run_dir: Path) -> float | None:
@@ -225,15 +238,16 @@ def finish_by_record(
 
 def ended_by_record(
     run_dir: Path, started_at: float | None, now: float, window_s: float
-) -> tuple[int, float] | None:
-    """(exit code, end) of a run Slurm lists running whose marks say it ended (`ends.ended_unseen`:
-    its own end record, its heartbeat `window_s` stale), as its record says (`finish_by_record`);
-    None otherwise. Read only once the record is there (one failed open a read before)."""
+) -> tuple[int, float, str] | None:
+    """(exit code, end, what it says of the processes its command left: `OwnEnd.tree_note`) of
+    a run Slurm lists running whose marks say it ended (`ends.ended_unseen`: its own end record,
+    its heartbeat `window_s` stale), as its record says (`finish_by_record`); None otherwise.
+    Read only once the record is there (one failed open a read before)."""
     own = own_end(run_dir)
     if own is None or not ended_unseen(own, last_beat(run_dir, now), now, window_s):
         return None
     code, at, _ = finish_by_record(run_dir, "", own.exit_code, now, started_at, now, now)
-    return code, at
+    return code, at, own.tree_note()
 
 
 def run_end(

@@ -19,6 +19,7 @@ from ledger.engines.slurm.ends import (
 from ledger.engines.slurm.relaunch import guard_lines
 from ledger.engines.slurm.script_files import output_lines, touch, usable_lines, workdir_check
 from ledger.engines.slurm.script_gpus import gpus_check
+from ledger.engines.slurm.script_tree import reap_grace_s, reap_lines
 from ledger.engines.slurm.words import SbatchUser, job_environment
 
 WAIT = (
@@ -71,8 +72,11 @@ def batch_script(
     replaces the shell, so it gets the signals; or, with `ended_file`, runs in the script's
     child (which writes the command's exit code: bash's `wait` cannot always say it), and the
     script waits for it (surviving the signals Slurm gives every process of the job, so
-    the command gets them itself; each one touches `signalled_file`) and then writes the run's
-    end record, `<code> <epoch> <signalled: 0 or 1>`, and exits with its code: how it really
+    the command gets them itself; each one touches `signalled_file`), then ends what the
+    command left in the step's cgroup, as slurmstepd would (`script_tree`: SIGTERM, SIGKILL
+    after the job's grace, beating until none lives), and only then writes the run's end
+    record, `<code> <epoch> <signalled: 0 or 1>`, followed by ` <left> <killed: 0 or 1>` when
+    the command left processes, and exits with its code: how it really
     ended when Slurm ends it NODE_FAIL (`ends`). A signal from before the launch mark until the
     command's wait begins ends the script at once, noted too: a run with the `launched` mark
     and neither record nor note was never killed (Slurm's kill in that gap once left a run
@@ -180,10 +184,15 @@ def batch_script(
             if alive_file
             else [WAIT]
         ),
+        # what the command left in the step's cgroup ends before the record (`script_tree`)
+        *reap_lines(reap_grace_s(after_term_s, own_end_s), ended_file, bool(alive_file)),
+        "gpuledger_reap",
         # no code: the child was killed before its command ended (a signal at its start)
         f"{{ read -r gpuledger_rc < {code}; }} 2>/dev/null || gpuledger_rc=${{gpuledger_end:-143}}",
         'case "$gpuledger_rc" in "" | *[!0-9]*) gpuledger_rc=143 ;; esac',
-        f'{{ echo "$gpuledger_rc $EPOCHREALTIME $gpuledger_signalled" > {part} &&'
+        'gpuledger_tree=; [ "$gpuledger_left" = 0 ] ||'
+        ' gpuledger_tree=" $gpuledger_left $gpuledger_killed"',
+        f'{{ echo "$gpuledger_rc $EPOCHREALTIME $gpuledger_signalled$gpuledger_tree" > {part} &&'
         f" mv -f -- {part} {end}; }} 2>/dev/null",
         'exit "$gpuledger_rc"',
     ]
@@ -268,8 +277,8 @@ def _beating(
     next beat, at once, so the
     executor believes no beat a beat after the record (`ends.record_beat`: a touch of the mark
     from outside Slurm held an ended run's GPUs, atk42-24 F1); its own record replaces it. At
-    its end it SIGKILLs the command and its child and goes on to the end record (Slurm ends
-    what is left of the job: proctrack/cgroup)."""
+    its end it SIGKILLs the command and its child and goes on to the end record, after what is
+    left of the job in its step's cgroup (`script_tree`: at once, its end having come)."""
     note = shlex.quote(signalled_file) if signalled_file else ""
     mark = f" {{ : > {note}; }} 2>/dev/null;" if note else ""
     fwd = " gpuledger_fwd;" * bool(forward)

@@ -1,0 +1,110 @@
+"""The batch script's end of the job's process tree (docs/slurm.md, "The job is its cgroup";
+atk46-s F4): slurmstepd, once the batch script exits, SIGKILLs what is left of the step's cgroup
+(proctrack/cgroup) and waits until it is empty, so the job's end is the end of its last process.
+A slurmstepd killed with -9 does neither: the leader exited, the script wrote its end record,
+and the command's children ran on in the step's cgroup beside the next job on its GPUs, while
+Slurm listed the job RUNNING and the ledger recorded it ended by that record. So the script does
+it itself, as the node agents' supervisor does (`supervise.end_of_tree`): once its command has
+ended, every process left in its own step's cgroup (`/proc/self/cgroup`: Slurm's
+`.../job_<id>/step_<step>`, the v1 freezer's, else the v2 group's) that it may signal gets
+SIGTERM, and SIGKILL after the job's grace (at once from the script's own end on: its bound after
+a SIGTERM, a mark it cannot write, an end record it did not write); it keeps beating while any
+lives and writes its end record only once none does, saying how many were left and whether they
+were killed. A script in no such cgroup (another proctrack) leaves them to Slurm, as before.
+Pure: words out."""
+
+from __future__ import annotations
+
+import shlex
+
+from ledger.engines.slurm.ends import BEAT_EVERY_S, UNBEATEN_S
+
+REAP_POLL_S = 0.2
+"""How often the script looks at its cgroup while processes its command left live: the end it
+records is at most this late."""
+
+_GROUP = r"""gpuledger_group() {
+  local h c p s m j="/job_${SLURM_JOB_ID-}/"
+  gpuledger_cg=
+  [ -n "${SLURM_JOB_ID-}" ] || return 1
+  while IFS=: read -r h c p; do
+    case $p in *"$j"step_*) ;; *) continue ;; esac
+    s=${p#*"$j"}; s=${s%%/*}; p=${p%%"$j"*}$j$s
+    case ",$c," in
+      *,freezer,*) gpuledger_cg=/sys/fs/cgroup/freezer$p; return 0 ;;
+      ,,) m=/sys/fs/cgroup; [ -e $m/cgroup.controllers ] || m=$m/unified; gpuledger_cg=$m$p ;;
+    esac
+  done < /proc/self/cgroup
+  [ -n "$gpuledger_cg" ]
+}"""
+"""Sets `gpuledger_cg` to the directory of the script's own step cgroup (Slurm's naming, in
+both cgroup versions: the job's id, then the step's; the v1 freezer is proctrack/cgroup's);
+fails when it is in none (a node without proctrack/cgroup: nothing to sweep)."""
+
+_LIVE = r"""gpuledger_live() {
+  local f p l c
+  gpuledger_l=()
+  for f in "$gpuledger_cg"/**/cgroup.procs; do
+    while read -r p; do
+      [ "$p" = $$ ] && continue
+      { read -r l < "/proc/$p/stat"; } 2>/dev/null || continue
+      c=${l#*(}; c=${c%)*}; l=${l##*) }; set -- $l
+      [ "$1" = Z ] || [ "$2" = $$ ] || [ "$c" = slurmstepd ] && continue
+      kill -0 "$p" 2>/dev/null && gpuledger_l+=("$p")
+    done 2>/dev/null < "$f"
+  done
+}"""
+"""Sets `gpuledger_l` to the live processes of the step's cgroup and its groups below that the
+script may signal: never itself or its own helpers (its children: a `sleep`), a zombie, or a
+slurmstepd (a script run as root shares its v2 step group with one)."""
+
+
+def reap_lines(grace_s: int, ended_file: str, beating: bool) -> list[str]:
+    """Pure: the shell function `gpuledger_reap`, run once the command's child has ended and
+    before the end record: SIGTERM to every process the command left in the step's cgroup, then,
+    every `REAP_POLL_S`, SIGKILL to those alive `grace_s` after it (or from the script's own
+    end, `gpuledger_ends`, when that comes first; at once when a regular file is at `ended_file`
+    that the script did not write, or, `beating`, when its heartbeat mark cannot be written for
+    `UNBEATEN_S`), until none lives; with `beating` it beats every `BEAT_EVERY_S` meanwhile. It
+    sets `gpuledger_left` (how many were left) and `gpuledger_killed` (1: SIGKILL was sent)."""
+    end = shlex.quote(ended_file)
+    forged = f" [ -f {end} ] && [ ! -L {end} ] && k=0;" if ended_file else ""
+    beat = (
+        f" [ $((EPOCHSECONDS - b)) -lt {BEAT_EVERY_S} ] || {{ b=$EPOCHSECONDS; gpuledger_beat ||"
+        f" [ $((EPOCHSECONDS - gpuledger_ok)) -lt {UNBEATEN_S} ] || k=0; }};"
+        if beating
+        else ""
+    )
+    said = (
+        'echo "gpuledger: its command ended leaving $gpuledger_left processes of its job:'
+        f' SIGTERM, SIGKILL after {grace_s} s" >&2'
+    )
+    return [
+        _GROUP,
+        _LIVE,
+        "gpuledger_reap() {",
+        "  gpuledger_left=0 gpuledger_killed=0",
+        "  gpuledger_group || return 0",
+        "  shopt -s globstar nullglob",
+        '  gpuledger_live; gpuledger_left=${#gpuledger_l[@]}; [ "$gpuledger_left" = 0 ] &&'
+        " return 0",
+        f'  {said}; kill -TERM "${{gpuledger_l[@]}}" 2>/dev/null',
+        # times in microseconds (EPOCHREALTIME's digits: its point is the locale's)
+        f"  local t=${{EPOCHREALTIME//[!0-9]/}} k b=$EPOCHSECONDS; k=$((t + {grace_s} * 1000000))",
+        "  while :; do",
+        '    [ -n "${gpuledger_ends-}" ] && [ $((gpuledger_ends * 1000000)) -lt "$k" ] &&'
+        f" k=$((gpuledger_ends * 1000000));{forged}",
+        f'    command -p sleep {REAP_POLL_S} & gpuledger_z=$!; wait "$gpuledger_z"',
+        '    gpuledger_live; [ "${#gpuledger_l[@]}" = 0 ] && return 0',
+        '    t=${EPOCHREALTIME//[!0-9]/}; [ "$t" -lt "$k" ] ||'
+        ' { gpuledger_killed=1; kill -KILL "${gpuledger_l[@]}" 2>/dev/null; };' + beat,
+        "  done",
+        "}",
+    ]
+
+
+def reap_grace_s(after_term_s: int, own_end_s: int) -> int:
+    """Pure: the job's grace, in whole seconds, from the script's two bounds: `after_term_s`
+    (`ends.ends_after_term_s`: the grace, Slurm's KillWait and a second) less `own_end_s`
+    (`ends.own_end_after_s`: KillWait and a second); KillWait is whole seconds."""
+    return max(0, after_term_s - own_end_s)
