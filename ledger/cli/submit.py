@@ -194,13 +194,14 @@ def environment(
     export: str, environ: Mapping[str, str], secret: str = SECRET_NAMES
 ) -> tuple[dict[str, str], list[str], list[str]]:
     """Pure: the job's environment as sbatch's `--export` says (`ALL`, `NONE`, `NAME,...`,
-    `ALL,NAME=value,...`), without the secrets (names that match `secret`, values with a
-    password in a URL: `secret_value`); the secrets `ALL` left out (for the note `submit`
-    prints); and the variables `ALL` leaves out because no job could be given them as they are
-    (a shell's exported functions, `BASH_FUNC_module%%` of environment modules, whose names are
-    no variable names; a NUL; a value over the bound; a name or value that is not UTF-8, as a
-    shell's OLDPWD after a `cd` into a Latin-1 directory, atk46-23r R2). A variable named on
-    its own must be sendable and no secret, or it is one error."""
+    `ALL,NAME=value,...`), without the secrets (names that match `secret`, values of a
+    secret's shape, a password in a URL, a token or a private key: `secret_value`); the secrets
+    `ALL` left out (for the note `submit` prints); and the variables `ALL` leaves out because
+    no job could be given them as they are (a shell's exported functions, `BASH_FUNC_module%%`
+    of environment modules, whose names are no variable names; a NUL; a value over the bound;
+    a name or value that is not UTF-8, as a shell's OLDPWD after a `cd` into a Latin-1
+    directory, atk46-23r R2). A variable named on its own must be sendable and no secret, or it
+    is one error."""
     pattern = re.compile(secret)
 
     def hidden(key: str, value: str | None) -> bool:
@@ -233,7 +234,7 @@ def environment(
                 + (
                     "its name is one that holds secrets"
                     if pattern.search(key)
-                    else "its value holds a password in a URL"
+                    else "its value is a secret's (a password in a URL, a token or a private key)"
                 ),
                 hint="leave it out of --export; pass it to the job another way (a file only "
                 "you can read)",
@@ -499,8 +500,9 @@ def _submission(ctx: Ctx, g: Mapping[str, Any]) -> c.SubmitJob:
     env, left, unsendable = environment(g["export"], os.environ)
     if left:
         click.echo(
-            f"note: not sent (secrets, by name or a password in a URL): {', '.join(left)}; pass "
-            "them to the job another way (a file only you can read)",
+            f"note: not sent (secrets, by name or by value: a password in a URL, a token, a "
+            f"private key): {', '.join(left)}; pass them to the job another way (a file only "
+            "you can read)",
             err=True,
         )
     if unsendable:
