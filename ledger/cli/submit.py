@@ -32,8 +32,9 @@ from ledger.core.jobs import parse_array, parse_dependency
 from ledger.core.runas import SECRET_NAMES, secret_value
 from ledger.engines.accounts import own_umask
 from ledger.engines.job_paths import path_refusal, program_refusal
+from ledger.engines.ulimits import own_limits
 from schemas import commands as c
-from schemas.bounds import ENV_NAME_PATTERN, MAX_ARRAY_TASKS, MAX_ENV_VALUE
+from schemas.bounds import ENV_NAME_PATTERN, LIMIT_NAMES, MAX_ARRAY_TASKS, MAX_ENV_VALUE
 from schemas.errors import InvalidCommand, LedgerError
 from schemas.events import JobFinished, JobSubmitted
 from schemas.units import format_duration, parse_duration, parse_job_time
@@ -67,6 +68,7 @@ SBATCH: dict[str, str | None] = {
     "--gres": None,  # gpu:N or gpu:TYPE:N, below
     "--requeue": "--resumable", "--no-requeue": "--not-resumable",
     "--priority": "--priority",
+    "--propagate": "--propagate",
 }  # fmt: skip
 """The sbatch options a `#SBATCH` line may use, and the `submit` option each one is."""
 _FLAGS = {"--requeue", "--no-requeue"}
@@ -107,8 +109,8 @@ def _sbatch(words: list[str], name: str, number: int) -> list[str]:
                 hint="see docs/slurm-users.md for the sbatch options it takes; remove the line or "
                 "write it as a #GPULEDGER line",
             )
-        if option in _FLAGS:
-            out.append(str(SBATCH[option]))
+        if option in _FLAGS or (option == "--propagate" and not eq):
+            out.append(str(SBATCH[option]))  # a bare --propagate is ALL
             i += 1
             continue
         if not eq:
@@ -256,6 +258,25 @@ def environment(
                 hint="leave it out of --export",
             )
     return env, sorted(left), sorted(unsendable)
+
+
+def propagated(text: str, limits: Mapping[str, int]) -> dict[str, int]:
+    """Pure: the soft resource limits (`limits`, this process's) a job takes, as sbatch's
+    `--propagate` names them: ALL (the default, Slurm's PropagateResourceLimits=ALL), NONE (the
+    job keeps its engine's limits), or a list of AS, CORE, CPU, DATA, FSIZE, MEMLOCK, NOFILE,
+    NPROC, RSS, STACK (any case)."""
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    if names in (["all"], []):
+        return dict(limits)
+    if names == ["none"]:
+        return {}
+    unknown = [n for n in names if n not in LIMIT_NAMES]
+    if unknown:
+        raise InvalidCommand(
+            f"--propagate: {unknown[0].upper()[:32]!r} is no resource limit",
+            hint="use ALL, NONE or some of " + ",".join(n.upper() for n in LIMIT_NAMES),
+        )
+    return {n: limits[n] for n in names if n in limits}
 
 
 def _sendable(name: str, value: str) -> bool:
@@ -445,6 +466,15 @@ def workdir(chdir: str | None) -> str:
     show_default=True,
     help="The environment it gets: ALL, NONE, or NAME[,NAME=value...] (ALL,... adds to all).",
 )
+@click.option(
+    "--propagate",
+    default="ALL",
+    is_flag=False,
+    flag_value="ALL",
+    show_default=True,
+    help="The soft resource limits it takes from here, as sbatch's --propagate: ALL, NONE, or "
+    "some of AS,CORE,CPU,DATA,FSIZE,MEMLOCK,NOFILE,NPROC,RSS,STACK.",
+)
 @click.option("--output", "-o", default=None, help="Output file (%j %u %x %a %A %N patterns).")
 @click.option("--error", "-e", default=None, help="Error file (default: the output file).")
 @click.option("--job-name", "-J", default=None, help="Its name (%x; default the command's).")
@@ -541,6 +571,7 @@ def _submission(ctx: Ctx, g: Mapping[str, Any]) -> c.SubmitJob:
         array_limit=limit,
         dependency=parse_dependency(g["dependency"]) if g["dependency"] else (),
         umask=own_umask(),  # the job's and its output files', as sbatch records it
+        ulimits=propagated(g["propagate"], own_limits()),  # as sbatch propagates them
     )
     utf8_refusal(fields)
     outputs = (fields["stdout"], fields["stderr"])
