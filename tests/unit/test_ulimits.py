@@ -100,6 +100,11 @@ def test_the_slurm_script_sets_them_and_sbatch_propagates_none(org_state: State)
     w.place(plain.job_id, "n1", 1)
     old = launch_of(plain.job_id, w.state.jobs[plain.job_id], "alice")
     assert "--propagate=NONE" not in sbatch_args(old, "gpu", "/l", SbatchUser(), "L")
+    (none,) = w.submit(ulimits={}, command=("true",))  # `submit --propagate=NONE`: the old rule
+    w.place(none.job_id, "n1", 2)
+    empty = launch_of(none.job_id, w.state.jobs[none.job_id], "alice")
+    assert "--propagate=NONE" not in sbatch_args(empty, "gpu", "/l", SbatchUser(), "L")
+    assert "ulimit -Sn 1024" in batch_script(empty, SbatchUser(), files_limit=1024)
     got = subprocess.run(
         ["bash", "-c", f"ulimit -n 256; ulimit -Hc 0; {lines}; ulimit -Sn; ulimit -Sc; ulimit -Su"],
         capture_output=True, text=True, check=True,

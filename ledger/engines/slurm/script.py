@@ -110,7 +110,7 @@ def batch_script(
     env = job_environment(job, who or SbatchUser(), checkpoint_file)
     lines = ["#!/bin/bash", *taken_back_lines(taken_back_file), *cluster]
     lines += guard_lines(launched_file, ended_file, relaunched_file)
-    lines += _files_limit(files_limit) if job.ulimits is None else []  # else the submitter's
+    lines += [] if job.ulimits else _files_limit(files_limit)  # else the submitter's
     if outputs:  # what the job needs is there and its user's, else why, before anything
         paths = [p for p, _ in outputs[:2]]
         lines += usable_lines(job.workdir, paths, cannot_enter_file, cannot_open_file)
@@ -246,7 +246,8 @@ def ulimit_lines(ulimits: Sequence[tuple[str, int]]) -> str:
     (`ledger.engines.ulimits`): each set as the user, never above the node's hard limit; one
     above it is set to the hard limit, and the job's error file says so (as slurmstepd:
     "reducing req:... to max:..."). sbatch runs with `--propagate=NONE` then, so Slurm gives
-    the job nothing of the service's own (`words.sbatch_args`)."""
+    the job nothing of the service's own (`words.sbatch_args`); without any (an older record,
+    `submit --propagate=NONE`) the old rule, `files_limit`."""
     said = dict(ulimits)
     out = []
     for name, (flag, unit) in ULIMIT_FLAGS.items():
