@@ -27,7 +27,8 @@ from typing import Any
 import click
 
 from ledger.cli._common import Ctx, build, os_user, pass_ctx
-from ledger.cli.output import echo_json
+from ledger.cli.output import echo_json, shown_bytes
+from ledger.cli.output import utf8 as _utf8
 from ledger.core.jobs import parse_array, parse_dependency
 from ledger.core.runas import SECRET_NAMES, secret_value
 from ledger.engines.accounts import own_umask
@@ -286,29 +287,6 @@ def _sendable(name: str, value: str) -> bool:
         and "\x00" not in value
         and _utf8(value)
     )
-
-
-def _utf8(text: str) -> bool:
-    """Whether `text` is valid UTF-8 as the OS gave it: Python hands a byte that is not (a
-    Latin-1 `caf\\xe9`) over as a lone surrogate, which no request can carry."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def shown_bytes(text: str) -> str:
-    """Pure: `text` as one printable line, a byte that is not UTF-8 as `\\xe9`."""
-    out = [
-        f"\\x{ord(ch) - 0xDC00:02x}"
-        if "\udc80" <= ch <= "\udcff"
-        else ch
-        if ch.isprintable()
-        else repr(ch)[1:-1]
-        for ch in text[:200]
-    ]
-    return "'" + "".join(out) + "'"
 
 
 _WHAT = {
