@@ -29,6 +29,7 @@ from schemas.bounds import (
     PositiveSeconds,
     Text,
     Token,
+    Ulimits,
     Umask,
     Utilisation,
 )
@@ -129,6 +130,8 @@ class Part(PartRun, frozen=True, kw_only=True, forbid_unknown_fields=False):
     array_task_id: Count | None = None
     umask: Umask | None = None
     """The job's umask as submitted (`JobSubmitted.umask`); None: the agent's old rule."""
+    ulimits: Ulimits | None = None
+    """The submitter's soft resource limits (`JobSubmitted.ulimits`); None: none recorded."""
 
 
 class Assignment(msgspec.Struct, frozen=True, kw_only=True):

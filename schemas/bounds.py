@@ -14,7 +14,7 @@ are seconds since the epoch before the year 3000; durations are whole seconds up
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -77,6 +77,19 @@ def job_grace(asked: float | None, default: float) -> float:
 
 Umask = Annotated[int, msgspec.Meta(ge=0, le=0o777)]
 """A file mode creation mask (`umask`), as a number (0o022 is 18)."""
+LIMIT_NAMES = ("as", "core", "cpu", "data", "fsize", "memlock", "nofile", "nproc", "rss", "stack")
+"""The resource limits a job takes from its submitter, as Slurm's PropagateResourceLimits=ALL
+(its default) names them: RLIMIT_AS, _CORE, _CPU, _DATA, _FSIZE, _MEMLOCK, _NOFILE, _NPROC,
+_RSS and _STACK."""
+LimitName = Literal[
+    "as", "core", "cpu", "data", "fsize", "memlock", "nofile", "nproc", "rss", "stack"
+]
+UNLIMITED = -1
+"""A limit that is no limit (RLIM_INFINITY, `ulimit ... unlimited`)."""
+LimitValue = Annotated[int, msgspec.Meta(ge=UNLIMITED, le=2**63 - 1)]
+"""A soft resource limit in getrlimit's units (bytes, seconds or a count), -1 unlimited."""
+Ulimits = Annotated[dict[LimitName, LimitValue], msgspec.Meta(max_length=len(LIMIT_NAMES))]
+"""The submitter's soft resource limits by name (`LIMIT_NAMES`), as `submit` read them."""
 PositiveInterval = Annotated[float, msgspec.Meta(ge=0.001, le=float(TEN_YEARS_S))]
 """How often a loop runs (seconds, a fraction allowed)."""
 FloatSeconds = Annotated[float, msgspec.Meta(ge=0.0, le=float(TEN_YEARS_S))]

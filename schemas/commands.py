@@ -46,6 +46,7 @@ from schemas.bounds import (
     Text,
     Token,
     TokenId,
+    Ulimits,
     Umask,
     Utilisation,
 )
@@ -227,6 +228,9 @@ class SubmitJob(Command, frozen=True, kw_only=True, tag="submit"):
     umask: Umask | None = None
     """The submitter's umask (the CLI sends its own, as sbatch records it); None: the
     engine's rule (`JobSubmitted.umask`)."""
+    ulimits: Ulimits | None = None
+    """The submitter's soft resource limits (the CLI sends its own unless `--propagate=NONE`,
+    as sbatch propagates them); None: none recorded (`JobSubmitted.ulimits`)."""
 
 
 class CancelJob(JobCommand, frozen=True, kw_only=True, tag="cancel"):

@@ -51,6 +51,7 @@ from schemas.bounds import (
     Text,
     Token,
     TokenId,
+    Ulimits,
     Umask,
     Utilisation,
 )
@@ -314,6 +315,12 @@ class JobSubmitted(_Submitted, frozen=True, kw_only=True, tag="job.submitted.v2"
     it names are made with it. None (a submission recorded before the field, or over HTTP
     without one): the engine's old rule, the files the user's alone (0600) and the job with
     the service's umask."""
+    ulimits: Ulimits | None = None
+    """The submitter's soft resource limits (`bounds.LIMIT_NAMES`; -1 unlimited), as Slurm's
+    PropagateResourceLimits=ALL carries them to the job: the job starts with each, never above
+    its node's hard limit (then at that hard limit, and its error file says so). None (recorded
+    before the field, or over HTTP without one) or empty (`submit --propagate=NONE`): the job
+    keeps the limits its engine gives it."""
 
 
 class JobPlaced(JobEvent, frozen=True, kw_only=True, tag="job.placed.v1"):

@@ -531,6 +531,7 @@ class NodeAgent:
             master_addr=p.master_addr, job_token=p.job_token, workdir=p.workdir, env=p.env,
             stdout=p.stdout, stderr=p.stderr, job_name=p.job_name, array_job_id=p.array_job_id,
             array_task_id=p.array_task_id, umask=p.umask,
+            ulimits=None if p.ulimits is None else tuple(p.ulimits.items()),
         )  # fmt: skip
 
     def _watch(self, now: float) -> None:

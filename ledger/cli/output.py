@@ -20,7 +20,7 @@ from typing import IO, TYPE_CHECKING, Any
 import click
 import msgspec
 
-from schemas.errors import EnvironmentProblem, LedgerError
+from schemas.errors import EnvironmentProblem, InvalidCommand, LedgerError
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -132,6 +132,61 @@ def _environment(e: BaseException, store: Path | None) -> str | None:
     return None
 
 
+def utf8(text: str) -> bool:
+    """Whether `text` is valid UTF-8 as the OS gave it: Python hands a byte that is not (a
+    Latin-1 `caf\\xe9`) over as a lone surrogate, which no request, log or JSON can carry."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def shown_bytes(text: str) -> str:
+    """Pure: `text` as one printable line, a byte that is not UTF-8 as `\\xe9`."""
+    out = [
+        f"\\x{ord(ch) - 0xDC00:02x}"
+        if "\udc80" <= ch <= "\udcff"
+        else ch
+        if ch.isprintable()
+        else repr(ch)[1:-1]
+        for ch in text[:200]
+    ]
+    return "'" + "".join(out) + "'"
+
+
+OWN_UTF8_CHECK = frozenset({"submit"})
+"""Commands that name what is not UTF-8 themselves, in their own words (`submit.utf8_refusal`:
+the working directory, an argument of the job's command, -o, ...)."""
+_GLOBAL = {"actor": "--as (or $GPULEDGER_USER)", "url": "--url (or $GPULEDGER_URL)",
+           "home": "--home (or $GPULEDGER_HOME)"}  # fmt: skip
+
+
+def utf8_refusal(
+    params: dict[str, Any], args: Sequence[str], environ: dict[str, str] | os._Environ[str]
+) -> None:
+    """Pure: one `InvalidCommand` line naming the first of a command's options (`--as`,
+    `--url`, `--home`), the CLI's own variables (`$GPULEDGER_TOKEN`, ...) or its command's
+    arguments that is not valid UTF-8, before anything is read or sent: a byte that is not
+    UTF-8 was an `[internal]` error (a URL's host, a `jobs -u`) or went on to a server (`--as`
+    in a header). `submit` names its own (`OWN_UTF8_CHECK`)."""
+    bad = next(((n, str(v)) for n, v in params.items() if v is not None and not utf8(str(v))), None)
+    what = _GLOBAL.get(bad[0], f"--{bad[0]}") if bad else ""
+    if bad is None:
+        bad = next(((k, v) for k, v in environ.items() if k.startswith("GPULEDGER_")
+                    and not (utf8(k) and utf8(v))), None)  # fmt: skip
+        what = f"${shown_bytes(bad[0])[1:-1]}" if bad else ""
+    if bad is None and args and args[0] not in OWN_UTF8_CHECK:
+        bad = next(((str(i), a) for i, a in enumerate(args[1:], 1) if not utf8(a)), None)
+        what = f"argument {bad[0]} of `{shown_bytes(args[0])[1:-1]}`" if bad else ""
+    if bad is not None:
+        shown = "its value" if what.startswith("$GPULEDGER_") and "TOKEN" in what else None
+        raise InvalidCommand(
+            f"{what} is not valid UTF-8: {shown or shown_bytes(bad[1])}",
+            hint="write it in UTF-8 (a name in Latin-1: `convmv -f latin1 -t utf8`, or `iconv`)",
+        )
+
+
 class LedgerGroup(click.Group):
     """The error contract at the boundary: every failure is one line on stderr with a stable
     code. Exit 1 for a rejected command, bad usage (click's included) and an environment
@@ -164,6 +219,12 @@ class LedgerGroup(click.Group):
         except BrokenPipeError:
             _quiet_pipe()
         sys.exit(rv if isinstance(rv, int) else 0)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        utf8_refusal(ctx.params, args, os.environ)  # before the group's own callback runs
+        return super().resolve_command(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

@@ -27,13 +27,15 @@ from typing import Any
 import click
 
 from ledger.cli._common import Ctx, build, os_user, pass_ctx
-from ledger.cli.output import echo_json
+from ledger.cli.output import echo_json, shown_bytes
+from ledger.cli.output import utf8 as _utf8
 from ledger.core.jobs import parse_array, parse_dependency
 from ledger.core.runas import SECRET_NAMES, secret_value
 from ledger.engines.accounts import own_umask
 from ledger.engines.job_paths import path_refusal, program_refusal
+from ledger.engines.ulimits import own_limits
 from schemas import commands as c
-from schemas.bounds import ENV_NAME_PATTERN, MAX_ARRAY_TASKS, MAX_ENV_VALUE
+from schemas.bounds import ENV_NAME_PATTERN, LIMIT_NAMES, MAX_ARRAY_TASKS, MAX_ENV_VALUE
 from schemas.errors import InvalidCommand, LedgerError
 from schemas.events import JobFinished, JobSubmitted
 from schemas.units import format_duration, parse_duration, parse_job_time
@@ -67,6 +69,7 @@ SBATCH: dict[str, str | None] = {
     "--gres": None,  # gpu:N or gpu:TYPE:N, below
     "--requeue": "--resumable", "--no-requeue": "--not-resumable",
     "--priority": "--priority",
+    "--propagate": "--propagate",
 }  # fmt: skip
 """The sbatch options a `#SBATCH` line may use, and the `submit` option each one is."""
 _FLAGS = {"--requeue", "--no-requeue"}
@@ -107,8 +110,8 @@ def _sbatch(words: list[str], name: str, number: int) -> list[str]:
                 hint="see docs/slurm-users.md for the sbatch options it takes; remove the line or "
                 "write it as a #GPULEDGER line",
             )
-        if option in _FLAGS:
-            out.append(str(SBATCH[option]))
+        if option in _FLAGS or (option == "--propagate" and not eq):
+            out.append(str(SBATCH[option]))  # a bare --propagate is ALL
             i += 1
             continue
         if not eq:
@@ -194,13 +197,14 @@ def environment(
     export: str, environ: Mapping[str, str], secret: str = SECRET_NAMES
 ) -> tuple[dict[str, str], list[str], list[str]]:
     """Pure: the job's environment as sbatch's `--export` says (`ALL`, `NONE`, `NAME,...`,
-    `ALL,NAME=value,...`), without the secrets (names that match `secret`, values with a
-    password in a URL: `secret_value`); the secrets `ALL` left out (for the note `submit`
-    prints); and the variables `ALL` leaves out because no job could be given them as they are
-    (a shell's exported functions, `BASH_FUNC_module%%` of environment modules, whose names are
-    no variable names; a NUL; a value over the bound; a name or value that is not UTF-8, as a
-    shell's OLDPWD after a `cd` into a Latin-1 directory, atk46-23r R2). A variable named on
-    its own must be sendable and no secret, or it is one error."""
+    `ALL,NAME=value,...`), without the secrets (names that match `secret`, values of a
+    secret's shape, a password in a URL, a token or a private key: `secret_value`); the secrets
+    `ALL` left out (for the note `submit` prints); and the variables `ALL` leaves out because
+    no job could be given them as they are (a shell's exported functions, `BASH_FUNC_module%%`
+    of environment modules, whose names are no variable names; a NUL; a value over the bound;
+    a name or value that is not UTF-8, as a shell's OLDPWD after a `cd` into a Latin-1
+    directory, atk46-23r R2). A variable named on its own must be sendable and no secret, or it
+    is one error."""
     pattern = re.compile(secret)
 
     def hidden(key: str, value: str | None) -> bool:
@@ -233,7 +237,7 @@ def environment(
                 + (
                     "its name is one that holds secrets"
                     if pattern.search(key)
-                    else "its value holds a password in a URL"
+                    else "its value is a secret's (a password in a URL, a token or a private key)"
                 ),
                 hint="leave it out of --export; pass it to the job another way (a file only "
                 "you can read)",
@@ -257,6 +261,25 @@ def environment(
     return env, sorted(left), sorted(unsendable)
 
 
+def propagated(text: str, limits: Mapping[str, int]) -> dict[str, int]:
+    """Pure: the soft resource limits (`limits`, this process's) a job takes, as sbatch's
+    `--propagate` names them: ALL (the default, Slurm's PropagateResourceLimits=ALL), NONE (the
+    job keeps its engine's limits), or a list of AS, CORE, CPU, DATA, FSIZE, MEMLOCK, NOFILE,
+    NPROC, RSS, STACK (any case)."""
+    names = [n.strip().lower() for n in text.split(",") if n.strip()]
+    if names in (["all"], []):
+        return dict(limits)
+    if names == ["none"]:
+        return {}
+    unknown = [n for n in names if n not in LIMIT_NAMES]
+    if unknown:
+        raise InvalidCommand(
+            f"--propagate: {unknown[0].upper()[:32]!r} is no resource limit",
+            hint="use ALL, NONE or some of " + ",".join(n.upper() for n in LIMIT_NAMES),
+        )
+    return {n: limits[n] for n in names if n in limits}
+
+
 def _sendable(name: str, value: str) -> bool:
     return (
         bool(ENV_NAME.fullmatch(name))
@@ -264,29 +287,6 @@ def _sendable(name: str, value: str) -> bool:
         and "\x00" not in value
         and _utf8(value)
     )
-
-
-def _utf8(text: str) -> bool:
-    """Whether `text` is valid UTF-8 as the OS gave it: Python hands a byte that is not (a
-    Latin-1 `caf\\xe9`) over as a lone surrogate, which no request can carry."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def shown_bytes(text: str) -> str:
-    """Pure: `text` as one printable line, a byte that is not UTF-8 as `\\xe9`."""
-    out = [
-        f"\\x{ord(ch) - 0xDC00:02x}"
-        if "\udc80" <= ch <= "\udcff"
-        else ch
-        if ch.isprintable()
-        else repr(ch)[1:-1]
-        for ch in text[:200]
-    ]
-    return "'" + "".join(out) + "'"
 
 
 _WHAT = {
@@ -444,6 +444,15 @@ def workdir(chdir: str | None) -> str:
     show_default=True,
     help="The environment it gets: ALL, NONE, or NAME[,NAME=value...] (ALL,... adds to all).",
 )
+@click.option(
+    "--propagate",
+    default="ALL",
+    is_flag=False,
+    flag_value="ALL",
+    show_default=True,
+    help="The soft resource limits it takes from here, as sbatch's --propagate: ALL, NONE, or "
+    "some of AS,CORE,CPU,DATA,FSIZE,MEMLOCK,NOFILE,NPROC,RSS,STACK.",
+)
 @click.option("--output", "-o", default=None, help="Output file (%j %u %x %a %A %N patterns).")
 @click.option("--error", "-e", default=None, help="Error file (default: the output file).")
 @click.option("--job-name", "-J", default=None, help="Its name (%x; default the command's).")
@@ -499,8 +508,9 @@ def _submission(ctx: Ctx, g: Mapping[str, Any]) -> c.SubmitJob:
     env, left, unsendable = environment(g["export"], os.environ)
     if left:
         click.echo(
-            f"note: not sent (secrets, by name or a password in a URL): {', '.join(left)}; pass "
-            "them to the job another way (a file only you can read)",
+            f"note: not sent (secrets, by name or by value: a password in a URL, a token, a "
+            f"private key): {', '.join(left)}; pass them to the job another way (a file only "
+            "you can read)",
             err=True,
         )
     if unsendable:
@@ -539,6 +549,7 @@ def _submission(ctx: Ctx, g: Mapping[str, Any]) -> c.SubmitJob:
         array_limit=limit,
         dependency=parse_dependency(g["dependency"]) if g["dependency"] else (),
         umask=own_umask(),  # the job's and its output files', as sbatch records it
+        ulimits=propagated(g["propagate"], own_limits()),  # as sbatch propagates them
     )
     utf8_refusal(fields)
     outputs = (fields["stdout"], fields["stderr"])

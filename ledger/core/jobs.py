@@ -133,6 +133,7 @@ def _world(cmd: c.SubmitJob) -> dict[str, Any]:
         "stderr": cmd.stderr,
         "job_name": job_name,
         "umask": cmd.umask,
+        "ulimits": None if cmd.ulimits is None else dict(sorted(cmd.ulimits.items())),
     }
 
 

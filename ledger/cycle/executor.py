@@ -78,6 +78,10 @@ class Launch:
     umask: int | None = None
     """The submitter's umask: the job's, and its named output files' (None: the engine's old
     rule, those files 0600 and the job with the service's umask)."""
+    ulimits: tuple[tuple[str, int], ...] | None = None
+    """The submitter's soft resource limits by name (-1 unlimited; `JobSubmitted.ulimits`):
+    the job starts with them, never above its node's hard limits. None: none recorded (or
+    `--propagate=NONE`'s empty), the limits the engine gives it."""
 
 
 def launch_of(job_id: int, job: Job, user: str) -> Launch:
@@ -106,6 +110,7 @@ def launch_of(job_id: int, job: Job, user: str) -> Launch:
         array_job_id=spec.array_job_id,
         array_task_id=spec.array_task_id,
         umask=spec.umask,
+        ulimits=None if spec.ulimits is None else tuple(spec.ulimits.items()),
     )
 
 

@@ -674,6 +674,7 @@ class AgentExecutor:
             array_job_id=job.array_job_id,
             array_task_id=job.array_task_id,
             umask=job.umask,
+            ulimits=None if job.ulimits is None else dict(job.ulimits),  # type: ignore[arg-type]
         )
         for node in dict.fromkeys(nodes):
             self._parts.setdefault(node, {})[job.job_id] = part

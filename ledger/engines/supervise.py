@@ -60,6 +60,7 @@ from ledger.engines.job_paths import WORKDIR, Refused, open_outputs, umask_of
 from ledger.engines.lease_file import NodeLease
 from ledger.engines.proc import start_time, write_atomic
 from ledger.engines.tree import Containment, Tree, wait_empty
+from ledger.engines.ulimits import hard_limit, plan, setter
 
 CANNOT_START = 127
 FENCE_CHECK_S = 1.0
@@ -90,7 +91,8 @@ exit "$code"
 ("": the supervisor's) and the job's umask as submitted (four octal digits; "": none recorded),
 then the command; fd 9 is the record, and its stdout and stderr are already the job's output and
 error files (`open_outputs` opened them as the user, once). With a umask, the job runs with it;
-without, it keeps the umask it inherited.
+without, it keeps the umask it inherited. The submitter's soft resource limits are set before
+the leader starts, as the user (`ledger.engines.ulimits`).
 The shell's own stderr is closed while the command runs (it would say "Terminated" of a job
 that was stopped, in the job's own output)."""
 RECORD_FD = 9
@@ -276,6 +278,9 @@ def _start(rundir: Path, spec: dict[str, Any], tree: Tree) -> subprocess.Popen[b
         if record != RECORD_FD:
             os.dup2(record, RECORD_FD)
             files.callback(os.close, RECORD_FD)
+        limits, cut = plan(spec.get("ulimits") or {}, hard_limit)  # the submitter's (F12)
+        for line in cut:  # said where the job's errors go, as slurmstepd says it
+            os.write(err if isinstance(err, int) else err.fileno(), f"{line}\n".encode())
         before = tree.join()
         try:
             return subprocess.Popen(
@@ -288,6 +293,7 @@ def _start(rundir: Path, spec: dict[str, Any], tree: Tree) -> subprocess.Popen[b
                 stderr=err,
                 pass_fds=(RECORD_FD,),
                 start_new_session=True,
+                preexec_fn=setter(limits) if limits else None,  # as the user: never above hard
                 **_user(spec),
             )  # fmt: skip
         finally:

@@ -522,6 +522,7 @@ class SupervisedExecutor:
             "lease": str(self.lease) if self.lease is not None else "",
             "time_limit_s": self._limit(job),
             "umask": None if job.umask is None else f"{job.umask:04o}",
+            "ulimits": None if job.ulimits is None else dict(job.ulimits),
         }
         return spec, out
 

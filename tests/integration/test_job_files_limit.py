@@ -26,7 +26,9 @@ def _ran_with(home: Path, seen: Path) -> None:
                           "service", files=(1024, 4096))  # fmt: skip
     try:
         assert "open files: 4096" in server.log_path.read_text()  # the server raised its own
-        cli(home, "submit", "-A", "ai2/olmo", "-G", "1", "--", "sh", "-c",
+        # a submission that records no limits of its own (older, or `--propagate=NONE`); the
+        # submitter's are tests/integration/test_node_agents.py's
+        cli(home, "submit", "-A", "ai2/olmo", "-G", "1", "--propagate=NONE", "--", "sh", "-c",
             f"echo $(ulimit -Sn) $(ulimit -Hn) > {seen}", GPULEDGER_USER="alice")  # fmt: skip
         deadline = time.monotonic() + 60
         while not (seen.exists() and seen.read_text().strip()):

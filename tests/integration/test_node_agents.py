@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import pwd
+import resource
 import shutil
 import signal
 import socket
@@ -1145,3 +1146,76 @@ def test_an_exit_while_its_agent_was_away_past_the_fence_is_recorded_at_its_real
     assert c.events("job.run_ended.v2")[-1]["ended_at"] == pytest.approx(really, abs=1.0)
     c.server.stop(signal.SIGTERM)
     assert ": 0 violations" in audit_check(c)
+
+
+def limits_of(text: str) -> dict[str, tuple[str, str]]:
+    """`/proc/PID/limits` as {name: (soft, hard)}."""
+    out = {}
+    for line in text.splitlines()[1:]:
+        words = line[:26].strip(), line[26:].split()
+        if len(words[1]) >= 2:
+            out[words[0]] = (words[1][0], words[1][1])
+    return out
+
+
+@with_flags(agent=("--run-as", "submitter"))
+def test_a_job_starts_with_its_submitters_soft_limits_never_above_its_nodes_hard_ones(
+    cluster: Cluster,
+) -> None:
+    """atk46-23 F12: under `ulimit -Sn 512; ulimit -Ss 4096; ulimit -Su 300` a job got the
+    agent's limits (nofile 20000, stack 8192, nproc 96367), where sbatch gives it the
+    submitting shell's (PropagateResourceLimits=ALL). Now its process starts with them, as its
+    user; `--propagate=NONE` keeps the agent's; a soft limit above the node's hard limit is
+    that hard limit, and the job's error file says so in one line."""
+    c = cluster
+    nofile_hard = 4000  # the nodes' hard limit: the agents' own, lowered (root may not raise it)
+    above = 5000
+    assert resource.getrlimit(resource.RLIMIT_NOFILE)[1] >= above
+    for ag in c.agents.values():
+        assert ag.proc is not None
+        soft = resource.prlimit(ag.proc.pid, resource.RLIMIT_NOFILE)[0]
+        resource.prlimit(ag.proc.pid, resource.RLIMIT_NOFILE, (min(soft, 1024), nofile_hard))
+    with userkit.os_user("glul") as user:
+        c.cli("member", "add", user.name, "ai2/olmo")
+
+        def submit(soft: dict[int, int], *opts: str) -> int:
+            def lowered() -> None:  # the submitting shell's `ulimit -S ...`
+                for number, value in soft.items():
+                    resource.setrlimit(number, (value, resource.getrlimit(number)[1]))
+
+            out = subprocess.run(
+                [GPULEDGER, "submit", "-A", "ai2/olmo", "-G", "1", "--min-runtime", "1h", *opts,
+                 "-D", str(user.home), "--", "sh", "-c", "cat /proc/$$/limits"],
+                env=env_for(c.home, GPULEDGER_USER=user.name), capture_output=True, text=True,
+                preexec_fn=lowered, check=True, timeout=60,
+            )  # fmt: skip
+            return int(out.stdout.split()[2].rstrip(":"))
+
+        lowered = {resource.RLIMIT_NOFILE: 512, resource.RLIMIT_STACK: 4096 * 1024,
+                   resource.RLIMIT_NPROC: 300}  # fmt: skip
+        jobs = {
+            "propagated": submit(lowered),
+            "none": submit(lowered, "--propagate=NONE"),
+            "above": submit({resource.RLIMIT_NOFILE: above}, "--propagate=NOFILE"),
+        }
+        got = {}
+        for what, job in jobs.items():
+            row = c.wait_status(job, "finished")
+            assert row["finish_reason"] == "completed", row
+            got[what] = (user.home / f"gpuledger-{job}.out").read_text()
+        mine = limits_of(got["propagated"])
+        assert mine["Max open files"][0] == "512", got["propagated"]
+        assert mine["Max stack size"][0] == str(4096 * 1024)
+        assert mine["Max processes"][0] == "300"
+        assert mine["Max open files"][1] == str(nofile_hard)  # the hard limit is the node's
+        theirs = limits_of(got["none"])
+        assert theirs["Max open files"][0] != "512" and theirs["Max processes"][0] != "300"
+        said, *text = got["above"].splitlines()
+        assert said == (
+            f"gpuledger: RLIMIT_NOFILE: the submitter's soft limit {above} is above this node's "
+            f"hard limit {nofile_hard}: the job runs with {nofile_hard} (as slurmstepd: "
+            f'"reducing req:{above} to max:{nofile_hard}")'
+        )
+        assert limits_of("\n".join(text))["Max open files"] == (str(nofile_hard),) * 2
+        (sub,) = [ev for ev in c.events("job.submitted.v2") if ev["job_id"] == jobs["propagated"]]
+        assert (sub["ulimits"]["nofile"], sub["ulimits"]["nproc"]) == (512, 300)

@@ -407,7 +407,8 @@ def test_a_shell_with_exported_functions_submits_and_its_world_is_recorded(
     funcs = {"BASH_FUNC_module%%": "() {  eval $($LMOD_CMD bash $*)\n}"}
     secrets = {"HF_TOKEN": "hf_x", "OPENAI_KEY": "sk-LEAK1", "GITHUB_PAT": "ghp_LEAK2",
                "WANDB_KEY": "wbLEAK3", "SSHPASS": "sshLEAK4",
-               "DATABASE_URL": "postgres://u:dbpassLEAK5@h/db"}  # fmt: skip
+               "DATABASE_URL": "postgres://u:dbpassLEAK5@h/db",
+               "SSH_PRIVATE": "-----BEGIN OPENSSH PRIVATE KEY-----\nLEAK6"}  # fmt: skip
     proc = cli(home, "submit", "-A", "ai2/olmo", "-G", "1", "-J", "train", "--", "python",
                "train.py", cwd=proj, GPULEDGER_USER=USER, MY_VAR="7", **secrets,
                **funcs)  # fmt: skip

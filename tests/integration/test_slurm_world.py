@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import resource
 import subprocess
 import time
 from pathlib import Path
@@ -138,9 +139,44 @@ def test_a_job_runs_with_the_services_own_soft_files_limit_not_the_raised_one(
     ledger.up(files=(1024, 4096))
     # the service raised its own (said in its log, which `up` may not have flushed yet)
     ledger.wait("the service's raised limit", lambda: "open files: 4096" in ledger.service_log())
-    ledger.submit("alice", 1, f"echo $(ulimit -Sn) $(ulimit -Hn) > {seen}")
+    # a submission that records no limits of its own (older, or `--propagate=NONE`)
+    ledger.submit("alice", 1, f"echo $(ulimit -Sn) $(ulimit -Hn) > {seen}", "--propagate=NONE")
     ledger.wait("the job's limits", lambda: seen.exists() and bool(seen.read_text().strip()))
     assert seen.read_text().split()[0] == "1024", seen.read_text()
+
+
+def test_a_job_starts_with_its_submitters_soft_limits_as_sbatch_propagates_them(
+    ledger: Ledger,
+) -> None:
+    """atk46-23 F12 on Slurm: under `ulimit -Sn 512; ulimit -Ss 4096; ulimit -Su 300` a job got
+    the service's limits (nofile 20000, stack 8192), where sbatch gives it the submitting
+    shell's. Its process now starts with them, as its user, the hard limits the node's."""
+    with os_user("glsl") as user:
+        ledger.cli("member", "add", user.name, "ai2/olmo")
+        ledger.up(run_as="submitter")
+        soft = {resource.RLIMIT_NOFILE: 512, resource.RLIMIT_STACK: 4096 * 1024,
+                resource.RLIMIT_NPROC: 300}  # fmt: skip
+
+        def lowered() -> None:  # the submitting shell's `ulimit -S ...`
+            for number, value in soft.items():
+                resource.setrlimit(number, (value, resource.getrlimit(number)[1]))
+
+        done = subprocess.run(
+            [GPULEDGER, "submit", "-A", "ai2/olmo", "-G", "1", "--json", "--", "sh", "-c",
+             "cat /proc/$$/limits"],
+            env=ledger.env(user.name), cwd=user.home, capture_output=True, text=True,
+            timeout=120, preexec_fn=lowered,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        job = int(json.loads(done.stdout)["job_id"])
+        ledger.wait("the job to end", lambda: status(ledger, job) == "finished")
+        assert ledger.jobs()[job]["finish_reason"] == "completed"
+        text = (user.home / f"gpuledger-{job}.out").read_text()
+        got = {line[:26].strip(): line[26:].split()[:2] for line in text.splitlines()[1:]}
+        assert got["Max open files"][0] == "512", text
+        assert got["Max stack size"][0] == str(4096 * 1024), text
+        assert got["Max processes"][0] == "300", text
+        ledger.stop()
 
 
 def test_an_exit_while_the_service_is_down_is_charged_to_slurms_end(ledger: Ledger) -> None:

@@ -114,7 +114,7 @@ def batch_script(
     env = job_environment(job, who or SbatchUser(), checkpoint_file)
     lines = ["#!/bin/bash", *taken_back_lines(taken_back_file), *cluster]
     lines += guard_lines(launched_file, ended_file, relaunched_file)
-    lines += _files_limit(files_limit)
+    lines += [] if job.ulimits else _files_limit(files_limit)  # else the submitter's
     if outputs:  # what the job needs is there and its user's, else why, before anything
         paths = [p for p, _ in outputs[:2]]
         lines += usable_lines(job.workdir, paths, cannot_enter_file, cannot_open_file)
@@ -152,6 +152,8 @@ def batch_script(
     if launched_file:  # where the service's directory is not shared, the executor waits instead
         lines.append(f"{{ : > {shlex.quote(launched_file)}; }} 2>/dev/null")
     command = shlex.join(job.command) if job.command else "true"
+    if job.ulimits:  # the submitter's, set for the command alone (`ulimit_lines`)
+        command = f"{ulimit_lines(job.ulimits)}; {command}"
     if not ended_file:
         lines.append("exec " + command)
         return "\n".join(lines) + "\n"
@@ -236,6 +238,43 @@ def _stopped_first(stopping_file: str, end: str, part: str) -> str:
         f' {{ echo "143 $EPOCHREALTIME 1" > {part} && mv -f -- {part} {end}; }} 2>/dev/null;'
         " exit 143; }"
     )
+
+
+ULIMIT_FLAGS = {
+    "as": ("-v", 1024), "core": ("-c", 1024), "cpu": ("-t", 1), "data": ("-d", 1024),
+    "fsize": ("-f", 1024), "memlock": ("-l", 1024), "nofile": ("-n", 1), "rss": ("-m", 1024),
+    "stack": ("-s", 1024), "nproc": ("-u", 1),
+}  # fmt: skip
+"""bash's `ulimit` option of each recorded limit and its unit in bytes (bash counts sizes in
+KiB), RLIMIT_NPROC last: the lines fork (`$(ulimit -H ...)`) before it is set."""
+
+
+def ulimit_lines(ulimits: Sequence[tuple[str, int]]) -> str:
+    """Pure: bash lines that give the job's command the submitter's soft limits (`-1`
+    unlimited; sizes rounded down to bash's KiB), as the node agents do
+    (`ledger.engines.ulimits`): each set as the user, never above the node's hard limit; one
+    above it is set to the hard limit, and the job's error file says so (as slurmstepd:
+    "reducing req:... to max:..."). sbatch runs with `--propagate=NONE` then, so Slurm gives
+    the job nothing of the service's own (`words.sbatch_args`); without any (an older record,
+    `submit --propagate=NONE`) the old rule, `files_limit`."""
+    said = dict(ulimits)
+    out = []
+    for name, (flag, unit) in ULIMIT_FLAGS.items():
+        if name not in said:
+            continue
+        want = "unlimited" if said[name] < 0 else str(said[name] // unit)
+        over = f'[ {want} -gt "$gpuledger_h" ]' if want != "unlimited" else "true"
+        cut = (
+            f"echo \"gpuledger: RLIMIT_{name.upper()}: the submitter's soft limit {want} is above"
+            f" this node's hard limit $gpuledger_h (ulimit {flag}): the job runs with $gpuledger_h"
+            f' (as slurmstepd: reducing req:{want} to max:$gpuledger_h)" >&2'
+        )
+        out.append(
+            f'gpuledger_h=$(ulimit -H {flag}); if [ "$gpuledger_h" != unlimited ] && {over};'
+            f' then {cut}; ulimit -S {flag} "$gpuledger_h" 2>/dev/null;'
+            f" else ulimit -S {flag} {want} 2>/dev/null; fi"
+        )
+    return "; ".join(out) or ":"
 
 
 def _files_limit(soft: int | None) -> list[str]:

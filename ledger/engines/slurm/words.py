@@ -553,7 +553,10 @@ def sbatch_args(
     indices (`--gres=gpu:h100_2:1,gpu:h100_5:1`); elsewhere for their count. Nodes that need
     different GRES make a heterogeneous job, one component per node. The script comes on stdin.
     The executor stops the run at its limit itself, to the second, with the job's grace
-    (`grace_s`): Slurm's `--time` is only a backstop past both (`backstop_minutes`)."""
+    (`grace_s`): Slurm's `--time` is only a backstop past both (`backstop_minutes`). A job
+    that recorded its submitter's resource limits gets them from its script, and none of the
+    limits sbatch itself runs with (`--propagate=NONE`); one that recorded none (older, or
+    `submit --propagate=NONE`) the old rule: sbatch's own, its open-files limit lowered."""
     pinned = pinned or {}
     common = [
         f"--job-name=gpuledger-{job.job_id}",
@@ -576,6 +579,8 @@ def sbatch_args(
         common.append(f"--uid={who.uid}")
     if who.gid is not None:
         common.append(f"--gid={who.gid}")
+    if job.ulimits:  # the submitter's are the script's (`script.ulimit_lines`),
+        common.append("--propagate=NONE")  # never the service's that sbatch runs with
     gres = [_gres_of(sl.gpu_indices, pinned.get(sl.node, ())) for sl in job.slots]
     groups: list[list[str]] = []
     if len(set(gres)) == 1:
