@@ -17,6 +17,7 @@ import msgspec
 import pytest
 
 from ledger.store.relay import Relay, RelayError, tail_windows
+from ledger.store.relay_progress import Kept
 from projections.chain import link
 from projections.kafka_wire import (
     POSITION_HEADER,
@@ -137,6 +138,7 @@ def bookmark(
     relay.bootstrap, relay.topic, relay.config = "127.0.0.1:9", TOPIC, {}
     relay.timeout_s, relay.connect_timeout_s, relay.keys = 30.0, 3.0, keys
     relay.progress, relay.position = progress, 0
+    relay.kept = Kept(relay.recorder, TOPIC)  # the fake store keeps no progress
     last, foreign = relay._bookmark()
     return last if isinstance(last, int) else last.position, foreign
 

@@ -1,0 +1,177 @@
+"""The relay's progress kept in the event store: per topic, the highest log position a relay of
+this ledger knows it committed there (`gpuledger_relay_progress`, one row per topic).
+
+The progress decides which unsigned records on the topic may be the relay's own (its bookmark,
+`relay_tail.Scan.vouched`): anyone who can write the topic can rebuild the exact bytes of an
+event not yet published, and taken as the bookmark the events before it were never published
+(atk46-25 F3). Kept in the server's `<home>/relay.json` alone, a server with no such file (a
+standby's first lead, a leader on another host after a failover, a lost file) had no progress
+and trusted the topic. The store is what every server of a ledger shares (the SQLite file of
+the home; the PostgreSQL database, beside the lease's row), so any leader on any host finds it.
+
+Written *after* the Kafka commit it names, never before (a progress ahead of the topic would
+vouch for a forged copy of an event not yet published), as one upsert that only raises it
+(`max`: two relays, say a deposed leader's last commit and the new one's, never lower it), at
+most once every `EVERY_S` while the relay advances and once more when it stops. A progress
+behind the topic costs duplicates, never a gap: the relay's records beyond it are not vouched
+for, so it publishes them again (readers pass exact copies over). So a failed write is logged
+and retried at the next one, never a stop.
+
+An edge (the store). The rules (`trusted`, `due`) are pure.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from eventsourcing.sqlite import SQLiteApplicationRecorder
+
+log = logging.getLogger("gpuledger.relay")
+
+TABLE = "gpuledger_relay_progress"
+EVERY_S = 1.0
+"""How often at most the progress is written while the relay advances: one small write a
+second, whatever the batches (a committed batch can be one event, twenty a second at the
+relay's 50 ms poll), so a relay killed between two writes publishes again at most a second of
+events (duplicates)."""
+
+_SQLITE_TABLE = (
+    f"CREATE TABLE IF NOT EXISTS {TABLE} "
+    "(topic TEXT PRIMARY KEY, position INTEGER NOT NULL, kept_at TEXT NOT NULL)"
+)
+_SQLITE_KEEP = (
+    f"INSERT INTO {TABLE} (topic, position, kept_at) VALUES (?, ?, datetime('now')) "
+    "ON CONFLICT (topic) DO UPDATE SET position = excluded.position, kept_at = excluded.kept_at "
+    f"WHERE excluded.position > {TABLE}.position"
+)
+_PG_TABLE = (
+    f"CREATE TABLE IF NOT EXISTS {TABLE} "
+    "(topic text PRIMARY KEY, position bigint NOT NULL, kept_at timestamptz NOT NULL)"
+)
+_PG_KEEP = (
+    f"INSERT INTO {TABLE} (topic, position, kept_at) VALUES (%s, %s, now()) "
+    "ON CONFLICT (topic) DO UPDATE SET position = excluded.position, kept_at = now() "
+    f"WHERE excluded.position > {TABLE}.position"
+)
+
+
+def trusted(*known: int | None) -> int | None:
+    """Pure: the relay's progress from the words it has (the store's row, the service's
+    `relay.json`, ...), each a position committed on the topic or None (no word): the highest,
+    or None when none has a word."""
+    words = [k for k in known if k is not None]
+    return max(words) if words else None
+
+
+def due(position: int, kept: int, since_s: float, every_s: float = EVERY_S) -> bool:
+    """Pure: whether a relay at `position` writes its progress, `kept` being the last it wrote
+    (or read) and `since_s` the seconds since it last wrote: only forward, and at most once
+    every `every_s` (a stopping relay passes `every_s=0`)."""
+    return position > kept and since_s >= every_s
+
+
+def read(recorder: Any, topic: str) -> int | None:
+    """The progress the store keeps for `topic` (None: no row, or a store that keeps none)."""
+    if isinstance(recorder, SQLiteApplicationRecorder):
+        import sqlite3
+
+        from eventsourcing.persistence import OperationalError
+
+        with recorder.datastore.transaction(commit=False) as cursor:
+            try:
+                cursor.execute(f"SELECT position FROM {TABLE} WHERE topic = ?", (topic,))
+            except (sqlite3.OperationalError, OperationalError) as e:
+                if "no such table" in str(e):
+                    return None
+                raise
+            row = cursor.fetchone()
+        return None if row is None else int(row[0])
+    pool = getattr(getattr(recorder, "datastore", None), "pool", None)
+    if pool is None:  # a store that keeps no progress (a test's recorder)
+        return None
+    import psycopg
+
+    with recorder.datastore.get_connection() as conn:
+        try:
+            query = f"SELECT position FROM {TABLE} WHERE topic = %s"
+            row = conn.execute(query, (topic,)).fetchone()
+        except psycopg.errors.UndefinedTable:
+            return None
+    if row is None:
+        return None
+    return int(row["position"] if isinstance(row, dict) else row[0])
+
+
+def keep(recorder: Any, topic: str, position: int) -> None:
+    """Raise the progress the store keeps for `topic` to `position` (never lower it): one
+    statement, its own transaction. The table is made on the first write."""
+    if isinstance(recorder, SQLiteApplicationRecorder):
+        with recorder.datastore.transaction(commit=True) as cursor:
+            cursor.execute(_SQLITE_TABLE)
+            cursor.execute(_SQLITE_KEEP, (topic, position))
+        return
+    pool = getattr(getattr(recorder, "datastore", None), "pool", None)
+    if pool is None:
+        return
+    from ledger.store.leaseschema import SCHEMA_LOCK
+
+    with recorder.datastore.get_connection() as conn:
+        made = conn.execute("SELECT to_regclass(%s) IS NOT NULL AS made", (TABLE,)).fetchone()
+        if not (made["made"] if isinstance(made, dict) else made[0]):
+            # under the schema's lock: two relays making it at once would clash in the catalog
+            conn.execute(
+                f"BEGIN; SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {_PG_TABLE}; COMMIT;"
+            )
+        conn.execute(_PG_KEEP, (topic, position))
+
+
+class Kept:
+    """The progress of one relay in the store: read when it connects, written as it advances
+    (`advance`: at most every `every_s`; `flush`: now), failures logged, never raised."""
+
+    def __init__(self, recorder: Any, topic: str, every_s: float = EVERY_S) -> None:
+        self.recorder = recorder
+        self.topic = topic
+        self.every_s = every_s
+        self.kept = 0
+        """The highest position written to (or read from) the store."""
+        self._at = float("-inf")
+        self._failing = False
+
+    def read(self) -> int | None:
+        """The store's word (raises the store's errors: the relay reconnects)."""
+        got = read(self.recorder, self.topic)
+        if got is not None:
+            self.kept = max(self.kept, got)
+        return got
+
+    def advance(self, position: int) -> None:
+        now = time.monotonic()
+        if due(position, self.kept, now - self._at, self.every_s):
+            self._write(position, now)
+
+    def flush(self, position: int) -> None:
+        if due(position, self.kept, 0.0, 0.0):
+            self._write(position, time.monotonic())
+
+    def _write(self, position: int, now: float) -> None:
+        self._at = now
+        try:
+            keep(self.recorder, self.topic, position)
+        except Exception as e:  # behind costs duplicates, never a gap: go on publishing
+            (log.debug if self._failing else log.warning)(
+                "relay: cannot keep its progress (position %d) in the store: %s: %s; tried "
+                "again in %g s (a restart publishes again what it has not kept)",
+                position,
+                type(e).__name__,
+                e,
+                self.every_s,
+            )
+            self._failing = True
+            return
+        if self._failing:
+            log.warning("relay: its progress is kept in the store again (position %d)", position)
+        self._failing = False
+        self.kept = max(self.kept, position)
