@@ -51,6 +51,10 @@ def init(ctx: Ctx, admin: str, min_runtime_cap: str, cluster: str, store: str | 
             cluster=cluster,
         )
         appended = ledger.execute(cmd)
+        from ledger.store import relay_progress
+        from ledger.store.relay import open_store
+
+        relay_progress.begin(open_store(ctx.home))  # a new store: no relay published anywhere
     except BaseException:
         if store is not None:  # a refused init leaves no store file (nor a home) behind
             for p in reversed(made):

@@ -112,10 +112,11 @@ class RawRecord(NamedTuple):
     key: bytes
 
 
-def open_store(home: Path) -> ApplicationRecorder:
+def open_store(home: Path, store: str | None = None) -> ApplicationRecorder:
     """The event store's recorder, for readers that need bytes, not folded state (the SQLite
-    file of `home`, or the PostgreSQL store it records: `ledger.store.locate`)."""
-    dsn = recorded(home)
+    file of `home`, or the PostgreSQL store it records: `ledger.store.locate`; `store`: that
+    PostgreSQL DSN instead)."""
+    dsn = store or recorded(home)
     if dsn is not None:
         from eventsourcing.utils import Environment
 
@@ -367,20 +368,21 @@ class Relay:
         foreign records after it (written by another producer: skipped, the store being the
         source of truth).
 
-        Reads back from the end in growing windows, keeping a digest of each record, never its
-        value (`relay_tail`). Our last record is the one with the highest readable position
-        whose bytes equal the store's at that position and that we vouch for: with keys, it
-        carries our signature (or, unsigned, lies within our progress: a topic signed since);
-        without keys, it claims no position beyond our progress (a topic writer can rebuild the
-        bytes of an event not yet published: atk46-25 F3), the higher of the store's
-        (`relay_progress`, shared by every server: a standby's first lead has it too) and
-        `progress` (the home's relay.json). An older record copied to the tail is
-        foreign, and so is anything after ours that the store does not hold (a forged event,
-        however well it links). With signing keys, a record right after ours that continues
-        the chain from it *and* carries our signature is no forgery: the topic holds events
-        this store lacks (a store replaced by an older copy, or another relay with our keys),
-        and the relay refuses the topic. So it does when the whole topic holds none of our
-        records but records that chain (another ledger's topic).
+        Reads back from the end in growing windows, keeping a digest of each record, never its value
+        (`relay_tail`). Our last record is the one with the highest readable position whose bytes
+        equal the store's at that position and that we vouch for: with keys, it carries our
+        signature (or, unsigned, lies within our progress: a topic signed since); without keys, it
+        claims no position beyond our progress (a topic writer can rebuild the bytes of an event not
+        yet published: atk46-25 F3), the higher of the store's (`relay_progress`, shared by every
+        server: a standby's first lead has it too) and `progress` (the home's relay.json), or
+        (without keys) it comes right after the best taken so far, from the start of the log
+        (`Scan.follows`: no gap either way). An older record copied to the tail is foreign, and so
+        is anything after ours that the store does not hold (a forged event, however well it links).
+        With signing keys, a record right after ours that continues the chain from it *and* carries
+        our signature is no forgery: the topic holds events this store lacks (a store replaced by an
+        older copy, or another relay with our keys), and the relay refuses the topic. So it does
+        when the whole topic holds none of our records but records that chain (another ledger's
+        topic).
         """
         windows = tail_windows(
             self.bootstrap, self.topic, self.config, self.timeout_s, self.connect_timeout_s

@@ -13,9 +13,12 @@ Written *after* the Kafka commit it names, never before (a progress ahead of the
 vouch for a forged copy of an event not yet published), as one upsert that only raises it
 (`max`: two relays, say a deposed leader's last commit and the new one's, never lower it), at
 most once every `EVERY_S` while the relay advances and once more when it stops. A progress
-behind the topic costs duplicates, never a gap: the relay's records beyond it are not vouched
-for, so it publishes them again (readers pass exact copies over). So a failed write is logged
-and retried at the next one, never a stop.
+behind the topic costs nothing: the relay's own records beyond it follow its last one within
+it and are taken too (`relay_tail.Scan.follows`); at worst (none within it in the windows
+read) they are published again, duplicates readers pass over, never a gap. So a failed write
+is logged and retried at the next one, never a stop. `gpuledger init` makes the table
+(`begin`): no row then means nothing published (0), not "no word" (None, a store of an
+earlier version).
 
 An edge (the store). The rules (`trusted`, `due`) are pure.
 """
@@ -34,8 +37,8 @@ TABLE = "gpuledger_relay_progress"
 EVERY_S = 1.0
 """How often at most the progress is written while the relay advances: one small write a
 second, whatever the batches (a committed batch can be one event, twenty a second at the
-relay's 50 ms poll), so a relay killed between two writes publishes again at most a second of
-events (duplicates)."""
+relay's 50 ms poll); a relay killed between two writes leaves at most a second of its records
+past its progress, which the next one takes by following (no duplicate)."""
 
 _SQLITE_TABLE = (
     f"CREATE TABLE IF NOT EXISTS {TABLE} "
@@ -73,7 +76,10 @@ def due(position: int, kept: int, since_s: float, every_s: float = EVERY_S) -> b
 
 
 def read(recorder: Any, topic: str) -> int | None:
-    """The progress the store keeps for `topic` (None: no row, or a store that keeps none)."""
+    """The progress the store keeps for `topic`: its row; 0 when the table has none for it (the
+    table is made with the store, `begin`, or by the first write: no relay of this ledger
+    committed there since); None when there is no table (a store of an earlier version whose
+    relay has written none yet) or the store keeps none (a test's recorder)."""
     if isinstance(recorder, SQLiteApplicationRecorder):
         import sqlite3
 
@@ -87,7 +93,7 @@ def read(recorder: Any, topic: str) -> int | None:
                     return None
                 raise
             row = cursor.fetchone()
-        return None if row is None else int(row[0])
+        return 0 if row is None else int(row[0])
     pool = getattr(getattr(recorder, "datastore", None), "pool", None)
     if pool is None:  # a store that keeps no progress (a test's recorder)
         return None
@@ -100,17 +106,55 @@ def read(recorder: Any, topic: str) -> int | None:
         except psycopg.errors.UndefinedTable:
             return None
     if row is None:
-        return None
+        return 0
     return int(row["position"] if isinstance(row, dict) else row[0])
 
 
-def keep(recorder: Any, topic: str, position: int) -> None:
+def rows(recorder: Any) -> list[tuple[str, int]]:
+    """Every (topic, progress) the store keeps, by topic (none: no table, or a store that keeps
+    none): what `gpuledger store copy` carries over."""
+    query = f"SELECT topic, position FROM {TABLE} ORDER BY topic"
+    if isinstance(recorder, SQLiteApplicationRecorder):
+        import sqlite3
+
+        from eventsourcing.persistence import OperationalError
+
+        with recorder.datastore.transaction(commit=False) as cursor:
+            try:
+                cursor.execute(query)
+            except (sqlite3.OperationalError, OperationalError) as e:
+                if "no such table" in str(e):
+                    return []
+                raise
+            return [(str(t), int(p)) for t, p in cursor.fetchall()]
+    if getattr(getattr(recorder, "datastore", None), "pool", None) is None:
+        return []
+    import psycopg
+
+    with recorder.datastore.get_connection() as conn:
+        try:
+            got = conn.execute(query).fetchall()
+        except psycopg.errors.UndefinedTable:
+            return []
+    return [(str(r["topic"]), int(r["position"])) for r in got]
+
+
+def begin(recorder: Any) -> None:
+    """Make the table, empty, in a new store (`gpuledger init`): from then on no row for a topic
+    means no relay of this ledger committed there (`read` gives 0), so a rebuilt copy of an
+    event on a topic the ledger's first relay finds is never its bookmark."""
+    keep(recorder, None, 0)
+
+
+def keep(recorder: Any, topic: str | None, position: int) -> None:
     """Raise the progress the store keeps for `topic` to `position` (never lower it): one
-    statement, its own transaction. The table is made on the first write."""
+    statement, its own transaction. The table is made on the first write (`topic` None: only
+    that)."""
     if isinstance(recorder, SQLiteApplicationRecorder):
         with recorder.datastore.transaction(commit=True) as cursor:
             cursor.execute(_SQLITE_TABLE)
-            cursor.execute(_SQLITE_KEEP, (topic, position))
+            if topic is not None:
+                cursor.execute(_SQLITE_KEEP, (topic, position))
         return
     pool = getattr(getattr(recorder, "datastore", None), "pool", None)
     if pool is None:
@@ -124,7 +168,8 @@ def keep(recorder: Any, topic: str, position: int) -> None:
             conn.execute(
                 f"BEGIN; SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {_PG_TABLE}; COMMIT;"
             )
-        conn.execute(_PG_KEEP, (topic, position))
+        if topic is not None:
+            conn.execute(_PG_KEEP, (topic, position))
 
 
 class Kept:

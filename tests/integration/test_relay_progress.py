@@ -145,3 +145,31 @@ def test_a_home_from_before_the_store_kept_the_progress_seeds_it_from_relay_json
     assert service.health.skipped == (forged_at,)
     no_gap(kafka_bootstrap, kafka_topic, head, tmp_path / "reader.duckdb", forged_at)
     assert relay_progress.read(recorder, kafka_topic) == head
+
+
+def test_a_new_ledgers_first_relay_never_takes_a_copy_sent_before_it(
+    tmp_path: Path, kafka_bootstrap: str, kafka_topic: str, transactional_id: str
+) -> None:
+    """`gpuledger init` makes the store's progress table: nothing is published anywhere yet.
+    A topic writer sends the exact bytes of the last event before the ledger's first relay ever
+    ran (Kafka turned on later): it was that relay's bookmark, and nothing before it was ever
+    published; now the relay publishes everything, the copy skipped."""
+    from click.testing import CliRunner
+
+    from ledger.cli import cli
+
+    home = tmp_path / "home"
+    done = CliRunner().invoke(cli, ["--home", str(home), "init", "--admin", "root"])
+    assert done.exit_code == 0, done.output
+    assert relay_progress.read(open_store(home), kafka_topic) == 0
+    led = Ledger(home, live=True)
+    try:
+        led.execute_all(ORG + [JOB] * 5)
+        head = led.position
+    finally:
+        led.close()
+    last = read_raw(open_store(home), head - 1, 1)[0]
+    forged_at = rebuilt_copy(kafka_bootstrap, kafka_topic, last)
+    service = serve_relay(home, kafka_bootstrap, kafka_topic, transactional_id, head)
+    no_gap(kafka_bootstrap, kafka_topic, head, tmp_path / "reader.duckdb", forged_at)
+    assert service.health.skipped == (forged_at,)

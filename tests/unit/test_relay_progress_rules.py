@@ -16,7 +16,7 @@ import pytest
 from ledger.store import relay_progress
 from ledger.store.application import Ledger
 from ledger.store.relay import open_store
-from ledger.store.relay_progress import Kept, due, keep, read, trusted
+from ledger.store.relay_progress import Kept, due, keep, read, rows, trusted
 from tests.unit.test_relay_tail import KEYS, bookmark, chain, ours
 
 
@@ -74,15 +74,46 @@ def test_with_no_relay_json_the_stores_progress_keeps_a_rebuilt_copy_from_being_
     )
 
 
+def test_with_nothing_published_only_records_that_follow_the_start_are_ours(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A store that says nothing was published on the topic (0: its table made by `gpuledger
+    init`, no row). A rebuilt copy of event 12 sent before the ledger's first relay: foreign,
+    everything published. This ledger's records from position 1, unsigned (a relay that kept
+    no progress: an earlier version's): each follows the one before from the start, so they
+    are taken, not published again. Its records without the start (the broker's retention
+    deleted it): foreign, published again (duplicates readers pass over); they chain, but they
+    are this ledger's log, not another's (was: refused as another ledger's topic)."""
+    store = chain(12)
+    monkeypatch.setattr(relay_progress, "read", lambda _recorder, _topic: 0)
+    assert bookmark(monkeypatch, store, ours([store[11]], None), None) == (0, [0])
+    assert bookmark(monkeypatch, store, ours(store[:10], None), None) == (10, [])
+    assert bookmark(monkeypatch, store, ours(store[3:10], None), None) == (0, list(range(7)))
+
+
 def test_the_sqlite_store_keeps_the_highest_progress_per_topic(ledger: Ledger) -> None:
     recorder = open_store(ledger.home)
     assert read(recorder, "t") is None  # no table yet: a store from before it was kept
+    assert rows(recorder) == []
     keep(recorder, "t", 5)
     keep(recorder, "t", 3)  # a deposed relay's older word never lowers it
     keep(recorder, "other", 2)
-    assert (read(recorder, "t"), read(recorder, "other"), read(recorder, "none")) == (5, 2, None)
+    # a topic with no row, the table made: no relay of this ledger committed there
+    assert (read(recorder, "t"), read(recorder, "other"), read(recorder, "none")) == (5, 2, 0)
     keep(recorder, "t", 9)
     assert read(open_store(ledger.home), "t") == 9  # another connection: committed
+    assert rows(recorder) == [("other", 2), ("t", 9)]  # what `store copy` carries over
+
+
+def test_a_new_store_starts_with_the_table_so_no_row_means_nothing_published(
+    ledger: Ledger,
+) -> None:
+    from ledger.store.relay_progress import begin
+
+    recorder = open_store(ledger.home)
+    assert read(recorder, "t") is None  # a store of an earlier version: no word
+    begin(recorder)  # `gpuledger init`
+    assert (read(recorder, "t"), rows(recorder)) == (0, [])
 
 
 def test_the_relay_writes_its_progress_at_most_every_interval_and_when_it_stops(
@@ -90,7 +121,7 @@ def test_the_relay_writes_its_progress_at_most_every_interval_and_when_it_stops(
 ) -> None:
     recorder = open_store(ledger.home)
     kept = Kept(recorder, "t", every_s=3600)
-    assert kept.read() is None
+    assert kept.read() is None  # no table yet
     kept.advance(5)  # the first is due
     kept.advance(6)  # within the interval: not yet
     assert read(recorder, "t") == 5
