@@ -86,11 +86,12 @@ def _copy_progress(src_home: Path, src: str | None, dst_home: Path, dst: str | N
     """The relay's progress on each topic, as the source store keeps it (docs/kafka.md): the
     copy holds the same events, so the same ones are on each topic."""
     from ledger.store import relay_progress
-    from ledger.store.relay import open_store
 
-    kept = relay_progress.rows(open_store(src_home, src))
-    if kept:
-        recorder = open_store(dst_home, dst)
+    with relay_progress.opened(src_home, src) as source:
+        kept = relay_progress.rows(source)
+    if not kept:
+        return
+    with relay_progress.opened(dst_home, dst) as recorder:
         for topic, position in kept:
             relay_progress.keep(recorder, topic, position)
 
@@ -139,9 +140,9 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
         raise CopyError(f"the restored store differs from the topic at event {differs}")
     # every event of the store is on the topic: the relay's progress there (docs/kafka.md)
     from ledger.store import relay_progress
-    from ledger.store.relay import open_store
 
-    relay_progress.keep(open_store(dst_home, dst_dsn), topic or TOPIC, copied.head)
+    with relay_progress.opened(dst_home, dst_dsn) as recorder:
+        relay_progress.keep(recorder, topic or TOPIC, copied.head)
     _report(as_json, "restored", copied, redacted(dst_dsn) if dst_dsn else str(dst_home))
 
 

@@ -52,9 +52,9 @@ def init(ctx: Ctx, admin: str, min_runtime_cap: str, cluster: str, store: str | 
         )
         appended = ledger.execute(cmd)
         from ledger.store import relay_progress
-        from ledger.store.relay import open_store
 
-        relay_progress.begin(open_store(ctx.home))  # a new store: no relay published anywhere
+        with relay_progress.opened(ctx.home) as recorder:
+            relay_progress.begin(recorder)  # a new store: no relay published anywhere yet
     except BaseException:
         if store is not None:  # a refused init leaves no store file (nor a home) behind
             for p in reversed(made):

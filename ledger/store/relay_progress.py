@@ -25,8 +25,11 @@ An edge (the store). The rules (`trusted`, `due`) are pure.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from eventsourcing.sqlite import SQLiteApplicationRecorder
@@ -58,6 +61,19 @@ _PG_KEEP = (
     "ON CONFLICT (topic) DO UPDATE SET position = excluded.position, kept_at = now() "
     f"WHERE excluded.position > {TABLE}.position"
 )
+
+
+@contextlib.contextmanager
+def opened(home: Path, store: str | None = None) -> Iterator[Any]:
+    """The recorder of the store of `home` (`store`: that PostgreSQL DSN instead), closed after:
+    for a command that keeps or reads the progress once (init, store copy and restore)."""
+    from ledger.store.relay import open_store
+
+    recorder = open_store(home, store)
+    try:
+        yield recorder
+    finally:
+        recorder.datastore.close()  # type: ignore[attr-defined]
 
 
 def trusted(*known: int | None) -> int | None:
