@@ -289,7 +289,8 @@ class Relay:
         (`relay_tail.Scan.vouched`)."""
         self.kept = Kept(recorder, topic)
         """The relay's progress in the store every server shares (`relay_progress`): read at
-        each connect, raised as it publishes (at most once a second) and when it closes."""
+        each connect, raised as it publishes (once a second, or 5,000 positions) and when it
+        closes."""
         self.position = 0
         """The log position of the last event known to be committed on the topic."""
         self.skipped: tuple[int, ...] = ()

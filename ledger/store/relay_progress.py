@@ -11,14 +11,14 @@ the home; the PostgreSQL database, beside the lease's row), so any leader on any
 
 Written *after* the Kafka commit it names, never before (a progress ahead of the topic would
 vouch for a forged copy of an event not yet published), as one upsert that only raises it
-(`max`: two relays, say a deposed leader's last commit and the new one's, never lower it), at
-most once every `EVERY_S` while the relay advances and once more when it stops. A progress
-behind the topic costs nothing: the relay's own records beyond it follow its last one within
-it and are taken too (`relay_tail.Scan.follows`); at worst (none within it in the windows
-read) they are published again, duplicates readers pass over, never a gap. So a failed write
-is logged and retried at the next one, never a stop. `gpuledger init` makes the table
-(`begin`): no row then means nothing published (0), not "no word" (None, a store of an
-earlier version).
+(`max`: two relays, say a deposed leader's last commit and the new one's, never lower it),
+once every `EVERY_S` while the relay advances (sooner, every `EVERY_N` positions) and once
+more when it stops. A progress behind the topic costs nothing: the relay's own records beyond it
+follow its last one within it and are taken too (`relay_tail.Scan.follows`); at worst (none
+within it in the windows read) they are published again, duplicates readers pass over, never a
+gap. So a failed write is logged and retried at the next one, never a stop. `gpuledger init`
+makes the table (`begin`): no row then means nothing published (0), not "no word" (None, a store
+of an earlier version).
 
 An edge (the store). The rules (`trusted`, `due`) are pure.
 """
@@ -42,6 +42,11 @@ EVERY_S = 1.0
 second, whatever the batches (a committed batch can be one event, twenty a second at the
 relay's 50 ms poll); a relay killed between two writes leaves at most a second of its records
 past its progress, which the next one takes by following (no duplicate)."""
+EVERY_N = 5_000
+"""... or sooner, once the relay is this many positions past the last write (a full batch of
+the relay's: a catch-up at ~100k events a second would leave a second's 100k records past the
+progress, which a restart reads back to find one within it; one write per 5,000 events costs
+about a microsecond an event)."""
 
 _SQLITE_TABLE = (
     f"CREATE TABLE IF NOT EXISTS {TABLE} "
@@ -84,11 +89,13 @@ def trusted(*known: int | None) -> int | None:
     return max(words) if words else None
 
 
-def due(position: int, kept: int, since_s: float, every_s: float = EVERY_S) -> bool:
+def due(
+    position: int, kept: int, since_s: float, every_s: float = EVERY_S, every_n: int = EVERY_N
+) -> bool:
     """Pure: whether a relay at `position` writes its progress, `kept` being the last it wrote
-    (or read) and `since_s` the seconds since it last wrote: only forward, and at most once
-    every `every_s` (a stopping relay passes `every_s=0`)."""
-    return position > kept and since_s >= every_s
+    (or read) and `since_s` the seconds since it last wrote: only forward, once every `every_s`
+    or sooner once `every_n` positions past `kept` (a stopping relay passes `every_s=0`)."""
+    return position > kept and (since_s >= every_s or position - kept >= every_n)
 
 
 def read(recorder: Any, topic: str) -> int | None:
@@ -214,7 +221,7 @@ class Kept:
             self._write(position, now)
 
     def flush(self, position: int) -> None:
-        if due(position, self.kept, 0.0, 0.0):
+        if due(position, self.kept, 0.0, every_s=0.0):
             self._write(position, time.monotonic())
 
     def _write(self, position: int, now: float) -> None:

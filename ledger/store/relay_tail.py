@@ -231,7 +231,7 @@ class Scan:
         after our last one (`best`; None: the start of the log): then every position up to it is
         on the topic, in order, as the store's bytes, whoever sent it, so taking it leaves no
         gap for any reader, and our own records past a progress not yet written are not
-        published again (the store's progress is written at most once a second). A rebuilt
+        published again (the store's progress is written once a second at most). A rebuilt
         copy of an event not yet published lies past a gap (atk46-25 F3): never. With keys,
         an unsigned record is never taken this way (signed readers set it aside)."""
         return not self.signing and position == (0 if best is None else best.position or 0) + 1

@@ -45,10 +45,20 @@ def test_the_progress_is_the_highest_word_or_none(
         (9, 10, 5.0, 1.0, False),
         (11, 10, 0.5, 1.0, False),
         (11, 10, 0.0, 0.0, True),
+        (5_010, 10, 0.1, 1.0, True),
+        (5_009, 10, 0.1, 1.0, False),
     ],
-    ids=["forward, due", "no further", "never back", "within the second", "a stopping relay"],
+    ids=[
+        "forward, due",
+        "no further",
+        "never back",
+        "within the second",
+        "a stopping relay",
+        "a batch past it",
+        "short of a batch",
+    ],
 )
-def test_the_progress_is_written_forward_at_most_once_a_second(
+def test_the_progress_is_written_forward_once_a_second_or_a_batch(
     position: int, kept: int, since_s: float, every_s: float, want: bool
 ) -> None:
     assert due(position, kept, since_s, every_s) is want
