@@ -78,7 +78,22 @@ def copy(src: str, dst: str, as_json: bool) -> None:
     where = redacted(dst_dsn) if dst_dsn else str(dst_home)
     if differs is not None:
         raise CopyError(f"the copy differs from the source at event {differs}", hint="retry")
+    _copy_progress(src_home, src_dsn, dst_home, dst_dsn)
     _report(as_json, "copied", copied, where)
+
+
+def _copy_progress(src_home: Path, src: str | None, dst_home: Path, dst: str | None) -> None:
+    """The relay's progress on each topic, as the source store keeps it (docs/kafka.md): the
+    copy holds the same events, so the same ones are on each topic."""
+    from ledger.store import relay_progress
+
+    with relay_progress.opened(src_home, src) as source:
+        kept = relay_progress.rows(source)
+    if not kept:
+        return
+    with relay_progress.opened(dst_home, dst) as recorder:
+        for topic, position in kept:
+            relay_progress.keep(recorder, topic, position)
 
 
 @store.command("restore")
@@ -123,6 +138,11 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
         source.close()
     if differs is not None:
         raise CopyError(f"the restored store differs from the topic at event {differs}")
+    # every event of the store is on the topic: the relay's progress there (docs/kafka.md)
+    from ledger.store import relay_progress
+
+    with relay_progress.opened(dst_home, dst_dsn) as recorder:
+        relay_progress.keep(recorder, topic or TOPIC, copied.head)
     _report(as_json, "restored", copied, redacted(dst_dsn) if dst_dsn else str(dst_home))
 
 

@@ -51,6 +51,10 @@ def init(ctx: Ctx, admin: str, min_runtime_cap: str, cluster: str, store: str | 
             cluster=cluster,
         )
         appended = ledger.execute(cmd)
+        from ledger.store import relay_progress
+
+        with relay_progress.opened(ctx.home) as recorder:
+            relay_progress.begin(recorder)  # a new store: no relay published anywhere yet
     except BaseException:
         if store is not None:  # a refused init leaves no store file (nor a home) behind
             for p in reversed(made):

@@ -6,7 +6,9 @@ An edge (network, files). Guarantees, with the reasons (docs/kafka.md has the lo
   carries its log position in a header. The relay keeps no offsets of its own: on start (and
   after every error) it reads the position of its last *committed* record on the topic and
   resumes right after it, so the topic itself is the relay's bookmark. Which records are its own
-  is its signature's word, or (unsigned) its progress's (`progress`: the service's health file).
+  is its signature's word, or (unsigned) its progress's: the highest position a relay of this
+  ledger committed there, kept in the store every server shares (`relay_progress`) and in the
+  service's health file (`<home>/relay.json`, the word of a home upgraded).
 - *Atomic batches.* Each batch is one Kafka transaction: a relay that dies mid-batch leaves an
   open transaction; the next relay's `init_transactions` aborts it before reading the bookmark,
   so read_committed consumers never see the half batch, and the next relay sends it again.
@@ -44,6 +46,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError
 
 from ledger.store import EVENTS_DB, recorded
+from ledger.store.relay_progress import Kept, trusted
 from ledger.store.relay_tail import (
     bookmark,
     last_published,
@@ -109,10 +112,11 @@ class RawRecord(NamedTuple):
     key: bytes
 
 
-def open_store(home: Path) -> ApplicationRecorder:
+def open_store(home: Path, store: str | None = None) -> ApplicationRecorder:
     """The event store's recorder, for readers that need bytes, not folded state (the SQLite
-    file of `home`, or the PostgreSQL store it records: `ledger.store.locate`)."""
-    dsn = recorded(home)
+    file of `home`, or the PostgreSQL store it records: `ledger.store.locate`; `store`: that
+    PostgreSQL DSN instead)."""
+    dsn = store or recorded(home)
     if dsn is not None:
         from eventsourcing.utils import Environment
 
@@ -278,9 +282,15 @@ class Relay:
         self.keys = keys if keys is not None else signing_keys()
         """Signing keys: when set, every record is signed with the first one."""
         self.progress = progress
-        """The highest position this relay (its service, across restarts: `<home>/relay.json`)
-        knows it committed; None: unknown. An unsigned record on the topic claiming a position
-        beyond it is never our bookmark (`relay_tail.Scan.vouched`)."""
+        """The highest position the caller knows this ledger's relay committed (the service's
+        `<home>/relay.json`: a home's word from before the store kept it); None: no word. The
+        relay's progress is the higher of this and the store's (`kept`): an unsigned record on
+        the topic claiming a position beyond it is never our bookmark
+        (`relay_tail.Scan.vouched`)."""
+        self.kept = Kept(recorder, topic)
+        """The relay's progress in the store every server shares (`relay_progress`): read at
+        each connect, raised as it publishes (once a second, or 5,000 positions) and when it
+        closes."""
         self.position = 0
         """The log position of the last event known to be committed on the topic."""
         self.skipped: tuple[int, ...] = ()
@@ -359,18 +369,21 @@ class Relay:
         foreign records after it (written by another producer: skipped, the store being the
         source of truth).
 
-        Reads back from the end in growing windows, keeping a digest of each record, never its
-        value (`relay_tail`). Our last record is the one with the highest readable position
-        whose bytes equal the store's at that position and that we vouch for: with keys, it
-        carries our signature (or, unsigned, lies within `progress`: a topic signed since); without
-        keys, it claims no position beyond `progress` (a topic writer can rebuild the bytes
-        of an event not yet published: atk46-25 F3). An older record copied to the tail is
-        foreign, and so is anything after ours that the store does not hold (a forged event,
-        however well it links). With signing keys, a record right after ours that continues
-        the chain from it *and* carries our signature is no forgery: the topic holds events
-        this store lacks (a store replaced by an older copy, or another relay with our keys),
-        and the relay refuses the topic. So it does when the whole topic holds none of our
-        records but records that chain (another ledger's topic).
+        Reads back from the end in growing windows, keeping a digest of each record, never its value
+        (`relay_tail`). Our last record is the one with the highest readable position whose bytes
+        equal the store's at that position and that we vouch for: with keys, it carries our
+        signature (or, unsigned, lies within our progress: a topic signed since); without keys, it
+        claims no position beyond our progress (a topic writer can rebuild the bytes of an event not
+        yet published: atk46-25 F3), the higher of the store's (`relay_progress`, shared by every
+        server: a standby's first lead has it too) and `progress` (the home's relay.json), or
+        (without keys) it comes right after the best taken so far, from the start of the log
+        (`Scan.follows`: no gap either way). An older record copied to the tail is foreign, and so
+        is anything after ours that the store does not hold (a forged event, however well it links).
+        With signing keys, a record right after ours that continues the chain from it *and* carries
+        our signature is no forgery: the topic holds events this store lacks (a store replaced by an
+        older copy, or another relay with our keys), and the relay refuses the topic. So it does
+        when the whole topic holds none of our records but records that chain (another ledger's
+        topic).
         """
         windows = tail_windows(
             self.bootstrap, self.topic, self.config, self.timeout_s, self.connect_timeout_s
@@ -384,7 +397,9 @@ class Relay:
                 positions,
             )
 
-        progress = None if self.progress is None else max(self.progress, self.position)
+        progress = trusted(self.progress, self.kept.read())
+        if progress is not None:
+            progress = max(progress, self.position)
         return bookmark(windows, digests, self.keys, self._refusal, progress)
 
     def _refusal(self, position: int, ours: int) -> RelayError:
@@ -420,6 +435,7 @@ class Relay:
             raise self._fenced_by
         if self._stale:
             self._reopen()
+        self.kept.advance(self.position)  # what an earlier call published, once it is due
         total = 0
         pages = follow(RawSource(self.recorder), self.position, page=self.batch)
         records = next(pages, [])
@@ -430,6 +446,7 @@ class Relay:
                 # Read the next batch while the producer's thread ships this one.
                 following = records[len(fits) :] or next(pages, [])
             self.position = fits[-1].position
+            self.kept.advance(self.position)  # after the commit: never ahead of the topic
             total += len(fits)
             records = following
         return total
@@ -563,7 +580,9 @@ class Relay:
         return self._stale
 
     def close(self) -> None:
+        """Close the producer; the progress published so far is kept in the store."""
         _discard(self.producer)
+        self.kept.flush(self.position)
 
 
 def offsets_text(offsets: Sequence[int]) -> str:

@@ -172,10 +172,11 @@ class RelayService:
         previous = _previous(home, topic)
         self._published = previous or 0
         """The last position known committed on the topic (kept when a relay is replaced; read
-        back from the health the last service left, and written on: it is the relay's progress,
-        which decides which unsigned records on the topic may be its own)."""
+        back from the health the last service left, and written on: it is this home's word on
+        the relay's progress, which decides which unsigned records on the topic may be its own;
+        the store's word, which every server shares, is the relay's own: `relay_progress`)."""
         self._progress_known = previous is not None
-        """A health file of this topic was found: `_published` is our durable progress."""
+        """A health file of this topic was found: `_published` is this home's progress."""
         self.health = RelayHealth(
             state="connecting",
             bootstrap=bootstrap,
@@ -478,15 +479,32 @@ class RelayService:
         path = health_path(self.home)
         tmp = path.with_name(f"{path.name}.{threading.get_ident()}.tmp")
         try:
-            tmp.write_bytes(msgspec.json.encode(self.health))
-            os.replace(tmp, path)
+            write_durably(tmp, path, msgspec.json.encode(self.health))
         except OSError as e:  # the health file is a report: never stop publishing over it
             log.debug("relay: cannot write %s: %s", path, e)
 
 
+def write_durably(tmp: Path, path: Path, data: bytes) -> None:
+    """`data` as the file `path`, through `tmp`, surviving a crash of the machine: the file is
+    synced before it replaces the old one (else a crash could leave the name on an empty file)
+    and the directory after (else the replacement could be lost). The health carries the
+    relay's progress (a home's word from before the store kept it)."""
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
 def _previous(home: Path, topic: str) -> int | None:
     """The position the last service's relay left committed on `topic` (`<home>/relay.json`),
-    the relay's durable progress; None: unknown (no readable health of this topic)."""
+    this home's word on the relay's progress (the store keeps the ledger's: a home upgraded
+    from before it did brings this); None: unknown (no readable health of this topic)."""
     try:
         health = read_health(home)
     except RelayError:

@@ -209,6 +209,10 @@ class Scan:
         the start of a log), signatures aside: a log, though not ours."""
         self.formed: Seen | None = None
         """The last record with a readable position and a value, for `chained`."""
+        self.equal = False
+        """A record equal to the store's event at its position, vouched for or not: the topic
+        holds this ledger's log (one its progress does not reach: published by a relay that
+        kept none), never another ledger's."""
         self.last_position = 0
         """The last readable position in the window (what a refusal names)."""
 
@@ -222,6 +226,16 @@ class Scan:
             return not self.signing
         return position <= self.progress
 
+    def follows(self, best: Seen | None, position: int) -> bool:
+        """Without keys, whether a record equal to the store's event at `position` comes right
+        after our last one (`best`; None: the start of the log): then every position up to it is
+        on the topic, in order, as the store's bytes, whoever sent it, so taking it leaves no
+        gap for any reader, and our own records past a progress not yet written are not
+        published again (the store's progress is written once a second at most). A rebuilt
+        copy of an event not yet published lies past a gap (atk46-25 F3): never. With keys,
+        an unsigned record is never taken this way (signed readers set it aside)."""
+        return not self.signing and position == (0 if best is None else best.position or 0) + 1
+
     def take(self, chunk: Iterable[Seen], stored: Mapping[int, bytes]) -> None:
         for rec in chunk:
             position = rec.position
@@ -232,12 +246,10 @@ class Scan:
             if rec.digest is not None:  # formed
                 self.chained = self.chained or continues(rec, self.formed)
                 self.formed = rec
-            ours = (
-                rec.digest is not None
-                and stored.get(position) == rec.digest
-                and self.vouched(rec, position)
-            )
+            equal = rec.digest is not None and stored.get(position) == rec.digest
+            self.equal = self.equal or equal
             best = self.best
+            ours = equal and (self.vouched(rec, position) or self.follows(best, position))
             if ours and (best is None or position > (best.position or 0)):
                 self.best, self.after, self.continued = rec, array("q"), False
                 continue
@@ -260,8 +272,10 @@ def bookmark(
 
     With signing keys, a record after ours that continues the chain from it *and* carries our
     signature is no forgery: the topic holds events this store lacks, and it is refused. So it
-    is when the whole topic holds none of our records but records that chain (another
-    ledger's topic).
+    is when the whole topic holds none of our records but records that chain, none of them
+    equal to the store's event at its position (another ledger's topic: records equal to ours
+    that nothing vouches for, say a relay's that kept no progress, are foreign, published
+    again after).
 
     Our last record is the highest record equal to the store's event that our signature or our
     `progress` vouches for (`Scan.vouched`), not the first window's: while that is below
@@ -282,7 +296,7 @@ def bookmark(
             if progress is None or position >= progress or whole or back >= REACH:
                 return position, scan.after.tolist()
         elif whole:
-            if scan.chained:
+            if scan.chained and not scan.equal:  # another ledger's (ours unvouched: foreign)
                 raise refusal(scan.last_position, 0)
             return 0, scan.after.tolist()
         back *= 16

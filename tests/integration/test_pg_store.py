@@ -68,14 +68,20 @@ def test_init_on_postgresql_records_the_store_and_every_read_uses_it(
 
 
 def test_copy_sqlite_to_postgresql_and_back_is_byte_for_byte(tmp_path: Path, pg_store: str) -> None:
+    from ledger.store import relay_progress
+    from ledger.store.relay import open_store
+
     src, back = tmp_path / "src", tmp_path / "back"
     n = small_ledger(src)
+    relay_progress.keep(open_store(src), "gpuledger.events", n - 1)  # the relay's, carried over
     out = run("store", "copy", str(src), pg_store)
     assert f"copied {n} events (positions 1-{n})" in out and "chain verified" in out
     password = pg_store.split("@")[0].split("//")[1].partition(":")[2]
     assert not password or password not in out
+    assert relay_progress.rows(open_store(tmp_path, pg_store)) == [("gpuledger.events", n - 1)]
     run("store", "copy", pg_store, str(back))
     assert sqlite_rows(back) == sqlite_rows(src)
+    assert relay_progress.rows(open_store(back)) == [("gpuledger.events", n - 1)]
     # the copy is a ledger: it opens, folds to the same state and takes writes
     a, b = Ledger(src, live=True), Ledger(tmp_path / "pg", store=pg_store, live=True)
     try:
@@ -173,9 +179,14 @@ def test_restore_from_kafka_rebuilds_the_lost_store_byte_for_byte(
     assert f"restored {n} events (positions 1-{n})" in out and "chain verified" in out, out
     assert pg_rows(pg_store) == lost
     assert "chain intact" in run("--home", str(home), "audit", "verify")
+    # the relay's progress is the topic's head (the store holds nothing the topic lacks)
+    from ledger.store.relay_progress import read
+
+    assert read(open_store(home), kafka_topic) == n
     back = tmp_path / "sqlite"
     run("store", "restore", "--from-kafka", kafka_bootstrap, "--topic", kafka_topic,
         "--to", str(back))  # fmt: skip
+    assert read(open_store(back), kafka_topic) == n
     same = [(p, UUID(str(o)), v, t, bytes(s)) for p, o, v, t, s in lost]  # type: ignore[misc]
     assert same == [
         (p, UUID(str(o)), v, t, bytes(s))

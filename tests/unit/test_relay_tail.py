@@ -17,6 +17,7 @@ import msgspec
 import pytest
 
 from ledger.store.relay import Relay, RelayError, tail_windows
+from ledger.store.relay_progress import Kept
 from projections.chain import link
 from projections.kafka_wire import (
     POSITION_HEADER,
@@ -137,6 +138,7 @@ def bookmark(
     relay.bootstrap, relay.topic, relay.config = "127.0.0.1:9", TOPIC, {}
     relay.timeout_s, relay.connect_timeout_s, relay.keys = 30.0, 3.0, keys
     relay.progress, relay.position = progress, 0
+    relay.kept = Kept(relay.recorder, TOPIC)  # the fake store keeps no progress
     last, foreign = relay._bookmark()
     return last if isinstance(last, int) else last.position, foreign
 
@@ -237,8 +239,11 @@ def test_a_rebuilt_copy_of_an_event_not_yet_published_is_not_the_bookmark(
     topic = ours(store[:10], keys) + rebuilt
     progress = 10 if keys is None else None  # signed: the signature alone decides
     assert bookmark(monkeypatch, store, topic, keys, progress) == (10, [10])
-    # the relay's own records past a progress it had not written yet: republished, not skipped
-    assert bookmark(monkeypatch, store, ours(store[:12], None), None, progress=10) == (10, [10, 11])
+    # the relay's own records past a progress it had not written yet follow its last one: taken
+    # (every position up to them is on the topic), not published again (was: (10, [10, 11]))
+    assert bookmark(monkeypatch, store, ours(store[:12], None), None, progress=10) == (12, [])
+    # a rebuilt copy right after the last record is the event itself, exactly: taken, no gap
+    assert bookmark(monkeypatch, store, ours(store[:11], None), None, progress=10) == (11, [])
     # signed records of ours past it are ours (a topic signed since: unsigned within it too)
     mixed = ours(store[:5], None) + ours(store[5:12], KEYS)
     assert bookmark(monkeypatch, store, mixed, KEYS, progress=5) == (12, [])
