@@ -307,6 +307,10 @@ class ReadPool:
             return await asyncio.wrap_future(lane.submit(person, lambda: self._one(fn)))
         return await asyncio.get_running_loop().run_in_executor(self._pool, self._one, fn)
 
+    def lanes(self) -> dict[str, FairLane]:
+        """The API's reads' lanes by name (`pages`, `big`, `live`)."""
+        return dict(self._lanes)
+
     def beside(self, fn: Callable[[duckdb.DuckDBPyConnection, Limits], Any]) -> bool:
         """From any thread: `fn(cursor, limits)` on the thread of work done ahead
         (`copied.ahead`: one thread at the service's priority, as the worker that did it
