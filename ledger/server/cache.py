@@ -20,14 +20,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from ledger.server.fairlane import shared_work
+
 T = TypeVar("T")
 
 CLOCKED = frozenset(
     {"jobs", "shares", "usage", "queue", "queue_total", "priority", "explain", "squatters"}
-    | {"nodes"}
+    | {"nodes", "metrics"}
 )
 """Reads whose answer depends on the moment unless `at` names it (`nodes`: the GPUs foreign
-work holds, as the service last observed its engine, which moves without an append)."""
+work holds, as the service last observed its engine, which moves without an append;
+`metrics`: what a scrape reads of the ledger, its window figures of the moment)."""
 FRESH_S = 2.0
 MAX_ENTRIES = 256
 FLIGHT_WAIT_S = 10.0
@@ -141,7 +144,15 @@ class ReadCache:
         any_position: bool = False,
     ) -> T:
         """`compute()` kept as `name` at `position`, unless it is under way on another thread
-        (at that position; `any_position`: at any): then that one, waited for."""
+        (at that position; `any_position`: at any): then that one, waited for. Computing it or
+        waiting for it is shared work: not charged to the person whose read in a lane of the
+        read pool asked (`fairlane.shared_work`)."""
+        with shared_work():
+            return self._once_shared(name, position, now, compute, any_position)
+
+    def _once_shared(
+        self, name: str, position: int, now: float, compute: Callable[[], T], any_position: bool
+    ) -> T:
         with self._lock:
             flight = self._flights.get(name)
             waiting = flight is not None and (any_position or flight[0] == position)

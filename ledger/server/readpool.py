@@ -111,9 +111,10 @@ class ReadPool:
     event loop behind it (priority inversion); the audit queries' work is DuckDB's, without the
     lock, at nice 10. Each lane serves the people reading in turn, and the rest after a read is
     its reader's own, `rest` times as long as it took times the people reading
-    (`ledger.server.fairlane`): a lane is busy about a quarter of the time at most, and one
-    person looping reads delays another's by the one read under way at most, never by their
-    queue or their rests."""
+    (`ledger.server.fairlane`): a lane is busy about a quarter of the time at most, besides the
+    work shared by every reader that no one is charged (the queue preview: once per log
+    position and 2 s at most), and one person looping reads delays another's by the one read
+    under way at most, never by their queue or their rests."""
     _base: duckdb.DuckDBPyConnection | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _running: dict[str, int] = field(default_factory=dict)
@@ -306,6 +307,10 @@ class ReadPool:
             lane = self._lanes["live" if live else "big" if big else "pages"]
             return await asyncio.wrap_future(lane.submit(person, lambda: self._one(fn)))
         return await asyncio.get_running_loop().run_in_executor(self._pool, self._one, fn)
+
+    def lanes(self) -> dict[str, FairLane]:
+        """The API's reads' lanes by name (`pages`, `big`, `live`)."""
+        return dict(self._lanes)
 
     def beside(self, fn: Callable[[duckdb.DuckDBPyConnection, Limits], Any]) -> bool:
         """From any thread: `fn(cursor, limits)` on the thread of work done ahead
