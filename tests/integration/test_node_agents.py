@@ -664,7 +664,8 @@ def test_an_exit_while_the_server_is_down_is_charged_to_its_real_end(cluster: Cl
     saw, within 1 s of the job's own clock, not the restart."""
     c = cluster
     go, end = c.home.parent / "go-end", c.home.parent / "ended-at"
-    job = c.submit(1, f"echo $$; while [ ! -e {go} ]; do sleep 0.1; done; date +%s.%N > {end}")
+    job = c.submit(1, f"echo $$; while [ ! -e {go} ]; do sleep 0.1; done; date +%s.%N > {end}; "
+                      "exit 3")  # fmt: skip
     running_pid(c, job)
     assert c.server.stop(signal.SIGKILL) == -signal.SIGKILL
     go.touch()
@@ -1127,11 +1128,12 @@ def test_an_exit_while_its_agent_was_away_past_the_fence_is_recorded_at_its_real
 ) -> None:
     """atk46-23 F5: the job exits while its node's agent is stopped; the node is lost and its
     fence passes (the job ends `node_lost` at the fence); the agent returns and reports the real
-    end, which wins: `jobs` shows it (not the fence's), and the audit finds every charge inside
-    the real run."""
+    end, which wins: `jobs` shows it (not the fence's) and its exit code (not the fence's -1),
+    and the audit finds every charge inside the real run."""
     c = cluster
     go, end = tmp_path / "go-f5", tmp_path / "ended-f5"
-    job = c.submit(1, f"echo $$; while [ ! -e {go} ]; do sleep 0.1; done; date +%s.%N > {end}")
+    job = c.submit(1, f"echo $$; while [ ! -e {go} ]; do sleep 0.1; done; date +%s.%N > {end}; "
+                      "exit 3")  # fmt: skip
     node, _ = running_pid(c, job)
     c.agents[node].kill(signal.SIGSTOP)
     go.touch()
@@ -1139,9 +1141,12 @@ def test_an_exit_while_its_agent_was_away_past_the_fence_is_recorded_at_its_real
     really = float(end.read_text())
     fenced = c.wait_status(job, "finished")
     assert fenced["finish_reason"] == "node_lost" and fenced["finished_at"] > really + 4, fenced
+    assert fenced["exit_code"] == -1, fenced  # no word from its node yet
     c.agents[node].proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
     heard = lambda: abs(c.job(job)["finished_at"] - really) <= 1.0  # noqa: E731
     wait_for("the real end to be recorded", heard, 30, c.why)
+    row = c.job(job)  # its real exit code, as sacct shows it; still ended by the fence (F5)
+    assert (row["exit_code"], row["finish_reason"], row["outcome"]) == (3, "node_lost", "failed")
     assert c.events("job.run_ended.v2")[-1]["ended_at"] == pytest.approx(really, abs=1.0)
     c.server.stop(signal.SIGTERM)
     assert ": 0 violations" in audit_check(c)
