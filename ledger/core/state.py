@@ -100,6 +100,19 @@ class StoppedRun(msgspec.Struct, frozen=True, kw_only=True):
     """When the ledger stopped it."""
     grace_s: int | None = None
     """The job's own grace (None: the engine's default)."""
+    kill: bool = False
+    """A second cancel cut its grace: SIGKILL at once (`JobKillOrdered`, atk46-23 F7)."""
+    why: str = ""
+    """What stopped it: `cancelled` or `preempted` (a requeue is a preemption); "" in a
+    snapshot made before. With `user`, `account` and `gpus`: what `queue` shows of it once
+    its job is gone from the live state (`ledger.reads.stopping`)."""
+    user: str = ""
+    account: str = ""
+    gpus: int = 0
+    funded: bool = True
+    debug: bool = False
+    submitted_at: float = 0.0
+    started_at: float | None = None
 
 
 class Token(msgspec.Struct, frozen=True, kw_only=True):
