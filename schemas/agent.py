@@ -142,6 +142,9 @@ class Assignment(msgspec.Struct, frozen=True, kw_only=True):
     """The leader epoch of the answering server (several servers on one PostgreSQL store,
     docs/ha.md; 0: the only server). An agent never takes a list from an older epoch than one
     it has taken: a deposed leader cannot make it launch or stop anything."""
+    kill: tuple[PartRun, ...] = ()
+    """Runs the ledger stopped here and then ordered killed at once (a second cancel in their
+    grace, atk46-23 F7): SIGKILL now, whatever is left of their grace."""
 
 
 class PartStarted(PartRun, frozen=True, kw_only=True):

@@ -221,6 +221,11 @@ def evolve(state: State, event: e.AnyEvent) -> State:
         case e.JobRunEnded():
             state.stopped_runs.pop((event.job_id, event.run), None)
             _run_ended(state, event)
+        case e.JobKillOrdered():
+            stopped = state.stopped_runs.get((event.job_id, event.run))
+            if stopped is not None:  # its engine kills it at once (`StoppedRun.kill`)
+                key = (event.job_id, event.run)
+                state.stopped_runs[key] = msgspec.structs.replace(stopped, kill=True)
         case e.UtilisationSampled() | e.CycleDecided() | e.JobEngineEnded():
             pass
     return state

@@ -253,6 +253,15 @@ class State:
             )
         return acct
 
+    def stopped_of(self, job_id: int) -> list[StoppedRun]:
+        """The job's runs the ledger stopped whose end is not recorded yet (their grace), only
+        for a job whose record ended (finished, or gone from the live state): what a second
+        cancel kills at once (`cancels.cancel`)."""
+        job = self.jobs.get(job_id)
+        if job is not None and job.status != "finished":
+            return []
+        return [sr for sr in self.stopped_runs.values() if sr.job_id == job_id]
+
     def job(self, job_id: int) -> Job:
         job = self.jobs.get(job_id)
         if job is None and self.live_only and 0 < job_id < self.next_job_id:

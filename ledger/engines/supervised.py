@@ -246,6 +246,9 @@ class SupervisedExecutor:
         (one save of the state file for every launch); the runs whose every part has started."""
         for job_id in orders.stops:
             self._stop(job_id, now)
+        for job_id in orders.kills:  # cancelled again in its grace: SIGKILL now (atk46-23 F7)
+            if (h := self.jobs.get(job_id)) is not None and h.stop_reason == "ledger":
+                h.grace_s = 0.0  # the next watch kills it
         if orders.launches:
             self._launch_all(orders.launches, now)
         return tuple(self._take_starts())

@@ -309,6 +309,9 @@ def explain_history(
                 out.append(finish_line(ev))
             case e.JobRunEnded():
                 out.append(run_ended_line(ev))
+            case e.JobKillOrdered():
+                out.append(f"{when(ev.at)} cancelled again by {ev.actor}: its run {ev.run + 1} "
+                           "in its grace is killed at once (SIGKILL).")  # fmt: skip
     if job.status in ("placed", "running"):
         out.append(contract_line(job, now))
         out += limit_line(job, now)

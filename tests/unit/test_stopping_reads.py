@@ -13,8 +13,10 @@ from ledger.reads.explain import explain_history
 from ledger.reads.preview import _holding_rows, explain_now
 from ledger.reads.stopping import DEFAULT_GRACE_S, limit_kill_at, shown
 from schemas import commands as c
+from schemas import events as e
 from schemas import views as v
 from schemas.bounds import MAX_GRACE_S
+from schemas.errors import InvalidTransition, NotAuthorised
 from tests.unit.test_jobs_world import World
 
 
@@ -101,3 +103,45 @@ def test_a_cancel_of_a_job_past_its_limit_kills_it_at_once(w: World) -> None:
     w.run(c.CancelJob(actor="alice", job_id=job_id))
     row = _queue(w, w.now)[job_id]
     assert (row.state, row.kill_at) == ("stopping", w.now)  # killed at once, as scancel
+
+
+def test_a_second_cancel_kills_a_stopping_run_at_once(w: World) -> None:
+    """atk46-23 F7: a cancel of a job already cancelled, its processes in their grace, was
+    refused ("already cancelled") and could not cut the grace; now it orders the run killed."""
+    job_id = _running(w, grace_s=100)
+    w.run(c.CancelJob(actor="alice", job_id=job_id))
+    assert _queue(w, w.now)[job_id].kill_at == w.now + 100
+    with pytest.raises(NotAuthorised):
+        w.run(c.CancelJob(actor="bob", job_id=job_id))  # not bob's
+    w.now += 5
+    (ordered,) = w.run(c.CancelJob(actor="alice", job_id=job_id))
+    assert isinstance(ordered, e.JobKillOrdered) and (ordered.job_id, ordered.run) == (job_id, 0)
+    assert w.state.stopped_runs[(job_id, 0)].kill
+    row = _queue(w, w.now)[job_id]
+    assert (row.kill_at, row.reason.endswith("killed at once")) == (w.now - 5, True)
+    with pytest.raises(InvalidTransition, match="its processes are being killed"):
+        w.run(c.CancelJob(actor="alice", job_id=job_id))  # once
+    gone = c.ConfirmRunEnded(
+        actor="@executor",
+        job_id=job_id,
+        engine="agent",
+        engine_job_id=f"{job_id}.1",
+        run=0,
+        ended_at=w.now,
+        killed=True,
+    )
+    w.run(gone)
+    with pytest.raises(InvalidTransition, match="already cancelled"):
+        w.run(c.CancelJob(actor="alice", job_id=job_id))  # gone: a finished job, as before
+
+
+def test_a_second_cancel_of_a_job_gone_from_the_live_state_is_its_owners(w: World) -> None:
+    job_id = _running(w, grace_s=100)
+    w.run(c.CancelJob(actor="alice", job_id=job_id))
+    del w.state.jobs[job_id]  # a server keeps only live jobs (`State.live_only`)
+    w.state.live_only = True
+    with pytest.raises(NotAuthorised):
+        w.run(c.CancelJob(actor="bob", job_id=job_id))
+    (ordered,) = w.run(c.CancelJob(actor="alice", job_id=job_id))
+    assert isinstance(ordered, e.JobKillOrdered)
+    assert _queue(w, w.now)[job_id].state == "stopping"
