@@ -235,6 +235,7 @@ class _Listed(msgspec.Struct, frozen=True, kw_only=True):
     parts: tuple[msgspec.Raw, ...]
     server_time: float
     epoch: int = 0
+    kill: msgspec.Raw = msgspec.Raw(b"[]")
 
 
 class _Which(msgspec.Struct, frozen=True, kw_only=True):
@@ -270,4 +271,5 @@ def decode_assignment(data: bytes) -> tuple[Assignment, tuple[Unreadable, ...]]:
          "server_time": listed.server_time, "epoch": listed.epoch}
     )  # fmt: skip
     asg = msgspec.json.decode(head, type=Assignment)
-    return msgspec.structs.replace(asg, parts=tuple(parts)), tuple(bad)
+    kill = msgspec.json.decode(listed.kill, type=tuple[PartRun, ...])  # (its runs to kill)
+    return msgspec.structs.replace(asg, parts=tuple(parts), kill=kill), tuple(bad)

@@ -702,6 +702,53 @@ def test_a_cancelled_jobs_gpus_show_stopping_until_its_node_says_it_is_gone(
     assert cluster.events("job.run_ended.v2")  # its end was reported: the fence let it go
 
 
+def test_a_job_in_its_grace_is_stopping_in_every_read_and_a_second_cancel_kills_it(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """atk46-23 F7: a job past its time limit, in its grace, showed plain `running` in `jobs`,
+    `queue` and `node list`, and a cancelled one in its grace could not be cut short. Every
+    read (the CLI's over the server's /v1) shows it `stopping` with the same SIGKILL time; a
+    second cancel kills it at once."""
+    c = cluster
+    termed, again = tmp_path / "termed-f7", tmp_path / "again-f7"
+    limited = c.submit(1, f"trap 'touch {termed}' TERM; while :; do sleep 0.1; done",
+                       "-t", "2s", "--grace", "60s")  # fmt: skip
+    wait_for("its limit's SIGTERM", termed.exists, 30, c.why)
+
+    def reads(job: int) -> tuple[dict[str, Any], dict[str, Any], list[int]]:
+        rows = json.loads(c.cli("queue", "--state", "running", "--json").stdout)
+        nodes = json.loads(c.cli("node", "list", "--json").stdout)
+        ending = [j for n in nodes for j in n["stopping_jobs"]]
+        return c.job(job), next((r for r in rows if r["job_id"] == job), {}), ending
+
+    row, queued, ending = reads(limited)
+    assert row["status"] == "stopping" and queued["state"] == "stopping", (row, queued)
+    assert row["kill_at"] == pytest.approx(row["started_at"] + 62, abs=0.01)
+    assert queued["kill_at"] == pytest.approx(row["kill_at"], abs=0.01) and limited in ending
+    assert " is stopping." in c.cli("explain", str(limited)).stdout
+    assert "stopping (SIGKILL by" in c.cli("queue", "--state", "running").stdout
+    c.cli("cancel", str(limited))  # past its limit: killed at once, as before
+    # cancelled in a minute's grace: stopping (as squeue's CG) until a second cancel
+    job = c.submit(1, f"trap 'touch {again}' TERM; while :; do sleep 0.1; done",
+                   "--grace", "60s")  # fmt: skip
+    c.wait_status(job, "running")
+    c.cli("cancel", str(job))
+    wait_for("its SIGTERM", again.exists, 30, c.why)
+    row, queued, ending = reads(job)
+    assert row["status"] == "finished" and row["outcome"] == "cancelled", row
+    assert queued["state"] == "stopping" and job in ending, queued
+    out = c.cli("cancel", str(job)).stdout
+    assert "killed now" in out, out
+    t0 = time.monotonic()
+    wait_for("its end", lambda: [e for e in c.events("job.run_ended.v2") if e["job_id"] == job],
+             30, c.why)  # fmt: skip
+    assert time.monotonic() - t0 < 15  # not its minute's grace
+    (ended,) = [e for e in c.events("job.run_ended.v2") if e["job_id"] == job]
+    assert ended["killed"] or ended["exit_code"] in (-9, 137), ended
+    wait_for("nothing stopping", lambda: not reads(job)[2], 30, c.why)
+    assert c.cli("cancel", str(job), ok=False).returncode == 1  # a finished job, as before
+
+
 @with_flags(serve=("--node-fence", "5m"))
 def test_a_server_restarted_with_a_shorter_fence_shortens_the_nodes_lease_at_once(
     cluster: Cluster,

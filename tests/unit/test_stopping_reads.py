@@ -145,3 +145,18 @@ def test_a_second_cancel_of_a_job_gone_from_the_live_state_is_its_owners(w: Worl
     (ordered,) = w.run(c.CancelJob(actor="alice", job_id=job_id))
     assert isinstance(ordered, e.JobKillOrdered)
     assert _queue(w, w.now)[job_id].state == "stopping"
+
+
+def test_an_agent_reads_the_runs_to_kill_from_its_poll_answer() -> None:
+    """The agents' answer reader rebuilt the assignment from its head and parts alone: the runs
+    to kill at once (`Assignment.kill`) never reached the node's agent."""
+    import msgspec
+
+    from schemas import agent as a
+
+    asg = a.Assignment(node="n1", version="v", parts=(), server_time=1.0,
+                       kill=(a.PartRun(job_id=2, run=1),))  # fmt: skip
+    got, bad = a.decode_assignment(msgspec.json.encode(asg))
+    assert (got.kill, bad) == ((a.PartRun(job_id=2, run=1),), ())
+    old = b'{"node":"n1","version":"v","parts":[],"server_time":1.0}'  # an older server's
+    assert a.decode_assignment(old)[0].kill == ()
