@@ -664,8 +664,7 @@ def test_an_exit_while_the_server_is_down_is_charged_to_its_real_end(cluster: Cl
     saw, within 1 s of the job's own clock, not the restart."""
     c = cluster
     go, end = c.home.parent / "go-end", c.home.parent / "ended-at"
-    job = c.submit(1, f"echo $$; while [ ! -e {go} ]; do sleep 0.1; done; date +%s.%N > {end}; "
-                      "exit 3")  # fmt: skip
+    job = c.submit(1, f"echo $$; while [ ! -e {go} ]; do sleep 0.1; done; date +%s.%N > {end}")
     running_pid(c, job)
     assert c.server.stop(signal.SIGKILL) == -signal.SIGKILL
     go.touch()
