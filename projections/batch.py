@@ -146,6 +146,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("ended_at", pa.float64()),
             ("event_at", pa.float64()),
             ("started_at", pa.float64()),
+            ("exit_code", pa.int32()),
         ]
     ),
     "b_engine_ended": pa.schema(
@@ -691,7 +692,8 @@ def _run_ended(groups: dict[type, Group]) -> pa.Table:
     """When runs really ended as their engines say (the end of an interval's charge, when
     earlier than its release): `JobRunEnded` names its run; `JobEngineEnded` (run NULL) is the
     end of the job's current run, recorded with its release. A `JobRunEnded` may also say when
-    its run started where no `JobStarted` did (`started_at`: `intervals_run_ended`)."""
+    its run started where no `JobStarted` did (`started_at`: `intervals_run_ended`), and its
+    exit code (a fenced job's real one: `jobs_fenced_exit`)."""
     g = groups.get(e.JobRunEnded, _EMPTY_GROUP)
     x = groups.get(e.JobEngineEnded, _EMPTY_GROUP)
     # a fence's end is no run's real end: its node's report is (`events.FENCED_STATE`)
@@ -707,6 +709,7 @@ def _run_ended(groups: dict[type, Group]) -> pa.Table:
             "ended_at": [ev.at if ev.ended_at is None else ev.ended_at for ev in evs],
             "event_at": [ev.at for ev in evs],
             "started_at": [ev.started_at for ev in g.events] + [None] * len(x_events),
+            "exit_code": [ev.exit_code for ev in g.events] + [None] * len(x_events),
         },
     )
 

@@ -91,6 +91,13 @@ def events_of(
     return [(position, decode(raw)) for position, raw in rows]
 
 
+def graces(con: Con, job_ids: Sequence[int]) -> dict[int, int | None]:
+    """Each of these jobs' own grace as submitted (`submit --grace`; None: the service's): when
+    a stopping job is killed (`ledger.reads.stopping`)."""
+    found = events_of(con, [e.JobSubmitted], job_ids=job_ids) if job_ids else []
+    return {ev.job_id: ev.grace_s for _, ev in found if isinstance(ev, e.JobSubmitted)}
+
+
 class JobEvent(NamedTuple):
     """One event of a job, as the log holds it: its place and common columns, decoded."""
 

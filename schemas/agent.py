@@ -145,6 +145,9 @@ class Assignment(msgspec.Struct, frozen=True, kw_only=True):
     """The leader epoch of the answering server (several servers on one PostgreSQL store,
     docs/ha.md; 0: the only server). An agent never takes a list from an older epoch than one
     it has taken: a deposed leader cannot make it launch or stop anything."""
+    kill: tuple[PartRun, ...] = ()
+    """Runs the ledger stopped here and then ordered killed at once (a second cancel in their
+    grace, atk46-23 F7): SIGKILL now, whatever is left of their grace."""
 
 
 class PartStarted(PartRun, frozen=True, kw_only=True):
@@ -235,6 +238,7 @@ class _Listed(msgspec.Struct, frozen=True, kw_only=True):
     parts: tuple[msgspec.Raw, ...]
     server_time: float
     epoch: int = 0
+    kill: msgspec.Raw = msgspec.Raw(b"[]")
 
 
 class _Which(msgspec.Struct, frozen=True, kw_only=True):
@@ -270,4 +274,5 @@ def decode_assignment(data: bytes) -> tuple[Assignment, tuple[Unreadable, ...]]:
          "server_time": listed.server_time, "epoch": listed.epoch}
     )  # fmt: skip
     asg = msgspec.json.decode(head, type=Assignment)
-    return msgspec.structs.replace(asg, parts=tuple(parts)), tuple(bad)
+    kill = msgspec.json.decode(listed.kill, type=tuple[PartRun, ...])  # (its runs to kill)
+    return msgspec.structs.replace(asg, parts=tuple(parts), kill=kill), tuple(bad)

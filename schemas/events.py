@@ -483,6 +483,16 @@ class JobRunEnded(_RunEnded, frozen=True, kw_only=True, tag="job.run_ended.v2"):
     `fairtree-3` the run is charged from it to `ended_at` (docs/projections.md)."""
 
 
+class JobKillOrdered(JobEvent, frozen=True, kw_only=True, tag="job.kill_ordered.v1"):
+    """A run the ledger had stopped (cancelled, preempted), still in its grace (its end not
+    recorded), is to be killed now: its job was cancelled again, as a second `scancel` (or
+    `scancel --signal=KILL`) ends a job Slurm is stopping (atk46-23 F7: a cancel could not cut
+    a grace short). Its engine sends SIGKILL at once; its end is recorded as any stopped run's
+    (`JobRunEnded`)."""
+
+    run: Count = 0
+
+
 class UtilisationSampled(JobEvent, frozen=True, kw_only=True, tag="job.utilisation_sampled.v1"):
     gpu_utilisation: Utilisation
 
@@ -732,6 +742,7 @@ AnyEvent = (
     | JobEngineLinked
     | JobEngineEnded
     | JobRunEnded
+    | JobKillOrdered
     | UtilisationSampled
     | CheckpointReported
     | CycleDecided

@@ -21,7 +21,7 @@ import msgspec
 
 from schemas.events import AnyEvent, FinishReason, GpuSlot
 
-JobStatusWord = Literal["pending", "held", "placed", "running", "finished"]
+JobStatusWord = Literal["pending", "held", "placed", "running", "stopping", "finished"]
 Limit = Annotated[int, msgspec.Meta(ge=1, le=100_000)]
 Epoch = Annotated[float, msgspec.Meta(ge=0.0, le=32_503_680_000.0)]
 """A time in seconds since the Unix epoch, before the year 3000."""
@@ -38,6 +38,7 @@ class JobFilter(_View, frozen=True, kw_only=True):
     """Which jobs `jobs` lists: all filters combine; newest first."""
 
     status: Literal["pending", "held", "placed", "running", "finished", "active"] | None = None
+    """`running` takes the jobs whose processes run, `stopping` ones (past their limit) too."""
     user: str | None = None
     account: str | None = None
     """This account and everything below it."""
@@ -118,6 +119,10 @@ class NodeRow(_View, frozen=True, kw_only=True):
     """GPUs of runs the ledger stopped (cancel, preemption, requeue) whose processes are not all
     gone yet (their grace), as the service last observed them: not free; the next job starts on
     them once they are."""
+    stopping_jobs: list[int] = []
+    """The jobs stopping on it (`ledger.reads.stopping`): past their time limit in their grace
+    (among `jobs`), or a run the ledger stopped whose processes are not gone yet (no longer
+    among `jobs`: their GPUs are `stopping_gpus` while observed so)."""
 
 
 # --- jobs (history, from the projection) ------------------------------------------------------
@@ -166,6 +171,10 @@ class JobRow(_View, frozen=True, kw_only=True):
     engine_job_id: str | None = None
     """The execution engine's id of its last run (a Slurm job id); null where the engine names
     no runs."""
+    kill_at: float | None = None
+    """A `stopping` job (past its time limit, SIGTERM sent, its processes in their grace): when
+    it is SIGKILLed at the latest, its limit plus its grace (`ledger.reads.stopping`); null
+    otherwise."""
     job_name: str = ""
     workdir: str = ""
     """The directory it starts in ("" the engine's default)."""
@@ -226,7 +235,10 @@ class QueueRow(_View, frozen=True, kw_only=True):
     gpus: int
     funded: bool
     debug: bool
-    state: Literal["pending", "held", "placed", "running"]
+    state: Literal["pending", "held", "placed", "running", "stopping"]
+    """`stopping`: past its time limit in its grace, or a run the ledger stopped (cancelled,
+    preempted, requeued) whose processes are not gone yet, like squeue's `CG`
+    (`ledger.reads.stopping`)."""
     sort_key: list[float | int | str]
     code: str
     """NEXT_CYCLE (placed in the next cycle), HELD, WAIT_DEPENDENCY, WAIT_ARRAY_LIMIT, the
@@ -249,6 +261,9 @@ class QueueRow(_View, frozen=True, kw_only=True):
     null otherwise. `waiting_s` of a job that holds GPUs is the wait it had, not this."""
     remaining_s: float | None = None
     """A running job's time limit less `elapsed_s` (0 once passed); null without a limit."""
+    kill_at: float | None = None
+    """A `stopping` job's SIGKILL at the latest (its limit, or its stop, plus its grace; the
+    stop itself after a second cancel); null otherwise."""
 
 
 class PriorityRow(_View, frozen=True, kw_only=True):

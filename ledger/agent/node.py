@@ -270,6 +270,8 @@ class NodeAgent:
         self.outbox = Outbox()
         self.finished: set[tuple[int, int]] = set()
         """(job, run) whose exit this agent saw: never launched again while still listed."""
+        self.kills: set[tuple[int, int]] = set()
+        """(job, run) the ledger stopped here and then ordered killed at once (`kill`)."""
         self.lease = NodeLease(status_path.with_name(LEASE_FILE))
         """The node's lease, renewed by every contact and keep: by the settings the server
         last gave (kept in the file, so a keep renews it before a restarted agent registers)."""
@@ -470,6 +472,7 @@ class NodeAgent:
         asg, unreadable = polled
         self.version = asg.version
         self.parts = {p.job_id: p for p in asg.parts}
+        self.kills = {(k.job_id, k.run) for k in asg.kill}
         listed = {(p.job_id, p.run) for p in asg.parts} | {(u.job_id, u.run) for u in unreadable}
         self.finished &= listed
         for u in unreadable:  # its launch fails here, once: the ledger ends the job
@@ -493,8 +496,10 @@ class NodeAgent:
                     log.info("stopping job %s: the ledger no longer runs it here", job_id)
                     stops.append(job_id)
                 stopped.add(job_id)
-        if stops:  # before the launches: a stopped run waiting for its GPUs is gone at once
-            self._carry_out(Orders(stops=tuple(stops)), now)
+        # cancelled again in its grace: killed at once (atk46-23 F7)
+        kills = tuple(j for j, r in sorted(self.kills) if self.ex.launch_of(j) == r + 1)
+        if stops or kills:  # before the launches: a stopped run waiting for GPUs is gone at once
+            self._carry_out(Orders(stops=tuple(stops), kills=kills), now)
         launches: list[Launch] = []
         running = self.ex.running()
         for job_id, p in sorted(self.parts.items()):

@@ -43,6 +43,8 @@ def node_list(rows: list[NodeRow]) -> None:
         jobs = ",".join(map(str, r.jobs)) or "-"
         if r.foreign_gpus:
             jobs += f" (GPUs {','.join(map(str, r.foreign_gpus))} held outside the ledger)"
+        if r.stopping_jobs:  # past their limit, or stopped by the ledger: in their grace
+            jobs += f" (stopping: {','.join(map(str, r.stopping_jobs))})"
         if r.stopping_gpus:
             jobs += f" (GPUs {','.join(map(str, r.stopping_gpus))} stopping)"
         table.append((r.node, r.cluster, r.gpu_type, str(r.gpus), str(r.free_gpus), state, jobs))
@@ -183,9 +185,11 @@ def jobs(
         state: str = (
             r.finish_reason or r.outcome or r.status if r.status == "finished" else r.status
         )
+        # a stopping job (past its limit, in its grace) ends by its SIGKILL at the latest
+        end = format_time(r.finished_at) if r.kill_at is None else f"by {format_time(r.kill_at)}"
         rows.append((
             str(r.job_id), r.account, r.user, str(r.gpus), state, contract,
-            format_time(r.submitted_at), format_time(r.started_at), format_time(r.finished_at),
+            format_time(r.submitted_at), format_time(r.started_at), end,
             "-" if r.elapsed_s is None else span(r.elapsed_s),
             "-" if r.exit_code is None else str(r.exit_code), ",".join(r.nodes) or "-",
             r.logs[0] if r.logs else "-",

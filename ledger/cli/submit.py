@@ -37,7 +37,7 @@ from ledger.engines.ulimits import own_limits
 from schemas import commands as c
 from schemas.bounds import ENV_NAME_PATTERN, LIMIT_NAMES, MAX_ARRAY_TASKS, MAX_ENV_VALUE
 from schemas.errors import InvalidCommand, LedgerError
-from schemas.events import JobFinished, JobSubmitted
+from schemas.events import JobFinished, JobKillOrdered, JobSubmitted
 from schemas.units import format_duration, parse_duration, parse_job_time
 
 ENV_NAME = re.compile(ENV_NAME_PATTERN)
@@ -600,7 +600,11 @@ def cancel(ctx: Ctx, job_ids: tuple[str, ...]) -> None:
     """Cancel JOB_ID... (its owner, a manager of its account, or an admin), like scancel: the id
     of a job array (its first task's) cancels every unfinished task of it, ARRAY_TASK (`17_0`)
     that task alone. Each id is cancelled on its own; one that cannot be is one error line, and
-    the exit code is 1; an id an earlier one of the same command cancelled is no error."""
+    the exit code is 1; an id an earlier one of the same command cancelled is no error.
+
+    A cancel sends SIGTERM and gives the job its grace (`submit --grace`) before SIGKILL; cancel
+    it again while it is `stopping` (its processes in that grace) and it is killed at once, as
+    a second scancel (or `scancel --signal=KILL`) ends a job Slurm is stopping."""
     failed = 0
     done: set[int] = set()
     for text in job_ids:
@@ -619,6 +623,9 @@ def cancel(ctx: Ctx, job_ids: tuple[str, ...]) -> None:
         except LedgerError as err:  # one line each, and on to the next id
             click.echo(f"error: {' '.join(err.line().split())} [{err.code}]", err=True)
             failed += 1
+            continue
+        if any(isinstance(ev, JobKillOrdered) for ev in appended.events):
+            click.echo(f"job {job_id} was stopping: killed now (position {appended.position})")
             continue
         ends = [ev for ev in appended.events if isinstance(ev, JobFinished)]
         ended = [ev.job_id for ev in ends if ev.reason == "cancelled"]

@@ -357,12 +357,13 @@ def queue(rows: list[QueueRow]) -> None:
     """Pending work in dispatch order: sort key, why it waits, estimated start (like squeue);
     then the jobs that may not run yet (a dependency, an array's limit) and held ones. With
     `--state running`, the jobs that hold GPUs, when they started and where."""
-    if any(r.state in ("placed", "running") for r in rows):
+    if any(r.state in ("placed", "running", "stopping") for r in rows):
         # `started` only when a process started (a placed job may never start); a pending
-        # row's estimate is its own column
+        # row's estimate is its own column; a stopping one's SIGKILL at the latest
         head = ("job", "account", "user", "gpus", "state", "started", "est. start", "nodes")
         print_table(head, [
-            (str(r.job_id), r.account, r.user, str(r.gpus), r.state,
+            (str(r.job_id), r.account, r.user, str(r.gpus),
+             r.state if r.kill_at is None else f"{r.state} (SIGKILL by {_when(r.kill_at)})",
              "-" if r.started_at is None else _when(r.started_at),
              _when(r.estimated_start_at) if r.state == "pending" else "-",
              ",".join(r.nodes) or "-")

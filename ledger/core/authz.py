@@ -243,6 +243,9 @@ def _command_rule(state: State, cmd: c.AnyCommand, actor: str) -> None:
             if isinstance(cmd, c.CancelJob) and cmd.whole_array and tasks:
                 for task in sorted(tasks):  # every task of the array: each must be theirs
                     _require_owner(state, state.jobs[task], actor, verb)
+            elif isinstance(cmd, c.CancelJob) and (ending := state.stopped_of(cmd.job_id)):
+                # cancelled again while its stopped run lives on (gone from the live state)
+                _require_owner_of(state, ending[0].user, ending[0].account, cmd.job_id, actor, verb)
             else:
                 _require_owner(state, state.job(cmd.job_id), actor, verb)
         case c.ApplyDecision():
@@ -324,7 +327,15 @@ def _require_system(state: State, actor: str, what: str) -> None:
 
 def _require_owner(state: State, job: Job, actor: str, what: str) -> None:
     """The job's owner, a manager of its account, an admin or a system actor."""
-    if not (actor == job.spec.user or state.manages(actor, job.spec.account) or is_system(actor)):
+    _require_owner_of(state, job.spec.user, job.spec.account, job.job_id, actor, what)
+
+
+def _require_owner_of(
+    state: State, user: str, account: str, job_id: int, actor: str, what: str
+) -> None:
+    """`user`'s job `job_id` in `account`: its owner, a manager of its account, an admin or a
+    system actor."""
+    if not (actor == user or state.manages(actor, account) or is_system(actor)):
         raise NotAuthorised(
-            f"{actor!r} may not {what} job {job.job_id}: only its owner, a manager or an admin"
+            f"{actor!r} may not {what} job {job_id}: only its owner, a manager or an admin"
         )

@@ -16,6 +16,7 @@ from typing import TypedDict, cast
 
 from ledger.core import jobs
 from ledger.core.authz import authorise
+from ledger.core.cancels import cancel
 from ledger.core.conflicts import command_keys, event_keys
 from ledger.core.runs import between, confirm_run_ended
 from ledger.core.runs import drained_after as _drained_after
@@ -406,22 +407,6 @@ def _submit(state: State, cmd: c.SubmitJob, s: _Stamp) -> list[e.AnyEvent]:
     return jobs.submissions(state, cmd, contract, s.kw)
 
 
-def _cancel(state: State, cmd: c.CancelJob, s: _Stamp) -> list[e.AnyEvent]:
-    """One job, or every unfinished task of the array `job_id` names (`whole_array`)."""
-    tasks = state.array_tasks(cmd.job_id) if cmd.whole_array else set()
-    if not tasks:
-        job = state.job(cmd.job_id)
-        if not job.active:
-            raise InvalidTransition(f"job {cmd.job_id} already {job.outcome}")
-        tasks = {cmd.job_id}
-    out: list[e.AnyEvent] = []
-    nodes: list[str] = []
-    for job_id in sorted(tasks):
-        out.append(e.JobFinished(**s.kw(), job_id=job_id, outcome="cancelled", reason="cancelled"))
-        nodes += [sl.node for sl in state.jobs[job_id].slots]
-    return out + _drained_after(state, nodes, tasks, s)
-
-
 def _hold(state: State, cmd: c.HoldJob, s: _Stamp) -> list[e.AnyEvent]:
     job = state.job(cmd.job_id)
     if job.status != "pending":
@@ -783,7 +768,7 @@ _HANDLERS: dict[type, Callable[[State, c.AnyCommand, _Stamp], list[e.AnyEvent]]]
     c.MarkNodeLost: _mark_node_lost,  # type: ignore[dict-item]
     c.RecordNodeAgent: _record_node_agent,  # type: ignore[dict-item]
     c.SubmitJob: _submit,  # type: ignore[dict-item]
-    c.CancelJob: _cancel,  # type: ignore[dict-item]
+    c.CancelJob: cancel,  # type: ignore[dict-item]
     c.HoldJob: _hold,  # type: ignore[dict-item]
     c.ReleaseJob: _release_job,  # type: ignore[dict-item]
     c.RequeueJob: _requeue,  # type: ignore[dict-item]

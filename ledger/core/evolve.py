@@ -151,7 +151,7 @@ def evolve(state: State, event: e.AnyEvent) -> State:
         case e.JobPreempted():
             job = state.jobs[event.job_id]
             if event.reason != "node_failure":  # a lost node's runs: the node-lost rule's
-                _stopped(state, job, event.at)
+                _stopped(state, job, event.at, "preempted")
             _release(state, job)
             state.jobs[event.job_id] = msgspec.structs.replace(
                 job,
@@ -175,7 +175,7 @@ def evolve(state: State, event: e.AnyEvent) -> State:
         case e.JobFinished():
             job = state.jobs[event.job_id]
             if event.ended_at is None and event.reason in ("cancelled", "preempted"):
-                _stopped(state, job, event.at)  # the ledger's decision, not the run's own end
+                _stopped(state, job, event.at, event.reason)  # the ledger's, not the run's end
             _release(state, job)
             state.finished += 1
             state.active.discard(event.job_id)
@@ -221,6 +221,11 @@ def evolve(state: State, event: e.AnyEvent) -> State:
         case e.JobRunEnded():
             state.stopped_runs.pop((event.job_id, event.run), None)
             _run_ended(state, event)
+        case e.JobKillOrdered():
+            stopped = state.stopped_runs.get((event.job_id, event.run))
+            if stopped is not None:  # its engine kills it at once (`StoppedRun.kill`)
+                key = (event.job_id, event.run)
+                state.stopped_runs[key] = msgspec.structs.replace(stopped, kill=True)
         case e.UtilisationSampled() | e.CycleDecided() | e.JobEngineEnded():
             pass
     return state
@@ -269,15 +274,29 @@ def _indexed(state: State, spec: e.JobSubmitted, *, add: bool) -> None:
                 del arrays[spec.array_job_id]
 
 
-def _stopped(state: State, job: Job, at: float) -> None:
+def _stopped(state: State, job: Job, at: float, why: str) -> None:
     """The ledger stops the job's running run: its end is awaited (`State.stopped_runs`), and
     runs stopped more than `ENDS_KEPT_S` ago are forgotten."""
     if job.status == "running" and job.engine and job.slots:
         key = (job.job_id, job.preemptions)
+        s, began = job.spec, job.started_at
+        past = began is not None and s.time_limit_s is not None and at >= began + s.time_limit_s
         state.stopped_runs[key] = StoppedRun(
-            job_id=job.job_id, run=job.preemptions, slots=job.slots, at=at,
-            grace_s=job.spec.grace_s,
-        )  # fmt: skip
+            job_id=job.job_id,
+            run=job.preemptions,
+            slots=job.slots,
+            at=at,
+            grace_s=s.grace_s,
+            kill=past,
+            why=why,
+            user=s.user,
+            account=s.account,
+            gpus=s.gpus,
+            funded=job.funded,
+            debug=s.debug,
+            submitted_at=s.at,
+            started_at=began,
+        )  # fmt: skip  (past its limit, in its grace: killed at once, as scancel)
     cut = at - ENDS_KEPT_S
     while state.stopped_runs:
         oldest = next(iter(state.stopped_runs))

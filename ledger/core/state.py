@@ -100,6 +100,19 @@ class StoppedRun(msgspec.Struct, frozen=True, kw_only=True):
     """When the ledger stopped it."""
     grace_s: int | None = None
     """The job's own grace (None: the engine's default)."""
+    kill: bool = False
+    """A second cancel cut its grace: SIGKILL at once (`JobKillOrdered`, atk46-23 F7)."""
+    why: str = ""
+    """What stopped it: `cancelled` or `preempted` (a requeue is a preemption); "" in a
+    snapshot made before. With `user`, `account` and `gpus`: what `queue` shows of it once
+    its job is gone from the live state (`ledger.reads.stopping`)."""
+    user: str = ""
+    account: str = ""
+    gpus: int = 0
+    funded: bool = True
+    debug: bool = False
+    submitted_at: float = 0.0
+    started_at: float | None = None
 
 
 class Token(msgspec.Struct, frozen=True, kw_only=True):
@@ -239,6 +252,15 @@ class State:
                 account=path,
             )
         return acct
+
+    def stopped_of(self, job_id: int) -> list[StoppedRun]:
+        """The job's runs the ledger stopped whose end is not recorded yet (their grace), only
+        for a job whose record ended (finished, or gone from the live state): what a second
+        cancel kills at once (`cancels.cancel`)."""
+        job = self.jobs.get(job_id)
+        if job is not None and job.status != "finished":
+            return []
+        return [sr for sr in self.stopped_runs.values() if sr.job_id == job_id]
 
     def job(self, job_id: int) -> Job:
         job = self.jobs.get(job_id)

@@ -340,8 +340,13 @@ class Dispatcher:
         return tuple(j for j in sorted(running) if j not in jobs or jobs[j].status not in held)
 
     def carry_out(self, orders: Orders, now: float) -> Recorded:
-        """Hand the orders to the engine; record the runs that began at once."""
-        if not orders.stops and not orders.launches:
+        """Hand the orders to the engine, with the stopped runs a second cancel ordered killed
+        (`Orders.kills`, every time until their ends are recorded); record the runs that began
+        at once."""
+        kills = tuple(sorted({sr.job_id for sr in self.ledger.state.stopped_runs.values()
+                              if sr.kill}))  # fmt: skip
+        orders = replace(orders, kills=kills) if kills else orders
+        if not orders.stops and not orders.launches and not orders.kills:
             return Recorded()
         if not self.may_act():
             log.warning("not carrying out orders of epoch %d: the lease ran out", self.epoch)

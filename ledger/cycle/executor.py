@@ -144,6 +144,10 @@ class Orders:
     """Jobs the ledger no longer runs (preempted, cancelled, ended elsewhere)."""
     launches: tuple[Launch, ...] = ()
     """Placements to run."""
+    kills: tuple[int, ...] = ()
+    """Jobs whose run the ledger stopped and then ordered killed at once (a second cancel:
+    `StoppedRun.kill`): SIGKILL now, whatever is left of their grace. Sent again until their
+    ends are recorded; an engine with no such run stopping ignores it."""
     epoch: int = 0
     """The leader epoch the orders were decided under (servers sharing a PostgreSQL store,
     docs/ha.md; 0: the only server). An engine that hands work to others passes it on (node

@@ -205,6 +205,7 @@ class AgentExecutor:
         Starts come from the agents' reports."""
         for job_id in orders.stops:
             self._stop(job_id, now)
+        self._order_kills(set(orders.kills))
         for job in orders.launches:
             old = self._runs.get(job.job_id)
             if old is not None and old.run == job.run:
@@ -681,6 +682,18 @@ class AgentExecutor:
             if publish:
                 self._publish(node)
             else:
+                self._unpublished.add(node)
+
+    def _order_kills(self, jobs: set[int]) -> None:
+        """The stopped runs of `jobs` a second cancel ordered killed (`Orders.kills`), on their
+        nodes' lists (`Assignment.kill`): each node's agent kills them at once."""
+        kills: dict[str, list[a.PartRun]] = {}
+        for (job_id, run), sr in sorted(self.ledger.state.stopped_runs.items()):
+            for node in dict.fromkeys(sl.node for sl in sr.slots if sr.kill and job_id in jobs):
+                kills.setdefault(node, []).append(a.PartRun(job_id=job_id, run=run))
+        for node in sorted(kills.keys() | self.board.killing()):
+            if self.board.kills(node) != tuple(kills.get(node, ())):
+                self.board.order_kills(node, tuple(kills.get(node, ())))
                 self._unpublished.add(node)
 
     def _publish(self, node: str, *, bump: bool = True) -> None:

@@ -22,6 +22,25 @@ class Board:
         self._lock = threading.Lock()
         self._lists: dict[str, tuple[int, tuple[a.Part, ...]]] = {}
         self._waiters: dict[str, list[tuple[asyncio.AbstractEventLoop, asyncio.Future[None]]]] = {}
+        self._kills: dict[str, tuple[a.PartRun, ...]] = {}
+        """Node -> the stopped runs there to kill at once (`Assignment.kill`), sent with its
+        list from its next publish on."""
+
+    def order_kills(self, node: str, kills: tuple[a.PartRun, ...]) -> None:
+        with self._lock:
+            if kills:
+                self._kills[node] = kills
+            else:
+                self._kills.pop(node, None)
+
+    def kills(self, node: str) -> tuple[a.PartRun, ...]:
+        with self._lock:
+            return self._kills.get(node, ())
+
+    def killing(self) -> set[str]:
+        """The nodes with runs to kill."""
+        with self._lock:
+            return set(self._kills)
 
     def version(self, node: str) -> str:
         with self._lock:

@@ -19,7 +19,7 @@ from typing import Literal
 import msgspec
 
 from ledger.engines.proc import alive, write_atomic
-from ledger.engines.supervise import tree_of
+from ledger.engines.supervise import record_says_started, tree_of
 from schemas.commands import RunEnd
 
 STATE_VERSION = 1
@@ -320,3 +320,16 @@ def checkpoint_mtime(rundirs: Iterable[Path]) -> float:
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             best = max(best, os.lstat(rundir / "work" / "checkpoint").st_mtime)
     return best
+
+
+def failed_launch(h: Handle) -> bool:
+    """A part could not start its command (no working directory, output file, account): the
+    job never ran, and no start is reported for it."""
+    for p in h.parts:
+        if p.launch_failed:
+            return True
+        if p.marks_start and not record_says_started(Path(p.rundir)):
+            end = read_exit(Path(p.rundir))
+            if end is not None and end.launch_failed:
+                return True
+    return False

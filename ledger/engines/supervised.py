@@ -55,6 +55,7 @@ from ledger.engines.runs import (
     PartEnd,
     StopReason,
     checkpoint_mtime,
+    failed_launch,
     handled_jobs,
     keep_stop,
     kept_stop,
@@ -245,6 +246,9 @@ class SupervisedExecutor:
         (one save of the state file for every launch); the runs whose every part has started."""
         for job_id in orders.stops:
             self._stop(job_id, now)
+        for job_id in orders.kills:  # cancelled again in its grace: SIGKILL now (atk46-23 F7)
+            if (h := self.jobs.get(job_id)) is not None and h.stop_reason == "ledger":
+                h.grace_s = 0.0  # the next watch kills it
         if orders.launches:
             self._launch_all(orders.launches, now)
         return tuple(self._take_starts())
@@ -331,7 +335,7 @@ class SupervisedExecutor:
         """Jobs every part of which has started since the last call."""
         for h in sorted(self.jobs.values(), key=lambda h: h.launched_at):
             if h.stop_reason != "ledger" and not h.start_reported and self._all_started(h):
-                if self._failed_launch(h):
+                if failed_launch(h):
                     h.start_reported = True  # its end says `launch_failed`; it never started
                     continue
                 self._report_start(h)
@@ -729,19 +733,6 @@ class SupervisedExecutor:
             p.exit_code is not None or (Path(p.rundir) / "exit").exists() or started(p)
             for p in h.parts
         )
-
-    @staticmethod
-    def _failed_launch(h: Handle) -> bool:
-        """A part could not start its command (no working directory, output file, account):
-        the job never ran, and no start is reported for it."""
-        for p in h.parts:
-            if p.launch_failed:
-                return True
-            if p.marks_start and not record_says_started(Path(p.rundir)):
-                end = read_exit(Path(p.rundir))
-                if end is not None and end.launch_failed:
-                    return True
-        return False
 
     def _checkpoint_mtime(self, h: Handle) -> float:
         return checkpoint_mtime(Path(p.rundir) for p in h.parts)

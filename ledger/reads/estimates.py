@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from ledger.reads.stopping import DEFAULT_GRACE_S
+
 if TYPE_CHECKING:
     from ledger.core.jobs import Blocked
     from ledger.core.state import Job, State
@@ -185,8 +187,6 @@ def blocked_keys(
 
 
 INF = float("inf")
-DEFAULT_GRACE_S = 30.0
-"""The services' grace for a job that names none (`serve`/`up --grace`'s default)."""
 
 
 def victim_free_at(job: Job | None, contract_ends_at: float) -> float:

@@ -11,8 +11,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from ledger.reads.stopping import STOPPING, limit_kill_at, past_limit
 from schemas import events as e
-from schemas.bounds import job_grace
 from schemas.units import key_text, plural, span, times_in, when
 
 if TYPE_CHECKING:  # annotations only: `explain`'s time words load without the dispatcher
@@ -244,6 +244,8 @@ def explain_history(
     ended = next((ev for ev in reversed(history) if isinstance(ev, e.JobFinished)), None)
     if job.status == "finished" and ended is not None:
         status = f"finished ({ended.reason.replace('_', ' ')})"
+    elif past_limit(job.status, job.started_at, job.spec.time_limit_s, now):
+        status = STOPPING  # as every read shows it (`ledger.reads.stopping`)
     else:
         status = str(job.outcome if job.status == "finished" else job.status)
     out = [_headline(job) + f" is {status}."]
@@ -307,6 +309,9 @@ def explain_history(
                 out.append(finish_line(ev))
             case e.JobRunEnded():
                 out.append(run_ended_line(ev))
+            case e.JobKillOrdered():
+                out.append(f"{when(ev.at)} cancelled again by {ev.actor}: its run {ev.run + 1} "
+                           "in its grace is killed at once (SIGKILL).")  # fmt: skip
     if job.status in ("placed", "running"):
         out.append(contract_line(job, now))
         out += limit_line(job, now)
@@ -315,15 +320,17 @@ def explain_history(
 
 def limit_line(job: Job, now: float) -> list[str]:
     """Pure: a running job past its time limit is being stopped (SIGTERM at the limit, SIGKILL
-    after its grace, at most `MAX_GRACE_S`): said, not shown as plain running (atk46-23 F7)."""
+    after its grace, at most `MAX_GRACE_S`): said, not shown as plain running (atk46-23 F7).
+    Its SIGKILL is `stopping.limit_kill_at`, as `jobs` and `queue` show it."""
     limit, start = job.spec.time_limit_s, job.started_at
-    if job.status != "running" or limit is None or start is None or now < start + limit:
+    if not past_limit(job.status, start, limit, now) or limit is None or start is None:
         return []
-    grace = job.spec.grace_s
-    kill = (f"SIGKILL at {when(start + limit + job_grace(grace, 0.0))} at the latest"
-            if grace is not None else "SIGKILL after the service's grace")  # fmt: skip
+    kill = limit_kill_at(start, limit, job.spec.grace_s)
+    assert kill is not None
+    own = "" if job.spec.grace_s is not None else ", the service's default grace"
     return [f"It reached its time limit at {when(start + limit)}: it is stopping (SIGTERM "
-            f"then, {kill}); its GPUs are held until its processes are gone."]  # fmt: skip
+            f"then, SIGKILL at {when(kill)} at the latest{own}); its GPUs are held until its "
+            "processes are gone."]  # fmt: skip
 
 
 def _world(ev: e.JobSubmitted) -> str:

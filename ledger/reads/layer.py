@@ -95,12 +95,15 @@ def node_list(
     state: State,
     foreign: Mapping[str, frozenset[int]] | None = None,
     stopping: Mapping[str, frozenset[int]] | None = None,
+    now: float = 0.0,
 ) -> list[v.NodeRow]:
     """Nodes in service (not removed), by name, with free GPUs and the jobs they hold; GPUs
     that `foreign` work holds, and those of stopped runs still in their grace (`stopping`), as
-    the service last observed its engine, are not free."""
+    the service last observed its engine, are not free. `stopping_jobs`: the jobs stopping on
+    each at `now` (`stopping_on`)."""
     held = foreign or {}
     ending = stopping or {}
+    stopping_jobs = stopping_on(state, now)
 
     def busy(node: str) -> frozenset[int]:
         return held.get(node, frozenset()) | ending.get(node, frozenset())
@@ -118,10 +121,30 @@ def node_list(
             jobs=sorted(state.node_jobs.get(n.name, ())),
             drain_reason=n.drain_reason,
             lost_reason=n.lost_reason,
+            stopping_jobs=stopping_jobs.get(n.name, []),
         )
         for n in sorted(state.nodes.values(), key=lambda n: n.name)
         if n.state != "removed"
     ]
+
+
+def stopping_on(state: State, now: float) -> dict[str, list[int]]:
+    """Pure: node -> the jobs stopping on it at `now` (`ledger.reads.stopping`, as `queue`
+    shows them): those it holds past their time limit, and those whose record ended while the
+    run the ledger stopped there is not reported gone, in job order."""
+    from ledger.reads.stopping import past_limit, stopped_shown
+
+    out: dict[str, set[int]] = {}
+    for node, held in state.node_jobs.items():
+        for j in held:
+            job = state.jobs.get(j)
+            limit = None if job is None else job.spec.time_limit_s
+            if job is not None and past_limit(job.status, job.started_at, limit, now):
+                out.setdefault(node, set()).add(j)
+    for j, sr in stopped_shown(state).items():
+        for sl in sr.slots:
+            out.setdefault(sl.node, set()).add(j)
+    return {node: sorted(jobs) for node, jobs in out.items()}
 
 
 # --- who sees what -------------------------------------------------------------------------------
@@ -217,8 +240,9 @@ def jobs(
     if f.at is not None:
         position = position_at(store.con, f.at)
         if position is not None:
-            return _seen(_job_rows(jobs_as_of(store, f, position, below), f.at), viewer)
-    return _seen(_job_rows(jobs_page(store.con, f, below=below), now), viewer)
+            rows = jobs_as_of(store, f, position, below)
+            return _seen(_job_rows(rows, f.at, store), viewer)
+    return _seen(_job_rows(jobs_page(store.con, f, below=below), now, store), viewer)
 
 
 def finished_jobs(
@@ -303,7 +327,20 @@ def _seen(rows: list[v.JobRow], viewer: Viewer | None) -> list[v.JobRow]:
     return [r if viewer.sees(r.user, r.account) else redact(r) for r in rows]
 
 
-def _job_rows(rows: list[tuple[Any, ...]], now: float) -> list[v.JobRow]:
+def _job_rows(
+    rows: list[tuple[Any, ...]], now: float, store: Store | None = None
+) -> list[v.JobRow]:
+    """The rows as `jobs` shows them at `now`: a running job past its limit `stopping`, with
+    its SIGKILL at the latest (`ledger.reads.stopping`, its own grace read from `store`)."""
+    from ledger.reads.stopping import past_limit, shown
+
+    ending = [r[0] for r in rows if past_limit(r[6], r[17], r[14], now)]
+    if ending and store is not None:
+        from projections.history import graces
+
+        grace = graces(store.con, ending)
+    else:
+        grace = {}
     out = []
     for r in rows:
         (job_id, account_, user, gpus, gpu_type, cluster, status, outcome, exit_code, funded,
@@ -312,6 +349,7 @@ def _job_rows(rows: list[tuple[Any, ...]], now: float) -> list[v.JobRow]:
          finish_reason, finish_note, engine_job_id, job_name, workdir, array_job_id,
          array_task_id) = r  # fmt: skip
         end = finished_at if status == "finished" else (now if status == "running" else None)
+        status, kill_at = shown(status, started_at, time_limit_s, grace.get(job_id), now)
         elapsed = None if started_at is None or end is None else max(0.0, end - started_at)
         gpu_slots = [
             e.GpuSlot(node=sl["node"], gpu_indices=tuple(sl["gpu_indices"])) for sl in slots
@@ -329,7 +367,7 @@ def _job_rows(rows: list[tuple[Any, ...]], now: float) -> list[v.JobRow]:
                 finish_reason=finish_reason if status == "finished" else None,
                 finish_note=finish_note if status == "finished" else "", slots=gpu_slots,
                 engine_job_id=engine_job_id, job_name=job_name, workdir=workdir,
-                array_job_id=array_job_id, array_task_id=array_task_id,
+                array_job_id=array_job_id, array_task_id=array_task_id, kill_at=kill_at,
             )
         )  # fmt: skip
     return out
@@ -634,7 +672,7 @@ def job(store: Store, job_id: int, now: float, viewer: Viewer | None) -> v.JobRo
     rows = jobs_page(store.con, v.JobFilter(limit=1), job_id=job_id)
     if not rows:
         raise UnknownEntity(f"no job {job_id}", job_id=job_id)
-    return _seen(_job_rows(rows, now), viewer)[0]
+    return _seen(_job_rows(rows, now, store), viewer)[0]
 
 
 def gpu_map(ledger: LiveState, store: Store) -> list[v.GpuRow]:

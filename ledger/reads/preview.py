@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from ledger.reads.estimates import (
     NOTHING_PLACED,
@@ -20,13 +20,14 @@ from ledger.reads.estimates import (
 )
 from ledger.reads.explain import explain_history, explain_pending, protected_note
 from ledger.reads.layer import Viewer, redact_event, utilisation
+from ledger.reads.stopping import past_limit
 from schemas import events as e
 from schemas import views as v
 from schemas.errors import InvalidCommand, UnknownEntity
 from schemas.units import when
 
 if TYPE_CHECKING:  # a read loads what it uses: the dispatcher only when it previews
-    from ledger.core.state import Job, State
+    from ledger.core.state import Job, State, StoppedRun
     from ledger.cycle.dispatcher import LiveState
     from ledger.dispatch.engine import Decision, Unplaceable
     from ledger.dispatch.ordering import SortKey
@@ -330,32 +331,70 @@ def _blocked_rows(
 
 
 def _holding_rows(state: State, f: v.QueueFilter, now: float, limit: int) -> list[v.QueueRow]:
-    """Pure: the first `limit` jobs that hold GPUs (placed or running), in job order, like
-    `squeue -t R`: the estimated start of one is when it started (or was placed)."""
+    """Pure: the first `limit` jobs that hold GPUs (placed, running or stopping), in job order,
+    like `squeue -t R`: the estimated start of one is when it started (or was placed). A job
+    past its time limit, or one whose record ended (cancelled, preempted) while the run the
+    ledger stopped has not been reported gone by its engine, is `stopping` with its SIGKILL at
+    the latest, as squeue's `CG` (`ledger.reads.stopping`)."""
+    from ledger.reads.stopping import shown, stopped_shown
+
+    gone = stopped_shown(state)
+    live = {j: job for j, job in state.jobs.items() if job.status in ("placed", "running")}
     rows: list[v.QueueRow] = []
-    for job in sorted(state.jobs.values(), key=lambda j: j.job_id):
+    for job_id in sorted(live.keys() | gone.keys()):
         if len(rows) >= limit:
             break
-        s = job.spec
-        if job.status not in ("placed", "running"):
+        if job_id in gone:
+            sr = gone[job_id]
+            if not (f.user and sr.user != f.user) and _under(sr.account, f.account):
+                rows.append(_stopped_row(sr))
             continue
+        job = live[job_id]
+        s = job.spec
         if (f.user and s.user != f.user) or not _under(s.account, f.account):
             continue
         began = job.started_at if job.started_at is not None else job.placed_at
         ran = None if job.started_at is None else max(0.0, now - job.started_at)
         limit_s = s.time_limit_s
         left = None if ran is None or limit_s is None else max(0.0, limit_s - ran)
+        word, kill_at = shown(job.status, job.started_at, limit_s, s.grace_s, now)
+        reason = ""
+        if kill_at is not None and limit_s is not None and job.started_at is not None:
+            reason = (f"reached its time limit at {when(job.started_at + limit_s)}: SIGTERM "
+                      f"sent, SIGKILL at {when(kill_at)} at the latest")  # fmt: skip
         rows.append(
             v.QueueRow(
                 order=None, job_id=s.job_id, account=s.account, user=s.user, gpus=s.gpus,
-                funded=job.funded, debug=s.debug, state=job.status, sort_key=[],
-                code=job.status.upper(), reason="", submitted_at=s.at,
+                funded=job.funded, debug=s.debug, state=_word(word), sort_key=[],
+                code=word.upper(), reason=reason, submitted_at=s.at,
                 waiting_s=max(0.0, (job.placed_at or now) - s.at), estimated_start_at=began,
                 nodes=sorted({sl.node for sl in job.slots}), started_at=job.started_at,
-                time_limit_s=limit_s, elapsed_s=ran, remaining_s=left,
+                time_limit_s=limit_s, elapsed_s=ran, remaining_s=left, kill_at=kill_at,
             )
         )  # fmt: skip
     return rows
+
+
+def _word(word: str) -> Literal["placed", "running", "stopping"]:
+    """A holding job's state word, typed."""
+    return "stopping" if word == "stopping" else "placed" if word == "placed" else "running"
+
+
+def _stopped_row(sr: StoppedRun) -> v.QueueRow:
+    """Pure: the row of a job whose record ended (cancelled, preempted) while the run the
+    ledger stopped is not reported gone: `stopping` on the GPUs it held, its SIGKILL at the
+    latest (`stopped_kill_at`; at once after a second cancel, or past its limit)."""
+    from ledger.reads.stopping import stopped_kill_at
+
+    kill_at = stopped_kill_at(sr)
+    kill = "killed at once" if sr.kill else f"SIGKILL at {when(kill_at)} at the latest"
+    return v.QueueRow(
+        order=None, job_id=sr.job_id, account=sr.account, user=sr.user, gpus=sr.gpus,
+        funded=sr.funded, debug=sr.debug, state="stopping", sort_key=[], code="STOPPING",
+        reason=f"{sr.why or 'stopped'} at {when(sr.at)}: SIGTERM sent, {kill}",
+        submitted_at=sr.submitted_at, waiting_s=0.0, estimated_start_at=sr.started_at,
+        nodes=sorted({sl.node for sl in sr.slots}), started_at=sr.started_at, kill_at=kill_at,
+    )  # fmt: skip
 
 
 def _any_pending(state: State, f: v.QueueFilter) -> bool:
@@ -581,6 +620,8 @@ def explain_now(
     is not pending needs no state (`ledger` None)."""
     held = job.held
     status: v.JobStatusWord = "held" if held and job.status == "pending" else job.status
+    if past_limit(job.status, job.started_at, job.spec.time_limit_s, now):
+        status = "stopping"  # as every read shows it (`ledger.reads.stopping`)
     if job.status != "pending" or ledger is None:
         return Now(status)
     if held:

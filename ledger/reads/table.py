@@ -183,7 +183,7 @@ def _accounts(h: Handles, a: NoArgs) -> list[v.AccountNode]:
 def _nodes(h: Handles, a: NoArgs) -> list[v.NodeRow]:
     from ledger.reads import layer as reads
 
-    return reads.node_list(h.ledger.state, h.foreign(), h.stopping())
+    return reads.node_list(h.ledger.state, h.foreign(), h.stopping(), h.now())
 
 
 def _jobs(h: Handles, a: v.JobFilter) -> list[v.JobRow]:

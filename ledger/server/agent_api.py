@@ -126,7 +126,12 @@ def agent_routes(
             raise Unavailable("this server no longer leads", hint="the agent finds the leader")
         ex.touch(node, clock())
         return a.Assignment(
-            node=node, version=version, parts=parts, server_time=clock(), epoch=worker.epoch()
+            node=node,
+            version=version,
+            parts=parts,
+            server_time=clock(),
+            epoch=worker.epoch(),
+            kill=ex.board.kills(node),
         )
 
     @post("/v1/agent/report", status_code=200, tags=["agent"], security=[{"bearer": []}])

@@ -470,7 +470,7 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             store = h.store()
             threshold, idle_s = squat_settings(registry.build(ledger.state.policy))
             return NodesView(
-                nodes=reads.node_list(ledger.state, h.foreign(), h.stopping()),
+                nodes=reads.node_list(ledger.state, h.foreign(), h.stopping(), h.now()),
                 gpus=reads.gpu_map(ledger, store),
                 squatters=reads.squatters(ledger, store, h.now(), threshold, idle_s),
                 squat_util_pct=threshold,

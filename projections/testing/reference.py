@@ -280,6 +280,15 @@ def _apply(s: RefState, pos: int, ev: e.AnyEvent) -> None:
                 ended = ev.at if ev.ended_at is None else ev.ended_at
                 iv = runs[ev.run]
                 iv.update(run_end_position=pos, run_end_at=ended)
+                row = s.jobs.get(ev.job_id)
+                if (
+                    row is not None
+                    and row["status"] == "finished"
+                    and ev.exit_code is not None
+                    and row["engine_reason"] == "node_failure"
+                    and ev.run == len(runs) - 1
+                ):
+                    row["exit_code"] = ev.exit_code  # a fenced job's real exit (atk46-23 F5)
                 kept = ev.at <= iv["start_at"] + fs.OWN_START_KEPT_S
                 if ev.started_at is not None and iv["run_start_position"] is None and kept:
                     # its own start, where no JobStarted said it (atk44s F3)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ledger.cycle.executor import Launch, Sample
+from ledger.cycle.executor import Launch, Orders, Sample
 from ledger.engines.gpu_util import FileSource
 from ledger.engines.proc import start_time
 from ledger.engines.supervised import SupervisedExecutor, live_processes
@@ -131,6 +131,27 @@ def test_a_stop_of_a_job_in_its_limits_grace_kills_it_at_once(dirs: tuple[Path, 
         assert time.monotonic() - t0 < 4, "still in its grace"
         time.sleep(0.05)
     assert gone[0].exit_code == KILLED
+
+
+def test_a_stopping_job_ordered_killed_is_killed_at_once(dirs: tuple[Path, Path]) -> None:
+    """A cancelled job ignoring SIGTERM lived out its whole grace, and a second cancel could not
+    cut it (atk46-23 F7): the ledger's kill order (`Orders.kills`) kills it now."""
+    ex = executor(dirs, grace_s=5)
+    termed = dirs[1] / "termed-again"
+    launch(ex, job(7, f"trap 'touch {termed}' TERM; while :; do sleep 0.1; done", grace_s=60))
+    wait_starts(ex)
+    stop(ex, 7)
+    deadline = time.monotonic() + 20
+    while not termed.exists():
+        assert time.monotonic() < deadline, "no SIGTERM at the stop"
+        observe(ex)
+        time.sleep(0.05)
+    ex.carry_out(Orders(kills=(7, 99)), time.time())  # 99: no such run here, ignored
+    t0 = time.monotonic()
+    while not (gone := [x for x in observe(ex).stopped if x.job_id == 7]):
+        assert time.monotonic() - t0 < 4, "still in its grace"
+        time.sleep(0.05)
+    assert (gone[0].exit_code, gone[0].engine_state) == (KILLED, "KILLED")
 
 
 def test_debug_jobs_end_at_the_debug_limit_even_when_they_declare_more(

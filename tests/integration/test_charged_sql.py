@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ledger.reads.layer import jobs_as_of
 from ledger.store.embedded import EmbeddedSource
 from projections import fairshare as fs
 from projections import history, queries
@@ -173,6 +174,11 @@ def test_a_fenced_runs_real_end_its_agent_reports_is_charged_and_shown_in_sql(
         assert got == {"alice": 2 * (REAL_END - (T0 + 2))}
         (row,) = history.jobs_page(store.con, v.JobFilter(), job_id=4)
         assert row[18] == REAL_END  # finished_at
+        # its exit code is the run's real one (exit 0), not the fence's -1 (atk46-23 F5); one
+        # that failed there stays node_lost (the ledger acted on it), a requeued one completed
+        assert (row[8], row[24]) == ((0, "completed") if resumable else (0, "node_lost"))
+        then = jobs_as_of(store, v.JobFilter(job_ids=(4,)), heard - 1)
+        assert [r[8] for r in then] == [None if resumable else -1]  # before it: the fence's
         store.con.execute(AS_OF_SQL)
         reader = AsOf(store)
         # before the agent's word: charged to the release, the fence's end (a requeued run:

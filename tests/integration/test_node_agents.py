@@ -702,6 +702,53 @@ def test_a_cancelled_jobs_gpus_show_stopping_until_its_node_says_it_is_gone(
     assert cluster.events("job.run_ended.v2")  # its end was reported: the fence let it go
 
 
+def test_a_job_in_its_grace_is_stopping_in_every_read_and_a_second_cancel_kills_it(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """atk46-23 F7: a job past its time limit, in its grace, showed plain `running` in `jobs`,
+    `queue` and `node list`, and a cancelled one in its grace could not be cut short. Every
+    read (the CLI's over the server's /v1) shows it `stopping` with the same SIGKILL time; a
+    second cancel kills it at once."""
+    c = cluster
+    termed, again = tmp_path / "termed-f7", tmp_path / "again-f7"
+    limited = c.submit(1, f"trap 'touch {termed}' TERM; while :; do sleep 0.1; done",
+                       "-t", "2s", "--grace", "60s")  # fmt: skip
+    wait_for("its limit's SIGTERM", termed.exists, 30, c.why)
+
+    def reads(job: int) -> tuple[dict[str, Any], dict[str, Any], list[int]]:
+        rows = json.loads(c.cli("queue", "--state", "running", "--json").stdout)
+        nodes = json.loads(c.cli("node", "list", "--json").stdout)
+        ending = [j for n in nodes for j in n["stopping_jobs"]]
+        return c.job(job), next((r for r in rows if r["job_id"] == job), {}), ending
+
+    row, queued, ending = reads(limited)
+    assert row["status"] == "stopping" and queued["state"] == "stopping", (row, queued)
+    assert row["kill_at"] == pytest.approx(row["started_at"] + 62, abs=0.01)
+    assert queued["kill_at"] == pytest.approx(row["kill_at"], abs=0.01) and limited in ending
+    assert " is stopping." in c.cli("explain", str(limited)).stdout
+    assert "stopping (SIGKILL by" in c.cli("queue", "--state", "running").stdout
+    c.cli("cancel", str(limited))  # past its limit: killed at once, as before
+    # cancelled in a minute's grace: stopping (as squeue's CG) until a second cancel
+    job = c.submit(1, f"trap 'touch {again}' TERM; while :; do sleep 0.1; done",
+                   "--grace", "60s")  # fmt: skip
+    c.wait_status(job, "running")
+    c.cli("cancel", str(job))
+    wait_for("its SIGTERM", again.exists, 30, c.why)
+    row, queued, ending = reads(job)
+    assert row["status"] == "finished" and row["outcome"] == "cancelled", row
+    assert queued["state"] == "stopping" and job in ending, queued
+    out = c.cli("cancel", str(job)).stdout
+    assert "killed now" in out, out
+    t0 = time.monotonic()
+    wait_for("its end", lambda: [e for e in c.events("job.run_ended.v2") if e["job_id"] == job],
+             30, c.why)  # fmt: skip
+    assert time.monotonic() - t0 < 15  # not its minute's grace
+    (ended,) = [e for e in c.events("job.run_ended.v2") if e["job_id"] == job]
+    assert ended["killed"] or ended["exit_code"] in (-9, 137), ended
+    wait_for("nothing stopping", lambda: not reads(job)[2], 30, c.why)
+    assert c.cli("cancel", str(job), ok=False).returncode == 1  # a finished job, as before
+
+
 @with_flags(serve=("--node-fence", "5m"))
 def test_a_server_restarted_with_a_shorter_fence_shortens_the_nodes_lease_at_once(
     cluster: Cluster,
@@ -1128,11 +1175,12 @@ def test_an_exit_while_its_agent_was_away_past_the_fence_is_recorded_at_its_real
 ) -> None:
     """atk46-23 F5: the job exits while its node's agent is stopped; the node is lost and its
     fence passes (the job ends `node_lost` at the fence); the agent returns and reports the real
-    end, which wins: `jobs` shows it (not the fence's), and the audit finds every charge inside
-    the real run."""
+    end, which wins: `jobs` shows it (not the fence's) and its exit code (not the fence's -1),
+    and the audit finds every charge inside the real run."""
     c = cluster
     go, end = tmp_path / "go-f5", tmp_path / "ended-f5"
-    job = c.submit(1, f"echo $$; while [ ! -e {go} ]; do sleep 0.1; done; date +%s.%N > {end}")
+    job = c.submit(1, f"echo $$; while [ ! -e {go} ]; do sleep 0.1; done; date +%s.%N > {end}; "
+                      "exit 3")  # fmt: skip
     node, _ = running_pid(c, job)
     c.agents[node].kill(signal.SIGSTOP)
     go.touch()
@@ -1140,9 +1188,12 @@ def test_an_exit_while_its_agent_was_away_past_the_fence_is_recorded_at_its_real
     really = float(end.read_text())
     fenced = c.wait_status(job, "finished")
     assert fenced["finish_reason"] == "node_lost" and fenced["finished_at"] > really + 4, fenced
+    assert fenced["exit_code"] == -1, fenced  # no word from its node yet
     c.agents[node].proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
     heard = lambda: abs(c.job(job)["finished_at"] - really) <= 1.0  # noqa: E731
     wait_for("the real end to be recorded", heard, 30, c.why)
+    row = c.job(job)  # its real exit code, as sacct shows it; still ended by the fence (F5)
+    assert (row["exit_code"], row["finish_reason"], row["outcome"]) == (3, "node_lost", "failed")
     assert c.events("job.run_ended.v2")[-1]["ended_at"] == pytest.approx(really, abs=1.0)
     c.server.stop(signal.SIGTERM)
     assert ": 0 violations" in audit_check(c)

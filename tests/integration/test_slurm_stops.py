@@ -89,6 +89,26 @@ def test_a_cancelled_run_that_ignores_term_ends_and_is_charged_when_its_processe
     assert abs(charged - (end["ended_at"] - row["started_at"])) <= 0.01, (charged, row, end)
 
 
+def test_a_second_cancel_in_a_cancels_grace_scancels_at_once(ledger: Ledger) -> None:
+    """atk46-23 F7 on Slurm: cancelled with a minute's grace (`stopping` in `queue`), cancelled
+    again: `scancel` at once (then Slurm's KillWait, 10 s), not after the minute."""
+    work = ledger.work
+    ledger.up()
+    ledger.submit("alice", 1, _stubborn(work), "--grace", "60s")
+    ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
+    ledger.cli("cancel", "1", actor="alice")
+    ledger.wait("its SIGTERM", lambda: bool(_times(work / "term")))
+    rows = json.loads(ledger.cli("queue", "--state", "running", "--json"))
+    assert [(r["job_id"], r["state"]) for r in rows] == [(1, "stopping")], rows
+    assert "killed now" in ledger.cli("cancel", "1", actor="alice")
+    again = time.time()
+    last = _until_quiet(work / "alive")
+    assert last - again <= 24.0, (last, again)  # KillWait (10 s) at load, not the minute
+    ledger.wait("the run's end", lambda: bool(ledger.of("job.run_ended.v2", 1)))
+    ledger.wait("nothing stopping", lambda: not json.loads(
+        ledger.cli("queue", "--state", "running", "--json")))  # fmt: skip
+
+
 def test_a_whole_minute_limit_gets_the_jobs_grace_and_is_charged_to_its_end(
     ledger: Ledger,
 ) -> None:

@@ -215,7 +215,7 @@ def test_a_dispatcher_whose_lease_ran_out_carries_out_nothing_and_passes_its_epo
     ex = Recording()
     from types import SimpleNamespace
 
-    ledger = SimpleNamespace(state=SimpleNamespace(jobs={}))  # records nothing: no starts
+    ledger = SimpleNamespace(state=SimpleNamespace(jobs={}, stopped_runs={}))  # no starts, no kills
     d = Dispatcher(ledger, None, None, ex)  # type: ignore[arg-type]
     orders = Orders(launches=(Launch(1, (), ("true",), 60.0, "u", "a/b"),))
     d.epoch, d.may_act = 7, lambda: False

@@ -8,8 +8,9 @@ import pytest
 from ledger.core.state import StoppedRun
 from ledger.cycle.executor import Launch
 from ledger.engines.slurm import parse_jobs
-from ledger.engines.slurm.stops import Stopping, resumed, resumed_stops, unplaceable
+from ledger.engines.slurm.stops import Stopping, grace_of, resumed, resumed_stops, unplaceable
 from ledger.engines.slurm.words import SlurmJob
+from schemas.bounds import MAX_GRACE_S
 from schemas.events import GpuSlot
 
 LEDGER = "0123abcd4567"
@@ -89,3 +90,21 @@ def test_nothing_is_submitted_onto_a_lost_or_down_node() -> None:
                     account="ai2")  # fmt: skip
     assert unplaceable(launch, frozenset({"b"})) == "b"
     assert unplaceable(launch, frozenset({"c"})) == ""
+
+
+def test_a_jobs_own_grace_recorded_before_the_cap_is_capped_on_slurm_too() -> None:
+    # atk46-23 F7: a job recorded with `--grace 1h` (before MAX_GRACE_S) kept its hour on the
+    # Slurm executor: its stop waited an hour before scancel, and so did its --time backstop
+    slots = (GpuSlot(node="vm", gpu_indices=(0,)),)
+    launch = Launch(job_id=6, slots=slots, command=("true",), duration_s=None, user="alice",
+                    account="ai2", grace_s=3600.0)  # fmt: skip
+    assert grace_of(launch, None, lambda: None, 30.0) == MAX_GRACE_S
+    assert grace_of(None, None, lambda: 3600.0, 30.0) == MAX_GRACE_S  # the ledger's word
+    assert grace_of(None, None, lambda: None, 300.0) == 300.0  # the service's: the admin's
+    assert grace_of(None, None, lambda: 12.0, 30.0) == 12.0
+    (j,) = parse_jobs(LINE.format(state="RUNNING") + ":grace=3600")  # its comment says an hour
+    assert j.grace_s == 3600.0
+    assert grace_of(None, j, lambda: None, 30.0) == MAX_GRACE_S
+    ((_, st, grace),) = resumed_stops({"51": j}, STOPPED, (), LEDGER, "gpuledger",
+                                      lambda _: 1002.5, lambda _: None, 30.0)  # fmt: skip
+    assert grace == MAX_GRACE_S and st is not None and st.grace_s == MAX_GRACE_S

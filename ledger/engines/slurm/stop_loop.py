@@ -65,10 +65,13 @@ def carry_stops(ex: SlurmExecutor, now: float) -> None:
     """One read's step for every stop the executor carries: the GPUs it holds, whether Slurm's
     end of it is its processes' (`unseen_end`: else held in doubt until known gone), its
     recorded end once Slurm has ended it (`stopped_end`) or forgotten it (`forgotten`), and
-    `scancel` once its grace has passed."""
+    `scancel` once its grace has passed, at once for a run the ledger ordered killed (a second
+    cancel: `StoppedRun.kill`, atk46-23 F7)."""
     note_started_stops(ex, now)  # a stop of a run never recorded started: on disk (F1)
     reported = len(ex._stopped)
+    kill = {tag for tag, sr in ex.stopped_runs().items() if sr.kill}  # cancelled again (F7)
     for slurm_id, st in list(ex._stopping.items()):  # 2. stops: the grace, then scancel
+        st.grace_s = 0.0 if st.run in kill else st.grace_s  # no grace left: scancel now
         j = ex._view.get(slurm_id)
         theirs = j is not None and st.run is not None and j.tag(ex.ledger_id) != st.run
         j = None if theirs else j  # its id names another job (atk43s F5, atk44ha F1)

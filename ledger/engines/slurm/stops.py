@@ -35,6 +35,7 @@ from ledger.engines.slurm.words import (
     processes_end,
     real_end,
 )
+from schemas.bounds import job_grace as capped_grace
 from schemas.events import EndReason, GpuSlot
 
 Tag = tuple[int, int]
@@ -317,8 +318,7 @@ def resumed_stops(
         if sr is None and j.ended:
             continue
         grace = j.grace_s if j.grace_s is not None or sr is None else sr.grace_s
-        grace = job_grace(tag[0]) if grace is None else grace
-        grace = service_s if grace is None else grace
+        grace = bounded_grace(job_grace(tag[0]) if grace is None else grace, service_s)
         since = noted(j.slurm_id)
         gpus: dict[str, tuple[int, ...]] = {}
         for sl in sr.slots if sr is not None else ():
@@ -414,13 +414,23 @@ def grace_of(
 ) -> float:
     """Pure: a stopped run's grace: its launch's (`submit --grace`); for a run adopted after a
     restart, its Slurm comment's (atk34-23 F2: the live state holds no finished job, so a run
-    cancelled across a restart got the service's), else the ledger's word; else the service's."""
+    cancelled across a restart got the service's), else the ledger's word; else the service's.
+    A job's own grace is at most `MAX_GRACE_S` (`bounded_grace`), however it was recorded."""
     if launch is not None:
         grace = launch.grace_s
     else:
         grace = None if seen is None else seen.grace_s
         grace = job_grace() if grace is None else grace
-    return service_s if grace is None else grace
+    return bounded_grace(grace, service_s)
+
+
+def bounded_grace(own: float | None, service_s: float) -> float:
+    """Pure: the grace a stopped run gets: its job's own (`submit --grace`, its Slurm comment,
+    the ledger's word) at most `MAX_GRACE_S`, as on the agents (`schemas.bounds.job_grace`):
+    a job recorded with an hour before the cap (its comment `grace=3600`) no longer outlives its
+    limit or a cancel by an hour, nor does Slurm's `--time` backstop wait for it (atk46-23 F7);
+    none of its own: the service's (the admin's, not capped)."""
+    return capped_grace(own, service_s)
 
 
 def no_grace(_: int) -> float | None:

@@ -204,17 +204,24 @@ const RUNNING_COLUMNS = [  // the running view (state=running), like squeue -t R
   ["started", null, "8.5em"], ["elapsed", null, "7em"], ["time limit", null, "7em"], ["remaining", null, "7em"],
 ];
 
+// a stopping job (past its time limit, or stopped by the ledger, in its grace): its SIGKILL
+// at the latest beside its state, as every read shows it (ledger/reads/stopping.py)
+function stateCell(state, killAt) {
+  return killAt === null || killAt === undefined ? state
+    : el("span", { class: "stopping", "data-kill-at": killAt }, `${state} · SIGKILL by `, timeEl(killAt));
+}
+
 function queueCells(r, parts, running) {
   if (running) {
     return [td(el("a", { href: `/ui/job?id=${r.job_id}` }, r.job_id)), td(r.user, { title: r.user }),
-      td(r.account, { title: r.account }), td(r.gpus, { class: "num" }), td(r.state),
+      td(r.account, { title: r.account }), td(r.gpus, { class: "num" }), td(stateCell(r.state, r.kill_at)),
       td(r.nodes.join(", ") || "—", { class: "wrap" }), td(timeEl(r.submitted_at)), td(dur(r.waiting_s)),
       td(timeEl(r.started_at)), td(ticking("elapsed", r.started_at), { "data-col": "elapsed" }),
       td(r.time_limit_s === null ? "none" : clock(r.time_limit_s)),
       td(ticking("remaining", r.started_at, r.time_limit_s), { "data-col": "remaining" })];
   }
   // a job holding GPUs in the queued views: where it runs and for how long, in its reason
-  const holding = r.state === "running" || r.state === "placed";
+  const holding = r.state === "running" || r.state === "placed" || r.state === "stopping";
   const reason = holding
     ? [`${r.state} on ${r.nodes.join(", ") || "—"}`, r.started_at === null ? "" : " · elapsed ",
       r.started_at === null ? "" : ticking("elapsed", r.started_at),
@@ -223,7 +230,7 @@ function queueCells(r, parts, running) {
     : localised(r.reason);
   return [td(r.order === null ? "—" : r.order, { class: "num", "data-col": "order" }),
     td(el("a", { href: `/ui/job?id=${r.job_id}` }, r.job_id)), td(r.user, { title: r.user }),
-    td(r.account, { title: r.account }), td(r.gpus, { class: "num" }), td(r.state),
+    td(r.account, { title: r.account }), td(r.gpus, { class: "num" }), td(stateCell(r.state, r.kill_at)),
     td(r.code, { "data-col": "code", title: r.code }), td(reason, { class: "wrap", "data-col": "reason" }),
     td(parts.map(keyPart), { class: "wrap" }),
     td(timeEl(r.submitted_at)), td(dur(r.waiting_s)), td(timeEl(r.estimated_start_at))];
@@ -408,11 +415,12 @@ async function jobPage() {
   const data = await api(`/ui/api/job/${id}`);
   const j = data.job, x = data.explain;
   const facts = table(["field", "value"], [
-    ["status", j.status + (j.outcome ? ` (${j.outcome})` : "")], ["user", j.user], ["account", j.account],
+    ["status", j.kill_at === null ? j.status + (j.outcome ? ` (${j.outcome})` : "") : stateCell(j.status, j.kill_at)],
+    ["user", j.user], ["account", j.account],
     ["GPUs", `${j.gpus}${j.gpu_type ? " × " + j.gpu_type : ""}`], ["nodes", j.nodes.join(", ") || "—"],
     ["funded", j.funded], ["resumable", j.resumable], ["min runtime", dur(j.min_runtime_s)],
     ["submitted", timeEl(j.submitted_at)], ["started", timeEl(j.started_at)], ["finished", timeEl(j.finished_at)],
-    ["elapsed", j.status === "running" ? ticking("elapsed", j.started_at) : clock(j.elapsed_s)],
+    ["elapsed", j.status === "running" || j.status === "stopping" ? ticking("elapsed", j.started_at) : clock(j.elapsed_s)],
     ["time limit", j.time_limit_s === null ? "none" : clock(j.time_limit_s)],
     ["remaining", j.status === "running" ? ticking("remaining", j.started_at, j.time_limit_s) : "—"],
     ["placements / preemptions", `${j.placements} / ${j.preemptions}`],
@@ -470,6 +478,8 @@ async function nodesPage() {
     return el("div", { class: "card", "data-node": n.node },
       el("h3", {}, `${n.node} `, el("span", { class: `state-${n.state}` }, n.state), n.drain_reason ? el("span", { class: "muted" }, ` (${n.drain_reason})`) : null),
       el("div", { class: "muted" }, `${n.gpus} × ${n.gpu_type} · ${n.cluster} · ${held}/${n.gpus} allocated (${pct(held / Math.max(1, n.gpus))})`),
+      (n.stopping_jobs || []).length ? el("div", { class: "stopping", "data-col": "stopping" }, "stopping: ",
+        n.stopping_jobs.flatMap((j, i) => [i ? ", " : "", el("a", { href: `/ui/job?id=${j}` }, j)])) : null,
       el("div", { class: "gpus" }, gpus.map((g) => g.job_id === null
         ? idle(g)
         : el("a", { class: "gpu", href: `/ui/job?id=${g.job_id}`, "data-gpu": `${g.node}:${g.gpu}`,

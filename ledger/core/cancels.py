@@ -1,0 +1,46 @@
+"""`cancel`, decided: a job, or every unfinished task of an array, ends `cancelled`; a job
+cancelled again while the run the ledger stopped lives out its grace is killed at once.
+
+Pure: state and commands in, events out; `now` is a parameter (in the stamp).
+"""
+
+from __future__ import annotations
+
+from ledger.core.runs import Stamp, drained_after
+from ledger.core.state import State, StoppedRun
+from schemas import commands as c
+from schemas import events as e
+from schemas.errors import InvalidTransition
+
+
+def cancel(state: State, cmd: c.CancelJob, s: Stamp) -> list[e.AnyEvent]:
+    """One job, or every unfinished task of the array `job_id` names (`whole_array`)."""
+    tasks = state.array_tasks(cmd.job_id) if cmd.whole_array else set()
+    if not tasks and (ending := state.stopped_of(cmd.job_id)):
+        return cancel_again(cmd.job_id, ending, s)
+    if not tasks:
+        job = state.job(cmd.job_id)
+        if not job.active:
+            raise InvalidTransition(f"job {cmd.job_id} already {job.outcome}")
+        tasks = {cmd.job_id}
+    out: list[e.AnyEvent] = []
+    nodes: list[str] = []
+    for job_id in sorted(tasks):
+        out.append(e.JobFinished(**s.kw(), job_id=job_id, outcome="cancelled", reason="cancelled"))
+        nodes += [sl.node for sl in state.jobs[job_id].slots]
+    return out + drained_after(state, nodes, tasks, s)
+
+
+def cancel_again(job_id: int, ending: list[StoppedRun], s: Stamp) -> list[e.AnyEvent]:
+    """Pure: a cancel of a job whose record ended (cancelled, preempted) while the runs the
+    ledger stopped live out their grace (`State.stopped_of`): each is killed at once
+    (`JobKillOrdered`), as a second `scancel` ends a job Slurm is stopping (atk46-23 F7). Once:
+    runs already ordered killed make it an error, as a cancel of a finished job is."""
+    left = [sr for sr in ending if not sr.kill]
+    if not left:
+        raise InvalidTransition(
+            f"job {job_id} is finished; its processes are being killed",
+            hint="`gpuledger node list` shows them stopping until they are gone",
+            job_id=job_id,
+        )
+    return [e.JobKillOrdered(**s.kw(), job_id=job_id, run=sr.run) for sr in left]

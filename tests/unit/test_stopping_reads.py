@@ -1,0 +1,162 @@
+"""A job in its stop's grace is `stopping`, with its SIGKILL at the latest, in every read: one
+definition (`ledger.reads.stopping`) used by `jobs`, `queue`, `node list` and `explain`
+(atk46-23 F7: a job past its time limit in a long grace, and a cancelled job whose processes
+lived on, showed plain `running`, or nothing)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ledger.core.state import State
+from ledger.reads import layer
+from ledger.reads.explain import explain_history
+from ledger.reads.preview import _holding_rows, explain_now
+from ledger.reads.stopping import DEFAULT_GRACE_S, limit_kill_at, shown
+from schemas import commands as c
+from schemas import events as e
+from schemas import views as v
+from schemas.bounds import MAX_GRACE_S
+from schemas.errors import InvalidTransition, NotAuthorised
+from tests.unit.test_jobs_world import World
+
+
+@pytest.fixture
+def w(org_state: State) -> World:
+    return World(org_state)
+
+
+@pytest.mark.parametrize(
+    ("case", "status", "now", "grace", "want"),
+    [
+        ("inside its limit", "running", 159.0, 60, ("running", None)),
+        ("at its limit", "running", 160.0, 60, ("stopping", 220.0)),
+        ("its own grace", "running", 200.0, 5, ("stopping", 165.0)),
+        ("the default grace", "running", 200.0, None, ("stopping", 160.0 + DEFAULT_GRACE_S)),
+        ("an hour recorded before", "running", 200.0, 3600, ("stopping", 160.0 + MAX_GRACE_S)),
+        ("placed, not started", "placed", 500.0, 60, ("placed", None)),
+        ("finished", "finished", 500.0, 60, ("finished", None)),
+    ],
+)
+def test_a_running_job_past_its_limit_is_stopping_until_its_kill(
+    case: str, status: str, now: float, grace: int | None, want: tuple[str, float | None]
+) -> None:
+    started = None if status == "placed" else 100.0
+    assert shown(status, started, 60, grace, now) == want, case
+    assert shown("running", 100.0, None, grace, 10_000.0) == ("running", None)  # no limit
+
+
+def _running(w: World, **kw: object) -> int:
+    (job,) = w.submit(command=("t",), **kw)  # type: ignore[arg-type]
+    w.place(job.job_id)
+    w.run(c.StartJob(actor="@executor", job_id=job.job_id, engine="agent",
+                     engine_job_id=f"{job.job_id}.1"))  # fmt: skip
+    return job.job_id
+
+
+def _queue(w: World, now: float) -> dict[int, v.QueueRow]:
+    rows = _holding_rows(w.state, v.QueueFilter(state="running"), now, 100)
+    return {r.job_id: r for r in rows}
+
+
+def test_queue_node_list_and_explain_show_a_job_past_its_limit_stopping(w: World) -> None:
+    job_id = _running(w, time_limit_s=5, grace_s=60)
+    start = w.state.jobs[job_id].started_at
+    assert start is not None
+    before, after = start + 4, start + 10
+    early = _queue(w, before)[job_id]
+    assert (early.state, early.kill_at) == ("running", None)
+    row = _queue(w, after)[job_id]
+    assert (row.state, row.code, row.kill_at) == ("stopping", "STOPPING", start + 65)
+    assert "reached its time limit" in row.reason
+    (n1,) = [n for n in layer.node_list(w.state, now=after) if n.node == "n1"]
+    assert n1.stopping_jobs == [job_id] and job_id in n1.jobs
+    (n1,) = [n for n in layer.node_list(w.state, now=before) if n.node == "n1"]
+    assert n1.stopping_jobs == []
+    job = w.state.jobs[job_id]
+    assert explain_now(None, None, job, None, after).status == "stopping"
+    assert explain_history(job, [], {}, after)[0].endswith(" is stopping.")
+    assert limit_kill_at(start, 5, 60) == row.kill_at  # the one definition
+
+
+def test_a_cancelled_job_whose_run_lives_on_is_stopping_in_queue_and_node_list(w: World) -> None:
+    job_id = _running(w, grace_s=40)
+    w.now += 10
+    w.run(c.CancelJob(actor="alice", job_id=job_id))
+    cancelled_at = w.now
+    row = _queue(w, w.now + 1)[job_id]
+    assert (row.state, row.kill_at, row.user, row.nodes) == (
+        "stopping", cancelled_at + 40, "alice", ["n1"])  # fmt: skip
+    assert row.reason.startswith("cancelled at ")
+    (n1,) = [n for n in layer.node_list(w.state, now=w.now) if n.node == "n1"]
+    assert n1.stopping_jobs == [job_id] and n1.jobs == []
+    # its engine reports its processes gone: nothing is stopping any more
+    w.run(c.ConfirmRunEnded(actor="@executor", job_id=job_id, engine="agent",
+                            engine_job_id=f"{job_id}.1", run=0, ended_at=w.now + 3))  # fmt: skip
+    assert job_id not in _queue(w, w.now + 4)
+    (n1,) = [n for n in layer.node_list(w.state, now=w.now) if n.node == "n1"]
+    assert n1.stopping_jobs == []
+
+
+def test_a_cancel_of_a_job_past_its_limit_kills_it_at_once(w: World) -> None:
+    job_id = _running(w, time_limit_s=5, grace_s=60)
+    w.now += 30  # past its limit, in its grace
+    w.run(c.CancelJob(actor="alice", job_id=job_id))
+    row = _queue(w, w.now)[job_id]
+    assert (row.state, row.kill_at) == ("stopping", w.now)  # killed at once, as scancel
+
+
+def test_a_second_cancel_kills_a_stopping_run_at_once(w: World) -> None:
+    """atk46-23 F7: a cancel of a job already cancelled, its processes in their grace, was
+    refused ("already cancelled") and could not cut the grace; now it orders the run killed."""
+    job_id = _running(w, grace_s=100)
+    w.run(c.CancelJob(actor="alice", job_id=job_id))
+    assert _queue(w, w.now)[job_id].kill_at == w.now + 100
+    with pytest.raises(NotAuthorised):
+        w.run(c.CancelJob(actor="bob", job_id=job_id))  # not bob's
+    w.now += 5
+    (ordered,) = w.run(c.CancelJob(actor="alice", job_id=job_id))
+    assert isinstance(ordered, e.JobKillOrdered) and (ordered.job_id, ordered.run) == (job_id, 0)
+    assert w.state.stopped_runs[(job_id, 0)].kill
+    row = _queue(w, w.now)[job_id]
+    assert (row.kill_at, row.reason.endswith("killed at once")) == (w.now - 5, True)
+    with pytest.raises(InvalidTransition, match="its processes are being killed"):
+        w.run(c.CancelJob(actor="alice", job_id=job_id))  # once
+    gone = c.ConfirmRunEnded(
+        actor="@executor",
+        job_id=job_id,
+        engine="agent",
+        engine_job_id=f"{job_id}.1",
+        run=0,
+        ended_at=w.now,
+        killed=True,
+    )
+    w.run(gone)
+    with pytest.raises(InvalidTransition, match="already cancelled"):
+        w.run(c.CancelJob(actor="alice", job_id=job_id))  # gone: a finished job, as before
+
+
+def test_a_second_cancel_of_a_job_gone_from_the_live_state_is_its_owners(w: World) -> None:
+    job_id = _running(w, grace_s=100)
+    w.run(c.CancelJob(actor="alice", job_id=job_id))
+    del w.state.jobs[job_id]  # a server keeps only live jobs (`State.live_only`)
+    w.state.live_only = True
+    with pytest.raises(NotAuthorised):
+        w.run(c.CancelJob(actor="bob", job_id=job_id))
+    (ordered,) = w.run(c.CancelJob(actor="alice", job_id=job_id))
+    assert isinstance(ordered, e.JobKillOrdered)
+    assert _queue(w, w.now)[job_id].state == "stopping"
+
+
+def test_an_agent_reads_the_runs_to_kill_from_its_poll_answer() -> None:
+    """The agents' answer reader rebuilt the assignment from its head and parts alone: the runs
+    to kill at once (`Assignment.kill`) never reached the node's agent."""
+    import msgspec
+
+    from schemas import agent as a
+
+    asg = a.Assignment(node="n1", version="v", parts=(), server_time=1.0,
+                       kill=(a.PartRun(job_id=2, run=1),))  # fmt: skip
+    got, bad = a.decode_assignment(msgspec.json.encode(asg))
+    assert (got.kill, bad) == ((a.PartRun(job_id=2, run=1),), ())
+    old = b'{"node":"n1","version":"v","parts":[],"server_time":1.0}'  # an older server's
+    assert a.decode_assignment(old)[0].kill == ()
