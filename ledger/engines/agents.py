@@ -45,7 +45,7 @@ from ledger.cycle.executor import (
     launch_of,
     output_files,
 )
-from ledger.engines.board import Board
+from ledger.engines.board import Board, kills_by_node
 from ledger.engines.fence import Fence, reboot_honoured
 from ledger.store.clock import new_token_secret
 from schemas import agent as a
@@ -685,16 +685,10 @@ class AgentExecutor:
                 self._unpublished.add(node)
 
     def _order_kills(self, jobs: set[int]) -> None:
-        """The stopped runs of `jobs` a second cancel ordered killed (`Orders.kills`), on their
-        nodes' lists (`Assignment.kill`): each node's agent kills them at once."""
-        kills: dict[str, list[a.PartRun]] = {}
-        for (job_id, run), sr in sorted(self.ledger.state.stopped_runs.items()):
-            for node in dict.fromkeys(sl.node for sl in sr.slots if sr.kill and job_id in jobs):
-                kills.setdefault(node, []).append(a.PartRun(job_id=job_id, run=run))
-        for node in sorted(kills.keys() | self.board.killing()):
-            if self.board.kills(node) != tuple(kills.get(node, ())):
-                self.board.order_kills(node, tuple(kills.get(node, ())))
-                self._unpublished.add(node)
+        """The stopped runs of `jobs` a second cancel ordered killed, on their nodes' lists
+        (`Assignment.kill`): each node's agent kills them at once."""
+        kills = kills_by_node(self.ledger.state.stopped_runs, jobs)
+        self._unpublished |= self.board.order_all_kills(kills)
 
     def _publish(self, node: str, *, bump: bool = True) -> None:
         parts = tuple(p for _, p in sorted(self._parts.get(node, {}).items()))

@@ -8,8 +8,13 @@ import asyncio
 import contextlib
 import secrets
 import threading
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 from schemas import agent as a
+
+if TYPE_CHECKING:
+    from ledger.core.state import StoppedRun
 
 
 class Board:
@@ -32,6 +37,16 @@ class Board:
                 self._kills[node] = kills
             else:
                 self._kills.pop(node, None)
+
+    def order_all_kills(self, kills: dict[str, tuple[a.PartRun, ...]]) -> set[str]:
+        """Every node's kill list made `kills` (`kills_by_node`; a node not in it: none); the
+        nodes whose list changed (to publish)."""
+        changed: set[str] = set()
+        for node in sorted(kills.keys() | self.killing()):
+            if self.kills(node) != kills.get(node, ()):
+                self.order_kills(node, kills.get(node, ()))
+                changed.add(node)
+        return changed
 
     def kills(self, node: str) -> tuple[a.PartRun, ...]:
         with self._lock:
@@ -85,3 +100,17 @@ class Board:
 def _settle(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+def kills_by_node(
+    stopped: Mapping[tuple[int, int], StoppedRun], jobs: Iterable[int]
+) -> dict[str, tuple[a.PartRun, ...]]:
+    """Pure: the stopped runs of `jobs` a second cancel ordered killed (`StoppedRun.kill`,
+    `Orders.kills`), listed per node they hold GPUs on (`Assignment.kill`)."""
+    want = set(jobs)
+    kills: dict[str, list[a.PartRun]] = {}
+    for (job_id, run), sr in sorted(stopped.items()):
+        if sr.kill and job_id in want:
+            for node in dict.fromkeys(sl.node for sl in sr.slots):
+                kills.setdefault(node, []).append(a.PartRun(job_id=job_id, run=run))
+    return {node: tuple(runs) for node, runs in kills.items()}

@@ -81,5 +81,8 @@ def test_a_child_left_when_slurmstepd_is_killed_ends_before_the_run_is_recorded_
     (started,) = _times(work / "next")
     assert started > last, f"job 2 started {last - started:.1f} s before job 1's child ended"
     assert ended["exit_code"] == 0 and ended["ended_at"] >= last - 0.5, (ended, last)
-    assert re.search(r"left [12] processes in the job's cgroup, killed", ended["note"]), ended
+    # how many: the child's subshell and whatever it runs that moment (a sleep, a date)
+    assert re.search(r"left [1-9][0-9]* processes in the job's cgroup, killed", ended["note"]), (
+        ended
+    )
     assert last - (work / "stop").stat().st_mtime < 2 + 3, "the child was not ended at its grace"
