@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -123,3 +124,24 @@ def test_a_script_in_no_slurm_step_group_leaves_the_rest_to_slurm(tmp_path: Path
     finally:
         with contextlib.suppress(OSError, ValueError):
             os.kill(int(kid.read_text()), signal.SIGKILL)
+
+
+def test_a_program_of_the_jobs_own_named_slurmstepd_in_a_group_below_the_step_is_ended(
+    tmp_path: Path, step: Path
+) -> None:
+    """atk47-s F4: a child that copied a program to the name `slurmstepd` and moved itself into
+    a group it made below the step's (Slurm gives the job's user the step's directory) was
+    skipped by its name: the job `completed`, nothing said left, and it ran on beside the next
+    job on its GPUs. The script's own parent is the one slurmstepd it skips (or one it does
+    not own); this child is the job's."""
+    fake = tmp_path / "slurmstepd"
+    fake.write_bytes(Path(shutil.which("sleep") or "/bin/sleep").read_bytes())
+    fake.chmod(0o755)
+    kid = tmp_path / "kid"
+    esc = step / "esc"
+    _run(tmp_path, step, f"mkdir {esc}; ( echo $BASHPID > {esc}/cgroup.procs; exec {fake} 60 ) &"
+         f" echo $! > {kid}; sleep 0.5")  # fmt: skip
+    assert not _alive(int(kid.read_text()))
+    own = own_end(tmp_path)
+    assert own is not None and (own.exit_code, own.left) == (0, 1), own
+    esc.rmdir()

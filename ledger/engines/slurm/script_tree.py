@@ -49,14 +49,18 @@ _LIVE = r"""gpuledger_live() {
       [ "$p" = $$ ] && continue
       { read -r l < "/proc/$p/stat"; } 2>/dev/null || continue
       c=${l#*(}; c=${c%)*}; l=${l##*) }; set -- $l
-      [ "$1" = Z ] || [ "$2" = $$ ] || [ "$c" = slurmstepd ] && continue
+      [ "$1" = Z ] || [ "$2" = $$ ] && continue
+      [ "$c" = slurmstepd ] && { [ "$p" = "$PPID" ] || [ ! -O "/proc/$p" ]; } && continue
       kill -0 "$p" 2>/dev/null && gpuledger_l+=("$p")
     done 2>/dev/null < "$f"
   done
 }"""
 """Sets `gpuledger_l` to the live processes of the step's cgroup and its groups below that the
 script may signal: never itself or its own helpers (its children: a `sleep`), a zombie, or a
-slurmstepd (a script run as root shares its v2 step group with one)."""
+slurmstepd (a script run as root shares its v2 step group with one): its own parent, or one the
+script's user does not own. A program of the job's user named `slurmstepd` is the job's: it was
+skipped by its name alone, and one moved into a group of its own below the step lived on beside
+the next job on its GPUs after its job `completed` (atk47-s F4)."""
 
 
 def reap_lines(grace_s: int, ended_file: str, beating: bool) -> list[str]:
