@@ -58,6 +58,19 @@ Envelope = Callable[[], Mapping[str, Any]]
 # --- a submission ---------------------------------------------------------------------------
 
 
+_ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def default_job_name(command: Sequence[str]) -> str:
+    """Pure: a job's name when it is given none: its program's file name, as sbatch names a job
+    after its script. The first word that is not a shell assignment (`NAME=value`): a command
+    `HF_TOKEN=hf_... python train.py` was named after its first word, the token, which every
+    user sees in `jobs` and the log, though the command is shown only to its owner (atk47-29
+    F8). A command of assignments alone is named after none of them."""
+    word = next((w for w in command if not _ASSIGNMENT.match(w)), "")
+    return os.path.basename(word)[:255]
+
+
 def submissions(
     state: State, cmd: c.SubmitJob, contract: Mapping[str, Any], kw: Envelope
 ) -> list[e.AnyEvent]:
@@ -102,7 +115,7 @@ def _world(cmd: c.SubmitJob) -> dict[str, Any]:
     for what, text in (("working directory", cmd.workdir), ("job name", cmd.job_name)):
         if "\x00" in text or "\n" in text:
             raise InvalidCommand(f"the {what} holds a NUL or a newline")
-    job_name = cmd.job_name or (os.path.basename(cmd.command[0])[:255] if cmd.command else "")
+    job_name = cmd.job_name or default_job_name(cmd.command)
     for flag, pattern in (("-o/--output", cmd.stdout), ("-e/--error", cmd.stderr)):
         check_pattern(pattern, flag, job_name)
         if pattern and not pattern.startswith("/") and not cmd.workdir:

@@ -191,6 +191,12 @@ def test_a_submission_records_the_jobs_world(w: World) -> None:
     )
     (plain,) = w.submit(workdir="/tmp/x", command=("/usr/bin/python3", "-c", "1"))
     assert plain.stdout == jobs.DEFAULT_OUTPUT and plain.job_name == "python3"
+    # atk47-29 F8: a secret set in the command's first word is not its public name
+    (token,) = w.submit(
+        workdir="/tmp/x", command=("HF_TOKEN=hf_abc", "A=1", "/bin/python3", "t.py")
+    )
+    assert token.job_name == "python3"
+    assert jobs.default_job_name(("X=1",)) == "" and jobs.default_job_name(()) == ""
     (old,) = w.submit()
     assert old.workdir == "" and old.stdout == ""  # no directory: the engine's defaults
 
