@@ -158,7 +158,7 @@ def jobs(
         account=account_path,
         since=None if since is None else parse_time(since),
         until=None if until is None else parse_time(until),
-        limit=max(limit, MAX_ARRAY_TASKS) if tasks else limit,  # an array's every task
+        limit=max(limit, MAX_ARRAY_TASKS) if tasks else limit + 1,  # one more: is there more?
         at=None if at is None else parse_time(at),
         job_ids=None if refs is None else tuple(sorted({i for i, _ in refs})),
         before_id=before_id,
@@ -170,6 +170,8 @@ def jobs(
             if r.job_id in whole or r.array_job_id in whole
             or (r.array_job_id, r.array_task_id) in tasks
         ][:limit]  # fmt: skip
+    more = len(selected) > limit
+    selected = selected[:limit]
     if as_json:
         echo_json(selected)
         return
@@ -195,6 +197,9 @@ def jobs(
             r.logs[0] if r.logs else "-",
         ))  # fmt: skip
     print_table(header, rows)
+    if more:  # (atk47-29 F5: it stopped at 200 rows without a word)
+        click.echo(f"the newest {limit} shown; more match: --limit N, or --before-id "
+                   f"{selected[-1].job_id} for the next page", err=True)  # fmt: skip
 
 
 def _ids(text: str) -> list[tuple[int, int | None]]:

@@ -347,6 +347,12 @@ def test_jobs_status_filters_by_how_jobs_ended_as_sacct_s(home: Path) -> None:
     for bad, said in (("R,TO", "one state at a time"), ("nope", "invalid --status 'nope'")):
         done = run(home, "jobs", "--status", bad, actor="alice", ok=False)
         assert done.returncode != 0 and said in done.stderr, done.stderr
+    # a page with more after it says so, and where the next begins (atk47-29 F5: it stopped at
+    # 200 rows without a word, while the dashboard said "of 134,417")
+    full = run(home, "jobs", "--limit", "2", actor="alice")
+    assert "the newest 2 shown; more match" in full.stderr and "--before-id 2" in full.stderr
+    assert "more match" not in run(home, "jobs", "--limit", "3", actor="alice").stderr
+    assert len(json.loads(run(home, "jobs", "--limit", "2", "--json", actor="alice").stdout)) == 2
 
 
 def test_an_arrays_task_is_named_id_task_and_one_cancel_names_a_task_twice_without_error(
