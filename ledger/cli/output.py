@@ -11,6 +11,7 @@ import contextlib
 import errno
 import logging
 import os
+import signal
 import sqlite3
 import sys
 from collections.abc import Callable, Iterator, Sequence
@@ -187,6 +188,19 @@ def utf8_refusal(
         )
 
 
+_SIGINT_SEEN = [False]
+"""Set by the CLI's Ctrl-C handler (`_on_sigint`): a command's process, one command long."""
+
+
+def _on_sigint(signum: int, frame: Any) -> None:
+    """Python's own Ctrl-C (KeyboardInterrupt), remembered: DuckDB turns a Ctrl-C during a
+    query into its own error ("Query interrupted", or a transaction then aborted), which the
+    CLI took for a bug: `projection rebuild` stopped with "internal error ... report it", exit
+    70 (atk47-29 F9). Any error after a Ctrl-C is the stop that was asked for: 130."""
+    _SIGINT_SEEN[0] = True
+    raise KeyboardInterrupt
+
+
 class LedgerGroup(click.Group):
     """The error contract at the boundary: every failure is one line on stderr with a stable
     code. Exit 1 for a rejected command, bad usage (click's included) and an environment
@@ -201,6 +215,9 @@ class LedgerGroup(click.Group):
         base: Any = super().main
         if not standalone_mode:
             return base(*args, standalone_mode=False, **kwargs)
+        _SIGINT_SEEN[0] = False
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _on_sigint)
         try:
             rv = base(*args, standalone_mode=False, **kwargs)
         except click.exceptions.NoArgsIsHelpError as e:  # a bare group: its help, as asked
@@ -230,12 +247,14 @@ class LedgerGroup(click.Group):
         try:
             return super().invoke(ctx)
         except LedgerError as e:
+            _stopped_if_interrupted()
             fail(e.line(), e.code)
         except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
             raise
         except BrokenPipeError:
             _quiet_pipe()
         except Exception as e:  # an environment problem, or a bug
+            _stopped_if_interrupted()
             if isinstance(e, OSError) and e.errno == errno.EPIPE:
                 _quiet_pipe()
             where = _environment(e, self.store_path(ctx))
@@ -249,6 +268,13 @@ class LedgerGroup(click.Group):
                 "internal",
                 EXIT_BUG,
             )
+
+
+def _stopped_if_interrupted() -> None:
+    """After a Ctrl-C (`_on_sigint`), whatever a command broke on the way is the stop asked
+    for: exit 130, no error line."""
+    if _SIGINT_SEEN[0]:
+        sys.exit(EXIT_INTERRUPTED)
 
 
 def _quiet_pipe() -> None:
