@@ -60,6 +60,7 @@ SLURM_SECONDS: dict[str, float] = {
     "test_slurm": 905,
     "test_slurm_command_path": 70,
     "test_slurm_ctldloss": 200,
+    "test_slurm_epilog": 240,
     "test_slurm_faults": 311,
     "test_slurm_foreign_work": 81,
     "test_slurm_marks": 40,
