@@ -233,7 +233,7 @@ def environment(
         key, eq, value = part.partition("=")
         if hidden(key, value if eq else environ.get(key)):
             raise InvalidCommand(
-                f"environment variable {key[:64]!r} is not sent to jobs: "
+                f"environment variable {shown_bytes(key[:64])} is not sent to jobs: "
                 + (
                     "its name is one that holds secrets"
                     if pattern.search(key)
@@ -248,7 +248,7 @@ def environment(
             env[key] = environ[key]
         if key in env and not _sendable(key, env[key]):
             raise InvalidCommand(
-                f"environment variable {key[:64]!r} cannot be sent: "
+                f"environment variable {shown_bytes(key[:64])} cannot be sent: "
                 + (
                     f"its value is {len(env[key])} characters (at most {MAX_ENV_VALUE})"
                     if len(env[key]) > MAX_ENV_VALUE
@@ -274,7 +274,7 @@ def propagated(text: str, limits: Mapping[str, int]) -> dict[str, int]:
     unknown = [n for n in names if n not in LIMIT_NAMES]
     if unknown:
         raise InvalidCommand(
-            f"--propagate: {unknown[0].upper()[:32]!r} is no resource limit",
+            f"--propagate: {shown_bytes(unknown[0].upper()[:32])} is no resource limit",
             hint="use ALL, NONE or some of " + ",".join(n.upper() for n in LIMIT_NAMES),
         )
     return {n: limits[n] for n in names if n in limits}

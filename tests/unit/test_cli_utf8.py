@@ -84,3 +84,15 @@ def test_what_is_not_utf8_in_a_scripts_directives_is_refused_as_on_the_command_l
     code, err = run(capsys, "submit", "-A", "lab/p1", "-G", "1", "-t", "5m", str(script))
     assert code == 1 and len(err) == 1, err
     assert err[0].startswith(f"error: {want}") and err[0].endswith("[invalid]"), err[0]
+
+
+def test_a_refused_export_name_or_propagate_limit_shows_its_bytes_as_the_others_do() -> None:
+    """atk47-23 F2 (cosmetic): `--export=FOO\\xe9=1` and `--propagate=NOFILE\\xe9` printed the
+    surrogate escape `'FOO\\udce9'` where every other refusal prints `\\xe9`."""
+    from ledger.cli.submit import environment, propagated
+    from schemas.errors import InvalidCommand
+
+    with pytest.raises(InvalidCommand, match=r"variable 'FOO\\xe9' cannot be sent"):
+        environment("NONE,FOO\udce9=1", {})
+    with pytest.raises(InvalidCommand, match=r"--propagate: 'NOFILE\\xe9' is no resource"):
+        propagated("NOFILE\udce9", {})
