@@ -1,9 +1,9 @@
 """How long `submit` takes to leave the secrets out of a large environment (atk46-23r R4).
 
 `submit` sends the submitter's environment (`--export=ALL`) without the secrets, which it finds
-by name and by the value's shape (`ledger.core.runas.secret_value`). A shape searched forward
-from every letter of a long word made that quadratic: 15 values of 16,300 letters (246 KB, under
-the 256 KiB bound) took ~16 s of the submitter's CPU. This prints, in CPU time:
+by name and by the value's shape (`ledger.core.secret_shapes.secret_value`). A shape searched
+forward from every letter of a long word made that quadratic: 15 values of 16,300 letters (246 KB,
+under the 256 KiB bound) took ~16 s of the submitter's CPU. This prints, in CPU time:
 
 1. `environment("ALL", ...)` over that environment and over a module-heavy one (15 long
    `*PATH`-like values), against a raw baseline: one plain regular-expression search per value;
@@ -24,7 +24,7 @@ from collections.abc import Callable
 from benchkit import machine
 
 from ledger.cli.submit import environment
-from ledger.core.runas import secret_value
+from ledger.core.secret_shapes import secret_value
 
 SHAPES: dict[str, Callable[[int], str]] = {
     "letters": lambda n: "a" * n,
@@ -37,6 +37,13 @@ SHAPES: dict[str, Callable[[int], str]] = {
     "spaces": lambda n: " " * n,
     "'machine '": lambda n: ("machine " * (n // 8 + 1))[:n],
     "'-eyJ'": lambda n: ("-eyJ" * (n // 4 + 1))[:n],
+    # atk47-23 F1's shapes: each run starts a try of one of them at every position
+    "dashes": lambda n: "-" * n,
+    "newlines": lambda n: "\n" * n,
+    "'-----BEGIN '": lambda n: ("-----BEGIN " * (n // 11 + 1))[:n],
+    "'%2D'": lambda n: ("%2D" * (n // 3 + 1))[:n],
+    "'LS0tLS1CRUdJTi'": lambda n: ("LS0tLS1CRUdJTi" * (n // 14 + 1))[:n],
+    "'  token: x'": lambda n: ("  token: x\n" * (n // 11 + 1))[:n],
 }
 
 

@@ -35,7 +35,7 @@ def pytest_configure(config: pytest.Config) -> None:
     developer's `OPENAI_KEY`): a submit from such a shell leaves them out with a note line, and
     the tests that count a command's lines, or plant their own secrets, must not depend on the
     shell they were started from. Tests that need one set it themselves."""
-    from ledger.core.runas import SECRET_NAMES
+    from ledger.core.secret_shapes import SECRET_NAMES
 
     kept = {"GPULEDGER_PG_DSN"}  # scripts/test's own PostgreSQL (a `_DSN` name is a secret's)
     for name in [n for n in os.environ if re.match(SECRET_NAMES, n) and n not in kept]:

@@ -30,7 +30,7 @@ from ledger.cli._common import Ctx, build, os_user, pass_ctx
 from ledger.cli.output import echo_json, shown_bytes
 from ledger.cli.output import utf8 as _utf8
 from ledger.core.jobs import parse_array, parse_dependency
-from ledger.core.runas import SECRET_NAMES, secret_value
+from ledger.core.secret_shapes import SECRET_NAMES, secret_value
 from ledger.engines.accounts import own_umask
 from ledger.engines.job_paths import path_refusal, program_refusal
 from ledger.engines.ulimits import own_limits
@@ -146,7 +146,7 @@ def _script(command: tuple[str, ...]) -> tuple[Path, str] | None:
         return None
     path = Path(command[0])
     try:
-        text = path.read_text(errors="replace")
+        text = path.read_bytes().decode("utf-8", "surrogateescape")
     except OSError as err:
         raise InvalidCommand(f"cannot read {path}: {err.strerror}") from err
     return (path, text) if text.startswith("#!") else None
@@ -233,7 +233,7 @@ def environment(
         key, eq, value = part.partition("=")
         if hidden(key, value if eq else environ.get(key)):
             raise InvalidCommand(
-                f"environment variable {key[:64]!r} is not sent to jobs: "
+                f"environment variable {shown_bytes(key[:64])} is not sent to jobs: "
                 + (
                     "its name is one that holds secrets"
                     if pattern.search(key)
@@ -248,7 +248,7 @@ def environment(
             env[key] = environ[key]
         if key in env and not _sendable(key, env[key]):
             raise InvalidCommand(
-                f"environment variable {key[:64]!r} cannot be sent: "
+                f"environment variable {shown_bytes(key[:64])} cannot be sent: "
                 + (
                     f"its value is {len(env[key])} characters (at most {MAX_ENV_VALUE})"
                     if len(env[key]) > MAX_ENV_VALUE
@@ -274,10 +274,24 @@ def propagated(text: str, limits: Mapping[str, int]) -> dict[str, int]:
     unknown = [n for n in names if n not in LIMIT_NAMES]
     if unknown:
         raise InvalidCommand(
-            f"--propagate: {unknown[0].upper()[:32]!r} is no resource limit",
+            f"--propagate: {shown_bytes(unknown[0].upper()[:32])} is no resource limit",
             hint="use ALL, NONE or some of " + ",".join(n.upper() for n in LIMIT_NAMES),
         )
     return {n: limits[n] for n in names if n in limits}
+
+
+def unsendable_reason(name: str, value: str) -> str:
+    """Pure: why no job can be given the variable `name`=`value` as it is (for `submit`'s note),
+    or "" when it can."""
+    if not _utf8(name) or not _utf8(value):
+        return "not UTF-8"
+    if not ENV_NAME.fullmatch(name):
+        return "no variable name"  # a shell function's, or not ASCII (Cyrillic letters, ...)
+    if "\x00" in value:
+        return "a NUL"
+    if len(value) > MAX_ENV_VALUE:
+        return f"over {MAX_ENV_VALUE} characters"
+    return ""
 
 
 def _sendable(name: str, value: str) -> bool:
@@ -505,7 +519,8 @@ def submit(ctx: Ctx, /, **given: Any) -> None:
 
 def _submission(ctx: Ctx, g: Mapping[str, Any]) -> c.SubmitJob:
     """The SubmitJob the options say, built through its bounded type."""
-    env, left, unsendable = environment(g["export"], os.environ)
+    environ = os.environ
+    env, left, unsendable = environment(g["export"], environ)
     if left:
         click.echo(
             f"note: not sent (secrets, by name or by value: a password in a URL, a token, a "
@@ -515,11 +530,13 @@ def _submission(ctx: Ctx, g: Mapping[str, Any]) -> c.SubmitJob:
         )
     if unsendable:
         more = " ..." if len(unsendable) > 8 else ""
-        shown = ", ".join(shown_bytes(n[:64])[1:-1] for n in unsendable[:8]) + more
+        shown = ", ".join(
+            f"{shown_bytes(n[:64])[1:-1]} ({unsendable_reason(n, environ[n])})"
+            for n in unsendable[:8]
+        )
         click.echo(
             f"note: --export=ALL left out {len(unsendable)} variable(s) no job can be given "
-            f"as they are (shell functions, values over {MAX_ENV_VALUE} characters or not "
-            f"UTF-8): {shown}",
+            f"as they are: {shown}{more}",
             err=True,
         )
     tasks, limit = parse_array(g["array"]) if g["array"] else ((), None)

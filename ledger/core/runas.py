@@ -16,13 +16,13 @@ admins may add a system account as a member: `admit`).
 
 from __future__ import annotations
 
-import base64
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import msgspec
 
+from ledger.core.secret_shapes import SECRET_NAMES, secret_value
 from ledger.core.state import State, held_bytes
 from schemas import commands as c
 from schemas.bounds import MAX_ARRAY_TASKS
@@ -36,81 +36,6 @@ NOLOGIN_SHELLS = frozenset(
     {"/usr/sbin/nologin", "/sbin/nologin", "/bin/false", "/usr/bin/false", "/bin/sync"}
 )
 """Login shells that mark an account as the system's, not a person's."""
-PATH_NAMES = (
-    "GOOGLE_APPLICATION_CREDENTIALS", "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE",
-    "KUBECONFIG",
-)  # fmt: skip
-"""Well-known variables that hold the *path* of a credentials file, not a secret: sent like any
-other (the file stays readable by its owner alone), though their names look like secrets."""
-SECRET_NAMES = (
-    rf"(?i)^(?!(?:{'|'.join(PATH_NAMES)})$).*?"
-    r"(TOKEN|SECRET|PASS(WORD|WD|PHRASE)|(^|_|SSH|PG)PASS($|_)|_PWD$|CREDENTIAL|PRIVATE_?KEY"
-    r"|APIKEY|COOKIE|(^|_)KEY($|_)|(^|_)PAT$|(^|_)AUTH($|_)|AUTHORI[SZ]ATION|JWT(_V[0-9]+)?$"
-    r"|(^|_)DSN$|SAS_?(SIG|URL|KEY)|(^|_)SIG($|_))"
-)
-"""The environment variables a job is never sent with by default: names that hold tokens,
-passwords, keys and sessions (the submitter's own `GPULEDGER_TOKEN` first of all; `OPENAI_KEY`,
-`GITHUB_PAT`, `WANDB_KEY`, `SSHPASS`, `DB_PASSWORD`, `AWS_SECRET_ACCESS_KEY`, `NPM_AUTH`,
-`HF_AUTH_TOKEN`, `SESSION_COOKIE`, `DB_PWD`, `AUTHORIZATION`, `HTTP_AUTHORIZATION`,
-`CI_JOB_JWT`, `SENTRY_DSN`, `PRIVATEKEY`, `PGPASS`, `AZURE_SAS_SIG`), but not `PATH_NAMES`
-(nor `GIT_AUTHOR_NAME`: AUTH only as a word or in AUTHORIZATION), nor names where `PASS` is
-part of another word (`TOX_TESTENV_PASSENV`, `BYPASS_CACHE`: a submitter's every job would
-otherwise carry a note about a variable that holds no secret). A site sets its own pattern
-(`secret_env` in serve.toml); the CLI leaves these out before it sends anything. A value of a
-secret's shape (`SECRET_VALUE`) is never sent either, whatever its name."""
-SECRET_VALUE = re.compile(
-    r"(?<=[A-Za-z0-9+.-])://[^/\s:@]*:[^/\s@]+@"
-    r"|(?i:(?:^|;)\s*(?:AccountKey|SharedAccessKey|Password|Pwd)\s*=)"
-    r"|(?i:hooks\.slack\.com/)"
-    r"|(?i:://[^/\s:@]+@[^/\s]*sentry\.io)"
-    r"|(?<![A-Za-z0-9])(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{20,}"
-    r"|sk-[A-Za-z0-9_-]{32,}|xox[abposr]-[A-Za-z0-9-]{10,}|hf_[A-Za-z0-9]{30,}"
-    r"|glpat-[A-Za-z0-9_-]{20,}|(?:AKIA|ASIA)[0-9A-Z]{16}(?![0-9A-Z])"
-    r"|eyJ(?:[A-Za-z0-9]|[_-](?!eyJ)){8,}\.eyJ[A-Za-z0-9_-]{8,}\.)"
-    r"|(?i:^\s*(?:Bearer|Basic|Token)\s+[A-Za-z0-9+/=._~-]{8,}\s*$)"
-    r"|(?i:[?&]sig=[A-Za-z0-9%+/=]{8,})"
-    r"|-{4,5} ?BEGIN [A-Z0-9 ]{0,40}PRIVATE KEY"
-    r"|PuTTY-User-Key-File-[0-9]+:|AGE-SECRET-KEY-1[0-9A-Z]{58}"
-    r"|b3BlbnNzaC1rZXktdjE|ADANBgkqhkiG9w0BAQEFAAS"
-)
-"""Values that are secrets whatever their name (an event in the log is never removed):
-a URL with a password in it (`scheme://user:password@host`), a connection string with a key
-or password (Azure's `AccountKey=`/`SharedAccessKey=`, ODBC's `Password=`), a Slack webhook,
-a Sentry DSN (its key is the URL's user), a token of a well-known shape (GitHub `ghp_`/`gho_`/
-`ghu_`/`ghs_`/`ghr_`/`github_pat_`, OpenAI/Anthropic `sk-`, Slack `xoxb-`/`xoxp-`/..., Hugging
-Face `hf_`, GitLab `glpat-`, AWS access key ids `AKIA`/`ASIA`, a signed JWT `eyJ...eyJ...`),
-an HTTP `Authorization` header's value (`Bearer ...`, `Basic ...`), a SAS signature (`sig=`),
-a private key (a PEM block `-----BEGIN ... PRIVATE KEY-----` of any kind: PKCS#1/#8, EC,
-OpenSSH, encrypted, PGP's `PRIVATE KEY BLOCK`, ssh.com's `---- BEGIN SSH2 ENCRYPTED PRIVATE
-KEY ----`; a PuTTY key file, an age secret key; an OpenSSH key's or an RSA PKCS#8 key's base64
-body without its header, atk46-23r R3) and, checked apart (`secret_value`), a netrc line
-(`machine ... password ...`) and a whole PEM file base64-encoded (a Kubernetes secret's way).
-Built in: a site adds names with `secret_env`.
-
-Every part is searched in time linear in the value's length: a scheme is matched from its
-`://` back (a scheme searched forward was tried from every letter of a long word and took
-~0.4 s per 16 KB value, 16 s for a module-heavy environment: atk46-23r R4), a JWT's first
-part stops at the next `-eyJ` or `_eyJ` (where the next try starts), and the netrc line and
-the base64 PEM are found in two steps, each a plain search (`scripts/bench_secrets.py`)."""
-_NETRC_MACHINE = re.compile(r"(?i)\bmachine\s+\S")
-_NETRC_PASSWORD = re.compile(r"(?i)\bpassword\s+\S")
-_BASE64_PEM = re.compile(r"LS0tLS1CRUdJTi[A-Za-z0-9+/]{0,80}")
-"""Base64 of `-----BEGIN ` and what follows it: a PEM file encoded whole."""
-
-
-def secret_value(value: str) -> bool:
-    """Pure: whether an environment value is a secret by its shape (`SECRET_VALUE`, a netrc
-    line, a base64-encoded PEM private key), in time linear in its length."""
-    if SECRET_VALUE.search(value):
-        return True
-    machine = _NETRC_MACHINE.search(value)
-    if machine and _NETRC_PASSWORD.search(value, machine.end()):
-        return True
-    for found in _BASE64_PEM.finditer(value):
-        text = found[0][: len(found[0]) // 4 * 4]
-        if b"PRIVATE KEY" in base64.b64decode(text):
-            return True
-    return False
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from typing import Literal, TypeVar
 
 import msgspec
 
-from ledger.core.runas import SECRET_NAMES, admission_meaning
+from ledger.core.runas import admission_meaning
+from ledger.core.secret_shapes import SECRET_NAMES
 from schemas import toml_bounds, units
 from schemas.errors import InvalidCommand
 from schemas.units import Duration, Interval

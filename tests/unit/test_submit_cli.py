@@ -11,10 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from ledger.cli.submit import SBATCH, directives, environment, interpreter, utf8_refusal
+from ledger.cli.submit import (
+    SBATCH,
+    directives,
+    environment,
+    interpreter,
+    unsendable_reason,
+    utf8_refusal,
+)
 from ledger.core.decide import decide
 from ledger.core.evolve import evolve
-from ledger.core.runas import secret_value
+from ledger.core.secret_shapes import secret_value
 from ledger.core.state import State
 from ledger.cycle.inputs import snapshot_from_state
 from ledger.dispatch.engine import decide as dispatch
@@ -417,3 +424,17 @@ def test_secret_shapes_at_their_edges(value: str, secret: bool) -> None:
     """atk46-23r R4: the value shapes are searched in time linear in the value (the timing is
     `scripts/bench_secrets.py`'s); what they find is what they found before, at the edges."""
     assert secret_value(value) is secret
+
+
+def test_the_note_gives_each_left_out_variables_own_reason() -> None:
+    """atk47-23 F1 (low): `UNI_NAME_ТОKEN` (valid UTF-8, a Cyrillic letter) was left out with
+    the note "not UTF-8" (one reason for all): each name now carries its own."""
+    environ = {"UNI_NAME_ТОKEN": "1", "BASH_FUNC_module%%": "() { :; }", "OLDPWD": "/d\udce9",
+               "K\udce9": "1", "BIG": "x" * 20_000, "NUL": "a\x00b"}  # fmt: skip
+    assert environment("ALL", environ)[2] == sorted(environ)
+    assert {n: unsendable_reason(n, v) for n, v in environ.items()} == {
+        "UNI_NAME_ТОKEN": "no variable name", "BASH_FUNC_module%%": "no variable name",
+        "OLDPWD": "not UTF-8", "K\udce9": "not UTF-8", "BIG": "over 16384 characters",
+        "NUL": "a NUL",
+    }  # fmt: skip
+    assert unsendable_reason("PATH", "/bin") == ""
