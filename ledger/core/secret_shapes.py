@@ -22,8 +22,18 @@ PATH_NAMES = (
 )  # fmt: skip
 """Well-known variables that hold the *path* of a credentials file, not a secret: sent like any
 other (the file stays readable by its owner alone), though their names look like secrets."""
+NOT_SECRET_NAMES = (
+    r"(?!.*_(PATH|DIR|FILE|CACHE|CACHE_DIR|PARALLELISM|LEN|LENGTH|COUNT|SIZE|LIMIT)$)"
+    r"(?!(MAX|MIN|NUM)_)(?!TOKENIZERS_)"
+)
+"""Names that say what they hold is no secret though a word of theirs looks like one: a path
+(`HF_TOKEN_PATH`, `TIKTOKEN_CACHE_DIR`), a number or a setting (`MAX_TOKENS`,
+`TOKENIZERS_PARALLELISM`, `TOKEN_LIMIT`). They were left out of every job (atk47-23 F12): an ML
+researcher's `TOKENIZERS_PARALLELISM=false` never reached the job. A value of a secret's shape
+is left out whatever its name (`secret_value`)."""
+
 SECRET_NAMES = (
-    rf"(?i)^(?!(?:{'|'.join(PATH_NAMES)})$).*?"
+    rf"(?i)^(?!(?:{'|'.join(PATH_NAMES)})$){NOT_SECRET_NAMES}.*?"
     r"(TOKEN|SECRET|PASS(WORD|WD|PHRASE)|(^|_|SSH|PG)PASS($|_)|_PWD$|(^|_)PW$|CREDENTIAL|CREDS"
     r"|PRIVATE_?KEY|PRIV_?KEY|APIKEY|COOKIE|(^|_)KEY($|_)|(^|_)PAT$|(^|_)AUTH($|_)"
     r"|AUTHORI[SZ]ATION|JWT(_V[0-9]+)?$|(^|_)DSN$|SAS_?(SIG|URL|KEY)|(^|_)SIG($|_))"

@@ -164,3 +164,17 @@ def test_the_example_serve_toml_holds_the_default_name_pattern() -> None:
 
     example = Path(__file__).parents[2] / "examples" / "serve.toml"
     assert tomllib.loads(example.read_text())["secret_env"] == SECRET_NAMES
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["TOKENIZERS_PARALLELISM", "TIKTOKEN_CACHE_DIR", "HF_TOKEN_PATH", "MAX_TOKENS", "TOKEN_LIMIT"],
+)
+def test_names_that_say_they_hold_a_path_or_a_setting_are_sent(name: str) -> None:
+    """atk47-23 F12: an ML researcher's `TOKENIZERS_PARALLELISM=false` never reached the job."""
+    assert not re.search(SECRET_NAMES, name)
+
+
+@pytest.mark.parametrize("name", ["HF_TOKEN", "GITHUB_TOKEN", "WANDB_API_KEY", "DB_PW"])
+def test_names_of_secrets_are_still_left_out(name: str) -> None:
+    assert re.search(SECRET_NAMES, name)
