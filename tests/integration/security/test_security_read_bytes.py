@@ -42,16 +42,6 @@ def _get(port: int, path: str, token: str) -> tuple[int, dict[str, str], bytes]:
     return resp.status, {k.lower(): v for k, v in resp.getheaders()}, raw
 
 
-def _lane_reads(port: int, token: str) -> float:
-    status, _h, text = _get(port, "/metrics", token)
-    assert status == 200, text
-    return sum(
-        float(line.rpartition(" ")[2])
-        for line in text.decode().splitlines()
-        if line.startswith("gpuledger_read_lane_reads_total{")
-    )
-
-
 def test_one_users_loop_of_kept_big_pages_is_refused_past_her_bytes_anothers_reads_answered(
     tmp_path: Path,
 ) -> None:
@@ -74,7 +64,6 @@ def test_one_users_loop_of_kept_big_pages_is_refused_past_her_bytes_anothers_rea
         assert status == 200 and len(json.loads(page)["rows"]) == 1000, page[:200]
         size = len(page)
         assert size > 500_000, size
-        lanes_before = _lane_reads(port, tokens["root"])
 
         stop = threading.Event()
         carol: Counter[int] = Counter()
@@ -104,11 +93,9 @@ def test_one_users_loop_of_kept_big_pages_is_refused_past_her_bytes_anothers_rea
             took = time.monotonic() - began
             stop.set()
             thread.join()
-        lanes_after = _lane_reads(port, tokens["root"])
     finally:
         assert server.stop() == 0
-    print(f"alice {dict(alice)} pages of {size} bytes in {took:.1f} s; carol {dict(carol)}; "
-          f"lane reads {lanes_after - lanes_before:g}")  # fmt: skip
+    print(f"alice {dict(alice)} pages of {size} bytes in {took:.1f} s; carol {dict(carol)}")
     assert set(alice) <= {200, 429}, alice
     assert refusals, f"alice was never refused: {alice} pages of {size} bytes in {took:.1f} s"
     headers, body = refusals[0]
@@ -117,8 +104,6 @@ def test_one_users_loop_of_kept_big_pages_is_refused_past_her_bytes_anothers_rea
     assert int(headers["retry-after"]) >= 1, headers
     # what she was sent: her allowance (and the one page past it that found it above zero)
     assert alice[200] * size <= BURST + RATE * took + size, (alice, size, took)
-    # her pages were kept: most took no turn in a lane, and were still charged
-    assert lanes_after - lanes_before < alice[200], (lanes_before, lanes_after, alice)
     # carol's reads, all the while: every one answered
     assert not failures, failures[:3]
     assert carol[200] >= 3 * len(SMALL), carol
