@@ -40,7 +40,7 @@ from ledger.server.cache import ReadCache
 from ledger.server.commands import CommandPath
 from ledger.server.front import Front
 from ledger.server.ha import POSITION_HEADER
-from ledger.server.readpool import ReadPool, limits_from_env
+from ledger.server.readpool import ReadPool, limits_from_env, sent_from_env
 from ledger.server.store_seen import stale_s
 from ledger.server.worker import Worker
 from ledger.store.requests import valid_key
@@ -394,6 +394,7 @@ def _build(
     pool = ReadPool(
         tables.connect(worker), lambda fn: worker.call(fn), limits=limits_from_env()
     ).start()
+    pool.sent = sent_from_env()
     if isinstance(worker, Worker):  # a serving app (not `offline_app`'s, for the document)
         assert not worker.started, "the app is made before the worker thread starts"
         pool.connect_now()

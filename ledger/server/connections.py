@@ -721,10 +721,12 @@ log = logging.getLogger("gpuledger.server")
 @dataclass
 class Held:
     """What the request under way holds until its answer is sent: the releases of its read
-    admissions, and who was admitted (a request is one read: `ReadPool.admitted`)."""
+    admissions, who was admitted (a request is one read: `ReadPool.admitted`), and the bytes
+    of its answer's body sent so far (`Front`: charged to its reader, `ReadPool.sent`)."""
 
     releases: list[Callable[[], None]] = field(default_factory=list)
     admitted: set[str] = field(default_factory=set)
+    sent: int = 0
 
 
 _HELD: contextvars.ContextVar[Held | None] = contextvars.ContextVar("gpuledger_held", default=None)

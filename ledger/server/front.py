@@ -33,6 +33,7 @@ from ledger.server.connections import (
     REFUSED_HOLD_S,
     Connection,
     Connections,
+    Held,
     _holding,
     answer,
     prefix_of,
@@ -119,7 +120,7 @@ class Front:
             return
         with _holding() as holds:
             try:
-                await self.app(scope, receive, send)
+                await self.app(scope, receive, _counting(send, holds))
                 if holds.releases:
                     await conn.sent()
             finally:
@@ -208,3 +209,15 @@ async def _send_answer(
     headers = [tuple(line.split(b": ", 1)) for line in head.split(b"\r\n")[1:]]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+def _counting(send: Any, holds: Held) -> Any:
+    """`send` with the bytes of the answer's body counted in `holds.sent` (a read's answer
+    is charged to its reader once sent, kept or not: `ReadPool.admitted`)."""
+
+    async def counted(message: Any) -> None:
+        if message["type"] == "http.response.body":
+            holds.sent += len(message.get("body", b""))
+        await send(message)
+
+    return counted

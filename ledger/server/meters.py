@@ -117,6 +117,18 @@ WRITE_BYTES_PER_S = 128 * 1024
 """How fast a person's allowance of bytes written to the log fills (7.5 MiB a minute)."""
 WRITE_BYTES_BURST = 32 << 20
 """A person's allowance when full: a 10,000-task array of an ordinary command fits in it."""
+READ_RATE_ENV = "GPULEDGER_READ_SENT_RATE"
+"""Overrides `READ_BYTES_PER_S` (bytes a second)."""
+READ_BURST_ENV = "GPULEDGER_READ_SENT_BURST"
+"""Overrides `READ_BYTES_BURST` (bytes)."""
+READ_BYTES_PER_S = 4 << 20
+"""How fast a person's allowance of bytes of answers to their reads fills (`ReadPool.sent`:
+kept answers too; atk47-29 F1: one user re-reading a kept 1.25 MB queue page ~54 times a
+second, 67 MB/s of JSON, slowed everyone else's pages 8-60x). A dashboard refreshing every
+few seconds reads well under a tenth of it."""
+READ_BYTES_BURST = 32 << 20
+"""A person's allowance of answers' bytes when full: the largest page
+(`pooled.MAX_PAGE_BYTES`) is always answered from a full one."""
 
 
 @dataclass

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ledger.history.tables import Limits
-from ledger.server import connections
+from ledger.server import connections, meters
 from ledger.server.fairlane import FairLane, Turns
 from schemas.errors import TooBusy
 
@@ -72,6 +72,16 @@ def limits_from_env() -> Limits:
     settings = ((TIMEOUT_ENV, "timeout_s", float), (MAX_ROWS_ENV, "max_rows", int))
     out = connections.positive_settings(dict(os.environ), settings)
     return dataclasses.replace(Limits(), **out)
+
+
+def sent_from_env() -> meters.Written:
+    """Each person's allowance of answers' bytes (`ReadPool.sent`), with
+    `GPULEDGER_READ_SENT_RATE` (bytes a second) and `GPULEDGER_READ_SENT_BURST` (bytes) when
+    set; InvalidCommand (one line) for a value that is not a positive number."""
+    settings = ((meters.READ_RATE_ENV, "per_s", float), (meters.READ_BURST_ENV, "burst", float))
+    got = connections.positive_settings(dict(os.environ), settings)
+    return meters.Written(**{"per_s": meters.READ_BYTES_PER_S, "burst": meters.READ_BYTES_BURST,
+                             **got})  # fmt: skip
 
 
 @dataclass
@@ -101,6 +111,15 @@ class ReadPool:
     reads_per_minute: int = 1200
     """The API's reads a caller may make a minute (a client polling `jobs` is not an audit
     query; the time limit and the pages bound each one)."""
+    sent: meters.Written = field(
+        default_factory=lambda: meters.Written(meters.READ_BYTES_PER_S, meters.READ_BYTES_BURST)
+    )
+    """Each person's bytes of answers to their reads: every answer sent, **kept or not**, is
+    charged its body's size once sent (`admitted`), and a person whose allowance is below zero
+    has their reads refused 429 until it is back (a kept answer takes no turn in a lane, and
+    one user re-reading a kept 1.25 MB page ~54 times a second, within her 50 requests a
+    second, slowed everyone else's pages 8-60x: atk47-29 F1)."""
+    clock: Callable[[], float] = time.monotonic
     _pool: ThreadPoolExecutor | None = None
     _lanes: dict[str, FairLane] = field(default_factory=dict)
     """The API's reads' lanes: "pages" (small reads), "big" (pages of more than a part: a
@@ -215,7 +234,7 @@ class ReadPool:
         if held is not None and caller in held.admitted:
             yield
             return
-        self.admit(caller, time.monotonic(), self.reads_per_minute if read else None)
+        self.admit(caller, self.clock(), self.reads_per_minute if read else None)
         self._running[caller] = self._running.get(caller, 0) + 1
         if held is not None:
             held.admitted.add(caller)
@@ -224,6 +243,8 @@ class ReadPool:
             self._running[caller] -= 1
             if not self._running[caller]:
                 del self._running[caller]
+            if read and held is not None and held.sent:  # its answer's bytes (`sent`)
+                self.sent.charge(caller, held.sent, self.clock())
 
         try:
             yield
@@ -255,6 +276,14 @@ class ReadPool:
                 f"{caller!r} has {self.per_caller} queries running already",
                 hint="wait for them (or run fewer at once)",
                 retry_after=1,
+            )
+        owed = self.sent.retry_in(caller, now) if per_minute is not None else 0.0
+        if owed > 0:
+            raise TooBusy(
+                f"{caller!r} was sent more than {self.sent.burst / (1 << 20):g} MiB of answers "
+                f"at once and is over {self.sent.per_s / (1 << 20):g} MiB a second",
+                hint="ask for smaller pages, or less often",
+                retry_after=max(1, math.ceil(owed)),
             )
         limit = self.per_minute if per_minute is None else per_minute
         recent = self._recent.setdefault(caller if per_minute is None else caller + "\0", deque())
