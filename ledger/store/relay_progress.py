@@ -105,6 +105,24 @@ def beyond(head: int, **words: int | None) -> list[str]:
     ]
 
 
+def edits(home: Path, head: int) -> list[str]:
+    """Each progress the store (its table) or the home (`relay.json`) keeps beyond the store's
+    `head`, as a phrase: an edit, since a progress is written only after a Kafka commit of the
+    store's events (`audit verify` names them; the relay takes none of them, `trusted`)."""
+    from ledger.store.relay import RelayError
+    from ledger.store.relay_service import read_health
+
+    with opened(home) as recorder:
+        words = {f"the relay's progress on topic {t} (store)": p for t, p in rows(recorder)}
+    try:
+        health = read_health(home)
+    except RelayError:
+        health = None
+    if health is not None:
+        words[f"relay.json's position on topic {health.topic}"] = health.position
+    return [f"{w}: an edited progress" for w in beyond(head, **words)]
+
+
 def due(
     position: int, kept: int, since_s: float, every_s: float = EVERY_S, every_n: int = EVERY_N
 ) -> bool:

@@ -194,3 +194,20 @@ def test_the_health_file_is_synced_before_it_replaces_the_old_one_and_its_direct
     assert synced[1] == str(tmp_path)
     health = read_health(tmp_path)
     assert health is not None and health.topic == "t"
+
+
+def test_audit_verify_names_a_progress_beyond_the_store_head(ledger: Ledger) -> None:
+    """atk47-25 F1: `update gpuledger_relay_progress set position=1000` with the head at 27 was
+    invisible to `audit verify` ("chain intact", exit 0)."""
+    from ledger.history import tamper
+
+    assert tamper.verify_store(ledger.home).ok
+    keep(open_store(ledger.home), "gpuledger.events", ledger.position)
+    assert tamper.verify_store(ledger.home).ok  # a true word
+    keep(open_store(ledger.home), "gpuledger.events", 1_000)
+    report = tamper.verify_store(ledger.home)
+    assert [p.text() for p in report.problems] == [
+        f"position {ledger.position}: edited: the relay's progress on topic gpuledger.events "
+        f"(store) says position 1,000, beyond the store's head {ledger.position}: an edited "
+        "progress"
+    ]
