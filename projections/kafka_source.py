@@ -14,15 +14,14 @@ decimal) and `gpuledger.tag` (the event tag).
   like this: after a read that returned records up to position P, the consumer is left right
   after P's record, so the next `read(P, ...)` continues from there (the common case: the
   projector reads page after page). Any other `after` (first call, restart, a reader that went
-  back) is located by *binary search over offsets*: probe offset o, take the first committed
-  record at or after it that has a position header; about log2(offsets) probes (one fetch each)
-  narrow the answer to 64 offsets, then the records from 64 offsets before that are read in
-  order, accepting positions the way `read` does, to find the record at `after` itself. The
-  search relies on positions increasing with offsets, which the relay guarantees (one partition,
-  one idempotent transactional producer); if a stray record with an out-of-order position
-  (poison written by another producer) misleads it, that final read does not find `after` and
-  the topic is read in order from its first offset instead (slow, never wrong). No record at
-  `after` on the topic means the projection belongs to another log: `ProjectionMismatch`.
+  back) is located by reading the topic from its first offset: the reading starts right after
+  the *first* record, in offset order, at `after` that the projection's kept link (its anchor)
+  names, the one the relay wrote (an exact copy of it carries the same link and can only come
+  after it). A binary search over the position headers used to guess where to read from; copies
+  of old records (positions out of order) misled it onto a copy of the record planted at the
+  tail, and the reader resumed after the copy, skipping every event between (atk47-25 F6).
+  Without an anchor, the chain is verified from the start. No record at `after` on the topic
+  means the projection belongs to another log: `ProjectionMismatch`.
 - **head()** is the largest position among the last committed records: when the reading
   consumer is close behind the last stable offset (the usual case when following), it fetches
   the few records it lacks (the next `read` hands them out) and takes the last one's position;
@@ -88,9 +87,6 @@ _RECENT = 256
 their positions (a fork, or a copy)."""
 _CLOSE = 5_000
 """head() fetches with the reading consumer when it is at most this many offsets behind."""
-_SCAN = 64
-"""The binary search stops when this few offsets are left, and reads from this far before them
-in order (a fetch or two)."""
 
 log = logging.getLogger("gpuledger.kafka_source")
 
@@ -133,8 +129,8 @@ class KafkaSource:
             fetch_max_wait_ms=100,
         )
         self._probe: Any = None
-        """A second consumer for head() and the binary search, so that the reading consumer
-        keeps its position and its prefetched records."""
+        """A second consumer for head() and the search for a resume point, so that the reading
+        consumer keeps its position and its prefetched records."""
         self._exists = False
         self.keys = keys if keys is not None else signing_keys()  # set: only signed records
         self._after: int | None = None
@@ -519,21 +515,12 @@ class KafkaSource:
         if want is None:  # no link kept: the chain from the start is the only proof
             start = self._verified_from_start(begin, end, after)
         else:
-            # 1. binary search (headers only: a hint): the answer (smallest offset whose first
-            #    positioned record is past `after`) stays in [lo, hi]
-            lo, hi = begin, end
-            while hi - lo > _SCAN:
-                mid = (lo + hi) // 2
-                found = self._first_from(mid, end)
-                if found is None or found[1] > after:
-                    hi = mid
-                else:
-                    lo = found[0] + 1
-            # 2. the record the anchor names, near there; else anywhere (a foreign record
-            #    with a misleading position header misled the search)
-            start = self._anchored_in(max(begin, lo - _RECENT), end, after, want)
-            if start is None and lo - _RECENT > begin:
-                start = self._anchored_in(begin, end, after, want)
+            # The first record in offset order that the anchor names: the one the relay wrote
+            # (an exact copy carries the same link, and a copy can only come after it). A
+            # binary search over position headers was a hint that copies of old records
+            # (positions out of order) misled onto a copy at the tail: the reader resumed
+            # after it, skipping every event between (atk47-25 F6).
+            start = self._anchored_in(begin, end, after, want)
         if start is None:
             raise ProjectionMismatch(
                 f"topic {self.topic} has no record at position {after} that the projection "
@@ -546,33 +533,23 @@ class KafkaSource:
         return start
 
     def _anchored_in(self, start: int, end: int, after: int, want: str) -> tuple[int, Tip] | None:
-        """The offset right after the record at position `after` that the link `want` names,
-        reading from `start` (None: no such record before `end`). The records it links back to
-        (up to `_RECENT`) are remembered too, so a second record for one of their positions is
-        named a fork after a restart as before it."""
-        seen: dict[int, list[tuple[Tip, int, bytes]]] = {}
-        for rec in self._scan(start, end, 5_000):
-            position, tag, _problem = envelope(rec.headers, rec.value, None)
-            if position is None or tag is None or rec.value is None:
-                continue
-            if after - _RECENT <= position < after and len(seen.get(position, ())) < 8:
-                seen.setdefault(position, []).append(
-                    (Tip.of(position, tag, rec.value), rec.offset, rec.value)
-                )
-            if position == after and names(want, position, tag, rec.value):
-                self._check_anchor_signed(rec, position, tag)
-                tip = Tip.of(position, tag, rec.value)
-                self._recent, self._offsets_of = {}, {}
-                self._remember(tip, rec.offset)
-                data = rec.value
-                for p in range(after - 1, max(0, after - _RECENT), -1):
-                    linked = [c for c in seen.get(p, ()) if c[0].problem(data) is None]
-                    if not linked:
-                        break
-                    self._remember(linked[-1][0], linked[-1][1])
-                    data = linked[-1][2]
-                return rec.offset + 1, tip
-        return None
+        """The offset right after the first record at position `after` that the link `want`
+        names, reading from `start` (None: no such record before `end`). The records it links
+        back to (up to `_RECENT`) are remembered too, so a second record for one of their
+        positions is named a fork after a restart as before it."""
+        found = first_anchored(self._scan(start, end, 5_000), after, want)
+        if found is None:
+            return None
+        rec, linked = found
+        position, tag, _problem = envelope(rec.headers, rec.value, None)
+        assert position is not None and tag is not None
+        self._check_anchor_signed(rec, position, tag)
+        tip = Tip.of(position, tag, rec.value)
+        self._recent, self._offsets_of = {}, {}
+        self._remember(tip, rec.offset)
+        for before, offset in linked:
+            self._remember(before, offset)
+        return rec.offset + 1, tip
 
     def _check_anchor_signed(self, rec: Any, position: int, tag: str) -> None:
         """The record the projection applied must verify with the reader's keys, or they are
@@ -625,15 +602,6 @@ class KafkaSource:
                 self._check_deadline(deadline, "searching")
         except KafkaError as e:
             raise self._unavailable(e) from e
-
-    def _first_from(self, offset: int, end: int) -> tuple[int, int] | None:
-        """(offset, position) of the first committed record at or after `offset` that carries a
-        readable position header; None when there is none before `end`."""
-        for rec in self._scan(offset, end, 64):
-            position, _tag, _problem = envelope(rec.headers, b"", None)
-            if position is not None:
-                return rec.offset, position
-        return None
 
     def _close_behind(self, end: int) -> bool:
         return (
@@ -744,3 +712,32 @@ def _head_of(positions: Iterable[int | None], after: int) -> int:
         if last is not None and last > best:
             best = last
     return best if last == best else best + 1
+
+
+def first_anchored(
+    records: Iterable[Any], after: int, want: str
+) -> tuple[Any, list[tuple[Tip, int]]] | None:
+    """Pure: the first record, in the order given (offsets), at position `after` whose link
+    the anchor `want` names, with the records before it that it links back to, newest first (up
+    to `_RECENT`, as (tip, offset)); None when there is none. Later records that the anchor
+    names too are exact copies (the same bytes, so the same link): never the resume point."""
+    seen: dict[int, list[tuple[Tip, int, bytes]]] = {}
+    for rec in records:
+        position, tag, _problem = envelope(rec.headers, rec.value, None)
+        if position is None or tag is None or rec.value is None:
+            continue
+        if after - _RECENT <= position < after and len(seen.get(position, ())) < 8:
+            seen.setdefault(position, []).append(
+                (Tip.of(position, tag, rec.value), rec.offset, rec.value)
+            )
+        if position == after and names(want, position, tag, rec.value):
+            linked: list[tuple[Tip, int]] = []
+            data = rec.value
+            for p in range(after - 1, max(0, after - _RECENT), -1):
+                chained = [c for c in seen.get(p, ()) if c[0].problem(data) is None]
+                if not chained:
+                    break
+                linked.append((chained[-1][0], chained[-1][1]))
+                data = chained[-1][2]
+            return rec, linked
+    return None

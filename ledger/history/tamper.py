@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import msgspec
 
-from ledger.store import EVENTS_DB, has_log, snapshots
+from ledger.store import EVENTS_DB, has_log, relay_progress, snapshots
 from ledger.store.locate import open_source, stored_rows
 from ledger.store.snapshots import STREAM_ID
 from projections.chain import frame, link, names, prev_hash, rule
@@ -562,8 +562,8 @@ def verify_store(
     if not report.ok:  # the log itself is damaged: folding it would stop at the damage
         return report
     forged = snapshot_problems(home) + _projection_rows(home, rows)
-    if not forged:
-        return report
+    for edit in relay_progress.edits(home, report.head):  # atk47-25 F1, F4
+        forged.append(ChainProblem(position=report.head, kind="edited", detail=edit))
     problems = tuple(sorted((*report.problems, *forged), key=lambda p: p.position))
     return msgspec.structs.replace(report, problems=problems)
 

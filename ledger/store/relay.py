@@ -46,7 +46,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError
 
 from ledger.store import EVENTS_DB, recorded
-from ledger.store.relay_progress import Kept, trusted
+from ledger.store.relay_progress import Kept, beyond, trusted
 from ledger.store.relay_tail import (
     bookmark,
     last_published,
@@ -397,7 +397,16 @@ class Relay:
                 positions,
             )
 
-        progress = trusted(self.progress, self.kept.read())
+        head = self.store_head()
+        kept = self.kept.read(head)
+        for word in beyond(head, **{"the store's progress row": kept, "relay.json": self.progress}):
+            log.warning(
+                "relay: %s on topic %s: not taken (a progress is written only after a commit "
+                "of the store's events; someone edited it)",
+                word,
+                self.topic,
+            )
+        progress = trusted(self.progress, kept, head=head)
         if progress is not None:
             progress = max(progress, self.position)
         return bookmark(windows, digests, self.keys, self._refusal, progress)

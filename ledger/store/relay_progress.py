@@ -81,12 +81,46 @@ def opened(home: Path, store: str | None = None) -> Iterator[Any]:
         recorder.datastore.close()  # type: ignore[attr-defined]
 
 
-def trusted(*known: int | None) -> int | None:
+def trusted(*known: int | None, head: int | None = None) -> int | None:
     """Pure: the relay's progress from the words it has (the store's row, the service's
     `relay.json`, ...), each a position committed on the topic or None (no word): the highest,
-    or None when none has a word."""
+    or None when none has a word. A word beyond the store's `head` is no word: a progress is
+    written only after a Kafka commit of the store's events, so it is an edit (a store row or a
+    relay.json raised to 1,000 with the head at 27 made a rebuilt copy of event 27 the relay's
+    bookmark, and 25-26 never reached the topic while `relay status` said 0 behind: atk47-25
+    F1, F4); with no other word the progress is 0 (only the relay's records that follow the
+    start of the log are its own: at worst duplicates, never a gap), not None (any matching
+    record would be taken)."""
     words = [k for k in known if k is not None]
-    return max(words) if words else None
+    kept = [k for k in words if head is None or k <= head]
+    return max(kept) if kept else (0 if words else None)
+
+
+def beyond(head: int, **words: int | None) -> list[str]:
+    """Pure: each named progress word beyond the store's `head`, as a phrase (empty: none)."""
+    return [
+        f"{name} says position {word:,}, beyond the store's head {head:,}"
+        for name, word in words.items()
+        if word is not None and word > head
+    ]
+
+
+def edits(home: Path, head: int) -> list[str]:
+    """Each progress the store (its table) or the home (`relay.json`) keeps beyond the store's
+    `head`, as a phrase: an edit, since a progress is written only after a Kafka commit of the
+    store's events (`audit verify` names them; the relay takes none of them, `trusted`)."""
+    from ledger.store.relay import RelayError
+    from ledger.store.relay_service import read_health
+
+    with opened(home) as recorder:
+        words = {f"the relay's progress on topic {t} (store)": p for t, p in rows(recorder)}
+    try:
+        health = read_health(home)
+    except RelayError:
+        health = None
+    if health is not None:
+        words[f"relay.json's position on topic {health.topic}"] = health.position
+    return [f"{w}: an edited progress" for w in beyond(head, **words)]
 
 
 def due(
@@ -208,10 +242,11 @@ class Kept:
         self._at = float("-inf")
         self._failing = False
 
-    def read(self) -> int | None:
-        """The store's word (raises the store's errors: the relay reconnects)."""
+    def read(self, head: int | None = None) -> int | None:
+        """The store's word (raises the store's errors: the relay reconnects); a word beyond
+        the store's `head` is returned but not taken as written (`trusted` drops it)."""
         got = read(self.recorder, self.topic)
-        if got is not None:
+        if got is not None and (head is None or got <= head):
             self.kept = max(self.kept, got)
         return got
 

@@ -16,7 +16,7 @@ import pytest
 from ledger.store import relay_progress
 from ledger.store.application import Ledger
 from ledger.store.relay import open_store
-from ledger.store.relay_progress import Kept, due, keep, read, rows, trusted
+from ledger.store.relay_progress import Kept, beyond, due, keep, read, rows, trusted
 from tests.unit.test_relay_tail import KEYS, bookmark, chain, ours
 
 
@@ -35,6 +35,17 @@ def test_the_progress_is_the_highest_word_or_none(
     words: tuple[int | None, int | None], want: int | None
 ) -> None:
     assert trusted(*words) == want
+
+
+def test_a_word_beyond_the_store_head_is_no_word() -> None:
+    """atk47-25 F1, F4: a progress is written only after a commit of the store's events."""
+    assert trusted(1_000, 24, head=27) == 24
+    assert trusted(1_000, None, head=27) == 0  # an edit: records following the start only
+    assert trusted(None, None, head=27) is None
+    assert trusted(27, 24, head=27) == 27
+    assert beyond(27, row=1_000, file=24, none=None) == [
+        "row says position 1,000, beyond the store's head 27"
+    ]
 
 
 @pytest.mark.parametrize(
@@ -183,3 +194,20 @@ def test_the_health_file_is_synced_before_it_replaces_the_old_one_and_its_direct
     assert synced[1] == str(tmp_path)
     health = read_health(tmp_path)
     assert health is not None and health.topic == "t"
+
+
+def test_audit_verify_names_a_progress_beyond_the_store_head(ledger: Ledger) -> None:
+    """atk47-25 F1: `update gpuledger_relay_progress set position=1000` with the head at 27 was
+    invisible to `audit verify` ("chain intact", exit 0)."""
+    from ledger.history import tamper
+
+    assert tamper.verify_store(ledger.home).ok
+    keep(open_store(ledger.home), "gpuledger.events", ledger.position)
+    assert tamper.verify_store(ledger.home).ok  # a true word
+    keep(open_store(ledger.home), "gpuledger.events", 1_000)
+    report = tamper.verify_store(ledger.home)
+    assert [p.text() for p in report.problems] == [
+        f"position {ledger.position}: edited: the relay's progress on topic gpuledger.events "
+        f"(store) says position 1,000, beyond the store's head {ledger.position}: an edited "
+        "progress"
+    ]

@@ -336,3 +336,19 @@ def test_the_tail_search_has_a_deadline_per_poll_not_one_for_the_whole_search(
     monkeypatch.setattr(Topic, "poll", lambda self, timeout_ms=0, **_kw: {})
     with pytest.raises(RelayError, match="no record came for 30 s"):
         bookmark(monkeypatch, store, ours(store, None))
+
+
+@pytest.mark.parametrize("keys", [None, KEYS], ids=["unsigned", "signed"])
+def test_a_progress_beyond_the_store_head_is_no_word(
+    monkeypatch: pytest.MonkeyPatch, keys: SigningKeys | None
+) -> None:
+    """atk47-25 F1, F4: the store's progress row (or relay.json) raised to 1,000 with the store's
+    head at 27, and a rebuilt unsigned copy of event 27 after the relay's last record (24): the
+    copy was taken "within the progress", 25 and 26 never reached the topic, and `relay status`
+    said 0 behind. A progress is written only after a commit of the store's events: one beyond
+    the head is an edit, no word; the relay's last record is 24 and it publishes 25..27."""
+    store = chain(27)
+    topic = ours(store[:24], keys) + ours([store[26]], None)
+    assert bookmark(monkeypatch, store, topic, keys, progress=1_000) == (24, [24])
+    # a word up to the head still vouches (an unsigned record within it is the relay's)
+    assert bookmark(monkeypatch, store, topic, keys, progress=27) == (27, [])
