@@ -270,3 +270,8 @@ def check_command(cmd: msgspec.Struct) -> None:
         raise InvalidCommand(
             f"invalid {op} command: {describe(err, data)}", op=op, **fields
         ) from err
+
+
+MAX_READ_ROWS = 10_000
+"""The most rows a read answers through the server in one page (`ledger.server.pooled`); the
+CLI asks one row more than it shows, to say whether more match, only below it."""

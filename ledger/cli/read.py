@@ -12,7 +12,7 @@ import msgspec
 from ledger.cli._common import Ctx, build, pass_ctx, view_command
 from ledger.cli.output import console, echo_json, json_option, print_table
 from ledger.cli.write import account, node
-from schemas.bounds import MAX_ARRAY_TASKS
+from schemas.bounds import MAX_ARRAY_TASKS, MAX_READ_ROWS
 from schemas.errors import InvalidCommand
 from schemas.units import format_duration, format_time, parse_time, span
 from schemas.views import AccountNode, LogEntry, LogFilter, NodeRow
@@ -158,7 +158,8 @@ def jobs(
         account=account_path,
         since=None if since is None else parse_time(since),
         until=None if until is None else parse_time(until),
-        limit=max(limit, MAX_ARRAY_TASKS) if tasks else limit + 1,  # one more: is there more?
+        # one more than shown (below the server's most): is there more?
+        limit=max(limit, MAX_ARRAY_TASKS) if tasks else min(limit + 1, max(limit, MAX_READ_ROWS)),
         at=None if at is None else parse_time(at),
         job_ids=None if refs is None else tuple(sorted({i for i, _ in refs})),
         before_id=before_id,
@@ -170,7 +171,7 @@ def jobs(
             if r.job_id in whole or r.array_job_id in whole
             or (r.array_job_id, r.array_task_id) in tasks
         ][:limit]  # fmt: skip
-    more = len(selected) > limit
+    more = len(selected) > limit or (limit >= MAX_READ_ROWS and len(selected) == limit)
     selected = selected[:limit]
     if as_json:
         echo_json(selected)

@@ -120,7 +120,9 @@ class Front:
             return
         with _holding() as holds:
             try:
-                await self.app(scope, receive, _counting(send, holds))
+                # the answer's bytes are charged to its reader (`ReadPool.sent`), as its
+                # requests are: never an admin's or a node's (unmetered)
+                await self.app(scope, receive, _counting(send, holds) if metered else send)
                 if holds.releases:
                     await conn.sent()
             finally:

@@ -23,6 +23,7 @@ import msgspec
 from ledger.reads import layer as reads
 from ledger.server import connections
 from schemas import views as v
+from schemas.bounds import MAX_READ_ROWS
 from schemas.errors import InvalidCommand
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-PAGE_MAX = 10_000
+PAGE_MAX = MAX_READ_ROWS
 """The most rows one read of `jobs` or `log` answers through the server."""
 
 
