@@ -98,6 +98,15 @@ def status_words(text: str) -> tuple[str | None, tuple[str, ...] | None]:
     return (states[0], None) if states else (None, tuple(words))
 
 
+def _rows_asked(limit: int, tasks: bool) -> int:
+    """Rows `jobs` asks for: one more than shown (below the server's most), to say whether there
+    are more; all of an array's tasks to pick some; a limit the read refuses (0, negative) as
+    given, for the read's own one-line error."""
+    if limit < 1:
+        return limit
+    return max(limit, MAX_ARRAY_TASKS) if tasks else min(limit + 1, max(limit, MAX_READ_ROWS))
+
+
 @click.command()
 @click.option(
     "--status",
@@ -158,8 +167,7 @@ def jobs(
         account=account_path,
         since=None if since is None else parse_time(since),
         until=None if until is None else parse_time(until),
-        # one more than shown (below the server's most): is there more?
-        limit=max(limit, MAX_ARRAY_TASKS) if tasks else min(limit + 1, max(limit, MAX_READ_ROWS)),
+        limit=_rows_asked(limit, bool(tasks)),
         at=None if at is None else parse_time(at),
         job_ids=None if refs is None else tuple(sorted({i for i, _ in refs})),
         before_id=before_id,

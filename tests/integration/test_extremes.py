@@ -162,9 +162,13 @@ def build(home: Path) -> None:
                         engine="e" * 63, engine_job_id="9" * 63, engine_state="S" * 63,
                     )
                 )  # fmt: skip
+        ledger.execute(c.SubmitJob(actor=USER, account=PROJECT, gpus=1, min_runtime_s=1))
+        d.cycle(LATE + 3)  # placed: cancelled below, then cancelled again in its grace
         for job in list(ledger.state.jobs.values()):
             if job.active:
                 ledger.execute(c.CancelJob(actor=USER, job_id=job.job_id))
+                if ledger.state.stopped_of(job.job_id):  # in its grace: a second cancel kills
+                    ledger.execute(c.CancelJob(actor=USER, job_id=job.job_id))
         ledger.execute(c.RemoveMember(actor=ADMIN, user=USER, project=ZERO))
         ledger.execute(c.CloseAccount(actor=ADMIN, path=ZERO, reason=TEXT))
         ledger.execute(c.RemoveMember(actor=ADMIN, user=USER, project=PROJECT))
@@ -221,7 +225,7 @@ def test_every_read_survives_the_extremes(home: Path, args: tuple[str, ...]) -> 
         # the hand-made decision with extreme values replays, and differs from what the policy
         # decides: reported, exit 1; the dispatcher's own decisions replay identically
         assert out.exit_code == 1, out.output[-2000:]
-        assert "5 decisions replayed" in out.output and "4 identical, 1 differ" in out.output
+        assert "6 decisions replayed" in out.output and "5 identical, 1 differ" in out.output
         return
     assert out.exit_code == 0, out.output[-2000:]
     assert "Infinity" not in out.output and "NaN" not in out.output

@@ -10,8 +10,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ledger.server.meters import READ_BURST_ENV
 from ledger.server.pooled import MAX_PAGE_BYTES
 from tests.integration.serverkit import make_token, set_up_ledger, start_server
+
+WHOLE_PAGES = {READ_BURST_ENV: str(1 << 30)}
+"""These tests read several 32 MiB pages at once, more than a person's allowance of answers'
+bytes (`meters.READ_BYTES_BURST`, one such page): that allowance has its own test
+(test_security_read_bytes)."""
 
 
 def get(port: int, path: str, token: str) -> tuple[int, dict[str, str], Any]:
@@ -29,7 +35,7 @@ def test_a_page_of_large_rows_ends_at_its_bytes_and_says_so(tmp_path: Path) -> N
     home = tmp_path / "ledger"
     set_up_ledger(home, tmp_path)
     root, alice = make_token(home, "--user", "root"), make_token(home, "--user", "alice")
-    server = start_server(home)
+    server = start_server(home, env=WHOLE_PAGES)
     try:
         big = ["/bin/true", *["z" * 4000] * 200]  # 800 KB each, 50 of them: 40 MB of rows
         body = {"actor": "", "account": "ai2/olmo", "user": "alice", "gpus": 1, "command": big}
@@ -68,7 +74,7 @@ def test_a_page_cut_at_its_bytes_is_continued_after_its_last_job(tmp_path: Path)
     home = tmp_path / "ledger"
     set_up_ledger(home, tmp_path)
     root, alice = make_token(home, "--user", "root"), make_token(home, "--user", "alice")
-    server = start_server(home)
+    server = start_server(home, env=WHOLE_PAGES)
     try:
         big = ["/bin/true", *["z" * 4000] * 200]  # 800 KB each
         submit = {"op": "submit", "actor": "", "account": "ai2/olmo", "user": "alice",
