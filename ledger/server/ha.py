@@ -32,6 +32,7 @@ import asyncio
 import functools
 import logging
 import math
+import re
 import socket
 import threading
 import time
@@ -533,7 +534,9 @@ class HAFront:
             return
         if read:
             want = headers.get(MIN_POSITION_HEADER, "")
-            if want.isdigit() and not await self._reached(int(want)):
+            # ASCII digits only, at most a position's (atk48-ha F2: "²" passed `isdigit` and a
+            # 5,000-digit value passed it too; `int` raised: a 500 and a traceback a request)
+            if re.fullmatch(r"[0-9]{1,18}", want) and not await self._reached(int(want)):
                 await self._refuse(send, f"this standby has not folded position {want} yet")
                 return
             await self.app(scope, receive, self._stamped(send, agent))

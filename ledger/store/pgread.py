@@ -15,7 +15,7 @@ import os
 import re
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 from uuid import UUID
 
 from ledger.store.embedded import StoredRecord
@@ -44,21 +44,39 @@ def is_postgres(store: str | None) -> bool:
 
 
 def redacted(dsn: str) -> str:
-    """`dsn` without its password, for logs, status and errors (whatever the scheme's case)."""
+    """`dsn` without its password, for logs, status and errors, however libpq lets it be
+    written (atk48-ha F1): a URL's user info or `password` query item (its key percent-encoded
+    or not, any case), a key=value conninfo's `password` as libpq itself parses it (spaces
+    around `=`, a quoted value with spaces). A conninfo libpq cannot parse is shown by its
+    keys only."""
     if "://" in dsn:
         try:
             parts = urlsplit(dsn)
         except ValueError:
-            return re.sub(r"//[^@/]*@", "//***@", dsn)
+            return re.sub(r"//[^@/]*@", "//***@", dsn).split("?")[0]
         if parts.password is not None:
             user = parts.username or ""
             netloc = f"{user}:***@" + parts.netloc.rpartition("@")[2]
             parts = parts._replace(netloc=netloc)
         query = "&".join(
-            "password=***" if q.startswith("password=") else q for q in parts.query.split("&") if q
+            "password=***" if unquote(q.partition("=")[0]).strip().lower() == "password" else q
+            for q in parts.query.split("&")
+            if q
         )
-        return urlunsplit(parts._replace(query=query))
-    return " ".join("password=***" if w.startswith("password=") else w for w in dsn.split())
+        shown = urlunsplit(parts._replace(query=query))
+        if not parts.netloc:  # urlunsplit drops the `//` of an empty host
+            shown = shown.replace(f"{parts.scheme}:", f"{parts.scheme}://", 1)
+        return shown
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    try:
+        params = dict(conninfo_to_dict(dsn))
+    except Exception:
+        keys = re.findall(r"([A-Za-z_]+)\s*=", dsn)
+        return " ".join(f"{k}=..." for k in keys) or "(a DSN that does not parse)"
+    if "password" in params:
+        params["password"] = "***"
+    return make_conninfo("", **params)
 
 
 def connect_params(dsn: str) -> dict[str, Any]:
@@ -97,11 +115,17 @@ def connect_defaults() -> dict[str, str]:
 
 
 def connect(dsn: str, **extra: Any) -> Any:
-    """One psycopg connection to the store (autocommit), or `SourceUnavailable` in one line."""
+    """One psycopg connection to the store (autocommit), or `SourceUnavailable` in one line.
+    `options` in `extra` add to the DSN's own (its `-c search_path=...`), never replace them:
+    every connection of a ledger sees the same schema (atk48-ha F3: the lease's connection
+    dropped the DSN's search_path and fenced appends against another schema's lease row)."""
     import psycopg
 
+    params = connect_params(dsn)
+    if "options" in extra and params.get("options"):
+        extra = {**extra, "options": f"{params['options']} {extra['options']}"}
     try:
-        return psycopg.connect(**{**connect_params(dsn), **extra}, autocommit=True)
+        return psycopg.connect(**{**params, **extra}, autocommit=True)
     except psycopg.Error as err:
         raise SourceUnavailable(
             f"cannot reach the PostgreSQL store {redacted(dsn)}: {_first_line(err)}",

@@ -102,6 +102,20 @@ def test_one_server_leads_the_others_answer_reads_at_their_position_and_send_wri
     conn.close()
     assert resp.status == 503 and "has not folded position" in said, said
     assert resp.getheader("X-Gpuledger-Leader") == leader.url
+    # a position that is no number ("²" passes str.isdigit; 5,000 digits pass it too) is not
+    # asked for: answered, never a 500 and a traceback in the log (atk48-ha F2)
+    lines = len(standby.text().splitlines())
+    for hostile in (b"\xb2", b"9" * 5_000, b"-1", b" 7"):
+        conn = http.client.HTTPConnection("127.0.0.1", standby.port, timeout=30)
+        conn.putrequest("GET", "/v1/jobs")
+        conn.putheader("Authorization", f"Bearer {token}")
+        conn.putheader("X-Gpuledger-Min-Position", hostile)
+        conn.endheaders()
+        resp = conn.getresponse()
+        resp.read()
+        conn.close()
+        assert resp.status == 200, (hostile[:8], resp.status)
+    assert "Traceback" not in "\n".join(standby.text().splitlines()[lines:])
 
 
 def test_the_same_idempotency_key_twice_is_one_submit_on_any_server(

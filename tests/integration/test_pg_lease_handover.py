@@ -170,3 +170,29 @@ def test_a_take_says_whether_the_last_holder_stopped_cleanly(pg_store: str) -> N
         for x in (a, b):
             x.release()
             x.close()
+
+
+def test_a_dsn_naming_its_own_schema_keeps_the_lease_in_that_schema(pg_store: str) -> None:
+    """atk48-ha F3: a DSN with `options=-csearch_path=site` (a DBA's own schema) had the lease
+    tables and the fence made there, but the lease's connection replaced the DSN's options with
+    its timeouts: it took `public`'s lease row while appends were fenced by `site`'s (epoch 0
+    for ever): every append refused, the lease taken and handed over again and again."""
+    from ledger.store import pgread
+
+    with pgread.connect(pg_store) as con:
+        con.execute("CREATE SCHEMA site")
+    sep = "&" if "?" in pg_store else "?"
+    dsn = f"{pg_store}{sep}options=-csearch_path%3Dsite"
+    lease.setup(dsn)
+    held = lease.Lease(dsn, "a", "http://a", LEASE_S)
+    try:
+        assert held.acquire() and held.epoch == 1
+        con = held._connection()
+        assert con.execute("SHOW search_path").fetchone()[0] == "site"
+        assert con.execute("SHOW lock_timeout").fetchone()[0] != "0"  # its own settings too
+        with pgread.connect(pg_store) as plain:
+            epoch = plain.execute("SELECT epoch FROM site.gpuledger_leader").fetchone()
+            public = plain.execute("SELECT to_regclass('public.gpuledger_leader')").fetchone()
+        assert epoch == (1,) and public == (None,)
+    finally:
+        held.forget()

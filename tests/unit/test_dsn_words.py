@@ -31,3 +31,24 @@ def test_libpqs_own_words_about_a_bad_dsn_lose_its_password(dsn: str) -> None:
     with pytest.raises(InvalidCommand) as err:
         connect_params(dsn)
     assert "Secr3t" not in err.value.line(), err.value.line()
+
+
+@pytest.mark.parametrize(
+    "dsn",
+    [
+        "host=127.0.0.1 dbname=g user=g password = Secr3t",  # spaces around `=`, as libpq takes
+        "host=h password='Secr3t zz'",  # a quoted value with a space: both words hidden
+        "postgresql://g@h:1/g?pass%77ord=Secr3t",  # a percent-encoded key libpq decodes
+        "postgresql:///db?host=/tmp&password=Secr3t",
+        "host=h password='Secr3t unterminated",  # libpq cannot parse it: keys only
+    ],
+)
+def test_every_spelling_libpq_takes_of_a_password_is_hidden(dsn: str) -> None:
+    """atk48-ha F1: the server's log and errors showed the password written these ways."""
+    shown = redacted(dsn)
+    assert "Secr3t" not in shown and "zz" not in shown, shown
+
+
+def test_a_dsn_without_a_password_is_shown_whole() -> None:
+    assert redacted("postgresql:///db?host=/tmp") == "postgresql:///db?host=/tmp"
+    assert set(redacted("host=h dbname=x").split()) == {"host=h", "dbname=x"}
