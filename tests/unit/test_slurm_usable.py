@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ import pytest
 from ledger.cycle.executor import Launch
 from ledger.engines.slurm.launching import CANNOT_ENTER, CANNOT_OPEN, never_ran
 from ledger.engines.slurm.script import batch_script
+from ledger.engines.slurm.script_files import output_lines
 from ledger.engines.slurm.words import SlurmJob
 from schemas.events import GpuSlot
 
@@ -93,3 +95,30 @@ def test_the_executor_records_the_scripts_why_and_only_a_why_of_its_kind(tmp_pat
     assert never_ran(ended, job, ("/o",), tmp_path, False, 10.0) == (
         "cannot open the output file /o: its directory /[2J"
     )
+
+
+@pytest.mark.parametrize("slow", [0.0, 0.05])
+def test_the_opens_watchdog_leaves_no_process_once_the_open_is_done(
+    tmp_path: Path, slow: float
+) -> None:
+    """The watchdog of the output's open, ended once the open was done, left its `sleep` in
+    the step's cgroup when it had forked it first (at load): the script's sweep then said "its
+    command ended leaving 1 processes of its job" for a job that left nothing. `slow` delays
+    the script before each of its commands (a DEBUG trap, not inherited by the watchdog), so
+    the watchdog forks its `sleep` before it is ended, as it did at load."""
+    out = tmp_path / "o.out"
+    script = tmp_path / "open"
+    delay = f"trap 'command sleep {slow}' DEBUG\n" if slow else ""
+    script.write_text(delay + "\n".join(output_lines([(str(out), None)])) + "\necho opened\n")
+    proc = subprocess.Popen(["/bin/bash", str(script)], start_new_session=True)  # fmt: skip
+    assert proc.wait(timeout=30) == 0 and out.read_text() == "opened\n"
+    time.sleep(0.3)  # a SIGKILLed `sleep` is gone (reaped by init) by then
+    left = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == proc.pid and fields[0] != "Z":  # its session: the script's own
+            left.append(stat.parent.name)
+    assert left == [], left

@@ -25,6 +25,17 @@ def touch(path: str) -> str:
     return f" {{ : > {shlex.quote(path)}; }} 2>/dev/null;" * bool(path)
 
 
+WATCHDOG_TRAP = (
+    'trap \'for f in /proc/[0-9]*/stat; do { read -r l < "$f"; } 2>/dev/null || continue;'
+    ' l=${l##*) }; set -- $l; [ "$2" = "$BASHPID" ] && kill -KILL "${f:6:-5}" 2>/dev/null;'
+    " done; exit 0' TERM"
+)
+"""The open's watchdog ends its own `sleep` when the script, its open done, ends it: a watchdog
+killed once it had forked its `sleep` left that `sleep` in the job's step cgroup, which the
+script's sweep then found as "its command ended leaving 1 processes of its job" (a job that
+left nothing; seen at load, when the watchdog ran before the script's kill). Its children by
+/proc, not `$!`: a TERM between its fork and the assignment finds the `sleep` all the same."""
+
 OPEN_WAIT_S = 5
 """How long the script's open of an output may take before the script gives up (a name
 swapped after the claim for a named pipe nobody writes, or a link to a file another account
@@ -53,10 +64,12 @@ def output_lines(
         name = shlex.quote(path)
         lines.append(
             f"{{ [ -e {name} ] || [ -L {name} ] || {{ set -C; : > {name}; set +C; }}; }} "
-            f"2>/dev/null; ( sleep {OPEN_WAIT_S};{mark} kill -KILL $$ ) >/dev/null 2>&1 & "
+            f"2>/dev/null; ( {WATCHDOG_TRAP}; sleep {OPEN_WAIT_S} & wait $!;{mark} kill -KILL $$ )"
+            f" >/dev/null 2>&1 & "
             f"gpuledger_w=$!; {{ {{ [ -f {name} ] || [ -c {name} ]; }} && [ ! -L {name} ] && "
             f"exec {fd}<{name}; }} "
             f"2>/dev/null; gpuledger_r=$?; set +C; kill $gpuledger_w 2>/dev/null; "
+            "wait $gpuledger_w 2>/dev/null; "
             f"[ $gpuledger_r = 0 ] && gpuledger_opened {fd} {'' if inode is None else inode} "
             f"&& exec {std}>>/proc/self/fd/{fd} {fd}>&- || {{{mark} exit 127; }}"
         )
