@@ -125,9 +125,13 @@ def run_query(
             batches.append(batch)
         return pa.Table.from_batches(batches, schema=reader.schema)
     except duckdb.InterruptException as err:
+        raise _past_time_limit(limits) from err
+    except OSError as err:  # the Arrow reader's words for DuckDB's error while it streamed
+        first = str(err).split("\n")[0]
+        if first.startswith("INTERRUPT"):  # interrupted between batches (at load: a 500 before)
+            raise _past_time_limit(limits) from err
         raise InvalidCommand(
-            f"the query ran past its time limit of {limits.timeout_s:g} s and was stopped",
-            hint="aggregate, filter or add a LIMIT; a join of the log with itself is costly",
+            f"the query failed: {first}", hint="see docs/replay-and-audit.md for the views"
         ) from err
     except duckdb.Error as err:
         first = str(err).split("\n")[0]
@@ -136,6 +140,13 @@ def run_query(
         raise InvalidCommand(
             f"the query failed: {first}", hint="see docs/replay-and-audit.md for the views"
         ) from err
+
+
+def _past_time_limit(limits: Limits) -> InvalidCommand:
+    return InvalidCommand(
+        f"the query ran past its time limit of {limits.timeout_s:g} s and was stopped",
+        hint="aggregate, filter or add a LIMIT; a join of the log with itself is costly",
+    )
 
 
 def audit_table(
