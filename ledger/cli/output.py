@@ -297,22 +297,34 @@ Update = Callable[..., None]
 def progress(what: str, total: float | None = None, *, unit: str = "") -> Iterator[Update]:
     """The one progress display of the commands that can run for more than a second (replay,
     what-if, audit verify, projection rebuild, simulate): on a terminal, a transient bar on
-    stderr with done/total and the time left; quiet when stderr is not a terminal (a pipe, a
-    log file, CI). `unit` follows the counts ("days")."""
+    stderr with done/total (thousands separated, as the result lines print them) and the time
+    left; quiet when stderr is not a terminal (a pipe, a log file, CI). `unit` follows the
+    counts ("days"). `update(done, total=None, what=None)`: a `what` names the stage that
+    begins (a command of several stages: `audit verify`'s chain, snapshots, projection)."""
     if not sys.stderr.isatty():
-        yield lambda done, total=None: None
+        yield lambda done, total=None, what=None: None
         return
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+    from rich.progress import BarColumn, Progress, ProgressColumn, Task, TimeRemainingColumn
+    from rich.text import Text
+
+    class Counts(ProgressColumn):
+        def render(self, task: Task) -> Text:
+            if task.total is None and not task.completed:  # waiting: no "0/?" (atk36-29 F2)
+                return Text("")
+            of = "?" if task.total is None else f"{int(task.total):,}"
+            return Text(f"{int(task.completed):,}/{of}", style="progress.download")
 
     bar = Progress(
-        "{task.description}", BarColumn(), MofNCompleteColumn(), unit, TimeRemainingColumn(),
+        "{task.description}", BarColumn(), Counts(), unit, TimeRemainingColumn(),
         console=Console(file=sys.stderr), transient=True,
     )  # fmt: skip
     task = bar.add_task(what, total=total)
 
-    def update(done: float, total: float | None = None) -> None:
-        if total is not None:
+    def update(done: float, total: float | None = None, what: str | None = None) -> None:
+        if what is not None and what != bar.tasks[0].description:  # a new stage: its own time
+            bar.reset(task, total=total, completed=int(done), description=what)
+        elif total is not None:
             bar.update(task, completed=done, total=total)
         else:
             bar.update(task, completed=done)
