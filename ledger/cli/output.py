@@ -63,6 +63,7 @@ def print_table(
     title: str | None = None,
     file: IO[str] | None = None,
     whole: Sequence[int] = (),
+    records: bool = False,
 ) -> None:
     """A table without borders, as rich prints one (`box=None`), on stdout or `file`. Anywhere
     but a terminal, a table of plain ASCII cells is written directly, one line per row: byte for
@@ -70,8 +71,14 @@ def print_table(
     would wrap cells onto several (a script or `grep` gets whole rows), at ~10x less cost (rich
     lays out every cell: ~0.1-0.2 s for 50-200 rows, and ~40 ms to import). A terminal, a title
     and cells that are not plain ASCII go through rich. `whole`: the columns a narrow terminal
-    never cuts (the names that tell rows apart); the others wrap (and fold) to make room."""
+    never cuts (the names that tell rows apart); the others wrap (and fold) to make room.
+    `records`: a table wider than the terminal is printed one row at a time, a line per column
+    (psql's expanded display, `\\x auto`): a row of a dozen figures squeezed into 80 columns
+    cut every one to "100.…" (`simulate run`, atk47-29 F6)."""
     out = file or sys.stdout
+    if records and out.isatty() and _wider_than(console(file=file).width, header, rows):
+        _print_records(header, rows, file)
+        return
     cells = (c for row in (header, *rows) for c in row)
     if title is None and not out.isatty() and all(c.isascii() and c.isprintable() for c in cells):
         widths = [max(len(c) for c in col) for col in zip(header, *rows, strict=True)]
@@ -93,6 +100,25 @@ def print_table(
     for row in rows:
         t.add_row(*row)
     console(file=file).print(t)
+
+
+def _wider_than(width: int, header: Sequence[str], rows: Sequence[Sequence[str]]) -> bool:
+    """Pure: whether the table's natural layout (each column as wide as its widest cell, two
+    spaces between) passes `width` columns."""
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
+    return sum(widths) + 2 * len(widths) > width
+
+
+def _print_records(
+    header: Sequence[str], rows: Sequence[Sequence[str]], file: IO[str] | None
+) -> None:
+    """Each row as a record: a `-[ n ]-` line, then one `name  value` line per column."""
+    pad = max(len(h) for h in header)
+    lines: list[str] = []
+    for n, row in enumerate(rows, start=1):
+        lines.append(f"-[ {n} ]" + "-" * max(0, pad - 4))
+        lines.extend(f"{h.ljust(pad)}  {c}" for h, c in zip(header, row, strict=True))
+    click.echo("\n".join(lines), file=file)
 
 
 # --- errors --------------------------------------------------------------------------------------
