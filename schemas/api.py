@@ -224,10 +224,25 @@ class AuditTable(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class AuditStep(msgspec.Struct, frozen=True, kw_only=True):
-    """How far one whole-log audit under way is: events read of the store's head."""
+    """How far one whole-log audit under way is: events done of its stage's total (the store's
+    head for the chain and `check`; the newest snapshot's position when its snapshots are
+    checked against the fold, the projection's when its rows are against a fresh build);
+    `stage` "waiting" while another's audit of its kind runs (done and total 0)."""
 
     done: int
     total: int
+    stage: str = ""
+
+
+class AuditFrame(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One line of a whole-log audit's answer streamed as NDJSON (`GET /v1/audit/verify` or
+    `/v1/audit/check` with `Accept: application/x-ndjson`): a `step` at least every second while
+    it runs, then one line with its `result` (the plain answer's JSON) or its `error`."""
+
+    step: AuditStep | None = None
+    result: msgspec.Raw = msgspec.Raw(b"null")
+    """The plain answer's JSON as it came (null: not the last line)."""
+    error: Problem | None = None
 
 
 class AuditProgress(msgspec.Struct, frozen=True, kw_only=True):

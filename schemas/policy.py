@@ -499,6 +499,11 @@ def from_settings(version: str, recorded: Mapping[str, str]) -> AnyPolicyConfig:
     return config
 
 
+def known_version(version: str) -> bool:
+    """Pure: whether this build has the code of policy `version` (its decisions replay)."""
+    return version in _TYPES
+
+
 def unknown_version(version: str) -> UnknownEntity:
     """Pure: the error for a decision that needs a policy version this build has no code for."""
     return UnknownEntity(

@@ -3,12 +3,11 @@ budget-changes|verify|check`. An edge: parses, reads the log and the projection,
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,7 +32,7 @@ from projections.kafka_wire import TOPIC, TOPIC_ENV
 from projections.store import memory_limit, projection_path
 from schemas import api
 from schemas import views as v
-from schemas.errors import InvalidCommand, LedgerError
+from schemas.errors import InvalidCommand
 from schemas.units import format_time, parse_duration, parse_time, span
 
 T = TypeVar("T")
@@ -471,13 +470,11 @@ def audit_verify(ctx: Ctx, bootstrap: str | None, topic: str, as_json: bool) -> 
     """Recompute the hash chain over the store (and the Kafka topic): report the first broken
     link and what broke it (an edited, deleted or moved event). Exits 1 on any problem."""
     if ctx.remote is not None and not bootstrap:  # the server reads its own store
-        report: tm.ChainReport = _asked_with_progress(
-            ctx.remote, "verify", "events verified", tm.ChainReport
-        )
+        report: tm.ChainReport = _asked_with_progress(ctx.remote, "verify", tm.ChainReport)
     else:
         ctx.local_only()
-        with progress("events verified", tm.store_head(ctx.home)) as update:
-            report = tm.verify_store(ctx.home, tm.file_anchor(ctx.home), progress=update)
+        with progress(STAGES["chain"], tm.store_head(ctx.home)) as update:
+            report = tm.verify_store(ctx.home, tm.file_anchor(ctx.home), progress=_staged(update))
     copy = None
     if bootstrap:
         copy = tm.verify_copy(tm.store_records(ctx.home), tm.kafka_records(bootstrap, topic))
@@ -491,42 +488,37 @@ def audit_verify(ctx: Ctx, bootstrap: str | None, topic: str, as_json: bool) -> 
         sys.exit(1)
 
 
-def _asked_with_progress(remote: Any, kind: str, what: str, returns: type[T]) -> T:
-    """`GET /v1/audit/{kind}` of the server, and meanwhile (on a terminal) the progress bar of
-    embedded mode, fed by `GET /v1/audit/progress` every quarter second through a client of
-    its own (the asking one is busy)."""
-    if not sys.stderr.isatty():  # quiet, as `progress` is: no polling either
-        answer: T = remote.get(f"audit/{kind}", type=returns)
-        return answer
-    import threading
+STAGES = {
+    "waiting": "waiting for the audit under way",
+    "chain": "verify 1/3: chain, events",
+    "snapshots": "verify 2/3: snapshots, events folded",
+    "projection": "verify 3/3: projection, events rebuilt",
+    "check": "events checked",
+}
+"""What the bar says in each stage of a whole-log audit (`tamper.STAGES`; a check has one):
+the chain's walk was 41% of a verify at a million events and its bar stood full, still, for
+the rest (atk47-29 F3)."""
 
-    from ledger.wire.client import Client
 
-    got: list[T] = []
-    failed: list[BaseException] = []
+def _staged(update: Any) -> tm.Steps:
+    """A bar's `update` told each stage's progress (`tamper.Steps`)."""
+    return lambda stage, done, total: update(done, total or None, what=STAGES.get(stage, stage))
 
-    def ask() -> None:
-        try:
-            got.append(remote.get(f"audit/{kind}", type=returns))
-        except BaseException as err:  # raised again below, on the command's thread
-            failed.append(err)
 
-    poller = Client(",".join(remote.urls), remote.token)
-    head: int | None = None  # the total from the first frame: the store's head (no "0/?")
-    with contextlib.suppress(LedgerError):
-        head = poller.get("health", type=api.Health).head
-    asking = threading.Thread(target=ask, name=f"audit-{kind}", daemon=True)
-    asking.start()
-    with progress(what, head) as update:
-        while asking.is_alive():
-            asking.join(0.25)
-            with contextlib.suppress(LedgerError):  # a progress not shown is no failure
-                step = getattr(poller.get("audit/progress", type=api.AuditProgress), kind)
-                if step is not None and asking.is_alive():
-                    update(step.done, step.total)
-    if failed:
-        raise failed[0]
-    return got[0]
+def _asked_with_progress(remote: Any, kind: str, returns: type[T]) -> T:
+    """`GET /v1/audit/{kind}` of the server, streamed (`Client.streamed`: a line at least every
+    second, so a walk of any length is waited for; with a fixed timeout the client gave up at
+    60 s on a million events and said the server was not running, atk47-29 F2), its steps
+    drawn as embedded mode's bar on a terminal. A Ctrl-C closes the connection: the server
+    stops the walk at once."""
+    with progress(STAGES["waiting"]) as update:
+        answer: T = remote.streamed(f"audit/{kind}", returns, on_step=_stepped(update))
+    return answer
+
+
+def _stepped(update: Any) -> Callable[[api.AuditStep], None]:
+    staged = _staged(update)
+    return lambda step: staged(step.stage or "chain", step.done, step.total)
 
 
 def _print_chain(what: str, report: tm.ChainReport) -> None:
@@ -577,7 +569,7 @@ def audit_check(ctx: Ctx, agent_states: tuple[Path, ...], as_json: bool) -> None
     and now, a GPU held by two jobs counting the job processes really alive on this host.
     One line per violation; exits 1 on any."""
     if ctx.remote is not None and not agent_states:  # the server checks its own host
-        view: v.CheckView = _asked_with_progress(ctx.remote, "check", "events checked", v.CheckView)
+        view: v.CheckView = _asked_with_progress(ctx.remote, "check", v.CheckView)
     else:
         from ledger.engines.supervised import live_processes
 

@@ -63,6 +63,7 @@ def print_table(
     title: str | None = None,
     file: IO[str] | None = None,
     whole: Sequence[int] = (),
+    records: bool = False,
 ) -> None:
     """A table without borders, as rich prints one (`box=None`), on stdout or `file`. Anywhere
     but a terminal, a table of plain ASCII cells is written directly, one line per row: byte for
@@ -70,8 +71,14 @@ def print_table(
     would wrap cells onto several (a script or `grep` gets whole rows), at ~10x less cost (rich
     lays out every cell: ~0.1-0.2 s for 50-200 rows, and ~40 ms to import). A terminal, a title
     and cells that are not plain ASCII go through rich. `whole`: the columns a narrow terminal
-    never cuts (the names that tell rows apart); the others wrap (and fold) to make room."""
+    never cuts (the names that tell rows apart); the others wrap (and fold) to make room.
+    `records`: a table wider than the terminal is printed one row at a time, a line per column
+    (psql's expanded display, `\\x auto`): a row of a dozen figures squeezed into 80 columns
+    cut every one to "100.…" (`simulate run`, atk47-29 F6)."""
     out = file or sys.stdout
+    if records and out.isatty() and _wider_than(console(file=file).width, header, rows):
+        _print_records(header, rows, file)
+        return
     cells = (c for row in (header, *rows) for c in row)
     if title is None and not out.isatty() and all(c.isascii() and c.isprintable() for c in cells):
         widths = [max(len(c) for c in col) for col in zip(header, *rows, strict=True)]
@@ -93,6 +100,25 @@ def print_table(
     for row in rows:
         t.add_row(*row)
     console(file=file).print(t)
+
+
+def _wider_than(width: int, header: Sequence[str], rows: Sequence[Sequence[str]]) -> bool:
+    """Pure: whether the table's natural layout (each column as wide as its widest cell, two
+    spaces between) passes `width` columns."""
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
+    return sum(widths) + 2 * len(widths) > width
+
+
+def _print_records(
+    header: Sequence[str], rows: Sequence[Sequence[str]], file: IO[str] | None
+) -> None:
+    """Each row as a record: a `-[ n ]-` line, then one `name  value` line per column."""
+    pad = max(len(h) for h in header)
+    lines: list[str] = []
+    for n, row in enumerate(rows, start=1):
+        lines.append(f"-[ {n} ]" + "-" * max(0, pad - 4))
+        lines.extend(f"{h.ljust(pad)}  {c}" for h, c in zip(header, row, strict=True))
+    click.echo("\n".join(lines), file=file)
 
 
 # --- errors --------------------------------------------------------------------------------------
@@ -297,22 +323,34 @@ Update = Callable[..., None]
 def progress(what: str, total: float | None = None, *, unit: str = "") -> Iterator[Update]:
     """The one progress display of the commands that can run for more than a second (replay,
     what-if, audit verify, projection rebuild, simulate): on a terminal, a transient bar on
-    stderr with done/total and the time left; quiet when stderr is not a terminal (a pipe, a
-    log file, CI). `unit` follows the counts ("days")."""
+    stderr with done/total (thousands separated, as the result lines print them) and the time
+    left; quiet when stderr is not a terminal (a pipe, a log file, CI). `unit` follows the
+    counts ("days"). `update(done, total=None, what=None)`: a `what` names the stage that
+    begins (a command of several stages: `audit verify`'s chain, snapshots, projection)."""
     if not sys.stderr.isatty():
-        yield lambda done, total=None: None
+        yield lambda done, total=None, what=None: None
         return
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+    from rich.progress import BarColumn, Progress, ProgressColumn, Task, TimeRemainingColumn
+    from rich.text import Text
+
+    class Counts(ProgressColumn):
+        def render(self, task: Task) -> Text:
+            if task.total is None and not task.completed:  # waiting: no "0/?" (atk36-29 F2)
+                return Text("")
+            of = "?" if task.total is None else f"{int(task.total):,}"
+            return Text(f"{int(task.completed):,}/{of}", style="progress.download")
 
     bar = Progress(
-        "{task.description}", BarColumn(), MofNCompleteColumn(), unit, TimeRemainingColumn(),
+        "{task.description}", BarColumn(), Counts(), unit, TimeRemainingColumn(),
         console=Console(file=sys.stderr), transient=True,
     )  # fmt: skip
     task = bar.add_task(what, total=total)
 
-    def update(done: float, total: float | None = None) -> None:
-        if total is not None:
+    def update(done: float, total: float | None = None, what: str | None = None) -> None:
+        if what is not None and what != bar.tasks[0].description:  # a new stage: its own time
+            bar.reset(task, total=total, completed=int(done), description=what)
+        elif total is not None:
             bar.update(task, completed=done, total=total)
         else:
             bar.update(task, completed=done)

@@ -373,7 +373,8 @@ def _print(results: list[RunResult], out: dict[str, Path], as_json: bool) -> Non
         click.echo(json.dumps([report.summary(r) for r in results], indent=2, sort_keys=True))
         return
     header = [h for _, h in report.COLUMNS]
-    print_table(header, [[report.row(r)[k] for k, _ in report.COLUMNS] for r in results])
+    rows = [[report.row(r)[k] for k, _ in report.COLUMNS] for r in results]
+    print_table(header, rows, records=True)  # 12 figures a run: a record on a narrow terminal
     for r in results:
         m = r.metrics
         click.echo(
@@ -589,6 +590,7 @@ def sweep_cmd(
             for label, rs in table
             for r in rs
         ],
+        records=True,
     )
     click.echo(f"report: {out['markdown']} (json beside it)")
 

@@ -541,130 +541,47 @@ def store_records(home: Path, page: int = 50_000) -> Iterator[ChainRecord]:
                 )
 
 
+Steps = Callable[[str, int, int], None]
+"""How far a whole-log audit is: (stage, done, total), the stage one of `STAGES`; told every
+1,000 events at most, and may raise to stop the audit (the server's, when its caller left or it
+stops)."""
+
+STAGES = ("chain", "snapshots", "projection")
+"""`verify_store`'s stages in order: the chain over the store's events; its snapshots checked
+against one fold of the log; the projection's rows against a fresh build of the log."""
+
+
 def verify_store(
     home: Path,
     projection: Anchor | None = None,
     rows: duckdb.DuckDBPyConnection | None = None,
-    progress: Callable[[int], None] | None = None,
+    progress: Steps | None = None,
 ) -> ChainReport:
     """Edge: `verify_chain` over `home`'s store, with the anchors the store keeps (its
     snapshots) and the projection's (its tracking link, when given); each snapshot checked
     against the fold of the log, and the projection's rows (`rows`: a connection to it, else
-    its file when no service holds it) against a fresh build. `progress` is told how many
-    records were read, every 10,000."""
+    its file when no service holds it) against a fresh build (`ledger.history.forged`).
+    `progress` is told each stage's events done of its total (`Steps`)."""
+    from ledger.history import forged
+
+    step = progress if progress is not None else _no_steps
     anchors = store_anchors(home)
     if projection is not None:
         anchors.append(projection)
-    records = store_records(home)
-    if progress is not None:
-        records = _counted(records, progress)
+    head = store_head(home)
+    records = _counted(store_records(home), lambda n: step("chain", n, max(head, n)))
     report = verify_chain(records, stream=STREAM_ID.hex, anchors=anchors)
     if not report.ok:  # the log itself is damaged: folding it would stop at the damage
         return report
-    forged = snapshot_problems(home) + _projection_rows(home, rows)
+    found = forged.snapshot_problems(home, step) + forged.projection_rows(home, rows, step)
     for edit in relay_progress.edits(home, report.head):  # atk47-25 F1, F4
-        forged.append(ChainProblem(position=report.head, kind="edited", detail=edit))
-    problems = tuple(sorted((*report.problems, *forged), key=lambda p: p.position))
+        found.append(ChainProblem(position=report.head, kind="edited", detail=edit))
+    problems = tuple(sorted((*report.problems, *found), key=lambda p: p.position))
     return msgspec.structs.replace(report, problems=problems)
 
 
-def snapshot_problems(home: Path) -> list[ChainProblem]:
-    """Edge: each stored snapshot whose state is not the fold of the log up to its position
-    (forged or edited: its digest and even its MAC can be made by whoever holds the store and
-    the key; the fold cannot be argued with). One fold of the log, compared at each snapshot."""
-    from ledger.core.evolve import evolve
-    from ledger.core.state import State
-    from ledger.store.live import decode_at
-
-    with open_source(home) as source:
-        found = []
-        for data in source.snapshots(STREAM_ID.hex, snapshots.KEEP):
-            try:
-                found.append(snapshots.decode(data))
-            except snapshots.SnapshotError:
-                continue  # unreadable: never used (the chain's anchors name what they can)
-        if not found:
-            return []
-        found.sort(key=lambda got: got[0].position)
-        out: list[ChainProblem] = []
-        state, position = State(live_only=True), 0
-        for snap, held in found:
-            if snap.position > position:
-                for records in follow(source, position, snap.position):
-                    for r in records:
-                        evolve(state, decode_at(r.position, r.data))
-                        position = r.position
-            if position != snap.position or not snapshots.same(state, held):
-                out.append(
-                    ChainProblem(
-                        position=snap.position,
-                        kind="edited",
-                        detail="the snapshot stored for this position is not the fold of the "
-                        "log up to it: it was forged or edited (a start refuses it)",
-                    )
-                )
-        return out
-
-
-def projection_problems(home: Path, con: duckdb.DuckDBPyConnection) -> list[ChainProblem]:
-    """Edge: where the projection `con` reads (the dispatcher ranks from its usage) differs from
-    a fresh build of the log up to the projection's position: one problem per read-model table
-    that differs, naming its first differing row by key (an edit of `job_intervals.gpus` changes
-    fair share and is in no event). Empty when they hold the same rows."""
-    con.execute("BEGIN TRANSACTION")  # one snapshot of every table, whatever applies beside
-    try:
-        return _projection_differs(home, con)
-    finally:
-        con.execute("ROLLBACK")
-
-
-def _projection_differs(home: Path, con: duckdb.DuckDBPyConnection) -> list[ChainProblem]:
-    from projections.projector import Projector
-    from projections.store import READ_MODELS
-
-    got = con.execute("SELECT max(position) FROM tracking").fetchone()
-    position = int(got[0]) if got and got[0] else 0
-    if not position:
-        return []
-    out: list[ChainProblem] = []
-    with open_source(home) as source, Store(":memory:") as fresh:
-        Projector(fresh, source).catch_up(until=position)
-        for table, key in READ_MODELS.items():
-            sql = f"SELECT {key}, hash(t) FROM {table} t ORDER BY {key}"
-            mine, want = con.execute(sql).fetchall(), fresh.con.execute(sql).fetchall()
-            if mine == want:
-                continue
-            at = next(
-                (i for i, (a, b) in enumerate(zip(mine, want, strict=False)) if a != b),
-                min(len(mine), len(want)),
-            )
-            row = mine[at] if at < len(mine) else want[at]
-            names = [k.strip() for k in key.split(",")]
-            where = ", ".join(f"{n} {v}" for n, v in zip(names, row, strict=False))
-            out.append(
-                ChainProblem(
-                    position=position,
-                    kind="edited",
-                    detail=f"the projection's {table} differs from the log's fold: first at "
-                    f"{where} ({len(mine):,} rows against {len(want):,}); rebuild it "
-                    "(`gpuledger projection rebuild`) and find who edited it",
-                )
-            )
-    return out
-
-
-def _projection_rows(home: Path, con: duckdb.DuckDBPyConnection | None) -> list[ChainProblem]:
-    if con is not None:
-        return projection_problems(home, con)
-    from projections.errors import ProjectionError
-
-    if not projection_path(home).exists():
-        return []
-    try:
-        with Store.open(home, read_only=True) as store:
-            return projection_problems(home, store.con)
-    except ProjectionError:
-        return []  # a running service holds it: it checks its own
+def _no_steps(_stage: str, _done: int, _total: int) -> None:
+    pass
 
 
 def _counted(

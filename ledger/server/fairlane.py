@@ -236,12 +236,7 @@ class FairSlot:
     async def hold(self, person: str) -> AsyncIterator[None]:
         """The slot for the block, in `person`'s turn (TooBusy past `per_person` or
         `max_waiting`)."""
-        if self.held.get(person, 0) >= self.per_person:
-            raise TooBusy(f"{self.what} of yours is under way", hint="retry when it ends",
-                          retry_after=10)  # fmt: skip
-        if self.busy and sum(len(q) for q in self.waiting.values()) >= self.max_waiting:
-            raise TooBusy(f"{self.max_waiting} people wait for {self.what}",
-                          hint="retry in a while", retry_after=10)  # fmt: skip
+        self.refuse(person)
         self.held[person] = self.held.get(person, 0) + 1
         try:
             if self.busy:
@@ -257,6 +252,15 @@ class FairSlot:
             self.held[person] -= 1
             if not self.held[person]:
                 del self.held[person]
+
+    def refuse(self, person: str) -> None:
+        """TooBusy when `person` may not hold or wait for the slot now (`hold` would refuse)."""
+        if self.held.get(person, 0) >= self.per_person:
+            raise TooBusy(f"{self.what} of yours is under way", hint="retry when it ends",
+                          retry_after=10)  # fmt: skip
+        if self.busy and sum(len(q) for q in self.waiting.values()) >= self.max_waiting:
+            raise TooBusy(f"{self.max_waiting} people wait for {self.what}",
+                          hint="retry in a while", retry_after=10)  # fmt: skip
 
     async def _wait(self, person: str) -> None:
         got: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -623,6 +623,8 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
         )  # fmt: skip
         async with running.hold(caller.actor):
             await caught_up()  # the projection caught up, beside the worker
+            # a period decided by a policy this build has not: refused before the child starts
+            await pool.run(caller.actor, whatifs.policy_known(end))
             start = whatifs.period_start(end)
             sim = await whatifs.simulate(handles.ledger.home, start, end, budgets, limit_s)
             # what happened up to `end`, all of it projected: the log caught up again (a cycle

@@ -13,26 +13,21 @@ own (`sql`) only for admins (`reads.may_query_all`).
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import math
-import os
-import threading
 import time
-from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import msgspec
 from litestar import Request, get, post
 from litestar.handlers import HTTPRouteHandler
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.params import JSONBody
 
 from ledger.history.tamper import ChainReport
 from ledger.reads import layer as reads
-from ledger.server import copied
+from ledger.server import audits, copied
 from ledger.server import identity as ident
-from ledger.server.fairlane import FairSlot
 from ledger.server.readpool import ReadPool
 from ledger.server.worker import Worker
 from schemas import api
@@ -49,16 +44,25 @@ if TYPE_CHECKING:
     from ledger.history.tables import Limits
 
 
+def streamed(result: type) -> ResponseSpec:
+    """A whole-log audit's 200 in the OpenAPI document: `result`, or streamed."""
+    return ResponseSpec(
+        result, generate_examples=False,
+        description="The result, or with `Accept: application/x-ndjson` one `AuditFrame` a "
+        "line: a step at least every second while it runs, then its result or its error",
+    )  # fmt: skip
+
+
 def routes(
     worker: Worker, person: Callable[[Request[Any, Any, Any]], ident.Identity], pool: ReadPool
 ) -> list[HTTPRouteHandler]:
     """The routes, for people only (like every read); audit tables run in `pool`."""
-    lanes = {admin: _AuditLane(admin) for admin in (True, False)}
+    lanes = {admin: audits.AuditLane(admin) for admin in (True, False)}
     """`audit verify` and `audit check` walk the whole log: one of each at a time for admins and
     one for everyone else (so no plain user keeps an admin from verifying), on a thread at nice
     10 (the worker and the submits go first); another caller meanwhile gets 429."""
 
-    def lane(caller: ident.Identity) -> _AuditLane:
+    def lane(caller: ident.Identity) -> audits.AuditLane:
         return lanes[worker.service.ledger.state.is_admin(caller.actor)]
 
     planning: set[str] = set()
@@ -106,11 +110,13 @@ def routes(
             await copied.caught_up(worker, pool, int(worker.service.ledger.position))
             return await pool.compute(lambda con, limits: table(con, data, limits))
 
-    @get("/v1/audit/verify", tags=["reads"], security=[{"bearer": []}])
-    async def audit_verify(request: Request[Any, Any, Any]) -> ChainReport:
+    @get("/v1/audit/verify", tags=["reads"], security=[{"bearer": []}],
+         responses={200: streamed(ChainReport)})  # fmt: skip
+    async def audit_verify(request: Request[Any, Any, Any]) -> Any:
         """The hash chain recomputed over the store: the first broken link and what broke it,
         each row checked against its snapshots and the projection's link. Read from the store
-        through its own connection, beside the worker (no write waits)."""
+        through its own connection, beside the worker (no write waits). Streamed as NDJSON
+        (`api.AuditFrame` lines) when asked with `Accept: application/x-ndjson`."""
         from ledger.history import tamper
 
         caller = person(request)
@@ -122,42 +128,51 @@ def routes(
             service.projector.catch_up()
             return tamper.projection_anchor(service.store), service.store.con.cursor()
 
-        async with mine.hold("verify", caller.actor), admitted(caller):
+        async def work(walk: audits.Walk) -> ChainReport:
             # caught up beside the worker first: the worker's part is the last few events
             await copied.caught_up(worker, pool, int(service.ledger.position))
             held, rows = await worker.call(anchor)
             try:  # the projection's rows through a cursor of their own (a snapshot of them)
                 report = await mine.run(
-                    lambda: tamper.verify_store(
-                        service.home, held, rows, progress=mine.counting("verify", service.home)
-                    )
+                    lambda: tamper.verify_store(service.home, held, rows, progress=walk.told),
+                    walk,
                 )
             finally:
                 rows.close()
-        if mine.admin:
-            return report
-        # the head's link hashes the head event whole: shown to someone who may not see that
-        # event, it confirms a guess of its private fields offline (T1); anchors are admins'
-        return msgspec.structs.replace(report, head_hash="")
+            if mine.admin:
+                return report
+            # the head's link hashes the head event whole: shown to someone who may not see
+            # that event, it confirms a guess of its private fields offline (T1); anchors are
+            # admins'
+            return msgspec.structs.replace(report, head_hash="")
 
-    @get("/v1/audit/check", tags=["reads"], security=[{"bearer": []}])
-    async def audit_check(request: Request[Any, Any, Any]) -> v.CheckView:
+        return await audits.start(request, mine, "verify", caller.actor, admitted(caller),
+                                  stopping, work)  # fmt: skip
+
+    @get("/v1/audit/check", tags=["reads"], security=[{"bearer": []}],
+         responses={200: streamed(v.CheckView)})  # fmt: skip
+    async def audit_check(request: Request[Any, Any, Any]) -> Any:
         """The ledger's invariants over the whole log, usage charged to unfunded jobs, and GPUs
         held twice by processes alive on the server's host. The history is scanned beside the
         worker, the projection caught up beside it and read in the read pool with the view of
-        the live state: the worker runs none of it."""
+        the live state: the worker runs none of it. Streamed as NDJSON like `audit/verify`."""
         from ledger.engines.supervised import live_processes
         from ledger.history import tables
+        from ledger.history.tamper import store_head
 
         caller = person(request)
         mine = lane(caller)
         service = worker.service
-        async with mine.hold("check", caller.actor), admitted(caller):
-            report = await mine.run(
-                lambda: tables.scan_history(
-                    service.home, progress=mine.counting("check", service.home)
+
+        async def work(walk: audits.Walk) -> v.CheckView:
+            def scan() -> Any:
+                total = store_head(service.home)
+                walk.told("check", 0, total)
+                return tables.scan_history(
+                    service.home, progress=lambda n: walk.told("check", n, total)
                 )
-            )
+
+            report = await mine.run(scan, walk)
             await copied.caught_up(worker, pool, int(service.ledger.position))  # beside it
             now = await copied.view(worker, pool)
 
@@ -170,11 +185,15 @@ def routes(
 
             return await pool.compute(rest)
 
-    @contextlib.asynccontextmanager
-    async def admitted(caller: ident.Identity) -> AsyncIterator[None]:
+        return await audits.start(request, mine, "check", caller.actor, admitted(caller),
+                                  stopping, work)  # fmt: skip
+
+    def stopping() -> bool:
+        return not worker.accepting
+
+    def admitted(caller: ident.Identity) -> contextlib.AbstractContextManager[None]:
         """A whole-log audit admitted as one of the caller's reads (2 at once, 429 past it)."""
-        with pool.admitted(caller.actor, read=True):
-            yield
+        return pool.admitted(caller.actor, read=True)
 
     @get("/v1/audit/progress", tags=["reads"], security=[{"bearer": []}])
     async def audit_progress(request: Request[Any, Any, Any]) -> api.AuditProgress:
@@ -185,79 +204,6 @@ def routes(
         return api.AuditProgress(verify=mine.steps.get("verify"), check=mine.steps.get("check"))
 
     return [budget_plan, audit_table, audit_verify, audit_check, audit_progress]
-
-
-class _AuditLane:
-    """One whole-log audit of each kind at a time, the people waiting served in turn (one of a
-    person's under way or waiting, 16 waiting: past either 429), on one thread at nice 10 (see
-    `routes`); after
-    a person's audit of a kind that took t (`FREE_S` or more), none of theirs of that kind
-    starts before `REST` x t later: one person looping them keeps each walk busy a quarter of
-    the time at most (their
-    threads share the interpreter with the worker and the event loop: looped, they slowed
-    another's submits 2-2.5x, atk44-25 F5)."""
-
-    NICE = 10
-    REST = 3.0
-    FREE_S = 0.5
-    """An audit shorter than this (a small ledger's) leaves no rest."""
-
-    def __init__(self, admin: bool, clock: Callable[[], float] = time.monotonic) -> None:
-        self.admin = admin
-        self.clock = clock
-        self.slots = {kind: FairSlot(f"an audit {kind}") for kind in ("verify", "check")}
-        """One of each kind at a time, the people waiting served in turn (`FairSlot`): with a
-        429 to whoever came while one ran, four plain users rotating them kept a fifth
-        person's verify refused for good (atk44w F2)."""
-        self.steps: dict[str, api.AuditStep] = {}
-        """How far each audit under way is (`/v1/audit/progress`)."""
-        self.rested: dict[str, float] = {}
-        """When each person's rest after their last audit of a kind ends ("kind\0person")."""
-        self._threads: ThreadPoolExecutor | None = None
-
-    @contextlib.asynccontextmanager
-    async def hold(self, kind: str, person: str = "") -> AsyncIterator[None]:
-        now, whose = self.clock(), f"{kind}\0{person}"
-        self.rested = {p: t for p, t in self.rested.items() if t > now}
-        if whose in self.rested:
-            wait = math.ceil(self.rested[whose] - now)
-            raise TooBusy(f"{person!r} ran an audit {kind} a moment ago: the next starts "
-                          f"{self.REST:g} times its time later", hint=f"retry in {wait} s",
-                          retry_after=wait)  # fmt: skip
-        async with self.slots[kind].hold(person):
-            began = self.clock()
-            try:
-                yield
-            finally:
-                self.steps.pop(kind, None)
-                ended = self.clock()
-                if person and ended - began >= self.FREE_S:  # (unnamed: no rest)
-                    self.rested[whose] = max(
-                        self.rested.get(whose, 0.0), ended + self.REST * (ended - began)
-                    )
-
-    def counting(self, kind: str, home: Any) -> Callable[[int], None]:
-        """On the audit's thread: a progress callback keeping `steps[kind]` (the store's head
-        its total, read once as it starts)."""
-        from ledger.history.tamper import store_head
-
-        total = store_head(home)
-        self.steps[kind] = api.AuditStep(done=0, total=total)
-
-        def update(done: int) -> None:
-            # a whole Struct replaced at once: a reader on the loop sees one or the other
-            self.steps[kind] = api.AuditStep(done=done, total=max(total, done))
-
-        return update
-
-    async def run(self, fn: Callable[[], T]) -> T:
-        if self._threads is None:
-            self._threads = ThreadPoolExecutor(2, "audit", initializer=self._lower_priority)
-        return await asyncio.get_running_loop().run_in_executor(self._threads, fn)
-
-    def _lower_priority(self) -> None:
-        with contextlib.suppress(OSError):  # Linux: a thread's nice value is its own
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.NICE)
 
 
 def plan(

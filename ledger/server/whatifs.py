@@ -152,6 +152,39 @@ def actual(start: float, end: float) -> Callable[[Any, Any], dict[str, wi.TeamMe
     return run
 
 
+def policy_known(end: float) -> Callable[[Any, Any], None]:
+    """In the read pool, before any what-if starts: InvalidCommand at once, in one whole
+    sentence, when the period's last decision before `end` (the policy the what-if decides it
+    with, `ledger.sim.scenario`) names a policy version this build has no code for. (Found by
+    the child after 31 s, it was a 503 whose message was cut mid-word: atk47-29 F7.)"""
+
+    def run(cursor: Any, _limits: Any) -> None:
+        from projections.history import decisions
+        from schemas.policy import known_version, unknown_version
+
+        last = decisions(cursor, until=end, limit=1)
+        version = str(last[0][4]) if last else ""
+        if version and not known_version(version):
+            why = unknown_version(version)
+            raise InvalidCommand(
+                f"the what-if decides the period again with the policy its decisions recorded, "
+                f"and {why.message.removeprefix('this decision needs ')}",
+                hint="a what-if needs a period decided by a policy of this build; `gpuledger "
+                "whatif --policy NAME` on a copy of the data directory decides it with another",
+            )
+
+    return run
+
+
+def one_line(text: str, most: int = 1_000) -> str:
+    """`text` as one line of at most `most` characters, cut between words with "…" when it is
+    longer (a cut mid-word read as a garbled name: atk47-29 F7)."""
+    flat = " ".join(text.split())
+    if len(flat) <= most:
+        return flat
+    return flat[: flat.rfind(" ", 0, most)].rstrip(",;:") + " …"
+
+
 @dataclass(frozen=True)
 class _Cursor:
     """What `team_metrics` uses of a projection `Store`: its connection (a pool's cursor)."""
@@ -196,7 +229,7 @@ async def simulate(
         except RuntimeError as err:  # the child failed: its last line, as one line
             log.warning("what-if of %s failed: %s", _asked(budgets), err)
             raise Unavailable(
-                f"the what-if failed: {str(err)[:300]}", hint="see the server's log"
+                f"the what-if failed: {one_line(str(err))}", hint="see the server's log"
             ) from err
         except children.TimedOut as err:
             log.warning("what-if of %s ran past its time limit of %g s (%s) and was stopped",

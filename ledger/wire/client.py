@@ -36,6 +36,9 @@ from schemas.bounds import check_command
 from schemas.commands import AnyCommand
 from schemas.errors import ERROR_CODES, InvalidCommand, LedgerError, Unavailable
 
+NDJSON = "application/x-ndjson"
+"""A streamed answer (the whole-log audits': `Client.streamed`)."""
+
 TIMEOUT_S = 60.0
 LIST_TIMEOUT_S = 10.0
 """A request's timeout on one server of a list (unless the caller gives one): a server that
@@ -182,13 +185,15 @@ class Client:
         *,
         key: str | None = None,
         idempotent: bool = False,
+        on_line: Callable[[bytes], None] | None = None,
     ) -> bytes:
         """One request, to the leader: the servers of the list in turn (the one a standby names
         first) until one answers or `retry_s()` has passed. A write is retried only with its
         idempotency `key` (then a retry after a lost answer is answered, not appended twice),
         or when it is `idempotent` by itself (the agent API's: a report not answered is sent
         again anyway)."""
-        headers = {"Accept": "application/json", **self.headers}
+        accept = f"{NDJSON}, application/json" if on_line is not None else "application/json"
+        headers = {"Accept": accept, **self.headers}
         if body is not None:
             headers["Content-Type"] = "application/json"
         if self.token:  # on the Unix socket too: a token given is the caller (a job's own)
@@ -214,7 +219,7 @@ class Client:
             server = self._server
             sent = time.monotonic()
             try:
-                status, data, leader, position = server.send(method, path, body, headers)
+                status, data, leader, position = server.send(method, path, body, headers, on_line)
             except Unavailable as err:
                 tried += 1
                 if isinstance(err, _TimedOut):
@@ -334,6 +339,32 @@ class Client:
         data = self.request("GET", f"/v1/{path}" + (f"?{urlencode(q, doseq=True)}" if q else ""))
         return msgspec.json.decode(data, type=type)
 
+    def streamed(
+        self, path: str, type: Any, on_step: Callable[[api.AuditStep], None] | None = None
+    ) -> Any:
+        """GET /v1/`path` streamed as NDJSON (`api.AuditFrame` lines: the whole-log audits):
+        each step given to `on_step` as it comes, the result decoded as `type`, an error
+        raised as `get` raises it. The timeout is the longest silence between two lines (the
+        server sends one at least every second), so a walk of any length is waited for."""
+
+        def line(data: bytes) -> None:
+            frame = msgspec.json.decode(data, type=api.AuditFrame)
+            if frame.step is not None and on_step is not None:
+                on_step(frame.step)
+
+        data = self.request("GET", f"/v1/{path}", on_line=line)
+        frame = msgspec.json.decode(data, type=api.AuditFrame)
+        if frame == api.AuditFrame():  # a server that does not stream: its plain answer
+            return msgspec.json.decode(data, type=type)
+        if frame.error is not None:
+            raise _error(frame.error.status, msgspec.json.encode(frame.error))
+        if bytes(frame.result) == b"null":  # no result line: the server stopped mid-way
+            raise Unavailable(
+                "the server ended the answer before its result",
+                hint="is `gpuledger serve` stopping? retry once it is back",
+            )
+        return msgspec.json.decode(frame.result, type=type)
+
     def post(self, path: str, body: Any, type: Any = Any, *, read: bool = False) -> Any:
         """POST a request Struct to /v1/`path` and decode the answer as `type`; `read`: a read
         asked with a body (nothing appended: a 429 is waited out, as a GET's)."""
@@ -402,15 +433,23 @@ class _Server:
         return self._conn
 
     def send(
-        self, method: str, path: str, body: bytes | None, headers: dict[str, str]
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        headers: dict[str, str],
+        on_line: Callable[[bytes], None] | None = None,
     ) -> tuple[int, bytes, str, int]:
-        """(status, body, the leader a standby names, the position the answer was made at)."""
+        """(status, body, the leader a standby names, the position the answer was made at).
+        An NDJSON answer is read line by line, each given to `on_line` but the last (the body
+        returned): the socket's timeout applies between two lines."""
         for attempt in (0, 1):
             conn = self._connection()
             try:
                 conn.request(method, path, body=body, headers=headers)
                 resp = conn.getresponse()
-                data = resp.read()
+                streamed = (resp.getheader("Content-Type") or "").startswith(NDJSON)
+                data = _lines(resp, on_line) if streamed and on_line else resp.read()
                 break
             except (ConnectionError, http.client.HTTPException, OSError) as err:
                 conn.close()
@@ -451,6 +490,18 @@ class _Server:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def _lines(resp: http.client.HTTPResponse, on_line: Callable[[bytes], None]) -> bytes:
+    """An NDJSON body read as it comes: every line but the last given to `on_line`; the last."""
+    last = b""
+    for line in resp:
+        if not line.strip():
+            continue
+        if last:
+            on_line(last)
+        last = line
+    return last
 
 
 class _Refused(Unavailable):

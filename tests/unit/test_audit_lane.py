@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from ledger.server.tables import _AuditLane
+from ledger.server.audits import AuditLane
 from schemas.errors import TooBusy
 
 
@@ -21,7 +21,7 @@ def test_people_wait_for_a_busy_lane_in_turn_and_the_admins_lane_is_apart() -> N
     started: list[str] = []
 
     async def go() -> None:
-        others, admins = _AuditLane(False), _AuditLane(True)
+        others, admins = AuditLane(False), AuditLane(True)
 
         async def audit(person: str, ends: asyncio.Event) -> None:
             async with others.hold("verify", person):
@@ -66,8 +66,8 @@ def test_a_lanes_work_runs_on_its_own_thread_at_nice_10_or_lower() -> None:
         tid = threading.get_native_id()
         return tid, os.getpriority(os.PRIO_PROCESS, tid)
 
-    tid, nice = asyncio.run(_AuditLane(False).run(where))
-    assert tid != threading.get_native_id() and nice >= max(here, _AuditLane.NICE)
+    tid, nice = asyncio.run(AuditLane(False).run(where))
+    assert tid != threading.get_native_id() and nice >= max(here, AuditLane.NICE)
 
 
 def test_after_a_persons_audit_hers_rest_three_times_its_time_anothers_do_not() -> None:
@@ -78,7 +78,7 @@ def test_after_a_persons_audit_hers_rest_three_times_its_time_anothers_do_not() 
     now = [100.0]
 
     async def go() -> None:
-        lane = _AuditLane(False, clock=lambda: now[0])
+        lane = AuditLane(False, clock=lambda: now[0])
         async with lane.hold("verify", "ann"):
             now[0] += 4.0  # her verify took 4 s
         with pytest.raises(TooBusy, match="'ann' ran an audit verify a moment ago") as got:

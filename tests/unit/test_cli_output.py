@@ -160,3 +160,34 @@ def test_a_whole_column_is_never_cut_on_a_narrow_terminal(monkeypatch: pytest.Mo
     text = buf.getvalue()
     assert "prog1/team01" in text and "prog1/team03" in text, text
     assert "…" not in text and max(len(ln) for ln in text.splitlines()) <= 80, text
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_run_summary_too_wide_for_the_terminal_is_printed_as_records(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """atk47-29 F6: `simulate run`'s summary at 80 columns cut every figure to "100.…" (a row
+    of 12 squeezed); past the terminal's width it is one record a run, a line a figure, whole.
+    A table that fits is the table."""
+    from ledger.cli import output
+    from ledger.sim import report
+
+    out = _Terminal()
+    monkeypatch.setattr(output, "console", lambda **_: Console(file=out, width=80))
+    header = [h for _, h in report.COLUMNS]
+    row = ["fairshare-7", "100.0%", "100.0%", "88.7%", "15/15; 14/15", "100.0%; 99.1%",
+           "0s/7m/2.2h", "0s", "2.7h", "0s (20)", "20 (2.2%; funded 0.0%)", "0.0%"]  # fmt: skip
+    print_table(header, [row, row], records=True, file=out)
+    lines = out.getvalue().splitlines()
+    assert "…" not in out.getvalue() and max(len(ln) for ln in lines) <= 80, out.getvalue()
+    assert lines[0].startswith("-[ 1 ]") and any(ln.startswith("-[ 2 ]") for ln in lines)
+    for h, cell in zip(header, row, strict=True):  # every figure whole, under its name
+        assert any(ln.startswith(h) and ln.endswith(cell) for ln in lines), (h, cell)
+    narrow = _Terminal()
+    monkeypatch.setattr(output, "console", lambda **_: Console(file=narrow, width=80))
+    print_table(["policy", "owed"], [["fifo", "90.0%"]], records=True, file=narrow)
+    assert "-[ 1 ]" not in narrow.getvalue() and "fifo" in narrow.getvalue()

@@ -6,7 +6,7 @@
 - F7: a budget plan checked as it would be applied, by someone who manages nothing, is refused
   at once with one line (before the file is parsed), the same line embedded and served.
 - F5: whole-log audits run one of each kind at a time for admins and one for everyone else:
-  a plain user's audit never keeps an admin from theirs (`_AuditLane`, tests/unit).
+  a plain user's audit never keeps an admin from theirs (`AuditLane`, tests/unit).
 """
 
 from __future__ import annotations
