@@ -34,8 +34,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, s
     server = start_server(home, "--executor", "none")
     # the CLI's audits as a person of their own: root's rest after the progress tests (3x each
     # audit's time) passed the CLI's 30 s of waiting on a loaded machine
-    server.tokens["cli"] = make_token(home, "--user", "user0_0_0")
-    server.tokens["quiet"] = make_token(home, "--user", "user0_0_1")
+    # and one person a kind: the rest follows a person's every audit, so a check run right
+    # after a verify by the same person waited out the verify's rest
+    for kind, proj in (("verify", 0), ("check", 1)):
+        server.tokens[f"cli-{kind}"] = make_token(home, "--user", f"user0_{proj}_0")
+        server.tokens[f"quiet-{kind}"] = make_token(home, "--user", f"user0_{proj}_1")
     try:
         yield server, token
     finally:
@@ -109,7 +112,7 @@ def test_the_cli_through_the_server_shows_the_audits_progress_on_a_terminal(
     served: tuple[Server, str], tmp_path: Path, kind: str, stages: list[str]
 ) -> None:
     server, token = served
-    token = server.tokens["cli"]
+    token = server.tokens[f"cli-{kind}"]
     env = env_for(server.home, GPULEDGER_URL=server.url, GPULEDGER_TOKEN=token, COLUMNS="120")
     env.pop("GPULEDGER_HOME")  # through the server alone
     code, shown = on_a_terminal([GPULEDGER, "audit", kind], env, tmp_path)
@@ -121,7 +124,7 @@ def test_the_cli_through_the_server_shows_the_audits_progress_on_a_terminal(
     assert re.search(r"\d,\d{3}/\d{2},\d{3}", shown), shown  # counts as the result prints them
     assert "/?" not in shown, shown  # the total from the first frame (atk36-29 F2: "0/?")
     # not a terminal: the same answer, no bar
-    env["GPULEDGER_TOKEN"] = server.tokens["quiet"]
+    env["GPULEDGER_TOKEN"] = server.tokens[f"quiet-{kind}"]
     quiet = subprocess.run([GPULEDGER, "audit", kind], env=env, cwd=tmp_path, capture_output=True,
                            text=True, timeout=120)  # fmt: skip
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
