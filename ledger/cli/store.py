@@ -91,9 +91,12 @@ def _copy_progress(src_home: Path, src: str | None, dst_home: Path, dst: str | N
         kept = relay_progress.rows(source)
     if not kept:
         return
+    from ledger.store.snapshots import state_key
+
+    key = state_key(dst_home)  # the copy's rows signed for the servers of its home
     with relay_progress.opened(dst_home, dst) as recorder:
         for topic, position in kept:
-            relay_progress.keep(recorder, topic, position)
+            relay_progress.keep(recorder, topic, position, key)
 
 
 @store.command("restore")
@@ -140,9 +143,10 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
         raise CopyError(f"the restored store differs from the topic at event {differs}")
     # every event of the store is on the topic: the relay's progress there (docs/kafka.md)
     from ledger.store import relay_progress
+    from ledger.store.snapshots import state_key
 
     with relay_progress.opened(dst_home, dst_dsn) as recorder:
-        relay_progress.keep(recorder, topic or TOPIC, copied.head)
+        relay_progress.keep(recorder, topic or TOPIC, copied.head, state_key(dst_home))
     _report(as_json, "restored", copied, redacted(dst_dsn) if dst_dsn else str(dst_home))
 
 

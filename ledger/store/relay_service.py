@@ -39,6 +39,7 @@ from ledger.store.relay import (
     offsets_text,
     open_store,
 )
+from ledger.store.snapshots import state_key
 from projections.kafka_wire import (
     DEFAULT_CONNECT_TIMEOUT_S,
     TOPIC,
@@ -374,6 +375,7 @@ class RelayService:
                     connect_timeout_s=self.connect_timeout_s,
                     keys=self.keys,
                     progress=self._published if self._progress_known else None,
+                    state_key=state_key(self.home),
                 )
             published = self.relay.publish_pending()
             relay = self.relay
