@@ -375,8 +375,9 @@ class Relay:
         equal the store's at that position and that we vouch for: with keys, it carries our
         signature (or, unsigned, lies within our progress: a topic signed since); without keys, it
         claims no position beyond our progress (a topic writer can rebuild the bytes of an event not
-        yet published: atk46-25 F3), the higher of the store's (`relay_progress`, shared by every
-        server: a standby's first lead has it too) and `progress` (the home's relay.json), or
+        yet published: atk46-25 F3): the store's (`relay_progress`, shared by every server: a
+        standby's first lead has it too) when its MAC verifies under our state key, else none
+        (the home's relay.json only for a store that keeps none: `relay_progress.words`), or
         (without keys) it comes right after the best taken so far, from the start of the log
         (`Scan.follows`: no gap either way). An older record copied to the tail is foreign, and so
         is anything after ours that the store does not hold (a forged event, however well it links).

@@ -32,7 +32,12 @@ written by an earlier version, or under another server's key: share `GPULEDGER_S
 between the servers of a ledger) as no vouch: only records following the start of the log (or
 signed) are its own, and it reads on while its best is below the row (`words`: a *floor*, so a
 lowered or unverified row costs a longer read, never a gap nor a duplicate), and rewrites the
-row with its own MAC at its next write. `audit verify` names such a row (`edits`).
+row with its own MAC at its next write. The MAC names the key that made it (`key_id`): `audit
+verify` names a row whose MAC names the home's key and does not verify (`edits`: an edited
+position); a row with no MAC or another key's (an earlier version's, another server's home
+without a shared key file, or stripped by whoever edited it) it cannot check, and says nothing:
+the relay takes such a row as no vouch all the same, so it can cost a longer read at start,
+never a gap nor a duplicate.
 
 An edge (the store). The rules (`trusted`, `words`, `due`, `mac`) are pure.
 """
@@ -46,7 +51,7 @@ import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from eventsourcing.sqlite import SQLiteApplicationRecorder
 
@@ -145,11 +150,16 @@ def words(store: Word, home: int | None, head: int) -> tuple[int | None, int]:
     return (store.position if ok else 0), floor
 
 
+def key_id(key: bytes) -> str:
+    """Pure: which state key signed a row (a digest of it, never the key)."""
+    return hashlib.sha256(b"gpuledger.state-key-id\0" + key).hexdigest()[:12]
+
+
 def mac(key: bytes, topic: str, position: int, link: str) -> str:
-    """Pure: the MAC of a progress row: HMAC-SHA256 under the state key of the topic, the
-    position and the link to the store's event there ("" for 0)."""
+    """Pure: the MAC of a progress row, `<key id>:<hex>`: HMAC-SHA256 under the state key of the
+    topic, the position and the link to the store's event there ("" for 0)."""
     text = f"gpuledger.relay-progress.v1\0{topic}\0{position}\0{link}".encode()
-    return hmac.new(key, text, hashlib.sha256).hexdigest()
+    return f"{key_id(key)}:{hmac.new(key, text, hashlib.sha256).hexdigest()}"
 
 
 def link_at(recorder: Any, position: int) -> str | None:
@@ -165,12 +175,22 @@ def link_at(recorder: Any, position: int) -> str | None:
     return link(position, got[0].tag, got[0].data)
 
 
-def signed(recorder: Any, key: bytes, topic: str, position: int, got: str | None) -> bool:
-    """Whether `got`, the MAC a row for (`topic`, `position`) carries, verifies under `key`."""
+Verdict = Literal["signed", "edited", "unsigned"]
+"""A row's MAC under a key: it verifies; it names that key and does not verify (or is not a
+MAC: an edit); there is none, or it names another key (an earlier version's row, another
+server's key: nothing to check it with)."""
+
+
+def verdict(recorder: Any, key: bytes, topic: str, position: int, got: str | None) -> Verdict:
+    """What `got`, the MAC a row for (`topic`, `position`) carries, is under `key`."""
     if not got:
-        return False
+        return "unsigned"
+    kid, sep, _hex = got.partition(":")
+    if sep and kid != key_id(key) and len(kid) == 12:
+        return "unsigned"
     at = link_at(recorder, position)
-    return at is not None and hmac.compare_digest(mac(key, topic, position, at), got)
+    ok = at is not None and hmac.compare_digest(mac(key, topic, position, at), got)
+    return "signed" if ok else "edited"
 
 
 def beyond(head: int, **words: int | None) -> list[str]:
@@ -184,7 +204,7 @@ def beyond(head: int, **words: int | None) -> list[str]:
 
 def edits(home: Path, head: int) -> list[str]:
     """Each progress the store (its table) or the home (`relay.json`) keeps beyond the store's
-    `head`, and each row of the store whose MAC does not verify under the home's state key, as
+    `head`, and each row of the store whose MAC names the home's state key and does not verify, as
     a phrase: an edit, since a progress is written only after a Kafka commit of the store's
     events, by a relay that signs it (`audit verify` names them; the relay takes none of them
     as a vouch, `words`)."""
@@ -199,14 +219,12 @@ def edits(home: Path, head: int) -> list[str]:
         words = {f"the relay's progress on topic {t} (store)": p for t, p in kept}
         if key is not None:
             for topic, position in kept:
-                if position <= head and not signed(
-                    recorder, key, topic, position, read_mac(recorder, topic)
-                ):
+                got = verdict(recorder, key, topic, position, read_mac(recorder, topic))
+                if position <= head and got == "edited":
                     unsigned.append(
                         f"the relay's progress on topic {topic} (store, position {position:,}) "
-                        "does not verify under the state key: an edited progress (or one "
-                        "written by an earlier version or under another server's key, which a "
-                        "relay rewrites at its next write); the relay takes it as no word"
+                        "does not verify under the state key that signed it: an edited "
+                        "progress; the relay takes it as no word"
                     )
     try:
         health = read_health(home)
@@ -291,6 +309,12 @@ def read_mac(recorder: Any, topic: str) -> str | None:
     return None if got is None else str(got)
 
 
+def signed_rows(recorder: Any) -> list[tuple[str, int, str | None]]:
+    """Every (topic, progress, MAC) the store keeps, by topic: what `gpuledger store copy`
+    carries over (the copy holds the same events, so each MAC still names them)."""
+    return [(t, p, read_mac(recorder, t)) for t, p in rows(recorder)]
+
+
 def rows(recorder: Any) -> list[tuple[str, int]]:
     """Every (topic, progress) the store keeps, by topic (none: no table, or a store that keeps
     none): what `gpuledger store copy` carries over."""
@@ -334,12 +358,13 @@ def keep(
     key: bytes | None = None,
     *,
     repair: bool = False,
+    signature: str | None = None,
 ) -> None:
     """Raise the progress the store keeps for `topic` to `position` (never lower it; `repair`:
-    replace a row that does not verify, whatever it says), with its MAC under `key` (none
-    without): one statement, its own transaction. The table is made on the first write
-    (`topic` None: only that), and a table of an earlier version given its `mac` column."""
-    signature = None
+    replace a row that does not verify, whatever it says), with its MAC under `key` (or
+    `signature`, a row's MAC copied as it is; none without either): one statement, its own
+    transaction. The table is made on the first write (`topic` None: only that), and a table of
+    an earlier version given its `mac` column."""
     if key is not None and topic is not None:
         at = link_at(recorder, position)
         signature = None if at is None else mac(key, topic, position, at)
@@ -414,9 +439,8 @@ class Kept:
         got = read(self.recorder, self.topic)
         verified = True
         if got and self.key is not None:
-            verified = signed(
-                self.recorder, self.key, self.topic, got, read_mac(self.recorder, self.topic)
-            )
+            mac_of = read_mac(self.recorder, self.topic)
+            verified = verdict(self.recorder, self.key, self.topic, got, mac_of) == "signed"
         if got is not None and (head is None or got <= head) and verified:
             self.kept = max(self.kept, got)
         elif got:

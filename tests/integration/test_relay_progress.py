@@ -203,7 +203,11 @@ def test_a_progress_row_raised_within_the_head_is_named_and_vouches_for_no_rebui
     with sqlite3.connect(home / EVENTS_DB) as db:
         db.execute(f"UPDATE {relay_progress.TABLE} SET position = ?", (head,))
     named = [p.detail for p in tamper.verify_store(home).problems]
-    assert any(f"{kafka_topic} (store, position {head:,}) does not verify" in d for d in named)
+    assert any(
+        f"{kafka_topic} (store, position {head:,}) does not verify under the state key that "
+        "signed it: an edited progress" in d
+        for d in named
+    )
     forged_at = rebuilt_copy(kafka_bootstrap, kafka_topic, read_raw(recorder, head - 1, 1)[0])
     service = serve_relay(home, kafka_bootstrap, kafka_topic, transactional_id, head)
     no_gap(kafka_bootstrap, kafka_topic, head, tmp_path / "reader.duckdb", forged_at)
