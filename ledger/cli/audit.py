@@ -23,10 +23,11 @@ from ledger.cli._common import Ctx, pass_ctx, projection
 from ledger.cli.output import echo_json, json_option, print_table, progress
 from ledger.core import budget as b
 from ledger.history import audit as au
+from ledger.history import copy_check, tables
 from ledger.history import replay as rp
-from ledger.history import tables
 from ledger.history import tamper as tm
 from ledger.history.compare import CycleReplay
+from ledger.history.copy_check import CopyReport
 from ledger.sim import whatif as wi
 from projections.kafka_wire import TOPIC, TOPIC_ENV
 from projections.store import memory_limit, projection_path
@@ -477,7 +478,9 @@ def audit_verify(ctx: Ctx, bootstrap: str | None, topic: str, as_json: bool) -> 
             report = tm.verify_store(ctx.home, tm.file_anchor(ctx.home), progress=_staged(update))
     copy = None
     if bootstrap:
-        copy = tm.verify_copy(tm.store_records(ctx.home), tm.kafka_records(bootstrap, topic))
+        copy = copy_check.verify_copy(
+            tm.store_records(ctx.home), copy_check.kafka_records(bootstrap, topic)
+        )
     if as_json:
         echo_json({"store": report, "kafka": copy})
     else:
@@ -537,18 +540,25 @@ def _print_chain(what: str, report: tm.ChainReport) -> None:
         click.echo(f"  {p.text()}")
 
 
-def _print_copy(topic: str, copy: tm.CopyReport) -> None:
+def _print_copy(topic: str, copy: CopyReport) -> None:
     where = f"kafka topic {topic}"
+    copies = (
+        f"; {copy.copies:,} exact copies of records before them, which readers pass over"
+        if copy.copies
+        else ""
+    )
     if copy.ok:
         behind = f", {copy.behind:,} events behind the store" if copy.behind else ""
         click.echo(
-            f"{where}: {copy.records:,} records in order, byte-equal to the store, chain "
-            f"intact{behind}"
+            f"{where}: {copy.records:,} records, positions 1 to {copy.last_position:,} in "
+            f"order, byte-equal to the store, chain intact{behind}{copies}"
         )
         return
-    click.echo(f"{where}: DIFFERS from the store")
+    click.echo(f"{where}: DIFFERS from the store{copies}")
     for p in [*copy.problems, *copy.chain.problems]:
         click.echo(f"  {p.text()}")
+    if copy.more:
+        click.echo(f"  ... and {copy.more:,} more problems (the first {len(copy.problems)} shown)")
 
 
 @audit_group.command("check")

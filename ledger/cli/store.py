@@ -88,12 +88,12 @@ def _copy_progress(src_home: Path, src: str | None, dst_home: Path, dst: str | N
     from ledger.store import relay_progress
 
     with relay_progress.opened(src_home, src) as source:
-        kept = relay_progress.rows(source)
+        kept = relay_progress.signed_rows(source)
     if not kept:
         return
     with relay_progress.opened(dst_home, dst) as recorder:
-        for topic, position in kept:
-            relay_progress.keep(recorder, topic, position)
+        for topic, position, mac in kept:  # each MAC as it is: it names the same events
+            relay_progress.keep(recorder, topic, position, signature=mac)
 
 
 @store.command("restore")
@@ -140,9 +140,13 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
         raise CopyError(f"the restored store differs from the topic at event {differs}")
     # every event of the store is on the topic: the relay's progress there (docs/kafka.md)
     from ledger.store import relay_progress
+    from ledger.store.snapshots import state_key
 
+    # signed with the key of the home it was restored for (a data directory named by --to, or
+    # --home's for a PostgreSQL store: its servers' homes, sharing GPULEDGER_STATE_KEY_FILE)
+    key = state_key(dst_home) if dst_dsn is None else state_key(ctx.home, create=False)
     with relay_progress.opened(dst_home, dst_dsn) as recorder:
-        relay_progress.keep(recorder, topic or TOPIC, copied.head)
+        relay_progress.keep(recorder, topic or TOPIC, copied.head, key)
     _report(as_json, "restored", copied, redacted(dst_dsn) if dst_dsn else str(dst_home))
 
 

@@ -22,25 +22,22 @@ what broke:
 - `corrupt`: bytes that are not an event (no readable `prev_hash`), or a row whose value is not
   stored as bytes (rewritten outside the ledger, e.g. as TEXT: checked as its UTF-8 bytes);
 - `downgraded`: a v1 link after the log moved to v2 links;
-- `mismatch` (copies): the Kafka copy's bytes differ from the store's at a position, or its
-  positions are not 1, 2, 3, ...; `foreign` (copies): a record another producer wrote (it carries
-  no position, or a position and bytes the store's log does not hold there).
+- `mismatch`, `extra`, `foreign` (copies): the Kafka copy's checks (`ledger.history.copy_check`).
 
 The last event has no successor, so an edit of its payload alone is only visible against an
 anchor: the head link the report prints (keep it elsewhere), the projection's tracking, a
-snapshot at its position, or the Kafka copy (`verify_copy`).
+snapshot at its position, or the Kafka copy (`ledger.history.copy_check.verify_copy`).
 
-Pure: `verify_chain`, `verify_copy`. Edges: `store_records`, `store_anchors`, `kafka_records`.
+Pure: `verify_chain`. Edges: `store_records`, `store_anchors`.
 """
 
 from __future__ import annotations
 
 import collections
 import hashlib
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 import msgspec
 
@@ -406,123 +403,6 @@ def _classify(
     return out
 
 
-class CopyRecord(NamedTuple):
-    """One record of a copy of the log (the Kafka topic), in the copy's order."""
-
-    offset: int
-    position: int | None
-    """The log position its header carries (None: no header)."""
-    data: bytes
-    tag: str | None = None
-    """The event tag its header carries (None: not known): a v2 link covers it."""
-    foreign: str | None = None
-    """Why it cannot be the relay's (with signing keys: it fails the signature), or None."""
-
-
-class CopyReport(msgspec.Struct, frozen=True, kw_only=True):
-    records: int
-    last_position: int
-    store_head: int
-    chain: ChainReport
-    problems: tuple[ChainProblem, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems and self.chain.ok
-
-    @property
-    def behind(self) -> int:
-        """Events the copy does not hold yet (a relay catching up): not a problem."""
-        return max(0, self.store_head - self.last_position)
-
-
-def verify_copy(
-    store: Iterable[ChainRecord], copy: Iterable[CopyRecord], limit: int = 20
-) -> CopyReport:
-    """Pure: a copy of the log must hold positions 1, 2, 3, ... in order, each with the store's
-    bytes at that position, and its own chain must be intact. The copy may end before the
-    store (its relay is behind); it may not go beyond. Records marked `foreign` (they fail the
-    signature) are named by offset and left out of the comparison."""
-    problems: list[ChainProblem] = []
-    stored = iter(store)
-    chain_input: list[ChainRecord] = []
-    expected = 1
-    n = 0
-    last = 0
-    head = 0
-    current: ChainRecord | None = next(stored, None)
-    for rec in copy:
-        n += 1
-        if rec.foreign is not None:  # named by its offset; the store is compared with the rest
-            at = "" if rec.position is None else f" (it claims position {rec.position})"
-            problems.append(
-                ChainProblem(
-                    position=rec.position or expected,
-                    kind="foreign",
-                    detail=f"the copy's record at offset {rec.offset}{at} is not the relay's: "
-                    f"{rec.foreign}",
-                )
-            )
-            continue
-        if rec.position is None:
-            problems.append(
-                ChainProblem(
-                    position=expected,
-                    kind="mismatch",
-                    detail=f"the copy's record at offset {rec.offset} has no position header",
-                )
-            )
-            continue
-        if rec.position != expected:
-            problems.append(
-                ChainProblem(
-                    position=expected,
-                    kind="reordered" if rec.position < expected else "deleted",
-                    detail=f"the copy's record at offset {rec.offset} carries position "
-                    f"{rec.position}, expected {expected}",
-                )
-            )
-        expected = rec.position + 1
-        last = max(last, rec.position)
-        # the copy's own chain, under the rule of each link: a v2 link covers the position, the
-        # stream version (the position: one stream), the tag (its header) and the payload
-        known = rec.tag is not None
-        chain_input.append(
-            ChainRecord(rec.position, rec.data, rec.position if known else None, tag=rec.tag)
-        )
-        while current is not None and current.position < rec.position:
-            head = current.position
-            current = next(stored, None)
-        if current is None or current.position != rec.position:
-            problems.append(
-                ChainProblem(
-                    position=rec.position,
-                    kind="extra",
-                    detail=f"the copy holds position {rec.position}, the store does not",
-                )
-            )
-        elif current.data != rec.data:
-            problems.append(
-                ChainProblem(
-                    position=rec.position,
-                    kind="mismatch",
-                    detail=f"the copy's bytes (offset {rec.offset}) differ from the store's",
-                )
-            )
-        if len(problems) >= limit:
-            break
-    while current is not None:
-        head = current.position
-        current = next(stored, None)
-    return CopyReport(
-        records=n,
-        last_position=last,
-        store_head=head,
-        chain=verify_chain(chain_input, limit),
-        problems=tuple(problems[:limit]),
-    )
-
-
 def store_records(home: Path, page: int = 50_000) -> Iterator[ChainRecord]:
     """Edge: the stored events of `home`'s log in position order, every column of each row."""
     path = home / EVENTS_DB
@@ -650,67 +530,3 @@ def _as_int(value: object) -> int | None:
         return int(str(value))
     except ValueError:
         return None
-
-
-def kafka_records(
-    bootstrap: str, topic: str, timeout_s: float = 60.0, keys: Any = None
-) -> Iterator[CopyRecord]:
-    """Edge: every committed record of the topic's one partition, from offset 0, in order;
-    with signing keys (`keys`, else GPULEDGER_KAFKA_SIGNING_KEYS) one that fails the signature
-    is marked `foreign`."""
-    from kafka import KafkaConsumer, TopicPartition
-    from kafka.errors import KafkaError
-
-    from projections.kafka_wire import (
-        PARTITION,
-        connect_timeout,
-        envelope,
-        quiet_kafka_logs,
-        reader_config,
-        signing_keys,
-        unreachable,
-    )
-
-    keys = signing_keys() if keys is None else keys
-    quiet_kafka_logs("warning")  # kafka-python's retries and tracebacks stay off the terminal
-    why = unreachable(bootstrap, connect_timeout())
-    if why is not None:
-        raise AuditError(f"Kafka at {bootstrap} is unreachable ({why})", hint="is the broker up?")
-    tp = TopicPartition(topic, PARTITION)
-    try:
-        consumer = KafkaConsumer(
-            **reader_config(
-                bootstrap,
-                "gpuledger-audit",
-                connect_timeout(),
-                max_partition_fetch_bytes=8 << 20,
-                fetch_max_bytes=32 << 20,
-            )
-        )
-    except KafkaError as err:
-        raise AuditError(
-            f"Kafka at {bootstrap}: {type(err).__name__}: {err}", hint="is the broker up?"
-        ) from err
-    try:
-        if topic not in (consumer.topics() or set()):
-            raise AuditError(f"no topic {topic} at {bootstrap}", hint="is the relay running?")
-        consumer.assign([tp])
-        end = consumer.end_offsets([tp], timeout_ms=int(timeout_s * 1000))[tp]
-        consumer.seek(tp, 0)
-        deadline = time.monotonic() + timeout_s
-        while consumer.position(tp) < end:
-            batch = consumer.poll(timeout_ms=500).get(tp, [])
-            if batch:
-                deadline = time.monotonic() + timeout_s
-            elif time.monotonic() > deadline:
-                raise AuditError(f"reading {topic} stalled at offset {consumer.position(tp)}")
-            for rec in batch:
-                if rec.offset >= end:
-                    continue
-                position, tag, _problem = envelope(rec.headers, rec.value, None)
-                bad = None if keys is None else keys.problem(rec.headers, rec.value, position, tag)
-                yield CopyRecord(rec.offset, position, bytes(rec.value or b""), tag, bad)
-    except KafkaError as err:
-        raise AuditError(f"Kafka at {bootstrap}: {type(err).__name__}: {err}") from err
-    finally:
-        consumer.close()

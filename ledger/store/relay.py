@@ -46,7 +46,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError
 
 from ledger.store import EVENTS_DB, recorded
-from ledger.store.relay_progress import Kept, beyond, trusted
+from ledger.store.relay_progress import Kept, beyond, words
 from ledger.store.relay_tail import (
     bookmark,
     last_published,
@@ -267,6 +267,7 @@ class Relay:
         config: Mapping[str, Any] | None = None,
         keys: SigningKeys | None = None,
         progress: int | None = None,
+        state_key: bytes | None = None,
     ) -> None:
         self.recorder = recorder
         self.bootstrap = bootstrap
@@ -283,14 +284,14 @@ class Relay:
         """Signing keys: when set, every record is signed with the first one."""
         self.progress = progress
         """The highest position the caller knows this ledger's relay committed (the service's
-        `<home>/relay.json`: a home's word from before the store kept it); None: no word. The
-        relay's progress is the higher of this and the store's (`kept`): an unsigned record on
-        the topic claiming a position beyond it is never our bookmark
-        (`relay_tail.Scan.vouched`)."""
-        self.kept = Kept(recorder, topic)
+        `<home>/relay.json`: a home's word from before the store kept it); None: no word. It
+        vouches only for a store that keeps no progress (an earlier version's); beside the
+        store's row it is a floor (`relay_progress.words`)."""
+        self.kept = Kept(recorder, topic, key=state_key)
         """The relay's progress in the store every server shares (`relay_progress`): read at
         each connect, raised as it publishes (once a second, or 5,000 positions) and when it
-        closes."""
+        closes, signed under the service's `state_key` (a row that does not verify vouches for
+        nothing: atk47-25 F1 at or below the head)."""
         self.position = 0
         """The log position of the last event known to be committed on the topic."""
         self.skipped: tuple[int, ...] = ()
@@ -374,8 +375,9 @@ class Relay:
         equal the store's at that position and that we vouch for: with keys, it carries our
         signature (or, unsigned, lies within our progress: a topic signed since); without keys, it
         claims no position beyond our progress (a topic writer can rebuild the bytes of an event not
-        yet published: atk46-25 F3), the higher of the store's (`relay_progress`, shared by every
-        server: a standby's first lead has it too) and `progress` (the home's relay.json), or
+        yet published: atk46-25 F3): the store's (`relay_progress`, shared by every server: a
+        standby's first lead has it too) when its MAC verifies under our state key, else none
+        (the home's relay.json only for a store that keeps none: `relay_progress.words`), or
         (without keys) it comes right after the best taken so far, from the start of the log
         (`Scan.follows`: no gap either way). An older record copied to the tail is foreign, and so
         is anything after ours that the store does not hold (a forged event, however well it links).
@@ -398,18 +400,29 @@ class Relay:
             )
 
         head = self.store_head()
-        kept = self.kept.read(head)
-        for word in beyond(head, **{"the store's progress row": kept, "relay.json": self.progress}):
+        word = self.kept.word(head)
+        kept = word.position
+        for text in beyond(head, **{"the store's progress row": kept, "relay.json": self.progress}):
             log.warning(
                 "relay: %s on topic %s: not taken (a progress is written only after a commit "
                 "of the store's events; someone edited it)",
-                word,
+                text,
                 self.topic,
             )
-        progress = trusted(self.progress, kept, head=head)
+        if kept and kept <= head and not word.verified:
+            log.warning(
+                "relay: the store's progress row on topic %s (position %d) does not verify under "
+                "the state key: not taken as a vouch (edited, or written by an earlier version "
+                "or under another server's key); only records following the start of the log "
+                "are its own, read on up to it; the row is rewritten at the next write",
+                self.topic,
+                kept,
+            )
+        progress, floor = words(word, self.progress, head)
         if progress is not None:
             progress = max(progress, self.position)
-        return bookmark(windows, digests, self.keys, self._refusal, progress)
+        floor = max(floor, self.position)
+        return bookmark(windows, digests, self.keys, self._refusal, progress, floor)
 
     def _refusal(self, position: int, ours: int) -> RelayError:
         """The topic holds another log: say where it disagrees with the store (`position`: the

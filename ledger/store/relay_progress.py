@@ -20,17 +20,38 @@ gap. So a failed write is logged and retried at the next one, never a stop. `gpu
 makes the table (`begin`): no row then means nothing published (0), not "no word" (None, a store
 of an earlier version).
 
-An edge (the store). The rules (`trusted`, `due`) are pure.
+**Tamper evidence** (docs/security.md, row T8). Someone who can write the store could raise the
+row to a position not yet published (at or below the store's head) and send a rebuilt copy of
+that event: the copy, within the progress, became the relay's bookmark and the events before it
+never reached the topic (atk47-25 F1); or lower it and copy an old record to the tail, and
+everything after it was published again. So each row carries a MAC (`mac`) under the service's
+state key (`ledger.store.snapshots.state_key`, as snapshots do) over the topic, the position and
+the link to the store's event at that position (`projections.chain.link`: a row is this log's,
+never another ledger's). A relay with the key takes a row whose MAC does not verify (edited,
+written by an earlier version, or under another server's key: share `GPULEDGER_STATE_KEY_FILE`
+between the servers of a ledger) as no vouch: only records following the start of the log (or
+signed) are its own, and it reads on while its best is below the row (`words`: a *floor*, so a
+lowered or unverified row costs a longer read, never a gap nor a duplicate), and rewrites the
+row with its own MAC at its next write. The MAC names the key that made it (`key_id`): `audit
+verify` names a row whose MAC names the home's key and does not verify (`edits`: an edited
+position); a row with no MAC or another key's (an earlier version's, another server's home
+without a shared key file, or stripped by whoever edited it) it cannot check, and says nothing:
+the relay takes such a row as no vouch all the same, so it can cost a longer read at start,
+never a gap nor a duplicate.
+
+An edge (the store). The rules (`trusted`, `words`, `due`, `mac`) are pure.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 from eventsourcing.sqlite import SQLiteApplicationRecorder
 
@@ -50,22 +71,36 @@ about a microsecond an event)."""
 
 _SQLITE_TABLE = (
     f"CREATE TABLE IF NOT EXISTS {TABLE} "
-    "(topic TEXT PRIMARY KEY, position INTEGER NOT NULL, kept_at TEXT NOT NULL)"
+    "(topic TEXT PRIMARY KEY, position INTEGER NOT NULL, kept_at TEXT NOT NULL, mac TEXT)"
 )
 _SQLITE_KEEP = (
-    f"INSERT INTO {TABLE} (topic, position, kept_at) VALUES (?, ?, datetime('now')) "
-    "ON CONFLICT (topic) DO UPDATE SET position = excluded.position, kept_at = excluded.kept_at "
-    f"WHERE excluded.position > {TABLE}.position"
+    f"INSERT INTO {TABLE} (topic, position, kept_at, mac) VALUES (?, ?, datetime('now'), ?) "
+    "ON CONFLICT (topic) DO UPDATE SET position = excluded.position, kept_at = excluded.kept_at, "
+    f"mac = excluded.mac WHERE excluded.position > {TABLE}.position"
 )
 _PG_TABLE = (
     f"CREATE TABLE IF NOT EXISTS {TABLE} "
-    "(topic text PRIMARY KEY, position bigint NOT NULL, kept_at timestamptz NOT NULL)"
+    "(topic text PRIMARY KEY, position bigint NOT NULL, kept_at timestamptz NOT NULL, mac text)"
 )
 _PG_KEEP = (
-    f"INSERT INTO {TABLE} (topic, position, kept_at) VALUES (%s, %s, now()) "
-    "ON CONFLICT (topic) DO UPDATE SET position = excluded.position, kept_at = now() "
-    f"WHERE excluded.position > {TABLE}.position"
+    f"INSERT INTO {TABLE} (topic, position, kept_at, mac) VALUES (%s, %s, now(), %s) "
+    "ON CONFLICT (topic) DO UPDATE SET position = excluded.position, kept_at = now(), "
+    f"mac = excluded.mac WHERE excluded.position > {TABLE}.position"
 )
+_SQLITE_MAC_COLUMN = f"ALTER TABLE {TABLE} ADD COLUMN mac TEXT"
+_PG_MAC_COLUMN = f"ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS mac text"
+"""A table made by an earlier version has no `mac`: added at the first write."""
+
+
+class Word(NamedTuple):
+    """The store's row for a topic as a relay reads it."""
+
+    position: int | None
+    """As `read` gives it (None: no table)."""
+    verified: bool
+    """Its MAC verifies under the relay's state key and names the store's event at `position`
+    (True without a key: nothing to check it with; and for 0 and None, which vouch for
+    nothing)."""
 
 
 @contextlib.contextmanager
@@ -96,6 +131,68 @@ def trusted(*known: int | None, head: int | None = None) -> int | None:
     return max(kept) if kept else (0 if words else None)
 
 
+def words(store: Word, home: int | None, head: int) -> tuple[int | None, int]:
+    """Pure: (vouch, floor) of a relay from the store's row and the home's `relay.json` word.
+    `vouch`: unsigned records equal to the store's event up to it are the relay's own
+    (`relay_tail.Scan.vouched`; None: any, the residual of a store of an earlier version with
+    no table, where relay.json still vouches). `floor`: the relay reads the topic on while its
+    best record is below it (`relay_tail.bookmark`). A row vouches only when its MAC verifies
+    and it is within the head; relay.json only for a store without the table (a home
+    upgraded): beside a table it is a floor, never a vouch (raised, it made a rebuilt copy the
+    bookmark: atk47-25 F4). Every word within the head is a floor: one raised costs a longer
+    read (up to the whole topic), never a gap; one lowered never makes the relay stop below the
+    others."""
+    within = [w for w in (store.position, home) if w is not None and w <= head]
+    floor = max(within, default=0)
+    if store.position is None:
+        return trusted(home, head=head), floor
+    ok = store.verified and store.position <= head
+    return (store.position if ok else 0), floor
+
+
+def key_id(key: bytes) -> str:
+    """Pure: which state key signed a row (a digest of it, never the key)."""
+    return hashlib.sha256(b"gpuledger.state-key-id\0" + key).hexdigest()[:12]
+
+
+def mac(key: bytes, topic: str, position: int, link: str) -> str:
+    """Pure: the MAC of a progress row, `<key id>:<hex>`: HMAC-SHA256 under the state key of the
+    topic, the position and the link to the store's event there ("" for 0)."""
+    text = f"gpuledger.relay-progress.v1\0{topic}\0{position}\0{link}".encode()
+    return f"{key_id(key)}:{hmac.new(key, text, hashlib.sha256).hexdigest()}"
+
+
+def link_at(recorder: Any, position: int) -> str | None:
+    """The link to the store's event at `position` ("" for 0; None: the store has none)."""
+    if position == 0:
+        return ""
+    from ledger.store.relay import read_raw
+    from projections.chain import link
+
+    got = read_raw(recorder, position - 1, 1)
+    if not got or got[0].position != position:
+        return None
+    return link(position, got[0].tag, got[0].data)
+
+
+Verdict = Literal["signed", "edited", "unsigned"]
+"""A row's MAC under a key: it verifies; it names that key and does not verify (or is not a
+MAC: an edit); there is none, or it names another key (an earlier version's row, another
+server's key: nothing to check it with)."""
+
+
+def verdict(recorder: Any, key: bytes, topic: str, position: int, got: str | None) -> Verdict:
+    """What `got`, the MAC a row for (`topic`, `position`) carries, is under `key`."""
+    if not got:
+        return "unsigned"
+    kid, sep, _hex = got.partition(":")
+    if sep and kid != key_id(key) and len(kid) == 12:
+        return "unsigned"
+    at = link_at(recorder, position)
+    ok = at is not None and hmac.compare_digest(mac(key, topic, position, at), got)
+    return "signed" if ok else "edited"
+
+
 def beyond(head: int, **words: int | None) -> list[str]:
     """Pure: each named progress word beyond the store's `head`, as a phrase (empty: none)."""
     return [
@@ -107,20 +204,35 @@ def beyond(head: int, **words: int | None) -> list[str]:
 
 def edits(home: Path, head: int) -> list[str]:
     """Each progress the store (its table) or the home (`relay.json`) keeps beyond the store's
-    `head`, as a phrase: an edit, since a progress is written only after a Kafka commit of the
-    store's events (`audit verify` names them; the relay takes none of them, `trusted`)."""
+    `head`, and each row of the store whose MAC names the home's state key and does not verify, as
+    a phrase: an edit, since a progress is written only after a Kafka commit of the store's
+    events, by a relay that signs it (`audit verify` names them; the relay takes none of them
+    as a vouch, `words`)."""
     from ledger.store.relay import RelayError
     from ledger.store.relay_service import read_health
+    from ledger.store.snapshots import state_key
 
+    key = state_key(home, create=False)
+    unsigned: list[str] = []
     with opened(home) as recorder:
-        words = {f"the relay's progress on topic {t} (store)": p for t, p in rows(recorder)}
+        kept = rows(recorder)
+        words = {f"the relay's progress on topic {t} (store)": p for t, p in kept}
+        if key is not None:
+            for topic, position in kept:
+                got = verdict(recorder, key, topic, position, read_mac(recorder, topic))
+                if position <= head and got == "edited":
+                    unsigned.append(
+                        f"the relay's progress on topic {topic} (store, position {position:,}) "
+                        "does not verify under the state key that signed it: an edited "
+                        "progress; the relay takes it as no word"
+                    )
     try:
         health = read_health(home)
     except RelayError:
         health = None
     if health is not None:
         words[f"relay.json's position on topic {health.topic}"] = health.position
-    return [f"{w}: an edited progress" for w in beyond(head, **words)]
+    return [f"{w}: an edited progress" for w in beyond(head, **words)] + unsigned
 
 
 def due(
@@ -167,6 +279,42 @@ def read(recorder: Any, topic: str) -> int | None:
     return int(row["position"] if isinstance(row, dict) else row[0])
 
 
+def read_mac(recorder: Any, topic: str) -> str | None:
+    """The MAC the store's row for `topic` carries (None: no row, no MAC, no such column)."""
+    query = f"SELECT mac FROM {TABLE} WHERE topic = "
+    if isinstance(recorder, SQLiteApplicationRecorder):
+        import sqlite3
+
+        from eventsourcing.persistence import OperationalError
+
+        with recorder.datastore.transaction(commit=False) as cursor:
+            try:
+                cursor.execute(query + "?", (topic,))
+            except (sqlite3.OperationalError, OperationalError):
+                return None  # no table, or no column (a table of an earlier version)
+            row = cursor.fetchone()
+        return None if row is None or row[0] is None else str(row[0])
+    if getattr(getattr(recorder, "datastore", None), "pool", None) is None:
+        return None
+    import psycopg
+
+    with recorder.datastore.get_connection() as conn:
+        try:
+            row = conn.execute(query + "%s", (topic,)).fetchone()
+        except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn):
+            return None
+    if row is None:
+        return None
+    got = row["mac"] if isinstance(row, dict) else row[0]
+    return None if got is None else str(got)
+
+
+def signed_rows(recorder: Any) -> list[tuple[str, int, str | None]]:
+    """Every (topic, progress, MAC) the store keeps, by topic: what `gpuledger store copy`
+    carries over (the copy holds the same events, so each MAC still names them)."""
+    return [(t, p, read_mac(recorder, t)) for t, p in rows(recorder)]
+
+
 def rows(recorder: Any) -> list[tuple[str, int]]:
     """Every (topic, progress) the store keeps, by topic (none: no table, or a store that keeps
     none): what `gpuledger store copy` carries over."""
@@ -203,52 +351,101 @@ def begin(recorder: Any) -> None:
     keep(recorder, None, 0)
 
 
-def keep(recorder: Any, topic: str | None, position: int) -> None:
-    """Raise the progress the store keeps for `topic` to `position` (never lower it): one
-    statement, its own transaction. The table is made on the first write (`topic` None: only
-    that)."""
+def keep(
+    recorder: Any,
+    topic: str | None,
+    position: int,
+    key: bytes | None = None,
+    *,
+    repair: bool = False,
+    signature: str | None = None,
+) -> None:
+    """Raise the progress the store keeps for `topic` to `position` (never lower it; `repair`:
+    replace a row that does not verify, whatever it says), with its MAC under `key` (or
+    `signature`, a row's MAC copied as it is; none without either): one statement, its own
+    transaction. The table is made on the first write (`topic` None: only that), and a table of
+    an earlier version given its `mac` column."""
+    if key is not None and topic is not None:
+        at = link_at(recorder, position)
+        signature = None if at is None else mac(key, topic, position, at)
+    where = " WHERE excluded.position > "
     if isinstance(recorder, SQLiteApplicationRecorder):
+        import sqlite3
+
+        from eventsourcing.persistence import OperationalError
+
+        upsert = _SQLITE_KEEP if not repair else _SQLITE_KEEP.split(where)[0]
         with recorder.datastore.transaction(commit=True) as cursor:
             cursor.execute(_SQLITE_TABLE)
-            if topic is not None:
-                cursor.execute(_SQLITE_KEEP, (topic, position))
+            if topic is None:
+                return
+            try:
+                cursor.execute(upsert, (topic, position, signature))
+            except (sqlite3.OperationalError, OperationalError) as e:
+                if "mac" not in str(e):
+                    raise
+                cursor.execute(_SQLITE_MAC_COLUMN)
+                cursor.execute(upsert, (topic, position, signature))
         return
     pool = getattr(getattr(recorder, "datastore", None), "pool", None)
     if pool is None:
         return
     from ledger.store.leaseschema import SCHEMA_LOCK
 
+    upsert = _PG_KEEP if not repair else _PG_KEEP.split(where)[0]
     with recorder.datastore.get_connection() as conn:
-        made = conn.execute("SELECT to_regclass(%s) IS NOT NULL AS made", (TABLE,)).fetchone()
-        if not (made["made"] if isinstance(made, dict) else made[0]):
+        made = conn.execute(
+            "SELECT count(*) AS n FROM information_schema.columns WHERE table_name = %s "
+            "AND column_name = 'mac'",
+            (TABLE,),
+        ).fetchone()
+        if not (made["n"] if isinstance(made, dict) else made[0]):
             # under the schema's lock: two relays making it at once would clash in the catalog
             conn.execute(
-                f"BEGIN; SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {_PG_TABLE}; COMMIT;"
+                f"BEGIN; SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {_PG_TABLE}; "
+                f"{_PG_MAC_COLUMN}; COMMIT;"
             )
         if topic is not None:
-            conn.execute(_PG_KEEP, (topic, position))
+            conn.execute(upsert, (topic, position, signature))
 
 
 class Kept:
     """The progress of one relay in the store: read when it connects, written as it advances
-    (`advance`: at most every `every_s`; `flush`: now), failures logged, never raised."""
+    (`advance`: at most every `every_s`; `flush`: now), failures logged, never raised; signed
+    under `key` (the service's state key; None: unsigned, and every row taken as it reads)."""
 
-    def __init__(self, recorder: Any, topic: str, every_s: float = EVERY_S) -> None:
+    def __init__(
+        self, recorder: Any, topic: str, every_s: float = EVERY_S, key: bytes | None = None
+    ) -> None:
         self.recorder = recorder
         self.topic = topic
         self.every_s = every_s
+        self.key = key
         self.kept = 0
-        """The highest position written to (or read from) the store."""
+        """The highest position written to (or read from, verified) the store."""
+        self._repair = False
+        """The row read does not verify: the next write replaces it, whatever it says."""
         self._at = float("-inf")
         self._failing = False
 
     def read(self, head: int | None = None) -> int | None:
         """The store's word (raises the store's errors: the relay reconnects); a word beyond
         the store's `head` is returned but not taken as written (`trusted` drops it)."""
+        return self.word(head).position
+
+    def word(self, head: int | None = None) -> Word:
+        """The store's word and whether it verifies (`Word`); one that does not (or lies
+        beyond the store's `head`) is not taken as written, and is replaced at the next write."""
         got = read(self.recorder, self.topic)
-        if got is not None and (head is None or got <= head):
+        verified = True
+        if got and self.key is not None:
+            mac_of = read_mac(self.recorder, self.topic)
+            verified = verdict(self.recorder, self.key, self.topic, got, mac_of) == "signed"
+        if got is not None and (head is None or got <= head) and verified:
             self.kept = max(self.kept, got)
-        return got
+        elif got:
+            self._repair = True
+        return Word(got, verified)
 
     def advance(self, position: int) -> None:
         now = time.monotonic()
@@ -262,7 +459,7 @@ class Kept:
     def _write(self, position: int, now: float) -> None:
         self._at = now
         try:
-            keep(self.recorder, self.topic, position)
+            keep(self.recorder, self.topic, position, self.key, repair=self._repair)
         except Exception as e:  # behind costs duplicates, never a gap: go on publishing
             (log.debug if self._failing else log.warning)(
                 "relay: cannot keep its progress (position %d) in the store: %s: %s; tried "
@@ -277,4 +474,5 @@ class Kept:
         if self._failing:
             log.warning("relay: its progress is kept in the store again (position %d)", position)
         self._failing = False
+        self._repair = False
         self.kept = max(self.kept, position)

@@ -23,7 +23,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import msgspec
 from eventsourcing.persistence import ApplicationRecorder
@@ -39,6 +39,7 @@ from ledger.store.relay import (
     offsets_text,
     open_store,
 )
+from ledger.store.snapshots import state_key
 from projections.kafka_wire import (
     DEFAULT_CONNECT_TIMEOUT_S,
     TOPIC,
@@ -295,6 +296,7 @@ class RelayService:
         from ledger.store.relay import held_at, held_text
 
         seen: int | None = None  # the last stable offset of an open transaction seen last time
+        run = HeldRun()
         while not self._stop.wait(self.held_every_s):
             if self._busy_since is not None:
                 continue  # our own transaction may be the open one: ask when we hold none
@@ -308,9 +310,11 @@ class RelayService:
                 continue
             if held is None:
                 seen, self._held = None, None
+                run = HeldRun()
                 continue
             if held[0] == seen:  # the same one, twice, with none of ours open: another's
-                self._held = held_text(self.topic, held)
+                run = run.seen(held[0], time.monotonic() - self.held_every_s)
+                self._held = held_text(self.topic, held) + run.text(time.monotonic())
             seen = held[0]
 
     def _position(self) -> int:
@@ -374,6 +378,7 @@ class RelayService:
                     connect_timeout_s=self.connect_timeout_s,
                     keys=self.keys,
                     progress=self._published if self._progress_known else None,
+                    state_key=state_key(self.home),
                 )
             published = self.relay.publish_pending()
             relay = self.relay
@@ -487,6 +492,36 @@ class RelayService:
             write_durably(tmp, path, msgspec.json.encode(self.health))
         except OSError as e:  # the health file is a report: never stop publishing over it
             log.debug("relay: cannot write %s: %s", path, e)
+
+
+class HeldRun(NamedTuple):
+    """Foreign transactions that held the topic's last stable offset back one after another,
+    with no moment free between them (as `RelayService._watch_held` saw them). The broker's cap
+    (`transaction.max.timeout.ms`) is per transaction: a writer opening a new one before the
+    last ends keeps every reader behind for as long as it likes (atk47-25 F9: 35-60 s behind
+    for 100 s, while `relay status` named one transaction)."""
+
+    offsets: tuple[int, ...] = ()
+    """The last stable offset each one held, in order."""
+    since: float = 0.0
+    """When the first was seen (monotonic)."""
+
+    def seen(self, offset: int, at: float) -> HeldRun:
+        """Pure: the run after an open transaction at `offset` was seen (first seen `at`)."""
+        if self.offsets and self.offsets[-1] == offset:
+            return self
+        return HeldRun((*self.offsets, offset), self.since if self.offsets else at)
+
+    def text(self, now: float) -> str:
+        """Pure: what the status adds once more than one held the readers in a row."""
+        if len(self.offsets) < 2:
+            return ""
+        return (
+            f"; {len(self.offsets)} transactions in a row (offsets "
+            f"{', '.join(map(str, self.offsets[-5:]))}) have held readers back for "
+            f"{now - self.since:,.0f} s: the broker's cap is per transaction, so only ACLs "
+            "that give no other principal Write on transactional ids stop it"
+        )
 
 
 def write_durably(tmp: Path, path: Path, data: bytes) -> None:

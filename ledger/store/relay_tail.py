@@ -47,9 +47,10 @@ DENSE = 16
 DENSE store events per position (plus a page), else one position at a time: forged positions
 spread over the log cost a read each, never the log between them."""
 REACH = 16**4
-"""How far back from the end (offsets) the bookmark goes on looking for a record of ours higher
-than the first window's best when that one is below the relay's own progress (old copies at the
-tail: atk46-25 F4); beyond it the best found stands (duplicates, never a gap)."""
+"""A window of the tail this wide (offsets) or wider is logged as it is read: the bookmark reads
+on while its best is below the relay's floor (old copies at the tail: atk46-25 F4), up to the
+whole topic (past this it let the best found stand: 70,000 copies of an old record made a
+restarting relay publish everything after it again, atk47-25 F3)."""
 
 
 def tail_windows(
@@ -264,6 +265,7 @@ def bookmark(
     keys: SigningKeys | None,
     refusal: Callable[[int, int], RelayError],
     progress: int | None = None,
+    floor: int | None = None,
 ) -> tuple[int, list[int]]:
     """Our last record's position among the `windows` of the tail (`tail_windows`), and the
     offsets of the foreign records after it. `digests(positions)` gives the store's digests at
@@ -279,8 +281,13 @@ def bookmark(
 
     Our last record is the highest record equal to the store's event that our signature or our
     `progress` vouches for (`Scan.vouched`), not the first window's: while that is below
-    `progress`, wider windows are read (up to REACH offsets back), so copies of an old record
-    of ours at the tail do not make the relay publish everything after it again."""
+    `progress` (or `floor`, a word that vouches for nothing: `relay_progress.words`), wider
+    windows are read, up to the whole topic, so copies of an old record of ours at the tail do
+    not make the relay publish everything after it again, however many (atk47-25 F3: past
+    65,536 offsets the best found stood). Reading on costs time, never a gap or a duplicate: a
+    progress is written only after a commit, so our record at it is on the topic (unless the
+    topic was made again: then the best found in the whole topic stands)."""
+    floor = max(progress or 0, floor or 0)
     back = 16
     for whole, records in windows:
         scan = Scan(signing=keys is not None, progress=progress)
@@ -292,8 +299,8 @@ def bookmark(
             if scan.continued:
                 raise refusal(scan.last_position, position)
             # A wider window holds this one: its best is never lower. Look on while ours is
-            # below our progress (copies of an old record of ours at the tail), within REACH.
-            if progress is None or position >= progress or whole or back >= REACH:
+            # below our floor (copies of an old record of ours at the tail), to the whole topic.
+            if position >= floor or whole:
                 return position, scan.after.tolist()
         elif whole:
             if scan.chained and not scan.equal:  # another ledger's (ours unvouched: foreign)

@@ -22,7 +22,8 @@ from ledger.cli import cli
 from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks
 from ledger.dispatch.policy import FairShare
 from ledger.history.audit import check_charges
-from ledger.history.tamper import store_records, verify_chain, verify_copy
+from ledger.history.copy_check import verify_copy
+from ledger.history.tamper import store_records, verify_chain
 from ledger.sim.kernel import KernelExecutor
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
@@ -535,8 +536,52 @@ def test_verify_checks_the_kafka_copy_byte_for_byte(
     assert "position 10: mismatch: the copy's bytes (offset 9) differ from the store's" in out
 
 
+@pytest.mark.kafka
+def test_verify_names_a_missing_position_first_and_counts_exact_copies(
+    home: Path, kafka_bootstrap: str, kafka_topic: str
+) -> None:
+    """atk47-25 F7, F2: a topic holding the store's events 1..5, 30 exact copies of event 3,
+    then 7 to the head (6 never there): `audit verify --kafka` compared offset i with position
+    i + 1, so it printed 20 lines about the copies ("reordered", "position 3 comes after ...")
+    and stopped there, cut without a word, never naming 6; the copies are what readers pass
+    over, and 6 is where every reader stops."""
+    from kafka import KafkaProducer
+
+    from ledger.store.relay import ensure_topic, open_store, read_raw
+    from projections.kafka_wire import record_headers
+
+    events = read_raw(open_store(home), 0, 10_000)
+    head = events[-1].position
+    order = [*events[:5], *[events[2]] * 30, *events[6:]]
+    ensure_topic(kafka_bootstrap, kafka_topic)
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    try:
+        for r in order:
+            headers = record_headers(r.position, r.tag, r.data, None)
+            producer.send(kafka_topic, value=r.data, key=r.key, headers=headers, partition=0)
+        producer.flush(60)
+    finally:
+        producer.close()
+    code, out = run(home, "audit", "verify", "--kafka", kafka_bootstrap, "--topic", kafka_topic)
+    assert code == 1, out
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(f"kafka topic {kafka_topic}"))
+    assert lines[at] == (
+        f"kafka topic {kafka_topic}: DIFFERS from the store; 30 exact copies of records before "
+        "them, which readers pass over"
+    ), out
+    assert lines[at + 1] == (
+        "  position 6: deleted: position 6 is missing: the copy holds later positions (7 at "
+        "offset 35, 8 at offset 36, 9 at offset 37, 10 at offset 38, 11 at offset 39 and "
+        f"{head - 11:,} more) but none follows position 5; every reader stops there (or sets "
+        "every later record aside)"
+    ), out
+    assert len(lines) == at + 2, out  # nothing blamed on a genuine position
+
+
 def test_verify_copy_finds_gaps_reorders_and_extra_records() -> None:
-    from ledger.history.tamper import ChainRecord, CopyRecord
+    from ledger.history.copy_check import CopyRecord
+    from ledger.history.tamper import ChainRecord
 
     chain, prev = [], ""
     for i in range(1, 6):

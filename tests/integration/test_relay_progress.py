@@ -173,3 +173,43 @@ def test_a_new_ledgers_first_relay_never_takes_a_copy_sent_before_it(
     service = serve_relay(home, kafka_bootstrap, kafka_topic, transactional_id, head)
     no_gap(kafka_bootstrap, kafka_topic, head, tmp_path / "reader.duckdb", forged_at)
     assert service.health.skipped == (forged_at,)
+
+
+def test_a_progress_row_raised_within_the_head_is_named_and_vouches_for_no_rebuilt_copy(
+    org_ledger: Ledger, tmp_path: Path, kafka_bootstrap: str, kafka_topic: str,
+    transactional_id: str,
+) -> None:  # fmt: skip
+    """atk47-25 F1 within the head: the relay published to P and stopped; three events follow;
+    someone with the store file raises the progress row to the head (`update
+    gpuledger_relay_progress set position=<head>`: was taken, only a row *beyond* the head was
+    refused) and sends a rebuilt copy of the head's event: it was the relay's bookmark, and
+    P+1, P+2 never reached the topic. The row carries a MAC under the state key now: `audit
+    verify` names the edit, the relay takes the row as no vouch, publishes every event (the
+    copy skipped) and signs the row again."""
+    import sqlite3
+
+    from ledger.history import tamper
+    from ledger.store import EVENTS_DB
+
+    home = org_ledger.home
+    org_ledger.execute_all([JOB] * 5)
+    published = org_ledger.position
+    serve_relay(home, kafka_bootstrap, kafka_topic, transactional_id, published)
+    org_ledger.execute_all([JOB] * 3)
+    head = org_ledger.position
+    recorder = open_store(home)
+    assert relay_progress.read(recorder, kafka_topic) == published
+    assert not [e for e in relay_progress.edits(home, head) if kafka_topic in e]
+    with sqlite3.connect(home / EVENTS_DB) as db:
+        db.execute(f"UPDATE {relay_progress.TABLE} SET position = ?", (head,))
+    named = [p.detail for p in tamper.verify_store(home).problems]
+    assert any(
+        f"{kafka_topic} (store, position {head:,}) does not verify under the state key that "
+        "signed it: an edited progress" in d
+        for d in named
+    )
+    forged_at = rebuilt_copy(kafka_bootstrap, kafka_topic, read_raw(recorder, head - 1, 1)[0])
+    service = serve_relay(home, kafka_bootstrap, kafka_topic, transactional_id, head)
+    no_gap(kafka_bootstrap, kafka_topic, head, tmp_path / "reader.duckdb", forged_at)
+    assert service.health.skipped == (forged_at,)  # was (): the copy was its bookmark
+    assert not [e for e in relay_progress.edits(home, head) if kafka_topic in e]

@@ -352,3 +352,19 @@ def test_a_progress_beyond_the_store_head_is_no_word(
     assert bookmark(monkeypatch, store, topic, keys, progress=1_000) == (24, [24])
     # a word up to the head still vouches (an unsigned record within it is the relay's)
     assert bookmark(monkeypatch, store, topic, keys, progress=27) == (27, [])
+
+
+@pytest.mark.parametrize("keys", [None, KEYS], ids=["unsigned", "signed"])
+def test_more_copies_of_an_old_record_than_the_reach_do_not_move_the_bookmark_back(
+    monkeypatch: pytest.MonkeyPatch, keys: SigningKeys | None
+) -> None:
+    """atk47-25 F3: 70,000 copies of the genuine record of position 1 at the tail (7 s of a
+    topic writer's work) and a restarting relay with its progress at 24: past 65,536 offsets
+    (`REACH`) "the best found stands", so it resumed after 1 and published 2..24 again, signing
+    on or off. It reads on to the whole topic while its best is below its progress."""
+    store = chain(24)
+    topic = ours(store, keys) + ours([store[0]], keys) * 70_000
+    assert bookmark(monkeypatch, store, topic, keys, progress=24) == (
+        24,
+        list(range(24, 70_024)),
+    )

@@ -214,3 +214,59 @@ def test_an_open_foreign_transaction_is_stalled_while_the_relay_publishes(
         if evil is not None:
             evil.close(timeout=5)
         service.stop()
+
+
+def test_foreign_transactions_in_a_row_are_named_as_a_run_past_the_brokers_cap(
+    org_ledger: Ledger, kafka_bootstrap: str, kafka_topic: str, transactional_id: str
+) -> None:
+    """atk47-25 F9: a topic writer opening a new transaction before the last one ends keeps
+    every reader behind for as long as it likes (the broker's cap is per transaction); `relay
+    status` named one open transaction, as if the cap bounded the stall. It names the run and
+    what stops it."""
+    from kafka import KafkaProducer
+
+    home = org_ledger.home
+    service = RelayService(
+        home, kafka_bootstrap, topic=kafka_topic, transactional_id=transactional_id,
+        check_s=CHECK_S, timeout_s=60, connect_timeout_s=2,
+    ).start()  # fmt: skip
+    held: list[KafkaProducer] = []
+
+    def hold(n: int) -> KafkaProducer:
+        evil = KafkaProducer(
+            bootstrap_servers=kafka_bootstrap, transactional_id=f"{transactional_id}-evil{n}",
+            transaction_timeout_ms=60_000,
+        )  # fmt: skip
+        held.append(evil)
+        evil.init_transactions()
+        evil.begin_transaction()
+        evil.send(kafka_topic, key=b"x", value=b"junk", partition=0)
+        evil.flush()
+        return evil
+
+    def error() -> str:
+        h = read_health(home)
+        return "" if h is None or h.state != "stalled" else h.error
+
+    try:
+        wait_for(
+            "publishing",
+            lambda: (h := read_health(home)) is not None and h.state == "publishing" and not h.lag,
+            60,
+        )
+        first = hold(1)
+        wait_for("stalled by one", lambda: "holds a transaction open" in error(), 60)
+        assert "in a row" not in error()
+        hold(2)
+        first.abort_transaction()  # the second holds the readers on: the cap never ends it
+        wait_for("a run of two", lambda: "2 transactions in a row" in error(), 60, error)
+        assert "only ACLs that give no other principal Write on transactional ids" in error()
+        code, out = status(home)
+        assert code == 1 and "2 transactions in a row" in out, out
+        held[1].abort_transaction()
+        wait_for("publishing again", lambda: (h := read_health(home)) is not None
+                 and h.state == "publishing", 60)  # fmt: skip
+    finally:
+        for evil in held:
+            evil.close(timeout=5)
+        service.stop()

@@ -129,3 +129,29 @@ def test_a_genuine_snapshot_verifies_and_a_start_uses_it(tmp_path: Path) -> None
     finally:
         ledger.close()
     assert "chain intact" in cli(home, "audit", "verify").stdout
+
+
+def test_a_snapshot_edited_without_its_digest_is_named_by_audit_verify(tmp_path: Path) -> None:
+    """atk47-25 F5: a user's name replaced inside the newest stored snapshot (same length, the
+    digest left as it was): a start skips it with a warning, and `audit verify` said "chain
+    intact", exit 0 (an unreadable snapshot was passed over). It names the row now."""
+    home = tmp_path / "ledger"
+    set_up_ledger(home, tmp_path)
+    at = _snapshot(home)
+    con = sqlite3.connect(home / "events.sqlite")
+    (state,) = con.execute(
+        "SELECT state FROM stored_snapshots ORDER BY originator_version DESC LIMIT 1"
+    ).fetchone()
+    assert b"alice" in state
+    con.execute(
+        "UPDATE stored_snapshots SET state = ? WHERE state = ?",
+        (state.replace(b"alice", b"alicf"), state),
+    )
+    con.commit()
+    con.close()
+    verify = cli(home, "audit", "verify", ok=False)
+    assert verify.returncode == 1, verify.stdout
+    assert (
+        f"position {at}: edited: a stored snapshot does not read (snapshot at position {at}: its "
+        "payload digest differs): it was edited (a start skips it)"
+    ) in verify.stdout, verify.stdout

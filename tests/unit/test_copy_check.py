@@ -1,0 +1,78 @@
+"""`audit verify --kafka` walks the topic as a reader does (`ledger.history.copy_check`): exact
+copies of records it took are passed over and counted, records that do not follow are named
+foreign by offset, and a position never reached while later ones are on the topic is the gap,
+named first (atk47-25 F2: copies made ahead of time blamed genuine positions, "the store does
+not hold position 16" with the store holding 1..24; F7: forty lines about copies of genuine
+signed records, cut without a word, hid the one missing position)."""
+
+from __future__ import annotations
+
+from ledger.history.copy_check import CopyRecord, verify_copy
+from ledger.history.tamper import ChainRecord
+from tests.unit.test_relay_tail import TAG, chain
+
+STORE = chain(30)
+
+
+def store(head: int = 30) -> list[ChainRecord]:
+    return [ChainRecord(p, d, p, tag=TAG) for p, d in STORE[:head]]
+
+
+def topic(*positions: int, foreign: dict[int, str] | None = None) -> list[CopyRecord]:
+    """Records of the store's events at `positions`, in that order, offsets 0, 1, ..."""
+    return [
+        CopyRecord(o, p, STORE[p - 1][1], TAG, (foreign or {}).get(o))
+        for o, p in enumerate(positions)
+    ]
+
+
+def lines(report: object) -> list[str]:
+    return [p.text() for p in report.problems]  # type: ignore[attr-defined]
+
+
+def test_the_relays_log_with_exact_copies_passed_over_is_intact() -> None:
+    report = verify_copy(store(), topic(*range(1, 25), 1, 1, 12, *range(25, 31), 30))
+    assert report.ok and report.copies == 4 and report.last_position == 30
+    assert report.behind == 0 and report.more == 0
+
+
+def test_copies_made_ahead_of_time_are_foreign_and_no_genuine_position_is_blamed() -> None:
+    """F2: exact copies of 18 and 19 sent after 15 (the server down), then the relay's 16..24:
+    the relay and the readers set offsets 15 and 16 aside and hold 1..24."""
+    report = verify_copy(store(24), topic(*range(1, 16), 18, 19, *range(16, 25)))
+    assert report.chain.ok and report.last_position == 24 and report.copies == 0
+    assert lines(report) == [
+        f"position {p}: foreign: the copy's record at offset {o} claims position {p} before its "
+        "turn: it does not follow the last one taken before it (readers set it aside)"
+        for o, p in [(15, 18), (16, 19)]
+    ]
+
+
+def test_a_missing_position_is_named_first_however_many_copies_and_foreign_records() -> None:
+    """F7 with keys: copies of genuine signed records (20 of 15, 3,000 of 1), unsigned copies
+    marked foreign by the keys, and position 26 never published: the gap is the first line,
+    the copies a count, and a list cut says how many it left out."""
+    unsigned = {o: "not signed" for o in range(3_045, 3_070)}
+    positions = [*range(1, 16), *[15] * 20, *[1] * 3_000, *range(16, 26)]
+    positions += [27] * 25 + [27, 28, 29, 30]
+    report = verify_copy(store(), topic(*positions, foreign=unsigned))
+    assert not report.ok and report.copies == 3_020 and report.last_position == 25
+    first = lines(report)[0]
+    assert first.startswith(
+        "position 26: deleted: position 26 is missing: the copy holds later positions (27 at "
+        "offset 3070, 28 at offset 3071"
+    ), first
+    assert "none follows position 25; every reader stops there" in first
+    assert len(report.problems) == 20 and report.more == 6  # 25 foreign and the gap: 26
+    assert all(": foreign: the copy's record at offset " in line for line in lines(report)[1:])
+
+
+def test_another_record_at_a_position_held_is_foreign_and_no_header_too() -> None:
+    other = CopyRecord(3, 2, STORE[5][1], TAG)
+    bare = CopyRecord(4, None, b"x")
+    report = verify_copy(store(4), [*topic(1, 2, 3), other, bare, *topic(4)[0:0]])
+    assert [p.kind for p in report.problems] == ["foreign", "foreign"]
+    assert "offset 3 claims position 2, which it holds already with other bytes" in (
+        report.problems[0].detail
+    )
+    assert report.problems[1].detail == "the copy's record at offset 4 has no position header"
