@@ -513,7 +513,7 @@ class SlurmExecutor:
         )
 
     def carry_out(self, orders: Orders, now: float) -> tuple[Start, ...]:
-        """`scancel --signal=TERM` the stopped runs (`scancel` after the grace; one that never
+        """`scancel --signal=TERM` the stopped runs (SIGKILL after the grace; one that never
         ran at once), then submit the launches, in order, as their GPUs are free in Slurm.
         Starts come from Slurm's word, in a later `observe`."""
         if not self.may_act():
@@ -544,7 +544,7 @@ class SlurmExecutor:
 
     def _signal(self, slurm_id: str, now: float, grace_s: float | None = None,
                 run: Tag | None = None, since: float | None = None) -> None:  # fmt: skip
-        """`scancel --signal=TERM --full` (a run that never ran: `scancel`); `scancel` once
+        """`scancel --signal=TERM --full` (a run that never ran: `scancel`); SIGKILL once
         `grace_s` has passed since the stop (`since`: the ledger's recorded stop or the limit,
         else now), at once when it has already. The end of a stopped `run` is recorded."""
         if not self.may_act():
