@@ -225,7 +225,9 @@ def evolve(state: State, event: e.AnyEvent) -> State:
             stopped = state.stopped_runs.get((event.job_id, event.run))
             if stopped is not None:  # its engine kills it at once (`StoppedRun.kill`)
                 key = (event.job_id, event.run)
-                state.stopped_runs[key] = msgspec.structs.replace(stopped, kill=True)
+                state.stopped_runs[key] = msgspec.structs.replace(
+                    stopped, kill=True, killed_at=event.at
+                )
         case e.UtilisationSampled() | e.CycleDecided() | e.JobEngineEnded():
             pass
     return state

@@ -102,6 +102,9 @@ class StoppedRun(msgspec.Struct, frozen=True, kw_only=True):
     """The job's own grace (None: the engine's default)."""
     kill: bool = False
     """A second cancel cut its grace: SIGKILL at once (`JobKillOrdered`, atk46-23 F7)."""
+    killed_at: float | None = None
+    """When that second cancel came (its `JobKillOrdered`): its SIGKILL's time, which the reads
+    show as `kill_at` (atk47-23 F6: they showed the first cancel's, already past)."""
     why: str = ""
     """What stopped it: `cancelled` or `preempted` (a requeue is a preemption); "" in a
     snapshot made before. With `user`, `account` and `gpus`: what `queue` shows of it once

@@ -204,11 +204,14 @@ def finish_line(ev: e.JobFinished) -> str:
     return f"{when(_real(ev.ended_at, ev.at))} it {words}{code}{note}{later}."
 
 
-def run_ended_line(ev: e.JobRunEnded) -> str:
+def run_ended_line(ev: e.JobRunEnded, cut: bool = False) -> str:
     """Pure: a stopped run's real end in one sentence: its processes outlived the stop by up
     to their grace, holding (and charged for) its GPUs until then; a run stopped before the
-    ledger saw it start, from its own start (`started_at`, atk44s F3)."""
-    how = "killed at the end of its grace" if ev.killed else "its processes gone"
+    ledger saw it start, from its own start (`started_at`, atk44s F3). `cut`: a second cancel
+    ordered it killed in its grace (`JobKillOrdered`; atk47-23 F6: "killed at the end of its
+    grace" was said of those too)."""
+    how = "killed" if ev.killed else "its processes gone"
+    how += " by the second cancel" if ev.killed and cut else " at the end of its grace" * ev.killed
     began = (
         f", charged from its own start at {when(ev.started_at)} (the ledger had stopped it "
         "before seeing it start)"
@@ -249,6 +252,7 @@ def explain_history(
     else:
         status = str(job.outcome if job.status == "finished" else job.status)
     out = [_headline(job) + f" is {status}."]
+    cut = {(ev.job_id, ev.run) for ev in history if isinstance(ev, e.JobKillOrdered)}
     for ev in history:
         match ev:
             case e.JobSubmitted():
@@ -308,7 +312,7 @@ def explain_history(
             case e.JobFinished():
                 out.append(finish_line(ev))
             case e.JobRunEnded():
-                out.append(run_ended_line(ev))
+                out.append(run_ended_line(ev, (ev.job_id, ev.run) in cut))
             case e.JobKillOrdered():
                 out.append(f"{when(ev.at)} cancelled again by {ev.actor}: its run {ev.run + 1} "
                            "in its grace is killed at once (SIGKILL).")  # fmt: skip

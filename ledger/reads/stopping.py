@@ -76,8 +76,12 @@ def shown(
 
 def stopped_kill_at(run: StoppedRun) -> float:
     """Pure: when a run the ledger stopped is SIGKILLed at the latest: its stop plus its grace;
-    its stop itself when a second cancel cut the grace (`StoppedRun.kill`)."""
-    return run.at if run.kill else run.at + job_grace(run.grace_s, DEFAULT_GRACE_S)
+    the second cancel that cut the grace (`StoppedRun.kill`, its `killed_at`; the stop itself
+    in a state made before it was kept), never after that grace's end."""
+    end = run.at + job_grace(run.grace_s, DEFAULT_GRACE_S)
+    if not run.kill:
+        return end
+    return run.at if run.killed_at is None else min(end, run.killed_at)
 
 
 def stopped_shown(state: State) -> dict[int, StoppedRun]:

@@ -113,7 +113,7 @@ def test_a_whole_minute_limit_gets_the_jobs_grace_and_is_charged_to_its_end(
     ledger: Ledger,
 ) -> None:
     """F7: `-t 1 --grace 15s`: SIGTERM at 60 s (not Slurm's periodic check, up to 30 s late),
-    then the job's 15 s (more than KillWait's 10 s), then scancel; it ends `time_limit` at its
+    then the job's 15 s (more than KillWait's 10 s), then SIGKILL; it ends `time_limit` at its
     processes' end (F1)."""
     work = ledger.work
     ledger.up()
@@ -123,7 +123,8 @@ def test_a_whole_minute_limit_gets_the_jobs_grace_and_is_charged_to_its_end(
     last = _until_quiet(work / "alive", 150)
     terms = _times(work / "term")
     assert terms and abs(terms[0] - (started + 60)) <= 2.5, (terms, started)
-    assert last - terms[0] >= 14.0, (terms, last)  # its grace (then Slurm's KillWait)
+    # its grace, then its SIGKILL (atk47-s F3: Slurm's KillWait after it, 25 s, before)
+    assert 14.0 <= last - terms[0] <= 19.0, (terms, last)
     ledger.wait("the job's end", lambda: status(ledger, 1) == "finished")
     row = ledger.jobs()[1]
     assert row["finish_reason"] == "time_limit", row
@@ -237,3 +238,101 @@ def test_a_stopped_run_that_ends_by_itself_in_an_outage_is_recorded_ended_when_l
     assert ledger.jobs()[1]["outcome"] == "completed", ledger.jobs()[1]
     time.sleep(3)  # a second run would be submitted by now
     assert (work / "runs").read_text().split() == ["0"]
+
+
+def _tree(work: Path) -> str:
+    """`_stubborn` with a child of its own that ignores SIGTERM too and writes `child`."""
+    return (f"(trap '' TERM; while true; do date +%s.%N >> {work}/child; sleep 0.2; done) & "
+            + _stubborn(work))  # fmt: skip
+
+
+def _both_run(led: Ledger, work: Path) -> bool:
+    return (work / "child").exists() and status(led, 1) == "running"
+
+
+def _slurm_state(led: Ledger, job: int) -> str:
+    """Slurm's own word on the run's job (`scontrol show job`): its state and exit code."""
+    slurm_id = led.jobs()[job]["engine_job_id"]
+    text = led.cluster.run("scontrol", "-o", "show", "job", str(slurm_id))
+    words = dict(w.split("=", 1) for w in text.split() if "=" in w)
+    return f"{words['JobState']} {words['ExitCode']}"
+
+
+def _kill_at(led: Ledger, job: int) -> float | None:
+    rows = json.loads(led.cli("queue", "--state", "running", "--json"))
+    return next((r["kill_at"] for r in rows if r["job_id"] == job), None)
+
+
+def test_a_cancels_sigkill_comes_at_the_end_of_its_grace_to_its_whole_tree(
+    ledger: Ledger,
+) -> None:
+    """atk47-s F3, atk47-23 F6: after the grace came a plain `scancel`, Slurm's SIGTERM again and
+    SIGKILL only `KillWait` (10 s) later: a 20 s grace gave 29.5 s, and the reads' "SIGKILL by"
+    was 10 s early. Now the executor SIGKILLs the batch step at the grace's end: the job and its
+    TERM-ignoring child stop writing within a read or two of `kill_at`, Slurm says the job was
+    killed by signal 9, and the recorded end is not before the processes' last sign of life."""
+    work = ledger.work
+    ledger.up()
+    ledger.submit("alice", 1, _tree(work), "--grace", "5s")
+    ledger.wait("the job to run", lambda: _both_run(ledger, work))
+    ledger.cli("cancel", "1", actor="alice")
+    ledger.wait("its SIGTERM", lambda: bool(_times(work / "term")))
+    kill_at = _kill_at(ledger, 1)
+    assert kill_at is not None
+    last = max(_until_quiet(work / "alive"), _until_quiet(work / "child"))
+    term = _times(work / "term")[0]
+    assert 4.0 <= last - term <= 8.0, (term, last)  # the grace (5 s), not grace + KillWait (15 s)
+    assert last <= kill_at + 2.5, (last, kill_at)  # "SIGKILL by" held (reads every 0.2 s)
+    ledger.wait("the run's end", lambda: bool(ledger.of("job.run_ended.v2", 1)))
+    (end,) = ledger.of("job.run_ended.v2", 1)
+    assert end["killed"] is True and end["ended_at"] >= last - 1.0, (end, last)  # whole seconds
+    assert _slurm_state(ledger, 1).endswith(":9"), _slurm_state(ledger, 1)  # SIGKILL, Slurm says
+
+
+def test_a_second_cancel_kills_at_once_and_the_reads_say_when(ledger: Ledger) -> None:
+    """atk47-23 F6b: after a second cancel the reads showed `SIGKILL by <the first cancel>`, a
+    time already past, while Slurm's scancel gave the job KillWait (10 s) more. Now `kill_at` is
+    the second cancel and the processes are gone within a few seconds of it."""
+    work = ledger.work
+    ledger.up()
+    ledger.submit("alice", 1, _tree(work), "--grace", "60s")
+    ledger.wait("the job to run", lambda: _both_run(ledger, work))
+    ledger.cli("cancel", "1", actor="alice")
+    ledger.wait("its SIGTERM", lambda: bool(_times(work / "term")))
+    time.sleep(3)
+    again = time.time()
+    assert "killed now" in ledger.cli("cancel", "1", actor="alice")
+    kill_at = _kill_at(ledger, 1)
+    assert kill_at is None or kill_at >= again - 1.0, (kill_at, again)  # not the first cancel
+    last = max(_until_quiet(work / "alive"), _until_quiet(work / "child"))
+    assert last - again <= 4.0, (last, again)  # at once, not KillWait (10 s) later
+    ledger.wait("the run's end", lambda: bool(ledger.of("job.run_ended.v2", 1)))
+    assert "second cancel" in ledger.cli("explain", "1")
+
+
+def test_a_cancel_never_carried_out_before_a_kill_9_is_killed_at_its_kill_at(
+    ledger: Ledger,
+) -> None:
+    """atk47-23 F9: cancelled (`--grace 8s`), the service killed -9 at once (before or just
+    after its SIGTERM), started again once the reads' `kill_at` had passed: the job got a whole
+    new grace and then KillWait, 8 s past its recorded end. Now it is killed at the restart
+    (the SIGKILL the reads promised), and its recorded end is not before its processes'."""
+    work = ledger.work
+    ledger.up()
+    ledger.submit("alice", 1, _tree(work), "--grace", "8s")
+    ledger.wait("the job to run", lambda: _both_run(ledger, work))
+    ledger.cli("cancel", "1", actor="alice")
+    ledger.kill9()
+    kill_at = _kill_at(ledger, 1)  # embedded: the service is down
+    assert kill_at is not None
+    while time.time() < kill_at + 3:
+        time.sleep(0.5)
+    assert time.time() - _times(work / "alive")[-1] < 2  # it lives past its kill_at meanwhile
+    ledger.up()
+    serving = time.time()
+    last = max(_until_quiet(work / "alive"), _until_quiet(work / "child"))
+    assert last - serving <= 5.0, (last, serving)  # not a new grace (8 s), nor + KillWait
+    ledger.wait("the run's end", lambda: bool(ledger.of("job.run_ended.v2", 1)))
+    (end,) = ledger.of("job.run_ended.v2", 1)
+    assert end["ended_at"] >= last - 1.0, (end, last)
+    assert ledger.jobs()[1]["finished_at"] >= last - 1.0

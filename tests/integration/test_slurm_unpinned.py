@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import slurm_group
-from tests.integration.test_slurm import BUDGET, SLURM_SCRIPT, Cluster, Ledger, status
+from tests.integration.test_slurm import BUDGET, GPULEDGER, SLURM_SCRIPT, Cluster, Ledger, status
 from tests.integration.test_slurm_records import _partition, _until
 
 
@@ -107,3 +107,50 @@ def test_a_run_first_seen_after_it_ended_keeps_its_gpus_on_an_unpinned_node(
     gave = next(ln for ln in ledger.log_of(1).splitlines() if ln.startswith("GPUS="))
     assert gave == "GPUS=" + ",".join(map(str, slot["gpu_indices"])), (gave, slot)
     assert row["nodes"] == [ledger.cluster.node], row
+
+
+def _epilog(c: Cluster, line: str) -> None:
+    """Set this private cluster's `Epilog=` line (`line`: "" for none) and reconfigure Slurm."""
+    conf = Path(c.conf)
+    kept = [ln for ln in conf.read_text().splitlines() if not ln.startswith("Epilog=")]
+    conf.write_text("\n".join([*kept, *([line] if line else [])]) + "\n")
+    c.run("scontrol", "reconfigure")
+    want = line.partition("=")[2] or "(null)"
+
+    def said() -> str:
+        rows = (ln.split("=", 1) for ln in c.run("scontrol", "show", "config").splitlines())
+        return next((r[1].strip() for r in rows if r[0].strip() == "Epilog"), "")
+
+    _until("Slurm's Epilog", lambda: said() == want)
+
+
+def test_up_refuses_a_cluster_without_gpu_ledgers_epilog_in_one_line(ledger: Ledger) -> None:
+    """The issue's note: `up` did not check that slurmd runs the ledger's Epilog (docs/slurm.md,
+    "Site requirement"), without which what Slurm's proctrack misses lives on beside the next
+    job (atk47-s F1, F2). Slurm's own config (`scontrol show config`) without an Epilog: `up`
+    refuses, one line naming it; the site's `GPULEDGER_SLURM_UNTRACKED_OK=1` accepts it; an
+    Epilog this host reads that is not gpu-ledger's starts with one warning line."""
+    c = ledger.cluster
+    lines = Path(c.conf).read_text().splitlines()
+    original = next(ln for ln in lines if ln.startswith("Epilog="))
+    other = ledger.work / "site-epilog.sh"
+    other.write_text("#!/bin/sh\nexit 0\n")
+    other.chmod(0o755)
+    try:
+        _epilog(c, "")
+        done = subprocess.run(
+            [GPULEDGER, "up", "--executor", "slurm", "--partition", c.partition],
+            env=ledger.env("root"), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode != 0, done.stdout
+        said = [ln for ln in done.stderr.splitlines() if "Epilog" in ln]
+        assert len(said) == 1 and "Epilog is unset" in said[0], done.stderr
+        ledger.up(GPULEDGER_SLURM_UNTRACKED_OK="1")  # the site accepts the risk: it runs
+        ledger.stop()
+        _epilog(c, f"Epilog={other}")
+        ledger.up()
+        warned = lambda: "does not look like gpu-ledger's" in ledger.service_log()  # noqa: E731
+        ledger.wait("its warning", warned)
+        ledger.stop()
+    finally:
+        _epilog(c, original)

@@ -128,21 +128,31 @@ def test_a_script_in_a_users_home_runs_there_as_the_user_with_its_world_not_the_
         ledger.stop()
 
 
-def test_a_job_runs_with_the_services_own_soft_files_limit_not_the_raised_one(
+def _soft_limits(text: str) -> dict[str, str]:
+    """`/proc/PID/limits` -> limit name -> its soft value."""
+    rows = (line for line in text.splitlines()[1:] if line[26:].split())
+    return {line[:26].strip(): line[26:].split()[0] for line in rows}
+
+
+def test_propagate_none_gives_the_job_the_nodes_limits_as_sbatch_not_the_services(
     ledger: Ledger,
 ) -> None:
-    """atk40-25's open finding: `serve` and `up` raise their soft open-files limit to the hard
-    one for their connections, and sbatch hands its own limits to the job: a job under a service
-    started with 1,024 ran with 4,096. It gets the soft limit the service started with back, as
-    on the local executor (`tests/integration/test_job_files_limit.py`)."""
-    seen = ledger.work / "nofile"
-    ledger.up(files=(1024, 4096))
-    # the service raised its own (said in its log, which `up` may not have flushed yet)
-    ledger.wait("the service's raised limit", lambda: "open files: 4096" in ledger.service_log())
-    # a submission that records no limits of its own (older, or `--propagate=NONE`)
-    ledger.submit("alice", 1, f"echo $(ulimit -Sn) $(ulimit -Hn) > {seen}", "--propagate=NONE")
-    ledger.wait("the job's limits", lambda: seen.exists() and bool(seen.read_text().strip()))
-    assert seen.read_text().split()[0] == "1024", seen.read_text()
+    """atk47-s F6: `submit --propagate=NONE` records no limit of the submitter's, and sbatch then
+    ran without `--propagate=NONE`: the job got the service's soft limits (core 0, its open
+    files 1,024), where `sbatch --propagate=NONE` gives slurmd's. Now its soft limits are the
+    ones a plain `sbatch --propagate=NONE` job gets on the node, read from /proc by each job."""
+    seen, ref = ledger.work / "limits", ledger.work / "sbatch-limits"
+    ledger.up(files=(777, 4096))  # a service whose own soft open-files limit no node has
+    ledger.wait("the service", lambda: "open files: 4096" in ledger.service_log())
+    ledger.submit("alice", 1, f"cat /proc/$$/limits > {seen}", "--propagate=NONE")
+    c = ledger.cluster
+    c.run("sbatch", "-p", f"{c.partition}-shared", "--propagate=NONE", "-o", "/dev/null",
+          "--wrap", f"cat /proc/$$/limits > {ref}")  # fmt: skip
+    full = lambda p: p.exists() and "Max open files" in p.read_text()  # noqa: E731
+    ledger.wait("both jobs' limits", lambda: full(seen) and full(ref))
+    got, want = _soft_limits(seen.read_text()), _soft_limits(ref.read_text())
+    assert got["Max open files"] != "777", got
+    assert got == want, (got, want)
 
 
 def test_a_job_starts_with_its_submitters_soft_limits_as_sbatch_propagates_them(
@@ -203,6 +213,34 @@ def test_an_exit_while_the_service_is_down_is_charged_to_slurms_end(ledger: Ledg
     assert (row["finish_reason"], row["exit_code"]) == ("failed", 4), row
     assert abs(row["finished_at"] - really) <= 1.0, (row["finished_at"], really)
     assert row["finished_at"] < restarted - 4
+
+
+def test_slurms_own_timeout_while_the_service_is_down_ends_when_the_job_died(
+    ledger: Ledger,
+) -> None:
+    """atk47-s F5: the service killed -9 while a `-t 30s` job that ignores SIGTERM runs: Slurm's
+    backstop TIMEOUT ends it (its EndTime the decision), and its processes die `KillWait` (10 s)
+    later. It was recorded ended at that EndTime, 9.4 s before its process died; now at its
+    script's last heartbeat (every 2 s), never before the processes' last sign of life by more
+    than a beat."""
+    alive = ledger.work / "alive"
+    ledger.up()
+    ledger.submit("alice", 1, f"trap '' TERM; while true; do date +%s.%N >> {alive}; sleep 0.2; "
+                  "done", "-t", "30s", "--grace", "2s")  # fmt: skip
+    ledger.wait("the job to run", lambda: alive.exists() and status(ledger, 1) == "running")
+    ledger.kill9()
+    slurm_id = ledger.jobs()[1]["engine_job_id"]
+    state = lambda: ledger.cluster.run("squeue", "-h", "-j", str(slurm_id), "-o", "%T", check=False)  # noqa: E731
+    deadline = time.monotonic() + 200  # Slurm's --time is 2 minutes, checked every ~30 s
+    while state().strip() not in ("", "COMPLETED", "TIMEOUT"):
+        assert time.monotonic() < deadline, state()
+        time.sleep(0.5)
+    last = float(alive.read_text().split()[-1])
+    ledger.up()
+    ledger.wait("the end recorded", lambda: status(ledger, 1) == "finished")
+    row = ledger.jobs()[1]
+    assert row["finish_reason"] == "time_limit", row
+    assert last - 2.5 <= row["finished_at"] <= last + 2.5, (row["finished_at"], last)
 
 
 def test_a_limit_in_seconds_is_kept_to_the_second_where_slurm_rounds_up(ledger: Ledger) -> None:

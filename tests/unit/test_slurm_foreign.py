@@ -249,4 +249,4 @@ def test_a_run_found_after_a_restart_gets_sigterm_and_its_grace_unless_one_was_s
     note_stop(again.log_dir, "5", 900.0)  # its SIGTERM went out 100 s before: grace over
     again._view = {j.slurm_id: j for j in parse_jobs(ours(1, 5, "RUNNING"))}
     again._read_runs(1_000.0)
-    assert again.sent == [["scancel", "--name=gpuledger-1", "5"]]
+    assert again.sent == [["scancel", "--signal=KILL", "--batch", "--name=gpuledger-1", "5"]]

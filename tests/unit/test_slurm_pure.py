@@ -269,6 +269,7 @@ def test_unknown_partition_nodes_are_registered_once() -> None:
 GOOD = (
     "PriorityType            = priority/basic\nPreemptType             = preempt/none\n"
     "ProctrackType           = proctrack/cgroup\n"
+    "Epilog                  = /etc/slurm/gpuledger-epilog.sh\n"
 )
 PART = "PartitionName=gpuledger AllowGroups=ALL State=UP PreemptMode=OFF Nodes=vm"
 

@@ -74,8 +74,9 @@ def test_the_executor_records_a_stop_listed_running_after_its_end_by_its_record(
     (run_dir / "launched").touch()
     (run_dir / "ended").write_text(f"0 {real:.6f} 1\n")  # signalled: the stop reached it
     ex._view = {j.slurm_id: j for j in parse_jobs(slurm("RUNNING"))}
-    ex._read_runs(real + 1.0)  # the grace has passed: scancel
-    assert [a for a in calls if a[0] == "scancel"] == [["scancel", "--name=gpuledger-1", "7"]]
+    ex._read_runs(real + 1.0)  # the grace has passed: SIGKILL (atk47-s F3)
+    kill = ["scancel", "--signal=KILL", "--batch", "--name=gpuledger-1", "7"]
+    assert [a for a in calls if a[0] == "scancel"] == [kill]
     assert ex._stopping["7"].killed
     ex._view = {j.slurm_id: j for j in parse_jobs(slurm("CANCELLED", real - START + 18.0, "0:15"))}  # fmt: skip  # noqa: E501
     ex._read_runs(real + 20.0)

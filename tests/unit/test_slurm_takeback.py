@@ -186,7 +186,7 @@ def test_a_run_slurm_lists_running_after_its_own_end_ends_by_its_record(tmp_path
     (x,) = ex._exits
     assert (x.job_id, x.exit_code, x.reason, x.run) == (1, 0, "exited", 0), x
     assert real - 1.0 <= x.at <= real + 1.0 and 1 not in ex._runs
-    assert calls.cancels() == [["scancel", "--name=gpuledger-1", "7"]]
+    assert calls.cancels() == [["scancel", "--signal=KILL", "--batch", "--name=gpuledger-1", "7"]]
 
 
 # --- a taken-back run Slurm ran all the same: its script's exit 124 is no run of the job's ---

@@ -9,7 +9,7 @@ import pytest
 
 from ledger.core.state import State
 from ledger.reads import layer
-from ledger.reads.explain import explain_history
+from ledger.reads.explain import explain_history, run_ended_line
 from ledger.reads.preview import _holding_rows, explain_now
 from ledger.reads.stopping import DEFAULT_GRACE_S, limit_kill_at, shown
 from schemas import commands as c
@@ -118,7 +118,8 @@ def test_a_second_cancel_kills_a_stopping_run_at_once(w: World) -> None:
     assert isinstance(ordered, e.JobKillOrdered) and (ordered.job_id, ordered.run) == (job_id, 0)
     assert w.state.stopped_runs[(job_id, 0)].kill
     row = _queue(w, w.now)[job_id]
-    assert (row.kill_at, row.reason.endswith("killed at once")) == (w.now - 5, True)
+    # its SIGKILL is the second cancel, not the first one's time, 5 s past (atk47-23 F6b)
+    assert (row.kill_at, row.reason.endswith("killed at once")) == (w.now, True)
     with pytest.raises(InvalidTransition, match="its processes are being killed"):
         w.run(c.CancelJob(actor="alice", job_id=job_id))  # once
     gone = c.ConfirmRunEnded(
@@ -130,7 +131,9 @@ def test_a_second_cancel_kills_a_stopping_run_at_once(w: World) -> None:
         ended_at=w.now,
         killed=True,
     )
-    w.run(gone)
+    (ended,) = w.run(gone)
+    line = run_ended_line(ended, cut=True)  # as `explain` says it of a run cut short (F6b)
+    assert "killed by the second cancel" in line and "end of its grace" not in line, line
     with pytest.raises(InvalidTransition, match="already cancelled"):
         w.run(c.CancelJob(actor="alice", job_id=job_id))  # gone: a finished job, as before
 
@@ -160,3 +163,18 @@ def test_an_agent_reads_the_runs_to_kill_from_its_poll_answer() -> None:
     assert (got.kill, bad) == ((a.PartRun(job_id=2, run=1),), ())
     old = b'{"node":"n1","version":"v","parts":[],"server_time":1.0}'  # an older server's
     assert a.decode_assignment(old)[0].kill == ()
+
+
+def test_a_second_cancel_after_the_grace_would_have_ended_keeps_the_graces_end() -> None:
+    """`kill_at` is the second cancel, never later than the first one's grace: a kill order
+    read after that (a replayed log) says the earlier of the two."""
+    from ledger.core.state import StoppedRun
+    from ledger.reads.stopping import stopped_kill_at
+
+    sr = StoppedRun(job_id=1, run=0, slots=(), at=100.0, grace_s=10)
+    assert stopped_kill_at(sr) == 110.0
+    import msgspec
+
+    assert stopped_kill_at(msgspec.structs.replace(sr, kill=True, killed_at=105.0)) == 105.0
+    assert stopped_kill_at(msgspec.structs.replace(sr, kill=True, killed_at=130.0)) == 110.0
+    assert stopped_kill_at(msgspec.structs.replace(sr, kill=True)) == 100.0  # kept before

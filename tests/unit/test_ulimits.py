@@ -100,11 +100,13 @@ def test_the_slurm_script_sets_them_and_sbatch_propagates_none(org_state: State)
     w.place(plain.job_id, "n1", 1)
     old = launch_of(plain.job_id, w.state.jobs[plain.job_id], "alice")
     assert "--propagate=NONE" not in sbatch_args(old, "gpu", "/l", SbatchUser(), "L")
-    (none,) = w.submit(ulimits={}, command=("true",))  # `submit --propagate=NONE`: the old rule
+    (none,) = w.submit(ulimits={}, command=("true",))  # `submit --propagate=NONE`: the node's
     w.place(none.job_id, "n1", 2)
     empty = launch_of(none.job_id, w.state.jobs[none.job_id], "alice")
-    assert "--propagate=NONE" not in sbatch_args(empty, "gpu", "/l", SbatchUser(), "L")
-    assert "ulimit -Sn 1024" in batch_script(empty, SbatchUser(), files_limit=1024)
+    # as `sbatch --propagate=NONE`: none of the service's (atk47-s F6: its core 0)
+    assert "--propagate=NONE" in sbatch_args(empty, "gpu", "/l", SbatchUser(), "L")
+    assert "ulimit -S" not in batch_script(empty, SbatchUser(), files_limit=1024)
+    assert "ulimit -Sn 1024" in batch_script(old, SbatchUser(), files_limit=1024)  # the old rule
     got = subprocess.run(
         ["bash", "-c", f"ulimit -n 256; ulimit -Hc 0; {lines}; ulimit -Sn; ulimit -Sc; ulimit -Su"],
         capture_output=True, text=True, check=True,

@@ -243,6 +243,26 @@ def scancel_args(slurm_id: str, run: tuple[int, int] | None, *how: str) -> list[
     return ["scancel", *how, *named, slurm_id]
 
 
+def kill_args(slurm_id: str, run: tuple[int, int] | None) -> list[str]:
+    """`scancel --signal=KILL --batch SLURM_ID` (`scancel_args`: restricted to its job's name):
+    SIGKILL to the job's batch step, whose slurmstepd kills at once every process of its step's
+    cgroup (the script, the command and what they left), and Slurm then ends the job, `FAILED`
+    `0:9`. A plain `scancel` or `--signal=KILL --full` is Slurm's own termination on 22.05:
+    SIGTERM, then SIGKILL only `KillWait` later (atk47-s F3: a 20 s grace gave 29.5 s). Steps
+    started with `srun` get Slurm's termination when the batch step ends (a step id takes no
+    name filter, so the executor signals no step by its id)."""
+    return scancel_args(slurm_id, run, "--signal=KILL", "--batch")
+
+
+def read_text(path: str) -> str | None:
+    """A file's text as this host reads it (at most 1 MiB), None when it cannot."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(1 << 20).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
 def max_time(read: Callable[[], str], partition: str, was: float | None) -> float | None:
     """The partition's MaxTime (`words.partition_max_time`) as `read` (`scontrol -o show
     partition`) says; `was` when slurmctld does not answer."""

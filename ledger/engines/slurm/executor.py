@@ -20,7 +20,7 @@ from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, St
 from ledger.engines.accounts import RunAs, own_log, own_umask
 from ledger.engines.job_paths import Refused
 from ledger.engines.slurm import tracked
-from ledger.engines.slurm.cluster import OtherCluster, Watch, max_time, scancel_args
+from ledger.engines.slurm.cluster import OtherCluster, Watch, max_time, read_text, scancel_args
 from ledger.engines.slurm.ends import (
     Ending,
     answering,
@@ -52,7 +52,7 @@ from ledger.engines.slurm.leaks import Leaks, held_with
 from ledger.engines.slurm.outage import Probe
 from ledger.engines.slurm.outputs import claim_outputs, files_umask, sbatch_env, sbatch_user
 from ledger.engines.slurm.restarts import Restarts, vanished
-from ledger.engines.slurm.stop_loop import carry_stops, resume_stops
+from ledger.engines.slurm.stop_loop import carry_stops, kill, resume_stops
 from ledger.engines.slurm.stops import (
     GONE_ALREADY,
     Quarantine,
@@ -86,6 +86,7 @@ from ledger.engines.slurm.words import (
     SlurmNode,
     check_config,
     end_reason,
+    epilog_note,
     held_gpus,
     node_changes,
     parse_jobs,
@@ -261,6 +262,8 @@ class SlurmExecutor:
                 + "; ".join(problems),
                 hint="see docs/slurm.md, 'Partition settings'",
             )
+        if note := epilog_note(text, read_text):  # a file only the nodes have: no word
+            log.warning("slurm: %s", note)
         self._accounting = "accounting_storage/none" not in text.replace(" ", "")
         self.kill_wait_s = kill_wait(text, self.kill_wait_s)
         self.slurmd_timeout_s = kill_wait(text, self.slurmd_timeout_s, "SlurmdTimeout")
@@ -510,7 +513,7 @@ class SlurmExecutor:
         )
 
     def carry_out(self, orders: Orders, now: float) -> tuple[Start, ...]:
-        """`scancel --signal=TERM` the stopped runs (`scancel` after the grace; one that never
+        """`scancel --signal=TERM` the stopped runs (SIGKILL after the grace; one that never
         ran at once), then submit the launches, in order, as their GPUs are free in Slurm.
         Starts come from Slurm's word, in a later `observe`."""
         if not self.may_act():
@@ -541,7 +544,7 @@ class SlurmExecutor:
 
     def _signal(self, slurm_id: str, now: float, grace_s: float | None = None,
                 run: Tag | None = None, since: float | None = None) -> None:  # fmt: skip
-        """`scancel --signal=TERM --full` (a run that never ran: `scancel`); `scancel` once
+        """`scancel --signal=TERM --full` (a run that never ran: `scancel`); SIGKILL once
         `grace_s` has passed since the stop (`since`: the ledger's recorded stop or the limit,
         else now), at once when it has already. The end of a stopped `run` is recorded."""
         if not self.may_act():
@@ -551,8 +554,8 @@ class SlurmExecutor:
             log.warning("slurm job %s is not job %s run %s (its comment): not stopped", slurm_id, *run)  # fmt: skip  # noqa: E501
         grace = self.grace_s if grace_s is None else grace_s
         begun = now if since is None else min(since, now)
-        if slurm_id not in self._stopping and run is not None and since is None:
-            note_stop(self.log_dir, slurm_id, now)  # a restart gives it only what is left
+        if slurm_id not in self._stopping and run is not None:
+            note_stop(self.log_dir, slurm_id, begun)  # a restart gives it only what is left
         seen = next((r.seen_running_at for r in self._runs.values() if r.slurm_id == slurm_id), None)  # fmt: skip  # noqa: E501
         stopping = self._stopping.setdefault(slurm_id, Stopping(begun, grace_s=grace, run=run,
                                                                 seen_running_at=seen))  # fmt: skip
@@ -564,8 +567,7 @@ class SlurmExecutor:
                 self._run(scancel_args(slurm_id, tag))  # never ran: nothing to save
                 stopping.cancelled = True
             elif now - stopping.since >= stopping.grace_s:  # its grace ran out meanwhile
-                self._run(scancel_args(slurm_id, tag))
-                stopping.cancelled = stopping.killed = True
+                kill(self, slurm_id, stopping, now, tag)  # SIGKILL (atk47-s F3)
             else:  # every process gets it: the script passes on none (F2)
                 if tag:
                     mark_stopping(self._checkpoint_file(*tag).parent)
@@ -701,7 +703,7 @@ class SlurmExecutor:
         run_dir = self._checkpoint_file(r.job_id, r.run).parent
         outage = outage_of(self._away, self.settle_s, r.stop_sent_at)  # stopped after it? (F9)
         code, at, own = run_end(run_dir, j, r.started_at, now, seen, r.seen_running_at, outage)
-        if r.limited and seen is None and j.state in SLURM_ENDS_FIRST:  # its KillWait (F2)
+        if seen is None and j.state in SLURM_ENDS_FIRST:  # its KillWait (F2; F5: TIMEOUT)
             at = limit_kill_end(at, j.end_time, self._seen.beat(run_dir, r.slurm_id, now), self.kill_wait_s)  # fmt: skip  # noqa: E501
         if j.end_time is not None and at < min(now, j.end_time) - 1:
             log.info("job %s (Slurm job %s) ended at %s (%s; Slurm says %s, when it heard)",

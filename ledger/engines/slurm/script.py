@@ -114,7 +114,7 @@ def batch_script(
     env = job_environment(job, who or SbatchUser(), checkpoint_file)
     lines = ["#!/bin/bash", *taken_back_lines(taken_back_file), *cluster]
     lines += guard_lines(launched_file, ended_file, relaunched_file)
-    lines += [] if job.ulimits else _files_limit(files_limit)  # else the submitter's
+    lines += [] if job.ulimits is not None else _files_limit(files_limit)  # the submitter's
     if outputs:  # what the job needs is there and its user's, else why, before anything
         paths = [p for p, _ in outputs[:2]]
         lines += usable_lines(job.workdir, paths, cannot_enter_file, cannot_open_file)

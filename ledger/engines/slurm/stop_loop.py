@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from ledger.engines.slurm.cluster import scancel_args
+from ledger.engines.slurm.cluster import kill_args, scancel_args
 from ledger.engines.slurm.launching import (
     LAUNCHED,
     forgotten_stop,
@@ -20,8 +20,11 @@ from ledger.engines.slurm.launching import (
     stop_marks,
 )
 from ledger.engines.slurm.stops import (
+    GONE_ALREADY,
+    KILL_LANDS_S,
     Stopping,
     ended_by_itself,
+    killing_from,
     outlived,
     resumed_stops,
     slurmd_restarted,
@@ -43,9 +46,10 @@ log = logging.getLogger("gpuledger.slurm")
 def resume_stops(ex: SlurmExecutor, now: float) -> None:
     """The runs of ours to stop that the executor does not carry (a restart: stops live in
     its memory alone), taken up as an uninterrupted stop would go on (`resumed_stops`): one
-    never signalled gets its SIGTERM and its whole grace now, as the node agents give it
-    (atk36-23 F2); one that was gets what is left of its grace from its noted SIGTERM, and
-    no second one (atk39-24 F1, F2)."""
+    never signalled gets its SIGTERM now and its SIGKILL when the ledger's stop and its grace
+    say (`killing_from`, at once when that has passed: atk47-23 F9; a stray, its whole grace);
+    one that was gets what is left of its grace from its noted SIGTERM, and no second one
+    (atk39-24 F1, F2)."""
     ex._reported = still_ended(ex._reported, ex._view)  # listed alive again: stopped (F5)
     take_up_strays(ex, now)  # a stray's stop a second kill cut short (atk46-s F1)
     skip = {r.slurm_id for r in ex._runs.values() if r.slurm_id} | set(ex._stopping)
@@ -54,8 +58,10 @@ def resume_stops(ex: SlurmExecutor, now: float) -> None:
         ex.partition, lambda i: noted_stop(ex.log_dir, i), ex.job_grace, ex.grace_s,
     ):  # fmt: skip
         log.warning("slurm job %s is a run the ledger no longer runs: stopping it", j.slurm_id)
-        if st is None:
-            ex._signal(j.slurm_id, now, grace, j.tag(ex.ledger_id))
+        if st is None:  # never signalled: SIGTERM now, SIGKILL when the reads say (F9)
+            tag = j.tag(ex.ledger_id)
+            since = killing_from(ex.stopped_runs().get(tag), grace) if tag else None
+            ex._signal(j.slurm_id, now, grace, tag, since)
         else:
             st.unanswered = st.kept = noted_unheard(ex.log_dir, j.slurm_id)  # as judged (F2)
             ex._stopping[j.slurm_id] = st
@@ -69,9 +75,9 @@ def carry_stops(ex: SlurmExecutor, now: float) -> None:
     cancel: `StoppedRun.kill`, atk46-23 F7)."""
     note_started_stops(ex, now)  # a stop of a run never recorded started: on disk (F1)
     reported = len(ex._stopped)
-    kill = {tag for tag, sr in ex.stopped_runs().items() if sr.kill}  # cancelled again (F7)
+    ordered = {tag for tag, sr in ex.stopped_runs().items() if sr.kill}  # cancelled again (F7)
     for slurm_id, st in list(ex._stopping.items()):  # 2. stops: the grace, then scancel
-        st.grace_s = 0.0 if st.run in kill else st.grace_s  # no grace left: scancel now
+        st.grace_s = 0.0 if st.run in ordered else st.grace_s  # no grace left: SIGKILL now
         j = ex._view.get(slurm_id)
         theirs = j is not None and st.run is not None and j.tag(ex.ledger_id) != st.run
         j = None if theirs else j  # its id names another job (atk43s F5, atk44ha F1)
@@ -108,12 +114,42 @@ def carry_stops(ex: SlurmExecutor, now: float) -> None:
                 if itself and j.exit_code == 0:  # it may complete its job (F3)
                     ex._completed.add(st.run[0])
         elif not st.cancelled and now - st.since >= st.grace_s and ex.cluster.confirm(now):
-            try:
-                ex._run(scancel_args(slurm_id, st.run))  # its name (atk44ha F1)
-                st.cancelled = st.killed = True
+            kill(ex, slurm_id, st, now, None if j is None else j.tag(ex.ledger_id))  # (F3)
+        elif unkilled(st, j, now) and ex.cluster.confirm(now):
+            try:  # the SIGKILL did not land (its slurmd away): Slurm's own cancel
+                ex._run(scancel_args(slurm_id, j.tag(ex.ledger_id) if j else st.run))
+                st.scancelled = True
             except EngineError as err:
-                log.warning("slurm job %s: %s (retrying)", slurm_id, err.line())
+                st.scancelled = any(w in err.line() for w in GONE_ALREADY)
+                log.warning("slurm job %s: %s", slurm_id, err.line())
     ex._stopped[reported:] = with_starts(ex, ex._stopped[reported:])  # their noted starts
+
+
+def kill(
+    ex: SlurmExecutor, slurm_id: str, st: Stopping, now: float, tag: tuple[int, int] | None = None
+) -> None:
+    """SIGKILL a stopped run whose grace has passed (or that the ledger ordered killed): its
+    batch step's processes die at once (`cluster.kill_args`), where Slurm's own `scancel` gave
+    them SIGTERM again and SIGKILL only `KillWait` later (atk47-s F3, atk47-23 F6: the reads'
+    `kill_at` was `KillWait` early). One whose node does not answer (`Stopping.unanswered`)
+    gets Slurm's own `scancel`, as before: no signal reaches it, and Slurm's end of it is then
+    judged by `unseen_end`. Retried at the next read when Slurm refuses it."""
+    args = (scancel_args if st.unanswered else kill_args)(slurm_id, tag or st.run)  # its name
+    try:
+        ex._run(args)
+        st.cancelled = st.killed = True
+        st.kill_sent_at, st.scancelled = (None, True) if st.unanswered else (now, False)
+    except EngineError as err:
+        log.warning("slurm job %s: %s (retrying)", slurm_id, err.line())
+
+
+def unkilled(st: Stopping, j: SlurmJob | None, now: float) -> bool:
+    """Pure: whether a run's SIGKILL (`kill`) was sent `KILL_LANDS_S` ago and Slurm still lists
+    it running, not even `COMPLETING`: its slurmd never got it."""
+    return (
+        st.kill_sent_at is not None and not st.scancelled and j is not None
+        and j.state == "RUNNING" and now - st.kill_sent_at >= KILL_LANDS_S
+    )  # fmt: skip
 
 
 def judge(ex: SlurmExecutor, slurm_id: str, st: Stopping, j: SlurmJob | None, now: float) -> None:

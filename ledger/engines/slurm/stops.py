@@ -1,7 +1,7 @@
 """How the Slurm executor stops a run the ledger no longer runs, as the node agents do:
 `scancel --signal=TERM --full`, the job's own grace (`submit --grace`; the service's when it has
-none), then `scancel`; and the run's real end as Slurm kept it (EndTime), recorded for the audit
-(`job.run_ended.v2`). Pure."""
+none), then SIGKILL (`cluster.kill_args`); and the run's real end as Slurm kept it (EndTime),
+recorded for the audit (`job.run_ended.v2`). Pure."""
 
 from __future__ import annotations
 
@@ -53,7 +53,11 @@ class Stopping:
     run: Tag | None = None
     """(job, run) of a run the ledger stopped, whose end is recorded (`JobRunEnded`)."""
     killed: bool = False
-    """It outlived its grace: `scancel` (Slurm's kill) was sent after the TERM."""
+    """It outlived its grace: SIGKILL (`cluster.kill_args`) was sent after the TERM."""
+    kill_sent_at: float | None = None
+    """When that SIGKILL was sent: a job Slurm still lists `RUNNING` `KILL_LANDS_S` later
+    (its slurmd did not get it) gets Slurm's own `scancel` too (`scancelled`)."""
+    scancelled: bool = False
     gpus: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     """The GPUs Slurm last showed it holding (node -> indices): held while it is in doubt."""
     in_doubt: bool = False
@@ -72,6 +76,12 @@ class Stopping:
     kept: bool = False
     """`unanswered` is kept on disk (`tracked.note_unheard`)."""
 
+
+KILL_LANDS_S = 5.0
+"""How long a SIGKILL of a run's batch step (`cluster.kill_args`: slurmctld passes it to its
+slurmd, which kills within milliseconds here) may take before the executor falls back to a plain
+`scancel`: a slurmd that does not answer never delivers it, and Slurm's cancel is then what ends
+the job (`unseen_end` judges it)."""
 
 GONE_ALREADY = ("Invalid job id", "already complet")
 """What `scancel` says of a job that has ended (Slurm 22.05: `Invalid job id specified`,
@@ -217,7 +227,8 @@ def stopped_end(
     no later than its end), which the ledger keeps for a run it stopped before recording its
     start, its command having run (atk44s F3)."""
     assert st.run is not None
-    end = processes_end(j.end_time, j.state, now, completing_seen)
+    # after its SIGKILL Slurm says FAILED 0:9; its steps (`srun`) die KillWait later meanwhile
+    end = processes_end(j.end_time, "CANCELLED" if st.killed else j.state, now, completing_seen)
     at = high = now if end is None else min(now, end)
     away, settle_s = outage
     if failed is None and not st.killed and away is not None and (by_itself or st.since <= away[1]):
@@ -280,6 +291,21 @@ def resumed(j: SlurmJob, tag: Tag, since: float | None, grace_s: float,
         return None
     return Stopping(0.0 if since is None else since, cancelled=j.ended, grace_s=grace_s, run=tag,
                     gpus=dict(gpus or {}))  # fmt: skip
+
+
+def killing_from(sr: StoppedRun | None, grace_s: float) -> float | None:
+    """Pure: when the grace (`grace_s`) of a stop the ledger recorded (`sr`) counts from, for
+    one a restart of the service finds never signalled (killed -9 between the cancel and its
+    SIGTERM): its stop, so that its SIGKILL comes when every read said it would
+    (`reads.stopping.stopped_kill_at`; at the second cancel for one ordered killed), at once
+    when that has passed (atk47-23 F3, F9: it got a whole new grace from the restart while the
+    reads showed a SIGKILL time long past). None for a stop the ledger holds none of (a stray):
+    its whole grace from now."""
+    if sr is None:
+        return None
+    if sr.kill:
+        return (sr.at if sr.killed_at is None else sr.killed_at) - grace_s
+    return sr.at
 
 
 def still_ended(reported: Set[str], view: Mapping[str, SlurmJob]) -> set[str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -513,7 +513,37 @@ def check_config(config: str, partition: str, untracked_ok: bool = False) -> lis
             "its process group or are re-parented to init, and the ledger would give their GPUs "
             f"to other work; set ProctrackType=proctrack/cgroup (or {UNTRACKED_OK}=1 to accept it)"
         )
+    if values.get("Epilog", "(null)") in ("", "(null)") and not untracked_ok:
+        problems.append(
+            "Epilog is unset: nothing ends a job's processes Slurm's proctrack misses (a child "
+            "in a sub-cgroup of its step, what a batch script killed with its slurmstepd left) "
+            "before Slurm starts the next job on their GPUs; set Epilog= to gpu-ledger's "
+            f"ledger/engines/slurm/epilog.sh on every node (or {UNTRACKED_OK}=1 to accept it)"
+        )
     return problems
+
+
+EPILOG_MARK = "gpuledger-epilog"
+"""A word of gpu-ledger's epilog (`epilog.sh`, its syslog tag): an Epilog file the service can
+read that lacks it is likely not gpu-ledger's (`epilog_note`)."""
+
+
+def epilog_note(config: str, read: Callable[[str], str | None]) -> str:
+    """Pure but for `read` (a file's text, None when this host cannot read it): one warning
+    line when Slurm's `Epilog` (`scontrol show config`) is a file this host reads that does not
+    hold gpu-ledger's epilog (`EPILOG_MARK`: a site's own epilog that calls it from another
+    file says it too); "" otherwise (unset is `check_config`'s refusal; a file only the
+    compute nodes have cannot be checked from here)."""
+    path = next((v.strip() for k, eq, v in (ln.partition("=") for ln in config.splitlines())
+                 if eq and k.strip() == "Epilog"), "")  # fmt: skip
+    text = None if path in ("", "(null)") else read(path)
+    if text is None or EPILOG_MARK in text:
+        return ""
+    return (
+        f"Slurm's Epilog {path} does not look like gpu-ledger's (no {EPILOG_MARK!r} in it): "
+        "the processes of a job Slurm's proctrack misses may outlive it beside the next job "
+        "(docs/slurm.md, 'Site requirement: the epilog')"
+    )
 
 
 @dataclass(frozen=True)
@@ -555,8 +585,9 @@ def sbatch_args(
     The executor stops the run at its limit itself, to the second, with the job's grace
     (`grace_s`): Slurm's `--time` is only a backstop past both (`backstop_minutes`). A job
     that recorded its submitter's resource limits gets them from its script, and none of the
-    limits sbatch itself runs with (`--propagate=NONE`); one that recorded none (older, or
-    `submit --propagate=NONE`) the old rule: sbatch's own, its open-files limit lowered."""
+    limits sbatch itself runs with (`--propagate=NONE`: `submit --propagate=NONE` recorded an
+    empty set, and gets the node's, as sbatch's); one that recorded none (older, or over HTTP
+    without them) the old rule: sbatch's own, its open-files limit lowered."""
     pinned = pinned or {}
     common = [
         f"--job-name=gpuledger-{job.job_id}",
@@ -579,8 +610,9 @@ def sbatch_args(
         common.append(f"--uid={who.uid}")
     if who.gid is not None:
         common.append(f"--gid={who.gid}")
-    if job.ulimits:  # the submitter's are the script's (`script.ulimit_lines`),
-        common.append("--propagate=NONE")  # never the service's that sbatch runs with
+    if job.ulimits is not None:  # the submitter's are the script's (`script.ulimit_lines`),
+        common.append("--propagate=NONE")  # never the service's (`submit --propagate=NONE`
+        # recorded none: the node's, as sbatch's; atk47-s F6: it got the service's core 0)
     gres = [_gres_of(sl.gpu_indices, pinned.get(sl.node, ())) for sl in job.slots]
     groups: list[list[str]] = []
     if len(set(gres)) == 1:
