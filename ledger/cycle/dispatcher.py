@@ -227,6 +227,7 @@ def preview(
         low_util_since=low_util_since,
         position=position,
         unavailable=unavailable,
+        hold_stopping=True,  # as a cycle does
     )
     return snapshot, decide(snapshot, policy, now)
 
@@ -460,6 +461,9 @@ class Dispatcher:
             # Slurm may hold a placement before it starts it: contracts count from its start
             from_start=self.executor.engine == "slurm",
             longest_s=seen.longest_s,
+            # a stopped run's GPUs are busy until its end is recorded (atk47-23 F8); the record
+            # says so (`stopping_held`), for replay
+            hold_stopping=True,
         )
         # 2. decide (pure)
         decision, self._carry = decide_carried(snapshot, self.policy, now, self._carry)
@@ -482,6 +486,7 @@ class Dispatcher:
                 policy=typed_config(self.policy),
                 ranks=rank_inputs(self.rank_source, position, ranks, level_fs),
                 skipped_cycles=self._skipped,
+                stopping_held=True,
             )
             self.ledger.execute(command)
             self._skipped, self._recorded_at = 0, now

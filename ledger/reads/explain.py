@@ -11,12 +11,12 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from ledger.reads.stopping import STOPPING, limit_kill_at, past_limit
+from ledger.reads.stopping import STOPPING, limit_kill_at, past_limit, stopping_note
 from schemas import events as e
 from schemas.units import key_text, plural, span, times_in, when
 
 if TYPE_CHECKING:  # annotations only: `explain`'s time words load without the dispatcher
-    from ledger.core.state import Job
+    from ledger.core.state import Job, State
     from ledger.dispatch.engine import Decision, Unplaceable
     from ledger.dispatch.policy import Policy
     from ledger.dispatch.snapshot import PendingJob, Snapshot
@@ -79,10 +79,16 @@ def protected_note(
 
 
 def explain_pending(
-    job: Job, decision: Decision, snapshot: Snapshot, now: float, policy: Policy | None = None
+    job: Job,
+    decision: Decision,
+    snapshot: Snapshot,
+    now: float,
+    policy: Policy | None = None,
+    state: State | None = None,
 ) -> list[str]:
     """Why a pending job waits, from a live decision on the current snapshot (by `policy`:
-    what protects the victims a preemption would take, `protected_note`)."""
+    what protects the victims a preemption would take, `protected_note`; with the live
+    `state`: the stopping GPUs it waits for, `stopping_note`)."""
     spec = job.spec
     order = [j.job_id for _, j in decision.order]
     out = [_headline(job) + " is pending."]
@@ -115,7 +121,10 @@ def explain_pending(
             _RAW_TIME.sub(when(wait.until), wait.reason) if wait.until is not None else wait.reason
         )
         pending = _pending_by_id(snapshot, [spec.job_id])
-        note = protected_note(policy, snapshot, pending[0] if pending else None, wait, now)
+        mine = pending[0] if pending else None
+        note = protected_note(policy, snapshot, mine, wait, now)
+        if state is not None:
+            note += stopping_note(state, snapshot, mine, wait)
         out.append(f"It waits: {wait.code}: {reason}{until}{note}.")
     if not job.funded:
         out.append("Unfunded work goes after all funded work and may be preempted at any time.")

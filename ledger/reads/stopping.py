@@ -27,6 +27,8 @@ from schemas.bounds import job_grace
 
 if TYPE_CHECKING:
     from ledger.core.state import State, StoppedRun
+    from ledger.dispatch.engine import Unplaceable
+    from ledger.dispatch.snapshot import PendingJob, Snapshot
 
 DEFAULT_GRACE_S = 30.0
 """The services' grace for a job that names none (`serve`/`up --grace`'s default)."""
@@ -90,3 +92,41 @@ def stopped_shown(state: State) -> dict[int, StoppedRun]:
         j: sr for j, sr in latest.items()
         if (job := state.jobs.get(j)) is None or job.status == "finished"
     }  # fmt: skip
+
+
+def stopping_note(
+    state: State, snapshot: Snapshot, job: PendingJob | None, wait: Unplaceable | None
+) -> str:
+    """Pure, at read time: what a job told it waits for GPUs (`WAIT_RESOURCES`) would take once
+    stopped runs in their grace are gone, when their GPUs (held, never free, for the dispatcher:
+    atk47-23 F8) and the free ones would fit it on a node of its kind, as "; ..." to add to its
+    reason; "" otherwise. The recorded reason is the dispatcher's, byte for byte."""
+    from schemas.units import plural, when
+
+    if job is None or wait is None or wait.code != "WAIT_RESOURCES" or not state.stopped_runs:
+        return ""
+    held: dict[str, set[int]] = {}
+    runs: dict[str, list[StoppedRun]] = {}
+    for sr in state.stopped_runs.values():
+        for sl in sr.slots:
+            held.setdefault(sl.node, set()).update(sl.gpu_indices)
+            runs.setdefault(sl.node, []).append(sr)
+    kind = [
+        n for n in snapshot.nodes
+        if n.state == "active" and n.name in held
+        and job.gpu_type in (None, n.gpu_type) and job.cluster in (None, n.cluster)
+    ]  # fmt: skip
+    fits = [n for n in kind if len(n.free) + len(held[n.name]) >= job.gpus]
+    if not fits and sum(len(n.free) + len(held[n.name]) for n in kind) < job.gpus:
+        return ""
+    named: list[str] = []
+    for n in fits or kind:
+        gpus = ",".join(map(str, sorted(held[n.name])))
+        who = sorted({(sr.job_id, stopped_kill_at(sr)) for sr in runs[n.name]})
+        jobs = ", ".join(f"job {j}'s SIGKILL by {when(at)}" for j, at in who[:3])
+        named.append(f"{n.name} GPUs {gpus} ({jobs})")
+    more = f" and {plural(len(named) - 3, 'more node')}" if len(named) > 3 else ""
+    return (
+        f"; it waits for GPUs of stopped runs still in their grace, free once their processes "
+        f"are gone: {'; '.join(named[:3])}{more}"
+    )
