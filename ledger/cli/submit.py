@@ -641,8 +641,11 @@ def cancel(ctx: Ctx, job_ids: tuple[str, ...]) -> None:
             click.echo(f"error: {' '.join(err.line().split())} [{err.code}]", err=True)
             failed += 1
             continue
-        if any(isinstance(ev, JobKillOrdered) for ev in appended.events):
-            click.echo(f"job {job_id} was stopping: killed now (position {appended.position})")
+        killed = sorted({ev.job_id for ev in appended.events if isinstance(ev, JobKillOrdered)})
+        if killed:  # every task of an array in its grace, for an array's id (atk47-23 F13)
+            what = f"job {killed[0]} was" if len(killed) == 1 else (
+                f"jobs {', '.join(map(str, killed))} were")  # fmt: skip
+            click.echo(f"{what} stopping: killed now (position {appended.position})")
             continue
         ends = [ev for ev in appended.events if isinstance(ev, JobFinished)]
         ended = [ev.job_id for ev in ends if ev.reason == "cancelled"]

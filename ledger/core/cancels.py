@@ -16,7 +16,7 @@ from schemas.errors import InvalidTransition
 def cancel(state: State, cmd: c.CancelJob, s: Stamp) -> list[e.AnyEvent]:
     """One job, or every unfinished task of the array `job_id` names (`whole_array`)."""
     tasks = state.array_tasks(cmd.job_id) if cmd.whole_array else set()
-    if not tasks and (ending := state.stopped_of(cmd.job_id)):
+    if not tasks and (ending := stopping_of(state, cmd)):
         return cancel_again(cmd.job_id, ending, s)
     if not tasks:
         job = state.job(cmd.job_id)
@@ -31,11 +31,19 @@ def cancel(state: State, cmd: c.CancelJob, s: Stamp) -> list[e.AnyEvent]:
     return out + drained_after(state, nodes, tasks, s)
 
 
+def stopping_of(state: State, cmd: c.CancelJob) -> list[StoppedRun]:
+    """Pure: what a cancel finds stopping when nothing it names is unfinished: the job's runs
+    in their grace (`State.stopped_of`), and for an array's id (`whole_array`) every task's, as
+    a second `scancel ARRAY_ID` signals every task (atk47-23 F13: only the first task's)."""
+    ending = state.array_stopped(cmd.job_id) if cmd.whole_array else []
+    return ending or state.stopped_of(cmd.job_id)
+
+
 def cancel_again(job_id: int, ending: list[StoppedRun], s: Stamp) -> list[e.AnyEvent]:
-    """Pure: a cancel of a job whose record ended (cancelled, preempted) while the runs the
-    ledger stopped live out their grace (`State.stopped_of`): each is killed at once
-    (`JobKillOrdered`), as a second `scancel` ends a job Slurm is stopping (atk46-23 F7). Once:
-    runs already ordered killed make it an error, as a cancel of a finished job is."""
+    """Pure: a cancel of a job (or an array's tasks) whose record ended (cancelled, preempted)
+    while the runs the ledger stopped live out their grace (`stopping_of`): each is killed at
+    once (`JobKillOrdered`), as a second `scancel` ends a job Slurm is stopping (atk46-23 F7).
+    Once: runs already ordered killed make it an error, as a cancel of a finished job is."""
     left = [sr for sr in ending if not sr.kill]
     if not left:
         raise InvalidTransition(
@@ -43,4 +51,4 @@ def cancel_again(job_id: int, ending: list[StoppedRun], s: Stamp) -> list[e.AnyE
             hint="`gpuledger node list` shows them stopping until they are gone",
             job_id=job_id,
         )
-    return [e.JobKillOrdered(**s.kw(), job_id=job_id, run=sr.run) for sr in left]
+    return [e.JobKillOrdered(**s.kw(), job_id=sr.job_id, run=sr.run) for sr in left]

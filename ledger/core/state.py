@@ -262,6 +262,22 @@ class State:
             return []
         return [sr for sr in self.stopped_runs.values() if sr.job_id == job_id]
 
+    def array_stopped(self, array_job_id: int) -> list[StoppedRun]:
+        """The runs the ledger stopped whose end is not recorded yet (`stopped_of`) of every
+        task of the job array `array_job_id` whose record ended (a task's end keeps its array,
+        `ends`): what a second cancel of the array's id kills at once, as a second `scancel
+        ARRAY_ID` signals every task (atk47-23 F13). Empty for a job that is no array."""
+        out = []
+        for sr in self.stopped_runs.values():
+            job = self.jobs.get(sr.job_id)
+            if job is not None and job.status != "finished":
+                continue
+            end = self.ends.get(sr.job_id)
+            array = end[2] if end is not None else job.spec.array_job_id if job else None
+            if array == array_job_id:
+                out.append(sr)
+        return out
+
     def job(self, job_id: int) -> Job:
         job = self.jobs.get(job_id)
         if job is None and self.live_only and 0 < job_id < self.next_job_id:

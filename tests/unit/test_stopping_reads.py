@@ -160,3 +160,42 @@ def test_an_agent_reads_the_runs_to_kill_from_its_poll_answer() -> None:
     assert (got.kill, bad) == ((a.PartRun(job_id=2, run=1),), ())
     old = b'{"node":"n1","version":"v","parts":[],"server_time":1.0}'  # an older server's
     assert a.decode_assignment(old)[0].kill == ()
+
+
+@pytest.mark.parametrize("live_only", [False, True])
+def test_a_second_cancel_of_an_arrays_id_kills_every_task_in_its_grace(
+    w: World, live_only: bool
+) -> None:
+    """atk47-23 F13: `cancel 44` of a running array cancelled its three tasks; `cancel 44` again
+    (a second `scancel 44`, which Slurm applies to every task) killed only task 44, and the
+    others lived out their grace. Now every task's run in its grace is ordered killed, and a
+    bob's second cancel of alice's array is refused as the first is."""
+    tasks = [t.job_id for t in w.submit(command=("t",), array=(0, 1, 2), grace_s=100)]
+    for gpu, job_id in enumerate(tasks):
+        w.place(job_id, "n1", gpu)
+        w.run(c.StartJob(actor="@executor", job_id=job_id, engine="agent",
+                         engine_job_id=f"{job_id}.1"))  # fmt: skip
+    first = tasks[0]
+    cancelled = w.run(c.CancelJob(actor="alice", job_id=first, whole_array=True))
+    assert [ev.job_id for ev in cancelled if isinstance(ev, e.JobFinished)] == tasks
+    if live_only:  # a server keeps only live jobs
+        w.state.jobs = {k: j for k, j in w.state.jobs.items() if j.active}
+        w.state.live_only = True
+    with pytest.raises(NotAuthorised):
+        w.run(c.CancelJob(actor="bob", job_id=first, whole_array=True))
+    ordered = w.run(c.CancelJob(actor="alice", job_id=first, whole_array=True))
+    assert [(ev.job_id, ev.run) for ev in ordered if isinstance(ev, e.JobKillOrdered)] == [
+        (t, 0) for t in tasks
+    ]
+    assert all(w.state.stopped_runs[(t, 0)].kill for t in tasks)
+    with pytest.raises(InvalidTransition, match="its processes are being killed"):
+        w.run(c.CancelJob(actor="alice", job_id=first, whole_array=True))  # once
+    # one task by its own id (`cancel 44_1`): that task alone, as before
+    more = [t.job_id for t in w.submit(command=("t",), array=(0, 1), grace_s=100)]
+    for gpu, job_id in enumerate(more, start=4):
+        w.place(job_id, "n1", gpu)
+        w.run(c.StartJob(actor="@executor", job_id=job_id, engine="agent",
+                         engine_job_id=f"{job_id}.1"))  # fmt: skip
+    w.run(c.CancelJob(actor="alice", job_id=more[0], whole_array=True))
+    (one,) = w.run(c.CancelJob(actor="alice", job_id=more[1]))
+    assert isinstance(one, e.JobKillOrdered) and one.job_id == more[1]
