@@ -15,7 +15,7 @@ from typing import Any, Literal
 import msgspec
 
 from schemas import events as e
-from schemas.bounds import MAX_DEPENDENCY_IDS
+from schemas.bounds import MAX_DEPENDENCY_IDS, job_grace
 from schemas.errors import InvalidTransition, UnknownEntity
 from schemas.policy import AnyPolicyConfig
 
@@ -113,6 +113,17 @@ class StoppedRun(msgspec.Struct, frozen=True, kw_only=True):
     debug: bool = False
     submitted_at: float = 0.0
     started_at: float | None = None
+
+    def kill_at(self, default_grace_s: float) -> float:
+        """Pure: when its processes get SIGKILL at the latest: its stop plus its grace (the
+        job's own, else `default_grace_s`), counted from the stop the log recorded, so a
+        restart of the service or of an agent between the stop and its SIGTERM gives no new
+        grace (atk47-23 F3); its stop itself when a second cancel cut the grace (`kill`)."""
+        return self.at if self.kill else self.at + job_grace(self.grace_s, default_grace_s)
+
+    def kill_due(self, now: float, default_grace_s: float) -> bool:
+        """Pure: whether its engine must SIGKILL it now (`kill_at` has come)."""
+        return now >= self.kill_at(default_grace_s)
 
 
 class Token(msgspec.Struct, frozen=True, kw_only=True):

@@ -23,15 +23,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal, TypeVar
 
+from schemas.bounds import DEFAULT_GRACE_S as DEFAULT_GRACE_S
 from schemas.bounds import job_grace
 
 if TYPE_CHECKING:
     from ledger.core.state import State, StoppedRun
     from ledger.dispatch.engine import Unplaceable
     from ledger.dispatch.snapshot import PendingJob, Snapshot
-
-DEFAULT_GRACE_S = 30.0
-"""The services' grace for a job that names none (`serve`/`up --grace`'s default)."""
 
 W = TypeVar("W", bound=str)
 """A status word (`schemas.views.JobStatusWord`)."""
@@ -79,7 +77,7 @@ def shown(
 def stopped_kill_at(run: StoppedRun) -> float:
     """Pure: when a run the ledger stopped is SIGKILLed at the latest: its stop plus its grace;
     its stop itself when a second cancel cut the grace (`StoppedRun.kill`)."""
-    return run.at if run.kill else run.at + job_grace(run.grace_s, DEFAULT_GRACE_S)
+    return run.kill_at(DEFAULT_GRACE_S)
 
 
 def stopped_shown(state: State) -> dict[int, StoppedRun]:

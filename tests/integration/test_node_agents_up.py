@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -246,3 +247,29 @@ def test_a_new_job_goes_to_a_free_gpu_not_one_a_cancelled_job_is_stopping_on(hom
     wait_for("job 3 running", lambda: jobs(home)[3]["status"] == "running", timeout=30, home=home)
     assert _gpu_of(jobs(home)[3]) == first
     assert up.proc.poll() is None
+
+
+def test_a_cancel_whose_sigterm_a_restart_cut_off_gets_no_new_grace_after_it(home: Path) -> None:
+    """atk47-23 F3: `up` dies between a cancel and its SIGTERM (here: the cancel is recorded
+    while `up` is down). Its SIGKILL is due at the recorded cancel plus the grace, as every
+    read says; before, the restarted `up` sent SIGTERM and gave a whole new grace, the reads
+    showing a SIGKILL time already past. Now the run is killed at once once that time has
+    passed, and its recorded end is then."""
+    submit(home, "bob", 1, "trap '' TERM; while :; do sleep 0.2; done", "--grace", "20s")
+    up = Service(home)
+    wait_for("job 1 running", lambda: jobs(home)[1]["status"] == "running", home=home)
+    [part] = live_processes(state(home))
+    assert up.signal(signal.SIGKILL) == -signal.SIGKILL
+    cli(home, "cancel", "1", actor="bob")  # recorded; nothing carries it out yet
+    [row] = json.loads(cli(home, "queue", "--state", "running", "--json").stdout)
+    kill_at = row["kill_at"]
+    assert row["state"] == "stopping" and kill_at is not None
+    time.sleep(max(0.0, kill_at - time.time()) + 1)
+    assert [p.pid for p in live_processes(state(home))] == [part.pid]  # not signalled yet
+    restarted = time.time()
+    up = Service(home)
+    wait_for("its process to end", lambda: not live_processes(state(home)), timeout=60, home=home)
+    assert time.time() - restarted < 15, up.log.read_text()[-2000:]  # was 20 s and more
+    wait_for("its end recorded", lambda: events(home, "job.run_ended.v2") != [], home=home)
+    [ended] = events(home, "job.run_ended.v2")
+    assert ended["job_id"] == 1 and ended["ended_at"] < restarted + 15

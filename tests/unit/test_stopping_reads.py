@@ -12,6 +12,7 @@ from ledger.reads import layer
 from ledger.reads.explain import explain_history
 from ledger.reads.preview import _holding_rows, explain_now
 from ledger.reads.stopping import DEFAULT_GRACE_S, limit_kill_at, shown
+from schemas import agent as a
 from schemas import commands as c
 from schemas import events as e
 from schemas import views as v
@@ -199,3 +200,24 @@ def test_a_second_cancel_of_an_arrays_id_kills_every_task_in_its_grace(
     w.run(c.CancelJob(actor="alice", job_id=more[0], whole_array=True))
     (one,) = w.run(c.CancelJob(actor="alice", job_id=more[1]))
     assert isinstance(one, e.JobKillOrdered) and one.job_id == more[1]
+
+
+def test_a_stopped_run_is_ordered_killed_once_its_recorded_grace_has_passed() -> None:
+    """atk47-23 F3: the SIGKILL of a stopped run is due at the recorded stop plus its grace
+    (the job's own, else the engine's default), whatever restarts came between: the agents
+    get it on their kill list then (`Assignment.kill`), at once after a second cancel."""
+    from ledger.core.state import StoppedRun
+    from ledger.engines.board import kills_by_node
+
+    slot = (e.GpuSlot(node="n1", gpu_indices=(0,)),)
+    own = StoppedRun(job_id=7, run=0, slots=slot, at=100.0, grace_s=20)
+    default = StoppedRun(job_id=8, run=1, slots=slot, at=100.0)
+    cut = StoppedRun(job_id=9, run=0, slots=slot, at=100.0, grace_s=60, kill=True)
+    stopped = {(r.job_id, r.run): r for r in (own, default, cut)}
+    assert (own.kill_at(45.0), default.kill_at(45.0), cut.kill_at(45.0)) == (120.0, 145.0, 100.0)
+    runs = lambda now: [(k.job_id, k.run) for k in  # noqa: E731
+                        kills_by_node(stopped, {7, 8, 9}, now, 45.0).get("n1", ())]  # fmt: skip
+    assert runs(110.0) == [(9, 0)]
+    assert runs(120.0) == [(7, 0), (9, 0)]
+    assert runs(145.0) == [(7, 0), (8, 1), (9, 0)]
+    assert kills_by_node(stopped, {8}, 200.0, 45.0) == {"n1": (a.PartRun(job_id=8, run=1),)}

@@ -43,9 +43,10 @@ log = logging.getLogger("gpuledger.slurm")
 def resume_stops(ex: SlurmExecutor, now: float) -> None:
     """The runs of ours to stop that the executor does not carry (a restart: stops live in
     its memory alone), taken up as an uninterrupted stop would go on (`resumed_stops`): one
-    never signalled gets its SIGTERM and its whole grace now, as the node agents give it
-    (atk36-23 F2); one that was gets what is left of its grace from its noted SIGTERM, and
-    no second one (atk39-24 F1, F2)."""
+    never signalled gets its SIGTERM now, and its SIGKILL (`carry_stops`) no later than the
+    recorded stop plus its grace, as every read says (atk47-23 F3: it got a whole new grace
+    from the restart, atk36-23 F2's rule); one that was gets what is left of its grace from
+    its noted SIGTERM, and no second one (atk39-24 F1, F2)."""
     ex._reported = still_ended(ex._reported, ex._view)  # listed alive again: stopped (F5)
     take_up_strays(ex, now)  # a stray's stop a second kill cut short (atk46-s F1)
     skip = {r.slurm_id for r in ex._runs.values() if r.slurm_id} | set(ex._stopping)
@@ -69,7 +70,9 @@ def carry_stops(ex: SlurmExecutor, now: float) -> None:
     cancel: `StoppedRun.kill`, atk46-23 F7)."""
     note_started_stops(ex, now)  # a stop of a run never recorded started: on disk (F1)
     reported = len(ex._stopped)
-    kill = {tag for tag, sr in ex.stopped_runs().items() if sr.kill}  # cancelled again (F7)
+    # cancelled again (F7), or its grace from the recorded stop has passed: a restart between
+    # the stop and its scancel gives no new grace (atk47-23 F3)
+    kill = {tag for tag, sr in ex.stopped_runs().items() if sr.kill_due(now, ex.grace_s)}
     for slurm_id, st in list(ex._stopping.items()):  # 2. stops: the grace, then scancel
         st.grace_s = 0.0 if st.run in kill else st.grace_s  # no grace left: scancel now
         j = ex._view.get(slurm_id)
