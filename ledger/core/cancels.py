@@ -7,10 +7,11 @@ Pure: state and commands in, events out; `now` is a parameter (in the stamp).
 from __future__ import annotations
 
 from ledger.core.runs import Stamp, drained_after
-from ledger.core.state import State, StoppedRun
+from ledger.core.state import Job, State, StoppedRun
 from schemas import commands as c
 from schemas import events as e
 from schemas.errors import InvalidTransition
+from schemas.units import when
 
 
 def cancel(state: State, cmd: c.CancelJob, s: Stamp) -> list[e.AnyEvent]:
@@ -26,9 +27,25 @@ def cancel(state: State, cmd: c.CancelJob, s: Stamp) -> list[e.AnyEvent]:
     out: list[e.AnyEvent] = []
     nodes: list[str] = []
     for job_id in sorted(tasks):
-        out.append(e.JobFinished(**s.kw(), job_id=job_id, outcome="cancelled", reason="cancelled"))
-        nodes += [sl.node for sl in state.jobs[job_id].slots]
+        job = state.jobs[job_id]
+        out.append(_timed_out(job, s) or e.JobFinished(
+            **s.kw(), job_id=job_id, outcome="cancelled", reason="cancelled"))  # fmt: skip
+        nodes += [sl.node for sl in job.slots]
     return out + drained_after(state, nodes, tasks, s)
+
+
+def _timed_out(job: Job, s: Stamp) -> e.JobFinished | None:
+    """Pure: the end of a running job cancelled past its time limit, in its limit's grace: it
+    timed out (as `sacct` keeps TIMEOUT for a job `scancel`ed in `KillWait`), so it ends
+    `time_limit`, as it would have at its SIGKILL, and the cancel only cuts the grace (its
+    run is killed at once: `StoppedRun.kill`; atk47-23 F11: it was recorded `cancelled`, and
+    `jobs --status TO` and an `afternotok` dependency missed it). None otherwise."""
+    began, limit = job.started_at, job.spec.time_limit_s
+    if job.status != "running" or began is None or limit is None or s.now < began + limit:
+        return None
+    note = f"its time limit passed at {when(began + limit)}; cancelled by {s.actor} in its grace"
+    return e.JobFinished(**s.kw(), job_id=job.job_id, outcome="failed", reason="time_limit",
+                         note=note[:1000])  # fmt: skip
 
 
 def stopping_of(state: State, cmd: c.CancelJob) -> list[StoppedRun]:

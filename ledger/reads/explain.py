@@ -213,11 +213,16 @@ def finish_line(ev: e.JobFinished) -> str:
     return f"{when(_real(ev.ended_at, ev.at))} it {words}{code}{note}{later}."
 
 
-def run_ended_line(ev: e.JobRunEnded) -> str:
+def run_ended_line(ev: e.JobRunEnded, cut: bool = False) -> str:
     """Pure: a stopped run's real end in one sentence: its processes outlived the stop by up
     to their grace, holding (and charged for) its GPUs until then; a run stopped before the
-    ledger saw it start, from its own start (`started_at`, atk44s F3)."""
-    how = "killed at the end of its grace" if ev.killed else "its processes gone"
+    ledger saw it start, from its own start (`started_at`, atk44s F3). `cut`: a cancel cut its
+    grace (a second cancel, or a cancel past its time limit): killed at once, not at its end."""
+    how = (
+        ("killed (SIGKILL), its grace cut short" if cut else "killed at the end of its grace")
+        if ev.killed
+        else "its processes gone"
+    )
     began = (
         f", charged from its own start at {when(ev.started_at)} (the ledger had stopped it "
         "before seeing it start)"
@@ -258,6 +263,7 @@ def explain_history(
     else:
         status = str(job.outcome if job.status == "finished" else job.status)
     out = [_headline(job) + f" is {status}."]
+    cut: set[int] = set()  # runs a cancel killed before the end of their grace
     for ev in history:
         match ev:
             case e.JobSubmitted():
@@ -316,9 +322,12 @@ def explain_history(
                 out.append(f"{when(ev.at)} released by {ev.actor}.")
             case e.JobFinished():
                 out.append(finish_line(ev))
+                if ev.reason == "time_limit" and not ev.actor.startswith("@"):  # a cancel
+                    cut.add(job.preemptions)  # past its limit: killed at once (`cancels`)
             case e.JobRunEnded():
-                out.append(run_ended_line(ev))
+                out.append(run_ended_line(ev, ev.run in cut))
             case e.JobKillOrdered():
+                cut.add(ev.run)
                 out.append(f"{when(ev.at)} cancelled again by {ev.actor}: its run {ev.run + 1} "
                            "in its grace is killed at once (SIGKILL).")  # fmt: skip
     if job.status in ("placed", "running"):

@@ -46,9 +46,9 @@ def test_a_running_job_past_its_limit_is_stopping_until_its_kill(
     assert shown("running", 100.0, None, grace, 10_000.0) == ("running", None)  # no limit
 
 
-def _running(w: World, **kw: object) -> int:
+def _running(w: World, gpu: int = 0, **kw: object) -> int:
     (job,) = w.submit(command=("t",), **kw)  # type: ignore[arg-type]
-    w.place(job.job_id)
+    w.place(job.job_id, "n1", gpu)
     w.run(c.StartJob(actor="@executor", job_id=job.job_id, engine="agent",
                      engine_job_id=f"{job.job_id}.1"))  # fmt: skip
     return job.job_id
@@ -104,6 +104,39 @@ def test_a_cancel_of_a_job_past_its_limit_kills_it_at_once(w: World) -> None:
     w.run(c.CancelJob(actor="alice", job_id=job_id))
     row = _queue(w, w.now)[job_id]
     assert (row.state, row.kill_at) == ("stopping", w.now)  # killed at once, as scancel
+
+
+def test_a_job_cancelled_in_its_time_limits_grace_ends_time_limit(w: World) -> None:
+    """atk47-23 F11: a job past its time limit, cancelled in its limit's grace, was recorded
+    `cancelled`; Slurm keeps such a job TIMEOUT (its `scancel` only cuts `KillWait`). Now it
+    ends `time_limit` (outcome `failed`, as a time limit's end), its run killed at once and
+    awaited as a cancel's is; a job cancelled inside its limit ends `cancelled` as before, and
+    an engine's own time-limit end (no stop of the ledger's) awaits nothing."""
+    job_id = _running(w, time_limit_s=5, grace_s=60)
+    inside = _running(w, 1, time_limit_s=3600, grace_s=60)
+    w.now += 30  # past the first's limit, in its grace
+    (end,) = [ev for ev in w.run(c.CancelJob(actor="alice", job_id=job_id))
+              if isinstance(ev, e.JobFinished)]  # fmt: skip
+    assert (end.outcome, end.reason, end.exit_code, end.ended_at) == (
+        "failed", "time_limit", None, None)  # fmt: skip
+    assert end.note.endswith("cancelled by alice in its grace")
+    stop = w.state.stopped_runs[(job_id, 0)]
+    assert (stop.kill, stop.why) == (True, "cancelled")
+    w.now += 1
+    gone = w.run(c.ConfirmRunEnded(actor="@executor", job_id=job_id, engine="agent",
+                                   engine_job_id=f"{job_id}.1", run=0, ended_at=w.now,
+                                   killed=True))  # fmt: skip
+    said = explain_history(w.state.jobs[job_id], [end, *gone], {}, w.now)
+    assert said[0].endswith(" is finished (time limit).")
+    assert "was stopped at its time limit" in said[1] and "cancelled by alice" in said[1]
+    assert "really ended (killed (SIGKILL), its grace cut short)" in said[2], said
+    (other,) = [ev for ev in w.run(c.CancelJob(actor="alice", job_id=inside))
+                if isinstance(ev, e.JobFinished)]  # fmt: skip
+    assert (other.outcome, other.reason) == ("cancelled", "cancelled")
+    by_engine = _running(w, 2, time_limit_s=5)
+    w.now += 10
+    w.run(c.FinishJob(actor="@executor", job_id=by_engine, exit_code=137, reason="time_limit"))
+    assert (by_engine, 0) not in w.state.stopped_runs
 
 
 def test_a_second_cancel_kills_a_stopping_run_at_once(w: World) -> None:
