@@ -90,12 +90,14 @@ def test_a_cancelled_job_whose_run_lives_on_is_stopping_in_queue_and_node_list(w
     assert row.reason.startswith("cancelled at ")
     (n1,) = [n for n in layer.node_list(w.state, now=w.now) if n.node == "n1"]
     assert n1.stopping_jobs == [job_id] and n1.jobs == []
+    # with no engine's word (embedded, the service down): its GPU stopping, not free (F4)
+    assert (n1.stopping_gpus, n1.free_gpus) == ([0], 7)
     # its engine reports its processes gone: nothing is stopping any more
     w.run(c.ConfirmRunEnded(actor="@executor", job_id=job_id, engine="agent",
                             engine_job_id=f"{job_id}.1", run=0, ended_at=w.now + 3))  # fmt: skip
     assert job_id not in _queue(w, w.now + 4)
     (n1,) = [n for n in layer.node_list(w.state, now=w.now) if n.node == "n1"]
-    assert n1.stopping_jobs == []
+    assert n1.stopping_jobs == [] and (n1.stopping_gpus, n1.free_gpus) == ([], 8)
 
 
 def test_a_cancel_of_a_job_past_its_limit_kills_it_at_once(w: World) -> None:
