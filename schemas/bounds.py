@@ -61,6 +61,8 @@ RECORDED_GRACE_S = 3600
 GraceSeconds = Annotated[int, msgspec.Meta(ge=0, le=RECORDED_GRACE_S)]
 """SIGTERM-to-SIGKILL grace of a job being stopped, as recorded: whole seconds, at most the hour
 submit took before `MAX_GRACE_S` (events and the agents' parts read every recorded job)."""
+DEFAULT_GRACE_S = 30.0
+"""The services' grace for a job that names none (`serve`/`up --grace`'s default)."""
 MAX_GRACE_S = 120
 """The most SIGTERM-to-SIGKILL grace a job may ask for (`submit --grace`), and the most any
 job gets at its stop, recorded before this cap or not (`job_grace`): like Slurm's KillWait, the

@@ -275,6 +275,8 @@ class DecisionBody(msgspec.Struct, frozen=True, kw_only=True):
     fragmentation_gpus: Count = 0
     wake_at: Epoch | None = None
     skipped_cycles: Count = 0
+    stopping_held: bool = False
+    """The snapshot held the GPUs of stopped runs in their grace (`CycleDecided.stopping_held`)."""
 
 
 class ApplyDecision(Command, frozen=True, kw_only=True, tag="decision.apply"):

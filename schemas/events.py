@@ -711,6 +711,11 @@ class CycleDecided(_Decided, frozen=True, kw_only=True, tag="cycle.decided.v4"):
     a record per waiting job to write its decision."""
 
     waiting: Waiting = Waiting()
+    stopping_held: bool = False
+    """Its snapshot counted the GPUs of the runs the ledger had stopped whose end was not
+    recorded yet (`State.stopped_runs`: a cancelled or preempted run in its grace) held, never
+    free (atk47-23 F8). False in the records written before, whose snapshot counted them free:
+    replay builds each decision's snapshot by the rule its record names."""
 
 
 AnyEvent = (

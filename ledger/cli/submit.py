@@ -641,14 +641,22 @@ def cancel(ctx: Ctx, job_ids: tuple[str, ...]) -> None:
             click.echo(f"error: {' '.join(err.line().split())} [{err.code}]", err=True)
             failed += 1
             continue
-        if any(isinstance(ev, JobKillOrdered) for ev in appended.events):
-            click.echo(f"job {job_id} was stopping: killed now (position {appended.position})")
+        killed = sorted({ev.job_id for ev in appended.events if isinstance(ev, JobKillOrdered)})
+        if killed:  # every task of an array in its grace, for an array's id (atk47-23 F13)
+            what = f"job {killed[0]} was" if len(killed) == 1 else (
+                f"jobs {', '.join(map(str, killed))} were")  # fmt: skip
+            click.echo(f"{what} stopping: killed now (position {appended.position})")
             continue
         ends = [ev for ev in appended.events if isinstance(ev, JobFinished)]
-        ended = [ev.job_id for ev in ends if ev.reason == "cancelled"]
+        # a job past its time limit ends `time_limit`: it timed out, the cancel cut its grace
+        ended = [ev.job_id for ev in ends if ev.reason in ("cancelled", "time_limit")]
         done.update(ended)
         what = f"job {ended[0]}" if len(ended) == 1 else f"jobs {', '.join(map(str, ended))}"
         click.echo(f"cancelled {what} (position {appended.position})")
+        timed = [ev.job_id for ev in ends if ev.reason == "time_limit"]
+        if timed:
+            click.echo(f"  {', '.join(map(str, timed))} had passed its time limit: recorded "
+                       "time_limit, killed now")  # fmt: skip
         never = [ev.job_id for ev in ends if ev.reason == "dependency_never_satisfied"]
         if never:
             click.echo(f"  and so {', '.join(map(str, never))} can never run (their dependency)")

@@ -32,6 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ledger.core.cancels import stopping_of
 from ledger.core.state import JOB_ACTOR, NODE_ACTOR, Job, State, is_system
 from schemas import commands as c
 from schemas import events as e
@@ -243,9 +244,11 @@ def _command_rule(state: State, cmd: c.AnyCommand, actor: str) -> None:
             if isinstance(cmd, c.CancelJob) and cmd.whole_array and tasks:
                 for task in sorted(tasks):  # every task of the array: each must be theirs
                     _require_owner(state, state.jobs[task], actor, verb)
-            elif isinstance(cmd, c.CancelJob) and (ending := state.stopped_of(cmd.job_id)):
-                # cancelled again while its stopped run lives on (gone from the live state)
-                _require_owner_of(state, ending[0].user, ending[0].account, cmd.job_id, actor, verb)
+            elif isinstance(cmd, c.CancelJob) and (ending := stopping_of(state, cmd)):
+                # cancelled again while its stopped runs live on (gone from the live state):
+                # every task's of an array, each must be theirs
+                for sr in ending:
+                    _require_owner_of(state, sr.user, sr.account, sr.job_id, actor, verb)
             else:
                 _require_owner(state, state.job(cmd.job_id), actor, verb)
         case c.ApplyDecision():

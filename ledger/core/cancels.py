@@ -7,16 +7,17 @@ Pure: state and commands in, events out; `now` is a parameter (in the stamp).
 from __future__ import annotations
 
 from ledger.core.runs import Stamp, drained_after
-from ledger.core.state import State, StoppedRun
+from ledger.core.state import Job, State, StoppedRun
 from schemas import commands as c
 from schemas import events as e
 from schemas.errors import InvalidTransition
+from schemas.units import when
 
 
 def cancel(state: State, cmd: c.CancelJob, s: Stamp) -> list[e.AnyEvent]:
     """One job, or every unfinished task of the array `job_id` names (`whole_array`)."""
     tasks = state.array_tasks(cmd.job_id) if cmd.whole_array else set()
-    if not tasks and (ending := state.stopped_of(cmd.job_id)):
+    if not tasks and (ending := stopping_of(state, cmd)):
         return cancel_again(cmd.job_id, ending, s)
     if not tasks:
         job = state.job(cmd.job_id)
@@ -26,16 +27,40 @@ def cancel(state: State, cmd: c.CancelJob, s: Stamp) -> list[e.AnyEvent]:
     out: list[e.AnyEvent] = []
     nodes: list[str] = []
     for job_id in sorted(tasks):
-        out.append(e.JobFinished(**s.kw(), job_id=job_id, outcome="cancelled", reason="cancelled"))
-        nodes += [sl.node for sl in state.jobs[job_id].slots]
+        job = state.jobs[job_id]
+        out.append(_timed_out(job, s) or e.JobFinished(
+            **s.kw(), job_id=job_id, outcome="cancelled", reason="cancelled"))  # fmt: skip
+        nodes += [sl.node for sl in job.slots]
     return out + drained_after(state, nodes, tasks, s)
 
 
+def _timed_out(job: Job, s: Stamp) -> e.JobFinished | None:
+    """Pure: the end of a running job cancelled past its time limit, in its limit's grace: it
+    timed out (as `sacct` keeps TIMEOUT for a job `scancel`ed in `KillWait`), so it ends
+    `time_limit`, as it would have at its SIGKILL, and the cancel only cuts the grace (its
+    run is killed at once: `StoppedRun.kill`; atk47-23 F11: it was recorded `cancelled`, and
+    `jobs --status TO` and an `afternotok` dependency missed it). None otherwise."""
+    began, limit = job.started_at, job.spec.time_limit_s
+    if job.status != "running" or began is None or limit is None or s.now < began + limit:
+        return None
+    note = f"its time limit passed at {when(began + limit)}; cancelled by {s.actor} in its grace"
+    return e.JobFinished(**s.kw(), job_id=job.job_id, outcome="failed", reason="time_limit",
+                         note=note[:1000])  # fmt: skip
+
+
+def stopping_of(state: State, cmd: c.CancelJob) -> list[StoppedRun]:
+    """Pure: what a cancel finds stopping when nothing it names is unfinished: the job's runs
+    in their grace (`State.stopped_of`), and for an array's id (`whole_array`) every task's, as
+    a second `scancel ARRAY_ID` signals every task (atk47-23 F13: only the first task's)."""
+    ending = state.array_stopped(cmd.job_id) if cmd.whole_array else []
+    return ending or state.stopped_of(cmd.job_id)
+
+
 def cancel_again(job_id: int, ending: list[StoppedRun], s: Stamp) -> list[e.AnyEvent]:
-    """Pure: a cancel of a job whose record ended (cancelled, preempted) while the runs the
-    ledger stopped live out their grace (`State.stopped_of`): each is killed at once
-    (`JobKillOrdered`), as a second `scancel` ends a job Slurm is stopping (atk46-23 F7). Once:
-    runs already ordered killed make it an error, as a cancel of a finished job is."""
+    """Pure: a cancel of a job (or an array's tasks) whose record ended (cancelled, preempted)
+    while the runs the ledger stopped live out their grace (`stopping_of`): each is killed at
+    once (`JobKillOrdered`), as a second `scancel` ends a job Slurm is stopping (atk46-23 F7).
+    Once: runs already ordered killed make it an error, as a cancel of a finished job is."""
     left = [sr for sr in ending if not sr.kill]
     if not left:
         raise InvalidTransition(
@@ -43,4 +68,4 @@ def cancel_again(job_id: int, ending: list[StoppedRun], s: Stamp) -> list[e.AnyE
             hint="`gpuledger node list` shows them stopping until they are gone",
             job_id=job_id,
         )
-    return [e.JobKillOrdered(**s.kw(), job_id=job_id, run=sr.run) for sr in left]
+    return [e.JobKillOrdered(**s.kw(), job_id=sr.job_id, run=sr.run) for sr in left]

@@ -22,6 +22,7 @@ from ledger.core.state import (
     Token,
     ancestors,
     held_bytes,
+    is_system,
 )
 from schemas import events as e
 
@@ -174,8 +175,12 @@ def evolve(state: State, event: e.AnyEvent) -> State:
             )
         case e.JobFinished():
             job = state.jobs[event.job_id]
-            if event.ended_at is None and event.reason in ("cancelled", "preempted"):
-                _stopped(state, job, event.at, event.reason)  # the ledger's, not the run's end
+            if event.ended_at is None and (
+                event.reason in ("cancelled", "preempted")
+                or (event.reason == "time_limit" and not is_system(event.actor))
+            ):  # the ledger's stop, not the run's end (a cancel past its limit: `cancels`)
+                _stopped(state, job, event.at, "cancelled" if event.reason == "time_limit"
+                         else event.reason)  # fmt: skip
             _release(state, job)
             state.finished += 1
             state.active.discard(event.job_id)

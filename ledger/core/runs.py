@@ -21,6 +21,9 @@ class Stamp(Protocol):
     @property
     def now(self) -> float: ...
 
+    @property
+    def actor(self) -> str: ...
+
     def kw(self) -> Any: ...
 
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import msgspec
 
 from schemas import events as e
-from schemas.bounds import MAX_DEPENDENCY_IDS
+from schemas.bounds import MAX_DEPENDENCY_IDS, job_grace
 from schemas.errors import InvalidTransition, UnknownEntity
 from schemas.policy import AnyPolicyConfig
 
@@ -116,6 +116,22 @@ class StoppedRun(msgspec.Struct, frozen=True, kw_only=True):
     debug: bool = False
     submitted_at: float = 0.0
     started_at: float | None = None
+
+    def kill_at(self, default_grace_s: float) -> float:
+        """Pure: when its processes get SIGKILL at the latest: its stop plus its grace (the
+        job's own, else `default_grace_s`), counted from the stop the log recorded, so a
+        restart of the service or of an agent between the stop and its SIGTERM gives no new
+        grace (atk47-23 F3); when a second cancel cut the grace (`kill`), that cancel's time
+        (`killed_at`; the stop itself in a state made before it was kept), never after the
+        grace's end."""
+        end = self.at + job_grace(self.grace_s, default_grace_s)
+        if not self.kill:
+            return end
+        return self.at if self.killed_at is None else min(end, self.killed_at)
+
+    def kill_due(self, now: float, default_grace_s: float) -> bool:
+        """Pure: whether its engine must SIGKILL it now (`kill_at` has come)."""
+        return now >= self.kill_at(default_grace_s)
 
 
 class Token(msgspec.Struct, frozen=True, kw_only=True):
@@ -264,6 +280,22 @@ class State:
         if job is not None and job.status != "finished":
             return []
         return [sr for sr in self.stopped_runs.values() if sr.job_id == job_id]
+
+    def array_stopped(self, array_job_id: int) -> list[StoppedRun]:
+        """The runs the ledger stopped whose end is not recorded yet (`stopped_of`) of every
+        task of the job array `array_job_id` whose record ended (a task's end keeps its array,
+        `ends`): what a second cancel of the array's id kills at once, as a second `scancel
+        ARRAY_ID` signals every task (atk47-23 F13). Empty for a job that is no array."""
+        out = []
+        for sr in self.stopped_runs.values():
+            job = self.jobs.get(sr.job_id)
+            if job is not None and job.status != "finished":
+                continue
+            end = self.ends.get(sr.job_id)
+            array = end[2] if end is not None else job.spec.array_job_id if job else None
+            if array == array_job_id:
+                out.append(sr)
+        return out
 
     def job(self, job_id: int) -> Job:
         job = self.jobs.get(job_id)

@@ -44,6 +44,7 @@ from projections.fairshare import FairTree, UsagePolicy, ranking_version
 from projections.store import Store
 from schemas import commands as c
 from schemas import events as e
+from schemas.bounds import DEFAULT_GRACE_S
 from schemas.codec import gc_paused
 from schemas.digest import rank_digest
 from schemas.errors import Conflict, LedgerError, NotAuthorised, UnknownEntity
@@ -227,6 +228,7 @@ def preview(
         low_util_since=low_util_since,
         position=position,
         unavailable=unavailable,
+        hold_stopping=True,  # as a cycle does
     )
     return snapshot, decide(snapshot, policy, now)
 
@@ -340,11 +342,14 @@ class Dispatcher:
         return tuple(j for j in sorted(running) if j not in jobs or jobs[j].status not in held)
 
     def carry_out(self, orders: Orders, now: float) -> Recorded:
-        """Hand the orders to the engine, with the stopped runs a second cancel ordered killed
-        (`Orders.kills`, every time until their ends are recorded); record the runs that began
-        at once."""
+        """Hand the orders to the engine, with the stopped runs to SIGKILL now (`Orders.kills`,
+        every time until their ends are recorded): those a second cancel ordered killed, and
+        those whose grace, counted from the stop the log recorded, has passed (`StoppedRun.
+        kill_due`: a restart between a stop and its SIGTERM gave the run a whole new grace,
+        atk47-23 F3); record the runs that began at once."""
+        grace = float(getattr(self.executor, "grace_s", DEFAULT_GRACE_S))  # its default grace
         kills = tuple(sorted({sr.job_id for sr in self.ledger.state.stopped_runs.values()
-                              if sr.kill}))  # fmt: skip
+                              if sr.kill_due(now, grace)}))  # fmt: skip
         orders = replace(orders, kills=kills) if kills else orders
         if not orders.stops and not orders.launches and not orders.kills:
             return Recorded()
@@ -460,6 +465,9 @@ class Dispatcher:
             # Slurm may hold a placement before it starts it: contracts count from its start
             from_start=self.executor.engine == "slurm",
             longest_s=seen.longest_s,
+            # a stopped run's GPUs are busy until its end is recorded (atk47-23 F8); the record
+            # says so (`stopping_held`), for replay
+            hold_stopping=True,
         )
         # 2. decide (pure)
         decision, self._carry = decide_carried(snapshot, self.policy, now, self._carry)
@@ -482,6 +490,7 @@ class Dispatcher:
                 policy=typed_config(self.policy),
                 ranks=rank_inputs(self.rank_source, position, ranks, level_fs),
                 skipped_cycles=self._skipped,
+                stopping_held=True,
             )
             self.ledger.execute(command)
             self._skipped, self._recorded_at = 0, now

@@ -247,7 +247,9 @@ class Observed:
     stopping: Mapping[str, frozenset[int]] = field(default_factory=dict)
     """GPUs (node -> indices) of runs the ledger stopped whose processes are not all gone yet
     (their grace): the engine starts nothing on them until they are; `node list` shows them
-    held (`stopping`). The dispatcher may place the next job on them meanwhile."""
+    held (`stopping`). The dispatcher places nothing on them either: it holds the GPUs of every
+    stopped run whose end is not recorded (`ledger.cycle.inputs.stopping_gpus`, from the log,
+    so a replay sees the same), but for a job a preemption makes room for."""
     running: frozenset[int] = frozenset()
     """Jobs that really have a run in the engine now (launched, not yet reported ended)."""
     stopped: tuple[Exit, ...] = ()

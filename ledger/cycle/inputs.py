@@ -49,6 +49,30 @@ def pending_view(job: Job) -> PendingJob:
     )
 
 
+def stopping_gpus(state: State) -> dict[str, frozenset[int]]:
+    """Pure: node -> the GPUs of the runs the ledger stopped whose end is not recorded yet
+    (`State.stopped_runs`: a cancel's, a preemption's or a requeue's run in its grace). Their
+    processes may still hold them, and the engine starts nothing there until they are gone, so
+    they are not free for a placement (as Slurm's COMPLETING job's are not: atk47-23 F8)."""
+    held: dict[str, set[int]] = {}
+    for sr in state.stopped_runs.values():
+        for sl in sr.slots:
+            held.setdefault(sl.node, set()).update(sl.gpu_indices)
+    return {node: frozenset(gpus) for node, gpus in held.items()}
+
+
+def _busy(
+    unavailable: Mapping[str, frozenset[int]] | None, stopping: Mapping[str, frozenset[int]]
+) -> Mapping[str, frozenset[int]]:
+    """Pure: the GPUs never free in a snapshot: foreign work's and stopping runs'."""
+    if not stopping:
+        return unavailable or {}
+    out = dict(stopping)
+    for node, gpus in (unavailable or {}).items():
+        out[node] = out.get(node, frozenset()) | gpus
+    return out
+
+
 def _too_long(time_limit_s: float | None, longest_s: float | None) -> bool:
     """Pure: the engine would never start a run of this time limit (counted, as Slurm counts
     it, in whole minutes rounded up)."""
@@ -71,6 +95,7 @@ def snapshot_from_state(
     unobserved: frozenset[str] = frozenset(),
     from_start: bool = False,
     longest_s: float | None = None,
+    hold_stopping: bool = False,
 ) -> Snapshot:
     """Pure: the snapshot of the write-side `state` (tests, simulation, replay): the one of
     `snapshot_kept` built from nothing kept."""
@@ -88,6 +113,7 @@ def snapshot_from_state(
         unobserved=unobserved,
         from_start=from_start,
         longest_s=longest_s,
+        hold_stopping=hold_stopping,
     )[0]
 
 
@@ -127,6 +153,7 @@ def snapshot_kept(
     unobserved: frozenset[str] = frozenset(),
     from_start: bool = False,
     longest_s: float | None = None,
+    hold_stopping: bool = False,
 ) -> tuple[Snapshot, Views]:
     """Pure: the snapshot of the write-side `state`, made with what the last call handed on
     (`kept`; None: nothing), and what to hand the next call (`Views`).
@@ -146,9 +173,12 @@ def snapshot_kept(
     started has its whole contract ahead. A pending job whose time limit (in Slurm's whole
     minutes) is over `longest_s` (the engine's partition MaxTime) is not pending in the
     snapshot: the engine would never start it, so nothing is placed or preempted for it.
+    `hold_stopping`: the GPUs of stopped runs in their grace (`stopping_gpus`) are not free
+    either (every cycle since atk47-23 F8; a replay of an older record, whose cycle counted
+    them free, passes False: `CycleDecided.stopping_held`).
     """
     low = low_util_since or {}
-    busy = unavailable or {}
+    busy = _busy(unavailable, stopping_gpus(state) if hold_stopping else {})
     last = kept or Views()
     made_nodes: dict[str, tuple[Node, NodeView]] = last.nodes
     kept_nodes: dict[str, tuple[Node, NodeView]] = {}

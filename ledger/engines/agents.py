@@ -205,7 +205,7 @@ class AgentExecutor:
         Starts come from the agents' reports."""
         for job_id in orders.stops:
             self._stop(job_id, now)
-        self._order_kills(set(orders.kills))
+        self._order_kills(set(orders.kills), now)
         for job in orders.launches:
             old = self._runs.get(job.job_id)
             if old is not None and old.run == job.run:
@@ -684,10 +684,11 @@ class AgentExecutor:
             else:
                 self._unpublished.add(node)
 
-    def _order_kills(self, jobs: set[int]) -> None:
-        """The stopped runs of `jobs` a second cancel ordered killed, on their nodes' lists
+    def _order_kills(self, jobs: set[int], now: float) -> None:
+        """The stopped runs of `jobs` to SIGKILL now (a second cancel, or their grace from the
+        recorded stop has passed: `StoppedRun.kill_due`), on their nodes' lists
         (`Assignment.kill`): each node's agent kills them at once."""
-        kills = kills_by_node(self.ledger.state.stopped_runs, jobs)
+        kills = kills_by_node(self.ledger.state.stopped_runs, jobs, now, self.grace_s)
         self._unpublished |= self.board.order_all_kills(kills)
 
     def _publish(self, node: str, *, bump: bool = True) -> None:

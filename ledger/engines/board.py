@@ -103,14 +103,18 @@ def _settle(fut: asyncio.Future[None]) -> None:
 
 
 def kills_by_node(
-    stopped: Mapping[tuple[int, int], StoppedRun], jobs: Iterable[int]
+    stopped: Mapping[tuple[int, int], StoppedRun],
+    jobs: Iterable[int],
+    now: float,
+    default_grace_s: float,
 ) -> dict[str, tuple[a.PartRun, ...]]:
-    """Pure: the stopped runs of `jobs` a second cancel ordered killed (`StoppedRun.kill`,
-    `Orders.kills`), listed per node they hold GPUs on (`Assignment.kill`)."""
+    """Pure: the stopped runs of `jobs` (`Orders.kills`) to SIGKILL now (`StoppedRun.kill_due`:
+    a second cancel ordered it, or their grace from the recorded stop has passed), listed per
+    node they hold GPUs on (`Assignment.kill`)."""
     want = set(jobs)
     kills: dict[str, list[a.PartRun]] = {}
     for (job_id, run), sr in sorted(stopped.items()):
-        if sr.kill and job_id in want:
+        if job_id in want and sr.kill_due(now, default_grace_s):
             for node in dict.fromkeys(sl.node for sl in sr.slots):
                 kills.setdefault(node, []).append(a.PartRun(job_id=job_id, run=run))
     return {node: tuple(runs) for node, runs in kills.items()}

@@ -436,6 +436,7 @@ class Replayer:
             shares=shares,
             low_util_since=tracker.low_since,
             position=recorded.based_on,
+            hold_stopping=recorded.stopping_held,  # as its cycle counted stopping GPUs
         )
         ranked = registry.ranked(config)
         return snapshot, policy, rank_digest(ranks, level_fs) if ranked else None

@@ -11,12 +11,12 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from ledger.reads.stopping import STOPPING, limit_kill_at, past_limit
+from ledger.reads.stopping import STOPPING, limit_kill_at, past_limit, stopping_note
 from schemas import events as e
 from schemas.units import key_text, plural, span, times_in, when
 
 if TYPE_CHECKING:  # annotations only: `explain`'s time words load without the dispatcher
-    from ledger.core.state import Job
+    from ledger.core.state import Job, State
     from ledger.dispatch.engine import Decision, Unplaceable
     from ledger.dispatch.policy import Policy
     from ledger.dispatch.snapshot import PendingJob, Snapshot
@@ -79,10 +79,16 @@ def protected_note(
 
 
 def explain_pending(
-    job: Job, decision: Decision, snapshot: Snapshot, now: float, policy: Policy | None = None
+    job: Job,
+    decision: Decision,
+    snapshot: Snapshot,
+    now: float,
+    policy: Policy | None = None,
+    state: State | None = None,
 ) -> list[str]:
     """Why a pending job waits, from a live decision on the current snapshot (by `policy`:
-    what protects the victims a preemption would take, `protected_note`)."""
+    what protects the victims a preemption would take, `protected_note`; with the live
+    `state`: the stopping GPUs it waits for, `stopping_note`)."""
     spec = job.spec
     order = [j.job_id for _, j in decision.order]
     out = [_headline(job) + " is pending."]
@@ -115,7 +121,10 @@ def explain_pending(
             _RAW_TIME.sub(when(wait.until), wait.reason) if wait.until is not None else wait.reason
         )
         pending = _pending_by_id(snapshot, [spec.job_id])
-        note = protected_note(policy, snapshot, pending[0] if pending else None, wait, now)
+        mine = pending[0] if pending else None
+        note = protected_note(policy, snapshot, mine, wait, now)
+        if state is not None:
+            note += stopping_note(state, snapshot, mine, wait)
         out.append(f"It waits: {wait.code}: {reason}{until}{note}.")
     if not job.funded:
         out.append("Unfunded work goes after all funded work and may be preempted at any time.")
@@ -207,11 +216,13 @@ def finish_line(ev: e.JobFinished) -> str:
 def run_ended_line(ev: e.JobRunEnded, cut: bool = False) -> str:
     """Pure: a stopped run's real end in one sentence: its processes outlived the stop by up
     to their grace, holding (and charged for) its GPUs until then; a run stopped before the
-    ledger saw it start, from its own start (`started_at`, atk44s F3). `cut`: a second cancel
-    ordered it killed in its grace (`JobKillOrdered`; atk47-23 F6: "killed at the end of its
-    grace" was said of those too)."""
-    how = "killed" if ev.killed else "its processes gone"
-    how += " by the second cancel" if ev.killed and cut else " at the end of its grace" * ev.killed
+    ledger saw it start, from its own start (`started_at`, atk44s F3). `cut`: a cancel cut its
+    grace (a second cancel, or a cancel past its time limit): killed at once, not at its end."""
+    how = (
+        ("killed (SIGKILL), its grace cut short" if cut else "killed at the end of its grace")
+        if ev.killed
+        else "its processes gone"
+    )
     began = (
         f", charged from its own start at {when(ev.started_at)} (the ledger had stopped it "
         "before seeing it start)"
@@ -252,7 +263,7 @@ def explain_history(
     else:
         status = str(job.outcome if job.status == "finished" else job.status)
     out = [_headline(job) + f" is {status}."]
-    cut = {(ev.job_id, ev.run) for ev in history if isinstance(ev, e.JobKillOrdered)}
+    cut: set[int] = set()  # runs a cancel killed before the end of their grace
     for ev in history:
         match ev:
             case e.JobSubmitted():
@@ -311,9 +322,12 @@ def explain_history(
                 out.append(f"{when(ev.at)} released by {ev.actor}.")
             case e.JobFinished():
                 out.append(finish_line(ev))
+                if ev.reason == "time_limit" and not ev.actor.startswith("@"):  # a cancel
+                    cut.add(job.preemptions)  # past its limit: killed at once (`cancels`)
             case e.JobRunEnded():
-                out.append(run_ended_line(ev, (ev.job_id, ev.run) in cut))
+                out.append(run_ended_line(ev, ev.run in cut))
             case e.JobKillOrdered():
+                cut.add(ev.run)
                 out.append(f"{when(ev.at)} cancelled again by {ev.actor}: its run {ev.run + 1} "
                            "in its grace is killed at once (SIGKILL).")  # fmt: skip
     if job.status in ("placed", "running"):

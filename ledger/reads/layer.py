@@ -99,10 +99,16 @@ def node_list(
 ) -> list[v.NodeRow]:
     """Nodes in service (not removed), by name, with free GPUs and the jobs they hold; GPUs
     that `foreign` work holds, and those of stopped runs still in their grace (`stopping`), as
-    the service last observed its engine, are not free. `stopping_jobs`: the jobs stopping on
-    each at `now` (`stopping_on`)."""
+    the service last observed its engine, are not free, nor those of the runs the log says were
+    stopped and whose end is not recorded yet (`stopping_gpus`, which the dispatcher holds: a
+    read with the service down, embedded, showed them free, atk47-23 F4). `stopping_jobs`: the
+    jobs stopping on each at `now` (`stopping_on`)."""
+    from ledger.cycle.inputs import stopping_gpus
+
     held = foreign or {}
-    ending = stopping or {}
+    ending = dict(stopping or {})
+    for node, gpus in stopping_gpus(state).items():
+        ending[node] = ending.get(node, frozenset()) | gpus
     stopping_jobs = stopping_on(state, now)
 
     def busy(node: str) -> frozenset[int]:

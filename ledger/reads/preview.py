@@ -20,7 +20,7 @@ from ledger.reads.estimates import (
 )
 from ledger.reads.explain import explain_history, explain_pending, protected_note
 from ledger.reads.layer import Viewer, redact_event, utilisation
-from ledger.reads.stopping import past_limit
+from ledger.reads.stopping import past_limit, stopping_note
 from schemas import events as e
 from schemas import views as v
 from schemas.errors import InvalidCommand, UnknownEntity
@@ -65,11 +65,21 @@ def readable(text: str, until: float | None = None) -> str:
 
 
 def _reason(
-    wait: Unplaceable, policy: Policy, snapshot: Snapshot, job: PendingJob | None, now: float
+    wait: Unplaceable,
+    policy: Policy,
+    snapshot: Snapshot,
+    job: PendingJob | None,
+    now: float,
+    state: State,
 ) -> str:
-    """A waiting job's reason as reads show it: readable times, and what protects the victims
-    a preemption would take (`protected_note`; the recorded reason is the dispatcher's)."""
-    return readable(wait.reason, wait.until) + protected_note(policy, snapshot, job, wait, now)
+    """A waiting job's reason as reads show it: readable times, what protects the victims a
+    preemption would take (`protected_note`) and the stopping GPUs it waits for
+    (`stopping_note`; the recorded reason is the dispatcher's)."""
+    return (
+        readable(wait.reason, wait.until)
+        + protected_note(policy, snapshot, job, wait, now)
+        + stopping_note(state, snapshot, job, wait)
+    )
 
 
 def _under(account: str, root: str | None) -> bool:
@@ -122,7 +132,7 @@ def queue(
                     order=i + 1, job_id=p.job_id, account=p.account, user=p.user, gpus=p.gpus,
                     funded=p.funded, debug=p.debug, state="pending", sort_key=list(key),
                     code=wait.code if wait else "NEXT_CYCLE",
-                    reason=_reason(wait, policy, snapshot, p, now) if wait else _next(state),
+                    reason=_reason(wait, policy, snapshot, p, now, state) if wait else _next(state),
                     submitted_at=p.submitted_at, waiting_s=max(0.0, now - p.submitted_at),
                     estimated_start_at=starts.get(p.job_id), time_limit_s=p.time_limit_s,
                 )
@@ -254,7 +264,7 @@ def queue_page(
                 order=x[0], job_id=p.job_id, account=p.account, user=p.user, gpus=p.gpus,
                 funded=p.funded, debug=p.debug, state="pending", sort_key=list(keys[p.job_id]),
                 code=x[6],
-                reason=_reason(wait, policy, snapshot, p, now) if wait else _next(state),
+                reason=_reason(wait, policy, snapshot, p, now, state) if wait else _next(state),
                 submitted_at=p.submitted_at, waiting_s=max(0.0, now - p.submitted_at),
                 estimated_start_at=starts.get(p.job_id), time_limit_s=p.time_limit_s,
             )
@@ -643,7 +653,7 @@ def explain_now(
                    after=(f"It may not run yet ({what}): {waits.reason}.",))  # fmt: skip
     assert store is not None and policy is not None
     snapshot, decision = preview or live(ledger, store, policy, now)
-    lines = [readable(x) for x in explain_pending(job, decision, snapshot, now, policy)]
+    lines = [readable(x) for x in explain_pending(job, decision, snapshot, now, policy, state)]
     order = [j.job_id for _, j in decision.order]
     if job_id not in order:
         return Now(status, lines=lines, earlier=True)
@@ -652,7 +662,7 @@ def explain_now(
     code = wait.code if wait else "NEXT_CYCLE"
     mine = next((p for p in snapshot.pending if p.job_id == job_id), None)
     reason = (
-        _reason(wait, policy, snapshot, mine, now)
+        _reason(wait, policy, snapshot, mine, now, state)
         if wait
         else "it would be placed in the next cycle"
         if placing(state)

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal, TypeVar
 
+from schemas.bounds import DEFAULT_GRACE_S as DEFAULT_GRACE_S
 from schemas.bounds import job_grace
 
 if TYPE_CHECKING:
     from ledger.core.state import State, StoppedRun
-
-DEFAULT_GRACE_S = 30.0
-"""The services' grace for a job that names none (`serve`/`up --grace`'s default)."""
+    from ledger.dispatch.engine import Unplaceable
+    from ledger.dispatch.snapshot import PendingJob, Snapshot
 
 W = TypeVar("W", bound=str)
 """A status word (`schemas.views.JobStatusWord`)."""
@@ -76,12 +76,9 @@ def shown(
 
 def stopped_kill_at(run: StoppedRun) -> float:
     """Pure: when a run the ledger stopped is SIGKILLed at the latest: its stop plus its grace;
-    the second cancel that cut the grace (`StoppedRun.kill`, its `killed_at`; the stop itself
-    in a state made before it was kept), never after that grace's end."""
-    end = run.at + job_grace(run.grace_s, DEFAULT_GRACE_S)
-    if not run.kill:
-        return end
-    return run.at if run.killed_at is None else min(end, run.killed_at)
+    the second cancel that cut the grace (`StoppedRun.kill_at`), never after that grace's
+    end."""
+    return run.kill_at(DEFAULT_GRACE_S)
 
 
 def stopped_shown(state: State) -> dict[int, StoppedRun]:
@@ -94,3 +91,41 @@ def stopped_shown(state: State) -> dict[int, StoppedRun]:
         j: sr for j, sr in latest.items()
         if (job := state.jobs.get(j)) is None or job.status == "finished"
     }  # fmt: skip
+
+
+def stopping_note(
+    state: State, snapshot: Snapshot, job: PendingJob | None, wait: Unplaceable | None
+) -> str:
+    """Pure, at read time: what a job told it waits for GPUs (`WAIT_RESOURCES`) would take once
+    stopped runs in their grace are gone, when their GPUs (held, never free, for the dispatcher:
+    atk47-23 F8) and the free ones would fit it on a node of its kind, as "; ..." to add to its
+    reason; "" otherwise. The recorded reason is the dispatcher's, byte for byte."""
+    from schemas.units import plural, when
+
+    if job is None or wait is None or wait.code != "WAIT_RESOURCES" or not state.stopped_runs:
+        return ""
+    held: dict[str, set[int]] = {}
+    runs: dict[str, list[StoppedRun]] = {}
+    for sr in state.stopped_runs.values():
+        for sl in sr.slots:
+            held.setdefault(sl.node, set()).update(sl.gpu_indices)
+            runs.setdefault(sl.node, []).append(sr)
+    kind = [
+        n for n in snapshot.nodes
+        if n.state == "active" and n.name in held
+        and job.gpu_type in (None, n.gpu_type) and job.cluster in (None, n.cluster)
+    ]  # fmt: skip
+    fits = [n for n in kind if len(n.free) + len(held[n.name]) >= job.gpus]
+    if not fits and sum(len(n.free) + len(held[n.name]) for n in kind) < job.gpus:
+        return ""
+    named: list[str] = []
+    for n in fits or kind:
+        gpus = ",".join(map(str, sorted(held[n.name])))
+        who = sorted({(sr.job_id, stopped_kill_at(sr)) for sr in runs[n.name]})
+        jobs = ", ".join(f"job {j}'s SIGKILL by {when(at)}" for j, at in who[:3])
+        named.append(f"{n.name} GPUs {gpus} ({jobs})")
+    more = f" and {plural(len(named) - 3, 'more node')}" if len(named) > 3 else ""
+    return (
+        f"; it waits for GPUs of stopped runs still in their grace, free once their processes "
+        f"are gone: {'; '.join(named[:3])}{more}"
+    )

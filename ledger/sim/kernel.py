@@ -64,13 +64,19 @@ class KernelExecutor:
         self._ends: list[tuple[float, int, int]] = []
         """(end time, job id, launch number): a stopped job's old end is stale."""
         self._launches = 0
+        self._runs: dict[int, int] = {}
+        """Running job -> which run of it this is (`Launch.run`)."""
+        self._stopped: list[Exit] = []
+        """Runs stopped since the last `observe`, whose end an engine that names its runs
+        reports (`Observed.stopped`): a stop here ends the run at once."""
 
     # --- the executor protocol -----------------------------------------------------------------
 
     def observe(self, now: float, nodes: Mapping[str, Node]) -> Observed:
         """The jobs whose work is done by `now` exit (in (time, job id) order)."""
         exits = self._ended(now)
-        return Observed(exits=tuple(exits), running=frozenset(self._live))
+        stopped, self._stopped = self._stopped, []
+        return Observed(exits=tuple(exits), running=frozenset(self._live), stopped=tuple(stopped))
 
     def carry_out(self, orders: Orders, now: float) -> tuple[Start, ...]:
         """Stop (a job that keeps the signal contract checkpoints first), then launch: every
@@ -114,6 +120,7 @@ class KernelExecutor:
         restart = job.run > 0 or self.relaunched(job.job_id)
         begins = now + (self.relaunch_s if restart else 0.0)
         self._live[job.job_id] = (self._launches, begins, saved)
+        self._runs[job.job_id] = job.run
         total = self.work.get(job.job_id, job.duration_s)
         if total is not None:
             end = begins + max(0.0, total - saved)
@@ -122,7 +129,10 @@ class KernelExecutor:
     def _stop(self, job_id: int, now: float) -> None:
         if self.on_sigterm(job_id):
             self.checkpoint(job_id, now)
-        self._live.pop(job_id, None)
+        if self._live.pop(job_id, None) is not None and self.engine:  # its end, as engines say
+            run = self._runs.get(job_id, 0)
+            self._stopped.append(Exit(job_id, -15, now, engine_job_id=f"{job_id}.{run + 1}",
+                                      run=run))  # fmt: skip
 
     def _ended(self, now: float) -> list[Exit]:
         out = []

@@ -225,7 +225,9 @@ def test_every_read_survives_the_extremes(home: Path, args: tuple[str, ...]) -> 
         # the hand-made decision with extreme values replays, and differs from what the policy
         # decides: reported, exit 1; the dispatcher's own decisions replay identically
         assert out.exit_code == 1, out.output[-2000:]
-        assert "6 decisions replayed" in out.output and "5 identical, 1 differ" in out.output
+        # (5 since a stopped run's GPUs are held until its end is recorded, atk47-23 F8: the
+        # cycle right after the requeue places nothing, as its old run still holds them)
+        assert "5 decisions replayed" in out.output and "4 identical, 1 differ" in out.output
         return
     assert out.exit_code == 0, out.output[-2000:]
     assert "Infinity" not in out.output and "NaN" not in out.output

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -209,3 +210,66 @@ def test_serve_keeps_the_runs_of_ups_agents_and_one_server_per_data_directory(
 
 def procs_of(d: Path) -> list[int]:
     return [p.job_id for p in live_processes(d)]
+
+
+def _gpu_of(row: dict[str, object]) -> list[int]:
+    [slot] = row["slots"]  # type: ignore[misc]
+    return list(slot["gpu_indices"])  # type: ignore[index]
+
+
+def test_a_new_job_goes_to_a_free_gpu_not_one_a_cancelled_job_is_stopping_on(home: Path) -> None:
+    """atk47-23 F8 as found: a job that ignores SIGTERM (`--grace 60s`) is cancelled and
+    another job submitted at once, the node's other GPU idle. It is placed on the idle GPU and
+    starts at once (before: on the stopping GPU, started a whole grace later). A third job finds
+    no free GPU: it waits, and `explain` says for which GPU and whose SIGKILL; a second cancel
+    kills the first at once, and the third starts on its GPU."""
+    submit(home, "bob", 1, "trap '' TERM; while :; do sleep 0.2; done", "--grace", "60s")
+    up = Service(home)
+    wait_for("job 1 running", lambda: jobs(home)[1]["status"] == "running", home=home)
+    first = _gpu_of(jobs(home)[1])
+    cli(home, "cancel", "1", actor="bob")
+    submit(home, "alice", 1, "sleep 600")
+    wait_for("job 2 running", lambda: jobs(home)[2]["status"] == "running", timeout=30, home=home)
+    assert _gpu_of(jobs(home)[2]) != first
+    assert [p.job_id for p in live_processes(state(home))].count(1) == 1  # 1 is in its grace
+    submit(home, "alice", 1, "sleep 600")
+    said = ""
+
+    def waits() -> bool:
+        nonlocal said
+        said = cli(home, "explain", "3").stdout
+        return "it waits for GPUs of stopped runs still in their grace" in said
+
+    wait_for("explain 3 to say what it waits for", waits, timeout=30, home=home)
+    assert f"local GPUs {first[0]} (job 1's SIGKILL by " in said, said
+    assert jobs(home)[3]["status"] == "pending"
+    cli(home, "cancel", "1", actor="bob")  # killed at once
+    wait_for("job 3 running", lambda: jobs(home)[3]["status"] == "running", timeout=30, home=home)
+    assert _gpu_of(jobs(home)[3]) == first
+    assert up.proc.poll() is None
+
+
+def test_a_cancel_whose_sigterm_a_restart_cut_off_gets_no_new_grace_after_it(home: Path) -> None:
+    """atk47-23 F3: `up` dies between a cancel and its SIGTERM (here: the cancel is recorded
+    while `up` is down). Its SIGKILL is due at the recorded cancel plus the grace, as every
+    read says; before, the restarted `up` sent SIGTERM and gave a whole new grace, the reads
+    showing a SIGKILL time already past. Now the run is killed at once once that time has
+    passed, and its recorded end is then."""
+    submit(home, "bob", 1, "trap '' TERM; while :; do sleep 0.2; done", "--grace", "20s")
+    up = Service(home)
+    wait_for("job 1 running", lambda: jobs(home)[1]["status"] == "running", home=home)
+    [part] = live_processes(state(home))
+    assert up.signal(signal.SIGKILL) == -signal.SIGKILL
+    cli(home, "cancel", "1", actor="bob")  # recorded; nothing carries it out yet
+    [row] = json.loads(cli(home, "queue", "--state", "running", "--json").stdout)
+    kill_at = row["kill_at"]
+    assert row["state"] == "stopping" and kill_at is not None
+    time.sleep(max(0.0, kill_at - time.time()) + 1)
+    assert [p.pid for p in live_processes(state(home))] == [part.pid]  # not signalled yet
+    restarted = time.time()
+    up = Service(home)
+    wait_for("its process to end", lambda: not live_processes(state(home)), timeout=60, home=home)
+    assert time.time() - restarted < 15, up.log.read_text()[-2000:]  # was 20 s and more
+    wait_for("its end recorded", lambda: events(home, "job.run_ended.v2") != [], home=home)
+    [ended] = events(home, "job.run_ended.v2")
+    assert ended["job_id"] == 1 and ended["ended_at"] < restarted + 15

@@ -61,12 +61,12 @@ def _charged(led: Ledger, user: str) -> float:
 def test_a_cancelled_run_that_ignores_term_ends_and_is_charged_when_its_processes_die(
     ledger: Ledger,
 ) -> None:
-    """F1: cancel, the job's 3 s grace, scancel (Slurm's EndTime), then KillWait (10 s) of
+    """F1: cancel, the job's 15 s grace, scancel (Slurm's EndTime), then KillWait (10 s) of
     ignored SIGTERM before SIGKILL. The run's recorded end, the job's end and its charge are the
     processes' end (within 2 s), not the scancel's EndTime (10 s earlier)."""
     work = ledger.work
     ledger.up()
-    ledger.submit("alice", 1, _stubborn(work), "--grace", "3s")
+    ledger.submit("alice", 1, _stubborn(work), "--grace", "15s")
     running = lambda: (work / "alive").exists() and status(ledger, 1) == "running"  # noqa: E731
     ledger.wait("the job to run", running)
     (gpu,) = ledger.jobs()[1]["slots"][0]["gpu_indices"]
@@ -74,6 +74,12 @@ def test_a_cancelled_run_that_ignores_term_ends_and_is_charged_when_its_processe
     # its GPU is held while its processes live (its grace, then KillWait): `stopping`, not free
     ledger.wait("its GPU shown stopping", lambda: _node(ledger)["stopping_gpus"] == [gpu])
     assert _node(ledger)["free_gpus"] == 3
+    # atk47-23 F8 on Slurm: a job submitted meanwhile goes to a free GPU and starts in the
+    # grace (it was placed on the stopping GPU, and started after the grace and KillWait)
+    ledger.submit("bob", 1, "sleep 2")
+    ledger.wait("job 2 to run", lambda: status(ledger, 2) in ("running", "finished"), 30)
+    assert ledger.jobs()[2]["slots"][0]["gpu_indices"] != [gpu]
+    assert _times(work / "alive")[-1] > time.time() - 2  # job 1 still in its grace
     last = _until_quiet(work / "alive")
     ledger.wait("the run's end", lambda: bool(ledger.of("job.run_ended.v2", 1)))
     (end,) = ledger.of("job.run_ended.v2", 1)

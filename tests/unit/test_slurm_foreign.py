@@ -250,3 +250,29 @@ def test_a_run_found_after_a_restart_gets_sigterm_and_its_grace_unless_one_was_s
     again._view = {j.slurm_id: j for j in parse_jobs(ours(1, 5, "RUNNING"))}
     again._read_runs(1_000.0)
     assert again.sent == [["scancel", "--signal=KILL", "--batch", "--name=gpuledger-1", "5"]]
+
+
+def test_a_run_found_after_a_restart_past_its_recorded_kill_time_is_killed_at_once(
+    tmp_path: Path,
+) -> None:
+    """atk47-23 F3 on Slurm: the ledger recorded the stop (`State.stopped_runs`, at 900 with a
+    30 s grace) and the service died before its scancel. A restart at 1,000 finds the run: its
+    SIGKILL was due at 930, as every read said, so it is killed at once (SIGTERM, then the
+    batch step's SIGKILL in the same read), not given a whole new grace from the restart."""
+    from ledger.core.state import StoppedRun
+    from schemas.events import GpuSlot
+
+    stop = StoppedRun(job_id=1, run=0, slots=(GpuSlot(node="vm", gpu_indices=(0,)),), at=900.0,
+                      grace_s=30)  # fmt: skip
+    ex = SentSlurm("gpuledger", LID, tmp_path)
+    ex.job_grace = lambda _job: 30.0
+    ex.stopped_runs = lambda: {(1, 0): stop}
+    ex._view = {j.slurm_id: j for j in parse_jobs(ours(1, 5, "RUNNING"))}
+    ex._read_runs(1_000.0)
+    assert ex.sent[-1] == ["scancel", "--signal=KILL", "--batch", "--name=gpuledger-1", "5"]
+    early = SentSlurm("gpuledger", LID, tmp_path / "b")  # inside its grace: SIGTERM, and waits
+    early.job_grace = lambda _job: 30.0
+    early.stopped_runs = lambda: {(1, 0): stop}
+    early._view = {j.slurm_id: j for j in parse_jobs(ours(1, 5, "RUNNING"))}
+    early._read_runs(910.0)
+    assert early.sent == [["scancel", "--signal=TERM", "--full", "--name=gpuledger-1", "5"]]

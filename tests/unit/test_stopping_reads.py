@@ -12,6 +12,7 @@ from ledger.reads import layer
 from ledger.reads.explain import explain_history, run_ended_line
 from ledger.reads.preview import _holding_rows, explain_now
 from ledger.reads.stopping import DEFAULT_GRACE_S, limit_kill_at, shown
+from schemas import agent as a
 from schemas import commands as c
 from schemas import events as e
 from schemas import views as v
@@ -45,9 +46,9 @@ def test_a_running_job_past_its_limit_is_stopping_until_its_kill(
     assert shown("running", 100.0, None, grace, 10_000.0) == ("running", None)  # no limit
 
 
-def _running(w: World, **kw: object) -> int:
+def _running(w: World, gpu: int = 0, **kw: object) -> int:
     (job,) = w.submit(command=("t",), **kw)  # type: ignore[arg-type]
-    w.place(job.job_id)
+    w.place(job.job_id, "n1", gpu)
     w.run(c.StartJob(actor="@executor", job_id=job.job_id, engine="agent",
                      engine_job_id=f"{job.job_id}.1"))  # fmt: skip
     return job.job_id
@@ -89,12 +90,14 @@ def test_a_cancelled_job_whose_run_lives_on_is_stopping_in_queue_and_node_list(w
     assert row.reason.startswith("cancelled at ")
     (n1,) = [n for n in layer.node_list(w.state, now=w.now) if n.node == "n1"]
     assert n1.stopping_jobs == [job_id] and n1.jobs == []
+    # with no engine's word (embedded, the service down): its GPU stopping, not free (F4)
+    assert (n1.stopping_gpus, n1.free_gpus) == ([0], 7)
     # its engine reports its processes gone: nothing is stopping any more
     w.run(c.ConfirmRunEnded(actor="@executor", job_id=job_id, engine="agent",
                             engine_job_id=f"{job_id}.1", run=0, ended_at=w.now + 3))  # fmt: skip
     assert job_id not in _queue(w, w.now + 4)
     (n1,) = [n for n in layer.node_list(w.state, now=w.now) if n.node == "n1"]
-    assert n1.stopping_jobs == []
+    assert n1.stopping_jobs == [] and (n1.stopping_gpus, n1.free_gpus) == ([], 8)
 
 
 def test_a_cancel_of_a_job_past_its_limit_kills_it_at_once(w: World) -> None:
@@ -103,6 +106,39 @@ def test_a_cancel_of_a_job_past_its_limit_kills_it_at_once(w: World) -> None:
     w.run(c.CancelJob(actor="alice", job_id=job_id))
     row = _queue(w, w.now)[job_id]
     assert (row.state, row.kill_at) == ("stopping", w.now)  # killed at once, as scancel
+
+
+def test_a_job_cancelled_in_its_time_limits_grace_ends_time_limit(w: World) -> None:
+    """atk47-23 F11: a job past its time limit, cancelled in its limit's grace, was recorded
+    `cancelled`; Slurm keeps such a job TIMEOUT (its `scancel` only cuts `KillWait`). Now it
+    ends `time_limit` (outcome `failed`, as a time limit's end), its run killed at once and
+    awaited as a cancel's is; a job cancelled inside its limit ends `cancelled` as before, and
+    an engine's own time-limit end (no stop of the ledger's) awaits nothing."""
+    job_id = _running(w, time_limit_s=5, grace_s=60)
+    inside = _running(w, 1, time_limit_s=3600, grace_s=60)
+    w.now += 30  # past the first's limit, in its grace
+    (end,) = [ev for ev in w.run(c.CancelJob(actor="alice", job_id=job_id))
+              if isinstance(ev, e.JobFinished)]  # fmt: skip
+    assert (end.outcome, end.reason, end.exit_code, end.ended_at) == (
+        "failed", "time_limit", None, None)  # fmt: skip
+    assert end.note.endswith("cancelled by alice in its grace")
+    stop = w.state.stopped_runs[(job_id, 0)]
+    assert (stop.kill, stop.why) == (True, "cancelled")
+    w.now += 1
+    gone = w.run(c.ConfirmRunEnded(actor="@executor", job_id=job_id, engine="agent",
+                                   engine_job_id=f"{job_id}.1", run=0, ended_at=w.now,
+                                   killed=True))  # fmt: skip
+    said = explain_history(w.state.jobs[job_id], [end, *gone], {}, w.now)
+    assert said[0].endswith(" is finished (time limit).")
+    assert "was stopped at its time limit" in said[1] and "cancelled by alice" in said[1]
+    assert "really ended (killed (SIGKILL), its grace cut short)" in said[2], said
+    (other,) = [ev for ev in w.run(c.CancelJob(actor="alice", job_id=inside))
+                if isinstance(ev, e.JobFinished)]  # fmt: skip
+    assert (other.outcome, other.reason) == ("cancelled", "cancelled")
+    by_engine = _running(w, 2, time_limit_s=5)
+    w.now += 10
+    w.run(c.FinishJob(actor="@executor", job_id=by_engine, exit_code=137, reason="time_limit"))
+    assert (by_engine, 0) not in w.state.stopped_runs
 
 
 def test_a_second_cancel_kills_a_stopping_run_at_once(w: World) -> None:
@@ -133,7 +169,7 @@ def test_a_second_cancel_kills_a_stopping_run_at_once(w: World) -> None:
     )
     (ended,) = w.run(gone)
     line = run_ended_line(ended, cut=True)  # as `explain` says it of a run cut short (F6b)
-    assert "killed by the second cancel" in line and "end of its grace" not in line, line
+    assert "its grace cut short" in line and "end of its grace" not in line, line
     with pytest.raises(InvalidTransition, match="already cancelled"):
         w.run(c.CancelJob(actor="alice", job_id=job_id))  # gone: a finished job, as before
 
@@ -178,3 +214,63 @@ def test_a_second_cancel_after_the_grace_would_have_ended_keeps_the_graces_end()
     assert stopped_kill_at(msgspec.structs.replace(sr, kill=True, killed_at=105.0)) == 105.0
     assert stopped_kill_at(msgspec.structs.replace(sr, kill=True, killed_at=130.0)) == 110.0
     assert stopped_kill_at(msgspec.structs.replace(sr, kill=True)) == 100.0  # kept before
+
+
+@pytest.mark.parametrize("live_only", [False, True])
+def test_a_second_cancel_of_an_arrays_id_kills_every_task_in_its_grace(
+    w: World, live_only: bool
+) -> None:
+    """atk47-23 F13: `cancel 44` of a running array cancelled its three tasks; `cancel 44` again
+    (a second `scancel 44`, which Slurm applies to every task) killed only task 44, and the
+    others lived out their grace. Now every task's run in its grace is ordered killed, and a
+    bob's second cancel of alice's array is refused as the first is."""
+    tasks = [t.job_id for t in w.submit(command=("t",), array=(0, 1, 2), grace_s=100)]
+    for gpu, job_id in enumerate(tasks):
+        w.place(job_id, "n1", gpu)
+        w.run(c.StartJob(actor="@executor", job_id=job_id, engine="agent",
+                         engine_job_id=f"{job_id}.1"))  # fmt: skip
+    first = tasks[0]
+    cancelled = w.run(c.CancelJob(actor="alice", job_id=first, whole_array=True))
+    assert [ev.job_id for ev in cancelled if isinstance(ev, e.JobFinished)] == tasks
+    if live_only:  # a server keeps only live jobs
+        w.state.jobs = {k: j for k, j in w.state.jobs.items() if j.active}
+        w.state.live_only = True
+    with pytest.raises(NotAuthorised):
+        w.run(c.CancelJob(actor="bob", job_id=first, whole_array=True))
+    ordered = w.run(c.CancelJob(actor="alice", job_id=first, whole_array=True))
+    assert [(ev.job_id, ev.run) for ev in ordered if isinstance(ev, e.JobKillOrdered)] == [
+        (t, 0) for t in tasks
+    ]
+    assert all(w.state.stopped_runs[(t, 0)].kill for t in tasks)
+    with pytest.raises(InvalidTransition, match="its processes are being killed"):
+        w.run(c.CancelJob(actor="alice", job_id=first, whole_array=True))  # once
+    # one task by its own id (`cancel 44_1`): that task alone, as before
+    more = [t.job_id for t in w.submit(command=("t",), array=(0, 1), grace_s=100)]
+    for gpu, job_id in enumerate(more, start=4):
+        w.place(job_id, "n1", gpu)
+        w.run(c.StartJob(actor="@executor", job_id=job_id, engine="agent",
+                         engine_job_id=f"{job_id}.1"))  # fmt: skip
+    w.run(c.CancelJob(actor="alice", job_id=more[0], whole_array=True))
+    (one,) = w.run(c.CancelJob(actor="alice", job_id=more[1]))
+    assert isinstance(one, e.JobKillOrdered) and one.job_id == more[1]
+
+
+def test_a_stopped_run_is_ordered_killed_once_its_recorded_grace_has_passed() -> None:
+    """atk47-23 F3: the SIGKILL of a stopped run is due at the recorded stop plus its grace
+    (the job's own, else the engine's default), whatever restarts came between: the agents
+    get it on their kill list then (`Assignment.kill`), at once after a second cancel."""
+    from ledger.core.state import StoppedRun
+    from ledger.engines.board import kills_by_node
+
+    slot = (e.GpuSlot(node="n1", gpu_indices=(0,)),)
+    own = StoppedRun(job_id=7, run=0, slots=slot, at=100.0, grace_s=20)
+    default = StoppedRun(job_id=8, run=1, slots=slot, at=100.0)
+    cut = StoppedRun(job_id=9, run=0, slots=slot, at=100.0, grace_s=60, kill=True)
+    stopped = {(r.job_id, r.run): r for r in (own, default, cut)}
+    assert (own.kill_at(45.0), default.kill_at(45.0), cut.kill_at(45.0)) == (120.0, 145.0, 100.0)
+    runs = lambda now: [(k.job_id, k.run) for k in  # noqa: E731
+                        kills_by_node(stopped, {7, 8, 9}, now, 45.0).get("n1", ())]  # fmt: skip
+    assert runs(110.0) == [(9, 0)]
+    assert runs(120.0) == [(7, 0), (9, 0)]
+    assert runs(145.0) == [(7, 0), (8, 1), (9, 0)]
+    assert kills_by_node(stopped, {8}, 200.0, 45.0) == {"n1": (a.PartRun(job_id=8, run=1),)}

@@ -75,7 +75,9 @@ def carry_stops(ex: SlurmExecutor, now: float) -> None:
     cancel: `StoppedRun.kill`, atk46-23 F7)."""
     note_started_stops(ex, now)  # a stop of a run never recorded started: on disk (F1)
     reported = len(ex._stopped)
-    ordered = {tag for tag, sr in ex.stopped_runs().items() if sr.kill}  # cancelled again (F7)
+    # cancelled again (F7), or its grace from the recorded stop has passed: a restart between
+    # the stop and its SIGKILL gives no new grace (atk47-23 F3, F9)
+    ordered = {tag for tag, sr in ex.stopped_runs().items() if sr.kill_due(now, ex.grace_s)}
     for slurm_id, st in list(ex._stopping.items()):  # 2. stops: the grace, then scancel
         st.grace_s = 0.0 if st.run in ordered else st.grace_s  # no grace left: SIGKILL now
         j = ex._view.get(slurm_id)
