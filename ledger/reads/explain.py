@@ -199,7 +199,7 @@ def finish_line(ev: e.JobFinished) -> str:
     from ledger.core.state import DRAINED_NOTE
 
     words = _FINISH_WORDS.get(ev.reason, f"ended {ev.reason}")
-    note = f" ({ev.note})" if ev.note else ""
+    note = f" ({times_in(ev.note)})" if ev.note else ""  # its raw `t=` times as times
     if ev.reason == "preempted" and ev.note == DRAINED_NOTE:  # no preemption: its node's drain
         words, note = _DRAINED_WORDS, ""
     if ev.reason == "cancelled":

@@ -22,6 +22,7 @@ from schemas import events as e
 from schemas import views as v
 from schemas.bounds import TeamDepth, check
 from schemas.errors import InvalidCommand, NotAuthorised, UnknownEntity
+from schemas.units import times_in
 
 if TYPE_CHECKING:  # a read loads what it uses: `jobs` and `shares` never load the dispatcher,
     # `jobs` neither the fair-share queries nor the event decoders
@@ -635,7 +636,12 @@ def preemption_report(
     if account is not None and not history.account_known(con, account.rstrip("/")):
         raise UnknownEntity(f"no account {account!r}", hint="see `gpuledger account tree`")
     q = history.preemption_report(account, side, start, end)
-    rows = [v.PreemptionReportRow(**r) for r in history.dicts(con, q)]
+    # the victim rule's raw `t=` times (the policy's note, kept byte for byte) as times, the
+    # CLI's text on every face (atk48-29 F1: the page showed "since t=1.79646e+09")
+    rows = [
+        v.PreemptionReportRow(**{**r, "rule": times_in(r["rule"]) if r.get("rule") else r["rule"]})
+        for r in history.dicts(con, q)
+    ]
     caused = [
         r
         for r in rows

@@ -185,3 +185,17 @@ def test_raw_times_in_recorded_notes_read_as_the_cli_writes_times() -> None:
         "room at 2026-01-01 00:00:00Z when the contracts end"
     )
     assert times_in("unfunded") == "unfunded"
+
+
+def test_a_jobs_end_in_explain_shows_a_notes_raw_times_as_times() -> None:
+    """atk48-29 F1: a squatting preemption's note (`low utilisation since t=1.79646e+09`, the
+    policy's, kept byte for byte for replay) was shown raw at the job's end in `explain` and the
+    job page, where the preempted line already showed it as a time."""
+    from ledger.reads.explain import finish_line
+    from schemas import events as e
+
+    ev = e.JobFinished(event_id="x", at=1_796_460_000.0, actor="@dispatcher", job_id=1,
+                       outcome="failed", reason="preempted",
+                       note="low utilisation since t=1.79646e+09")  # fmt: skip
+    line = finish_line(ev)
+    assert "t=1.79646e+09" not in line and "about 2026-12-05" in line, line

@@ -591,7 +591,7 @@ async function preemptionsPage(first) {
     td(timeEl(r.preempted_at)), td(r.side, { "data-col": "side" }),
     td(el("a", { href: `/ui/job?id=${r.job_id}` }, r.job_id)), td(r.account || "—"), td(r.user_name || "—"),
     td(r.gpus === null ? "—" : r.gpus, { class: "num" }), td(r.reason, { "data-col": "reason" }),
-    td(r.rule || "—", { "data-col": "rule" }),
+    td(localised(r.rule || "—"), { "data-col": "rule" }),
     td(r.for_job === null ? "—" : el("a", { href: `/ui/job?id=${r.for_job}` }, r.for_job), { "data-col": "for_job" }),
     td(r.for_account || "—"), td(num(r.lost_gpu_hours, 2), { class: "num", "data-col": "lost" })));
   const who = rep.account ? `${rep.account} and below` : "every team";
