@@ -490,12 +490,14 @@ class Lease:
         self._notices = []
         try:
             con = self._connection()
-            watchdog = threading.Timer(self.answer_s + 0.1, cancel_quietly, (con,))
+            answered = threading.Event()
+            watchdog = threading.Timer(self.answer_s + 0.1, self._watch, (con, answered))
             watchdog.daemon = True
             watchdog.start()
             try:
                 rows: list[tuple[Any, ...]] = con.execute(sql, params).fetchall()
             finally:
+                answered.set()
                 watchdog.cancel()
             if any(SYNC_WAIT in n for n in self._notices):
                 raise NotCommitting(NOT_COMMITTING.format(round(self.answer_s + 0.1, 1)))
@@ -505,6 +507,21 @@ class Lease:
                 self._con.close()
                 self._con = None
             raise
+
+    def _watch(self, con: Any, answered: threading.Event) -> None:
+        """The watchdog of a statement unanswered past `answer_s`: cancel it (a commit waiting
+        for a synchronous standby that is down ends so, `NotCommitting`), and if it is still
+        unanswered `answer_s` later, abandon the connection (its socket shut: the statement
+        raises at once). A PostgreSQL that hangs (its postmaster and backends stopped: a
+        storage stall) answers neither the statement, nor its own `statement_timeout`, nor the
+        cancel, and TCP keepalives are answered by its host's kernel: the statement waited
+        forever, the server never counted the store away, nobody kept the agents' node leases,
+        and every running job was fenced at the node lease's end (atk48-ha F5)."""
+        cancel_quietly(con, timeout=self.answer_s)
+        if not answered.wait(self.answer_s):
+            log.warning("a lease statement has had no answer for %.1f s: its connection is "
+                        "abandoned", 2 * self.answer_s + 0.1)  # fmt: skip
+            abandon_connection(con)
 
     def may_act(self) -> bool:
         """Is this server the leader now, by its own clock (a fifth of the lease to spare)?"""
@@ -723,15 +740,27 @@ class Lease:
         return f"Lease({redacted(self.dsn)}, {self.address}, epoch {self.epoch})"
 
 
-def cancel_quietly(con: Any) -> None:
+def cancel_quietly(con: Any, timeout: float = 2.0) -> None:
     """Cancel the statement running on `con` (the lease's watchdog, on a timer thread): a
     cancel that gets no answer (a silent partition: `CancellationTimeout`) is one log line,
     not an unhandled thread traceback (atk45ha F3); the statement's own error tells the rest."""
     try:
-        con.cancel_safe(timeout=2)
+        con.cancel_safe(timeout=timeout)
     except Exception as err:  # any failure of a best-effort cancel
         log.warning("the lease's statement could not be cancelled: %s: %s",
                     type(err).__name__, err)  # fmt: skip
+
+
+def abandon_connection(con: Any) -> None:
+    """Shut the socket of `con` (another thread's statement on it raises at once, whatever the
+    server does): the way out of a statement on a server that answers nothing, not even a
+    cancel. The connection is closed by its user (`Lease._run`)."""
+    try:
+        fd = con.pgconn.socket
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    except Exception as err:  # closed meanwhile: nothing to abandon
+        log.debug("could not abandon the lease's connection: %s", err)
 
 
 def dead_here(holder: str) -> bool:
