@@ -8,7 +8,8 @@ statement unanswered past its budget abandons its connection and counts as the s
 servers keep their agents' leases as they do when PostgreSQL is down, the jobs outlive a hang
 longer than the node's lease (checked from outside the ledger: every process alive, none
 signalled, none launched twice), and once the store answers nothing is recorded lost, failed
-or requeued."""
+or requeued. The leader stopped (SIGTERM) during the hang stops in seconds, as when the store is
+down (it waited for the store to answer again)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ from tests.integration.test_pg_failover import Pg
 NODE_LEASE_S = NODE_LOST_S + FENCE_S - 3
 HUNG_S = NODE_LEASE_S + 10.0
 """The hang outlasts the node's lease: a job whose lease nobody renews is fenced by then."""
+STOP_AT_S = 8.0
+"""When the leader is stopped: after the acting leader's own keeps, before anyone else's."""
 
 
 def signal_all(pids: list[int], sig: signal.Signals) -> None:
@@ -61,7 +64,7 @@ def test_postgresql_hung_longer_than_the_node_lease_kills_no_job(
     try:
         for m in g.members:
             g.start(m)
-        g.leader()
+        leader = g.leader()
         for agent in agents:
             agent.start()
         command = ("sh", "-c", JOB.format(dir=marks))
@@ -83,6 +86,13 @@ def test_postgresql_hung_longer_than_the_node_lease_kills_no_job(
         assert len(hung) > 3, hung  # the postmaster and its backends
         signal_all(hung, signal.SIGSTOP)
         hung_at = time.monotonic()
+        time.sleep(STOP_AT_S)
+        # the leader stopped (SIGTERM) during the hang stops in seconds, and its jobs run on
+        assert leader.proc is not None
+        began = time.monotonic()
+        leader.proc.send_signal(signal.SIGTERM)
+        assert leader.proc.wait(timeout=90) == 0, why()
+        stopped_in = time.monotonic() - began
         while time.monotonic() - hung_at < HUNG_S:
             for job, (lead, child) in running.items():
                 assert _alive(lead) and _alive(child), (job, why())
@@ -91,6 +101,7 @@ def test_postgresql_hung_longer_than_the_node_lease_kills_no_job(
         signal_all(hung, signal.SIGCONT)
         hung = []
         back = time.time()
+        g.start(leader)  # the stopped server comes back and stands by
         wait_cycled_after(g, back, timeout=120)
         time.sleep(NODE_LOST_S + 2.0)  # what a leader would count lost, it counts by now
 
@@ -123,6 +134,7 @@ def test_postgresql_hung_longer_than_the_node_lease_kills_no_job(
             if agent.proc is not None and agent.proc.poll() is None:
                 agent.kill(signal.SIGKILL)
         g.stop()
+    assert stopped_in < 15.0, stopped_in
     assert len(jobs) == 4
     for job, lines in launches.items():  # one launch each, never signalled
         assert [ln.split()[0] for ln in lines if ln] == ["start"], (job, lines)
