@@ -246,6 +246,7 @@ class NodeAgent:
         self.ex = executor
         self.status_path = status_path
         self.seen = Seen()
+        self._poll_client: AgentClient | None = None  # the poller's (`_send`: atk48-ha F6)
         from ledger.wire.client import Silent
 
         self.silent = Silent()
@@ -448,6 +449,7 @@ class NodeAgent:
 
     def _poller(self) -> None:
         client = self._client(self.s.poll_wait_s)
+        self._poll_client = client
         version = ""
         while not self.stop_event.is_set():
             try:
@@ -623,6 +625,10 @@ class NodeAgent:
         if ack.node_fence_s is not None and ack.node_lost_after_s is not None:
             self.lease.learn(ack.node_lost_after_s, ack.node_fence_s, sent)  # atk37-28 F1
         self._contact(sent, client.node_lease)
+        # only the acting leader takes a report: a long poll elsewhere waits on one that leads
+        poll = self._poll_client  # no more (frozen: its wait + 5 s, atk48-ha F6): given up
+        if poll is not None and poll.client.abandon_unless(client.client.url):
+            log.info("%s leads now: the list is asked of it", client.client.url)
         if ack.node_state == "lost" and not self._kept_lost:
             self._rejoin = True
         self._kept_lost = self._kept_lost and ack.node_state == "lost"

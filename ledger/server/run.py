@@ -392,7 +392,7 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
     finally:
         if close_up is not None:
             close_up()
-        worker.stop()  # finishes its queue and the current cycle
+        worker.stop(lambda: ha is not None and ha.unreachable is not None)  # its queue, cycle
         away = ha is not None and (ha.unreachable is not None or worker.follow_error is not None)
         service.close(store_away=away)
         if ha is not None:

@@ -58,6 +58,8 @@ _WAKE = _Task(None, None)
 """Tells the worker thread the log moved (its idle work waits for the next quiet moment)."""
 
 
+AWAY_STOP_S = 2.0
+"""How long a stop waits for the worker while the store does not answer (`Worker.stop`)."""
 READ_WAIT_S = 8.0
 """The longest a read waits for the worker thread on a PostgreSQL store (then 503): every read
 answers within 10 s while PostgreSQL is down (docs/security.md, row T5)."""
@@ -266,12 +268,22 @@ class Worker:
         self._thread = threading.Thread(target=self._run, name="ledger-worker", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
-        """Finish what is queued and the current cycle, then end the thread."""
+    def stop(self, away: Callable[[], bool] = lambda: False) -> None:
+        """Finish what is queued and the current cycle, then end the thread; while the store
+        is `away` (it does not answer the lease), not waited for past `AWAY_STOP_S`: a thread
+        waiting on a store that hangs (its processes stopped) held a SIGTERM'd server until
+        the store answered again (atk48-ha F5); its statement is the store's to run, fenced
+        by the epoch like any append, or to drop, as with a kill -9."""
         self.accepting = False
         self._queue.put(None)
         if self._thread is not None:
-            self._thread.join()
+            given = time.monotonic() + AWAY_STOP_S
+            while self._thread.is_alive():
+                self._thread.join(timeout=0.2)
+                if away() and time.monotonic() > given:
+                    log.warning("the worker waits on a store that does not answer: stopping "
+                                "without it")  # fmt: skip
+                    return
         if self.commits:
             log.info("group commit: %d commands in %d transactions", self.committed, self.commits)
 

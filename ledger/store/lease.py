@@ -36,8 +36,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from ledger.core.runas import admission_meaning
-from ledger.store.leaseschema import LEADER_TABLE, REFUSED_TABLE, SERVERS_TABLE, make_schema
+from ledger.store.leaseschema import (
+    LEADER_TABLE as LEADER_TABLE,
+)
+from ledger.store.leaseschema import (
+    REFUSED_TABLE as REFUSED_TABLE,
+)
 from ledger.store.leaseschema import SCHEMA_LOCK as SCHEMA_LOCK
+from ledger.store.leaseschema import (
+    SERVERS_TABLE as SERVERS_TABLE,
+)
+from ledger.store.leaseschema import (
+    make_schema,
+    qualified,
+    store_schema,
+)
 from ledger.store.pgread import connect, redacted
 from schemas.errors import InvalidCommand
 
@@ -262,7 +275,7 @@ def setup(dsn: str) -> None:
     """Make the lease tables and the fence function unless the store has them as this version
     makes them (`leaseschema.make_schema`: concurrent starts wait for each other)."""
     with connect(dsn) as con:
-        make_schema(con)
+        make_schema(con, schema=store_schema())
 
 
 def agree(
@@ -293,21 +306,22 @@ def agree(
             f"--lease {mine.lease_s:g}s is outside {low:g}s-{high:g}s",
             hint="the default 5s suits most clusters: docs/ha.md",
         )
+    schema = store_schema()
     with connect(dsn) as con:
-        exists = f"SELECT to_regclass('{LEADER_TABLE}') IS NOT NULL, now()"
+        exists = qualified("SELECT to_regclass('{leader}') IS NOT NULL, now()", schema)
         made, now = con.execute(exists).fetchone()
         row = None
         if made:  # a read: the lock a keep waits for is never taken by a server refused here
-            row = con.execute(
-                f"SELECT to_jsonb(l) || jsonb_build_object('live', l.expires_at > now()) "
-                f"FROM {LEADER_TABLE} l WHERE id = 1"
-            ).fetchone()
+            row = con.execute(qualified(
+                "SELECT to_jsonb(l) || jsonb_build_object('live', l.expires_at > now()) "
+                "FROM {leader} l WHERE id = 1", schema,
+            )).fetchone()  # fmt: skip
         recorded, live, who = _read_row(row[0] if row else {}, mine)
         if recorded is not None and mine.differs(recorded) and (live or not change):
             raise _disagreement(mine, recorded, who, live)
         if change and vet is not None and recorded is not None and mine.differs(recorded):
             vet(recorded)
-        make_schema(con)
+        make_schema(con, schema=schema)
     if change and recorded is not None and not mine.differs(recorded):
         return None  # nothing to change: the flag does nothing (it acts once: atk39-28 F3)
     return now
@@ -380,7 +394,7 @@ _RECORDED_ADMISSION = "admission, admission_epoch IS NOT DISTINCT FROM epoch"
 version's take, e.g. during an upgrade or after a rollback, docs/ha.md "Upgrading", moves the
 epoch and not `admission_epoch`: `compared_admission`)."""
 _TAKE = (
-    f"UPDATE {LEADER_TABLE} SET epoch = epoch + 1, stamp = stamp + 1, holder = %(holder)s, "
+    "UPDATE {leader} SET epoch = epoch + 1, stamp = stamp + 1, holder = %(holder)s, "
     "address = %(address)s, "
     "expires_at = now() + make_interval(secs => %(lease)s), acquired_at = now(), "
     f"settings_at = CASE WHEN {_SAME} THEN settings_at ELSE now() END, "
@@ -392,7 +406,7 @@ _TAKE = (
     "work = COALESCE(%(work)s::text, work), admission = COALESCE(%(admission)s::text, admission), "
     "admission_epoch = CASE WHEN %(admission)s::text IS NOT NULL OR admission_epoch = epoch "
     "THEN epoch + 1 ELSE admission_epoch END "
-    f"FROM (SELECT expires_at AS was_until, stamp AS was_stamp FROM {LEADER_TABLE} "
+    "FROM (SELECT expires_at AS was_until, stamp AS was_stamp FROM {leader} "
     "WHERE id = 1) AS was "
     "WHERE id = 1 AND (expires_at < now() OR holder = %(holder)s) "
     f"AND ({_AGREES} OR settings_at IS NULL AND %(since)s::timestamptz IS NOT NULL "
@@ -410,9 +424,10 @@ release between is not seen, and counts as not clean)."""
 def leading_now(dsn: str) -> str | None:
     """The address of the server that holds the lease now (None: nobody leads)."""
     with connect(dsn) as con:
-        row = con.execute(
-            f"SELECT address, expires_at > now() FROM {LEADER_TABLE} WHERE id = 1 AND holder <> ''"
-        ).fetchone()
+        row = con.execute(qualified(
+            "SELECT address, expires_at > now() FROM {leader} WHERE id = 1 AND holder <> ''",
+            store_schema(),
+        )).fetchone()  # fmt: skip
     return (row[0] or "?") if row is not None and row[1] else None
 
 
@@ -433,6 +448,8 @@ class Lease:
         admission: str | None = None,
     ) -> None:
         self.dsn = dsn
+        self.schema = store_schema()
+        """The store's schema (`leaseschema.store_schema`): every lease object is named in it."""
         self.holder = holder
         self.address = address
         self.lease_s = lease_s
@@ -490,12 +507,16 @@ class Lease:
         self._notices = []
         try:
             con = self._connection()
-            watchdog = threading.Timer(self.answer_s + 0.1, cancel_quietly, (con,))
+            answered = threading.Event()
+            watchdog = threading.Timer(self.answer_s + 0.1, self._watch, (con, answered))
             watchdog.daemon = True
             watchdog.start()
             try:
-                rows: list[tuple[Any, ...]] = con.execute(sql, params).fetchall()
+                rows: list[tuple[Any, ...]] = con.execute(
+                    qualified(sql, self.schema), params
+                ).fetchall()
             finally:
+                answered.set()
                 watchdog.cancel()
             if any(SYNC_WAIT in n for n in self._notices):
                 raise NotCommitting(NOT_COMMITTING.format(round(self.answer_s + 0.1, 1)))
@@ -505,6 +526,21 @@ class Lease:
                 self._con.close()
                 self._con = None
             raise
+
+    def _watch(self, con: Any, answered: threading.Event) -> None:
+        """The watchdog of a statement unanswered past `answer_s`: cancel it (a commit waiting
+        for a synchronous standby that is down ends so, `NotCommitting`), and if it is still
+        unanswered `answer_s` later, abandon the connection (its socket shut: the statement
+        raises at once). A PostgreSQL that hangs (its postmaster and backends stopped: a
+        storage stall) answers neither the statement, nor its own `statement_timeout`, nor the
+        cancel, and TCP keepalives are answered by its host's kernel: the statement waited
+        forever, the server never counted the store away, nobody kept the agents' node leases,
+        and every running job was fenced at the node lease's end (atk48-ha F5)."""
+        cancel_quietly(con, timeout=self.answer_s)
+        if not answered.wait(self.answer_s):
+            log.warning("a lease statement has had no answer for %.1f s: its connection is "
+                        "abandoned", 2 * self.answer_s + 0.1)  # fmt: skip
+            abandon_connection(con)
 
     def may_act(self) -> bool:
         """Is this server the leader now, by its own clock (a fifth of the lease to spare)?"""
@@ -544,7 +580,7 @@ class Lease:
         that does not answer raises: the lease still runs until `deadline`."""
         sent = time.monotonic()
         rows = self._run(
-            f"UPDATE {LEADER_TABLE} SET expires_at = now() + make_interval(secs => %s), "
+            "UPDATE {leader} SET expires_at = now() + make_interval(secs => %s), "
             "stamp = stamp + 1 "
             "WHERE id = 1 AND holder = %s AND epoch = %s RETURNING epoch",
             (self.lease_s, self.holder, self.epoch),
@@ -562,7 +598,7 @@ class Lease:
         if self.epoch and self.may_act():
             until = "'-infinity'" if clean else "now()"
             self._run(
-                f"UPDATE {LEADER_TABLE} SET expires_at = {until} "
+                f"UPDATE {{leader}} SET expires_at = {until} "
                 "WHERE id = 1 AND holder = %s AND epoch = %s RETURNING 1",
                 (self.holder, self.epoch),
             )
@@ -575,7 +611,7 @@ class Lease:
             "extract(epoch FROM expires_at - now()) END, lease_s, "
             "node_lost_s, node_fence_s, work, settings_at IS NULL OR settings_at < "
             "%s::timestamptz, extract(epoch FROM held_until - now()), "
-            f"{_RECORDED_ADMISSION} FROM {LEADER_TABLE} WHERE id = 1",
+            f"{_RECORDED_ADMISSION} FROM {{leader}} WHERE id = 1",
             (self.since,),
         )
         self._read = True
@@ -631,7 +667,7 @@ class Lease:
         in the database's clock: the commit comes after the keep, so it never says too early),
         and how long a node lease its keeps grant (`node_lease_s`)."""
         self._run(
-            f"INSERT INTO {SERVERS_TABLE} AS s (holder, address, role, position, seen_at, "
+            "INSERT INTO {servers} AS s (holder, address, role, position, seen_at, "
             "kept_at, node_lease_s) VALUES (%s, %s, %s, %s, now(), "
             "now() - make_interval(secs => %s), %s) ON CONFLICT (holder) "
             "DO UPDATE SET address = excluded.address, role = excluded.role, "
@@ -655,7 +691,7 @@ class Lease:
             "SELECT extract(epoch FROM max(GREATEST(kept_at, CASE WHEN seen_at < now() - "
             "make_interval(secs => %(stale)s) THEN seen_at + make_interval(secs => %(keep)s) "
             "END) + make_interval(secs => GREATEST(0, COALESCE(node_lease_s - %(own)s::float8, "
-            f"0)))) - now()) FROM {SERVERS_TABLE}",
+            "0)))) - now()) FROM {servers}",
             {"stale": stale_s, "keep": keep_s, "own": self.node_lease_s},
         )
         return None if not rows or rows[0][0] is None else float(rows[0][0])
@@ -665,7 +701,7 @@ class Lease:
         refused in the last `within_s` seconds (`gpuledger_leader_guard`): (address, holder,
         how many in all), by address."""
         rows = self._run(
-            f"SELECT address, holder, refused FROM {REFUSED_TABLE} "
+            "SELECT address, holder, refused FROM {refused} "
             "WHERE last_at > now() - make_interval(secs => %s) ORDER BY address, holder",
             (within_s,),
         )
@@ -674,8 +710,8 @@ class Lease:
     def members(self, within_s: float = 60.0) -> list[Member]:
         """The servers that reported in the last `within_s` seconds."""
         rows = self._run(
-            f"SELECT holder, address, role, position, extract(epoch FROM now() - seen_at) "
-            f"FROM {SERVERS_TABLE} WHERE seen_at > now() - make_interval(secs => %s) "
+            "SELECT holder, address, role, position, extract(epoch FROM now() - seen_at) "
+            "FROM {servers} WHERE seen_at > now() - make_interval(secs => %s) "
             "AND role <> 'stopped' ORDER BY address",
             (within_s,),
         )
@@ -686,14 +722,14 @@ class Lease:
         this one's predecessor killed, or stopped while the store was away): they keep nothing
         more, so only their keeps count, as of now at the latest (`keep_bound`). Returns them."""
         rows = self._run(
-            f"SELECT holder FROM {SERVERS_TABLE} WHERE address = %s AND holder <> %s "
+            "SELECT holder FROM {servers} WHERE address = %s AND holder <> %s "
             "AND role <> 'stopped'",
             (self.address, self.holder),
         )
         gone = [h for (h,) in rows if dead(h)]
         for holder in gone:
             self._run(
-                f"UPDATE {SERVERS_TABLE} SET role = 'stopped', seen_at = 'infinity', "
+                "UPDATE {servers} SET role = 'stopped', seen_at = 'infinity', "
                 "kept_at = GREATEST(kept_at, now()) WHERE holder = %s RETURNING 1",
                 (holder,),
             )
@@ -704,12 +740,12 @@ class Lease:
         (`kept_at` within the last day): then its row stays, as `stopped`, and only its keeps
         count (`keep_bound`: a stopped server keeps nothing more)."""
         self._run(
-            f"DELETE FROM {SERVERS_TABLE} WHERE holder = %s AND (kept_at IS NULL OR "
+            "DELETE FROM {servers} WHERE holder = %s AND (kept_at IS NULL OR "
             "kept_at < now() - interval '1 day') RETURNING 1",
             (self.holder,),
         )
         self._run(
-            f"UPDATE {SERVERS_TABLE} SET role = 'stopped', seen_at = 'infinity' "
+            "UPDATE {servers} SET role = 'stopped', seen_at = 'infinity' "
             "WHERE holder = %s RETURNING 1",
             (self.holder,),
         )
@@ -723,15 +759,27 @@ class Lease:
         return f"Lease({redacted(self.dsn)}, {self.address}, epoch {self.epoch})"
 
 
-def cancel_quietly(con: Any) -> None:
+def cancel_quietly(con: Any, timeout: float = 2.0) -> None:
     """Cancel the statement running on `con` (the lease's watchdog, on a timer thread): a
     cancel that gets no answer (a silent partition: `CancellationTimeout`) is one log line,
     not an unhandled thread traceback (atk45ha F3); the statement's own error tells the rest."""
     try:
-        con.cancel_safe(timeout=2)
+        con.cancel_safe(timeout=timeout)
     except Exception as err:  # any failure of a best-effort cancel
         log.warning("the lease's statement could not be cancelled: %s: %s",
                     type(err).__name__, err)  # fmt: skip
+
+
+def abandon_connection(con: Any) -> None:
+    """Shut the socket of `con` (another thread's statement on it raises at once, whatever the
+    server does): the way out of a statement on a server that answers nothing, not even a
+    cancel. The connection is closed by its user (`Lease._run`)."""
+    try:
+        fd = con.pgconn.socket
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            sock.shutdown(socket.SHUT_RDWR)
+    except Exception as err:  # closed meanwhile: nothing to abandon
+        log.debug("could not abandon the lease's connection: %s", err)
 
 
 def dead_here(holder: str) -> bool:

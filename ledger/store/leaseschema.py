@@ -14,8 +14,13 @@ leader's keep behind it for long."""
 from __future__ import annotations
 
 import hashlib
+import os
+import re
 import time
+from collections.abc import Mapping
 from typing import Any
+
+from schemas.errors import InvalidCommand
 
 LEADER_TABLE = "gpuledger_leader"
 SERVERS_TABLE = "gpuledger_servers"
@@ -25,8 +30,8 @@ REFUSED_TABLE = "gpuledger_refused"
 SCHEMA_LOCK = 7346010
 """The advisory lock the store's schema is made under (the lease's tables, the recorders')."""
 
-SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS {LEADER_TABLE} (
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS {leader} (
     id int PRIMARY KEY CHECK (id = 1),
     epoch bigint NOT NULL,
     holder text NOT NULL,
@@ -34,33 +39,33 @@ CREATE TABLE IF NOT EXISTS {LEADER_TABLE} (
     expires_at timestamptz NOT NULL,
     acquired_at timestamptz NOT NULL
 );
-INSERT INTO {LEADER_TABLE} VALUES (1, 0, '', '', '-infinity', now()) ON CONFLICT DO NOTHING;
-ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS lease_s double precision NOT NULL DEFAULT 0;
-ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS node_lost_s double precision;
-ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS node_fence_s double precision;
-ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS work text;
-ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS settings_at timestamptz;
-ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS held_until timestamptz;
-ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS admission text;
-ALTER TABLE {LEADER_TABLE} ADD COLUMN IF NOT EXISTS stamp bigint NOT NULL DEFAULT 0;
+INSERT INTO {leader} VALUES (1, 0, '', '', '-infinity', now()) ON CONFLICT DO NOTHING;
+ALTER TABLE {leader} ADD COLUMN IF NOT EXISTS lease_s double precision NOT NULL DEFAULT 0;
+ALTER TABLE {leader} ADD COLUMN IF NOT EXISTS node_lost_s double precision;
+ALTER TABLE {leader} ADD COLUMN IF NOT EXISTS node_fence_s double precision;
+ALTER TABLE {leader} ADD COLUMN IF NOT EXISTS work text;
+ALTER TABLE {leader} ADD COLUMN IF NOT EXISTS settings_at timestamptz;
+ALTER TABLE {leader} ADD COLUMN IF NOT EXISTS held_until timestamptz;
+ALTER TABLE {leader} ADD COLUMN IF NOT EXISTS admission text;
+ALTER TABLE {leader} ADD COLUMN IF NOT EXISTS stamp bigint NOT NULL DEFAULT 0;
 DO $$ BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{LEADER_TABLE}'::regclass
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{leader}'::regclass
                    AND attname = 'admission_epoch' AND NOT attisdropped) THEN
-        ALTER TABLE {LEADER_TABLE} ADD COLUMN admission_epoch bigint;
-        UPDATE {LEADER_TABLE} SET admission_epoch = epoch WHERE stamp > 0;
+        ALTER TABLE {leader} ADD COLUMN admission_epoch bigint;
+        UPDATE {leader} SET admission_epoch = epoch WHERE stamp > 0;
     END IF;
 END $$;
-CREATE TABLE IF NOT EXISTS {REFUSED_TABLE} (
+CREATE TABLE IF NOT EXISTS {refused} (
     holder text PRIMARY KEY,
     address text NOT NULL,
     refused bigint NOT NULL,
     last_at timestamptz NOT NULL
 );
-CREATE OR REPLACE FUNCTION gpuledger_leader_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION {guard}() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF NEW.stamp IS NOT DISTINCT FROM OLD.stamp
             AND (NEW.epoch <> OLD.epoch OR NEW.expires_at > OLD.expires_at) THEN
-        INSERT INTO {REFUSED_TABLE} AS r VALUES (NEW.holder, NEW.address, 1, now())
+        INSERT INTO {refused} AS r VALUES (NEW.holder, NEW.address, 1, now())
             ON CONFLICT (holder) DO UPDATE SET refused = r.refused + 1,
                 address = excluded.address, last_at = now();
         RAISE WARNING 'gpuledger: the lease is not taken nor kept by % (%): a server of an '
@@ -72,23 +77,23 @@ BEGIN
 END $$;
 DO $$ BEGIN
     IF NOT EXISTS (SELECT 1 FROM pg_trigger WHERE tgname = 'gpuledger_leader_guard'
-                   AND tgrelid = '{LEADER_TABLE}'::regclass) THEN
-        CREATE TRIGGER gpuledger_leader_guard BEFORE UPDATE ON {LEADER_TABLE}
-            FOR EACH ROW EXECUTE FUNCTION gpuledger_leader_guard();
+                   AND tgrelid = '{leader}'::regclass) THEN
+        CREATE TRIGGER gpuledger_leader_guard BEFORE UPDATE ON {leader}
+            FOR EACH ROW EXECUTE FUNCTION {guard}();
     END IF;
 END $$;
-CREATE TABLE IF NOT EXISTS {SERVERS_TABLE} (
+CREATE TABLE IF NOT EXISTS {servers} (
     holder text PRIMARY KEY,
     address text NOT NULL,
     role text NOT NULL,
     position bigint NOT NULL,
     seen_at timestamptz NOT NULL
 );
-ALTER TABLE {SERVERS_TABLE} ADD COLUMN IF NOT EXISTS kept_at timestamptz;
-ALTER TABLE {SERVERS_TABLE} ADD COLUMN IF NOT EXISTS node_lease_s double precision;
-CREATE OR REPLACE FUNCTION gpuledger_fence(want bigint) RETURNS void LANGUAGE plpgsql AS $$
+ALTER TABLE {servers} ADD COLUMN IF NOT EXISTS kept_at timestamptz;
+ALTER TABLE {servers} ADD COLUMN IF NOT EXISTS node_lease_s double precision;
+CREATE OR REPLACE FUNCTION {fence}(want bigint) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM 1 FROM {LEADER_TABLE} WHERE id = 1 AND epoch = want FOR SHARE;
+    PERFORM 1 FROM {leader} WHERE id = 1 AND epoch = want FOR SHARE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'gpuledger: not the leader (epoch % was taken over)', want
             USING ERRCODE = 'raise_exception';
@@ -105,30 +110,70 @@ leader's keep queues behind a waiting ACCESS EXCLUSIVE lock: `Lease.answer_s` is
 lease of 1 s at least)."""
 
 
-def made(con: Any) -> bool:
+def store_schema(env: Mapping[str, str] | None = None) -> str:
+    """The PostgreSQL schema of the store's events (`GPULEDGER_PG_SCHEMA`, else `public`: the
+    one `ledger.store.postgres` gives eventsourcing), where the lease's objects are too."""
+    name = str((os.environ if env is None else env).get("GPULEDGER_PG_SCHEMA") or "").strip()
+    name = name or "public"
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$]{0,62}", name):
+        raise InvalidCommand(
+            f"GPULEDGER_PG_SCHEMA {name!r} is not a plain PostgreSQL name",
+            hint="use letters, digits and underscores (the schema of the store's tables)",
+        )
+    return name
+
+
+def objects(schema: str) -> dict[str, str]:
+    """The lease's objects in `schema`, qualified (the placeholders of `SCHEMA` and of the
+    lease's statements: `qualified`)."""
+    q = '"' + schema + '"'  # a plain name (`store_schema`): nothing to escape
+    return {
+        "leader": f"{q}.{LEADER_TABLE}",
+        "servers": f"{q}.{SERVERS_TABLE}",
+        "refused": f"{q}.{REFUSED_TABLE}",
+        "guard": f"{q}.gpuledger_leader_guard",
+        "fence": f"{q}.gpuledger_fence",
+    }
+
+
+def qualified(sql: str, schema: str) -> str:
+    """`sql` with its lease objects (`{leader}`, `{servers}`, `{refused}`, `{guard}`,
+    `{fence}`) named in `schema`, the events' own: one store has one lease whatever
+    search_path a server's role or DSN gives it. Unqualified, they resolved by the session's
+    search_path (`"$user", public` by default): a server whose role had a schema of its own
+    name, or whose DSN set another search_path, made and took a lease row of its own there,
+    and two servers led one store (atk48-ha F3, F4)."""
+    return sql.format(**objects(schema))
+
+
+def made(con: Any, schema: str = "public") -> bool:
     """Does the store have the lease's schema as this version makes it (a read: no lock but
     ACCESS SHARE on the catalog)?"""
     row = con.execute(
-        f"SELECT obj_description(to_regclass('{LEADER_TABLE}'), 'pg_class') = %s",
+        qualified("SELECT obj_description(to_regclass('{leader}'), 'pg_class') = %s", schema),
         (SCHEMA_MARK,),
     ).fetchone()
     return bool(row and row[0])
 
 
-def make_schema(con: Any, within_s: float = 60.0) -> None:
-    """Make the lease's schema on the autocommit connection `con` unless it is made
-    (`made`): one statement string, committed by the database itself, under the schema's
-    advisory lock (concurrent starts wait for each other) and `LOCK_TIMEOUT_MS` (tried again
-    until `within_s`)."""
+def make_schema(con: Any, within_s: float = 60.0, schema: str | None = None) -> None:
+    """Make the lease's schema in the store's `schema` (`store_schema`) on the autocommit
+    connection `con` unless it is made (`made`): one statement string, committed by the
+    database itself, under the schema's advisory lock (concurrent starts wait for each other)
+    and `LOCK_TIMEOUT_MS` (tried again until `within_s`). A store whose lease tables are in
+    `public` (every store before they were qualified) keeps them there: `public` is its
+    events' schema; the statements are made again in place, their objects qualified."""
     import psycopg
 
-    if made(con):
+    schema = store_schema() if schema is None else schema
+    if made(con, schema):
         return
     script = (
         f"BEGIN; SET LOCAL lock_timeout = '{LOCK_TIMEOUT_MS}ms'; "
         "SET LOCAL statement_timeout = '30s'; "
-        f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {SCHEMA}; "
-        f"COMMENT ON TABLE {LEADER_TABLE} IS '{SCHEMA_MARK}'; COMMIT;"
+        f"SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {qualified(SCHEMA, schema)}; "
+        + qualified("COMMENT ON TABLE {leader} IS ", schema)
+        + f"'{SCHEMA_MARK}'; COMMIT;"
     )
     deadline = time.monotonic() + within_s
     while True:

@@ -126,7 +126,9 @@ class LedgerPostgresRecorder(_Bounded, PostgresApplicationRecorder):
         # the fence in the same statement: one row (or an error) joined to every inserted row,
         # its share lock on the lease row held to the commit (a takeover waits for this append)
         self.fenced_append_sql = (
-            SQL("WITH fence AS MATERIALIZED (SELECT gpuledger_fence(%b::int8) AS ok) ")
+            SQL(
+                "WITH fence AS MATERIALIZED (SELECT {schema}.gpuledger_fence(%b::int8) AS ok) "
+            ).format(schema=Identifier(self.datastore.schema))  # the lease's (atk48-ha F4)
             + rows
             + SQL(", fence RETURNING notification_id")
         ).as_bytes()

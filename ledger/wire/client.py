@@ -14,6 +14,7 @@ this client's last write (`X-Gpuledger-Min-Position`), so a standby answers with
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import secrets
@@ -165,6 +166,8 @@ class Client:
         self.headers: dict[str, str] = {}
         """Sent with every request (a node agent's name for itself: `AGENT_HEADER`)."""
         self._servers = [_Server(u, timeout) for u in urls]
+        self._in_flight: _Server | None = None
+        """The server a request of this client waits on now (None: none)."""
         self._at = 0
         self.url = urls[0]
         self._stale_said = False
@@ -218,9 +221,11 @@ class Client:
         while True:
             server = self._server
             sent = time.monotonic()
+            self._in_flight = server
             try:
                 status, data, leader, position = server.send(method, path, body, headers, on_line)
             except Unavailable as err:
+                self._in_flight = None
                 tried += 1
                 if isinstance(err, _TimedOut):
                     self.silent.mark(server.url, time.monotonic())
@@ -236,6 +241,7 @@ class Client:
                 if done:
                     raise
                 continue
+            self._in_flight = None
             self.silent.clear(server.url)
             if position:
                 self.position = max(self.position, position)
@@ -270,6 +276,18 @@ class Client:
                 self._stale_said = True
                 sys.stderr.write(stale_line(server.url, server.stale_s))
             return data
+
+    def abandon_unless(self, url: str) -> bool:
+        """Give up the request this client waits on (another thread's) when it waits on a
+        server other than `url`, the one that leads now by another client's answer: its
+        connection is shut and the request goes on to the next server of the list (a node
+        agent's long poll waited its wait + 5 s on a frozen leader while the new one's orders
+        waited: atk48-ha F6). True when one was given up."""
+        server = self._in_flight
+        if server is None or server.url == url:
+            return False
+        server.abandon()
+        return True
 
     def _follow(self, named_by: str, leader: str) -> bool:
         """Add the `leader` a server of the list names to the list when it is not in it (a
@@ -403,6 +421,8 @@ class _Server:
         self.stale_s: float | None = None
         """`X-Gpuledger-Stale` of the last answer: how old the log it was read from is."""
         self._conn: http.client.HTTPConnection | None = None
+        self._abandoned = False
+        """The request under way was given up (`abandon`): not sent to this server again."""
         if url.startswith("unix:"):
             self._unix: str | None = url[len("unix:") :]
             return
@@ -443,6 +463,7 @@ class _Server:
         """(status, body, the leader a standby names, the position the answer was made at).
         An NDJSON answer is read line by line, each given to `on_line` but the last (the body
         returned): the socket's timeout applies between two lines."""
+        self._abandoned = False
         for attempt in (0, 1):
             conn = self._connection()
             try:
@@ -454,6 +475,12 @@ class _Server:
             except (ConnectionError, http.client.HTTPException, OSError) as err:
                 conn.close()
                 self._conn = None
+                if self._abandoned:  # another leads: passed over for now, as a silent one
+                    self._abandoned = False
+                    raise _TimedOut(
+                        f"the server at {self.url} leads no more (its answer was given up)",
+                        hint="asking the leader",
+                    ) from err
                 if attempt == 0 and isinstance(
                     err, http.client.RemoteDisconnected | BrokenPipeError
                 ):
@@ -485,6 +512,16 @@ class _Server:
                 "--after` its position)\n"
             )
         return resp.status, data, leader, int(position) if position.isdigit() else 0
+
+    def abandon(self) -> None:
+        """Shut the socket of the request under way (from another thread): it fails at once."""
+        conn = self._conn
+        sock = getattr(conn, "sock", None)
+        if sock is None:
+            return
+        self._abandoned = True
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
         if self._conn is not None:

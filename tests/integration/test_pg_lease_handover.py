@@ -12,6 +12,8 @@ import socket
 import subprocess
 import time
 
+import pytest
+
 from ledger.server.ha import Leadership
 from ledger.store import lease
 from tests.integration import waits
@@ -172,11 +174,13 @@ def test_a_take_says_whether_the_last_holder_stopped_cleanly(pg_store: str) -> N
             x.close()
 
 
-def test_a_dsn_naming_its_own_schema_keeps_the_lease_in_that_schema(pg_store: str) -> None:
+def test_a_dsn_naming_its_own_schema_keeps_the_lease_with_the_events(pg_store: str) -> None:
     """atk48-ha F3: a DSN with `options=-csearch_path=site` (a DBA's own schema) had the lease
     tables and the fence made there, but the lease's connection replaced the DSN's options with
     its timeouts: it took `public`'s lease row while appends were fenced by `site`'s (epoch 0
-    for ever): every append refused, the lease taken and handed over again and again."""
+    for ever): every append refused, the lease taken and handed over again and again. Now every
+    lease object is named in the events' schema (`public` here), whatever the search_path: the
+    DSN's options are kept all the same (atk48-ha F4)."""
     from ledger.store import pgread
 
     with pgread.connect(pg_store) as con:
@@ -191,8 +195,57 @@ def test_a_dsn_naming_its_own_schema_keeps_the_lease_in_that_schema(pg_store: st
         assert con.execute("SHOW search_path").fetchone()[0] == "site"
         assert con.execute("SHOW lock_timeout").fetchone()[0] != "0"  # its own settings too
         with pgread.connect(pg_store) as plain:
-            epoch = plain.execute("SELECT epoch FROM site.gpuledger_leader").fetchone()
-            public = plain.execute("SELECT to_regclass('public.gpuledger_leader')").fetchone()
-        assert epoch == (1,) and public == (None,)
+            epoch = plain.execute("SELECT epoch FROM public.gpuledger_leader").fetchone()
+            site = plain.execute("SELECT to_regclass('site.gpuledger_leader')").fetchone()
+        assert epoch == (1,) and site == (None,)
     finally:
         held.forget()
+        held.close()
+
+
+def test_two_roles_one_with_a_schema_of_its_own_name_share_one_lease(pg_store: str) -> None:
+    """atk48-ha F4: the lease's objects were unqualified, so they resolved by the session's
+    search_path, `"$user", public` by default: a server connecting as a role with a schema of
+    its own name made and took a lease row there, and two servers led one store at the same
+    epoch (both took writes, both dispatched). Now one store has one lease whatever role or
+    search_path a server connects with: the second role's take waits for the first's lease,
+    and its appends are fenced by the one lease row."""
+    import uuid
+
+    import psycopg
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    from ledger.store import pgread
+
+    role = f"r_{uuid.uuid4().hex[:10]}"
+    with pgread.connect(pg_store) as con:
+        con.execute(f"CREATE ROLE {role} LOGIN SUPERUSER PASSWORD 'pw-{role}'")
+        con.execute(f"CREATE SCHEMA {role} AUTHORIZATION {role}")
+    other = make_conninfo(pg_store, user=role, password=f"pw-{role}")
+    assert conninfo_to_dict(other)["user"] == role
+    lease.setup(other)  # the second host's server starts first: its role's schema is first in
+    lease.setup(pg_store)  # its search_path (the first one's found the lease already made)
+    first = lease.Lease(pg_store, "first", "http://first", LEASE_S)
+    second = lease.Lease(other, "second", "http://second", LEASE_S)
+    try:
+        assert first.acquire() and first.epoch == 1
+        assert not second.acquire(), "two leaders on one store"
+        assert lease.leading_now(other) == "http://first"
+        with pgread.connect(other) as con:
+            assert con.execute("SHOW search_path").fetchone()[0] == '"$user", public'
+            assert con.execute(f"SELECT to_regclass('{role}.gpuledger_leader')").fetchone() == (
+                None,
+            )
+            with pytest.raises(psycopg.errors.RaiseException):  # epoch 1 is the first's
+                con.execute("SELECT public.gpuledger_fence(2)")
+            con.execute("SELECT public.gpuledger_fence(1)")
+        first.release()
+        assert second.acquire() and second.epoch == 2
+    finally:
+        for x in (first, second):
+            x.forget()
+            x.close()
+        with pgread.connect(pg_store) as con:
+            con.execute(f"DROP SCHEMA {role} CASCADE")
+            con.execute(f"DROP OWNED BY {role}")
+            con.execute(f"DROP ROLE {role}")

@@ -177,3 +177,59 @@ def test_a_frozen_leader_and_an_agent_restarted_without_its_store_kill_no_job(
     assert all(f"keep its lease {delay:.1f} s after" in text for text in agent_logs), agent_logs
     assert not any("sizing rule" in text for text in agent_logs)
     assert "keeps this node's lease" in agent_logs[0].split("adopted")[-1]  # the new agent's
+
+
+def test_agents_take_the_new_leader_s_orders_within_seconds_of_a_freeze(
+    tmp_path: Path,
+    pg_pair: Pg,  # noqa: F811
+) -> None:
+    """atk48-ha F6: the leader frozen (SIGSTOP) just after the agent's long poll began on it;
+    the other server takes over and a cancel is acknowledged there. Before, the agent's long
+    poll waited on the frozen server its whole wait + 5 s (25 s): the kill order reached the
+    job ~20 s after the freeze. Now the agent's first report that the new leader takes gives
+    up the poll on the old one: the job is stopped within seconds of the cancel."""
+    w = agent_world(tmp_path, pg_pair.dsn, ("node-a",))
+    g, agent, marks = w.group, w.agents[0], w.marks
+    ids: list[int] = []
+    frozen: Member | None = None
+    try:
+        for m in g.members:
+            g.start(m)
+        leader = g.leader()
+        agent.start()
+        client = Client(g.urls, w.token, timeout=30)
+        command = ("sh", "-c", JOB.format(dir=marks))
+        for n in (1, 2):  # the second start is a new list: the agent's poll begins again then
+            got = client.execute(c.SubmitJob(actor="", account="ai2/olmo", gpus=1,
+                                             min_runtime_s=0, command=command))  # fmt: skip
+            ids.append(got.events[0].job_id)  # type: ignore[union-attr]
+            waits.wait_for(f"job {n} to start", lambda n=n: len(list(marks.iterdir())) == n, 120,
+                           g.why)  # fmt: skip
+        client.close()
+        assert leader.proc is not None
+        leader.proc.send_signal(signal.SIGSTOP)
+        frozen = leader
+        froze = time.monotonic()
+        other = next(m for m in g.members if m is not leader)
+        waits.wait_for(
+            "the other server to lead", lambda: (other.health() or {}).get("role") == "leader", 30
+        )
+        with contextlib.closing(Client(other.url, w.token, timeout=30)) as there:
+            there.execute(c.CancelJob(actor="", job_id=ids[0]))
+        acked = time.monotonic()
+        mark = marks / str(ids[0])
+        waits.wait_for("the cancelled job to be signalled", lambda: "term" in mark.read_text(),
+                       60, lambda: g.why() + agent.text()[-3000:])  # fmt: skip
+        stopped = time.monotonic()
+    finally:
+        if frozen is not None and frozen.proc is not None:
+            frozen.proc.send_signal(signal.SIGCONT)
+        with contextlib.closing(Client(g.urls, w.token, timeout=30)) as done:
+            for job_id in ids:
+                with contextlib.suppress(LedgerError):
+                    done.execute(c.CancelJob(actor="", job_id=job_id))
+        if agent.proc is not None and agent.proc.poll() is None:
+            agent.kill(signal.SIGTERM)
+        g.stop()
+    print(f"takeover + cancel {acked - froze:.1f} s, order at the job {stopped - acked:.1f} s")
+    assert stopped - acked < 6.0, (acked - froze, stopped - acked)
