@@ -62,6 +62,7 @@ from schemas import commands as c
 from schemas import events as e
 from schemas.errors import LedgerError
 from schemas.policy import settings
+from schemas.units import when
 
 SIM = "@whatif"
 POLICIES = registry.NAMES
@@ -186,8 +187,8 @@ class _Sim:
                 return [cmd]
             case c.SetShares() if self._budgeted(cmd.account) is not None:
                 self.notes.append(
-                    f"t={change.at:g}: the recorded shares {cmd.shares} of {cmd.account} not set: "
-                    f"the budgets give it {self._budgeted(cmd.account)}"
+                    f"{when(change.at)}: the recorded shares {cmd.shares} of {cmd.account} not "
+                    f"set: the budgets give it {self._budgeted(cmd.account)}"
                 )
                 return []
             case _:
@@ -253,7 +254,7 @@ class _Sim:
                 self._record(self.ledger.execute(cmd).events, subs)
             except LedgerError as err:
                 what = type(cmd).__name__
-                self.notes.append(f"t={self.clock.now():g}: {what} refused: {err.line()}")
+                self.notes.append(f"{when(self.clock.now())}: {what} refused: {err.line()}")
 
     def _record(self, events: Iterable[e.AnyEvent], subs: Sequence[Submission]) -> None:
         by_original = {s.original: s for s in subs}

@@ -24,6 +24,7 @@ from ledger.store.embedded import EmbeddedSource
 from projections.projector import Projector
 from projections.store import Store
 from schemas import commands as c
+from schemas.units import when
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 START, END = T0 + 500, T0 + 10_000
@@ -132,3 +133,12 @@ def test_a_share_change_differs_only_where_the_shares_decide(
     olmo, tulu = teams["ai2/olmo"], teams["ai2/tulu"]
     assert olmo["whatif"]["owed_gpu_h"] > olmo["actual"]["owed_gpu_h"]
     assert tulu["whatif"]["owed_gpu_h"] < tulu["actual"]["owed_gpu_h"]
+
+
+def test_a_notes_time_is_a_time_not_a_raw_epoch(recorded: Path, tmp_path: Path) -> None:
+    """atk48-29 F11: the what-if's notes said `t=1.79646e+09: the recorded shares ...` (an
+    epoch with six digits, 1,000 s off), on the CLI and the Budget review page."""
+    budgets = tmp_path / "budgets.toml"
+    budgets.write_text('[accounts."ai2/tulu"]\nkind = "project"\nshares = 2\n')
+    (note,) = whatif(recorded, "--budgets", str(budgets))["notes"]
+    assert note.startswith(f"{when(T0 + 5_000)}: the recorded shares 3 of ai2/tulu"), note

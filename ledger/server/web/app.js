@@ -648,7 +648,7 @@ function whatifResult(r) {
     idle ? el("p", { class: "err", id: "whatif-idle" }, "Nothing was delivered in what happened (was anything placed? a server " +
       "with --executor none places nothing), while the what-if places the same submissions: the difference is not the change's effect alone.") : null,
     table(["team", "owed GPU-h", "delivered GPU-h", "delivered/owed", "mean wait", "preemptions"], rows, { id: "whatif-teams" }),
-    notes.slice(0, 8).map((n) => el("p", { class: "muted note" }, `note: ${n}`)),
+    notes.slice(0, 8).map((n) => el("p", { class: "muted note" }, "note: ", ...localised(n))),
     notes.length > 8 ? el("p", { class: "muted" }, `… and ${notes.length - 8} more notes`) : null);
 }
 
