@@ -404,7 +404,7 @@ function timeline(history) {
       svg("text", { x: cx, y: 36 + 12 * row, "text-anchor": anchor, "data-row": row }, label))));
 }
 
-let replayed = null;
+let replayed = null, replayedFor = null, replayedTop = 0;
 
 async function jobPage() {
   const id = new URLSearchParams(location.search).get("id");
@@ -436,16 +436,21 @@ async function jobPage() {
       td(d.placed.includes(j.job_id) ? "this job" : d.placed.length, { class: "num" }),
       td(d.preempted.includes(j.job_id) ? "this job" : d.preempted.length, { class: "num" }),
       td(d.considered, { class: "num" }),
-      td(replayed === null ? "…" : replayText(replayed.get(d.position)), { "data-col": "replay" }))),
+      td(replayed === null || replayedFor !== id || d.position > replayedTop ? "…" : replayText(replayed.get(d.position)), { "data-col": "replay" }))),
     { id: "job-decisions" });
   main(el("h1", {}, `Job ${j.job_id}`), facts, priv,
     el("h2", {}, "Timeline"), timeline(x.history),
     table(["at", "event", "what"], x.history.map((h) => el("tr", {}, td(timeEl(h.at)), td(h.tag, { class: "tag" }), td(localised(h.text)))), { id: "job-history" }),
     el("h2", {}, "Explain"), el("pre", { id: "explain" }, localised(x.lines.join("\n"))),
     el("h2", {}, "Decisions about it, beside their replay"), decisions);
-  if (replayed === null) {
-    replayed = new Map();
+  // replayed again once a newer decision about it is listed (atk48-29 F12: the decision that
+  // just placed the watched job said "not replayed (older)" until a reload)
+  const newest = Math.max(0, ...data.decisions.map((d) => d.position));
+  if (replayed === null || replayedFor !== id || newest > replayedTop) {
+    replayedFor = id;
+    replayedTop = newest;
     const got = await api(`/ui/api/job/${id}/replay`);
+    replayed = new Map();
     for (const r of got) replayed.set(r.position, r);
     refresh();
   }
