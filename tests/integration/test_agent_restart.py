@@ -40,7 +40,7 @@ def test_an_agent_restart_keeps_adopted_jobs_while_an_orphan_is_slow_to_die(
     SIGTERM (a long grace, or D state) held it past the node-lost timeout and the fence, so its
     own lease watchdog killed another user's healthy job it had just adopted, recorded
     `node_lost`. It now registers at once and keeps the node's lease while the orphan stops;
-    the orphan's GPU stays `stopping`, and a job placed on it starts only once it is gone."""
+    the orphan's GPU stays `stopping`, and a job waits for it (never placed on it) until it is gone."""
     c = cluster
     for other in ("node-b", "node-c"):  # every job lands on node-a
         c.cli("node", "drain", other, "--reason", "test")
@@ -72,7 +72,10 @@ def test_an_agent_restart_keeps_adopted_jobs_while_an_orphan_is_slow_to_die(
     probe = f"if kill -0 {pid_o} 2>/dev/null; then echo shared; else echo alone; fi; sleep 600"
     new = c.submit(1, probe)
     time.sleep(3)
-    assert c.job(new)["status"] == "placed" and alive(pid_o)
+    # not placed on it while its old processes live (atk47-23 F8): it waits, and says for what
+    assert c.job(new)["status"] == "pending" and alive(pid_o)
+    said = c.cli("explain", str(new)).stdout
+    assert "stopped runs still in their grace" in said and f"job {orphan}'s SIGKILL" in said, said
     go.touch()  # the orphan ends at last
     wait_for("the orphan to be gone", lambda: not alive(pid_o), 30, c.why)
     j = c.wait_status(new, "running")
