@@ -40,7 +40,8 @@ def test_an_agent_restart_keeps_adopted_jobs_while_an_orphan_is_slow_to_die(
     SIGTERM (a long grace, or D state) held it past the node-lost timeout and the fence, so its
     own lease watchdog killed another user's healthy job it had just adopted, recorded
     `node_lost`. It now registers at once and keeps the node's lease while the orphan stops;
-    the orphan's GPU stays `stopping`, and a job waits for it (never placed on it) until it is gone."""
+    the orphan's GPU stays `stopping`, and a job waits for it (never placed on it) until it is
+    gone."""
     c = cluster
     for other in ("node-b", "node-c"):  # every job lands on node-a
         c.cli("node", "drain", other, "--reason", "test")

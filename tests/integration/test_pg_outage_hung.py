@@ -134,7 +134,8 @@ def test_postgresql_hung_longer_than_the_node_lease_kills_no_job(
             if agent.proc is not None and agent.proc.poll() is None:
                 agent.kill(signal.SIGKILL)
         g.stop()
-    assert stopped_in < 15.0, stopped_in
+    # seconds, not the hang's end (the old code: not within 90 s); 16.4 s once at load ~8
+    assert stopped_in < 30.0, stopped_in
     assert len(jobs) == 4
     for job, lines in launches.items():  # one launch each, never signalled
         assert [ln.split()[0] for ln in lines if ln] == ["start"], (job, lines)
