@@ -634,7 +634,10 @@ class SupervisedExecutor:
             and now >= limit_from(h) + h.time_limit_s
         ):
             log.info("job %s reached its time limit (%gs): stopping it", h.job_id, h.time_limit_s)
-            self._terminate(h, now, "time_limit")
+            # its grace from the limit, as every read says, not from now: a run found past its
+            # limit after a restart got a whole new grace (atk48-23 F1: SIGKILL 28 s after the
+            # `kill_at` the reads showed); past limit + grace, SIGKILL at the next look
+            self._terminate(h, now, "time_limit", at=limit_from(h) + h.time_limit_s)
             changed = True
         # a part not yet reached by the stop (still starting) gets it now
         if h.stop_at is not None and not h.killed and any(not p.signalled for p in h.parts):
@@ -682,7 +685,9 @@ class SupervisedExecutor:
             run_name(h.job_id, h.launch), note=note,
         )  # fmt: skip
 
-    def _terminate(self, h: Handle, now: float, why: StopReason) -> None:
+    def _terminate(self, h: Handle, now: float, why: StopReason, at: float | None = None) -> None:
+        """Stop `h` for `why`: SIGTERM now, SIGKILL `h.grace_s` after its stop, the earlier of
+        now and `at` (when its stop was due: a time limit's moment)."""
         if why == "ledger" and h.stop_reason == "time_limit" and not h.killed:
             # past its limit, in its grace: a cancel cuts it short, as scancel does (atk46-23 F7)
             self._signal(h, signal.SIGKILL)
@@ -691,7 +696,7 @@ class SupervisedExecutor:
             h.stop_reason = why
             keep_stop([Path(p.rundir) for p in h.parts], why)  # told so after a restart
         if h.stop_at is None:
-            h.stop_at = now
+            h.stop_at = now if at is None else min(now, at)
             self._signal(h, signal.SIGTERM)
 
     def _signal(self, h: Handle, sig: signal.Signals) -> None:

@@ -100,6 +100,23 @@ def test_the_time_limit_is_sigterm_then_sigkill_after_the_jobs_grace(
     assert 2 <= time.monotonic() - t0 < 10
 
 
+def test_a_run_first_seen_past_its_limit_and_grace_is_killed_at_once(
+    dirs: tuple[Path, Path],
+) -> None:
+    """atk48-23 F1: a run whose limit passed while its executor did not look (the service or
+    the agent down) got a whole new grace from the first look: SIGKILL 28 s after the `kill_at`
+    every read showed (its limit plus its grace). Its grace counts from its limit."""
+    ex = executor(dirs, grace_s=30)
+    launch(ex, job(3, "trap '' TERM; while :; do sleep 0.1; done", time_limit_s=1, grace_s=4))
+    [st] = wait_starts(ex)
+    assert st.started_at is not None
+    time.sleep(max(0.0, st.started_at + 1 + 4 + 0.5 - time.time()))  # nobody looks meanwhile
+    looked = time.time()
+    [x] = until(ex, lambda x: len(x) == 1)
+    assert (x.exit_code, x.reason) == (KILLED, "time_limit")
+    assert x.at - looked < 2.0, x.at - looked  # not a new 4 s grace from the first look
+
+
 def test_the_time_limit_counts_from_the_commands_own_start(dirs: tuple[Path, Path]) -> None:
     """Counted from the launch's bookkeeping (before the supervisor started the command), a
     `-t 0:20` job ran 19.65-19.8 s: Slurm never stops a job before its limit (atk46-23 F3)."""
