@@ -312,3 +312,19 @@ def test_the_end_record_says_what_the_command_left_in_its_cgroup(
     assert said is not None and said.note.endswith(want[2] or "Slurm said NODE_FAIL")
     (tmp_path / "ended").write_text("0 100.5 0 2\n")
     assert own_end(tmp_path) is None
+
+
+def test_a_stop_whose_kill_an_outage_held_back_ends_as_its_record_says() -> None:
+    """atk48-23 F2: cancelled, then slurmctld killed -9 within the grace: the executor's SIGKILL
+    could not be sent, the processes lived through the outage, and the run was recorded ended
+    at its last sighting before the outage (the cancel's moment), 27 s before they died; its
+    own end record said the real time."""
+    (j,) = parse_jobs(our_run("FAILED", "137:0", end=73.0))
+    st = Stopping(START + 5.0, run=(1, 0), seen_running_at=START + 8.0, cancelled=True)
+    outage = ((START + 10.0, START + 60.0), 30.0)
+    old = stopped_end(st, j, START + 75.0, None, None, False, outage)
+    assert old.at == START + 8.0  # no record: its last sighting
+    new = stopped_end(
+        st, j, START + 75.0, None, None, False, outage, (OwnEnd(137, START + 72.4), None)
+    )
+    assert new.at == START + 72.4 and new.exit_code == 137, new

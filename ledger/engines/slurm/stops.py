@@ -231,7 +231,10 @@ def stopped_end(
     end = processes_end(j.end_time, "CANCELLED" if st.killed else j.state, now, completing_seen)
     at = high = now if end is None else min(now, end)
     away, settle_s = outage
-    if failed is None and not st.killed and away is not None and (by_itself or st.since <= away[1]):
+    in_outage = (
+        failed is None and not st.killed and away is not None and (by_itself or st.since <= away[1])
+    )
+    if in_outage:
         at = real_end(at, now, st.seen_running_at, away, settle_s)
     note = f"Slurm: {j.state}" + (", killed after its grace" if st.killed else "")
     state = "KILLED" if st.killed else j.state
@@ -239,11 +242,14 @@ def stopped_end(
     low = max((t for t in (j.start_time, record[1]) if t is not None), default=None)
     if by_itself and failed is None:
         code, at, _ = own_finish(record[0], j.state, code, at, low, high)
-    elif st.killed and failed is None and not never_ran and record[0] is not None:
+    elif (st.killed or in_outage) and failed is None and not never_ran and record[0] is not None:
         # its own record: its command ended then, with that code; Slurm's end is the kill's,
-        # late when a rewound slurmctld listed it running after that end (atk45s F2)
+        # late when a rewound slurmctld listed it running after that end (atk45s F2); a stop
+        # begun before an outage of slurmctld whose kill could not be sent ended when its
+        # record says, not at its last sighting before the outage (atk48-23 F2: 27 s early)
         code, at, _ = own_finish(record[0], "", code, at, low, high)
-        note, state = f"Slurm: {j.state} after its grace; its own end record", j.state
+        after = "after its grace" if st.killed else "after an outage of slurmctld"
+        note, state = f"Slurm: {j.state} {after}; its own end record", j.state
     if failed is not None:
         at, code, note = min(now, failed.at), failed.exit_code, f"{note}; {failed.note}"
         state = "KILLED" if st.killed or failed.reason == "node_failure" else j.state
