@@ -479,13 +479,19 @@ class Blocked:
     reason: str
 
 
-def blocked(state: State, live: list[Job] | None = None) -> dict[int, Blocked]:
+def blocked(
+    state: State, live: list[Job] | None = None, hold_stopping: bool = False
+) -> dict[int, Blocked]:
     """Pure: the pending (not held) jobs that may not be placed yet, by job id: a dependency
     not met (`WAIT_DEPENDENCY`, Slurm's `Dependency`), an earlier job of the same user and name
     for a singleton, or an array with as many tasks holding GPUs as its limit allows
     (`WAIT_ARRAY_LIMIT`, Slurm's `JobArrayTaskLimit`); the rest of an array's pending tasks in
     task order until the limit is reached may run. `live`: the state's unfinished jobs in id
-    order, when the caller has them."""
+    order, when the caller has them. `hold_stopping` (every cycle that holds stopping GPUs,
+    `CycleDecided.stopping_held`): a job whose record ended while the run the ledger stopped
+    lives out its grace has not ended for its dependents, and a task so stopping holds its
+    array's limit, as Slurm waits for a job's end (atk48-23 F5: a `%1` array's next task and an
+    `afterany` job ran beside a cancelled job's processes)."""
     out: dict[int, Blocked] = {}
     if live is None:
         jobs = state.jobs
@@ -500,10 +506,14 @@ def blocked(state: State, live: list[Job] | None = None) -> dict[int, Blocked]:
         if spec.array_job_id is not None and job.status in ("placed", "running"):
             holding[spec.array_job_id] = holding.get(spec.array_job_id, 0) + 1
         names.setdefault((spec.user, spec.job_name), spec.job_id)
+    stopping = _stopping_arrays(state) if hold_stopping and state.stopped_runs else {}
+    for array in stopping.values():
+        if array is not None:
+            holding[array] = holding.get(array, 0) + 1
     for job in asking:
         if job.status != "pending" or job.held:
             continue
-        why = _waits_for(state, job, names)
+        why = _waits_for(state, job, names, stopping)
         if why is not None:
             out[job.job_id] = Blocked("WAIT_DEPENDENCY", why)
             continue
@@ -521,8 +531,27 @@ def blocked(state: State, live: list[Job] | None = None) -> dict[int, Blocked]:
     return out
 
 
-def _waits_for(state: State, job: Job, names: Mapping[tuple[str, str], int]) -> str | None:
-    """Pure: what `job`'s dependency still waits for, in words; None when it is met."""
+def _stopping_arrays(state: State) -> dict[int, int | None]:
+    """Pure: job -> its array's id (None: no array) of the jobs whose record ended while a run
+    the ledger stopped lives out its grace (`State.stopped_of`)."""
+    out: dict[int, int | None] = {}
+    for sr in state.stopped_runs.values():
+        job = state.jobs.get(sr.job_id)
+        if job is not None and job.status != "finished":
+            continue  # a requeued job is pending: its dependents wait for it anyway
+        end = state.ends.get(sr.job_id)
+        out[sr.job_id] = end[2] if end is not None else job.spec.array_job_id if job else None
+    return out
+
+
+def _waits_for(
+    state: State,
+    job: Job,
+    names: Mapping[tuple[str, str], int],
+    stopping: Mapping[int, int | None] | None = None,
+) -> str | None:
+    """Pure: what `job`'s dependency still waits for, in words; None when it is met.
+    `stopping`: jobs whose stopped run is in its grace (`_stopping_arrays`): not ended yet."""
     for term in job.spec.dependency:
         if term.kind == "singleton":
             first = names.get((job.spec.user, job.spec.job_name))
@@ -535,6 +564,12 @@ def _waits_for(state: State, job: Job, names: Mapping[tuple[str, str], int]) -> 
         if waiting:
             shown = ", ".join(map(str, waiting[:10])) + (" ..." if len(waiting) > 10 else "")
             return f"{term.kind}: job {shown} has not ended"
+        if stopping:
+            ids = set(term.job_ids)
+            held = sorted(j for j, a in stopping.items() if j in ids or a in ids)
+            if held:
+                shown = ", ".join(map(str, held[:10])) + (" ..." if len(held) > 10 else "")
+                return f"{term.kind}: job {shown} is stopping (its processes in their grace)"
     return None
 
 

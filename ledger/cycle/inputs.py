@@ -218,7 +218,8 @@ def snapshot_kept(
     # finished jobs a full state keeps
     jobs = state.jobs
     live = [jobs[i] for i in sorted(state.active)]
-    waiting = blocked(state, live)  # a dependency not met, an array at its limit: not placed yet
+    # a dependency not met, an array at its limit: not placed yet (a stopping job counts)
+    waiting = blocked(state, live, hold_stopping)
     made_running, made_pending = last.running, last.pending
     kept_running: dict[int, tuple[Job, tuple[float, float | None], RunningJob]] = {}
     kept_pending: dict[int, tuple[Job, PendingJob]] = {}

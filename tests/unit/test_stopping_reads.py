@@ -274,3 +274,39 @@ def test_a_stopped_run_is_ordered_killed_once_its_recorded_grace_has_passed() ->
     assert runs(120.0) == [(7, 0), (9, 0)]
     assert runs(145.0) == [(7, 0), (8, 1), (9, 0)]
     assert kills_by_node(stopped, {8}, 200.0, 45.0) == {"n1": (a.PartRun(job_id=8, run=1),)}
+
+
+def test_a_job_stopping_in_its_grace_holds_back_its_dependents_and_its_arrays_limit(
+    w: World,
+) -> None:
+    """atk48-23 F5: a cancelled job whose processes lived out their grace did not hold back what
+    waits on it: an `afterany` job started 1 s after the cancel (and read a checkpoint still
+    being written), a `%1` array's next task ran beside it for 15 s. Slurm waits for the job's
+    end; so does every cycle that holds stopping GPUs (`blocked(hold_stopping=True)`), and a
+    replay of an older record (False) decides as it did."""
+    from ledger.core import jobs
+
+    (first,) = w.submit(command=("t",), grace_s=100)
+    on_first = e.Dependency(kind="afterany", job_ids=(first.job_id,))
+    (after,) = w.submit(command=("t",), dependency=(on_first,))
+    tasks = [t.job_id for t in w.submit(command=("t",), array=(0, 1), array_limit=1)]
+    for gpu, job_id in enumerate((first.job_id, tasks[0]), start=1):
+        w.place(job_id, "n1", gpu)
+        w.run(c.StartJob(actor="@executor", job_id=job_id, engine="agent",
+                         engine_job_id=f"{job_id}.1"))  # fmt: skip
+    assert set(jobs.blocked(w.state, hold_stopping=True)) == {after.job_id, tasks[1]}
+    w.run(c.CancelJob(actor="alice", job_id=first.job_id))
+    w.run(c.CancelJob(actor="alice", job_id=tasks[0]))
+    assert w.state.stopped_of(first.job_id) and w.state.stopped_of(tasks[0])
+    held = jobs.blocked(w.state, hold_stopping=True)
+    assert held[after.job_id].reason == (
+        f"afterany: job {first.job_id} is stopping (its processes in their grace)"
+    )
+    assert held[tasks[1]].code == "WAIT_ARRAY_LIMIT"
+    assert set(jobs.blocked(w.state)) == set()  # an older record's rule: both may go
+    for job_id in (first.job_id, tasks[0]):  # their runs' ends recorded: both may go
+        (sr,) = w.state.stopped_of(job_id)
+        w.run(c.ConfirmRunEnded(actor="@executor", job_id=job_id, engine="agent",
+                                engine_job_id=f"{job_id}.1", run=sr.run, ended_at=w.now,
+                                exit_code=143))  # fmt: skip
+    assert set(jobs.blocked(w.state, hold_stopping=True)) == set()
