@@ -101,16 +101,19 @@ FROM normed
 -- of its funded jobs while pending or running; capacity = GPUs of nodes while active or
 -- draining; allocation = product of the norm shares of the team and its ancestors (open
 -- siblings, as of the hour's start); owed = min(allocation * capacity, demand). Spans still
--- going count up to $end. Between two points nothing changes: every span begins and ends in
+-- going count up to $end ($under: the teams under that account alone, else every one).
+-- Between two points nothing changes: every span begins and ends in
 -- a point's hour (its partial hour is a point, the one after it too) and every change of the
 -- tree is in force from a point; so each hour of a row has the figures of its first, and a
 -- history of quiet centuries is a few rows, not one an hour.
 WITH bounds AS (
     SELECT floor($start::DOUBLE / 3600)::BIGINT AS k0, ceil($end::DOUBLE / 3600)::BIGINT AS k1
 ),
-teams AS (
+teams AS (  -- those under $under alone when given (a team's figures are its own: the rest
+            -- only split its hours into more rows)
     SELECT DISTINCT account AS team FROM account_history
     WHERE changed_at < $end::DOUBLE AND len(str_split(account, '/')) = $team_depth
+      AND ($under::VARCHAR IS NULL OR starts_with(account || '/', $under::VARCHAR || '/'))
 ),
 -- account state after each distinct change time (last event at that time wins)
 changes AS (
@@ -205,6 +208,7 @@ keyed AS (  -- by the team the key is under ('' for the capacity's nodes); the p
            k, sum(part::DECIMAL(38, 18)) AS part, sum(rate)::BIGINT AS rate
     FROM edges
     WHERE kind = 'capacity' OR len(str_split(key, '/')) >= $team_depth
+        AND ($under::VARCHAR IS NULL OR starts_with(key || '/', $under::VARCHAR || '/'))
     GROUP BY ALL
 ),
 running AS (  -- the rate summed up to each hour a span begins or ends in (a few rows)

@@ -167,7 +167,13 @@ _REASON_WORD = (
 
 _JOB_FILTERS = (
     ("user", "j.user_name = $user"),
-    ("account", "(j.account = $account OR starts_with(j.account, $account || '/'))"),
+    # a job's place in the tree is its account and, below it, its user's node (as the
+    # preemption report reads it: `-A prog/proj/alice`)
+    (
+        "account",
+        "(j.account = $account OR starts_with(j.account, $account || '/')"
+        " OR j.account || '/' || j.user_name = $account)",
+    ),
     ("since", "(j.finished_at IS NULL OR j.finished_at >= $since)"),
     ("until", "j.submitted_at <= $until"),
     ("job_id", "j.job_id = $job_id"),
@@ -608,13 +614,18 @@ ORDER BY position
 """
 
 
-def account_known(con: Con, account: str) -> bool:
-    """Whether the log ever opened `account` (closed ones too: their history stays)."""
-    return bool(
-        con.execute(
-            "SELECT 1 FROM account_history WHERE account = $a LIMIT 1", {"a": account}
-        ).fetchone()
-    )
+def known_account(con: Con, account: str | None) -> None:
+    """UnknownEntity when a filter's `account` is no node the log ever opened (closed ones
+    count: their history stays; so does a person's node): the one answer of the queue, jobs,
+    finished and preemption reads, not an empty page."""
+    from schemas.errors import UnknownEntity
+
+    if account is None:
+        return
+    if not con.execute(
+        "SELECT 1 FROM account_history WHERE account = $a LIMIT 1", {"a": account.rstrip("/")}
+    ).fetchone():
+        raise UnknownEntity(f"no account {account!r}", hint="see `gpuledger account tree`")
 
 
 def preemption_report(

@@ -81,7 +81,7 @@ def advance(con: Any, first: int, last: int) -> None:
             "INSERT INTO team_hours_kept SELECT team, from_at, until_at, owed_gpu_h, "
             f"delivered_gpu_h FROM (\n{_sql('team_runs')}\n) "
             "WHERE owed_gpu_h <> 0 OR delivered_gpu_h <> 0",
-            {"start": float(until), "end": float(cut), "team_depth": DEPTH},
+            {"start": float(until), "end": float(cut), "team_depth": DEPTH, "under": None},
         ).fetchall()
         _join(con, until)
         until = cut

@@ -225,7 +225,7 @@ def team_hours(store: Store, start: float, end: float, *, team_depth: int = 2) -
     rows = _run(
         store,
         _sql("team_hours"),
-        {"start": float(start), "end": float(end), "team_depth": team_depth},
+        {"start": float(start), "end": float(end), "team_depth": team_depth, "under": None},
     )
     return [
         fs.TeamHour(
@@ -249,13 +249,15 @@ def team_buckets(
     *,
     team_depth: int = 2,
     origin: float | None = None,
+    under: str | None = None,
 ) -> list[tuple[str, float, float, float, float]]:
     """`team_hours` of [start, end) summed in DuckDB per team and bucket of `bucket_s` (the hour
     the window starts in joins the first bucket): (team, bucket start, owed, delivered, met)
     GPU-hours, met being the sum of min(delivered, owed) hour by hour, by team and bucket. A
     whole period's thousands of hours come back as about `(end - start) / bucket_s` rows a
     team, summed by the engine rather than one Python object an hour. The buckets start at
-    `origin` (default `start`: a part of a longer window gives its window's start)."""
+    `origin` (default `start`: a part of a longer window gives its window's start). `under`:
+    the teams under that account alone (their figures the same: a team's are its own)."""
     if end <= start:
         raise ValueError("the report needs end > start")
     if team_depth < 1:
@@ -269,7 +271,7 @@ def team_buckets(
         "sum(least(delivered_gpu_h, owed_gpu_h)) "
         f"FROM (\n{hours}\n) GROUP BY ALL ORDER BY team, bucket_at"
     )
-    params = {"start": float(start), "end": float(end), "team_depth": team_depth}
+    params = {"start": float(start), "end": float(end), "team_depth": team_depth, "under": under}
     at = float(start if origin is None else origin)
     rows = _run(store, sql, {**params, "bucket": float(bucket_s), "origin": at})
     return [(r[0], float(r[1]), float(r[2]), float(r[3]), float(r[4])) for r in rows]

@@ -225,7 +225,9 @@ def describe(err: msgspec.ValidationError, data: Any = None) -> str:
     text = f"{at}must be {m['what']} {rest}".rstrip().replace(" ,", ",")
     found, value = field_value(data, m["at"] or "")
     if found and not isinstance(value, dict | list):
-        shown = repr(value)
+        # the value says more than the type msgspec named ("got `null`, got None": atk48-29 F10)
+        text = re.sub(r", got `[^`]*`$", "", text)
+        shown = "null" if value is None else repr(value)
         text += f", got {shown if len(shown) <= 40 else shown[:37] + '...'}"
     return text
 

@@ -84,8 +84,9 @@ def add_pending(home: Path, pending: int) -> dict[str, object]:
     return info
 
 
-def pages(job: int, position: int, last: int) -> dict[str, list[str]]:
-    """Each page's endpoints as its script asks them (`last`: the queue's last page's offset)."""
+def pages(job: int, position: int, last: int, program: str, project: str) -> dict[str, list[str]]:
+    """Each page's endpoints as its script asks them (`last`: the queue's last page's offset;
+    the budget review of the programs, of `program` and of `project`'s people)."""
     return {
         "teams (7 days)": ["/v1/whoami", "/ui/api/teams?window=7d"],
         "teams (whole period)": ["/v1/whoami", "/ui/api/teams?window=all"],
@@ -100,6 +101,9 @@ def pages(job: int, position: int, last: int) -> dict[str, list[str]]:
         "job": ["/v1/whoami", f"/ui/api/job/{job}"],
         "nodes": ["/v1/whoami", "/ui/api/nodes"],
         "decisions": ["/v1/whoami", "/ui/api/decisions?limit=500", f"/ui/api/decision/{position}"],
+        "budget (the programs)": ["/v1/whoami", "/ui/api/budget"],
+        "budget (a program)": ["/v1/whoami", f"/ui/api/budget?account={program}"],
+        "budget (a project)": ["/v1/whoami", f"/ui/api/budget?account={project}"],
         "/metrics (a scrape)": ["/metrics"],
     }
 
@@ -129,6 +133,10 @@ def measure(home: Path, pending: int, repeat: int) -> dict[str, Any]:
         last = (total - 1) // 100 * 100
         status, body, _ = server.call("GET", "/ui/api/decisions?limit=1", token=token)
         position = json.loads(body)["rows"][0]["position"]
+        status, body, _ = server.call("GET", "/ui/api/budget", token=token)
+        program = json.loads(body)["children"][0]["account"]
+        status, body, _ = server.call("GET", f"/ui/api/budget?account={program}", token=token)
+        project = json.loads(body)["children"][0]["account"]
         health = json.loads(server.call("GET", "/v1/health")[1])
         held = str(job).encode()
 
@@ -149,7 +157,7 @@ def measure(home: Path, pending: int, repeat: int) -> dict[str, Any]:
             return total, (server.cpu() - c0) * 1000
 
         times: dict[str, dict[str, tuple[float, float, float]]] = {}
-        for name, endpoints in pages(job, position, last).items():
+        for name, endpoints in pages(job, position, last, program, project).items():
             cold, warm = [], []
             for _ in range(repeat):
                 bump()

@@ -173,7 +173,7 @@ def whatif(
     window_s = None if window is None else float(parse_duration(window))
     if keep is not None and keep.exists() and any(keep.iterdir()):
         raise InvalidCommand(f"{keep} is not empty", hint="--keep needs a new directory")
-    with projection(ctx, quiet=True) as store, progress("what-if", t1 - t0, unit="s") as update:
+    with projection(ctx, quiet=True) as store, progress("what-if", unit="submissions") as update:
         report = wi.run_whatif(
             ctx.home,
             store,
@@ -184,7 +184,7 @@ def whatif(
             window_s=window_s,
             keep=keep,
             tick_s=parse_duration(tick),
-            progress=lambda t: update(max(0.0, min(t, t1) - t0)),
+            progress=lambda done, total: update(done, total),
         )
     if as_json:
         echo_json(report)

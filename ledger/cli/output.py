@@ -332,6 +332,7 @@ def progress(what: str, total: float | None = None, *, unit: str = "") -> Iterat
         return
     from rich.console import Console
     from rich.progress import BarColumn, Progress, ProgressColumn, Task, TimeRemainingColumn
+    from rich.table import Column
     from rich.text import Text
 
     class Counts(ProgressColumn):
@@ -341,8 +342,9 @@ def progress(what: str, total: float | None = None, *, unit: str = "") -> Iterat
             of = "?" if task.total is None else f"{int(task.total):,}"
             return Text(f"{int(task.completed):,}/{of}", style="progress.download")
 
+    counts = Counts(table_column=Column(no_wrap=True))  # the bar gives way at 80 columns
     bar = Progress(
-        "{task.description}", BarColumn(), Counts(), unit, TimeRemainingColumn(),
+        "{task.description}", BarColumn(), counts, unit, TimeRemainingColumn(),
         console=Console(file=sys.stderr), transient=True,
     )  # fmt: skip
     task = bar.add_task(what, total=total)

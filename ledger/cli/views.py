@@ -155,7 +155,7 @@ def report_delivered(ctx: Ctx, window: str, at: str | None, team_depth: int, as_
 @click.option("-A", "--account", default=None, help="This account and everything below it.")
 @click.option("--by", "by", is_flag=True, help="Only the preemptions its jobs caused.")
 @click.option("--of", "of", is_flag=True, help="Only the preemptions its jobs suffered.")
-@click.option("--window", default="30d", show_default=True, help="How far back from --at.")
+@click.option("--window", default=None, help="How far back from --at  [default: 30d]")
 @click.option("--since", default=None, help="From this moment instead (ISO 8601).")
 @at_option
 @json_option
@@ -165,7 +165,7 @@ def report_preemptions(
     account: str | None,
     by: bool,
     of: bool,
-    window: str,
+    window: str | None,
     since: str | None,
     at: str | None,
     as_json: bool,
@@ -181,9 +181,22 @@ def report_preemptions(
         raise InvalidCommand(
             "--by and --of are one or the other", hint="give neither to see both sides"
         )
+    if window is not None and since is not None:
+        raise InvalidCommand(
+            "--window and --since are one or the other",
+            hint="--window counts back from --at; --since gives the start itself",
+        )
     side = "by" if by else "of" if of else "both"
     end = _at(at)
-    start = parse_time(since, "--since") if since is not None else end - parse_window(window)
+    if since is not None:
+        start = parse_time(since, "--since")
+    else:
+        start = end - parse_window(window or "30d")
+        if start < 0:
+            raise InvalidCommand(
+                f"--window {window or '30d'} before --at {when(end)} starts before 1970",
+                hint="give a later --at or a shorter --window",
+            )
     if not start < end:
         raise InvalidCommand(
             f"--since {when(start)} is not before the end of the period, {when(end)}",

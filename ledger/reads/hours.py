@@ -26,12 +26,14 @@ def bucketed_series(
     bucket_s: float,
     *,
     kept: bool = False,
+    under: str | None = None,
 ) -> tuple[v.DeliveredView, v.DeliveredSeriesView]:
     """`delivered_series` summed by the engine (`queries.team_buckets`): one row per team and
     bucket, however many hours the window holds. `kept`: from the ended hours the projection
     keeps at team depth 2 (`projections.kept`: the teams page's whole period, a sum over one
     row per team and hour, only the hours since the latest event read from the spans). The
-    same figures but for the order of the sums (the last bits)."""
+    same figures but for the order of the sums (the last bits). `under`: the teams under that
+    account alone (the Budget review's children), their figures the same."""
     if not (math.isfinite(start) and math.isfinite(end)) or end <= start:
         raise InvalidCommand("the series needs a positive, finite window", start=start, end=end)
     if bucket_s < 3600 or bucket_s % 3600:
@@ -41,10 +43,10 @@ def bucketed_series(
     from projections.fairshare import summarise
 
     team_depth = check(team_depth, TeamDepth, "team depth")
-    if kept and team_depth == kept_hours.DEPTH:
+    if kept and team_depth == kept_hours.DEPTH and under is None:
         rows = kept_hours.buckets(store, start, end, bucket_s)
     else:
-        rows = queries.team_buckets(store, start, end, bucket_s, team_depth=team_depth)
+        rows = queries.team_buckets(store, start, end, bucket_s, team_depth=team_depth, under=under)
     acc: dict[str, list[float]] = {}
     teams: dict[str, list[v.TeamPoint]] = {}
     for team, at, owed, delivered, met in rows:  # by team, then bucket

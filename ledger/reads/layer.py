@@ -241,8 +241,9 @@ def jobs(
 
     With `f.at` before the log's last event, the jobs as they were then (`jobs_as_of`): those
     submitted later do not exist, the others are as their events up to then made them."""
-    from projections.history import jobs_page, position_at
+    from projections.history import jobs_page, known_account, position_at
 
+    known_account(store.con, f.account)
     below = f.before_id if below is None else below
     if f.at is not None:
         position = position_at(store.con, f.at)
@@ -257,10 +258,10 @@ def finished_jobs(
 ) -> tuple[int, list[v.JobRow]]:
     """The finished jobs `f` selects (its user, account and below, `since`/`until`), ended for
     `reason` when given: their true total and the page of at most `f.limit` after the first
-    `offset`, newest first, like `sacct -s CD,F,CA,TO,PR`. A job whose command `viewer` may
-    not see comes `redact`ed, as in `jobs`."""
-    from projections.history import jobs_count, jobs_page
+    `offset`, newest first, like `sacct -s CD,F,CA,TO,PR`; redacted for `viewer` as `jobs`."""
+    from projections.history import jobs_count, jobs_page, known_account
 
+    known_account(store.con, f.account)
     done = msgspec.structs.replace(f, status="finished", at=None)
     total = jobs_count(store.con, done, reason)
     rows = jobs_page(store.con, done, reason=reason, offset=offset) if offset < total else []
@@ -633,8 +634,7 @@ def preemption_report(
     rule, for whom and the GPU-hours lost (`report preemptions`, the Preemptions page)."""
     from projections import history
 
-    if account is not None and not history.account_known(con, account.rstrip("/")):
-        raise UnknownEntity(f"no account {account!r}", hint="see `gpuledger account tree`")
+    history.known_account(con, account)
     q = history.preemption_report(account, side, start, end)
     # the victim rule's raw `t=` times (the policy's note, kept byte for byte) as times, the
     # CLI's text on every face (atk48-29 F1: the page showed "since t=1.79646e+09")

@@ -82,8 +82,18 @@ def _reason(
     )
 
 
-def _under(account: str, root: str | None) -> bool:
-    return root is None or (account + "/").startswith(root.rstrip("/") + "/")
+def _under(account: str, root: str | None, user: str | None) -> bool:
+    """Pure: whether a job of `account` by `user` is in `root`'s subtree: a job's place in the
+    tree is its account and, below it, its user's node (`-A prog/proj/alice`), as the
+    preemption report reads it (`projections.history.preemption_report`)."""
+    return root is None or f"{account}/{user or ''}/".startswith(root.rstrip("/") + "/")
+
+
+def known_account(state: State, account: str | None) -> None:
+    """Pure: UnknownEntity when the filter's `account` names no node of the budget tree (a
+    closed one counts: its jobs stay), as the preemption report answers; not an empty page."""
+    if account is not None and account.rstrip("/") not in state.accounts:
+        raise UnknownEntity(f"no account {account!r}", hint="see `gpuledger account tree`")
 
 
 def queue(
@@ -103,6 +113,7 @@ def queue(
     is decided when no schedulable pending job passes the filter (`--state held`, an empty
     queue): its rows would be none."""
     state = ledger.state
+    known_account(state, f.account)
     rows: list[v.QueueRow] = []
     held: list[tuple[Snapshot, Decision]] = [preview] if preview is not None else []
 
@@ -119,7 +130,7 @@ def queue(
             if len(shown) >= f.limit:
                 break
             p = pending[queued.job_id]
-            if (f.user and p.user != f.user) or not _under(p.account, f.account):
+            if (f.user and p.user != f.user) or not _under(p.account, f.account, p.user):
                 continue
             shown.append((i, key, p))
         through = shown[-1][2].job_id if shown else None
@@ -146,7 +157,7 @@ def queue(
             if not job.held or job.status != "pending":
                 continue
             s = job.spec
-            if (f.user and s.user != f.user) or not _under(s.account, f.account):
+            if (f.user and s.user != f.user) or not _under(s.account, f.account, s.user):
                 continue
             rows.append(
                 v.QueueRow(
@@ -199,6 +210,7 @@ def queue_page(
     if sort not in QUEUE_SORTS:
         raise InvalidCommand(f"no such column to sort by: {sort!r}", hint=", ".join(QUEUE_SORTS))
     state = ledger.state
+    known_account(state, f.account)
     entries: list[tuple[int | None, int, str, str, int, str, str, float]] = []
     snapshot: Snapshot | None = None
     decision: Decision | None = None
@@ -208,7 +220,7 @@ def queue_page(
         waiting = decision.waiting
         for i, (_, job) in enumerate(decision.order):
             p = pending[job.job_id]
-            if (f.user and p.user != f.user) or not _under(p.account, f.account):
+            if (f.user and p.user != f.user) or not _under(p.account, f.account, p.user):
                 continue
             wait = waiting.get(p.job_id)
             kind = wait.code if wait else "NEXT_CYCLE"
@@ -323,7 +335,7 @@ def _blocked_rows(
             break
         job = state.jobs[job_id]
         s = job.spec
-        if (f.user and s.user != f.user) or not _under(s.account, f.account):
+        if (f.user and s.user != f.user) or not _under(s.account, f.account, s.user):
             continue
         if starts is None:
             snapshot, decision = preview_of()
@@ -356,12 +368,12 @@ def _holding_rows(state: State, f: v.QueueFilter, now: float, limit: int) -> lis
             break
         if job_id in gone:
             sr = gone[job_id]
-            if not (f.user and sr.user != f.user) and _under(sr.account, f.account):
+            if not (f.user and sr.user != f.user) and _under(sr.account, f.account, sr.user):
                 rows.append(_stopped_row(sr))
             continue
         job = live[job_id]
         s = job.spec
-        if (f.user and s.user != f.user) or not _under(s.account, f.account):
+        if (f.user and s.user != f.user) or not _under(s.account, f.account, s.user):
             continue
         began = job.started_at if job.started_at is not None else job.placed_at
         ran = None if job.started_at is None else max(0.0, now - job.started_at)
@@ -413,7 +425,7 @@ def _any_pending(state: State, f: v.QueueFilter) -> bool:
         job.status == "pending"
         and not job.held
         and not (f.user and job.spec.user != f.user)
-        and _under(job.spec.account, f.account)
+        and _under(job.spec.account, f.account, job.spec.user)
         for job in state.jobs.values()
     )
 
@@ -514,12 +526,13 @@ def priority(
 ) -> list[v.PriorityRow]:
     """Every pending job's sort key with each part named, in dispatch order (like sprio).
     `preview`: `live(...)` at `now` when the caller already holds it."""
+    known_account(ledger.state, f.account)
     _, decision = preview or live(ledger, store, policy, now)
     state = ledger.state
     rows: list[v.PriorityRow] = []
     for i, (key, job) in enumerate(decision.order):
         spec = state.jobs[job.job_id].spec
-        if (f.user and spec.user != f.user) or not _under(spec.account, f.account):
+        if (f.user and spec.user != f.user) or not _under(spec.account, f.account, spec.user):
             continue
         if len(rows) >= f.limit:
             break

@@ -93,9 +93,14 @@ def parse_ask(body: bytes) -> WhatIfAsk:
     try:
         ask = msgspec.json.decode(body, type=WhatIfAsk)
     except msgspec.ValidationError as err:
-        detail = str(err)
+        detail, data = str(err), None
         with contextlib.suppress(Exception):  # the offending value named, when it reads back
-            detail = describe(err, msgspec.json.decode(body))
+            data = msgspec.json.decode(body)
+            detail = describe(err, data)
+        if isinstance(data, dict) and data.get("shares") is None:  # the page's empty box
+            raise InvalidCommand(
+                "invalid what-if: no shares given; type a whole number from 0 to 1000000000"
+            ) from err
         raise InvalidCommand(f"invalid what-if: {detail[:200]}", hint=hint) from err
     except (msgspec.DecodeError, RecursionError) as err:
         raise InvalidCommand(

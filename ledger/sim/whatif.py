@@ -349,12 +349,14 @@ class _Sim:
         self._observe()
         return bool(result.appended) and result.decision.budget_spent
 
-    progress: Callable[[float], None] | None = None
-    """Told the simulated moment after each step (the CLI's progress bar)."""
+    progress: Callable[[int, int], None] | None = None
+    """Told the submissions made so far and the period's total after each step (the CLI's
+    progress bar: the work, which follows the submissions, not the simulated time: atk48-29
+    F3, 95% in 3 s when the last minutes held them all)."""
 
     def stepped(self, t: float) -> None:
         if self.progress is not None:
-            self.progress(t)
+            self.progress(self._i, len(self._subs))
 
     def _cancel(self, original: int) -> list[c.AnyCommand]:
         for job_id, orig in self.original_of.items():
@@ -388,7 +390,7 @@ def simulate(
     tick_s: float = 600.0,
     checkpoint_every_s: float = 3600.0,
     seed: int = 1,
-    progress: Callable[[float], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> WhatIfRun:
     """Run the scenario through a fresh ledger in `home` (which must not hold one), deciding
     with the policy last recorded (the default when the log has no decision) unless `policy`
@@ -558,7 +560,7 @@ def simulate_period(
     policy: str | None = None,
     window_s: float | None = None,
     tick_s: float = 600.0,
-    progress: Callable[[float], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Simulated:
     """Steps 1-3 and the what-if's measures of step 4, over the ledger in `home`: the what-if
     ledger is made in `where` (a new directory)."""
@@ -604,10 +606,10 @@ def run_whatif(
     window_s: float | None = None,
     keep: Path | None = None,
     tick_s: float = 600.0,
-    progress: Callable[[float], None] | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> WhatIfReport:
     """Steps 1-4 over the ledger in `home` (`actual`: its projection, caught up); `progress`
-    is told the simulated moment after each step."""
+    is told the submissions made and their total after each step."""
     with tempfile.TemporaryDirectory(prefix="gpuledger-whatif-") as tmp:
         sim = simulate_period(
             home, start, end, keep if keep is not None else Path(tmp) / "ledger",

@@ -505,6 +505,37 @@ def test_the_queue_pages_state_is_in_its_url_and_survives_a_reload(
     assert errors == []
 
 
+def test_the_budget_and_preemptions_views_are_in_their_url_and_a_non_decision_is_inline(
+    served: Served, browser: Browser
+) -> None:
+    """A team's budget review and a preemptions view open from their URL and keep a change in it
+    across a reload, as the queue's; a position that is no decision is said inline with the
+    cycles still listed (atk48-29 F10: the programs' review, the default view, a blank page)."""
+    s = served
+    team, program = s.dash.project_b, s.dash.project_b.split("/")[0]
+    arg = "new URLSearchParams(location.search).get"
+    page, errors = visit(s, browser, f"/ui/budget?account={team}", "#budget tbody tr")
+    assert page.locator("h1").inner_text() == f"Budget review: {team}"
+    page.fill("#b-account", program)
+    page.dispatch_event("#b-account", "change")
+    page.wait_for_function(f"{arg}('account') === {json.dumps(program)}")
+    page.reload()
+    page.wait_for_selector("#budget tbody tr")
+    assert page.locator("h1").inner_text() == f"Budget review: {program}"
+    page.goto(f"{s.server.url}/ui/preemptions?account={team}&side=of&window=all")
+    page.wait_for_selector(f"#preempt-summary[data-account='{team}'][data-side='of']")
+    assert page.locator("#p-window").input_value() == "all"
+    page.select_option("#p-side", "by")
+    page.wait_for_function(f"{arg}('side') === 'by' && {arg}('account') === {json.dumps(team)}")
+    page.reload()
+    page.wait_for_selector(f"#preempt-summary[data-account='{team}'][data-side='by']")
+    assert errors == []
+    page.goto(f"{s.server.url}/ui/decisions?position=1")  # the ledger's first event: no decision
+    page.wait_for_selector("#decision-error")
+    assert "no recorded decision at position 1" in page.locator("#decision-error").inner_text()
+    assert page.locator("#decisions tbody tr").count() > 0
+
+
 def test_metrics_are_typed_and_documented_and_head_answers(served: Served) -> None:
     import http.client
 

@@ -83,6 +83,42 @@ def test_the_finished_jobs_filter_by_person_team_and_end(served: Served) -> None
     assert status == 400, body
 
 
+def test_a_persons_node_filters_every_page_and_an_unknown_account_is_one_error(
+    served: Served,
+) -> None:
+    """`account=prog/proj/alice` (a person's node, as the budget tree shows it) is that person's
+    jobs in that account on the Queue and Finished pages and `queue`/`jobs -A`, as on the
+    Preemptions page (atk48-29 F6: total 0); an unknown account is the same 404 everywhere."""
+    s = served
+    d = s.dash
+    node = f"{d.project_a}/{d.user_a}"
+    want = finished_cli(s, "-A", d.project_a, "-u", d.user_a)
+    assert want and [r["job_id"] for r in finished_cli(s, "-A", node)] == [
+        r["job_id"] for r in want
+    ]
+    assert finished_api(s, f"account={node}&limit=1000")["total"] == len(want)
+    every = ("--state", "all", "--limit", "100000", "--json")
+    root = {"GPULEDGER_USER": "root"}
+    queued = json.loads(
+        cli(d.home, "queue", "-A", d.project_a, "-u", d.user_a, *every, **root).stdout
+    )
+    mine = json.loads(cli(d.home, "queue", "-A", node, *every, GPULEDGER_USER="root").stdout)
+    assert queued and [r["job_id"] for r in mine] == [r["job_id"] for r in queued]
+    status, page = s.server.request(
+        "GET", f"/ui/api/queue?account={node}&state=all&limit=1000", token=s.tokens["root"]
+    )
+    assert status == 200 and page["total"] == len(queued), page
+    for path in ("queue", "finished", "preemptions"):
+        status, body = s.server.request(
+            "GET", f"/ui/api/{path}?account=nope", token=s.tokens["root"]
+        )
+        assert status == 404 and "no account 'nope'" in json.dumps(body), (path, status, body)
+    for args in (("queue", "-A", "nope"), ("jobs", "-A", "nope")):
+        got = cli(d.home, *args, ok=False, GPULEDGER_USER="root")
+        assert got.returncode != 0 and got.stderr.startswith("error: no account 'nope'"), got
+        assert len(got.stderr.strip().splitlines()) == 1, got.stderr
+
+
 def test_another_persons_finished_job_shows_without_its_command(served: Served) -> None:
     """The rule of `jobs` (docs/server.md): every person sees every job, its command, directory
     and logs only its owner, the managers above its account and admins."""

@@ -279,6 +279,19 @@ def test_hostile_values_get_one_clear_400(reviewed: Reviewed, raw: bytes) -> Non
     assert "Traceback" not in body["detail"] and len(body["detail"]) < 400, body
 
 
+@pytest.mark.parametrize("raw", [b'{"account": "A", "shares": null}', b'{"account": "A"}'])
+def test_an_empty_shares_box_is_told_what_to_type(reviewed: Reviewed, raw: bytes) -> None:
+    """The page sends an empty box as null: one sentence saying what to type (atk48-29 F10:
+    "`shares` must be int, got `null`, got None")."""
+    r = reviewed
+    account = sorted(children(r))[0]
+    status, body = ask(r, r.tokens["boss"], None, raw=raw.replace(b'"A', b'"' + account.encode()))
+    assert status == 400 and body["detail"].startswith(
+        "invalid what-if: no shares given; type a whole number from 0 to 1000000000"
+    ), body
+    assert "got" not in body["detail"] and "None" not in body["detail"], body
+
+
 def test_one_what_if_at_a_time_and_the_time_limit_stops_one(
     reviewed: Reviewed, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

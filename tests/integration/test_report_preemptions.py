@@ -127,6 +127,11 @@ def test_metrics_and_the_page_count_caused_as_the_cli_does(home: Path) -> None:
          "error: --since 2030-01-01 00:00:00Z is not before the end of the period"),
         (("--window", "99999d"), "error: invalid --window '99999d': at most 3650d (ten years)"),
         (("-A", "nope"), "error: no account 'nope' (see `gpuledger account tree`)"),
+        # atk48-29 F5: one or the other, as --by --of; a window before 1970 names what was given
+        (("--window", "30d", "--since", "2026-12-01T00:00:00Z"),
+         "error: --window and --since are one or the other"),
+        (("--at", "1970-01-01T00:00:00Z"),
+         "error: --window 30d before --at 1970-01-01 00:00:00Z starts before 1970"),
     ],
 )  # fmt: skip
 def test_a_report_that_cannot_be_is_refused_in_one_line(

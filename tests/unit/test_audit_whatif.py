@@ -228,3 +228,18 @@ def test_budgets_for_a_member_the_period_adds_hold_from_its_addition(tmp_path: P
         assert again.state.accounts["ai2/olmo/alice"].shares == 5
     finally:
         again.close()
+
+
+def test_the_progress_counts_submissions_made_of_a_known_total(tmp_path: Path) -> None:
+    """The what-if's bar counts the work, the submissions made of the period's total, not the
+    simulated seconds (atk48-29 F3: 95% in 3 s when the period's last minutes held them all)."""
+    h = History()
+    org(h)
+    for at in (T0 + 100, T0 + 200, T0 + 4_000):
+        h.run(at, submit(duration=50.0))
+    scen = scenario(h.events, T0 + 50, T0 + 5_000)
+    told: list[tuple[int, int]] = []
+    simulate(scen, tmp_path / "ledger", tick_s=100.0, progress=lambda d, n: told.append((d, n)))
+    assert {n for _, n in told} == {3}
+    done = [d for d, _ in told]
+    assert done == sorted(done) and done[-1] == 3 and {1, 2} <= set(done), told

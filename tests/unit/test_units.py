@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas import units
-from schemas.bounds import TEN_YEARS_S, YEAR_3000
+from schemas.bounds import TEN_YEARS_S, YEAR_3000, describe
 from schemas.errors import InvalidCommand
 from schemas.units import Duration, Interval
 
@@ -199,3 +199,22 @@ def test_a_jobs_end_in_explain_shows_a_notes_raw_times_as_times() -> None:
                        note="low utilisation since t=1.79646e+09")  # fmt: skip
     line = finish_line(ev)
     assert "t=1.79646e+09" not in line and "about 2026-12-05" in line, line
+
+
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        (b'{"shares": null}', "`shares` must be int, got null"),
+        (b'{"shares": "7"}', "`shares` must be int, got '7'"),
+    ],
+)
+def test_a_wrong_type_is_told_by_its_value_once(body: bytes, said: str) -> None:
+    """The value given, once: not msgspec's type name and then the value ("`shares` must be
+    int, got `null`, got None": the what-if's empty box, atk48-29 F10)."""
+
+    class Ask(msgspec.Struct):
+        shares: int
+
+    with pytest.raises(msgspec.ValidationError) as err:
+        msgspec.json.decode(body, type=Ask)
+    assert describe(err.value, msgspec.json.decode(body)) == said

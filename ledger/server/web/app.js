@@ -294,6 +294,10 @@ function queueFromUrl() {
 function queueToUrl() {
   const q = new URLSearchParams();
   for (const [k, v] of Object.entries(queueState)) if (v !== QUEUE_DEFAULTS[k]) q.set(k, String(v));
+  toUrl(q);
+}
+
+function toUrl(q) {  // a page's state in its URL, replaced (no history entry per change)
   const url = `${location.pathname}${q.size ? "?" + q : ""}`;
   if (url !== location.pathname + location.search) history.replaceState(null, "", url);
 }
@@ -547,8 +551,15 @@ async function decisionsPage() {
       td(r.policy_version))),
     { id: "decisions" });
   let detail = null;
+  let d = null;
   if (chosen && /^\d+$/.test(chosen)) {
-    const d = await api(`/ui/api/decision/${chosen}`);
+    try {
+      d = await api(`/ui/api/decision/${chosen}`);
+    } catch (err) {  // no decision there: said inline, the cycles stay listed (atk48-29 F10)
+      detail = el("p", { class: "err", id: "decision-error" }, `${err.message}: choose a cycle below.`);
+    }
+  }
+  if (d) {
     const rec = d.record;
     detail = el("div", { id: "decision" },
       el("h2", {}, `Cycle ${rec.cycle_id}`),
@@ -574,13 +585,28 @@ async function decisionsPage() {
 const preemptState = { account: null, side: "both", window: "30d", offset: 0 };
 const PREEMPT_PAGE = 200;
 
+function preemptFromUrl() {  // a bookmarked or sent view (atk48-29 F10), as the queue's
+  const u = new URLSearchParams(location.search);
+  if (u.has("account")) preemptState.account = u.get("account") === "*" ? "" : u.get("account");
+  if (["both", "of", "by"].includes(u.get("side"))) preemptState.side = u.get("side");
+  if (["7d", "30d", "90d", "all"].includes(u.get("window"))) preemptState.window = u.get("window");
+  const n = Number(u.get("offset"));
+  if (u.has("offset") && Number.isInteger(n) && n >= 0 && n <= 1e9) preemptState.offset = n;
+}
+
 async function preemptionsPage(first) {
+  if (first) preemptFromUrl();
   const q = new URLSearchParams({ side: preemptState.side, window: preemptState.window,
     offset: preemptState.offset, limit: PREEMPT_PAGE });
   if (preemptState.account !== null) q.set("account", preemptState.account || "*");  // "*": every team (no name has one)
   const data = await api(`/ui/api/preemptions?${q}`);
   const rep = data.report;
   if (first || preemptState.account === null) preemptState.account = rep.account || "";
+  const u = new URLSearchParams({ account: preemptState.account || "*" });
+  if (preemptState.side !== "both") u.set("side", preemptState.side);
+  if (preemptState.window !== "30d") u.set("window", preemptState.window);
+  if (preemptState.offset) u.set("offset", preemptState.offset);
+  toUrl(u);
   const choose = (key) => (ev) => { preemptState[key] = ev.target.value.trim(); preemptState.offset = 0; refresh(); };
   const accounts = el("datalist", { id: "managed" }, data.managed.map((a) => el("option", { value: a })));
   const filters = el("div", { class: "filters" },
@@ -675,10 +701,14 @@ function whatifPanel(data, child) {
 }
 
 async function budgetPage(first) {
+  if (first && new URLSearchParams(location.search).has("account")) {  // a bookmarked or sent review
+    budgetState.account = new URLSearchParams(location.search).get("account").trim();
+  }
   const q = new URLSearchParams();
   if (budgetState.account !== null) q.set("account", budgetState.account);
   const data = await api(`/ui/api/budget?${q}`);
   if (budgetState.account === null) budgetState.account = data.account;
+  toUrl(new URLSearchParams(data.account ? { account: data.account } : {}));
   const input = el("input", { id: "b-account", list: "b-managed", value: data.account,
     placeholder: "account (empty: the programs)",
     on: { change: (ev) => { budgetState.account = ev.target.value.trim(); budgetState.whatif = null; refresh(); } } });
