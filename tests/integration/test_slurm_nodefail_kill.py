@@ -87,8 +87,8 @@ def _kill_never_comes(ledger: Ledger, each_beat: str) -> None:
 def test_a_restart_with_a_stop_in_doubt_submits_nothing_onto_the_lost_node_or_its_gpus(
     ledger: Ledger,
 ) -> None:
-    """atk39-24 F3: job 1 (4 GPUs, SIGTERM ignored, grace 60 s) is cancelled and job 2 placed on
-    its GPUs (waiting for them); slurmd is killed, the node set DOWN (Slurm: NODE_FAIL; job 1's
+    """atk39-24 F3: job 1 (4 GPUs, SIGTERM ignored, grace 60 s) is cancelled and job 2 waits for
+    its GPUs (placed on them before atk47-23 F8); slurmd is killed, the node set DOWN (Slurm: NODE_FAIL; job 1's
     processes run on, its kill never sent), the service killed with -9 and started again, then
     slurmd restarted. The restart submitted job 2 onto the lost node at once ("placed but never
     reached the engine"), and Slurm started it there beside job 1 as soon as the node returned;
@@ -102,7 +102,9 @@ def test_a_restart_with_a_stop_in_doubt_submits_nothing_onto_the_lost_node_or_it
     ledger.wait("the job to run", lambda: bool(_times(work / "one")) and status(ledger, 1) == "running")  # fmt: skip  # noqa: E501
     ledger.submit("bob", 4, f"date +%s.%N >> {work}/next; sleep 2")
     ledger.cli("cancel", "1", actor="alice")
-    ledger.wait("job 2 placed", lambda: bool(ledger.of("job.placed.v1", 2)))
+    # job 2 waits for job 1's GPUs, never placed on them while its processes live (atk47-23 F8)
+    ledger.wait("job 2 to wait for job 1's GPUs",
+                lambda: "stopped runs still in their grace" in ledger.cli("explain", "2"))  # fmt: skip
     ledger.wait("job 1's SIGTERM", lambda: (work / "term.one").exists())
     time.sleep(1)
     try:
