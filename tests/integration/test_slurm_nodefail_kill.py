@@ -88,12 +88,12 @@ def test_a_restart_with_a_stop_in_doubt_submits_nothing_onto_the_lost_node_or_it
     ledger: Ledger,
 ) -> None:
     """atk39-24 F3: job 1 (4 GPUs, SIGTERM ignored, grace 60 s) is cancelled and job 2 waits for
-    its GPUs (placed on them before atk47-23 F8); slurmd is killed, the node set DOWN (Slurm: NODE_FAIL; job 1's
-    processes run on, its kill never sent), the service killed with -9 and started again, then
-    slurmd restarted. The restart submitted job 2 onto the lost node at once ("placed but never
-    reached the engine"), and Slurm started it there beside job 1 as soon as the node returned;
-    job 1's end was recorded before the DOWN. Now job 2 starts only after job 1's last line,
-    and job 1's recorded end is not before it."""
+    its GPUs (placed on them before atk47-23 F8); slurmd is killed, the node set DOWN (Slurm:
+    NODE_FAIL; job 1's processes run on, its kill never sent), the service killed with -9 and
+    started again, then slurmd restarted. The restart submitted job 2 onto the lost node at once
+    ("placed but never reached the engine"), and Slurm started it there beside job 1 as soon as
+    the node returned; job 1's end was recorded before the DOWN. Now job 2 starts only after
+    job 1's last line, and job 1's recorded end is not before it."""
     work = ledger.work
     cl = ledger.cluster
     before = set(cl.jobs())  # earlier tests' jobs
@@ -103,8 +103,8 @@ def test_a_restart_with_a_stop_in_doubt_submits_nothing_onto_the_lost_node_or_it
     ledger.submit("bob", 4, f"date +%s.%N >> {work}/next; sleep 2")
     ledger.cli("cancel", "1", actor="alice")
     # job 2 waits for job 1's GPUs, never placed on them while its processes live (atk47-23 F8)
-    ledger.wait("job 2 to wait for job 1's GPUs",
-                lambda: "stopped runs still in their grace" in ledger.cli("explain", "2"))  # fmt: skip
+    waits = "stopped runs still in their grace"
+    ledger.wait("job 2 to wait for job 1's GPUs", lambda: waits in ledger.cli("explain", "2"))
     ledger.wait("job 1's SIGTERM", lambda: (work / "term.one").exists())
     time.sleep(1)
     try:
