@@ -304,7 +304,10 @@ def explain_history(
                 note = f" ({times_in(ev.note)})" if ev.note else ""
                 who = f" to make room for job {ev.for_job}" if ev.for_job is not None else ""
                 contract = _contract_at(job, history, ev)
-                out.append(f"{when(ev.at)} preempted for {ev.reason}{note}{who}; {contract}.")
+                if ev.reason == "admin" and ev.actor == job.spec.user:  # its owner's `requeue`
+                    out.append(f"{when(ev.at)} requeued by its owner {ev.actor}; {contract}.")
+                else:
+                    out.append(f"{when(ev.at)} preempted for {ev.reason}{note}{who}; {contract}.")
             case e.JobRequeued():
                 asked = any(
                     isinstance(p, e.JobPreempted)
@@ -378,4 +381,6 @@ def _contract_at(job: Job, history: Sequence[e.AnyEvent], preempted: e.JobPreemp
         return f"inside its contract (until {when(ends)}): its node was drained for maintenance"
     if preempted.reason == "node_failure":  # no one chose it: its node failed under it
         return f"inside its contract (until {when(ends)}): requeued because its node failed"
+    if preempted.reason == "admin" and preempted.actor == job.spec.user:  # (atk48-23 F7)
+        return f"inside its contract (until {when(ends)}): its owner's own requeue"
     return f"inside its contract (until {when(ends)}): an admin preemption"

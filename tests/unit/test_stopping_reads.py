@@ -310,3 +310,15 @@ def test_a_job_stopping_in_its_grace_holds_back_its_dependents_and_its_arrays_li
                                 engine_job_id=f"{job_id}.1", run=sr.run, ended_at=w.now,
                                 exit_code=143))  # fmt: skip
     assert set(jobs.blocked(w.state, hold_stopping=True)) == set()
+
+
+def test_an_owners_requeue_is_explained_as_theirs_not_an_admin_preemption(w: World) -> None:
+    """atk48-23 F7: `requeue` by the job's own (non-admin) owner was explained "preempted for
+    admin ...: an admin preemption"."""
+    (job,) = w.submit(command=("t",), resumable=True, min_runtime_s=3600)
+    w.place(job.job_id, "n1", 0)
+    w.run(c.StartJob(actor="@executor", job_id=job.job_id))
+    got = w.run(c.RequeueJob(actor="alice", job_id=job.job_id))
+    said = explain_history(w.state.jobs[job.job_id], got, {}, w.now)
+    assert any("requeued by its owner alice" in s for s in said), said
+    assert "admin" not in " ".join(said), said
