@@ -304,8 +304,10 @@ def explain_history(
                 note = f" ({times_in(ev.note)})" if ev.note else ""
                 who = f" to make room for job {ev.for_job}" if ev.for_job is not None else ""
                 contract = _contract_at(job, history, ev)
-                if ev.reason == "admin" and ev.actor == job.spec.user:  # its owner's `requeue`
-                    out.append(f"{when(ev.at)} requeued by its owner {ev.actor}; {contract}.")
+                if _owners_requeue(job, ev):
+                    why = ev.note.partition(": ")[2]
+                    said = f" ({why})" if why else ""
+                    out.append(f"{when(ev.at)} requeued by its owner {ev.actor}{said}; {contract}.")
                 else:
                     out.append(f"{when(ev.at)} preempted for {ev.reason}{note}{who}; {contract}.")
             case e.JobRequeued():
@@ -366,6 +368,16 @@ def _world(ev: e.JobSubmitted) -> str:
     return out
 
 
+def _owners_requeue(job: Job, ev: e.JobPreempted) -> bool:
+    """Pure: a `requeue` by the job's own user (`decide`'s note "requeued by <actor>"), not an
+    admin's preemption (atk48-23 F7: it was explained as "an admin preemption")."""
+    return (
+        ev.reason == "admin"
+        and ev.actor == job.spec.user
+        and ev.note.startswith(f"requeued by {ev.actor}")
+    )
+
+
 def _contract_at(job: Job, history: Sequence[e.AnyEvent], preempted: e.JobPreempted) -> str:
     placed = [ev for ev in history if isinstance(ev, e.JobPlaced) and ev.at <= preempted.at]
     if not placed:
@@ -381,6 +393,6 @@ def _contract_at(job: Job, history: Sequence[e.AnyEvent], preempted: e.JobPreemp
         return f"inside its contract (until {when(ends)}): its node was drained for maintenance"
     if preempted.reason == "node_failure":  # no one chose it: its node failed under it
         return f"inside its contract (until {when(ends)}): requeued because its node failed"
-    if preempted.reason == "admin" and preempted.actor == job.spec.user:  # (atk48-23 F7)
+    if _owners_requeue(job, preempted):  # (atk48-23 F7)
         return f"inside its contract (until {when(ends)}): its owner's own requeue"
     return f"inside its contract (until {when(ends)}): an admin preemption"
