@@ -506,7 +506,7 @@ def blocked(
         if spec.array_job_id is not None and job.status in ("placed", "running"):
             holding[spec.array_job_id] = holding.get(spec.array_job_id, 0) + 1
         names.setdefault((spec.user, spec.job_name), spec.job_id)
-    stopping = _stopping_arrays(state) if hold_stopping and state.stopped_runs else {}
+    stopping = state.stopping_arrays() if hold_stopping and state.stopped_runs else {}
     for array in stopping.values():
         if array is not None:
             holding[array] = holding.get(array, 0) + 1
@@ -531,19 +531,6 @@ def blocked(
     return out
 
 
-def _stopping_arrays(state: State) -> dict[int, int | None]:
-    """Pure: job -> its array's id (None: no array) of the jobs whose record ended while a run
-    the ledger stopped lives out its grace (`State.stopped_of`)."""
-    out: dict[int, int | None] = {}
-    for sr in state.stopped_runs.values():
-        job = state.jobs.get(sr.job_id)
-        if job is not None and job.status != "finished":
-            continue  # a requeued job is pending: its dependents wait for it anyway
-        end = state.ends.get(sr.job_id)
-        out[sr.job_id] = end[2] if end is not None else job.spec.array_job_id if job else None
-    return out
-
-
 def _waits_for(
     state: State,
     job: Job,
@@ -551,7 +538,7 @@ def _waits_for(
     stopping: Mapping[int, int | None] | None = None,
 ) -> str | None:
     """Pure: what `job`'s dependency still waits for, in words; None when it is met.
-    `stopping`: jobs whose stopped run is in its grace (`_stopping_arrays`): not ended yet."""
+    `stopping`: jobs whose stopped run is in its grace (`State.stopping_arrays`): not ended."""
     for term in job.spec.dependency:
         if term.kind == "singleton":
             first = names.get((job.spec.user, job.spec.job_name))

@@ -281,21 +281,27 @@ class State:
             return []
         return [sr for sr in self.stopped_runs.values() if sr.job_id == job_id]
 
-    def array_stopped(self, array_job_id: int) -> list[StoppedRun]:
-        """The runs the ledger stopped whose end is not recorded yet (`stopped_of`) of every
-        task of the job array `array_job_id` whose record ended (a task's end keeps its array,
-        `ends`): what a second cancel of the array's id kills at once, as a second `scancel
-        ARRAY_ID` signals every task (atk47-23 F13). Empty for a job that is no array."""
-        out = []
+    def stopping_arrays(self) -> dict[int, int | None]:
+        """Job -> its array's id (None: no array) of the jobs whose record ended while a run the
+        ledger stopped lives out its grace (`stopped_of`; a task's end keeps its array, `ends`):
+        what a second cancel of an array kills and what a stopping job holds back
+        (`jobs.blocked`)."""
+        out: dict[int, int | None] = {}
         for sr in self.stopped_runs.values():
             job = self.jobs.get(sr.job_id)
             if job is not None and job.status != "finished":
-                continue
+                continue  # a requeued job is pending: live, as its own record says
             end = self.ends.get(sr.job_id)
-            array = end[2] if end is not None else job.spec.array_job_id if job else None
-            if array == array_job_id:
-                out.append(sr)
+            out[sr.job_id] = end[2] if end is not None else job.spec.array_job_id if job else None
         return out
+
+    def array_stopped(self, array_job_id: int) -> list[StoppedRun]:
+        """The runs the ledger stopped whose end is not recorded yet (`stopped_of`) of every
+        task of the job array `array_job_id` whose record ended: what a second cancel of the
+        array's id kills at once, as a second `scancel ARRAY_ID` signals every task (atk47-23
+        F13). Empty for a job that is no array."""
+        tasks = {j for j, a in self.stopping_arrays().items() if a == array_job_id}
+        return [sr for sr in self.stopped_runs.values() if sr.job_id in tasks]
 
     def job(self, job_id: int) -> Job:
         job = self.jobs.get(job_id)
