@@ -109,8 +109,10 @@ def test_a_streamed_verify_outlasts_the_clients_timeout(served: Server) -> None:
     assert took > TIMEOUT_S, f"the walk took {took:.1f} s: too short to show the timeout"
     # every stage named, each counted forward to its total (F3: the bar stood full 59% of it)
     stages = [s["stage"] for s in steps]
-    assert [s for i, s in enumerate(stages) if s not in stages[:i]] == [
-        "waiting", "chain", "snapshots", "projection"]  # fmt: skip
+    # "waiting" (its turn in the lane) only if a frame went out before the walk began
+    named = [s for i, s in enumerate(stages) if s not in stages[:i]]
+    assert named in (["waiting", "chain", "snapshots", "projection"],
+                     ["chain", "snapshots", "projection"]), named  # fmt: skip
     for stage in ("chain", "snapshots", "projection"):
         done = [s["done"] for s in steps if s["stage"] == stage]
         assert done == sorted(done) and all(s["total"] >= EVENTS for s in steps

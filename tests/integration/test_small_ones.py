@@ -153,11 +153,13 @@ def test_long_commands_show_progress_with_a_known_total_on_a_terminal_only(
         "projection rebuild": (("projection", "rebuild"), f"{head}/{head}"),
         "audit verify": (("audit", "verify"), f"{head}/{head}"),
         "replay": (("replay", "--all"), f"{decided}/{decided}"),
-        "whatif": (("whatif", "--from", start, "--to", end), "/86400"),
+        # counted in the work it does (atk48-29 F3): the window's submissions, each replayed
+        "whatif": (("whatif", "--from", start, "--to", end), r"(\d+)/\1\b.*submissions"),
     }
     for name, (args, total) in runs.items():
         code, _out, terminal = on_a_terminal(home, *args)
         assert code == 0, (name, terminal)
-        assert total in terminal and "/?" not in terminal, (name, terminal)
+        plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", terminal)
+        assert re.search(total, plain) and "/?" not in plain, (name, terminal)
         piped = run(home, *args)  # not a terminal: no progress at all
         assert piped.returncode == 0 and piped.stderr == "", (name, piped.stderr)
