@@ -215,10 +215,11 @@ def project(
 ) -> CatchUp:
     """Bring `<home>/projections/ledger.duckdb` up to the log of `home` (`batch_size`: events
     per transaction at most, default `projector.DEFAULT_BATCH`)."""
+    from ledger.store.locate import open_source  # (locate imports this module)
     from projections.projector import DEFAULT_BATCH, Projector
     from projections.store import Store
 
-    with EmbeddedSource(home) as source, Store.open(home) as store:
+    with open_source(Path(home)) as source, Store.open(home) as store:
         return Projector(store, source, batch_size=batch_size or DEFAULT_BATCH).catch_up(
             until=until, progress=progress
         )
@@ -231,9 +232,12 @@ def rebuild(
     until: int | None = None,
     batch_size: int | None = None,
 ) -> CatchUp:
-    """Drop the projection of `home` and rebuild it from its log (`projector.rebuild`)."""
+    """Drop the projection of `home` and rebuild it from its log (`projector.rebuild`), wherever
+    the log is (its SQLite file, or the PostgreSQL store its `store` file names: before, a
+    PostgreSQL home's rebuild looked for a SQLite file and failed)."""
+    from ledger.store.locate import open_source  # (locate imports this module)
     from projections import projector
 
     batch = batch_size or projector.DEFAULT_BATCH
-    with EmbeddedSource(home) as source:
+    with open_source(Path(home)) as source:
         return projector.rebuild(home, source, progress=progress, until=until, batch_size=batch)

@@ -49,9 +49,8 @@ from ledger.store.leaseschema import (
 from ledger.store.leaseschema import (
     make_schema,
     qualified,
-    store_schema,
 )
-from ledger.store.pgread import connect, redacted
+from ledger.store.pgread import connect, redacted, store_schema
 from schemas.errors import InvalidCommand
 
 log = logging.getLogger("gpuledger.lease")

@@ -14,13 +14,10 @@ leader's keep behind it for long."""
 from __future__ import annotations
 
 import hashlib
-import os
-import re
 import time
-from collections.abc import Mapping
 from typing import Any
 
-from schemas.errors import InvalidCommand
+from ledger.store.pgread import store_schema
 
 LEADER_TABLE = "gpuledger_leader"
 SERVERS_TABLE = "gpuledger_servers"
@@ -108,19 +105,6 @@ LOCK_TIMEOUT_MS = 100
 """How long the schema's DDL waits for its lock before it gives up and tries again (the
 leader's keep queues behind a waiting ACCESS EXCLUSIVE lock: `Lease.answer_s` is a third of a
 lease of 1 s at least)."""
-
-
-def store_schema(env: Mapping[str, str] | None = None) -> str:
-    """The PostgreSQL schema of the store's events (`GPULEDGER_PG_SCHEMA`, else `public`: the
-    one `ledger.store.postgres` gives eventsourcing), where the lease's objects are too."""
-    name = str((os.environ if env is None else env).get("GPULEDGER_PG_SCHEMA") or "").strip()
-    name = name or "public"
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$]{0,62}", name):
-        raise InvalidCommand(
-            f"GPULEDGER_PG_SCHEMA {name!r} is not a plain PostgreSQL name",
-            hint="use letters, digits and underscores (the schema of the store's tables)",
-        )
-    return name
 
 
 def objects(schema: str) -> dict[str, str]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 from uuid import UUID
@@ -31,6 +31,28 @@ EVENTS_TABLE = f"{APP_NAME}_events"
 topic, state bytea, notification_id); the ledger writes notification_id = originator_version."""
 SNAPSHOTS_TABLE = f"{APP_NAME}_snapshots"
 """eventsourcing's PostgreSQL snapshot table (originator_id, originator_version, topic, state)."""
+
+
+SCHEMA_VARIABLE = "GPULEDGER_PG_SCHEMA"
+"""The one setting of the PostgreSQL schema a store's tables live in (`store_schema`)."""
+
+
+def store_schema(env: Mapping[str, str] | None = None) -> str:
+    """The PostgreSQL schema of the store's tables: `GPULEDGER_PG_SCHEMA`, else `public`
+    (eventsourcing's default). The one place every entry point reads it (the server's append
+    path, its lease, the CLI's reads, the audit, replay, the projection, the relay, `store
+    copy`): before, only the server honoured it, and the CLI's reads and `audit verify` read
+    `public` while the servers wrote another schema (atk48-ha, issue 28)."""
+    name = str((os.environ if env is None else env).get(SCHEMA_VARIABLE) or "").strip()
+    name = name or "public"
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$]{0,62}", name):
+        from schemas.errors import InvalidCommand
+
+        raise InvalidCommand(
+            f"{SCHEMA_VARIABLE} {name!r} is not a plain PostgreSQL name",
+            hint="use letters, digits and underscores (the schema of the store's tables)",
+        )
+    return name
 
 
 def is_postgres(store: str | None) -> bool:
@@ -154,14 +176,16 @@ def _ident(name: str) -> str:
 class PgSource:
     """The PostgreSQL store of a ledger read with psycopg (one connection, autocommit, reads only):
     what `ledger.store.embedded.EmbeddedSource` is for SQLite. The projector's, the audit's,
-    replay's and the reads' source.
+    replay's and the reads' source. `schema`: where the tables are (default `store_schema()`,
+    the servers' own).
 
     `light=True` (a CLI's direct read, a process that lives for one command): through libpq
     alone (`ledger.store.libpq`), without importing psycopg (~90 ms of CPU per command), when
     libpq loads; the same statements, rows and errors."""
 
-    def __init__(self, dsn: str, schema: str = "public", *, light: bool = False) -> None:
+    def __init__(self, dsn: str, schema: str | None = None, *, light: bool = False) -> None:
         self.dsn = dsn
+        schema = store_schema() if schema is None else schema
         self.path = redacted(dsn)
         self._light = light and _libpq_loads()
         self._events = f"{_ident(schema)}.{_ident(EVENTS_TABLE)}"

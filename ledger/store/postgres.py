@@ -42,7 +42,7 @@ from psycopg_pool import ConnectionPool
 from psycopg_pool.base import AttemptWithBackoff
 
 from ledger.store.lease import NOT_COMMITTING, SCHEMA_LOCK, SYNC_WAIT
-from ledger.store.pgread import EVENTS_TABLE, connect, connect_params
+from ledger.store.pgread import EVENTS_TABLE, connect, connect_params, redacted, store_schema
 from schemas.errors import Unavailable
 
 RETRY_FOR_S = 4.0
@@ -251,6 +251,20 @@ def _check_if_idle(conn: Any) -> None:
         ConnectionPool.check_connection(conn)
 
 
+def _schema_exists(con: Any, dsn: str) -> None:
+    """The store's schema (`store_schema`) exists, or InvalidCommand in one line (eventsourcing
+    made its tables there and failed with an internal error)."""
+    from schemas.errors import InvalidCommand
+
+    schema = store_schema()
+    row = con.execute("SELECT to_regnamespace(%s) IS NOT NULL", ('"' + schema + '"',)).fetchone()
+    if not (row and row[0]):
+        raise InvalidCommand(
+            f"the PostgreSQL store {redacted(dsn)} has no schema {schema!r} (GPULEDGER_PG_SCHEMA)",
+            hint=f"create it first (CREATE SCHEMA {schema}), or unset GPULEDGER_PG_SCHEMA",
+        )
+
+
 class LedgerPostgresFactory(PostgresFactory):
     """eventsourcing's PostgreSQL factory configured by one DSN (`GPULEDGER_STORE_DSN`), so libpq
     multi-host lists and `target_session_attrs` work; the pool checks a connection that has been
@@ -263,8 +277,9 @@ class LedgerPostgresFactory(PostgresFactory):
         BaseInfrastructureFactory.__init__(self, env)  # not the POSTGRES_* settings: one DSN
         dsn = self.env.get("GPULEDGER_STORE_DSN") or ""
         params = connect_params(dsn)
-        connect(dsn).close()  # one clear line with libpq's own cause (a wrong password, nobody
-        # listening), not the pool's "couldn't get a connection" after its timeout
+        with connect(dsn) as con:  # one clear line with libpq's own cause (a wrong password,
+            # nobody listening), not the pool's "couldn't get a connection" after its timeout
+            _schema_exists(con, dsn)
         self.datastore = PostgresDatastore(
             dbname=str(params.get("dbname", "")),
             host="",
@@ -279,7 +294,8 @@ class LedgerPostgresFactory(PostgresFactory):
             max_overflow=4,
             pre_ping=True,
             lock_timeout=int(self.env.get("GPULEDGER_PG_LOCK_TIMEOUT") or 10),
-            schema=str(self.env.get("GPULEDGER_PG_SCHEMA") or ""),
+            schema=store_schema(),  # the one setting every entry point reads (not `self.env`:
+            # the relay's factory is given the DSN alone, and wrote `public` meanwhile)
         )
         # no append waits for a lock (the lease row during a takeover, a position another
         # writer holds) longer than this; eventsourcing's LOCK TABLE had it, this path has none

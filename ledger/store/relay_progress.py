@@ -83,13 +83,20 @@ _PG_TABLE = (
     "(topic text PRIMARY KEY, position bigint NOT NULL, kept_at timestamptz NOT NULL, mac text)"
 )
 _PG_KEEP = (
-    f"INSERT INTO {TABLE} (topic, position, kept_at, mac) VALUES (%s, %s, now(), %s) "
+    f"INSERT INTO {TABLE} AS kept (topic, position, kept_at, mac) VALUES (%s, %s, now(), %s) "
     "ON CONFLICT (topic) DO UPDATE SET position = excluded.position, kept_at = now(), "
-    f"mac = excluded.mac WHERE excluded.position > {TABLE}.position"
+    "mac = excluded.mac WHERE excluded.position > kept.position"
 )
 _SQLITE_MAC_COLUMN = f"ALTER TABLE {TABLE} ADD COLUMN mac TEXT"
 _PG_MAC_COLUMN = f"ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS mac text"
 """A table made by an earlier version has no `mac`: added at the first write."""
+
+
+def _pg(sql: str, recorder: Any) -> str:
+    """`sql` with the table named in the store's schema (`pgread.store_schema`, the recorder's):
+    unqualified, it went wherever a session's search_path put it, not beside the events."""
+    schema = getattr(recorder.datastore, "schema", "") or "public"
+    return sql.replace(TABLE, f'"{schema}".{TABLE}')
 
 
 class Word(NamedTuple):
@@ -270,7 +277,7 @@ def read(recorder: Any, topic: str) -> int | None:
 
     with recorder.datastore.get_connection() as conn:
         try:
-            query = f"SELECT position FROM {TABLE} WHERE topic = %s"
+            query = _pg(f"SELECT position FROM {TABLE} WHERE topic = %s", recorder)
             row = conn.execute(query, (topic,)).fetchone()
         except psycopg.errors.UndefinedTable:
             return None
@@ -300,7 +307,7 @@ def read_mac(recorder: Any, topic: str) -> str | None:
 
     with recorder.datastore.get_connection() as conn:
         try:
-            row = conn.execute(query + "%s", (topic,)).fetchone()
+            row = conn.execute(_pg(query, recorder) + "%s", (topic,)).fetchone()
         except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn):
             return None
     if row is None:
@@ -338,7 +345,7 @@ def rows(recorder: Any) -> list[tuple[str, int]]:
 
     with recorder.datastore.get_connection() as conn:
         try:
-            got = conn.execute(query).fetchall()
+            got = conn.execute(_pg(query, recorder)).fetchall()
         except psycopg.errors.UndefinedTable:
             return []
     return [(str(r["topic"]), int(r["position"])) for r in got]
@@ -396,17 +403,17 @@ def keep(
     with recorder.datastore.get_connection() as conn:
         made = conn.execute(
             "SELECT count(*) AS n FROM information_schema.columns WHERE table_name = %s "
-            "AND column_name = 'mac'",
-            (TABLE,),
+            "AND column_name = 'mac' AND table_schema = %s",
+            (TABLE, getattr(recorder.datastore, "schema", "") or "public"),
         ).fetchone()
         if not (made["n"] if isinstance(made, dict) else made[0]):
             # under the schema's lock: two relays making it at once would clash in the catalog
             conn.execute(
-                f"BEGIN; SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); {_PG_TABLE}; "
-                f"{_PG_MAC_COLUMN}; COMMIT;"
+                f"BEGIN; SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); "
+                f"{_pg(_PG_TABLE, recorder)}; {_pg(_PG_MAC_COLUMN, recorder)}; COMMIT;"
             )
         if topic is not None:
-            conn.execute(upsert, (topic, position, signature))
+            conn.execute(_pg(upsert, recorder), (topic, position, signature))
 
 
 class Kept:

@@ -229,9 +229,9 @@ class RelayService:
             while not self._stop.wait(self.check_s):
                 try:
                     if source is None:
-                        from ledger.store.embedded import EmbeddedSource
+                        from ledger.store.locate import open_source
 
-                        source = EmbeddedSource(self.home)
+                        source = open_source(self.home)  # SQLite or PostgreSQL
                     head = source.head()
                 except Exception as e:  # a report: the store's own errors show elsewhere
                     log.debug("relay health: cannot read the store's head: %s", e)
