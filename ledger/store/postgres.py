@@ -124,10 +124,17 @@ class LedgerPostgresRecorder(_Bounded, PostgresApplicationRecorder):
         # escaped through libpq each time: ~10% of a group commit's CPU)
         self.append_sql = (rows + SQL(" RETURNING notification_id")).as_bytes()
         # the fence in the same statement: one row (or an error) joined to every inserted row,
-        # its share lock on the lease row held to the commit (a takeover waits for this append)
+        # its share lock on the lease row held to the commit (a takeover waits for this append).
+        # A lease that ran out fences too (epoch -1 is never held), in the database's clock when
+        # the statement runs: an append sent before PostgreSQL hung and run when it woke, after
+        # the server had answered 503 and before anyone took the lease, committed a write its
+        # client was told was not taken (a lease's holder never appends past its row's expiry:
+        # its own deadline passes a fifth of the lease before it, docs/ha.md)
         self.fenced_append_sql = (
             SQL(
-                "WITH fence AS MATERIALIZED (SELECT {schema}.gpuledger_fence(%b::int8) AS ok) "
+                "WITH fence AS MATERIALIZED (SELECT {schema}.gpuledger_fence(CASE WHEN (SELECT "
+                "expires_at > clock_timestamp() FROM {schema}.gpuledger_leader WHERE id = 1) "
+                "THEN %b::int8 ELSE -1 END) AS ok) "
             ).format(schema=Identifier(self.datastore.schema))  # the lease's (atk48-ha F4)
             + rows
             + SQL(", fence RETURNING notification_id")

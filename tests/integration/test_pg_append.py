@@ -139,6 +139,34 @@ def test_a_deposed_leader_s_append_stores_nothing(tmp_path: Path, pg_store: str)
     mine.close()
 
 
+def test_an_append_run_after_the_lease_ran_out_stores_nothing(
+    tmp_path: Path, pg_store: str
+) -> None:
+    """An append sent before PostgreSQL hung runs when it wakes: after its server answered 503
+    (the store away) and, when nobody took the lease meanwhile, at the epoch the row still holds.
+    The row's expiry has passed by then: the fence refuses it (before, it committed a write its
+    client had been told was not taken)."""
+    led = base(tmp_path / "a", pg_store)
+    lease.setup(pg_store)
+    mine = lease.Lease(pg_store, "server-a", "http://a", 5.0)
+    assert mine.acquire()
+    led.fence(mine.epoch)
+    led.execute(submit())
+    head = led.position
+    with psycopg.connect(pg_store, autocommit=True) as con:  # the lease ran out, nobody took it
+        con.execute(
+            f"UPDATE {lease.LEADER_TABLE} SET expires_at = clock_timestamp() - interval '1 s', "
+            "stamp = stamp + 1"
+        )
+    with pytest.raises(Unavailable, match="not the leader"):
+        led.execute(submit())
+    with PgSource(pg_store) as source:
+        assert source.head() == head
+    led.fence(None)
+    led.close()
+    mine.close()
+
+
 def test_an_append_whose_answer_was_lost_is_known_as_its_own(tmp_path: Path, pg_store: str) -> None:
     """The store committed, the answer was lost, the retry meets its own rows: the ledger takes
     them as appended (byte for byte the same), and another writer's rows are not taken so."""
