@@ -575,13 +575,15 @@ class Lease:
         return True
 
     def renew(self) -> bool:
-        """Extend the lease; False when another server holds it now (stop at once). A database
-        that does not answer raises: the lease still runs until `deadline`."""
+        """Extend the lease unless it ran out (in the database's clock as the statement runs:
+        one sent before PostgreSQL hung, run as it woke, extended a lease its holder had given
+        up); False then, or when another server holds it (stop at once). A database that does
+        not answer raises: the lease still runs until `deadline`."""
         sent = time.monotonic()
         rows = self._run(
             "UPDATE {leader} SET expires_at = now() + make_interval(secs => %s), "
-            "stamp = stamp + 1 "
-            "WHERE id = 1 AND holder = %s AND epoch = %s RETURNING epoch",
+            "stamp = stamp + 1 WHERE id = 1 AND holder = %s AND epoch = %s "
+            "AND expires_at > clock_timestamp() RETURNING epoch",
             (self.lease_s, self.holder, self.epoch),
         )
         if not rows:

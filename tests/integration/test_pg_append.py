@@ -167,6 +167,29 @@ def test_an_append_run_after_the_lease_ran_out_stores_nothing(
     mine.close()
 
 
+def test_a_renewal_run_after_the_lease_ran_out_extends_nothing(pg_store: str) -> None:
+    """A renewal sent before PostgreSQL hung, abandoned, runs when it wakes: the lease had run
+    out and its holder stood down; it must not give that holder another lease (no standby
+    could take it meanwhile). Before, it extended the lease."""
+    lease.setup(pg_store)
+    mine = lease.Lease(pg_store, "server-a", "http://a", 5.0)
+    assert mine.acquire()
+    assert mine.renew()
+    with psycopg.connect(pg_store, autocommit=True) as con:
+        con.execute(
+            f"UPDATE {lease.LEADER_TABLE} SET expires_at = clock_timestamp() - interval '1 s', "
+            "stamp = stamp + 1"
+        )
+        assert not mine.renew()
+        row = con.execute(
+            f"SELECT expires_at < clock_timestamp() FROM {lease.LEADER_TABLE}"
+        ).fetchone()
+    assert row == (True,)
+    assert not mine.may_act()
+    assert mine.acquire()  # its own expired row: taken again, at a new epoch
+    mine.close()
+
+
 def test_an_append_whose_answer_was_lost_is_known_as_its_own(tmp_path: Path, pg_store: str) -> None:
     """The store committed, the answer was lost, the retry meets its own rows: the ledger takes
     them as appended (byte for byte the same), and another writer's rows are not taken so."""
