@@ -28,6 +28,7 @@ import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ledger.server import encoding
 from ledger.server.connections import (
     CONN,
     REFUSED_HOLD_S,
@@ -88,6 +89,9 @@ class Front:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         conn: Connection | None = scope.get(CONN) if scope["type"] == "http" else None
+        if scope["type"] == "http":  # HEAD as GET, gzip (`ledger.server.encoding`)
+            scope, head = encoding.head_as_get(scope)
+            send = encoding.wrap(send, head=head, gzip_ok=encoding.accepts_gzip(scope))
         if conn is None:
             await self.app(scope, receive, send)
             return

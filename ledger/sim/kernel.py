@@ -19,6 +19,7 @@ The executor is pure apart from its own state: no clock (every call takes `now`)
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
@@ -175,8 +176,21 @@ MAX_CYCLES_PER_STEP = 4
 """Cycles at one moment while the victim-search budget keeps running out."""
 
 
+def on_grid(t: float, origin: float, step_s: float) -> float:
+    """Pure: the first decision moment at or after `t` on the grid `origin + k * step_s`."""
+    k = math.ceil((t - origin) / step_s - 1e-9)
+    return origin + k * step_s
+
+
 def drive(
-    sim: Driven, clock: SimClock, dispatcher: Dispatcher, executor: KernelExecutor, end: float
+    sim: Driven,
+    clock: SimClock,
+    dispatcher: Dispatcher,
+    executor: KernelExecutor,
+    end: float,
+    *,
+    step_s: float | None = None,
+    origin: float = 0.0,
 ) -> int:
     """The one simulation loop; returns the number of dispatcher cycles. Each step:
 
@@ -187,18 +201,34 @@ def drive(
        again at once while `sim.cycled` says the searches ran out (at most
        `MAX_CYCLES_PER_STEP`).
 
+    With `step_s`, the dispatcher decides only at the moments `origin + k * step_s` (as a
+    service that cycles every `step_s` would): what is due in between (a submission, a recorded
+    change) is appended at its own time, an exit is recorded at its own time by the next
+    decision's observation, and a cycle it calls for (or a `wake_at`) waits for the next
+    moment. The number of decisions is then at most the period over `step_s` (times
+    `MAX_CYCLES_PER_STEP`), whatever the number of events. Without it, a decision at every
+    moment something happens.
+
     The clock ends at `end`.
     """
     cycles = 0
     wake: float | None = None
+    owed: float | None = None
+    """With `step_s`: the next decision moment, when something since calls for a cycle."""
+
+    def moment(x: float) -> float:
+        return x if step_s is None else on_grid(x, origin, step_s)
+
     while True:
         now = clock.now()
         cands = sim.times(now)
         nxt = executor.next_event_at()
         if nxt is not None:
-            cands.append(max(nxt, now))
+            cands.append(moment(max(nxt, now)))
         if wake is not None and wake > now:
-            cands.append(wake)
+            cands.append(moment(wake))
+        if owed is not None:
+            cands.append(owed)
         if not cands:
             break
         t = max(now, min(cands))
@@ -206,6 +236,12 @@ def drive(
             break
         clock.advance_to(t)
         sim.due(t)
+        if step_s is not None and moment(t) != t:  # between two decision moments
+            if owed is None and sim.needs_cycle(t):
+                owed = moment(t)
+            sim.stepped(t)
+            continue
+        owed = None
         for _ in range(MAX_CYCLES_PER_STEP):
             if not sim.needs_cycle(t):
                 break

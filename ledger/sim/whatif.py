@@ -11,7 +11,8 @@ Steps (`run_whatif`):
    an account the budgets name that the period opens (or a member it adds) gets them then;
 3. the loop: at each moment something can happen (a submission, a simulated exit, a
    cancellation, a recorded change, the decision's `wake_at`, a periodic tick) append what is
-   due and run the real `Dispatcher` cycle (policy as recorded unless changed, fair-share ranks
+   due and run the real `Dispatcher` cycle (with `step_s`, the cycle only at the moments
+   `start + k * step_s`: `kernel.drive`) (policy as recorded unless changed, fair-share ranks
    from the simulator's incremental rank source over the same math as the projection). The
    recorded changes are made again at their times (a share change of an account the budgets
    name is not: the budgets hold for the whole period), so the what-if of no change is what
@@ -107,8 +108,10 @@ class _Sim:
         tick_s: float,
         checkpoint_every_s: float,
         seed: int,
+        step_s: float | None = None,
     ) -> None:
         self.scen = scen
+        self.step_s = step_s
         # the organisation is set up at the start of the period's first clock hour: owed hours
         # take each hour's allocation as of the hour's start, as the recorded side's do
         self.clock = SimClock(math.floor(scen.start / 3600.0) * 3600.0)
@@ -300,7 +303,12 @@ class _Sim:
         )
         self._changes = sorted(scen.changes, key=lambda n: n.at)  # stable: log order kept
         self._next_tick = scen.start
-        self.cycles += drive(self, self.clock, self.dispatcher, self.executor, scen.end)
+        self.cycles += drive(
+            self, self.clock, self.dispatcher, self.executor, scen.end,
+            step_s=self.step_s, origin=scen.start,
+        )  # fmt: skip
+        if self.step_s is not None:  # first: what the rest of the answer rests on
+            self.notes.insert(0, step_note(self.step_s))
         if self._added:
             self.notes.append(
                 f"{self._added} members added so that the recorded submissions can run"
@@ -391,11 +399,13 @@ def simulate(
     checkpoint_every_s: float = 3600.0,
     seed: int = 1,
     progress: Callable[[int, int], None] | None = None,
+    step_s: float | None = None,
 ) -> WhatIfRun:
     """Run the scenario through a fresh ledger in `home` (which must not hold one), deciding
     with the policy last recorded (the default when the log has no decision) unless `policy`
     names another (its defaults), counting usage over the window the recorded ranks did (the
-    7-day window) unless `window_s` says otherwise."""
+    7-day window) unless `window_s` says otherwise; deciding at every moment something happens,
+    or with `step_s` only every `step_s` from the period's start (`kernel.drive`)."""
     last = scen.decided if policy is None else None
     gpus = sum(n.gpus for n in scen.state.nodes.values() if n.state != "removed")
     chosen = registry.build(
@@ -407,7 +417,7 @@ def simulate(
     half_life = registry.half_life_s(registry.config_of(chosen))
     # charged from placement: the kernel starts every launch at its placement
     usage = UsagePolicy(window_s or recorded or WEEK_S, half_life, charge=CHARGE_PLACEMENT)
-    sim = _Sim(scen, budgets, chosen, usage, home, tick_s, checkpoint_every_s, seed)
+    sim = _Sim(scen, budgets, chosen, usage, home, tick_s, checkpoint_every_s, seed, step_s)
     sim.progress = progress
     try:
         sim.run()
@@ -513,6 +523,9 @@ class WhatIfReport(msgspec.Struct, frozen=True, kw_only=True):
     cycles: int
     notes: tuple[str, ...] = ()
     home: str | None = None
+    step_s: float | None = None
+    """The what-if decided every `step_s` seconds of the period (None: at every moment
+    something happened: `gpuledger whatif` without `--step`)."""
 
 
 def compare_runs(
@@ -548,6 +561,9 @@ class Simulated(msgspec.Struct, frozen=True, kw_only=True):
     carried: int
     cycles: int
     notes: tuple[str, ...] = ()
+    step_s: float | None = None
+    """The what-if's decisions were every `step_s` (None: at every moment something
+    happened)."""
 
 
 def simulate_period(
@@ -561,6 +577,7 @@ def simulate_period(
     window_s: float | None = None,
     tick_s: float = 600.0,
     progress: Callable[[int, int], None] | None = None,
+    step_s: float | None = None,
 ) -> Simulated:
     """Steps 1-3 and the what-if's measures of step 4, over the ledger in `home`: the what-if
     ledger is made in `where` (a new directory)."""
@@ -568,7 +585,7 @@ def simulate_period(
         scen = scenario(log_events(source), start, end)
     run = simulate(
         scen, where, budgets=budgets, policy=policy, window_s=window_s, tick_s=tick_s,
-        progress=progress,
+        progress=progress, step_s=step_s,
     )  # fmt: skip
     with _projection(where) as store:
         mine = team_metrics(store, start, end, exclude=sorted(run.carried))
@@ -582,6 +599,7 @@ def simulate_period(
         carried=sum(1 for s in scen.submissions if s.carried),
         cycles=run.cycles,
         notes=tuple(run.notes),
+        step_s=step_s,
     )
 
 
@@ -607,6 +625,7 @@ def run_whatif(
     keep: Path | None = None,
     tick_s: float = 600.0,
     progress: Callable[[int, int], None] | None = None,
+    step_s: float | None = None,
 ) -> WhatIfReport:
     """Steps 1-4 over the ledger in `home` (`actual`: its projection, caught up); `progress`
     is told the submissions made and their total after each step."""
@@ -614,9 +633,20 @@ def run_whatif(
         sim = simulate_period(
             home, start, end, keep if keep is not None else Path(tmp) / "ledger",
             budgets=budgets, policy=policy, window_s=window_s, tick_s=tick_s, progress=progress,
+            step_s=step_s,
         )  # fmt: skip
     theirs = team_metrics(actual, start, end)
     return report(sim, theirs, str(keep) if keep is not None else None)
+
+
+def step_note(step_s: float) -> str:
+    """Pure: what deciding every `step_s` leaves out, in the what-if's notes."""
+    return (
+        f"the what-if decided every {step_s:g} s of the period, not at every submission or "
+        f"exit: a job waited at least until the next such moment (up to {step_s:g} s more "
+        f"than a decision at once would have made it wait), and GPUs freed in between stayed "
+        f"free until then"
+    )
 
 
 def _settings_text(run: WhatIfRun) -> dict[str, str]:

@@ -602,3 +602,36 @@ def test_metrics_whole_log_counts_kept_between_scrapes_equal_a_recount(served: S
         assert sum(placements.values()) > 0 and teams
         assert sum(n for k, _t, _r, n in teams if k == "placed") == sum(placements.values())
         assert sum(n for k, _t, _r, n in teams if k == "evicted") <= sum(preemptions.values())
+
+
+def test_head_metrics_is_the_gets_headers_and_big_answers_are_gzipped(served: Served) -> None:
+    """atk48-29 F10: `HEAD /metrics` was 405 and nothing was ever compressed. A HEAD is the
+    GET's status and headers with no body; a large JSON answer is gzipped for a client that
+    accepts it, the same JSON once decompressed (`ledger.server.encoding`)."""
+    import gzip
+    import http.client
+
+    def asked(method: str, path: str, **headers: str) -> tuple[int, dict[str, str], bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", served.server.port, timeout=60)
+        try:
+            bearer = {"Authorization": f"Bearer {served.tokens['root']}", **headers}
+            conn.request(method, path, headers=bearer)
+            resp = conn.getresponse()
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+        finally:
+            conn.close()
+
+    status, got, _ = asked("GET", "/metrics")
+    status_h, head, empty = asked("HEAD", "/metrics")
+    assert (status, status_h, empty) == (200, 200, b""), head
+    assert head["content-type"] == got["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert int(head["content-length"]) > 1_000 and "content-encoding" not in head
+    path = "/ui/api/queue?state=all&limit=1000"
+    _, plain, text = asked("GET", path)
+    status, squeezed, packed = asked("GET", path, **{"Accept-Encoding": "gzip"})
+    assert status == 200 and squeezed["content-encoding"] == "gzip", squeezed
+    assert len(text) > 1_024 and "content-encoding" not in plain
+    assert int(squeezed["content-length"]) == len(packed) < len(text)
+    assert json.loads(gzip.decompress(packed))["total"] == json.loads(text)["total"]
+    scraped = asked("GET", "/metrics", **{"Accept-Encoding": "gzip"})
+    assert scraped[1]["content-encoding"] == "gzip" and b"# TYPE" in gzip.decompress(scraped[2])

@@ -80,8 +80,8 @@ def children(r: Reviewed) -> dict[str, dict[str, Any]]:
 
 
 def cli_whatif(r: Reviewed, tmp: Path, account: str, kind: str, shares: int, rep: Any) -> Any:
-    """What `gpuledger whatif --budgets FILE` prints for the one change over the same period
-    (on a copy of the log: the command needs a data directory no server owns)."""
+    """What `gpuledger whatif --budgets FILE --step 1m` prints for the one change over the same
+    period (on a copy of the log: the command needs a data directory no server owns)."""
     import shutil
     import sqlite3
 
@@ -97,7 +97,7 @@ def cli_whatif(r: Reviewed, tmp: Path, account: str, kind: str, shares: int, rep
         src.backup(dst)
     out = cli(
         copy, "whatif", "--budgets", str(toml), "--from", iso(rep["start"]),
-        "--to", iso(rep["end"]), "--json", GPULEDGER_USER="root", timeout=600,
+        "--to", iso(rep["end"]), "--step", "1m", "--json", GPULEDGER_USER="root", timeout=600,
     )  # fmt: skip
     return json.loads(out.stdout)
 
@@ -178,7 +178,7 @@ def test_the_api_answers_the_clis_report_and_writes_nothing(
     assert body["was"] == kids[account]["raw_shares"]
     want = cli_whatif(r, tmp_path, account, kids[account]["kind"], 0, body["report"])
     got = body["report"]
-    keys = ("submissions", "carried", "cycles", "policy_version")
+    keys = ("submissions", "carried", "cycles", "policy_version", "step_s", "notes")
     assert {k: got[k] for k in keys} == {k: want[k] for k in keys}
     assert [t["team"] for t in got["teams"]] == [t["team"] for t in want["teams"]]
     differ = [

@@ -142,3 +142,27 @@ def test_a_notes_time_is_a_time_not_a_raw_epoch(recorded: Path, tmp_path: Path) 
     budgets.write_text('[accounts."ai2/tulu"]\nkind = "project"\nshares = 2\n')
     (note,) = whatif(recorded, "--budgets", str(budgets))["notes"]
     assert note.startswith(f"{when(T0 + 5_000)}: the recorded shares 3 of ai2/tulu"), note
+
+
+def test_a_what_if_decided_every_step_waits_for_its_moments_and_says_so(recorded: Path) -> None:
+    """atk48-29 F2: `--step` (what the Budget review page runs, a minute) decides only at the
+    moments START + k * step, not at every submission and exit, so a deep queue costs a decision
+    a step, not one an event. Here the submissions at T0 + 1,000 (START + 500) wait for the
+    moment START + 1,000; those on a moment are placed at once; the work is the same."""
+    plain = whatif(recorded)
+    stepped = whatif(recorded, "--step", "1000s")
+    assert stepped["step_s"] == 1000 and plain["step_s"] is None
+    assert stepped["notes"] == [
+        "the what-if decided every 1000 s of the period, not at every submission or exit: a job "
+        "waited at least until the next such moment (up to 1000 s more than a decision at once "
+        "would have made it wait), and GPUs freed in between stayed free until then"
+    ]
+    assert stepped["cycles"] <= 4 * (END - START) / 1000 and stepped["cycles"] <= plain["cycles"]
+    waits = {t["team"]: t["whatif"]["mean_wait_s"] for t in stepped["teams"]}
+    assert waits == {"ai2/olmo": 250.0, "ai2/tulu": 500.0, "lab/speech": 0.0, "lab/vision": 0.0}
+    assert {t["team"]: t["whatif"]["delivered_gpu_h"] for t in stepped["teams"]} == pytest.approx(
+        {t["team"]: t["actual"]["delivered_gpu_h"] for t in plain["teams"]}
+    )
+    refused = CliRunner().invoke(cli, ["--home", str(recorded), "whatif", "--from", str(START),
+                                       "--to", str(END), "--step", "0"])  # fmt: skip
+    assert refused.exit_code != 0 and "--step" in refused.output, refused.output

@@ -194,7 +194,7 @@ const queueState = { user: "", account: "", state: "queued", reason: "", mine: f
 const QUEUE_COLUMNS = [  // [heading, sort column or null, width]
   ["#", "order", "3.5em"], ["job", "job", "5em"], ["user", "user", "6.5em"], ["account", "account", "8.5em"],
   ["GPUs", "gpus", "4.5em"], ["state", "state", "5.5em"], ["code", "code", "11em"], ["reason", null, "auto"],
-  ["sort key", null, "11em"], ["submitted", "submitted", "8.5em"], ["waiting", null, "5.5em"],
+  ["sort key", null, "8em"], ["submitted", "submitted", "8.5em"], ["waiting", null, "5.5em"],
   ["est. start", null, "8.5em"],
 ];
 
@@ -675,7 +675,7 @@ function whatifResult(r) {
     td(pair(t.actual.preemptions, t.whatif.preemptions, String), { class: "num", "data-col": "preemptions" })));
   return el("div", { id: "whatif-result", "data-start": rep.start, "data-end": rep.end, "data-shares": r.shares },
     el("p", { class: "muted" }, `${r.account}: shares ${r.was} → ${r.shares}; `, timeEl(rep.start), " – ", timeEl(rep.end),
-      ` (the last 4 weeks; accounts opened, members and shares changed meanwhile as recorded): ${rep.submissions} submissions (+${rep.carried} active at the start), ${rep.cycles} cycles, policy ${rep.policy_version}. Actual → what-if:`),
+      ` (the last 4 weeks; accounts opened, members and shares changed meanwhile as recorded): ${rep.submissions} submissions (+${rep.carried} active at the start), ${rep.cycles} cycles${rep.step_s ? ` (deciding every ${rep.step_s} s)` : ""}, policy ${rep.policy_version}. Actual → what-if:`),
     idle ? el("p", { class: "err", id: "whatif-idle" }, "Nothing was delivered in what happened (was anything placed? a server " +
       "with --executor none places nothing), while the what-if places the same submissions: the difference is not the change's effect alone.") : null,
     table(["team", "owed GPU-h", "delivered GPU-h", "delivered/owed", "mean wait", "preemptions"], rows, { id: "whatif-teams" }),

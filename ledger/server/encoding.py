@@ -1,0 +1,116 @@
+"""What the front does to every answer on its way out (`ledger.server.front`), the app unaware:
+
+- **HEAD is GET without a body**: a HEAD request is served as the GET of the same path (the
+  same status and headers, its `Content-Length` the GET's), and no body is sent. Litestar
+  answered `HEAD /metrics` 405 (atk48-29 F10); Prometheus tooling and `curl -I` ask it.
+- **gzip**: a whole answer (one body part) of a text type (JSON, HTML, JavaScript, CSS, the
+  metrics' text) of at least `GZIP_MIN` bytes is sent gzip-compressed to a client that accepts
+  gzip (`Accept-Encoding`), with `Vary: Accept-Encoding`; a streamed answer (more than one
+  part: the NDJSON progress of `audit verify`, the log's stream) is passed on part by part as
+  before, never held back to be compressed. Compressing a large answer runs on a thread
+  (zlib leaves the interpreter lock), not on the event loop that commits the submits.
+
+The bytes a read's answer is charged to its reader (`front._counting`, `ReadPool.sent`) are the
+answer's own, before compression: compression makes an answer cheaper to send, not its reader's
+allowance larger (the allowance bounds the work of answering, compression is more of it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+GZIP_MIN = 1_024
+"""Answers shorter than this are sent as they are (gzip's header costs more than it saves)."""
+THREAD_MIN = 64 * 1024
+"""Answers at least this long are compressed on a thread, not on the event loop."""
+LEVEL = 5
+TYPES = (
+    b"application/json",
+    b"application/problem+json",
+    b"application/javascript",
+    b"text/",
+)
+
+Send = Callable[[Any], Awaitable[None]]
+
+
+def head_as_get(scope: Any) -> tuple[Any, bool]:
+    """The scope the app sees (a HEAD request's as its GET's) and whether it was a HEAD."""
+    if scope.get("type") == "http" and scope.get("method") == "HEAD":
+        return {**scope, "method": "GET"}, True
+    return scope, False
+
+
+def accepts_gzip(scope: Any) -> bool:
+    """Whether the request's `Accept-Encoding` accepts gzip (a `q=0` refuses it)."""
+    for name, value in scope.get("headers", ()):
+        if bytes(name).lower() != b"accept-encoding":
+            continue
+        for item in bytes(value).decode("latin-1").split(","):
+            coding, _, params = item.strip().partition(";")
+            if coding.strip().lower() not in ("gzip", "*"):
+                continue
+            q = params.strip().lower().removeprefix("q=")
+            if not params.strip() or _q(q) > 0:
+                return True
+    return False
+
+
+def _q(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return 0.0
+
+
+def _compressible(headers: list[Any]) -> bool:
+    kind = b""
+    for name, value in headers:
+        low = bytes(name).lower()
+        if low == b"content-encoding":
+            return False  # encoded already
+        if low == b"content-type":
+            kind = bytes(value).lower()
+    return kind.startswith(TYPES)
+
+
+def _squeeze(body: bytes) -> bytes:
+    return gzip.compress(body, compresslevel=LEVEL, mtime=0)  # mtime 0: the same bytes each time
+
+
+def wrap(send: Send, *, head: bool, gzip_ok: bool) -> Send:
+    """`send` as the app's: its answer's start held until its first body part, which decides
+    whether the answer is whole and compressible; a HEAD's body parts sent empty."""
+    start: dict[str, Any] | None = None
+
+    async def out(message: Any) -> None:
+        nonlocal start
+        kind = message["type"]
+        if kind == "http.response.start":
+            start = message
+            return
+        if kind != "http.response.body":
+            await send(message)
+            return
+        body = bytes(message.get("body", b""))
+        more = bool(message.get("more_body", False))
+        if start is not None:
+            first, start = start, None
+            headers = list(first.get("headers", ()))
+            whole = not more and len(body) >= GZIP_MIN and _compressible(headers)
+            if whole:
+                headers.append((b"vary", b"Accept-Encoding"))
+            if whole and gzip_ok:
+                if len(body) >= THREAD_MIN:  # zlib leaves the lock: the loop goes on
+                    body = await asyncio.to_thread(_squeeze, body)
+                else:
+                    body = _squeeze(body)
+                headers = [(k, v) for k, v in headers if bytes(k).lower() != b"content-length"]
+                headers += [(b"content-encoding", b"gzip"), (b"content-length", b"%d" % len(body))]
+            await send({**first, "headers": headers})
+        await send({**message, "body": b"" if head else body, "more_body": more})
+
+    return out

@@ -1,0 +1,99 @@
+"""The front's answers on their way out (`ledger.server.encoding`): HEAD as GET without a body,
+gzip for whole text answers a client accepts it for, streamed answers passed on part by part."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+from typing import Any
+
+import pytest
+
+from ledger.server import encoding
+
+BIG = json.dumps([{"job_id": i, "account": "prog1/team01"} for i in range(2_000)]).encode()
+
+
+def served(
+    parts: list[bytes], *, kind: bytes = b"application/json", head: bool = False, gz: bool = True
+) -> list[dict[str, Any]]:
+    """What the client is sent when the app answers `parts` (more than one: a stream)."""
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    async def app() -> None:
+        out = encoding.wrap(send, head=head, gzip_ok=gz)
+        length = [(b"content-length", b"%d" % len(parts[0]))] if len(parts) == 1 else []
+        headers = [(b"content-type", kind), *length]
+        await out({"type": "http.response.start", "status": 200, "headers": headers})
+        for i, part in enumerate(parts):
+            more = i < len(parts) - 1
+            await out({"type": "http.response.body", "body": part, "more_body": more})
+
+    asyncio.run(app())
+    return sent
+
+
+def headers(sent: list[dict[str, Any]]) -> dict[bytes, bytes]:
+    return {bytes(k).lower(): bytes(v) for k, v in sent[0]["headers"]}
+
+
+def test_a_whole_json_answer_is_gzipped_for_a_client_that_accepts_it() -> None:
+    sent = served([BIG])
+    h = headers(sent)
+    assert h[b"content-encoding"] == b"gzip" and h[b"vary"] == b"Accept-Encoding"
+    body = sent[1]["body"]
+    assert int(h[b"content-length"]) == len(body) < len(BIG) / 5
+    assert gzip.decompress(body) == BIG
+    assert served([BIG])[1]["body"] == body  # the same bytes each time (no time in them)
+
+
+def test_no_gzip_unless_asked_small_answers_and_other_types_as_they_are() -> None:
+    plain = served([BIG], gz=False)
+    assert b"content-encoding" not in headers(plain) and plain[1]["body"] == BIG
+    assert headers(plain)[b"vary"] == b"Accept-Encoding"
+    small = served([b'{"ok": true}'])
+    assert b"content-encoding" not in headers(small) and small[1]["body"] == b'{"ok": true}'
+    png = served([BIG], kind=b"image/png")
+    assert b"content-encoding" not in headers(png) and png[1]["body"] == BIG
+
+
+def test_a_streamed_answer_is_passed_on_part_by_part_uncompressed() -> None:
+    lines = [b'{"read": %d}\n' % i * 200 for i in range(3)]
+    sent = served(lines)
+    assert b"content-encoding" not in headers(sent)
+    assert [m["body"] for m in sent[1:]] == lines
+    assert [m["more_body"] for m in sent[1:]] == [True, True, False]
+
+
+def test_a_head_is_the_gets_headers_with_no_body() -> None:
+    get = served([BIG], gz=False)
+    head = served([BIG], gz=False, head=True)
+    assert headers(head) == headers(get) and int(headers(head)[b"content-length"]) == len(BIG)
+    assert [m["body"] for m in head[1:]] == [b""]
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        (b"gzip, deflate, br", True),
+        (b"br;q=1.0, gzip;q=0.8", True),
+        (b"*", True),
+        (b"gzip;q=0", False),
+        (b"identity", False),
+        (None, False),
+    ],
+)
+def test_accept_encoding_is_read_as_http_says(value: bytes | None, ok: bool) -> None:
+    hdrs = [] if value is None else [(b"accept-encoding", value)]
+    assert encoding.accepts_gzip({"type": "http", "headers": hdrs}) is ok
+
+
+def test_a_head_request_reaches_the_app_as_a_get() -> None:
+    scope, head = encoding.head_as_get({"type": "http", "method": "HEAD", "path": "/metrics"})
+    assert head and scope["method"] == "GET"
+    scope, head = encoding.head_as_get({"type": "http", "method": "POST", "path": "/v1/x"})
+    assert not head and scope["method"] == "POST"
