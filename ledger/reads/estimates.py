@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from ledger.reads.stopping import DEFAULT_GRACE_S
+from schemas.bounds import job_grace
 
 if TYPE_CHECKING:
     from ledger.core.jobs import Blocked
@@ -107,7 +107,7 @@ def estimated_starts(
         ends = INF if limit is None else max(now, begun + limit)
         # preempted once its contract (from its real start) ends, its GPUs come free when its
         # processes have had their grace (atk33 F6)
-        contract = max(now, victim_free_at(job, r.placed_at + r.min_runtime_s))
+        contract = max(now, victim_free_at(job, r.placed_at + r.min_runtime_s, state.grace_s))
         for sl in r.slots:
             releases.append((ends, contract, node_type.get(sl.node, ""), len(sl.gpu_indices)))
     out: dict[int, float | None] = {}
@@ -189,16 +189,16 @@ def blocked_keys(
 INF = float("inf")
 
 
-def victim_free_at(job: Job | None, contract_ends_at: float) -> float:
+def victim_free_at(job: Job | None, contract_ends_at: float, default_s: float) -> float:
     """Pure: when a running job's GPUs come free if it is preempted as its contract ends: its
     contract counted from its real start when known (`Job.contract_ends_at`, as the dispatcher
-    on Slurm counts it; never earlier than the snapshot's), plus its grace, SIGTERM to SIGKILL,
-    before which the engine starts nothing on them."""
+    on Slurm counts it; never earlier than the snapshot's), plus its grace (its own, else the
+    service's `default_s`), SIGTERM to SIGKILL, before which the engine starts nothing on
+    them."""
     if job is None:
-        return contract_ends_at + DEFAULT_GRACE_S
+        return contract_ends_at + default_s
     ends = max(contract_ends_at, job.contract_ends_at() or contract_ends_at)
-    grace = job.spec.grace_s
-    return ends + (DEFAULT_GRACE_S if grace is None else grace)
+    return ends + job_grace(job.spec.grace_s, default_s)
 
 
 _Release = tuple[float, float, str, int]
