@@ -110,6 +110,9 @@ class StoppedRun(msgspec.Struct, frozen=True, kw_only=True):
     snapshot made before. With `user`, `account` and `gpus`: what `queue` shows of it once
     its job is gone from the live state (`ledger.reads.stopping`)."""
     user: str = ""
+    job_name: str | None = None
+    """Its job's name (`submit -J`), which it holds for a `singleton` while it lives out its
+    grace (`jobs.blocked`); None in a snapshot made before it was kept."""
     account: str = ""
     gpus: int = 0
     funded: bool = True

@@ -154,7 +154,15 @@ def same(a: State, b: State) -> bool:
     without them."""
     kept = a.stopped_runs_kept and b.stopped_runs_kept
     ends = a.run_ends_kept and b.run_ends_kept
-    return _canonical(a, kept, ends) == _canonical(b, kept, ends)
+    x, y = _canonical(a, kept, ends), _canonical(b, kept, ends)
+    if any(r.job_name is None for r in [*(x.stopped_runs or ()), *(y.stopped_runs or ())]):
+        x, y = _unnamed(x), _unnamed(y)  # a snapshot made before stopped runs kept their name
+    return x == y
+
+
+def _unnamed(f: Folded) -> Folded:
+    runs = [msgspec.structs.replace(r, job_name=None) for r in f.stopped_runs or ()]
+    return msgspec.structs.replace(f, stopped_runs=runs if f.stopped_runs is not None else None)
 
 
 def _canonical(state: State, stopped_runs: bool = True, run_ends: bool = True) -> Folded:

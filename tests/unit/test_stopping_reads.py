@@ -322,3 +322,64 @@ def test_an_owners_requeue_is_explained_as_theirs_not_an_admin_preemption(w: Wor
     said = explain_history(w.state.jobs[job.job_id], got, {}, w.now, DEFAULT_GRACE_S)
     assert any("requeued by its owner alice" in s for s in said), said
     assert "admin" not in " ".join(said), said
+
+
+@pytest.mark.parametrize("live_only", [False, True])
+def test_a_job_stopping_in_its_grace_keeps_its_name_for_a_singleton(
+    w: World, live_only: bool
+) -> None:
+    """atk48-23 F5 (singleton): a `singleton` job ran from 3 s after the cancel of its user's
+    job of the same name, whose processes lived 14 s more. The stopping job keeps its name
+    (from its stopped run: a live state has let its finished record go) under every cycle that
+    holds stopping GPUs; a replay of an older record (`hold_stopping` False) decides as it
+    did; the name is free once its run's end is recorded."""
+    from ledger.core import jobs
+
+    w.state.live_only = live_only
+    (first,) = w.submit(command=("t",), grace_s=100, job_name="solo")
+    solo = (e.Dependency(kind="singleton", job_ids=()),)
+    (second,) = w.submit(command=("t",), job_name="solo", dependency=solo)
+    (other,) = w.submit(command=("t",), job_name="other", dependency=solo)
+    (bobs,) = w.submit("bob", command=("t",), job_name="solo", dependency=solo)
+    w.place(first.job_id, "n1", 1)
+    w.run(c.StartJob(actor="@executor", job_id=first.job_id, engine="agent",
+                     engine_job_id=f"{first.job_id}.1"))  # fmt: skip
+    assert set(jobs.blocked(w.state, hold_stopping=True)) == {second.job_id}
+    w.run(c.CancelJob(actor="alice", job_id=first.job_id))
+    assert (first.job_id in w.state.jobs) is not live_only
+    held = jobs.blocked(w.state, hold_stopping=True)
+    assert set(held) == {second.job_id}  # not another name, not another user's
+    assert held[second.job_id].reason == (
+        f"singleton: job {first.job_id} of alice named 'solo' is stopping (its processes in "
+        "their grace)"
+    )
+    assert set(jobs.blocked(w.state)) == set()  # an older record's rule: it may go
+    (sr,) = w.state.stopped_of(first.job_id)
+    w.run(c.ConfirmRunEnded(actor="@executor", job_id=first.job_id, engine="agent",
+                            engine_job_id=f"{first.job_id}.1", run=sr.run, ended_at=w.now,
+                            exit_code=143))  # fmt: skip
+    assert set(jobs.blocked(w.state, hold_stopping=True)) == set()
+    del other, bobs
+
+
+def test_a_snapshot_made_before_stopped_runs_kept_their_name_is_the_same_state(w: World) -> None:
+    """A stopped run unfolded from an older snapshot has no name (None): it is compared with
+    the fold of the log (which has it) without the name, not refused as a forgery."""
+    import msgspec
+
+    from ledger.store.snapshots import Folded, folded, same, unfolded
+
+    w.state.live_only = True
+    (job,) = w.submit(command=("t",), job_name="solo")
+    w.place(job.job_id, "n1", 0)
+    w.run(c.StartJob(actor="@executor", job_id=job.job_id, engine="agent",
+                     engine_job_id=f"{job.job_id}.1"))  # fmt: skip
+    w.run(c.CancelJob(actor="alice", job_id=job.job_id))
+    f = folded(w.state)
+
+    def runs(**kw: object) -> Folded:
+        got = [msgspec.structs.replace(r, **kw) for r in f.stopped_runs or ()]
+        return msgspec.structs.replace(f, stopped_runs=got)
+
+    assert same(unfolded(f), w.state) and same(unfolded(runs(job_name=None)), w.state)
+    assert not same(unfolded(runs(job_name=None, user="bob")), w.state)
