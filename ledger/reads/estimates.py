@@ -110,6 +110,7 @@ def estimated_starts(
         contract = max(now, victim_free_at(job, r.placed_at + r.min_runtime_s, state.grace_s))
         for sl in r.slots:
             releases.append((ends, contract, node_type.get(sl.node, ""), len(sl.gpu_indices)))
+    releases += stopping_releases(state, snapshot, now)
     out: dict[int, float | None] = {}
     pending = {p.job_id: p for p in snapshot.pending}
     waiting = decision.waiting
@@ -170,6 +171,35 @@ def estimated_starts(
     if room is not None:
         room.free, room.releases = left.free, left.releases
     return out
+
+
+def stopping_releases(state: State, snapshot: Snapshot, now: float) -> list[_Release]:
+    """Pure: the GPUs of stopped runs in their grace that the snapshot holds (never free for a
+    placement until the run's end is recorded: `cycle.inputs.stopping_gpus`), released at
+    their SIGKILL at the latest (`stopping.stopped_kill_at`, the time `explain` names) plus
+    one cycle interval, the cycle after the end is recorded that places on them; one overdue
+    (its engine late to report) from the next cycle. atk48-23 F3: they had no release, so a job
+    waiting for them was estimated at another job's limit, 9 min late, or "unknown". GPUs a
+    live job holds again, or free in a snapshot that counted them free (an older record's
+    rule), are the running jobs' or the free pool's."""
+    from ledger.reads.stopping import stopped_kill_at
+
+    if not state.stopped_runs:
+        return []
+    step = state.service.interval_s if state.service is not None else 0.0
+    free = {n.name: (n.gpu_type, set(n.free)) for n in snapshot.nodes if n.state == "active"}
+    at: dict[tuple[str, int], float] = {}
+    for sr in state.stopped_runs.values():
+        ends = max(now, stopped_kill_at(sr, state.grace_s)) + step
+        for sl in sr.slots:
+            for i in sl.gpu_indices if sl.node in free else ():
+                if i not in free[sl.node][1] and (sl.node, i) not in state.holders:
+                    at[(sl.node, i)] = max(ends, at.get((sl.node, i), ends))
+    counts: dict[tuple[float, str], int] = {}
+    for (node, _), ends in at.items():
+        key = (ends, free[node][0])
+        counts[key] = counts.get(key, 0) + 1
+    return [(ends, ends, t, g) for (ends, t), g in sorted(counts.items())]
 
 
 def blocked_keys(
