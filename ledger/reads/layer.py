@@ -183,7 +183,16 @@ def jobs(
         if position is not None:
             rows = jobs_as_of(store, f, position, below)
             return _seen(_job_rows(rows, f.at, store), viewer)
-    return _seen(_job_rows(jobs_page(store.con, f, below=below), now, store), viewer)
+    rows = jobs_page(store.con, f, below=below)
+    return _seen(_job_rows(rows, now, store, _stopping(viewer)), viewer)
+
+
+def _stopping(viewer: Viewer | None) -> dict[int, float]:
+    """The jobs the live state (the viewer's) shows stopping after their record ended, with
+    their SIGKILL (`stopping.stopping_kills`; none without a viewer)."""
+    from ledger.reads.stopping import stopping_kills
+
+    return {} if viewer is None else stopping_kills(viewer.state)
 
 
 def finished_jobs(
@@ -269,11 +278,17 @@ def _seen(rows: list[v.JobRow], viewer: Viewer | None) -> list[v.JobRow]:
 
 
 def _job_rows(
-    rows: list[tuple[Any, ...]], now: float, store: Store | None = None
+    rows: list[tuple[Any, ...]],
+    now: float,
+    store: Store | None = None,
+    stopped: Mapping[int, float] | None = None,
 ) -> list[v.JobRow]:
     """The rows as `jobs` shows them at `now`: a running job past its limit `stopping`, with
     its SIGKILL at the latest (`ledger.reads.stopping`, its own grace, else the service's,
-    read from `store`)."""
+    read from `store`); a finished job in `stopped` (its record ended while its stopped run
+    lives out its grace: job -> its SIGKILL, `stopping.stopping_kills`) `stopping` with that
+    SIGKILL, its end not known yet (None), its elapsed time to `now`, as squeue's `CG`, where
+    it showed `finished` at the cancel; its end is its run's real end once recorded."""
     from ledger.reads.stopping import past_limit, shown
 
     ending = [r[0] for r in rows if past_limit(r[6], r[17], r[14], now)]
@@ -293,7 +308,16 @@ def _job_rows(
          finish_reason, finish_note, engine_job_id, job_name, workdir, array_job_id,
          array_task_id) = r  # fmt: skip
         end = finished_at if status == "finished" else (now if status == "running" else None)
-        status, kill_at = shown(status, started_at, time_limit_s, grace.get(job_id), now, default_s)
+        reason = finish_reason if status == "finished" else None
+        note = finish_note if status == "finished" else ""
+        ended: float | None = finished_at
+        kill_at: float | None
+        if stopped and status == "finished" and job_id in stopped:
+            status, kill_at, ended, end = "stopping", stopped[job_id], None, now
+        else:
+            status, kill_at = shown(
+                status, started_at, time_limit_s, grace.get(job_id), now, default_s
+            )
         elapsed = None if started_at is None or end is None else max(0.0, end - started_at)
         gpu_slots = [
             e.GpuSlot(node=sl["node"], gpu_indices=tuple(sl["gpu_indices"])) for sl in slots
@@ -305,11 +329,10 @@ def _job_rows(
                 funded=funded, min_runtime_s=min_runtime_s, resumable=resumable,
                 priority=priority, debug=debug, time_limit_s=time_limit_s,
                 submitted_at=submitted_at, placed_at=placed_at, started_at=started_at,
-                finished_at=finished_at, elapsed_s=elapsed,
+                finished_at=ended, elapsed_s=elapsed,
                 nodes=sorted({sl.node for sl in gpu_slots}), placements=placements,
                 preemptions=preemptions, command=list(command or []), logs=list(logs or []),
-                finish_reason=finish_reason if status == "finished" else None,
-                finish_note=finish_note if status == "finished" else "", slots=gpu_slots,
+                finish_reason=reason, finish_note=note, slots=gpu_slots,
                 engine_job_id=engine_job_id, job_name=job_name, workdir=workdir,
                 array_job_id=array_job_id, array_task_id=array_task_id, kill_at=kill_at,
             )
@@ -620,7 +643,7 @@ def job(store: Store, job_id: int, now: float, viewer: Viewer | None) -> v.JobRo
     rows = jobs_page(store.con, v.JobFilter(limit=1), job_id=job_id)
     if not rows:
         raise UnknownEntity(f"no job {job_id}", job_id=job_id)
-    return _seen(_job_rows(rows, now, store), viewer)[0]
+    return _seen(_job_rows(rows, now, store, _stopping(viewer)), viewer)[0]
 
 
 def gpu_map(ledger: LiveState, store: Store) -> list[v.GpuRow]:

@@ -8,10 +8,10 @@ gone:
   limit plus its grace at the latest (`limit_kill_at`). Its ledger status stays `running`
   until its end is recorded; every read shows `stopping`, with `kill_at`;
 - a run the ledger stopped (a cancel, a preemption, a requeue: `State.stopped_runs`) whose end
-  its engine has not reported: the job's record is already its outcome (`jobs` shows
-  `cancelled`, as `sacct` shows CANCELLED), and the live reads (`queue --state running`, `node
-  list`) show the run stopping until the engine reports its processes gone, SIGKILL at
-  `stopped_kill_at` at the latest (at once after a second cancel: `StoppedRun.kill`).
+  its engine has not reported: the job's record is already its outcome (`cancelled`), and the
+  reads (`queue --state running`, `node list`, `jobs` with that outcome: `stopping_kills`)
+  show it stopping until the engine reports its processes gone, SIGKILL at `stopped_kill_at`
+  at the latest (at once after a second cancel: `StoppedRun.kill`).
 
 The grace is the job's own (`submit --grace`, at most `MAX_GRACE_S`), else the service's
 (`serve`/`up --grace`, as `service.configured` recorded it: `State.grace_s`; the projection's
@@ -94,6 +94,14 @@ def stopped_shown(state: State) -> dict[int, StoppedRun]:
         j: sr for j, sr in latest.items()
         if (job := state.jobs.get(j)) is None or job.status == "finished"
     }  # fmt: skip
+
+
+def stopping_kills(state: State) -> dict[int, float]:
+    """Pure: job -> its SIGKILL at the latest, for the jobs whose record ended while the run
+    the ledger stopped lives out its grace (`stopped_shown`): what `jobs` shows `stopping`
+    instead of `finished` at the cancel, until its end is recorded (and `finished_at` is that
+    end)."""
+    return {j: stopped_kill_at(sr, state.grace_s) for j, sr in stopped_shown(state).items()}
 
 
 def stopping_note(

@@ -56,11 +56,16 @@ class Viewer(NamedTuple):
 
     def detached(self) -> Viewer:
         """The same viewer over a copy of what `may_see_private` reads (the admins, the
-        actor's managed accounts): safe to use on another thread while the live state moves."""
+        actor's managed accounts) and of the stopped runs in their grace with the service's
+        settings (what `jobs` shows stopping: `stopping.stopping_kills`): safe to use on
+        another thread while the live state moves."""
         from ledger.core.state import State
 
-        managed = {self.actor: set(self.state.managers.get(self.actor, ()))}
-        return Viewer(self.actor, State(admins=set(self.state.admins), managers=managed))
+        s = self.state
+        managed = {self.actor: set(s.managers.get(self.actor, ()))}
+        copied = State(admins=set(s.admins), managers=managed, service=s.service,
+                       stopped_runs=dict(s.stopped_runs))  # fmt: skip
+        return Viewer(self.actor, copied)
 
 
 def redact(row: v.JobRow) -> v.JobRow:
