@@ -202,6 +202,23 @@ def stopping_releases(state: State, snapshot: Snapshot, now: float) -> list[_Rel
     return [(ends, ends, t, g) for (ends, t), g in sorted(counts.items())]
 
 
+def stopping_ends(state: State, now: float) -> dict[int, tuple[int | None, float]]:
+    """Pure: job -> (its array, when it is gone) for the jobs stopping in their grace whose
+    record ended (`State.stopping_arrays`: they hold back their dependents and their array's
+    limit, `jobs.blocked`): their SIGKILL at the latest plus a cycle, as their GPUs'
+    (`stopping_releases`)."""
+    from ledger.reads.stopping import stopped_kill_at
+
+    if not state.stopped_runs:
+        return {}
+    step = state.service.interval_s if state.service is not None else 0.0
+    kills: dict[int, float] = {}
+    for sr in state.stopped_runs.values():
+        kill = stopped_kill_at(sr, state.grace_s)
+        kills[sr.job_id] = max(kill, kills.get(sr.job_id, kill))
+    return {j: (a, max(now, kills[j]) + step) for j, a in state.stopping_arrays().items()}
+
+
 def blocked_keys(
     state: State, snapshot: Snapshot, policy: Policy, waits: Mapping[int, Blocked]
 ) -> list[tuple[SortKey, int]]:
@@ -275,14 +292,18 @@ def dependency_ends(
 ) -> float | None:
     """Pure: the earliest moment `job_id`'s dependency may be met: every job it waits for
     (`afterok`/`afterany`/`afternotok`; an array's id stands for its tasks) reaching its time
-    limit from its start (the real one, else the queue's estimate `starts`). None when one of
-    them has no limit or no known start, or for a singleton: nobody knows."""
+    limit from its start (the real one, else the queue's estimate `starts`), and every one
+    stopping in its grace ending (`stopping_ends`). None when one of them has no limit or no
+    known start, or for a singleton: nobody knows."""
     from ledger.core.jobs import active_ids
 
     ends: list[float] = [now]
+    stopping = stopping_ends(state, now)
     for term in state.jobs[job_id].spec.dependency:
         if term.kind == "singleton":
             return None
+        ids = set(term.job_ids)
+        ends += [at for j, (array, at) in stopping.items() if j in ids or array in ids]
         for dep in (d for jid in term.job_ids for d in active_ids(state, jid)):
             job = state.jobs[dep]
             holding = job.status in ("placed", "running")
@@ -402,8 +423,9 @@ def _array_slots(
     now: float,
 ) -> list[float | None]:
     """Pure: when each task of `array` that holds GPUs or goes next (not `held`: the queue's
-    estimate `starts`) reaches its limit (None: unknown)."""
-    ends: list[float | None] = []
+    estimate `starts`) reaches its limit (None: unknown), or, stopping in its grace, ends
+    (`stopping_ends`)."""
+    ends: list[float | None] = [at for a, at in stopping_ends(state, now).values() if a == array]
     for job_id in sorted(state.active):
         job = state.jobs[job_id]
         if job.spec.array_job_id != array or job_id in held or job.status == "finished":

@@ -145,3 +145,39 @@ def test_a_job_waiting_for_stopping_gpus_is_estimated_at_their_sigkill() -> None
     assert estimated_starts(state, free, dispatch(free, build("fifo"), now), now) == {
         3: now, 4: now
     }  # fmt: skip
+
+
+def test_what_a_stopping_job_holds_back_is_estimated_from_its_sigkill() -> None:
+    """A job stopping in its grace holds back its `afterany` dependent and its `%1` array's
+    next task (`jobs.blocked`, atk48-23 F5): their estimates start once it is gone, its SIGKILL
+    at the latest plus a cycle, not now (they said "starts now" while the reads said why they
+    waited)."""
+    from schemas.policy import FifoConfig
+
+    state = State()
+    _run(state, 0.0,
+         c.InitLedger(actor="root", admin="root"),
+         c.OpenAccount(actor="root", path="p", kind="program"),
+         c.OpenAccount(actor="root", path="p/q", kind="project"),
+         c.AddMember(actor="root", user="u", project="p/q"),
+         c.RegisterNode(actor="root", node="n1", gpu_type="h100", gpus=4),
+         c.ConfigureService(actor="root", policy=FifoConfig(), interval_s=2.0, executor="agents"),
+         c.SubmitJob(actor="u", account="p/q", gpus=1, grace_s=40),
+         c.SubmitJob(actor="u", account="p/q", gpus=1, grace_s=60, array=(0, 1),
+                     array_limit=1))  # fmt: skip
+    _place(state, 0.0)
+    assert sorted(j for j in state.jobs if state.jobs[j].status == "running") == [1, 2]
+    for j in (1, 2):
+        state.jobs[j] = msgspec.structs.replace(state.jobs[j], engine="agent")
+    _run(state, 10.0, c.CancelJob(actor="u", job_id=1), c.CancelJob(actor="u", job_id=2),
+         c.SubmitJob(actor="u", account="p/q", gpus=1,
+                     dependency=(Dependency(kind="afterany", job_ids=(1,)),)))  # fmt: skip
+    now = 12.0
+    waits = blocked(state, hold_stopping=True)
+    assert set(waits) == {3, 4}  # task 1 of the array, and the afterany job
+    snap = snapshot_from_state(state, {}, now, hold_stopping=True)
+    policy = build("fifo")
+    decision = dispatch(snap, policy, now)
+    keys = blocked_keys(state, snap, policy, waits)
+    starts = estimated_starts(state, snap, decision, now, blocked=keys)
+    assert (starts[3], starts[4]) == (10.0 + 60 + 2, 10.0 + 40 + 2)
