@@ -98,6 +98,24 @@ def graces(con: Con, job_ids: Sequence[int]) -> dict[int, int | None]:
     return {ev.job_id: ev.grace_s for _, ev in found if isinstance(ev, e.JobSubmitted)}
 
 
+def service_grace(con: Con, at: float | None = None) -> float:
+    """The grace the service gives a job stopped without one of its own (`serve`/`up
+    --grace`), as its last `service.configured` recorded by `at` (None: the latest) says;
+    `DEFAULT_GRACE_S` when none recorded it (a service before `service.configured.v2`, or
+    none ever ran): the live state's `State.grace_s`, for the reads that read the projection
+    (`jobs`, `explain`'s history)."""
+    from schemas.bounds import DEFAULT_GRACE_S
+
+    row = con.execute(
+        "SELECT raw FROM events WHERE list_contains($tags, tag)"
+        " AND ($at IS NULL OR occurred_at <= $at) ORDER BY position DESC LIMIT 1",
+        {"tags": tags(e.ServiceConfigured), "at": at},
+    ).fetchone()
+    ev = None if row is None else decode(row[0])
+    grace = ev.grace_s if isinstance(ev, e.ServiceConfigured) else None
+    return DEFAULT_GRACE_S if grace is None else float(grace)
+
+
 class JobEvent(NamedTuple):
     """One event of a job, as the log holds it: its place and common columns, decoded."""
 

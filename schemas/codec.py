@@ -35,6 +35,8 @@ from schemas.events import (
     JobSubmitted,
     JobSubmittedV1,
     RankInputs,
+    ServiceConfigured,
+    ServiceConfiguredV1,
     StoredEvent,
     UsageSettings,
     Waiting,
@@ -227,6 +229,12 @@ def run_ended_v1_to_v2(ev: JobRunEndedV1) -> JobRunEnded:
     return JobRunEnded(**msgspec.structs.asdict(ev))
 
 
+def configured_v1_to_v2(ev: ServiceConfiguredV1) -> ServiceConfigured:
+    """Pure: v1 service settings as v2, `grace_s` None: the grace was not recorded (the reads
+    count the default, `bounds.DEFAULT_GRACE_S`, as they did)."""
+    return ServiceConfigured(**msgspec.structs.asdict(ev))
+
+
 def upcast(event: StoredEvent) -> AnyEvent:
     """Pure: the latest version of a decoded event (the event itself when it is the latest)."""
     if isinstance(event, JobSubmittedV1):
@@ -235,6 +243,8 @@ def upcast(event: StoredEvent) -> AnyEvent:
         return finished_v1_to_v2(event)
     if isinstance(event, JobRunEndedV1):
         return run_ended_v1_to_v2(event)
+    if isinstance(event, ServiceConfiguredV1):
+        return configured_v1_to_v2(event)
     if isinstance(event, CycleDecidedV1):
         return decided_v3_to_v4(decided_v2_to_v3(decided_v1_to_v2(event)))
     if isinstance(event, CycleDecidedV2):

@@ -380,6 +380,8 @@ class ConfigureService(Command, frozen=True, kw_only=True, tag="service.configur
     policy: AnyPolicyConfig
     interval_s: PositiveInterval
     executor: Name
+    grace_s: Seconds | None = None
+    """The grace it gives a job stopped without one of its own (`serve`/`up --grace`)."""
 
 
 AnyCommand = (

@@ -526,14 +526,24 @@ class TokenRevoked(Event, frozen=True, kw_only=True, tag="token.revoked.v1"):
     token_id: TokenId
 
 
-class ServiceConfigured(Event, frozen=True, kw_only=True, tag="service.configured.v1"):
-    """What the service runs with, recorded when it starts with (or changes to) other settings:
-    the policy version and its settings, the cycle interval and the executor. `queue` and
-    `explain` preview with the recorded policy."""
-
+class _Configured(Event, frozen=True, kw_only=True):
     policy: AnyPolicyConfig
     interval_s: PositiveInterval
     executor: Name
+
+
+class ServiceConfiguredV1(_Configured, frozen=True, kw_only=True, tag="service.configured.v1"):
+    """The service's settings without its grace; read upcast to v2 with `grace_s` None."""
+
+
+class ServiceConfigured(_Configured, frozen=True, kw_only=True, tag="service.configured.v2"):
+    """What the service runs with, recorded when it starts with (or changes to) other settings:
+    the policy version and its settings, the cycle interval, the executor, its grace. `queue`
+    and `explain` preview with the recorded policy."""
+
+    grace_s: Seconds | None = None
+    """`serve`/`up --grace`: the grace of a job stopped without its own, which every read counts
+    its SIGKILL with (atk48-23 F4); None (upcast from v1): `bounds.DEFAULT_GRACE_S`."""
 
 
 # --- decisions ----------------------------------------------------------------------------------
@@ -767,17 +777,14 @@ StoredEvent = (
     | JobSubmittedV1
     | JobFinishedV1
     | JobRunEndedV1
+    | ServiceConfiguredV1
 )
 """Every version that may be stored; `schemas.codec` upcasts the older ones."""
 
-OLDER_TYPES: tuple[type[Event], ...] = (
-    CycleDecidedV3,
-    CycleDecidedV2,
-    CycleDecidedV1,
-    JobSubmittedV1,
-    JobFinishedV1,
-    JobRunEndedV1,
+OLDER_TYPES: tuple[type[Event], ...] = tuple(
+    t for t in StoredEvent.__args__ if t not in EVENT_TYPES
 )
+"""The older versions `StoredEvent` names, in its order."""
 
 
 def tag_of(cls: type[Event]) -> str:

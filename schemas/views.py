@@ -152,6 +152,8 @@ class JobRow(_View, frozen=True, kw_only=True):
     started_at: float | None
     """When it last started running."""
     finished_at: float | None
+    """When it ended: its last run's real end once recorded; null while it runs, and while a
+    job cancelled or preempted is `stopping` (its processes in their grace)."""
     elapsed_s: float | None
     """Run time of its last run: from start (or placement) to its end, or to `now` if running."""
     nodes: list[str]
@@ -163,7 +165,8 @@ class JobRow(_View, frozen=True, kw_only=True):
     """Where its last run's output goes: one log per part, on the part's node."""
     finish_reason: FinishReason | None = None
     """Why it ended (`schemas.events.FinishReason`: completed, failed, cancelled, time_limit,
-    preempted, node_lost, dependency_never_satisfied, launch_failed); null until it ends."""
+    preempted, node_lost, dependency_never_satisfied, launch_failed); null until its record
+    ends (a cancelled job still `stopping` in its grace has it)."""
     finish_note: str = ""
     """More about its end, in words (why a launch failed, which dependency can never hold)."""
     slots: list[GpuSlot] = []
@@ -172,9 +175,9 @@ class JobRow(_View, frozen=True, kw_only=True):
     """The execution engine's id of its last run (a Slurm job id); null where the engine names
     no runs."""
     kill_at: float | None = None
-    """A `stopping` job (past its time limit, SIGTERM sent, its processes in their grace): when
-    it is SIGKILLed at the latest, its limit plus its grace (`ledger.reads.stopping`); null
-    otherwise."""
+    """A `stopping` job (past its time limit, or cancelled or preempted: SIGTERM sent, its
+    processes in their grace): when it is SIGKILLed at the latest, its limit or its stop plus
+    its grace (`ledger.reads.stopping`); null otherwise."""
     job_name: str = ""
     workdir: str = ""
     """The directory it starts in ("" the engine's default)."""

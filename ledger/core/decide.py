@@ -745,7 +745,11 @@ def _configure(state: State, cmd: c.ConfigureService, s: _Stamp) -> list[e.AnyEv
         raise InvalidCommand("the cycle interval must be positive")
     return [
         e.ServiceConfigured(
-            **s.kw(), policy=cmd.policy, interval_s=cmd.interval_s, executor=cmd.executor
+            **s.kw(),
+            policy=cmd.policy,
+            interval_s=cmd.interval_s,
+            executor=cmd.executor,
+            grace_s=cmd.grace_s,
         )
     ]
 

@@ -297,6 +297,7 @@ def _stopped(state: State, job: Job, at: float, why: str) -> None:
             kill=past,
             why=why,
             user=s.user,
+            job_name=s.job_name,
             account=s.account,
             gpus=s.gpus,
             funded=job.funded,

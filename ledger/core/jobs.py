@@ -491,7 +491,8 @@ def blocked(
     `CycleDecided.stopping_held`): a job whose record ended while the run the ledger stopped
     lives out its grace has not ended for its dependents, and a task so stopping holds its
     array's limit, as Slurm waits for a job's end (atk48-23 F5: a `%1` array's next task and an
-    `afterany` job ran beside a cancelled job's processes)."""
+    `afterany` job ran beside a cancelled job's processes), and keeps its name for a
+    `singleton` (as squeue's `CG` job does)."""
     out: dict[int, Blocked] = {}
     if live is None:
         jobs = state.jobs
@@ -507,13 +508,18 @@ def blocked(
             holding[spec.array_job_id] = holding.get(spec.array_job_id, 0) + 1
         names.setdefault((spec.user, spec.job_name), spec.job_id)
     stopping = state.stopping_arrays() if hold_stopping and state.stopped_runs else {}
+    stopping_names: dict[tuple[str, str], int] = {}
     for array in stopping.values():
         if array is not None:
             holding[array] = holding.get(array, 0) + 1
+    for j in stopping:  # a stopping job keeps its name for a singleton, as its processes live
+        name = _stopping_name(state, j)
+        if name is not None:
+            stopping_names[name] = min(j, stopping_names.get(name, j))
     for job in asking:
         if job.status != "pending" or job.held:
             continue
-        why = _waits_for(state, job, names, stopping)
+        why = _waits_for(state, job, names, stopping, stopping_names)
         if why is not None:
             out[job.job_id] = Blocked("WAIT_DEPENDENCY", why)
             continue
@@ -531,19 +537,38 @@ def blocked(
     return out
 
 
+def _stopping_name(state: State, job_id: int) -> tuple[str, str] | None:
+    """Pure: the (user, name) a stopping job holds for a `singleton`: its stopped run's, else
+    its record's (a run kept in a snapshot before runs kept their name); None: unknown."""
+    for sr in state.stopped_of(job_id):
+        if sr.job_name is not None:
+            return (sr.user, sr.job_name)
+    job = state.jobs.get(job_id)
+    return None if job is None else (job.spec.user, job.spec.job_name)
+
+
 def _waits_for(
     state: State,
     job: Job,
     names: Mapping[tuple[str, str], int],
     stopping: Mapping[int, int | None] | None = None,
+    stopping_names: Mapping[tuple[str, str], int] | None = None,
 ) -> str | None:
     """Pure: what `job`'s dependency still waits for, in words; None when it is met.
-    `stopping`: jobs whose stopped run is in its grace (`State.stopping_arrays`): not ended."""
+    `stopping`: jobs whose stopped run is in its grace (`State.stopping_arrays`): not ended;
+    `stopping_names`: the (user, name) such jobs hold for a singleton (the least job id)."""
     for term in job.spec.dependency:
         if term.kind == "singleton":
-            first = names.get((job.spec.user, job.spec.job_name))
+            key = (job.spec.user, job.spec.job_name)
+            first = names.get(key)
             if first is not None and first != job.job_id:
                 return f"singleton: job {first} of {job.spec.user} named {job.spec.job_name!r}"
+            holder = (stopping_names or {}).get(key)
+            if holder is not None and holder != job.job_id:
+                return (
+                    f"singleton: job {holder} of {job.spec.user} named {job.spec.job_name!r} "
+                    "is stopping (its processes in their grace)"
+                )
             continue
         # the first 11 only: the words show 10 (a cycle asks this of every pending dependent)
         live = (j for i in term.job_ids for j in active_ids(state, i))

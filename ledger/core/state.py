@@ -15,7 +15,7 @@ from typing import Any, Literal
 import msgspec
 
 from schemas import events as e
-from schemas.bounds import MAX_DEPENDENCY_IDS, job_grace
+from schemas.bounds import DEFAULT_GRACE_S, MAX_DEPENDENCY_IDS, job_grace
 from schemas.errors import InvalidTransition, UnknownEntity
 from schemas.policy import AnyPolicyConfig
 
@@ -110,6 +110,9 @@ class StoppedRun(msgspec.Struct, frozen=True, kw_only=True):
     snapshot made before. With `user`, `account` and `gpus`: what `queue` shows of it once
     its job is gone from the live state (`ledger.reads.stopping`)."""
     user: str = ""
+    job_name: str | None = None
+    """Its job's name (`submit -J`), which it holds for a `singleton` while it lives out its
+    grace (`jobs.blocked`); None in a snapshot made before it was kept."""
     account: str = ""
     gpus: int = 0
     funded: bool = True
@@ -175,7 +178,7 @@ class State:
     jobs: dict[int, Job] = field(default_factory=dict)
     tokens: dict[str, Token] = field(default_factory=dict)
     service: e.ServiceConfigured | None = None
-    """The settings the service last recorded (policy, interval, executor)."""
+    """The settings the service last recorded (policy, interval, executor, grace)."""
     next_job_id: int = 1
     events: int = 0
     live_only: bool = False
@@ -220,6 +223,14 @@ class State:
     def policy(self) -> AnyPolicyConfig | None:
         """The policy settings the service last recorded running with (None: it never ran)."""
         return None if self.service is None else self.service.policy
+
+    @property
+    def grace_s(self) -> float:
+        """The grace the service gives a job stopped without one of its own, as it last
+        recorded it (`serve`/`up --grace`); `DEFAULT_GRACE_S` when it recorded none (it never
+        ran, or ran before `service.configured.v2`). Every read counts a SIGKILL with it."""
+        grace = None if self.service is None else self.service.grace_s
+        return DEFAULT_GRACE_S if grace is None else float(grace)
 
     def copy(self) -> State:
         return State(

@@ -171,8 +171,8 @@ class ServiceLoop:
             self.stats.projection_position = self.projector.catch_up().position
         return self.ledger.position
 
-    def record_settings(self, interval_s: float, executor: str) -> None:
-        record_settings(self.ledger, self.policy, interval_s, executor, self.log)
+    def record_settings(self, interval_s: float, executor: str, grace_s: int | None = None) -> None:
+        record_settings(self.ledger, self.policy, interval_s, executor, self.log, grace_s)
 
     def close(self, store_away: bool = False) -> None:
         """Stop cleanly: shut the executor down (recording the exits of runs that end with it;
@@ -355,22 +355,32 @@ def _open_projection(home: Path, wait_s: float = 15.0) -> Store:
 
 
 def record_settings(
-    ledger: Ledger, policy: Policy, interval_s: float, executor: str, log: logging.Logger
+    ledger: Ledger,
+    policy: Policy,
+    interval_s: float,
+    executor: str,
+    log: logging.Logger,
+    grace_s: int | None = None,
 ) -> None:
-    """Append `service.configured.v1` when the service runs with other settings than the ones
-    last recorded (a restart with the same settings appends nothing)."""
+    """Append `service.configured` when the service runs with other settings than the ones
+    last recorded (a restart with the same settings appends nothing). `grace_s`: its `--grace`
+    (the grace of a job stopped without its own), which every read counts a SIGKILL with."""
     config = registry.config_of(policy)
     now = ledger.state.service
-    if now is not None and (now.policy, now.interval_s, now.executor) == (
+    if now is not None and (now.policy, now.interval_s, now.executor, now.grace_s) == (
         config,
         interval_s,
         executor,
+        grace_s,
     ):
         return
     ledger.execute(
-        c.ConfigureService(actor=SERVICE, policy=config, interval_s=interval_s, executor=executor)
+        c.ConfigureService(
+            actor=SERVICE, policy=config, interval_s=interval_s, executor=executor, grace_s=grace_s
+        )
     )
-    log.info("recorded settings: %s every %gs, executor %s", config, interval_s, executor)
+    grace = "" if grace_s is None else f", grace {grace_s}s"
+    log.info("recorded settings: %s every %gs, executor %s%s", config, interval_s, executor, grace)
 
 
 MIN_WAIT_S = 0.05

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from ledger.reads.stopping import DEFAULT_GRACE_S
+from schemas.bounds import job_grace
 
 if TYPE_CHECKING:
     from ledger.core.jobs import Blocked
@@ -107,9 +107,10 @@ def estimated_starts(
         ends = INF if limit is None else max(now, begun + limit)
         # preempted once its contract (from its real start) ends, its GPUs come free when its
         # processes have had their grace (atk33 F6)
-        contract = max(now, victim_free_at(job, r.placed_at + r.min_runtime_s))
+        contract = max(now, victim_free_at(job, r.placed_at + r.min_runtime_s, state.grace_s))
         for sl in r.slots:
             releases.append((ends, contract, node_type.get(sl.node, ""), len(sl.gpu_indices)))
+    releases += stopping_releases(state, snapshot, now)
     out: dict[int, float | None] = {}
     pending = {p.job_id: p for p in snapshot.pending}
     waiting = decision.waiting
@@ -172,6 +173,52 @@ def estimated_starts(
     return out
 
 
+def stopping_releases(state: State, snapshot: Snapshot, now: float) -> list[_Release]:
+    """Pure: the GPUs of stopped runs in their grace that the snapshot holds (never free for a
+    placement until the run's end is recorded: `cycle.inputs.stopping_gpus`), released at
+    their SIGKILL at the latest (`stopping.stopped_kill_at`, the time `explain` names) plus
+    one cycle interval, the cycle after the end is recorded that places on them; one overdue
+    (its engine late to report) from the next cycle. atk48-23 F3: they had no release, so a job
+    waiting for them was estimated at another job's limit, 9 min late, or "unknown". GPUs a
+    live job holds again, or free in a snapshot that counted them free (an older record's
+    rule), are the running jobs' or the free pool's."""
+    from ledger.reads.stopping import stopped_kill_at
+
+    if not state.stopped_runs:
+        return []
+    step = state.service.interval_s if state.service is not None else 0.0
+    free = {n.name: (n.gpu_type, set(n.free)) for n in snapshot.nodes if n.state == "active"}
+    at: dict[tuple[str, int], float] = {}
+    for sr in state.stopped_runs.values():
+        ends = max(now, stopped_kill_at(sr, state.grace_s)) + step
+        for sl in sr.slots:
+            for i in sl.gpu_indices if sl.node in free else ():
+                if i not in free[sl.node][1] and (sl.node, i) not in state.holders:
+                    at[(sl.node, i)] = max(ends, at.get((sl.node, i), ends))
+    counts: dict[tuple[float, str], int] = {}
+    for (node, _), ends in at.items():
+        key = (ends, free[node][0])
+        counts[key] = counts.get(key, 0) + 1
+    return [(ends, ends, t, g) for (ends, t), g in sorted(counts.items())]
+
+
+def stopping_ends(state: State, now: float) -> dict[int, tuple[int | None, float]]:
+    """Pure: job -> (its array, when it is gone) for the jobs stopping in their grace whose
+    record ended (`State.stopping_arrays`: they hold back their dependents and their array's
+    limit, `jobs.blocked`): their SIGKILL at the latest plus a cycle, as their GPUs'
+    (`stopping_releases`)."""
+    from ledger.reads.stopping import stopped_kill_at
+
+    if not state.stopped_runs:
+        return {}
+    step = state.service.interval_s if state.service is not None else 0.0
+    kills: dict[int, float] = {}
+    for sr in state.stopped_runs.values():
+        kill = stopped_kill_at(sr, state.grace_s)
+        kills[sr.job_id] = max(kill, kills.get(sr.job_id, kill))
+    return {j: (a, max(now, kills[j]) + step) for j, a in state.stopping_arrays().items()}
+
+
 def blocked_keys(
     state: State, snapshot: Snapshot, policy: Policy, waits: Mapping[int, Blocked]
 ) -> list[tuple[SortKey, int]]:
@@ -189,16 +236,16 @@ def blocked_keys(
 INF = float("inf")
 
 
-def victim_free_at(job: Job | None, contract_ends_at: float) -> float:
+def victim_free_at(job: Job | None, contract_ends_at: float, default_s: float) -> float:
     """Pure: when a running job's GPUs come free if it is preempted as its contract ends: its
     contract counted from its real start when known (`Job.contract_ends_at`, as the dispatcher
-    on Slurm counts it; never earlier than the snapshot's), plus its grace, SIGTERM to SIGKILL,
-    before which the engine starts nothing on them."""
+    on Slurm counts it; never earlier than the snapshot's), plus its grace (its own, else the
+    service's `default_s`), SIGTERM to SIGKILL, before which the engine starts nothing on
+    them."""
     if job is None:
-        return contract_ends_at + DEFAULT_GRACE_S
+        return contract_ends_at + default_s
     ends = max(contract_ends_at, job.contract_ends_at() or contract_ends_at)
-    grace = job.spec.grace_s
-    return ends + (DEFAULT_GRACE_S if grace is None else grace)
+    return ends + job_grace(job.spec.grace_s, default_s)
 
 
 _Release = tuple[float, float, str, int]
@@ -245,14 +292,18 @@ def dependency_ends(
 ) -> float | None:
     """Pure: the earliest moment `job_id`'s dependency may be met: every job it waits for
     (`afterok`/`afterany`/`afternotok`; an array's id stands for its tasks) reaching its time
-    limit from its start (the real one, else the queue's estimate `starts`). None when one of
-    them has no limit or no known start, or for a singleton: nobody knows."""
+    limit from its start (the real one, else the queue's estimate `starts`), and every one
+    stopping in its grace ending (`stopping_ends`). None when one of them has no limit or no
+    known start, or for a singleton: nobody knows."""
     from ledger.core.jobs import active_ids
 
     ends: list[float] = [now]
+    stopping = stopping_ends(state, now)
     for term in state.jobs[job_id].spec.dependency:
         if term.kind == "singleton":
             return None
+        ids = set(term.job_ids)
+        ends += [at for j, (array, at) in stopping.items() if j in ids or array in ids]
         for dep in (d for jid in term.job_ids for d in active_ids(state, jid)):
             job = state.jobs[dep]
             holding = job.status in ("placed", "running")
@@ -372,8 +423,9 @@ def _array_slots(
     now: float,
 ) -> list[float | None]:
     """Pure: when each task of `array` that holds GPUs or goes next (not `held`: the queue's
-    estimate `starts`) reaches its limit (None: unknown)."""
-    ends: list[float | None] = []
+    estimate `starts`) reaches its limit (None: unknown), or, stopping in its grace, ends
+    (`stopping_ends`)."""
+    ends: list[float | None] = [at for a, at in stopping_ends(state, now).values() if a == array]
     for job_id in sorted(state.active):
         job = state.jobs[job_id]
         if job.spec.array_job_id != array or job_id in held or job.status == "finished":

@@ -253,8 +253,10 @@ def explain_history(
     history: Sequence[e.AnyEvent],
     decisions: Mapping[str, e.CycleDecided],
     now: float,
+    default_grace_s: float,
 ) -> list[str]:
-    """What happened to a job and why, from its recorded events and the decisions behind them."""
+    """What happened to a job and why, from its recorded events and the decisions behind them
+    (`default_grace_s`: the service's grace, for a job stopping without one of its own)."""
     ended = next((ev for ev in reversed(history) if isinstance(ev, e.JobFinished)), None)
     if job.status == "finished" and ended is not None:
         status = f"finished ({ended.reason.replace('_', ' ')})"
@@ -337,18 +339,18 @@ def explain_history(
                            "in its grace is killed at once (SIGKILL).")  # fmt: skip
     if job.status in ("placed", "running"):
         out.append(contract_line(job, now))
-        out += limit_line(job, now)
+        out += limit_line(job, now, default_grace_s)
     return out
 
 
-def limit_line(job: Job, now: float) -> list[str]:
+def limit_line(job: Job, now: float, default_grace_s: float) -> list[str]:
     """Pure: a running job past its time limit is being stopped (SIGTERM at the limit, SIGKILL
     after its grace, at most `MAX_GRACE_S`): said, not shown as plain running (atk46-23 F7).
     Its SIGKILL is `stopping.limit_kill_at`, as `jobs` and `queue` show it."""
     limit, start = job.spec.time_limit_s, job.started_at
     if not past_limit(job.status, start, limit, now) or limit is None or start is None:
         return []
-    kill = limit_kill_at(start, limit, job.spec.grace_s)
+    kill = limit_kill_at(start, limit, job.spec.grace_s, default_grace_s)
     assert kill is not None
     own = "" if job.spec.grace_s is not None else ", the service's default grace"
     return [f"It reached its time limit at {when(start + limit)}: it is stopping (SIGTERM "

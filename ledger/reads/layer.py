@@ -12,16 +12,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, TypeGuard
+from typing import TYPE_CHECKING, Any, Literal, TypeGuard
 
 import msgspec
 
 from ledger.core.utilisation import UtilTracker
+from ledger.reads.viewers import Viewer as Viewer
+from ledger.reads.viewers import may_query_all as may_query_all
+from ledger.reads.viewers import may_see_private as may_see_private
+from ledger.reads.viewers import redact as redact
+from ledger.reads.viewers import redact_event as redact_event
+from ledger.reads.viewers import require_query_all as require_query_all
 from schemas import api
 from schemas import events as e
 from schemas import views as v
-from schemas.bounds import TeamDepth, check
-from schemas.errors import InvalidCommand, NotAuthorised, UnknownEntity
+from schemas.bounds import DEFAULT_GRACE_S, TeamDepth, check
+from schemas.errors import InvalidCommand, UnknownEntity
 from schemas.units import times_in
 
 if TYPE_CHECKING:  # a read loads what it uses: `jobs` and `shares` never load the dispatcher,
@@ -154,79 +160,6 @@ def stopping_on(state: State, now: float) -> dict[str, list[int]]:
     return {node: sorted(jobs) for node, jobs in out.items()}
 
 
-# --- who sees what -------------------------------------------------------------------------------
-
-
-def may_see_private(state: State, actor: str, user: str, account: str) -> bool:
-    """Pure: whether `actor` may see the command, labels and logs of `user`'s job in
-    `account`: its owner, a manager of the account or one above it, an admin. The one rule:
-    the pages, `jobs` and `log` (both faces) all ask it."""
-    return actor == user or state.is_admin(actor) or state.manages(actor, account)
-
-
-def may_query_all(state: State, actor: str) -> bool:
-    """Pure: whether `actor` may run a SELECT of their own over the whole projection (`audit
-    sql`, `POST /v1/audit/table` kind `sql`): admins only. The projection holds every job's
-    command, labels and logs and every event's stored bytes (`events.raw`), which
-    `may_see_private` shows a user, a manager only of their own jobs and subtree; no view can
-    be trusted to hold that rule against SQL a caller writes. Auditors are made admins
-    (docs/security.md, row T2)."""
-    return state.is_admin(actor)
-
-
-def require_query_all(state: State, actor: str) -> None:
-    """Raise NotAuthorised unless `may_query_all`."""
-    if not may_query_all(state, actor):
-        raise NotAuthorised(
-            f"{actor!r} may not run audit sql: it reads every job's command, logs and event "
-            "payloads, which only admins may",
-            hint="`jobs`, `log`, `audit job`, `audit preemptions` and `audit budget-changes` "
-            "show everyone's jobs without what is private to them; an auditor is made an admin",
-            actor=actor,
-        )
-
-
-class Viewer(NamedTuple):
-    """Who reads, and the live state that says whom they manage."""
-
-    actor: str
-    state: State
-
-    def sees(self, user: str, account: str) -> bool:
-        return may_see_private(self.state, self.actor, user, account)
-
-    def detached(self) -> Viewer:
-        """The same viewer over a copy of what `may_see_private` reads (the admins, the
-        actor's managed accounts): safe to use on another thread while the live state moves."""
-        from ledger.core.state import State
-
-        managed = {self.actor: set(self.state.managers.get(self.actor, ()))}
-        return Viewer(self.actor, State(admins=set(self.state.admins), managers=managed))
-
-
-def redact(row: v.JobRow) -> v.JobRow:
-    """Pure: the job without what only its owner, managers and admins see: its command, where
-    it runs and writes (directory, logs), and why its launch failed (which names its paths)."""
-    note = "" if row.finish_reason == "launch_failed" else row.finish_note
-    return msgspec.structs.replace(
-        row, command=[], logs=[], workdir="", finish_note=note, redacted=True
-    )
-
-
-def redact_event(ev: e.AnyEvent) -> e.AnyEvent:
-    """Pure: the event without a job's command, labels, environment, directory, output files,
-    logs or launch failure's words (others are returned as they are)."""
-    if isinstance(ev, e.JobSubmitted):
-        return msgspec.structs.replace(
-            ev, command=(), labels={}, env={}, workdir="", stdout="", stderr=""
-        )
-    if isinstance(ev, e.JobStarted):
-        return msgspec.structs.replace(ev, logs=())
-    if isinstance(ev, e.JobFinished) and ev.reason == "launch_failed":
-        return msgspec.structs.replace(ev, note="")
-    return ev
-
-
 # --- jobs and the log (history: the projection) ----------------------------------------------
 
 
@@ -250,7 +183,16 @@ def jobs(
         if position is not None:
             rows = jobs_as_of(store, f, position, below)
             return _seen(_job_rows(rows, f.at, store), viewer)
-    return _seen(_job_rows(jobs_page(store.con, f, below=below), now, store), viewer)
+    rows = jobs_page(store.con, f, below=below)
+    return _seen(_job_rows(rows, now, store, _stopping(viewer)), viewer)
+
+
+def _stopping(viewer: Viewer | None) -> dict[int, float]:
+    """The jobs the live state (the viewer's) shows stopping after their record ended, with
+    their SIGKILL (`stopping.stopping_kills`; none without a viewer)."""
+    from ledger.reads.stopping import stopping_kills
+
+    return {} if viewer is None else stopping_kills(viewer.state)
 
 
 def finished_jobs(
@@ -336,17 +278,26 @@ def _seen(rows: list[v.JobRow], viewer: Viewer | None) -> list[v.JobRow]:
 
 
 def _job_rows(
-    rows: list[tuple[Any, ...]], now: float, store: Store | None = None
+    rows: list[tuple[Any, ...]],
+    now: float,
+    store: Store | None = None,
+    stopped: Mapping[int, float] | None = None,
 ) -> list[v.JobRow]:
     """The rows as `jobs` shows them at `now`: a running job past its limit `stopping`, with
-    its SIGKILL at the latest (`ledger.reads.stopping`, its own grace read from `store`)."""
+    its SIGKILL at the latest (`ledger.reads.stopping`, its own grace, else the service's,
+    read from `store`); a finished job in `stopped` (its record ended while its stopped run
+    lives out its grace: job -> its SIGKILL, `stopping.stopping_kills`) `stopping` with that
+    SIGKILL, its end not known yet (None), its elapsed time to `now`, as squeue's `CG`, where
+    it showed `finished` at the cancel; its end is its run's real end once recorded."""
     from ledger.reads.stopping import past_limit, shown
 
     ending = [r[0] for r in rows if past_limit(r[6], r[17], r[14], now)]
+    default_s = DEFAULT_GRACE_S
     if ending and store is not None:
-        from projections.history import graces
+        from projections.history import graces, service_grace
 
         grace = graces(store.con, ending)
+        default_s = service_grace(store.con, now)
     else:
         grace = {}
     out = []
@@ -357,7 +308,16 @@ def _job_rows(
          finish_reason, finish_note, engine_job_id, job_name, workdir, array_job_id,
          array_task_id) = r  # fmt: skip
         end = finished_at if status == "finished" else (now if status == "running" else None)
-        status, kill_at = shown(status, started_at, time_limit_s, grace.get(job_id), now)
+        reason = finish_reason if status == "finished" else None
+        note = finish_note if status == "finished" else ""
+        ended: float | None = finished_at
+        kill_at: float | None
+        if stopped and status == "finished" and job_id in stopped:
+            status, kill_at, ended, end = "stopping", stopped[job_id], None, now
+        else:
+            status, kill_at = shown(
+                status, started_at, time_limit_s, grace.get(job_id), now, default_s
+            )
         elapsed = None if started_at is None or end is None else max(0.0, end - started_at)
         gpu_slots = [
             e.GpuSlot(node=sl["node"], gpu_indices=tuple(sl["gpu_indices"])) for sl in slots
@@ -369,11 +329,10 @@ def _job_rows(
                 funded=funded, min_runtime_s=min_runtime_s, resumable=resumable,
                 priority=priority, debug=debug, time_limit_s=time_limit_s,
                 submitted_at=submitted_at, placed_at=placed_at, started_at=started_at,
-                finished_at=finished_at, elapsed_s=elapsed,
+                finished_at=ended, elapsed_s=elapsed,
                 nodes=sorted({sl.node for sl in gpu_slots}), placements=placements,
                 preemptions=preemptions, command=list(command or []), logs=list(logs or []),
-                finish_reason=finish_reason if status == "finished" else None,
-                finish_note=finish_note if status == "finished" else "", slots=gpu_slots,
+                finish_reason=reason, finish_note=note, slots=gpu_slots,
                 engine_job_id=engine_job_id, job_name=job_name, workdir=workdir,
                 array_job_id=array_job_id, array_task_id=array_task_id, kill_at=kill_at,
             )
@@ -684,7 +643,7 @@ def job(store: Store, job_id: int, now: float, viewer: Viewer | None) -> v.JobRo
     rows = jobs_page(store.con, v.JobFilter(limit=1), job_id=job_id)
     if not rows:
         raise UnknownEntity(f"no job {job_id}", job_id=job_id)
-    return _seen(_job_rows(rows, now, store), viewer)[0]
+    return _seen(_job_rows(rows, now, store, _stopping(viewer)), viewer)[0]
 
 
 def gpu_map(ledger: LiveState, store: Store) -> list[v.GpuRow]:

@@ -369,7 +369,7 @@ def _holding_rows(state: State, f: v.QueueFilter, now: float, limit: int) -> lis
         if job_id in gone:
             sr = gone[job_id]
             if not (f.user and sr.user != f.user) and _under(sr.account, f.account, sr.user):
-                rows.append(_stopped_row(sr))
+                rows.append(_stopped_row(sr, state.grace_s))
             continue
         job = live[job_id]
         s = job.spec
@@ -379,7 +379,7 @@ def _holding_rows(state: State, f: v.QueueFilter, now: float, limit: int) -> lis
         ran = None if job.started_at is None else max(0.0, now - job.started_at)
         limit_s = s.time_limit_s
         left = None if ran is None or limit_s is None else max(0.0, limit_s - ran)
-        word, kill_at = shown(job.status, job.started_at, limit_s, s.grace_s, now)
+        word, kill_at = shown(job.status, job.started_at, limit_s, s.grace_s, now, state.grace_s)
         reason = ""
         if kill_at is not None and limit_s is not None and job.started_at is not None:
             reason = (f"reached its time limit at {when(job.started_at + limit_s)}: SIGTERM "
@@ -402,13 +402,14 @@ def _word(word: str) -> Literal["placed", "running", "stopping"]:
     return "stopping" if word == "stopping" else "placed" if word == "placed" else "running"
 
 
-def _stopped_row(sr: StoppedRun) -> v.QueueRow:
+def _stopped_row(sr: StoppedRun, default_s: float) -> v.QueueRow:
     """Pure: the row of a job whose record ended (cancelled, preempted) while the run the
     ledger stopped is not reported gone: `stopping` on the GPUs it held, its SIGKILL at the
-    latest (`stopped_kill_at`; at once after a second cancel, or past its limit)."""
+    latest (`stopped_kill_at`, the service's grace `default_s` for a job with none of its own;
+    at once after a second cancel, or past its limit)."""
     from ledger.reads.stopping import stopped_kill_at
 
-    kill_at = stopped_kill_at(sr)
+    kill_at = stopped_kill_at(sr, default_s)
     kill = "killed at once" if sr.kill else f"SIGKILL at {when(kill_at)} at the latest"
     return v.QueueRow(
         order=None, job_id=sr.job_id, account=sr.account, user=sr.user, gpus=sr.gpus,
@@ -712,7 +713,7 @@ def explain_told(
     if viewer is not None and not viewer.sees(job.spec.user, job.spec.account):
         history = [redact_event(ev) for ev in history]
     decisions = _decisions(store, history)
-    told = explain_history(job, history, decisions, now)
+    told = explain_history(job, history, decisions, now, _grace(store, job, now))
     events = [
         v.ExplainEvent(at=ev.at, tag=_tag(ev), text=t) for ev, t in _history_texts(history, told)
     ]
@@ -747,6 +748,17 @@ def _blocking(state: State, job: Job) -> list[int]:
         for jid in term.job_ids:
             ids |= ({jid} & state.active) | state.array_tasks(jid)
     return sorted(ids)[:50]
+
+
+def _grace(store: Store, job: Job, now: float) -> float:
+    """The service's grace as recorded by `now` (`history.service_grace`), read only for a job
+    past its time limit (the one line of `explain_history` that needs it)."""
+    from projections.history import service_grace
+    from schemas.bounds import DEFAULT_GRACE_S
+
+    if not past_limit(job.status, job.started_at, job.spec.time_limit_s, now):
+        return DEFAULT_GRACE_S
+    return service_grace(store.con, now)
 
 
 def _history_texts(history: Sequence[e.AnyEvent], told: list[str]) -> list[tuple[e.AnyEvent, str]]:

@@ -8,13 +8,15 @@ gone:
   limit plus its grace at the latest (`limit_kill_at`). Its ledger status stays `running`
   until its end is recorded; every read shows `stopping`, with `kill_at`;
 - a run the ledger stopped (a cancel, a preemption, a requeue: `State.stopped_runs`) whose end
-  its engine has not reported: the job's record is already its outcome (`jobs` shows
-  `cancelled`, as `sacct` shows CANCELLED), and the live reads (`queue --state running`, `node
-  list`) show the run stopping until the engine reports its processes gone, SIGKILL at
-  `stopped_kill_at` at the latest (at once after a second cancel: `StoppedRun.kill`).
+  its engine has not reported: the job's record is already its outcome (`cancelled`), and the
+  reads (`queue --state running`, `node list`, `jobs` with that outcome: `stopping_kills`)
+  show it stopping until the engine reports its processes gone, SIGKILL at `stopped_kill_at`
+  at the latest (at once after a second cancel: `StoppedRun.kill`).
 
-The grace is the job's own (`submit --grace`, at most `MAX_GRACE_S`), else the services'
-default (`DEFAULT_GRACE_S`: a service run with another `--grace` kills then instead).
+The grace is the job's own (`submit --grace`, at most `MAX_GRACE_S`), else the service's
+(`serve`/`up --grace`, as `service.configured` recorded it: `State.grace_s`; the projection's
+`history.service_grace`), which every read is handed as `default_s` (atk48-23 F4: the reads
+assumed `DEFAULT_GRACE_S` while an `up --grace 90s` killed 60 s later than they said).
 
 Pure: `now` is a parameter.
 """
@@ -52,12 +54,12 @@ def past_limit(status: str, started_at: float | None, time_limit_s: float | None
 
 
 def limit_kill_at(started_at: float | None, time_limit_s: float | None,
-                  grace_s: float | None) -> float | None:  # fmt: skip
+                  grace_s: float | None, default_s: float) -> float | None:  # fmt: skip
     """Pure: when a job stopped at its time limit is SIGKILLed at the latest: its limit plus
-    its grace (None: no limit or no start)."""
+    its grace (its own, else the service's `default_s`; None: no limit or no start)."""
     if started_at is None or time_limit_s is None:
         return None
-    return started_at + time_limit_s + job_grace(grace_s, DEFAULT_GRACE_S)
+    return started_at + time_limit_s + job_grace(grace_s, default_s)
 
 
 def shown(
@@ -66,19 +68,20 @@ def shown(
     time_limit_s: float | None,
     grace_s: float | None,
     now: float,
+    default_s: float,
 ) -> tuple[W | Literal["stopping"], float | None]:
     """Pure: the status a read shows for a job of ledger status `status`, and when it is
-    SIGKILLed at the latest (None unless stopping)."""
+    SIGKILLed at the latest (None unless stopping; `default_s`: the service's grace)."""
     if past_limit(status, started_at, time_limit_s, now):
-        return "stopping", limit_kill_at(started_at, time_limit_s, grace_s)
+        return "stopping", limit_kill_at(started_at, time_limit_s, grace_s, default_s)
     return status, None
 
 
-def stopped_kill_at(run: StoppedRun) -> float:
-    """Pure: when a run the ledger stopped is SIGKILLed at the latest: its stop plus its grace;
-    the second cancel that cut the grace (`StoppedRun.kill_at`), never after that grace's
-    end."""
-    return run.kill_at(DEFAULT_GRACE_S)
+def stopped_kill_at(run: StoppedRun, default_s: float) -> float:
+    """Pure: when a run the ledger stopped is SIGKILLed at the latest: its stop plus its grace
+    (its job's own, else the service's `default_s`); the second cancel that cut the grace
+    (`StoppedRun.kill_at`), never after that grace's end."""
+    return run.kill_at(default_s)
 
 
 def stopped_shown(state: State) -> dict[int, StoppedRun]:
@@ -91,6 +94,14 @@ def stopped_shown(state: State) -> dict[int, StoppedRun]:
         j: sr for j, sr in latest.items()
         if (job := state.jobs.get(j)) is None or job.status == "finished"
     }  # fmt: skip
+
+
+def stopping_kills(state: State) -> dict[int, float]:
+    """Pure: job -> its SIGKILL at the latest, for the jobs whose record ended while the run
+    the ledger stopped lives out its grace (`stopped_shown`): what `jobs` shows `stopping`
+    instead of `finished` at the cancel, until its end is recorded (and `finished_at` is that
+    end)."""
+    return {j: stopped_kill_at(sr, state.grace_s) for j, sr in stopped_shown(state).items()}
 
 
 def stopping_note(
@@ -121,7 +132,7 @@ def stopping_note(
     named: list[str] = []
     for n in fits or kind:
         gpus = ",".join(map(str, sorted(held[n.name])))
-        who = sorted({(sr.job_id, stopped_kill_at(sr)) for sr in runs[n.name]})
+        who = sorted({(sr.job_id, stopped_kill_at(sr, state.grace_s)) for sr in runs[n.name]})
         jobs = ", ".join(f"job {j}'s SIGKILL by {when(at)}" for j, at in who[:3])
         named.append(f"{n.name} GPUs {gpus} ({jobs})")
     more = f" and {plural(len(named) - 3, 'more node')}" if len(named) > 3 else ""

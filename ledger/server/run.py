@@ -335,7 +335,7 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
     )
     service.open(lead=ha is None)
     if ha is None:
-        service.record_settings(config.interval.seconds, config.executor)
+        service.record_settings(config.interval.seconds, config.executor, config.grace.seconds)
     service.about = {"executor": config.executor, "jobs_run_as": run_as_words(config)}
     if not service.placing:
         log.warning("no executor (--executor none): nothing is placed; jobs wait in the queue")
@@ -629,7 +629,7 @@ def _roles(
             epoch=ha.lease.epoch,
             may_act=ha.lease.may_act,
         )
-        service.record_settings(config.interval.seconds, config.executor)
+        service.record_settings(config.interval.seconds, config.executor, config.grace.seconds)
         log.info("leading at epoch %d from position %d", ha.lease.epoch, ledger.position)
 
     def demote() -> None:

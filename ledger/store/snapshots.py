@@ -43,6 +43,7 @@ from ledger.core.state import Account, Job, Node, State, StoppedRun, Token
 from projections.chain import names
 from projections.source import LogRecord
 from schemas import events as e
+from schemas.codec import configured_v1_to_v2
 from schemas.errors import LedgerError
 
 log = logging.getLogger("gpuledger.snapshots")
@@ -81,7 +82,8 @@ class Folded(msgspec.Struct, frozen=True, kw_only=True):
     tokens: list[Token] = []
     """Bearer tokens (their hashes) and the recorded service settings: identity and the queue's
     policy need them after a start from a snapshot."""
-    service: e.ServiceConfigured | None = None
+    service: e.ServiceConfigured | e.ServiceConfiguredV1 | None = None
+    """(A snapshot made before `service.configured.v2` holds a v1, read upcast.)"""
     ends: list[tuple[int, str, float, int | None]] = []
     """Recent job ends kept for dependencies (`State.ends`), oldest first."""
     stopped_runs: list[StoppedRun] | None = None
@@ -152,7 +154,15 @@ def same(a: State, b: State) -> bool:
     without them."""
     kept = a.stopped_runs_kept and b.stopped_runs_kept
     ends = a.run_ends_kept and b.run_ends_kept
-    return _canonical(a, kept, ends) == _canonical(b, kept, ends)
+    x, y = _canonical(a, kept, ends), _canonical(b, kept, ends)
+    if any(r.job_name is None for r in [*(x.stopped_runs or ()), *(y.stopped_runs or ())]):
+        x, y = _unnamed(x), _unnamed(y)  # a snapshot made before stopped runs kept their name
+    return x == y
+
+
+def _unnamed(f: Folded) -> Folded:
+    runs = [msgspec.structs.replace(r, job_name=None) for r in f.stopped_runs or ()]
+    return msgspec.structs.replace(f, stopped_runs=runs if f.stopped_runs is not None else None)
 
 
 def _canonical(state: State, stopped_runs: bool = True, run_ends: bool = True) -> Folded:
@@ -213,7 +223,11 @@ def unfolded(f: Folded) -> State:
         live_only=True,
         finished=f.finished,
         tokens={t.token_id: t for t in f.tokens},
-        service=f.service,
+        service=(
+            configured_v1_to_v2(f.service)
+            if isinstance(f.service, e.ServiceConfiguredV1)
+            else f.service
+        ),
         active={j.job_id for j in f.jobs},  # a live state holds no finished job
         ends={job_id: (why, at, array) for job_id, why, at, array in f.ends},
         stopped_runs={(r.job_id, r.run): r for r in f.stopped_runs or ()},

@@ -78,6 +78,7 @@ def build(home: Path) -> None:
                 policy=FairShareConfig(margin=1e9, search_budget=b.INT32_MAX),
                 interval_s=float(b.TEN_YEARS_S),
                 executor="x" * 63,
+                grace_s=b.TEN_YEARS_S,
             ),
         ]
     )

@@ -735,7 +735,8 @@ def test_a_job_in_its_grace_is_stopping_in_every_read_and_a_second_cancel_kills_
     c.cli("cancel", str(job))
     wait_for("its SIGTERM", again.exists, 30, c.why)
     row, queued, ending = reads(job)
-    assert row["status"] == "finished" and row["outcome"] == "cancelled", row
+    assert row["status"] == "stopping" and row["outcome"] == "cancelled", row  # not finished
+    assert row["finished_at"] is None and row["kill_at"] == queued["kill_at"], (row, queued)
     assert queued["state"] == "stopping" and job in ending, queued
     out = c.cli("cancel", str(job)).stdout
     assert "killed now" in out, out

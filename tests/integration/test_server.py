@@ -117,10 +117,11 @@ def test_the_config_file_rejects_unknown_keys_and_flags_override_it(tmp_path: Pa
     # what the service ran with is an event; a restart with the same settings adds none
     def configured() -> list[dict[str, object]]:
         log = json.loads(cli(home, "log", "--json").stdout)
-        return [r["event"] for r in log if r["event"]["type"] == "service.configured.v1"]
+        return [r["event"] for r in log if r["event"]["type"] == "service.configured.v2"]
 
     (first,) = configured()
     assert first["policy"] == {"version": "fifo-1"} and first["executor"] == "record"
+    assert first["grace_s"] == 30  # the service's --grace (atk48-23 F4)
     again = start_server(home, "--config", str(good), log_name="again.log")
     assert again.stop() == 0
     assert len(configured()) == 1

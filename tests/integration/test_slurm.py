@@ -409,7 +409,7 @@ def test_jobs_run_on_the_gpus_the_ledger_chose_and_their_endings_are_recorded(
     slurm_jobs = ledger.cluster.jobs()
     assert all(slurm_jobs[linked[j]]["name"] == f"gpuledger-{j}" for j in (1, 2, 3, 4))
     assert held_twice(events) == []
-    configured = [ev for ev in events if ev["type"] == "service.configured.v1"]
+    configured = [ev for ev in events if ev["type"] == "service.configured.v2"]
     assert configured and configured[-1]["executor"] == "slurm", configured
 
 
@@ -813,7 +813,7 @@ def test_serve_runs_http_submissions_under_slurm_and_a_kill_9_of_it_loses_nothin
         assert sorted(ev["job_id"] for ev in runs) == [failing, long]  # each ran exactly once
         assert held_twice(history) == []
         assert "adopted Slurm job" in (home.parent / "serve2.log").read_text()
-        configured = [ev for ev in history if ev["type"] == "service.configured.v1"]
+        configured = [ev for ev in history if ev["type"] == "service.configured.v2"]
         assert [ev["executor"] for ev in configured] == ["slurm"]  # once: same settings again
     finally:
         assert server.stop() == 0

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import itertools
 
+import msgspec
+
 from ledger.core.decide import decide
 from ledger.core.evolve import evolve
 from ledger.core.jobs import blocked
@@ -101,3 +103,81 @@ def test_a_dependent_that_sorts_before_what_it_waits_for_waits_for_its_estimate(
     keys = blocked_keys(state, snap, policy, blocked(state))
     assert keys[0][0] < next(k for k, q in decision.order if q.job_id == 2)  # it sorts first
     assert estimated_starts(state, snap, decision, now, blocked=keys) == {2: 100.0, 3: 200.0}
+
+
+def test_a_job_waiting_for_stopping_gpus_is_estimated_at_their_sigkill() -> None:
+    """atk48-23 F3: n1 has 4 GPUs; job 1 (2 GPUs, grace 40 s) is cancelled at t=10 and lives
+    out its grace on GPUs 0,1; job 2 (1 GPU, 10 min limit) runs on GPU 2; job 3 (2 GPUs) waits
+    for job 1's GPUs, free by its SIGKILL at t=50 at the latest, which `explain` names; job 4
+    takes GPU 3. The estimate said t=600 (job 2's limit), or "unknown" without it: the stopping
+    GPUs had no release. Now: their SIGKILL plus the cycle that places on them (interval 2 s)."""
+    from ledger.reads.stopping import stopped_kill_at
+    from schemas.policy import FifoConfig
+
+    state = State()
+    _run(state, 0.0,
+         c.InitLedger(actor="root", admin="root"),
+         c.OpenAccount(actor="root", path="p", kind="program"),
+         c.OpenAccount(actor="root", path="p/q", kind="project"),
+         c.AddMember(actor="root", user="u", project="p/q"),
+         c.RegisterNode(actor="root", node="n1", gpu_type="h100", gpus=4),
+         c.ConfigureService(actor="root", policy=FifoConfig(), interval_s=2.0, executor="agents"),
+         c.SubmitJob(actor="u", account="p/q", gpus=2, grace_s=40),
+         c.SubmitJob(actor="u", account="p/q", gpus=1, time_limit_s=600))  # fmt: skip
+    _place(state, 0.0)
+    for j in (1, 2):
+        state.jobs[j] = msgspec.structs.replace(state.jobs[j], engine="agent")
+    _run(state, 10.0, c.CancelJob(actor="u", job_id=1))
+    (sr,) = state.stopped_runs.values()
+    assert stopped_kill_at(sr, state.grace_s) == 50.0
+    _run(state, 11.0,
+         c.SubmitJob(actor="u", account="p/q", gpus=2, time_limit_s=300),
+         c.SubmitJob(actor="u", account="p/q", gpus=1, time_limit_s=300))  # fmt: skip
+    now = 12.0
+    snap = snapshot_from_state(state, {}, now, hold_stopping=True)
+    decision = dispatch(snap, build("fifo"), now)
+    assert [p.job_id for p in decision.placements] == [4]
+    assert estimated_starts(state, snap, decision, now) == {3: 52.0, 4: now}
+    # past its SIGKILL, its end not reported yet: from the next cycle
+    assert estimated_starts(state, snap, decision, 60.0)[3] == 62.0
+    # a snapshot that counted them free (an older record's rule) gets no second release
+    free = snapshot_from_state(state, {}, now)
+    assert estimated_starts(state, free, dispatch(free, build("fifo"), now), now) == {
+        3: now, 4: now
+    }  # fmt: skip
+
+
+def test_what_a_stopping_job_holds_back_is_estimated_from_its_sigkill() -> None:
+    """A job stopping in its grace holds back its `afterany` dependent and its `%1` array's
+    next task (`jobs.blocked`, atk48-23 F5): their estimates start once it is gone, its SIGKILL
+    at the latest plus a cycle, not now (they said "starts now" while the reads said why they
+    waited)."""
+    from schemas.policy import FifoConfig
+
+    state = State()
+    _run(state, 0.0,
+         c.InitLedger(actor="root", admin="root"),
+         c.OpenAccount(actor="root", path="p", kind="program"),
+         c.OpenAccount(actor="root", path="p/q", kind="project"),
+         c.AddMember(actor="root", user="u", project="p/q"),
+         c.RegisterNode(actor="root", node="n1", gpu_type="h100", gpus=4),
+         c.ConfigureService(actor="root", policy=FifoConfig(), interval_s=2.0, executor="agents"),
+         c.SubmitJob(actor="u", account="p/q", gpus=1, grace_s=40),
+         c.SubmitJob(actor="u", account="p/q", gpus=1, grace_s=60, array=(0, 1),
+                     array_limit=1))  # fmt: skip
+    _place(state, 0.0)
+    assert sorted(j for j in state.jobs if state.jobs[j].status == "running") == [1, 2]
+    for j in (1, 2):
+        state.jobs[j] = msgspec.structs.replace(state.jobs[j], engine="agent")
+    _run(state, 10.0, c.CancelJob(actor="u", job_id=1), c.CancelJob(actor="u", job_id=2),
+         c.SubmitJob(actor="u", account="p/q", gpus=1,
+                     dependency=(Dependency(kind="afterany", job_ids=(1,)),)))  # fmt: skip
+    now = 12.0
+    waits = blocked(state, hold_stopping=True)
+    assert set(waits) == {3, 4}  # task 1 of the array, and the afterany job
+    snap = snapshot_from_state(state, {}, now, hold_stopping=True)
+    policy = build("fifo")
+    decision = dispatch(snap, policy, now)
+    keys = blocked_keys(state, snap, policy, waits)
+    starts = estimated_starts(state, snap, decision, now, blocked=keys)
+    assert (starts[3], starts[4]) == (10.0 + 60 + 2, 10.0 + 40 + 2)

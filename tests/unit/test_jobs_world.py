@@ -569,7 +569,7 @@ class _Run:
         from ledger.reads.explain import explain_history
 
         mine = [ev for ev in self.history if getattr(ev, "job_id", None) == job_id]
-        return " ".join(explain_history(self.state.jobs[job_id], mine, {}, now))
+        return " ".join(explain_history(self.state.jobs[job_id], mine, {}, now, 30.0))
 
 
 def test_a_drain_inside_a_contract_is_maintenance_allowed_by_audit_and_explained(

@@ -137,7 +137,7 @@ def test_explain_says_a_job_past_its_limit_is_stopping(w: World) -> None:
     w.run(c.StartJob(actor="@executor", job_id=job.job_id))
     running = w.state.jobs[job.job_id]
     start = running.started_at
-    assert start is not None and limit_line(running, start + 4) == []
-    (line,) = limit_line(running, start + 10)
+    assert start is not None and limit_line(running, start + 4, 30.0) == []
+    (line,) = limit_line(running, start + 10, 30.0)
     assert f"reached its time limit at {when(start + 5)}: it is stopping" in line
     assert f"SIGKILL at {when(start + 65)} at the latest" in line

@@ -47,9 +47,9 @@ def test_a_stop_a_restart_finds_never_signalled_is_killed_when_the_reads_said() 
     the second cancel for one ordered killed; a stray's (no stop recorded) from now."""
     sr = StoppedRun(job_id=5, run=0, slots=(), at=100.0, grace_s=20)
     assert killing_from(sr, 20.0) == 100.0
-    assert killing_from(sr, 20.0) + 20.0 == stopped_kill_at(sr)
+    assert killing_from(sr, 20.0) + 20.0 == stopped_kill_at(sr, 30.0)
     cut = msgspec.structs.replace(sr, kill=True, killed_at=107.0)
-    assert killing_from(cut, 20.0) + 20.0 == stopped_kill_at(cut) == 107.0
+    assert killing_from(cut, 20.0) + 20.0 == stopped_kill_at(cut, 30.0) == 107.0
     assert killing_from(None, 20.0) is None
 
 

@@ -42,8 +42,8 @@ def test_a_running_job_past_its_limit_is_stopping_until_its_kill(
     case: str, status: str, now: float, grace: int | None, want: tuple[str, float | None]
 ) -> None:
     started = None if status == "placed" else 100.0
-    assert shown(status, started, 60, grace, now) == want, case
-    assert shown("running", 100.0, None, grace, 10_000.0) == ("running", None)  # no limit
+    assert shown(status, started, 60, grace, now, DEFAULT_GRACE_S) == want, case
+    assert shown("running", 100.0, None, grace, 10_000.0, 30) == ("running", None)  # no limit
 
 
 def _running(w: World, gpu: int = 0, **kw: object) -> int:
@@ -75,8 +75,8 @@ def test_queue_node_list_and_explain_show_a_job_past_its_limit_stopping(w: World
     assert n1.stopping_jobs == []
     job = w.state.jobs[job_id]
     assert explain_now(None, None, job, None, after).status == "stopping"
-    assert explain_history(job, [], {}, after)[0].endswith(" is stopping.")
-    assert limit_kill_at(start, 5, 60) == row.kill_at  # the one definition
+    assert explain_history(job, [], {}, after, DEFAULT_GRACE_S)[0].endswith(" is stopping.")
+    assert limit_kill_at(start, 5, 60, DEFAULT_GRACE_S) == row.kill_at  # the one definition
 
 
 def test_a_cancelled_job_whose_run_lives_on_is_stopping_in_queue_and_node_list(w: World) -> None:
@@ -128,7 +128,7 @@ def test_a_job_cancelled_in_its_time_limits_grace_ends_time_limit(w: World) -> N
     gone = w.run(c.ConfirmRunEnded(actor="@executor", job_id=job_id, engine="agent",
                                    engine_job_id=f"{job_id}.1", run=0, ended_at=w.now,
                                    killed=True))  # fmt: skip
-    said = explain_history(w.state.jobs[job_id], [end, *gone], {}, w.now)
+    said = explain_history(w.state.jobs[job_id], [end, *gone], {}, w.now, DEFAULT_GRACE_S)
     assert said[0].endswith(" is finished (time limit).")
     assert "was stopped at its time limit" in said[1] and "cancelled by alice" in said[1]
     assert "really ended (killed (SIGKILL), its grace cut short)" in said[2], said
@@ -208,12 +208,12 @@ def test_a_second_cancel_after_the_grace_would_have_ended_keeps_the_graces_end()
     from ledger.reads.stopping import stopped_kill_at
 
     sr = StoppedRun(job_id=1, run=0, slots=(), at=100.0, grace_s=10)
-    assert stopped_kill_at(sr) == 110.0
+    assert stopped_kill_at(sr, 30.0) == 110.0
     import msgspec
 
-    assert stopped_kill_at(msgspec.structs.replace(sr, kill=True, killed_at=105.0)) == 105.0
-    assert stopped_kill_at(msgspec.structs.replace(sr, kill=True, killed_at=130.0)) == 110.0
-    assert stopped_kill_at(msgspec.structs.replace(sr, kill=True)) == 100.0  # kept before
+    assert stopped_kill_at(msgspec.structs.replace(sr, kill=True, killed_at=105.0), 30.0) == 105.0
+    assert stopped_kill_at(msgspec.structs.replace(sr, kill=True, killed_at=130.0), 30.0) == 110.0
+    assert stopped_kill_at(msgspec.structs.replace(sr, kill=True), 30.0) == 100.0  # kept before
 
 
 @pytest.mark.parametrize("live_only", [False, True])
@@ -319,6 +319,67 @@ def test_an_owners_requeue_is_explained_as_theirs_not_an_admin_preemption(w: Wor
     w.place(job.job_id, "n1", 0)
     w.run(c.StartJob(actor="@executor", job_id=job.job_id))
     got = w.run(c.RequeueJob(actor="alice", job_id=job.job_id))
-    said = explain_history(w.state.jobs[job.job_id], got, {}, w.now)
+    said = explain_history(w.state.jobs[job.job_id], got, {}, w.now, DEFAULT_GRACE_S)
     assert any("requeued by its owner alice" in s for s in said), said
     assert "admin" not in " ".join(said), said
+
+
+@pytest.mark.parametrize("live_only", [False, True])
+def test_a_job_stopping_in_its_grace_keeps_its_name_for_a_singleton(
+    w: World, live_only: bool
+) -> None:
+    """atk48-23 F5 (singleton): a `singleton` job ran from 3 s after the cancel of its user's
+    job of the same name, whose processes lived 14 s more. The stopping job keeps its name
+    (from its stopped run: a live state has let its finished record go) under every cycle that
+    holds stopping GPUs; a replay of an older record (`hold_stopping` False) decides as it
+    did; the name is free once its run's end is recorded."""
+    from ledger.core import jobs
+
+    w.state.live_only = live_only
+    (first,) = w.submit(command=("t",), grace_s=100, job_name="solo")
+    solo = (e.Dependency(kind="singleton", job_ids=()),)
+    (second,) = w.submit(command=("t",), job_name="solo", dependency=solo)
+    (other,) = w.submit(command=("t",), job_name="other", dependency=solo)
+    (bobs,) = w.submit("bob", command=("t",), job_name="solo", dependency=solo)
+    w.place(first.job_id, "n1", 1)
+    w.run(c.StartJob(actor="@executor", job_id=first.job_id, engine="agent",
+                     engine_job_id=f"{first.job_id}.1"))  # fmt: skip
+    assert set(jobs.blocked(w.state, hold_stopping=True)) == {second.job_id}
+    w.run(c.CancelJob(actor="alice", job_id=first.job_id))
+    assert (first.job_id in w.state.jobs) is not live_only
+    held = jobs.blocked(w.state, hold_stopping=True)
+    assert set(held) == {second.job_id}  # not another name, not another user's
+    assert held[second.job_id].reason == (
+        f"singleton: job {first.job_id} of alice named 'solo' is stopping (its processes in "
+        "their grace)"
+    )
+    assert set(jobs.blocked(w.state)) == set()  # an older record's rule: it may go
+    (sr,) = w.state.stopped_of(first.job_id)
+    w.run(c.ConfirmRunEnded(actor="@executor", job_id=first.job_id, engine="agent",
+                            engine_job_id=f"{first.job_id}.1", run=sr.run, ended_at=w.now,
+                            exit_code=143))  # fmt: skip
+    assert set(jobs.blocked(w.state, hold_stopping=True)) == set()
+    del other, bobs
+
+
+def test_a_snapshot_made_before_stopped_runs_kept_their_name_is_the_same_state(w: World) -> None:
+    """A stopped run unfolded from an older snapshot has no name (None): it is compared with
+    the fold of the log (which has it) without the name, not refused as a forgery."""
+    import msgspec
+
+    from ledger.store.snapshots import Folded, folded, same, unfolded
+
+    w.state.live_only = True
+    (job,) = w.submit(command=("t",), job_name="solo")
+    w.place(job.job_id, "n1", 0)
+    w.run(c.StartJob(actor="@executor", job_id=job.job_id, engine="agent",
+                     engine_job_id=f"{job.job_id}.1"))  # fmt: skip
+    w.run(c.CancelJob(actor="alice", job_id=job.job_id))
+    f = folded(w.state)
+
+    def runs(**kw: object) -> Folded:
+        got = [msgspec.structs.replace(r, **kw) for r in f.stopped_runs or ()]
+        return msgspec.structs.replace(f, stopped_runs=got)
+
+    assert same(unfolded(f), w.state) and same(unfolded(runs(job_name=None)), w.state)
+    assert not same(unfolded(runs(job_name=None, user="bob")), w.state)

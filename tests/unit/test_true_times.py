@@ -73,7 +73,7 @@ def test_explain_tells_the_runs_own_start_and_end_and_when_they_were_recorded() 
     sub = HISTORY[2]
     assert isinstance(sub, e.JobSubmitted)
     job = Job(spec=sub, status="finished", outcome="completed")
-    lines = explain_history(job, HISTORY[2:], {}, T + 100)
+    lines = explain_history(job, HISTORY[2:], {}, T + 100, 30.0)
     started = next(line for line in lines if " started" in line)
     ended = next(line for line in lines if " completed" in line)
     assert started.startswith("2026-12-02 00:40:10Z started, recorded at 2026-12-02 00:40:37Z"), (
