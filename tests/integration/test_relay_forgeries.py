@@ -160,6 +160,10 @@ def test_a_restore_while_another_producer_holds_a_transaction_open_is_refused(
         assert "another producer holds a transaction open" in out, out
         assert f"would stop at position {published}" in out and out.count("\n") <= 2, out
         assert not (dst / EVENTS_DB).exists()
+        out = run("--home", str(home), "audit", "verify", "--kafka", kafka_bootstrap, "--topic",
+                  kafka_topic)  # fmt: skip
+        assert "2 events behind the store" in out, out
+        assert "note: another producer holds a transaction open" in out, out
     finally:
         holder.abort_transaction()
         holder.close()

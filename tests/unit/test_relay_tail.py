@@ -418,3 +418,16 @@ def test_a_copy_of_the_next_event_under_another_tag_header_is_not_the_bookmark(
     # the control: the exact record (key, tag header, value) right after ours is the event
     if keys is None:
         assert bookmark(monkeypatch, store, [*mine, nxt], None, progress=10) == (11, [])
+
+
+def test_a_topic_made_again_with_unsigned_copies_up_to_the_progress_last_relabelled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """atk49-25 F8, signing on: the topic lost and made again by a topic writer, holding unsigned
+    copies of 1..P (P the relay's signed progress), P's tag header relabelled: all were taken
+    within the progress, P as the bookmark, and the store's P was never published. The
+    relabelled P is foreign now: the relay publishes the store's P, signed, after it."""
+    store = chain(20)
+    copies = ours(store[:10], None)
+    copies[-1] = relabelled(copies[-1], (TAG_HEADER, b"zz.unknown.v1"))
+    assert bookmark(monkeypatch, store, copies, KEYS, progress=10) == (9, [9])
