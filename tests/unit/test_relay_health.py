@@ -60,3 +60,15 @@ def test_a_row_rewritten_as_text_is_read_as_the_bytes_verify_reads(org_ledger: o
     after = read_raw(open_store(home), 0, 1_000)
     assert all(isinstance(r.data, bytes) for r in after)
     assert after == before
+
+
+def test_a_start_scans_a_row_stored_as_text_for_its_key() -> None:
+    """F5: the server's start scans the newest rows for keyed requests; a row stored as TEXT
+    stopped it with `internal error: TypeError: cannot use a bytes pattern on a string-like
+    object`. It reads the text's bytes, as `audit verify` does (which names the row)."""
+    from ledger.store.requests import Requests, keyed_id
+
+    event_id = keyed_id("alice", "k1", b"req")
+    seen = Requests()
+    seen.scan([(7, '{"event_id":"' + event_id + '","x":1}')])
+    assert seen.find(event_id) == 7
