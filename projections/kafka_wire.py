@@ -90,6 +90,8 @@ SIGNATURE_V2 = "v2:"
 KEY_HEADER = "gpuledger.key"
 """The id of the signing key."""
 KEYS_ENV = "GPULEDGER_KAFKA_SIGNING_KEYS"
+RELAY_HEADERS = frozenset({POSITION_HEADER, TAG_HEADER, KEY_HEADER, SIGNATURE_HEADER})
+"""The headers a relay's record carries (`record_headers`), each once."""
 
 SECURITY_KEYS = (
     "security_protocol",
@@ -119,6 +121,13 @@ def record_headers(
     if keys is not None:
         headers += keys.sign(position, tag, data)
     return headers
+
+
+def relay_shaped(headers: Iterable[tuple[str, bytes | None]] | None) -> bool:
+    """Pure: whether `headers` could be a relay record's: only the relay's headers, each once (a
+    second tag header, or one the relay never writes, is another producer's: atk49-25 F1)."""
+    names = [k for k, _v in headers or ()]
+    return len(names) == len(set(names)) and RELAY_HEADERS.issuperset(names)
 
 
 def envelope(

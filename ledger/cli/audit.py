@@ -497,8 +497,23 @@ def audit_verify(ctx: Ctx, bootstrap: str | None, topic: str, as_json: bool) -> 
         _print_chain("store", report)
         if copy is not None:
             _print_copy(topic, copy)
+            _print_held(bootstrap, topic)
     if not report.ok or (copy is not None and not copy.ok):
         sys.exit(1)
+
+
+def _print_held(bootstrap: str | None, topic: str) -> None:
+    """A transaction another producer holds open on the topic hides every committed record
+    after it from the walk: "N events behind the store" read as a relay catching up, with the
+    relay's events on the topic behind it (atk49-25 F2)."""
+    from ledger.store.relay import RelayError, held_at, held_text
+
+    try:
+        held = held_at(bootstrap or "", topic)
+    except RelayError:
+        return
+    if held is not None:
+        click.echo(f"note: {held_text(topic, held)}; the walk above stops there")
 
 
 STAGES = {

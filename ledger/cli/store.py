@@ -7,7 +7,9 @@ destination back and compare it with the source, event by event, byte for byte.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -116,28 +118,54 @@ def _copy_progress(src_home: Path, src: str | None, dst_home: Path, dst: str | N
 @pass_ctx
 def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_json: bool) -> None:
     """Rebuild a lost store from the Kafka topic the relay wrote: every record checked (position,
-    hash chain, and signature when GPULEDGER_KAFKA_VERIFY_KEYS is set) and written as it was."""
+    hash chain, and signature when GPULEDGER_KAFKA_SIGNING_KEYS is set) and written as it was.
+    Records that are not the log's next one (foreign: another producer's) are set aside, as a
+    quarantining reader does, and named in one line; the topic is read whole before anything is
+    written, so a restore that stops writes nothing. Refused while another producer holds a
+    transaction open on the topic (the relay's committed records behind it are unseen)."""
     from ledger.store import locate, recorded
     from ledger.store.copying import CopyError, same_log, write_log
     from ledger.store.pgread import redacted
+    from ledger.store.relay import held_at, held_text, offsets_text
     from projections.kafka_source import KafkaSource
     from projections.kafka_wire import TOPIC, connect_timeout, quiet_kafka_logs
     from projections.source import follow
 
     quiet_kafka_logs("warning")
+    name = topic or TOPIC
     dst_home, dst_dsn = _place(dst) if dst is not None else (ctx.home, recorded(ctx.home))
-    source = KafkaSource(bootstrap, topic or TOPIC, connect_timeout_s=connect_timeout())
+    source = KafkaSource(bootstrap, name, connect_timeout_s=connect_timeout())
     try:
         head = source.head()
         if head == 0:
-            raise CopyError(f"the topic {topic or TOPIC} holds no events", hint="check --topic")
-        copied = write_log(follow(source, 0, head), dst_home, dst_dsn)
+            raise CopyError(f"the topic {name} holds no events", hint="check --topic")
+        # read_committed stops at an open transaction: the relay's committed events behind it
+        # are unseen, and a restore to the head before it lost them saying "read back equal"
+        # (atk49-25 F2). Asked after the head: one opened since is found too.
+        held = held_at(bootstrap, name, timeout_s=source.timeout_s)
+        if held is not None:
+            raise CopyError(
+                held_text(name, held) + f": a restore now would stop at position {head}, short "
+                "of the relay's committed events behind it; nothing was written",
+                hint="rerun once the transaction ends; give only the relay Write on the topic",
+            )
+        aside: list[int] = []
+        last = sum(len(page) for page in _taken(source, head, aside))  # checked: nothing written
+        copied = write_log(_taken(source, head, []), dst_home, dst_dsn)
         with locate.open_source(dst_home, dst_dsn or "sqlite") as written:
-            differs = same_log(follow(source, 0, head), follow(written))
+            differs = same_log(_taken(source, head, []), follow(written))
     finally:
         source.close()
     if differs is not None:
         raise CopyError(f"the restored store differs from the topic at event {differs}")
+    if copied.head != last:
+        raise CopyError(f"the topic read {last} events, then {copied.head}", hint="retry")
+    if aside and not as_json:
+        click.echo(
+            f"set aside {len(aside)} record(s) of {name} that are not the log's next one "
+            f"(another producer's: offsets {offsets_text(aside)})",
+            err=True,
+        )
     # every event of the store is on the topic: the relay's progress there (docs/kafka.md)
     from ledger.store import relay_progress
     from ledger.store.snapshots import state_key
@@ -146,8 +174,29 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
     # --home's for a PostgreSQL store: its servers' homes, sharing GPULEDGER_STATE_KEY_FILE)
     key = state_key(dst_home) if dst_dsn is None else state_key(ctx.home, create=False)
     with relay_progress.opened(dst_home, dst_dsn) as recorder:
-        relay_progress.keep(recorder, topic or TOPIC, copied.head, key)
+        relay_progress.keep(recorder, name, copied.head, key)
     _report(as_json, "restored", copied, redacted(dst_dsn) if dst_dsn else str(dst_home))
+
+
+def _taken(source: Any, head: int, aside: list[int]) -> Iterator[list[Any]]:
+    """The topic's log up to `head` as a quarantining reader takes it: a record that is not the
+    next one (it fails the signature, does not link, claims another position) is set aside and
+    its offset added to `aside` (one unsigned record after the tail stopped a restore half-way,
+    atk49-25 F3); a fork, wrong keys, or a run of `max_dead_run` set aside on an unsigned topic
+    stop it."""
+    from projections.errors import PoisonRecord
+    from projections.source import follow
+
+    position = 0
+    while True:
+        try:
+            for page in follow(source, position, head):
+                position = page[-1].position
+                yield page
+            return
+        except PoisonRecord as p:
+            source.skip(p)
+            aside.append(p.offset)
 
 
 @store.command("where")

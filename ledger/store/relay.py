@@ -18,9 +18,10 @@ An edge (network, files). Guarantees, with the reasons (docs/kafka.md has the lo
   delete policy: every record has the same key, so compaction would keep only the last one);
   an existing topic with another shape is refused, and so is a topic that carries another log
   (a record that continues the chain without being the store's event: another ledger's topic).
-- *Foreign records are skipped, not obeyed.* The bookmark is the relay's last record (byte-equal
-  to the store's event at its position); records another producer wrote after it are skipped
-  with a warning naming their offsets: the store is the source of truth.
+- *Foreign records are skipped, not obeyed.* The bookmark is the relay's last record (its key,
+  tag header and value equal to the store's event at its position, its headers the relay's
+  own); records another producer wrote after it are skipped with a warning naming their
+  offsets: the store is the source of truth.
 - *Never silent.* `RelayService` (`ledger/store/relay_service.py`) runs the relay in its own
   thread for the service: every error is logged (once per outage) and kept in its health
   (`<home>/relay.json`, `gpuledger relay status`); scheduling never waits on it; `stop()` flushes
@@ -46,7 +47,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError
 
 from ledger.store import EVENTS_DB, recorded
-from ledger.store.relay_progress import Kept, beyond, words
+from ledger.store.relay_progress import Kept, Word, beyond, words
 from ledger.store.relay_tail import (
     bookmark,
     last_published,
@@ -175,8 +176,21 @@ def _read_raw_sqlite(
         key = keys.get(originator_id)
         if key is None:
             key = keys[originator_id] = str(recorder.convert_originator_id(originator_id)).encode()
+        if not isinstance(state, bytes):  # a hand-edited row (`audit verify` names it)
+            state = _as_bytes(state)
         out.append(RawRecord(position, topic, state, key))
     return out
+
+
+def _as_bytes(value: object) -> bytes:
+    """A stored value as the bytes `audit verify` reads in it: a row rewritten as TEXT (the
+    same bytes) stopped the relay for good with a TypeError from the Kafka client, nothing of
+    the batch published (atk49-25 F5); `audit verify` names the row as stored as text."""
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape")
+    return b"" if value is None else str(value).encode()
 
 
 def _commit(producer: Any, timeout_s: float) -> None:
@@ -371,8 +385,9 @@ class Relay:
         source of truth).
 
         Reads back from the end in growing windows, keeping a digest of each record, never its value
-        (`relay_tail`). Our last record is the one with the highest readable position whose bytes
-        equal the store's at that position and that we vouch for: with keys, it carries our
+        (`relay_tail`). Our last record is the one with the highest readable position whose key,
+        tag header and bytes equal the store's at that position (its headers the relay's, each
+        once) and that we vouch for: with keys, it carries our
         signature (or, unsigned, lies within our progress: a topic signed since); without keys, it
         claims no position beyond our progress (a topic writer can rebuild the bytes of an event not
         yet published: atk46-25 F3): the store's (`relay_progress`, shared by every server: a
@@ -401,6 +416,17 @@ class Relay:
 
         head = self.store_head()
         word = self.kept.word(head)
+        if word.position is None and (self.kept.key is not None or self.keys is not None):
+            # no table, yet a relay that signs (its rows, or its records): a store of this
+            # version whose table was dropped (`gpuledger init` makes it), and relay.json, with
+            # no MAC, vouched again (atk49-25 F9): it is a floor, never a vouch
+            log.warning(
+                "relay: the store keeps no progress table for topic %s, yet this relay signs "
+                "(a dropped table?): relay.json is not taken as a vouch; only records following "
+                "the start of the log (or signed) are its own, read on up to it",
+                self.topic,
+            )
+            word = Word(0, True)
         kept = word.position
         for text in beyond(head, **{"the store's progress row": kept, "relay.json": self.progress}):
             log.warning(

@@ -239,6 +239,15 @@ def edits(home: Path, head: int) -> list[str]:
         health = None
     if health is not None:
         words[f"relay.json's position on topic {health.topic}"] = health.position
+        if key is not None:
+            with opened(home) as recorder:
+                dropped = read(recorder, health.topic) is None
+            if dropped:  # `gpuledger init` makes the table: a store of this version has one
+                unsigned.append(
+                    f"the store keeps no relay progress table, yet relay.json names topic "
+                    f"{health.topic} (position {health.position:,}) and the home has a state "
+                    "key: a dropped table; the relay takes relay.json as no vouch"
+                )
     return [f"{w}: an edited progress" for w in beyond(head, **words)] + unsigned
 
 

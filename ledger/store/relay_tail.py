@@ -3,11 +3,12 @@ records after it are foreign, whether a transaction is held open on the topic.
 
 An edge (network). The tail is read in growing windows (16, 256, ... offsets from the end) until
 one holds the relay's last record. A window is never kept: each record is reduced as it is
-polled to what the verdict needs (`Seen`: its offset, position, a digest of its value, the link
-its value carries, the link to it and whether our key signed it), and those are compared with
-the store a chunk at a time (`Scan`). So a restarting relay holds a few records' values at once
-however large the records after its own are: thirty forged 7 MB records at the tail gave it a
-1 GB peak when it kept each window's records (atk45-25 F2).
+polled to what the verdict needs (`Seen`: its offset, position, a digest of the whole record,
+key, tag header and value, the link its value carries, the link to it and whether our key
+signed it), and those are compared with the store a chunk at a time (`Scan`). So a restarting
+relay holds a few records' values at once however large the records after its own are: thirty
+forged 7 MB records at the tail gave it a 1 GB peak when it kept each window's records
+(atk45-25 F2).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from projections.kafka_wire import (
     envelope,
     header_position,
     reader_config,
+    relay_shaped,
 )
 
 log = logging.getLogger("gpuledger.relay")
@@ -153,7 +155,10 @@ class Seen(NamedTuple):
     position: int | None
     """From its header (None: none readable)."""
     digest: bytes | None
-    """SHA-256 of its value (None: no value), compared with the store's event at `position`."""
+    """The whole record's digest (`identity`: its key, tag header and value; None: no value),
+    compared with the store's event at `position`; one that could not be the relay's (no tag
+    header or two of them, a header the relay never writes or one written twice) has one that
+    equals no stored event's."""
     tip: Tip | None
     """The link to it, what a record after it must carry (None: no readable position, tag or
     value)."""
@@ -164,18 +169,37 @@ class Seen(NamedTuple):
     """Signed by one of our keys (False without keys)."""
 
 
+UNLIKE = b"not a stored event"
+"""The digest of a record that cannot be the relay's: it equals no SHA-256."""
+
+
+def identity(key: bytes | None, tag: str, value: bytes) -> bytes:
+    """Pure: the digest of a record as the relay would write it (its key, its tag header, its
+    value; the position is where it is compared): a copy of the store's event with another tag
+    header was taken as the relay's own by a digest of its value (atk49-25 F1)."""
+    h = hashlib.sha256()
+    for part in (key or b"", tag.encode(), value):
+        h.update(len(part).to_bytes(8, "big"))
+        h.update(part)
+    return h.digest()
+
+
 def seen(rec: Any, keys: SigningKeys | None) -> Seen:
     """Pure: the record `rec` (a ConsumerRecord) reduced to what the bookmark needs."""
     value: bytes | None = rec.value
     position, tag, _problem = envelope(rec.headers, value, None)
     if value is None:
         return Seen(rec.offset, position, None, None, None, False)
+    if tag is not None and relay_shaped(rec.headers):
+        digest = identity(getattr(rec, "key", None), tag, value)
+    else:
+        digest = UNLIKE
     got = prev_hash(value)
     if got is not None and got != "" and rule(got) is None:
         got = "?"
     tip = Tip.of(position, tag, value) if position is not None and tag is not None else None
     signed = keys is not None and keys.problem(rec.headers, value, position, tag) is None
-    return Seen(rec.offset, position, hashlib.sha256(value).digest(), tip, got, signed)
+    return Seen(rec.offset, position, digest, tip, got, signed)
 
 
 def continues(rec: Seen, before: Seen | None) -> bool:
@@ -190,8 +214,8 @@ def continues(rec: Seen, before: Seen | None) -> bool:
 class Scan:
     """One window's records, taken in offset order a chunk at a time with the store's digests
     at their positions; its verdict is `best` (our last record: the highest position whose
-    bytes equal the store's), `after` (the offsets after it: foreign) and the facts a refusal
-    rests on."""
+    record, key, tag header and value, equals the store's), `after` (the offsets after it:
+    foreign) and the facts a refusal rests on."""
 
     def __init__(self, signing: bool, progress: int | None = None) -> None:
         self.signing = signing
@@ -313,8 +337,9 @@ def bookmark(
 def store_digests(
     read: Callable[[int, int, int], Iterable[Iterable[Any]]], head: int, positions: set[int]
 ) -> dict[int, bytes]:
-    """SHA-256 of the store's events at `positions` (those it has, up to `head`), read by
-    `read(after, until, page)` (pages of RawRecords) a page at a time."""
+    """The digests (`identity`) of the store's events at `positions` (those it has, up to
+    `head`) as the relay writes them, read by `read(after, until, page)` (pages of RawRecords)
+    a page at a time."""
     wanted = {p for p in positions if 0 < p <= head}
     if not wanted:
         return {}
@@ -324,7 +349,7 @@ def store_digests(
     else:
         spans = [(p - 1, p, 1) for p in sorted(wanted)]
     return {
-        r.position: hashlib.sha256(r.data).digest()
+        r.position: identity(r.key, r.tag, r.data)
         for after, until, page in spans
         for records in read(after, until, page)
         for r in records

@@ -63,9 +63,12 @@ class Requests:
             if len(self._at) > KEPT:
                 del self._at[next(iter(self._at))]
 
-    def scan(self, records: Iterable[tuple[int, bytes]]) -> None:
-        """Note the keyed events among stored records (position, bytes), read without decoding."""
-        for position, data in records:
+    def scan(self, records: Iterable[tuple[int, bytes | str]]) -> None:
+        """Note the keyed events among stored records (position, bytes), read without decoding;
+        a row rewritten as TEXT (`audit verify` names it) as its bytes: a start stopped with
+        "internal error: TypeError" on one (atk49-25 F5)."""
+        for position, stored in records:
+            data = stored.encode("utf-8", "surrogateescape") if isinstance(stored, str) else stored
             m = _KEYED.search(data, 0, 200)
             if m is not None:
                 self.note(m.group(1).decode(), position)

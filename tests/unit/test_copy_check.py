@@ -76,3 +76,21 @@ def test_another_record_at_a_position_held_is_foreign_and_no_header_too() -> Non
         report.problems[0].detail
     )
     assert report.problems[1].detail == "the copy's record at offset 4 has no position header"
+
+
+def test_the_next_events_bytes_under_another_tag_header_are_named_not_the_genuine_next() -> None:
+    """atk49-25 F1: a copy of the store's event 23 with its tag header relabelled (or none
+    readable: two tag headers) sent before the relay's 23: verify took it as position 23, then
+    blamed the relay's genuine 24 for a broken link. It is named foreign by offset; the relay's
+    23 after it is taken and the chain is intact."""
+    for tag in ("zz.unknown.v1", None):
+        records = topic(*range(1, 23))
+        records.append(CopyRecord(22, 23, STORE[22][1], tag))
+        records += [r._replace(offset=r.offset + 1) for r in topic(*range(1, 31))[22:]]
+        report = verify_copy(store(), records)
+        assert report.chain.ok and report.last_position == 30, lines(report)
+        said = "no single tag header" if tag is None else f"tag header {tag!r}"
+        assert lines(report) == [
+            f"position 23: foreign: the copy's record at offset 22 claims position 23 with "
+            f"{said}, the store's event there is {TAG!r}: it is not the relay's"
+        ]

@@ -35,7 +35,8 @@ def grown(ledger: Ledger, n: int = 40) -> list[Any]:
 
 def specs(records: list[Any], keys: SigningKeys | None) -> list[Spec]:
     return [
-        Spec(record_headers(r.position, r.tag, r.data, keys), lambda d=r.data: d) for r in records
+        Spec(record_headers(r.position, r.tag, r.data, keys), lambda d=r.data: d, r.key)
+        for r in records
     ]
 
 

@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 from ledger.store.relay import Relay, RelayError, tail_windows
-from ledger.store.relay_progress import Kept
+from ledger.store.relay_progress import Kept, Word
 from projections.chain import link
 from projections.kafka_wire import (
     POSITION_HEADER,
@@ -50,6 +50,8 @@ class Rec(NamedTuple):
     offset: int
     headers: list[tuple[str, bytes]]
     value: bytes | None
+    key: bytes | None = b"o"
+    """The relay's key: the stream's id (`Recorder`'s "o")."""
 
 
 class Spec(NamedTuple):
@@ -58,6 +60,7 @@ class Spec(NamedTuple):
 
     headers: list[tuple[str, bytes]]
     make: Callable[[], bytes | None]
+    key: bytes | None = b"o"
 
 
 def ours(records: list[tuple[int, bytes]], keys: SigningKeys | None) -> list[Spec]:
@@ -93,7 +96,7 @@ class Topic:
         from kafka import TopicPartition
 
         got = [
-            Rec(o, self.specs[o].headers, self.specs[o].make())
+            Rec(o, self.specs[o].headers, self.specs[o].make(), self.specs[o].key)
             for o in range(self.at, min(self.at + 2, len(self.specs)))
         ]
         self.at += len(got)
@@ -137,10 +140,24 @@ def bookmark(
     relay.recorder = Recorder(store)  # type: ignore[assignment]
     relay.bootstrap, relay.topic, relay.config = "127.0.0.1:9", TOPIC, {}
     relay.timeout_s, relay.connect_timeout_s, relay.keys = 30.0, 3.0, keys
-    relay.progress, relay.position = progress, 0
-    relay.kept = Kept(relay.recorder, TOPIC)  # the fake store keeps no progress
+    relay.progress, relay.position = None, 0
+    # `progress`: the store's row, verified (relay.json vouches for nothing beside a table, and
+    # with signing on not without one either: atk49-25 F9); None: the fake store keeps none
+    relay.kept = Kept(relay.recorder, TOPIC) if progress is None else Row(progress)
     last, foreign = relay._bookmark()
     return last if isinstance(last, int) else last.position, foreign
+
+
+class Row:
+    """The store's progress row as `Kept` reads it: `position`, its MAC verified."""
+
+    key = None
+
+    def __init__(self, position: int) -> None:
+        self.position = position
+
+    def word(self, head: int | None = None) -> Word:
+        return Word(self.position, True)
 
 
 def forged(position: int, pad: int = 0) -> Spec:
@@ -368,3 +385,49 @@ def test_more_copies_of_an_old_record_than_the_reach_do_not_move_the_bookmark_ba
         24,
         list(range(24, 70_024)),
     )
+
+
+def relabelled(spec: Spec, *headers: tuple[str, bytes], key: bytes | None = b"o") -> Spec:
+    """A copy of `spec` (the store's bytes, its position) whose headers after the position are
+    `headers` instead, and whose key is `key`."""
+    return Spec([spec.headers[0], *headers], spec.make, key)
+
+
+@pytest.mark.parametrize("keys", [None, KEYS], ids=["unsigned", "signed"])
+def test_a_copy_of_the_next_event_under_another_tag_header_is_not_the_bookmark(
+    monkeypatch: pytest.MonkeyPatch, keys: SigningKeys | None
+) -> None:
+    """atk49-25 F1: the store's exact bytes of event 11 at position 11, its tag header relabelled
+    (or a second tag header, an extra header, another key), sent before the relay published 11:
+    the relay took it as its own record 11 (a digest of the value alone) and never published
+    the store's 11, while every reader stopped at 12 for good. The whole record is compared."""
+    store = chain(20)
+    mine = ours(store[:10], keys)
+    nxt = ours([store[10]], None)[0]
+    tag = nxt.headers[1]
+    for copy in (
+        relabelled(nxt, (TAG_HEADER, b"zz.unknown.v1")),
+        relabelled(nxt, (TAG_HEADER, b"job.cancelled.v1")),
+        relabelled(nxt, tag, (TAG_HEADER, b"zz.unknown.v1")),
+        relabelled(nxt, (TAG_HEADER, b"zz.unknown.v1"), tag),
+        relabelled(nxt, tag, ("x-extra", b"1")),
+        relabelled(nxt, tag, key=b"another"),
+        relabelled(nxt, tag, key=None),
+    ):
+        assert bookmark(monkeypatch, store, [*mine, copy], keys, progress=10) == (10, [10]), copy
+    # the control: the exact record (key, tag header, value) right after ours is the event
+    if keys is None:
+        assert bookmark(monkeypatch, store, [*mine, nxt], None, progress=10) == (11, [])
+
+
+def test_a_topic_made_again_with_unsigned_copies_up_to_the_progress_last_relabelled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """atk49-25 F8, signing on: the topic lost and made again by a topic writer, holding unsigned
+    copies of 1..P (P the relay's signed progress), P's tag header relabelled: all were taken
+    within the progress, P as the bookmark, and the store's P was never published. The
+    relabelled P is foreign now: the relay publishes the store's P, signed, after it."""
+    store = chain(20)
+    copies = ours(store[:10], None)
+    copies[-1] = relabelled(copies[-1], (TAG_HEADER, b"zz.unknown.v1"))
+    assert bookmark(monkeypatch, store, copies, KEYS, progress=10) == (9, [9])

@@ -270,3 +270,45 @@ def test_foreign_transactions_in_a_row_are_named_as_a_run_past_the_brokers_cap(
         for evil in held:
             evil.close(timeout=5)
         service.stop()
+
+
+def test_a_hung_broker_is_unavailable_for_a_relay_on_a_postgresql_store(
+    tmp_path: Path, pg_store: str, own_broker: Any
+) -> None:
+    """atk49-25 F4: the watcher read the store's head from the home's SQLite file; a server on a
+    PostgreSQL store has none, so it never checked: with the broker hung, `relay status` said
+    `publishing` (and relay.json was never written again). It reads the home's store now."""
+    from ledger.store import locate
+
+    home = tmp_path / "home"
+    locate.remember(home, pg_store)
+    led = Ledger(home, live=True)
+    led.execute(c.InitLedger(actor="root", admin="root"))
+    service = RelayService(
+        home, own_broker.bootstrap, topic="pg-status", transactional_id="pg-status-relay",
+        check_s=CHECK_S, timeout_s=60, connect_timeout_s=2,
+    ).start()  # fmt: skip
+    pid = broker_pid(own_broker)
+    try:
+        wait_for(
+            "publishing",
+            lambda: (h := read_health(home)) is not None and h.state == "publishing",
+            60,
+        )
+        written = health_path(home).stat().st_mtime_ns
+        wait_for("relay.json written again", lambda: health_path(home).stat().st_mtime_ns > written,
+                 30)  # fmt: skip
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            wait_for(
+                "unavailable while idle",
+                lambda: (h := read_health(home)) is not None and h.state == "unavailable",
+                30,
+            )
+            code, out = status(home)
+            assert code == 1 and out.startswith("relay unavailable:"), out
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    finally:
+        service.stop()
+        led.close()

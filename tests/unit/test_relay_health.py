@@ -1,0 +1,74 @@
+"""The relay's health record (`<home>/relay.json`, `gpuledger relay status`): bounded whatever a
+topic writer sends, and no word when it is dated in the future (atk49-25 F7, F10)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from ledger.store.relay_service import SKIPPED_SHOWN, RelayHealth, RelayService
+
+
+def test_a_record_from_the_future_is_as_stale_as_an_old_one() -> None:
+    """F10: `updated` set ahead of now (an edit, a clock stepped back) said `publishing`, exit 0,
+    with no service running: a stale record is one whose age is off either way."""
+    now = 1_000_000.0
+    fresh = RelayHealth(state="publishing", bootstrap="b", topic="t", updated=now - 1)
+    assert not fresh.stale(now)
+    future = RelayHealth(state="publishing", bootstrap="b", topic="t", updated=9e9)
+    assert future.stale(now)
+    assert "ahead of this host's clock: no service updates it" in future.line(now)
+    assert RelayHealth(state="publishing", bootstrap="b", topic="t", updated=now - 60).stale(now)
+
+
+def test_the_health_names_a_few_foreign_offsets_and_counts_the_rest(tmp_path: object) -> None:
+    """F7: every skipped offset was kept in relay.json (2.1 MB for 300,000 junk records,
+    rewritten every few seconds); it names the first few and counts them all."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    assert isinstance(tmp_path, Path)
+    service = RelayService(tmp_path, "127.0.0.1:9", topic="t")
+    relay = SimpleNamespace(skipped=tuple(range(100, 300_100)), position=5)
+    relay.store_head = lambda: 5
+    service.relay = relay  # type: ignore[assignment]
+    service._set("publishing", head=5)
+    health = service.health
+    assert health.skipped == tuple(range(100, 100 + SKIPPED_SHOWN)) and health.foreign == 300_000
+    assert len(msgspec.json.encode(health)) < 1_000
+    assert "300,000 foreign record(s) skipped (offsets 100, 101," in health.line()
+    assert f"... ({300_000 - SKIPPED_SHOWN:,} more)" in health.line()
+
+
+def test_a_row_rewritten_as_text_is_read_as_the_bytes_verify_reads(org_ledger: object) -> None:
+    """F5: `update stored_events set state = cast(state as text)` on one row (the same bytes):
+    the relay handed a str to the Kafka client, a TypeError for good, nothing of the batch
+    published. It reads the row's bytes as `audit verify` does (which names the row)."""
+    import sqlite3
+
+    from ledger.store import EVENTS_DB
+    from ledger.store.application import Ledger
+    from ledger.store.relay import open_store, read_raw
+
+    assert isinstance(org_ledger, Ledger)
+    home = org_ledger.home
+    before = read_raw(open_store(home), 0, 1_000)
+    with sqlite3.connect(home / EVENTS_DB) as db:
+        db.execute("UPDATE stored_events SET state = CAST(state AS TEXT) WHERE rowid = 3")
+        assert db.execute("SELECT typeof(state) FROM stored_events WHERE rowid = 3").fetchone() == (
+            "text",
+        )
+    after = read_raw(open_store(home), 0, 1_000)
+    assert all(isinstance(r.data, bytes) for r in after)
+    assert after == before
+
+
+def test_a_start_scans_a_row_stored_as_text_for_its_key() -> None:
+    """F5: the server's start scans the newest rows for keyed requests; a row stored as TEXT
+    stopped it with `internal error: TypeError: cannot use a bytes pattern on a string-like
+    object`. It reads the text's bytes, as `audit verify` does (which names the row)."""
+    from ledger.store.requests import Requests, keyed_id
+
+    event_id = keyed_id("alice", "k1", b"req")
+    seen = Requests()
+    seen.scan([(7, '{"event_id":"' + event_id + '","x":1}')])
+    assert seen.find(event_id) == 7
