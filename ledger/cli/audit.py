@@ -172,7 +172,9 @@ def whatif(
     as_json: bool,
 ) -> None:
     """Re-simulate the submissions recorded between --from and --to with other budgets,
-    window or policy, through a real ledger, and compare per team with what happened."""
+    window or policy, through a real ledger, and compare per team with the same simulation
+    with no change (run too: twice the time), what happened beside them; with no change
+    given, the simulation against what happened."""
     t0, t1 = parse_time(start), parse_time(end)
     ctx.local_only()
     budget = None if budgets is None else b.parse(budgets.read_bytes(), str(budgets))
@@ -230,10 +232,14 @@ def _print_whatif(r: wi.WhatIfReport) -> None:
         "never placed",
         "preemptions",
     )
+    based = any(t.baseline is not None for t in r.teams)
+    if based:  # what happened beside: the simulation's own gap from it, not the change's
+        header = (*header, "delivered: happened")
     rows = []
     for t in r.teams:
-        a, w = t.actual, t.whatif
-        rows.append((
+        w = t.whatif
+        a = t.baseline if t.baseline is not None else t.actual
+        row = (
             t.team,
             _pair(f"{a.owed_gpu_h:,.1f}", f"{w.owed_gpu_h:,.1f}"),
             _pair(f"{a.delivered_gpu_h:,.1f}", f"{w.delivered_gpu_h:,.1f}"),
@@ -242,8 +248,11 @@ def _print_whatif(r: wi.WhatIfReport) -> None:
             _pair(_wait(a.p90_wait_s), _wait(w.p90_wait_s)),
             _pair(str(a.never_placed), str(w.never_placed)),
             _pair(str(a.preemptions), str(w.preemptions)),
-        ))  # fmt: skip
-    print_table(header, rows, title="actual -> what-if", whole=(0,))
+        )  # fmt: skip
+        rows.append((*row, f"{t.actual.delivered_gpu_h:,.1f}") if based else row)
+    click.echo(f"compared: {r.compared}")
+    title = "no change -> what-if" if based else "what happened -> simulated with no change"
+    print_table(header, rows, title=title, whole=(0,))
     for note in r.notes:
         click.echo(f"note: {note}")
     if r.home:

@@ -215,6 +215,10 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
     from ledger.reads import hours
     from ledger.reads import layer as reads
     from ledger.reads import preview as previews
+    from ledger.server import children
+
+    def stopping() -> bool:
+        return not worker.accepting
 
     web_dir = resources.files("ledger.server") / "web"
     shell = (web_dir / "page.html").read_text(encoding="utf-8")
@@ -450,7 +454,10 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             if todo:
                 from ledger.server import replays as child
 
-                for (p, _d), r in zip(todo, await child.replay(home, todo), strict=True):
+                done = await children.attended(
+                    request.receive, stopping, child.replay(home, todo), "replay"
+                )
+                for (p, _d), r in zip(todo, done, strict=True):
                     replays[p] = r
                 while len(replays) > 4 * 1024:  # the oldest kept first
                     del replays[next(iter(replays))]
@@ -629,7 +636,10 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             # a period decided by a policy this build has not: refused before the child starts
             await pool.run(caller.actor, whatifs.policy_known(end))
             start = whatifs.period_start(end)
-            sim = await whatifs.simulate(handles.ledger.home, start, end, budgets, limit_s)
+            sim = await children.attended(  # stopped when its client left or the server stops
+                request.receive, stopping,
+                whatifs.simulate(handles.ledger.home, start, end, budgets, limit_s), "what-if",
+            )  # fmt: skip
             # what happened up to `end`, all of it projected: the log caught up again (a cycle
             # that began before `end` may have appended since)
             await caught_up()

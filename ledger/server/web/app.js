@@ -663,22 +663,20 @@ async function runWhatif(child, shares) {
 function whatifResult(r) {
   const rep = r.report;
   const notes = [...new Set(rep.notes)];
-  // what happened placed nothing (a server with `--executor none` places nothing) while the
-  // what-if placed work: the two columns then differ by more than the change
-  const idle = rep.teams.every((t) => !t.actual.delivered_gpu_h) && rep.teams.some((t) => t.whatif.delivered_gpu_h > 0);
+  // against the same simulation with no change (atk49-29 F1); what happened beside it
+  const base = (t) => t.baseline ?? t.actual;
   const pair = (a, b, f) => (f(a) === f(b) ? f(a) : `${f(a)} → ${f(b)}`);
+  const col = (t, k, f, c) => td(pair(base(t)[k], t.whatif[k], f), { class: "num", "data-col": c });
   const rows = rep.teams.map((t) => el("tr", { "data-team": t.team },
-    td(t.team), td(pair(t.actual.owed_gpu_h, t.whatif.owed_gpu_h, (x) => num(x, 1)), { class: "num", "data-col": "owed" }),
-    td(pair(t.actual.delivered_gpu_h, t.whatif.delivered_gpu_h, (x) => num(x, 1)), { class: "num", "data-col": "delivered" }),
-    td(pair(t.actual.by_period, t.whatif.by_period, pct), { class: "num", "data-col": "by_period" }),
-    td(pair(t.actual.mean_wait_s, t.whatif.mean_wait_s, dur), { class: "num", "data-col": "mean_wait" }),
-    td(pair(t.actual.preemptions, t.whatif.preemptions, String), { class: "num", "data-col": "preemptions" })));
+    td(t.team), col(t, "owed_gpu_h", (x) => num(x, 1), "owed"), col(t, "delivered_gpu_h", (x) => num(x, 1), "delivered"),
+    col(t, "by_period", pct, "by_period"), col(t, "mean_wait_s", dur, "mean_wait"), col(t, "preemptions", String, "preemptions"),
+    td(num(t.actual.delivered_gpu_h, 1), { class: "num", "data-col": "happened" })));
+  const same = r.shares === r.was ? ` (the shares it has now: no change, so the two sides should not differ)` : "";
   return el("div", { id: "whatif-result", "data-start": rep.start, "data-end": rep.end, "data-shares": r.shares },
-    el("p", { class: "muted" }, `${r.account}: shares ${r.was} → ${r.shares}; `, timeEl(rep.start), " – ", timeEl(rep.end),
-      ` (the last 4 weeks; accounts opened, members and shares changed meanwhile as recorded): ${rep.submissions} submissions (+${rep.carried} active at the start), ${rep.cycles} cycles${rep.step_s ? ` (deciding every ${rep.step_s} s)` : ""}, policy ${rep.policy_version}. Actual → what-if:`),
-    idle ? el("p", { class: "err", id: "whatif-idle" }, "Nothing was delivered in what happened (was anything placed? a server " +
-      "with --executor none places nothing), while the what-if places the same submissions: the difference is not the change's effect alone.") : null,
-    table(["team", "owed GPU-h", "delivered GPU-h", "delivered/owed", "mean wait", "preemptions"], rows, { id: "whatif-teams" }),
+    el("p", { class: "muted" }, `${r.account}: shares ${r.was} → ${r.shares}${same}; `, timeEl(rep.start), " – ", timeEl(rep.end),
+      ` (the last 4 weeks; accounts opened, members and shares changed meanwhile as recorded): ${rep.submissions} submissions (+${rep.carried} active at the start), ${rep.cycles} cycles${rep.step_s ? ` (deciding every ${rep.step_s} s)` : ""}, policy ${rep.policy_version}.`),
+    el("p", { id: "whatif-compared" }, `Compared: ${rep.compared}. No change → what-if:`),
+    table(["team", "owed GPU-h", "delivered GPU-h", "delivered/owed (by period, capped at 100%)", "mean wait", "preemptions", "delivered GPU-h: happened"], rows, { id: "whatif-teams" }),
     notes.slice(0, 8).map((n) => el("p", { class: "muted note" }, "note: ", ...localised(n))),
     notes.length > 8 ? el("p", { class: "muted" }, `… and ${notes.length - 8} more notes`) : null);
 }
@@ -694,7 +692,7 @@ function whatifPanel(data, child) {
   return el("div", { id: "whatif", class: "card" },
     el("h3", {}, `What if ${child.account} held other shares?`),
     el("p", {}, "Shares ", input, ` (now ${child.raw_shares}; its siblings keep theirs) `, run),
-    el("p", { class: "muted" }, "The server re-simulates the last 4 weeks' submissions (at most) with it and compares per team with what happened. Nothing is changed."),
+    el("p", { class: "muted" }, "The server re-simulates the last 4 weeks' submissions (at most) twice, with and without the change (twice the time), and compares per team; what happened is beside them. Nothing is changed."),
     budgetState.error ? el("p", { class: "err", id: "whatif-error" }, budgetState.error) : null,
     budgetState.running ? el("p", { id: "whatif-running", class: "muted" }, "The what-if is running…") : null,
     shown ? whatifResult(shown) : null);
