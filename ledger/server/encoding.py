@@ -37,26 +37,46 @@ TYPES = (
 Send = Callable[[Any], Awaitable[None]]
 
 
+HEAD = "gpuledger.head"
+"""Set in the scope of a HEAD request served as its GET: the metrics label it HEAD (they
+counted HEAD probes as GETs: atk49-29 F7)."""
+
+
 def head_as_get(scope: Any) -> tuple[Any, bool]:
-    """The scope the app sees (a HEAD request's as its GET's) and whether it was a HEAD."""
+    """The scope the app sees (a HEAD request's as its GET's, marked `HEAD`) and whether it
+    was a HEAD."""
     if scope.get("type") == "http" and scope.get("method") == "HEAD":
-        return {**scope, "method": "GET"}, True
+        return {**scope, "method": "GET", HEAD: True}, True
     return scope, False
 
 
 def accepts_gzip(scope: Any) -> bool:
-    """Whether the request's `Accept-Encoding` accepts gzip (a `q=0` refuses it)."""
+    """Whether the request's `Accept-Encoding` accepts gzip: an explicit `gzip` entry's q
+    decides (`gzip;q=0, *` refuses gzip: RFC 9110 12.5.3, atk49-29 F4), else `*`'s; a `q=0`
+    refuses."""
+    explicit: float | None = None
+    star: float | None = None
     for name, value in scope.get("headers", ()):
         if bytes(name).lower() != b"accept-encoding":
             continue
         for item in bytes(value).decode("latin-1").split(","):
             coding, _, params = item.strip().partition(";")
-            if coding.strip().lower() not in ("gzip", "*"):
+            coding = coding.strip().lower()
+            if coding not in ("gzip", "*"):
                 continue
-            q = params.strip().lower().removeprefix("q=")
-            if not params.strip() or _q(q) > 0:
-                return True
-    return False
+            q = 1.0 if not params.strip() else _q(params.strip().lower().removeprefix("q="))
+            if coding == "gzip":
+                explicit = q if explicit is None else min(explicit, q)
+            else:
+                star = q if star is None else min(star, q)
+    chosen = explicit if explicit is not None else star
+    return chosen is not None and chosen > 0
+
+
+def gzip_tag(tag: str) -> str:
+    """The ETag of the gzip'd representation of the answer whose ETag is `tag`: a strong
+    validator names one representation (RFC 9110 8.8.3), so the two codings' differ."""
+    return tag[:-1] + '-gzip"' if tag.endswith('"') else tag + "-gzip"
 
 
 def _q(text: str) -> float:
@@ -108,7 +128,12 @@ def wrap(send: Send, *, head: bool, gzip_ok: bool) -> Send:
                     body = await asyncio.to_thread(_squeeze, body)
                 else:
                     body = _squeeze(body)
-                headers = [(k, v) for k, v in headers if bytes(k).lower() != b"content-length"]
+                headers = [
+                    (k, gzip_tag(bytes(v).decode("latin-1")).encode("latin-1"))
+                    if bytes(k).lower() == b"etag" else (k, v)
+                    for k, v in headers
+                    if bytes(k).lower() != b"content-length"
+                ]  # fmt: skip
                 headers += [(b"content-encoding", b"gzip"), (b"content-length", b"%d" % len(body))]
             await send({**first, "headers": headers})
         await send({**message, "body": b"" if head else body, "more_body": more})
