@@ -151,11 +151,18 @@ def _print_replay(result: CycleReplay, show: int) -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="Keep the what-if ledger in this (new) directory, to replay or audit it.",
 )
-@click.option("--tick", default="10m", show_default=True, help="Cycle at least this often.")
+@click.option(
+    "--tick",
+    default="10m",
+    show_default=True,
+    help="Cycle at least this often (with --step the decisions are at its moments only; the "
+    "tick then times the simulated checkpoints alone).",
+)
 @click.option(
     "--step",
     help="Decide only every STEP of the period (e.g. 1m, what the Budget review page runs), "
-    "not at every submission and exit: faster on a deep queue, waits rounded up to it.",
+    "not at every submission and exit: faster on a deep queue, waits rounded up to it; "
+    "shorter than the period.",
 )
 @json_option
 @pass_ctx
@@ -182,6 +189,11 @@ def whatif(
     step_s = None if step is None else float(parse_duration(step))
     if step_s is not None and not step_s > 0:
         raise InvalidCommand(f"invalid --step {step!r}", hint="give a positive duration, e.g. 1m")
+    if step_s is not None and step_s >= t1 - t0:  # no decision at all after the first moment
+        raise InvalidCommand(
+            f"--step {step} is not shorter than the period ({span(t1 - t0)})",
+            hint="give a step shorter than --from .. --to, e.g. 1m",
+        )
     if keep is not None and keep.exists() and any(keep.iterdir()):
         raise InvalidCommand(f"{keep} is not empty", hint="--keep needs a new directory")
     with projection(ctx, quiet=True) as store, progress("what-if", unit="submissions") as update:

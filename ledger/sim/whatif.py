@@ -693,10 +693,12 @@ def run_whatif(
 
 
 def step_note(step_s: float) -> str:
-    """Pure: what deciding every `step_s` leaves out, in the what-if's notes."""
+    """Pure: what deciding every `step_s` leaves out, in the what-if's notes (whole seconds
+    written out: `:g` wrote 8.64e+09, atk49-29 F5)."""
+    n = f"{step_s:.0f}" if step_s == int(step_s) else f"{step_s:g}"
     return (
-        f"the what-if decided every {step_s:g} s of the period, not at every submission or "
-        f"exit: a job waited at least until the next such moment (up to {step_s:g} s more "
+        f"the what-if decided every {n} s of the period, not at every submission or "
+        f"exit: a job waited at least until the next such moment (up to {n} s more "
         f"than a decision at once would have made it wait), and GPUs freed in between stayed "
         f"free until then"
     )

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from ledger.cli import cli
 from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks
 from ledger.dispatch.policy import FairShare
+from ledger.sim import whatif as wi
 from ledger.sim.kernel import KernelExecutor
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
@@ -196,3 +197,17 @@ def test_a_what_if_is_compared_with_the_same_simulation_of_no_change(
     plain = whatif(recorded)  # no change asked: the simulation against what happened, said
     assert plain["compared"].startswith("the simulation of the period with no change against")
     assert all(t["baseline"] is None for t in plain["teams"])
+
+
+def test_a_step_not_shorter_than_the_period_is_refused_in_one_line(recorded: Path) -> None:
+    """atk49-29 F5: `--step 30d` over a 28-day period answered 0 cycles and every job never
+    placed; a step of at least the period is refused, in one line naming the period."""
+    for step in ("9500s", "30d"):  # the period is 9,500 s
+        out = CliRunner().invoke(cli, ["--home", str(recorded), "whatif", "--from", str(START),
+                                       "--to", str(END), "--step", step])  # fmt: skip
+        assert out.exit_code != 0, out.output
+        assert f"--step {step} is not shorter than the period (2h38m)" in out.output, out.output
+    assert wi.step_note(2_419_200.0).startswith("the what-if decided every 2419200 s of the")
+    half = CliRunner().invoke(cli, ["--home", str(recorded), "whatif", "--from", str(START),
+                                    "--to", str(END), "--step", "0.5s"])  # fmt: skip
+    assert half.exit_code != 0 and "contract" not in half.output, half.output
