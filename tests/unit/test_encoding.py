@@ -129,3 +129,35 @@ def test_a_gzipped_answer_has_an_etag_of_its_own() -> None:
     sent.clear()
     asyncio.run(app(False))
     assert headers(sent)[b"etag"] == b'"abc"' and sent[1]["body"] == BIG
+
+
+def test_a_large_answer_that_does_not_change_is_compressed_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """atk49-29 F10: the OpenAPI document (437 KB, no token needed) was gzip'd again for
+    every request. The front keeps the last few large answers' gzip'd bytes, by their bytes."""
+    calls: list[int] = []
+    real = encoding._squeeze
+
+    def counted(body: bytes) -> bytes:
+        calls.append(len(body))
+        return real(body)
+
+    monkeypatch.setattr(encoding, "_squeeze", counted)
+    kept = encoding.Squeezed()
+    big = BIG * 40  # past THREAD_MIN
+    assert len(big) >= encoding.THREAD_MIN
+
+    async def twice() -> list[bytes]:
+        return [await kept.squeeze(big), await kept.squeeze(bytes(big))]
+
+    first, second = asyncio.run(twice())
+    assert first == second and gzip.decompress(first) == big and calls == [len(big)]
+    others = [big + b" " * i for i in range(1, encoding.Squeezed.MOST + 1)]
+
+    async def more() -> None:
+        for body in others:
+            await kept.squeeze(body)
+
+    asyncio.run(more())
+    assert big not in kept.kept and len(kept.kept) == encoding.Squeezed.MOST
