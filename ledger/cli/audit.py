@@ -234,7 +234,7 @@ def _print_whatif(r: wi.WhatIfReport) -> None:
         f"(+{r.carried} active at the start), policy {r.policy_version} "
         f"({', '.join(f'{k}={v}' for k, v in sorted(r.config.items()))}), {r.cycles} cycles"
     )
-    header = (
+    header: tuple[str, ...] = (
         "team",
         "owed GPU-h",
         "delivered GPU-h",
