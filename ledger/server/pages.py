@@ -654,19 +654,21 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             worker, pool, caller.actor, "the what-if's check",
             lambda h: whatifs.may_ask(h.ledger.state, h.now(), caller, ask),
         )  # fmt: skip
-        async with running.hold(caller.actor):
+
+        async def whole() -> tuple[Any, Any]:
             await caught_up()  # the projection caught up, beside the worker
             # a period decided by a policy this build has not: refused before the child starts
             await pool.run(caller.actor, whatifs.policy_known(end))
             start = whatifs.period_start(end)
-            sim = await children.attended(  # stopped when its client left or the server stops
-                request.receive, stopping,
-                whatifs.simulate(handles.ledger.home, start, end, budgets, limit_s), "what-if",
-            )  # fmt: skip
+            sim = await whatifs.simulate(handles.ledger.home, start, end, budgets, limit_s)
             # what happened up to `end`, all of it projected: the log caught up again (a cycle
             # that began before `end` may have appended since)
             await caught_up()
-            actual = await pool.run(caller.actor, whatifs.actual(start, end))
+            return sim, await pool.run(caller.actor, whatifs.actual(start, end))
+
+        async with running.hold(caller.actor):  # all of it stopped (its child killed) when its
+            # client left or the server stops: the slot free at once (atk49-29 F11, F12)
+            sim, actual = await children.attended(request.receive, stopping, whole(), "what-if")
         report = whatifs.BudgetWhatIf(
             account=ask.account, shares=ask.shares, was=was, report=whatifs.report(sim, actual)
         )
