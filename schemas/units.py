@@ -57,7 +57,7 @@ def parse_duration(text: str) -> int:
     if seconds != int(seconds):
         raise InvalidCommand(
             f"invalid duration {text!r}: {seconds:g} s is not a whole number of seconds",
-            hint="durations are whole seconds; 0 means none (an unfunded contract)",
+            hint="durations are whole seconds, e.g. 1s, 90s, 2m",
         )
     return int(seconds)
 

@@ -151,11 +151,18 @@ def _print_replay(result: CycleReplay, show: int) -> None:
     type=click.Path(file_okay=False, path_type=Path),
     help="Keep the what-if ledger in this (new) directory, to replay or audit it.",
 )
-@click.option("--tick", default="10m", show_default=True, help="Cycle at least this often.")
+@click.option(
+    "--tick",
+    default="10m",
+    show_default=True,
+    help="Cycle at least this often (with --step the decisions are at its moments only; the "
+    "tick then times the simulated checkpoints alone).",
+)
 @click.option(
     "--step",
     help="Decide only every STEP of the period (e.g. 1m, what the Budget review page runs), "
-    "not at every submission and exit: faster on a deep queue, waits rounded up to it.",
+    "not at every submission and exit: faster on a deep queue, waits rounded up to it; "
+    "shorter than the period.",
 )
 @json_option
 @pass_ctx
@@ -172,7 +179,9 @@ def whatif(
     as_json: bool,
 ) -> None:
     """Re-simulate the submissions recorded between --from and --to with other budgets,
-    window or policy, through a real ledger, and compare per team with what happened."""
+    window or policy, through a real ledger, and compare per team with the same simulation
+    with no change (run too: twice the time), what happened beside them; with no change
+    given, the simulation against what happened."""
     t0, t1 = parse_time(start), parse_time(end)
     ctx.local_only()
     budget = None if budgets is None else b.parse(budgets.read_bytes(), str(budgets))
@@ -180,6 +189,11 @@ def whatif(
     step_s = None if step is None else float(parse_duration(step))
     if step_s is not None and not step_s > 0:
         raise InvalidCommand(f"invalid --step {step!r}", hint="give a positive duration, e.g. 1m")
+    if step_s is not None and step_s >= t1 - t0:  # no decision at all after the first moment
+        raise InvalidCommand(
+            f"--step {step} is not shorter than the period ({span(t1 - t0)})",
+            hint="give a step shorter than --from .. --to, e.g. 1m",
+        )
     if keep is not None and keep.exists() and any(keep.iterdir()):
         raise InvalidCommand(f"{keep} is not empty", hint="--keep needs a new directory")
     with projection(ctx, quiet=True) as store, progress("what-if", unit="submissions") as update:
@@ -220,7 +234,7 @@ def _print_whatif(r: wi.WhatIfReport) -> None:
         f"(+{r.carried} active at the start), policy {r.policy_version} "
         f"({', '.join(f'{k}={v}' for k, v in sorted(r.config.items()))}), {r.cycles} cycles"
     )
-    header = (
+    header: tuple[str, ...] = (
         "team",
         "owed GPU-h",
         "delivered GPU-h",
@@ -230,10 +244,14 @@ def _print_whatif(r: wi.WhatIfReport) -> None:
         "never placed",
         "preemptions",
     )
+    based = any(t.baseline is not None for t in r.teams)
+    if based:  # what happened beside: the simulation's own gap from it, not the change's
+        header = (*header, "delivered: happened")
     rows = []
     for t in r.teams:
-        a, w = t.actual, t.whatif
-        rows.append((
+        w = t.whatif
+        a = t.baseline if t.baseline is not None else t.actual
+        row = (
             t.team,
             _pair(f"{a.owed_gpu_h:,.1f}", f"{w.owed_gpu_h:,.1f}"),
             _pair(f"{a.delivered_gpu_h:,.1f}", f"{w.delivered_gpu_h:,.1f}"),
@@ -242,8 +260,11 @@ def _print_whatif(r: wi.WhatIfReport) -> None:
             _pair(_wait(a.p90_wait_s), _wait(w.p90_wait_s)),
             _pair(str(a.never_placed), str(w.never_placed)),
             _pair(str(a.preemptions), str(w.preemptions)),
-        ))  # fmt: skip
-    print_table(header, rows, title="actual -> what-if", whole=(0,))
+        )  # fmt: skip
+        rows.append((*row, f"{t.actual.delivered_gpu_h:,.1f}") if based else row)
+    click.echo(f"compared: {r.compared}")
+    title = "no change -> what-if" if based else "what happened -> simulated with no change"
+    print_table(header, rows, title=title, whole=(0,))
     for note in r.notes:
         click.echo(f"note: {note}")
     if r.home:

@@ -17,6 +17,10 @@ import os
 import shutil
 import signal
 import sys
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 NICE = ("nice", "-n", "10") if shutil.which("nice") else ()
 """The child starts at the lower priority, its imports included (`enter` lowers it too)."""
@@ -48,6 +52,51 @@ async def run(module: str, payload: bytes, timeout_s: float | None = None) -> by
         last = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
         raise RuntimeError(f"{module} exited with {proc.returncode}: {last[0]}")
     return out
+
+
+WATCH_S = 0.25
+"""How often `attended` looks whether the server stops."""
+
+
+async def attended(
+    receive: Callable[[], Awaitable[Mapping[str, Any]]],
+    stopping: Callable[[], bool],
+    work: Awaitable[T],
+    what: str,
+) -> T:
+    """`work` (a child's `run`) for a request: cancelled (its child killed) once the client has
+    gone (`receive` says `http.disconnect`) or the server stops (`stopping()`, looked at every
+    `WATCH_S`), then Unavailable in one line. A what-if whose client left ran on to its end
+    holding the what-if slot, and a stop held 10 s for uvicorn's graceful timeout, then answered
+    a plain-text 500 and logged a traceback (atk49-29 F11, F12): as the audit walks do."""
+    from schemas.errors import Unavailable
+
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(receive))
+    try:
+        while not task.done():
+            await asyncio.wait({task, gone}, timeout=WATCH_S, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                break
+            if gone.done():
+                raise Unavailable(f"the {what} was stopped: its caller left")
+            if stopping():
+                raise Unavailable(
+                    f"the server stopped before the {what} ended", hint="retry once it is back"
+                )
+        return task.result()
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task  # its child killed and waited for (`run`)
+
+
+async def _disconnected(receive: Callable[[], Awaitable[Mapping[str, Any]]]) -> None:
+    """Returns once the client has closed its connection (the request's body read first)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def enter(parent: int) -> None:

@@ -37,26 +37,46 @@ TYPES = (
 Send = Callable[[Any], Awaitable[None]]
 
 
+HEAD = "gpuledger.head"
+"""Set in the scope of a HEAD request served as its GET: the metrics label it HEAD (they
+counted HEAD probes as GETs: atk49-29 F7)."""
+
+
 def head_as_get(scope: Any) -> tuple[Any, bool]:
-    """The scope the app sees (a HEAD request's as its GET's) and whether it was a HEAD."""
+    """The scope the app sees (a HEAD request's as its GET's, marked `HEAD`) and whether it
+    was a HEAD."""
     if scope.get("type") == "http" and scope.get("method") == "HEAD":
-        return {**scope, "method": "GET"}, True
+        return {**scope, "method": "GET", HEAD: True}, True
     return scope, False
 
 
 def accepts_gzip(scope: Any) -> bool:
-    """Whether the request's `Accept-Encoding` accepts gzip (a `q=0` refuses it)."""
+    """Whether the request's `Accept-Encoding` accepts gzip: an explicit `gzip` entry's q
+    decides (`gzip;q=0, *` refuses gzip: RFC 9110 12.5.3, atk49-29 F4), else `*`'s; a `q=0`
+    refuses."""
+    explicit: float | None = None
+    star: float | None = None
     for name, value in scope.get("headers", ()):
         if bytes(name).lower() != b"accept-encoding":
             continue
         for item in bytes(value).decode("latin-1").split(","):
             coding, _, params = item.strip().partition(";")
-            if coding.strip().lower() not in ("gzip", "*"):
+            coding = coding.strip().lower()
+            if coding not in ("gzip", "*"):
                 continue
-            q = params.strip().lower().removeprefix("q=")
-            if not params.strip() or _q(q) > 0:
-                return True
-    return False
+            q = 1.0 if not params.strip() else _q(params.strip().lower().removeprefix("q="))
+            if coding == "gzip":
+                explicit = q if explicit is None else min(explicit, q)
+            else:
+                star = q if star is None else min(star, q)
+    chosen = explicit if explicit is not None else star
+    return chosen is not None and chosen > 0
+
+
+def gzip_tag(tag: str) -> str:
+    """The ETag of the gzip'd representation of the answer whose ETag is `tag`: a strong
+    validator names one representation (RFC 9110 8.8.3), so the two codings' differ."""
+    return tag[:-1] + '-gzip"' if tag.endswith('"') else tag + "-gzip"
 
 
 def _q(text: str) -> float:
@@ -81,9 +101,39 @@ def _squeeze(body: bytes) -> bytes:
     return gzip.compress(body, compresslevel=LEVEL, mtime=0)  # mtime 0: the same bytes each time
 
 
-def wrap(send: Send, *, head: bool, gzip_ok: bool) -> Send:
+class Squeezed:
+    """The gzip'd bytes of the last few large answers, by their bytes: an answer that never
+    changes (the OpenAPI document, 437 KB, asked without a token; the page's assets) is
+    compressed once, not per request (3.1 ms of zlib each: a tokenless client looping it cost
+    the server 3x the CPU, atk49-29 F10). A hit needs the very same bytes, so no answer is
+    ever given to another than the one it was made for; `MOST` entries, the oldest dropped."""
+
+    MOST = 8
+    LARGEST = 4 * 1024 * 1024
+    """A larger answer is compressed and not kept (8 of them stay within ~32 MiB)."""
+
+    def __init__(self) -> None:
+        self.kept: dict[bytes, bytes] = {}
+
+    async def squeeze(self, body: bytes) -> bytes:
+        if len(body) > self.LARGEST:
+            return await asyncio.to_thread(_squeeze, body)
+        packed = self.kept.pop(body, None)
+        if packed is None:
+            if len(body) >= THREAD_MIN:  # zlib leaves the lock: the loop goes on
+                packed = await asyncio.to_thread(_squeeze, body)
+            else:
+                packed = _squeeze(body)
+        self.kept[body] = packed  # the newest last
+        while len(self.kept) > self.MOST:
+            del self.kept[next(iter(self.kept))]
+        return packed
+
+
+def wrap(send: Send, *, head: bool, gzip_ok: bool, kept: Squeezed | None = None) -> Send:
     """`send` as the app's: its answer's start held until its first body part, which decides
-    whether the answer is whole and compressible; a HEAD's body parts sent empty."""
+    whether the answer is whole and compressible; a HEAD's body parts sent empty; `kept`: the
+    large answers' gzip'd bytes kept (`Squeezed`)."""
     start: dict[str, Any] | None = None
 
     async def out(message: Any) -> None:
@@ -104,11 +154,18 @@ def wrap(send: Send, *, head: bool, gzip_ok: bool) -> Send:
             if whole:
                 headers.append((b"vary", b"Accept-Encoding"))
             if whole and gzip_ok:
-                if len(body) >= THREAD_MIN:  # zlib leaves the lock: the loop goes on
+                if kept is not None and len(body) >= THREAD_MIN:
+                    body = await kept.squeeze(body)
+                elif len(body) >= THREAD_MIN:  # zlib leaves the lock: the loop goes on
                     body = await asyncio.to_thread(_squeeze, body)
                 else:
                     body = _squeeze(body)
-                headers = [(k, v) for k, v in headers if bytes(k).lower() != b"content-length"]
+                headers = [
+                    (k, gzip_tag(bytes(v).decode("latin-1")).encode("latin-1"))
+                    if bytes(k).lower() == b"etag" else (k, v)
+                    for k, v in headers
+                    if bytes(k).lower() != b"content-length"
+                ]  # fmt: skip
                 headers += [(b"content-encoding", b"gzip"), (b"content-length", b"%d" % len(body))]
             await send({**first, "headers": headers})
         await send({**message, "body": b"" if head else body, "more_body": more})

@@ -83,6 +83,8 @@ class Front:
         self.connections = connections
         self.unmetered = unmetered
         """Whether an identity's requests are never metered (the ledger's admins, nodes)."""
+        self.squeezed = encoding.Squeezed()
+        """The large answers' gzip'd bytes, kept (`encoding.Squeezed`)."""
         limits = connections.limits
         self.anonymous = _anonymous_levels(connections)
         self.accounts = Rates(limits.account_per_s, 2 * limits.account_per_s, ACCOUNT_WAIT_S)
@@ -91,7 +93,8 @@ class Front:
         conn: Connection | None = scope.get(CONN) if scope["type"] == "http" else None
         if scope["type"] == "http":  # HEAD as GET, gzip (`ledger.server.encoding`)
             scope, head = encoding.head_as_get(scope)
-            send = encoding.wrap(send, head=head, gzip_ok=encoding.accepts_gzip(scope))
+            gzip_ok = encoding.accepts_gzip(scope)
+            send = encoding.wrap(send, head=head, gzip_ok=gzip_ok, kept=self.squeezed)
         if conn is None:
             await self.app(scope, receive, send)
             return

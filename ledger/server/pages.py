@@ -15,6 +15,7 @@ Every figure comes from the read layer (`ledger.reads.layer`), as the CLI's.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import time
@@ -27,9 +28,8 @@ from litestar import HttpMethod, Request, Response, get, post, route
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, FromQuery, QueryParameter
 from litestar.response import Redirect
-from litestar.static_files import create_static_files_router
 
-from ledger.server import copied, pooled
+from ledger.server import copied, encoding, pooled
 from ledger.server.fairlane import FairSlot
 from ledger.server.whatifs import REVIEW_S
 from projections import history
@@ -53,6 +53,12 @@ PAGES = (
     "preemptions",
     "budget",
 )
+ASSETS = {
+    "app.js": "application/javascript",
+    "times.js": "application/javascript",
+    "app.css": "text/css",
+}
+"""The files `/ui/static/` serves (the page's shell is served by its route), their types."""
 WEEK_S = 7 * 86400.0
 REPLAY_LAST = 8
 EVERY_ACCOUNT = "*"
@@ -215,6 +221,10 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
     from ledger.reads import hours
     from ledger.reads import layer as reads
     from ledger.reads import preview as previews
+    from ledger.server import children
+
+    def stopping() -> bool:
+        return not worker.accepting
 
     web_dir = resources.files("ledger.server") / "web"
     shell = (web_dir / "page.html").read_text(encoding="utf-8")
@@ -230,12 +240,29 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             return Response("no such page\n", status_code=404, media_type="text/plain")
         return Response(shell.replace("{{page}}", page), media_type="text/html")
 
-    static = create_static_files_router(
-        path="/ui/static",
-        directories=[str(web_dir)],
-        include_in_schema=False,
-        name="ui-static",
-    )
+    assets = {name: (web_dir / name).read_bytes() for name in ASSETS}
+    tags = {
+        name: '"' + hashlib.sha256(data).hexdigest()[:32] + '"' for name, data in assets.items()
+    }
+
+    @get("/ui/static/{name:str}", include_in_schema=False)
+    async def static(request: Request[Any, Any, Any], name: FromPath[str]) -> Response[bytes]:
+        """The pages' assets, and nothing else of the package: a directory router served its
+        `__init__.py` and `__pycache__`, and answered `/ui/static/%00` 500 (atk49-29 F8). Each
+        has a strong ETag of its bytes (the gzip'd answer's is suffixed `-gzip` on the way out,
+        `ledger.server.encoding`: atk49-29 F9) and is revalidated (`no-cache`): an
+        `If-None-Match` naming either is answered 304 without the body."""
+        if name not in assets:
+            return Response(b"no such file\n", status_code=404, media_type="text/plain")
+        tag = tags[name]
+        asked = request.headers.get("if-none-match", "")
+        given = {t.strip().removeprefix("W/") for t in asked.split(",")}
+        headers = {"etag": tag, "cache-control": "no-cache"}
+        if "*" in given or tag in given or encoding.gzip_tag(tag) in given:
+            if encoding.gzip_tag(tag) in given:
+                headers["etag"] = encoding.gzip_tag(tag)
+            return Response(b"", status_code=304, headers=headers)
+        return Response(assets[name], media_type=ASSETS[name], headers=headers)
 
     def caught_up() -> Awaitable[None]:
         """The projection caught up to the log's position now, beside the worker (T5)."""
@@ -450,7 +477,10 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             if todo:
                 from ledger.server import replays as child
 
-                for (p, _d), r in zip(todo, await child.replay(home, todo), strict=True):
+                done = await children.attended(
+                    request.receive, stopping, child.replay(home, todo), "replay"
+                )
+                for (p, _d), r in zip(todo, done, strict=True):
                     replays[p] = r
                 while len(replays) > 4 * 1024:  # the oldest kept first
                     del replays[next(iter(replays))]
@@ -624,7 +654,8 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             worker, pool, caller.actor, "the what-if's check",
             lambda h: whatifs.may_ask(h.ledger.state, h.now(), caller, ask),
         )  # fmt: skip
-        async with running.hold(caller.actor):
+
+        async def whole() -> tuple[Any, Any]:
             await caught_up()  # the projection caught up, beside the worker
             # a period decided by a policy this build has not: refused before the child starts
             await pool.run(caller.actor, whatifs.policy_known(end))
@@ -633,7 +664,11 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             # what happened up to `end`, all of it projected: the log caught up again (a cycle
             # that began before `end` may have appended since)
             await caught_up()
-            actual = await pool.run(caller.actor, whatifs.actual(start, end))
+            return sim, await pool.run(caller.actor, whatifs.actual(start, end))
+
+        async with running.hold(caller.actor):  # all of it stopped (its child killed) when its
+            # client left or the server stops: the slot free at once (atk49-29 F11, F12)
+            sim, actual = await children.attended(request.receive, stopping, whole(), "what-if")
         report = whatifs.BudgetWhatIf(
             account=ask.account, shares=ask.shares, was=was, report=whatifs.report(sim, actual)
         )

@@ -1,6 +1,8 @@
 """The budget review page's what-if of a share change, run by the server (`POST
 /ui/api/budget/whatif`): the last 4 weeks' submissions re-simulated with one child's shares
-changed (`ledger.sim.whatif`, what `gpuledger whatif --budgets` runs), beside what happened.
+changed (`ledger.sim.whatif`, what `gpuledger whatif --budgets` runs), against the same
+simulation with no change (the period simulated twice: the change's effect is the difference
+between the two; atk49-29 F1), what happened beside them.
 
 - **Who may**: whoever may set that account's shares (the manager of its parent's subtree, an
   admin): the change is planned as budgets as code plans it and tried on a copy of the state
@@ -271,7 +273,7 @@ def main() -> None:
     try:
         sim = wi.simulate_period(
             Path(job.home), job.start, job.end, Path(job.where), budgets=job.budgets,
-            step_s=job.step_s,
+            step_s=job.step_s, baseline=Path(job.where).parent / "baseline",
         )  # fmt: skip
     except LedgerError as err:  # one line for the server to answer with
         sys.stderr.write(err.line() + "\n")

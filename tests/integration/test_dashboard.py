@@ -635,3 +635,56 @@ def test_head_metrics_is_the_gets_headers_and_big_answers_are_gzipped(served: Se
     assert json.loads(gzip.decompress(packed))["total"] == json.loads(text)["total"]
     scraped = asked("GET", "/metrics", **{"Accept-Encoding": "gzip"})
     assert scraped[1]["content-encoding"] == "gzip" and b"# TYPE" in gzip.decompress(scraped[2])
+
+
+def test_static_serves_the_assets_alone_revalidated_and_head_is_counted_as_head(
+    served: Served,
+) -> None:
+    """atk49-29 F8: `/ui/static/%00` (no token) was a 500 and the route served the package's
+    `__init__.py` and `__pycache__`; F9: the gzip'd and identity assets shared one strong ETag
+    and `If-None-Match` was never 304; F7: a HEAD was counted as a GET in the metrics."""
+    import http.client
+
+    def asked(method: str, path: str, **headers: str) -> tuple[int, dict[str, str], bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", served.server.port, timeout=60)
+        try:
+            conn.putrequest(method, path, skip_accept_encoding=True)
+            for k, v in headers.items():
+                conn.putheader(k, v)
+            conn.endheaders()
+            resp = conn.getresponse()
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+        finally:
+            conn.close()
+
+    for path in ("/ui/static/%00", "/ui/static/app.js%00", "/ui/static/a%00b",
+                 "/ui/static/__init__.py", "/ui/static/__pycache__/__init__.cpython-311.pyc",
+                 "/ui/static/page.html", "/ui/static/", "/ui/static/..%2fpages.py"):  # fmt: skip
+        status, _, body = asked("GET", path)
+        assert status == 404 and b"\n" not in body.rstrip(b"\n"), (path, status, body)
+    plain = asked("GET", "/ui/static/app.js", **{"Accept-Encoding": "identity"})
+    packed = asked("GET", "/ui/static/app.js", **{"Accept-Encoding": "gzip"})
+    assert plain[0] == packed[0] == 200 and packed[1]["content-encoding"] == "gzip"
+    tag, ztag = plain[1]["etag"], packed[1]["etag"]
+    assert tag.startswith('"') and ztag == tag[:-1] + '-gzip"', (tag, ztag)
+    assert plain[1]["cache-control"] == "no-cache"
+    for sent, coding in ((tag, "identity"), (ztag, "gzip"), (f"W/{tag}, {ztag}", "gzip")):
+        status, got, body = asked(
+            "GET", "/ui/static/app.js", **{"If-None-Match": sent, "Accept-Encoding": coding}
+        )
+        assert (status, body) == (304, b""), (sent, status)
+        assert got["etag"] in (tag, ztag)
+    assert asked("GET", "/ui/static/app.js", **{"If-None-Match": '"other"'})[0] == 200
+
+    def heads() -> float:
+        text = asked("GET", "/metrics", Authorization=f"Bearer {served.tokens['root']}")[2]
+        mark = 'gpuledger_api_request_seconds_count{method="HEAD",route="/v1/whoami",status="200"}'
+        found = [ln for ln in text.decode().splitlines() if ln.startswith(mark)]
+        return float(found[0].split()[-1]) if found else 0.0
+
+    before = heads()
+    for _ in range(3):
+        assert (
+            asked("HEAD", "/v1/whoami", Authorization=f"Bearer {served.tokens['root']}")[0] == 200
+        )
+    assert heads() == before + 3

@@ -607,3 +607,40 @@ def test_the_budget_what_if_at_10000_pending_answers_in_a_minute(deep: Deep) -> 
     # a decision a minute at most (4 at a moment while the searches run out), not one an event
     assert rep["cycles"] <= 4 * (rep["end"] - rep["start"]) / 60, rep["cycles"]
     print(f"what-if at {PENDING:,} pending: {took:.1f} s, {rep['cycles']:,} cycles")
+
+
+@pytest.mark.parametrize("width", [1280, 1366, 1920])
+def test_queue_positions_past_1000_and_sibling_accounts_are_readable(
+    deep: Deep, browser: Browser, width: int
+) -> None:
+    """atk49-29 F2: the "#" column read "9…" for every position from 1,000 on, with no title;
+    F3: accounts were cut at their end (~11 characters), so prog1/segmentation-large and
+    -small both read "prog1/segm…". Now a 5-digit position fits whole (and has a title), and an
+    account too long for its column is cut in its middle, both ends shown, whole on hover."""
+    ctx = browser.new_context(viewport={"width": width, "height": 800}, timezone_id=TIMEZONE)
+    ctx.add_init_script(f"localStorage.setItem('gpuledger.token', {json.dumps(deep.root)})")
+    page = ctx.new_page()
+    page.goto(f"{deep.server.url}/ui/queue?offset=9950")
+    page.wait_for_selector("#queue tbody tr")
+    cells = page.evaluate(
+        "[...document.querySelectorAll('#queue td[data-col=order]')].map(c => [c.innerText, "
+        "c.title, c.scrollWidth, c.clientWidth])"
+    )
+    cells = [c for c in cells if c[0] != "—"]  # a held job has no position
+    assert len(cells) >= 10 and all(int(t) >= 1000 for t, *_ in cells), cells
+    assert all(s <= c and title == f"#{t} in dispatch order" for t, title, s, c in cells), cells
+    names = ["prog1/segmentation-large", "prog1/segmentation-small", "p/t", "prog12/x" * 5]
+    shown = page.evaluate("(ns) => ns.map((n) => squeezed(n))", names)
+    assert shown[0] != shown[1] and shown[2] == "p/t", shown
+    assert all(len(s) <= 16 and s.startswith(n[:2]) for s, n in zip(shown, names, strict=True))
+    assert shown[0].startswith("prog1/") and shown[0].endswith("-large"), shown
+    accounts = page.evaluate(
+        "[...document.querySelectorAll('#queue td[data-col=account]')].map(c => [c.innerText, "
+        "c.title, c.scrollWidth, c.clientWidth])"
+    )
+    assert accounts, accounts
+    for text, title, scroll, client in accounts:  # whole, or both ends of the title
+        assert scroll <= client, (text, title, scroll, client)
+        head, cut, tail = text.partition("…")
+        assert text == title or (cut and title.startswith(head) and title.endswith(tail)), text
+    ctx.close()

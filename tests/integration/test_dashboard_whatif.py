@@ -135,10 +135,16 @@ def test_a_manager_runs_the_what_if_in_one_click_and_sees_the_clis_report(
     def pair(a: float, b: float) -> str:
         return f"{a:.1f}" if f"{a:.1f}" == f"{b:.1f}" else f"{a:.1f} → {b:.1f}"
 
-    assert shown == {
-        t["team"]: pair(t["actual"]["delivered_gpu_h"], t["whatif"]["delivered_gpu_h"])
+    assert shown == {  # against the same simulation with no change (atk49-29 F1)
+        t["team"]: pair(t["baseline"]["delivered_gpu_h"], t["whatif"]["delivered_gpu_h"])
         for t in want["teams"]
     }
+    happened = {
+        tr.get_attribute("data-team"): tr.locator("[data-col=happened]").inner_text()
+        for tr in page.locator("#whatif-teams tbody tr").all()
+    }
+    assert happened == {t["team"]: f"{t['actual']['delivered_gpu_h']:.1f}" for t in want["teams"]}
+    assert "the same simulation with no change" in page.locator("#whatif-compared").inner_text()
     assert shown and not errors, errors
     assert any(t["whatif"]["delivered_gpu_h"] > 0 for t in want["teams"]), want
     assert any(t["actual"]["delivered_gpu_h"] > 0 for t in want["teams"]), want
@@ -184,7 +190,7 @@ def test_the_api_answers_the_clis_report_and_writes_nothing(
     differ = [
         (a["team"], side, k, a[side][k], b[side][k])
         for a, b in zip(got["teams"], want["teams"], strict=True)
-        for side in ("actual", "whatif")
+        for side in ("actual", "baseline", "whatif")
         for k in a[side]
         if not same(a[side][k], b[side][k])
     ]
@@ -353,6 +359,93 @@ def _child_of(pid: int) -> list[int]:
     return found
 
 
+def _served(r: Reviewed, log_name: str) -> None:
+    """The ledger served again, by a server of its own log (the time limit of the fixture)."""
+    assert r.server.stop() == 0, r.server.log_path.read_text()
+    r.server = start_server(r.dash.home, log_name=log_name,
+                            env={"GPULEDGER_WHATIF_TIMEOUT": str(SLOW_S)})  # fmt: skip
+
+
+def _until_child(r: Reviewed) -> list[int]:
+    deadline = time.monotonic() + 120
+    while not _child_of(r.server.proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    found = _child_of(r.server.proc.pid)
+    assert found, "the what-if's child never started"
+    return found
+
+
+def _gone(pids: list[int], within_s: float) -> float:
+    """Seconds until every process of `pids` has ended (AssertionError past `within_s`)."""
+    began = time.monotonic()
+    while any(Path(f"/proc/{p}").exists() for p in pids):
+        assert time.monotonic() - began < within_s, f"{pids} still run"
+        time.sleep(0.02)
+    return time.monotonic() - began
+
+
+def test_a_what_if_whose_client_left_stops_and_frees_the_slot(reviewed: Reviewed) -> None:
+    """atk49-29 F12: a what-if whose client left (tab closed, client timeout) simulated on to
+    its end, holding the one what-if slot (its person's retry 429). Now its child is killed
+    within a step of the client's leaving and the next what-if is admitted."""
+    import socket
+
+    r = reviewed
+    _served(r, "serve-left.log")
+    account = sorted(children(r))[0]
+    body = json.dumps({"account": account, "shares": 5}).encode()
+    sock = socket.create_connection(("127.0.0.1", r.server.port))
+    sock.sendall(
+        f"POST {ROUTE} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {r.tokens['boss']}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    child = _until_child(r)
+    sock.close()  # the client leaves
+    gone_s = _gone(child, 60.0)
+    assert list((r.dash.home / "tmp").glob("whatif-*")) == []
+    began = time.monotonic()
+    status, answer = ask(r, r.tokens["boss"], {"account": account, "shares": 6})
+    whole_s = time.monotonic() - began
+    assert status == 200, answer
+    # within a step (0.25 s) and the child's kill, well before a what-if's whole time
+    assert gone_s < 1.0 and gone_s < whole_s / 2, (gone_s, whole_s)
+
+
+def test_a_stop_mid_what_if_answers_one_503_line_at_once(reviewed: Reviewed) -> None:
+    """atk49-29 F11: SIGTERM while a what-if ran held the stop 10 s (uvicorn's graceful
+    timeout), then answered a plain-text 500 and logged an ERROR traceback. Now the child is
+    killed, the request answered one problem line (503) and the server gone within seconds."""
+    import threading
+
+    r = reviewed
+    _served(r, "serve-stopped.log")
+    account = sorted(children(r))[0]
+    got: list[tuple[int, Any]] = []
+    asked = threading.Thread(
+        target=lambda: got.append(ask(r, r.tokens["boss"], {"account": account, "shares": 3})),
+        daemon=True,
+    )
+    asked.start()
+    child = _until_child(r)
+    began = time.monotonic()
+    assert r.server.stop(signal.SIGTERM, timeout=60) == 0, r.server.log_path.read_text()
+    stopped_s = time.monotonic() - began
+    asked.join(30)
+    logged = r.server.log_path.read_text()
+    assert got and got[0][0] == 503, (got, logged)
+    problem = got[0][1]
+    assert problem["code"] == "unavailable", problem
+    assert problem["message"] == "the server stopped before the what-if ended", problem
+    assert problem["status"] == 503 and "\n" not in problem["detail"], problem
+    assert stopped_s < 5.0, (stopped_s, logged)
+    assert _gone(child, 1.0) < 1.0
+    assert "Traceback" not in logged and "ERROR" not in logged, logged
+    assert list((r.dash.home / "tmp").glob("whatif-*")) == []
+    r.server = start_server(r.dash.home, log_name="serve-after-stop.log",
+                            env={"GPULEDGER_WHATIF_TIMEOUT": str(SLOW_S)})  # fmt: skip
+
+
 def test_a_server_killed_mid_what_if_leaves_nothing_after_its_restart(reviewed: Reviewed) -> None:
     """kill -9 while the child simulates: the child dies with the server; the what-if's
     directory (under the data directory, not /tmp) is removed by the next server's start."""
@@ -418,36 +511,26 @@ def test_a_what_if_that_fails_is_one_line_and_leaves_nothing_behind(
     ), logged
 
 
-def test_the_page_says_when_what_happened_placed_nothing(
-    reviewed: Reviewed, browser: Browser
-) -> None:
-    """A server with `--executor none` places nothing, the what-if places the same submissions:
-    the page says the difference is not the change's effect; with work placed on both sides it
-    does not."""
+def test_a_what_if_of_no_change_shows_no_difference(reviewed: Reviewed, browser: Browser) -> None:
+    """atk49-29 F1: the shares an account has now, asked as a what-if, showed the simulation's
+    own gap from what happened (team02 +47% delivered) as the change's effect. The what-if is
+    now compared with the same simulation with no change (same step): equal on every measure
+    and every team, the page showing no arrow and saying it is no change."""
     r = reviewed
+    kids = children(r)
+    account = sorted(kids)[0]
+    was = kids[account]["raw_shares"]
+    status, body = ask(r, r.tokens["boss"], {"account": account, "shares": was})
+    assert status == 200, body
+    teams = body["report"]["teams"]
+    assert teams and all(t["baseline"] == t["whatif"] for t in teams), teams
+    assert body["report"]["compared"].startswith("the what-if against the same simulation")
     page, errors = watched(signed_in(browser, r.tokens["boss"]))
     page.goto(r.server.url + "/ui/budget")
     page.wait_for_selector("#budget tbody tr")
-    side = {"owed_gpu_h": 1.0, "by_period": None, "mean_wait_s": None, "preemptions": 0}
-    shown = page.evaluate(
-        """([side, actual]) => {
-          const team = (d) => ({ team: "p/t1", actual: { ...side, delivered_gpu_h: actual },
-                                 whatif: { ...side, delivered_gpu_h: d } });
-          const r = { account: "p/t1", shares: 2, was: 1, report: { start: 0, end: 3600,
-            notes: [], teams: [team(5)], submissions: 1, carried: 0, cycles: 1,
-            policy_version: "v" } };
-          return !!whatifResult(r).querySelector("#whatif-idle");
-        }""",
-        [side, 0.0],
+    text = page.evaluate("(r) => whatifResult(r).innerText", body)
+    table = page.evaluate(
+        "(r) => whatifResult(r).querySelector('#whatif-teams tbody').innerText", body
     )
-    assert shown is True
-    busy = page.evaluate(
-        """(side) => { const t = { team: "p/t1", actual: { ...side, delivered_gpu_h: 3 },
-          whatif: { ...side, delivered_gpu_h: 5 } };
-          return !!whatifResult({ account: "p", shares: 2, was: 1, report: { start: 0, end: 1,
-            notes: [], teams: [t], submissions: 1, carried: 0, cycles: 1, policy_version: "v" }
-          }).querySelector("#whatif-idle"); }""",
-        side,
-    )
-    assert busy is False
+    assert "→" not in table and "no change" in text, text
     assert errors == []

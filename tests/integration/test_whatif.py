@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from ledger.cli import cli
 from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks
 from ledger.dispatch.policy import FairShare
+from ledger.sim import whatif as wi
 from ledger.sim.kernel import KernelExecutor
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
@@ -166,3 +167,47 @@ def test_a_what_if_decided_every_step_waits_for_its_moments_and_says_so(recorded
     refused = CliRunner().invoke(cli, ["--home", str(recorded), "whatif", "--from", str(START),
                                        "--to", str(END), "--step", "0"])  # fmt: skip
     assert refused.exit_code != 0 and "--step" in refused.output, refused.output
+
+
+def test_a_what_if_is_compared_with_the_same_simulation_of_no_change(
+    recorded: Path, tmp_path: Path
+) -> None:
+    """atk49-29 F1: the what-if was compared with what happened, so the simulation's own gap
+    from history (here: deciding every 1,000 s makes ai2's jobs wait, which they did not) was
+    shown as the change's effect. Now the same simulation with no change is run too (same
+    step) and is what the what-if is compared with: a change of nothing shows no difference,
+    what happened stays beside it, and the output says what is compared."""
+    budgets = tmp_path / "budgets.toml"  # lab/vision's shares as they are: no change
+    budgets.write_text('[accounts."lab/vision"]\nkind = "project"\nshares = 1\n')
+    report = whatif(recorded, "--budgets", str(budgets), "--step", "1000s")
+    assert report["compared"].startswith("the what-if against the same simulation with no change")
+    teams = {t["team"]: t for t in report["teams"]}
+    assert {t: d["baseline"] for t, d in teams.items()} == {
+        t: d["whatif"] for t, d in teams.items()
+    }
+    olmo = teams["ai2/olmo"]
+    assert (olmo["actual"]["mean_wait_s"], olmo["whatif"]["mean_wait_s"]) == (0.0, 250.0)
+    out = CliRunner().invoke(cli, ["--home", str(recorded), "whatif", "--from", str(START),
+                                   "--to", str(END), "--budgets", str(budgets), "--step",
+                                   "1000s"])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    assert "compared: the what-if against the same simulation with no change" in out.output
+    table = out.output.split("no change -> what-if")[1].split("note:")[0]
+    assert "delivered: happened" in table and "->" not in table, out.output
+    plain = whatif(recorded)  # no change asked: the simulation against what happened, said
+    assert plain["compared"].startswith("the simulation of the period with no change against")
+    assert all(t["baseline"] is None for t in plain["teams"])
+
+
+def test_a_step_not_shorter_than_the_period_is_refused_in_one_line(recorded: Path) -> None:
+    """atk49-29 F5: `--step 30d` over a 28-day period answered 0 cycles and every job never
+    placed; a step of at least the period is refused, in one line naming the period."""
+    for step in ("9500s", "30d"):  # the period is 9,500 s
+        out = CliRunner().invoke(cli, ["--home", str(recorded), "whatif", "--from", str(START),
+                                       "--to", str(END), "--step", step])  # fmt: skip
+        assert out.exit_code != 0, out.output
+        assert f"--step {step} is not shorter than the period (2h38m)" in out.output, out.output
+    assert wi.step_note(2_419_200.0).startswith("the what-if decided every 2419200 s of the")
+    half = CliRunner().invoke(cli, ["--home", str(recorded), "whatif", "--from", str(START),
+                                    "--to", str(END), "--step", "0.5s"])  # fmt: skip
+    assert half.exit_code != 0 and "contract" not in half.output, half.output

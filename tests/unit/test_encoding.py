@@ -83,6 +83,10 @@ def test_a_head_is_the_gets_headers_with_no_body() -> None:
         (b"br;q=1.0, gzip;q=0.8", True),
         (b"*", True),
         (b"gzip;q=0", False),
+        (b"gzip;q=0, *", False),  # atk49-29 F4: the explicit entry decides, not `*`
+        (b"*, gzip;q=0", False),
+        (b"*;q=0, gzip", True),
+        (b"GZIP;Q=0.5, *;q=0", True),
         (b"identity", False),
         (None, False),
     ],
@@ -97,3 +101,63 @@ def test_a_head_request_reaches_the_app_as_a_get() -> None:
     assert head and scope["method"] == "GET"
     scope, head = encoding.head_as_get({"type": "http", "method": "POST", "path": "/v1/x"})
     assert not head and scope["method"] == "POST"
+
+
+def test_a_head_is_marked_for_the_metrics() -> None:
+    """atk49-29 F7: the metrics counted a HEAD as a GET; the scope the app sees says it."""
+    scope, _ = encoding.head_as_get({"type": "http", "method": "HEAD", "path": "/metrics"})
+    assert scope[encoding.HEAD] is True
+    scope, _ = encoding.head_as_get({"type": "http", "method": "GET", "path": "/metrics"})
+    assert encoding.HEAD not in scope
+
+
+def test_a_gzipped_answer_has_an_etag_of_its_own() -> None:
+    """atk49-29 F9: the gzip'd and the identity answer carried one strong ETag."""
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    async def app(gz: bool) -> None:
+        out = encoding.wrap(send, head=False, gzip_ok=gz)
+        hdrs = [(b"content-type", b"application/javascript"), (b"etag", b'"abc"')]
+        await out({"type": "http.response.start", "status": 200, "headers": hdrs})
+        await out({"type": "http.response.body", "body": BIG, "more_body": False})
+
+    asyncio.run(app(True))
+    assert headers(sent)[b"etag"] == b'"abc-gzip"' and gzip.decompress(sent[1]["body"]) == BIG
+    sent.clear()
+    asyncio.run(app(False))
+    assert headers(sent)[b"etag"] == b'"abc"' and sent[1]["body"] == BIG
+
+
+def test_a_large_answer_that_does_not_change_is_compressed_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """atk49-29 F10: the OpenAPI document (437 KB, no token needed) was gzip'd again for
+    every request. The front keeps the last few large answers' gzip'd bytes, by their bytes."""
+    calls: list[int] = []
+    real = encoding._squeeze
+
+    def counted(body: bytes) -> bytes:
+        calls.append(len(body))
+        return real(body)
+
+    monkeypatch.setattr(encoding, "_squeeze", counted)
+    kept = encoding.Squeezed()
+    big = BIG * 40  # past THREAD_MIN
+    assert len(big) >= encoding.THREAD_MIN
+
+    async def twice() -> list[bytes]:
+        return [await kept.squeeze(big), await kept.squeeze(bytes(big))]
+
+    first, second = asyncio.run(twice())
+    assert first == second and gzip.decompress(first) == big and calls == [len(big)]
+    others = [big + b" " * i for i in range(1, encoding.Squeezed.MOST + 1)]
+
+    async def more() -> None:
+        for body in others:
+            await kept.squeeze(body)
+
+    asyncio.run(more())
+    assert big not in kept.kept and len(kept.kept) == encoding.Squeezed.MOST

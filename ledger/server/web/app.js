@@ -192,14 +192,14 @@ async function teamsPage() {
 const queueState = { user: "", account: "", state: "queued", reason: "", mine: false,
   sort: "order", descending: false, offset: 0, limit: 100 };
 const QUEUE_COLUMNS = [  // [heading, sort column or null, width]
-  ["#", "order", "3.5em"], ["job", "job", "5em"], ["user", "user", "6.5em"], ["account", "account", "8.5em"],
-  ["GPUs", "gpus", "4.5em"], ["state", "state", "5.5em"], ["code", "code", "11em"], ["reason", null, "auto"],
+  ["#", "order", "4.5em"], ["job", "job", "5em"], ["user", "user", "6.5em"], ["account", "account", "10.5em"],
+  ["GPUs", "gpus", "4.5em"], ["state", "state", "5.5em"], ["code", "code", "10em"], ["reason", null, "auto"],
   ["sort key", null, "8em"], ["submitted", "submitted", "8.5em"], ["waiting", null, "5.5em"],
   ["est. start", null, "8.5em"],
 ];
 
 const RUNNING_COLUMNS = [  // the running view (state=running), like squeue -t R: TIME, TIME_LIMIT, TIME_LEFT
-  ["job", "job", "5em"], ["user", "user", "6.5em"], ["account", "account", "8.5em"], ["GPUs", "gpus", "4.5em"],
+  ["job", "job", "5em"], ["user", "user", "6.5em"], ["account", "account", "10.5em"], ["GPUs", "gpus", "4.5em"],
   ["state", "state", "5.5em"], ["nodes", null, "auto"], ["submitted", "submitted", "8.5em"], ["waited", null, "5.5em"],
   ["started", null, "8.5em"], ["elapsed", null, "7em"], ["time limit", null, "7em"], ["remaining", null, "7em"],
 ];
@@ -211,10 +211,18 @@ function stateCell(state, killAt) {
     : el("span", { class: "stopping", "data-kill-at": killAt }, `${state} · SIGKILL by `, timeEl(killAt));
 }
 
+// an account cut in its middle, both ends shown (sibling accounts differ at their end: cut at
+// the end, prog1/segmentation-large and -small both read "prog1/segm…", atk49-29 F3); whole on hover
+function squeezed(s, most = 16) {
+  if (s.length <= most) return s;
+  const head = Math.min(s.indexOf("/") + 1 || 4, Math.floor(most / 2));
+  return `${s.slice(0, head)}…${s.slice(s.length - (most - head - 1))}`;
+}
+
 function queueCells(r, parts, running) {
   if (running) {
     return [td(el("a", { href: `/ui/job?id=${r.job_id}` }, r.job_id)), td(r.user, { title: r.user }),
-      td(r.account, { title: r.account }), td(r.gpus, { class: "num" }), td(stateCell(r.state, r.kill_at)),
+      td(squeezed(r.account), { title: r.account, "data-col": "account" }), td(r.gpus, { class: "num" }), td(stateCell(r.state, r.kill_at)),
       td(r.nodes.join(", ") || "—", { class: "wrap" }), td(timeEl(r.submitted_at)), td(dur(r.waiting_s)),
       td(timeEl(r.started_at)), td(ticking("elapsed", r.started_at), { "data-col": "elapsed" }),
       td(r.time_limit_s === null ? "none" : clock(r.time_limit_s)),
@@ -228,9 +236,10 @@ function queueCells(r, parts, running) {
       r.time_limit_s === null || r.started_at === null ? "" : " · left ",
       r.time_limit_s === null || r.started_at === null ? "" : ticking("remaining", r.started_at, r.time_limit_s)]
     : localised(r.reason);
-  return [td(r.order === null ? "—" : r.order, { class: "num", "data-col": "order" }),
+  // its position whole at every width (4.5em: "9…" for every position from 1,000 on: atk49-29 F2)
+  return [td(r.order === null ? "—" : r.order, { class: "num", "data-col": "order", title: r.order === null ? null : `#${r.order} in dispatch order` }),
     td(el("a", { href: `/ui/job?id=${r.job_id}` }, r.job_id)), td(r.user, { title: r.user }),
-    td(r.account, { title: r.account }), td(r.gpus, { class: "num" }), td(stateCell(r.state, r.kill_at)),
+    td(squeezed(r.account), { title: r.account, "data-col": "account" }), td(r.gpus, { class: "num" }), td(stateCell(r.state, r.kill_at)),
     td(r.code, { "data-col": "code", title: r.code }), td(reason, { class: "wrap", "data-col": "reason" }),
     td(parts.map(keyPart), { class: "wrap" }),
     td(timeEl(r.submitted_at)), td(dur(r.waiting_s)), td(timeEl(r.estimated_start_at))];
@@ -663,22 +672,20 @@ async function runWhatif(child, shares) {
 function whatifResult(r) {
   const rep = r.report;
   const notes = [...new Set(rep.notes)];
-  // what happened placed nothing (a server with `--executor none` places nothing) while the
-  // what-if placed work: the two columns then differ by more than the change
-  const idle = rep.teams.every((t) => !t.actual.delivered_gpu_h) && rep.teams.some((t) => t.whatif.delivered_gpu_h > 0);
+  // against the same simulation with no change (atk49-29 F1); what happened beside it
+  const base = (t) => t.baseline ?? t.actual;
   const pair = (a, b, f) => (f(a) === f(b) ? f(a) : `${f(a)} → ${f(b)}`);
+  const col = (t, k, f, c) => td(pair(base(t)[k], t.whatif[k], f), { class: "num", "data-col": c });
   const rows = rep.teams.map((t) => el("tr", { "data-team": t.team },
-    td(t.team), td(pair(t.actual.owed_gpu_h, t.whatif.owed_gpu_h, (x) => num(x, 1)), { class: "num", "data-col": "owed" }),
-    td(pair(t.actual.delivered_gpu_h, t.whatif.delivered_gpu_h, (x) => num(x, 1)), { class: "num", "data-col": "delivered" }),
-    td(pair(t.actual.by_period, t.whatif.by_period, pct), { class: "num", "data-col": "by_period" }),
-    td(pair(t.actual.mean_wait_s, t.whatif.mean_wait_s, dur), { class: "num", "data-col": "mean_wait" }),
-    td(pair(t.actual.preemptions, t.whatif.preemptions, String), { class: "num", "data-col": "preemptions" })));
+    td(t.team), col(t, "owed_gpu_h", (x) => num(x, 1), "owed"), col(t, "delivered_gpu_h", (x) => num(x, 1), "delivered"),
+    col(t, "by_period", pct, "by_period"), col(t, "mean_wait_s", dur, "mean_wait"), col(t, "preemptions", String, "preemptions"),
+    td(num(t.actual.delivered_gpu_h, 1), { class: "num", "data-col": "happened" })));
+  const same = r.shares === r.was ? ` (the shares it has now: no change, so the two sides should not differ)` : "";
   return el("div", { id: "whatif-result", "data-start": rep.start, "data-end": rep.end, "data-shares": r.shares },
-    el("p", { class: "muted" }, `${r.account}: shares ${r.was} → ${r.shares}; `, timeEl(rep.start), " – ", timeEl(rep.end),
-      ` (the last 4 weeks; accounts opened, members and shares changed meanwhile as recorded): ${rep.submissions} submissions (+${rep.carried} active at the start), ${rep.cycles} cycles${rep.step_s ? ` (deciding every ${rep.step_s} s)` : ""}, policy ${rep.policy_version}. Actual → what-if:`),
-    idle ? el("p", { class: "err", id: "whatif-idle" }, "Nothing was delivered in what happened (was anything placed? a server " +
-      "with --executor none places nothing), while the what-if places the same submissions: the difference is not the change's effect alone.") : null,
-    table(["team", "owed GPU-h", "delivered GPU-h", "delivered/owed", "mean wait", "preemptions"], rows, { id: "whatif-teams" }),
+    el("p", { class: "muted" }, `${r.account}: shares ${r.was} → ${r.shares}${same}; `, timeEl(rep.start), " – ", timeEl(rep.end),
+      ` (the last 4 weeks; accounts opened, members and shares changed meanwhile as recorded): ${rep.submissions} submissions (+${rep.carried} active at the start), ${rep.cycles} cycles${rep.step_s ? ` (deciding every ${rep.step_s} s)` : ""}, policy ${rep.policy_version}.`),
+    el("p", { id: "whatif-compared" }, `Compared: ${rep.compared}. No change → what-if:`),
+    table(["team", "owed GPU-h", "delivered GPU-h", "delivered/owed (by period, capped at 100%)", "mean wait", "preemptions", "delivered GPU-h: happened"], rows, { id: "whatif-teams" }),
     notes.slice(0, 8).map((n) => el("p", { class: "muted note" }, "note: ", ...localised(n))),
     notes.length > 8 ? el("p", { class: "muted" }, `… and ${notes.length - 8} more notes`) : null);
 }
@@ -694,7 +701,7 @@ function whatifPanel(data, child) {
   return el("div", { id: "whatif", class: "card" },
     el("h3", {}, `What if ${child.account} held other shares?`),
     el("p", {}, "Shares ", input, ` (now ${child.raw_shares}; its siblings keep theirs) `, run),
-    el("p", { class: "muted" }, "The server re-simulates the last 4 weeks' submissions (at most) with it and compares per team with what happened. Nothing is changed."),
+    el("p", { class: "muted" }, "The server re-simulates the last 4 weeks' submissions (at most) twice, with and without the change (twice the time), and compares per team; what happened is beside them. Nothing is changed."),
     budgetState.error ? el("p", { class: "err", id: "whatif-error" }, budgetState.error) : null,
     budgetState.running ? el("p", { id: "whatif-running", class: "muted" }, "The what-if is running…") : null,
     shown ? whatifResult(shown) : null);
@@ -719,7 +726,8 @@ async function budgetPage(first) {
     td(num(c.usage_gpu_hours, 1), { class: "num", "data-col": "usage" }),
     td(num(c.owed_gpu_hours, 1), { class: "num", "data-col": "owed" }),
     td(num(c.delivered_gpu_hours, 1), { class: "num", "data-col": "delivered" }),
-    td(pct(c.by_period), { class: "num", "data-col": "by_period" }),
+    td(pct(c.by_period), { class: "num", "data-col": "by_period", title: c.owed_gpu_hours > 0 // the uncapped ratio (atk49-29 F6)
+      ? `${(100 * c.delivered_gpu_hours / c.owed_gpu_hours).toFixed(1)}% uncapped (delivered / owed)` : null }),
     td(el("button", { type: "button", class: "whatif", on: { click: () => { budgetState.whatif = c.account; budgetState.shares = null; budgetState.result = null; budgetState.error = null; refresh(); } } }, "what if…"))));
   const chosen = data.children.find((c) => c.account === budgetState.whatif);
   main(el("h1", {}, `Budget review: ${data.account || "the programs"}`),
@@ -727,7 +735,7 @@ async function budgetPage(first) {
     el("p", { id: "budget-period", "data-start": data.start, "data-at": data.at, class: "muted" },
       "Each child's shares of its parent, and over the last 4 weeks (", timeEl(data.start), " – ", timeEl(data.at),
       "): funded usage, owed (its share of the capacity, capped hour by hour by its demand) and delivered."),
-    table(["account", "kind", "RawShares", "NormShares", "usage GPU-h", "owed GPU-h", "delivered GPU-h", "delivered/owed", ""],
+    table(["account", "kind", "RawShares", "NormShares", "usage GPU-h", "owed GPU-h", "delivered GPU-h", "delivered/owed (by period, capped at 100%)", ""],
       rows, { id: "budget" }),
     chosen ? whatifPanel(data, chosen) : null);
 }
