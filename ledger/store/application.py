@@ -613,9 +613,10 @@ class Ledger(Application[UUID]):
         eid: str,
         batch: dict[str, int],
         outcomes: list[tuple[int, list[AnyEvent]] | LedgerError | Appended],
-    ) -> LedgerError | Appended:
+    ) -> tuple[int, list[AnyEvent]] | LedgerError | Appended:
         """The answer to a command whose key was seen: what its first try appended (its first
-        event), or what the first try's slot in this batch got."""
+        event), or what the first try's slot in this batch gets: its very outcome, answered as
+        the first copy's after the commit (atk49 F1: not refused while the first commits)."""
         slot = batch.get(eid[:KEY_PART])
         if slot is not None:
             first = outcomes[slot]
@@ -624,9 +625,7 @@ class Ledger(Application[UUID]):
                     "this key was used for a different request",
                     hint="use a new Idempotency-Key for each command; a retry sends the same one",
                 )
-            if isinstance(first, LedgerError | Appended):
-                return first
-            return LedgerError("the same key twice in one batch", hint="one key per command")
+            return first
         if not self.requests.same_request(eid):
             return Conflict(
                 "this key was used for a different request",
