@@ -55,6 +55,17 @@ def store_schema(env: Mapping[str, str] | None = None) -> str:
     return name
 
 
+def no_ledger(path: str, schema: str) -> Exception:
+    """The one line for a PostgreSQL store whose `schema` holds no ledger (`path`: redacted)."""
+    from schemas.errors import InvalidCommand
+
+    return InvalidCommand(
+        f"the PostgreSQL store {path} holds no ledger in schema {schema!r}",
+        hint=f"set {SCHEMA_VARIABLE} to the schema it was initialised in (or run `gpuledger "
+        "init --store` first); nothing was created",
+    )
+
+
 def is_postgres(store: str | None) -> bool:
     """Is `store` a PostgreSQL DSN (a URL, or a key=value conninfo starting `host=`...)?"""
     if not store:
@@ -188,6 +199,7 @@ class PgSource:
         schema = store_schema() if schema is None else schema
         self.path = redacted(dsn)
         self._light = light and _libpq_loads()
+        self.schema = schema
         self._events = f"{_ident(schema)}.{_ident(EVENTS_TABLE)}"
         self._snapshots = f"{_ident(schema)}.{_ident(SNAPSHOTS_TABLE)}"
         self._con = self._connect()
@@ -222,8 +234,8 @@ class PgSource:
                     cur.execute(query, params, prepare=True)
                     rows: list[tuple[Any, ...]] = cur.fetchall()
                     return rows
-            except psycopg.errors.UndefinedTable:
-                return []  # a store nothing was recorded in yet
+            except psycopg.errors.UndefinedTable as err:
+                return self._no_table(query, err)
             except psycopg.Error as err:
                 broken = isinstance(err, psycopg.OperationalError) or self._con.closed
                 if broken:
@@ -248,7 +260,7 @@ class PgSource:
                 return rows
             except PqError as err:
                 if err.sqlstate == UNDEFINED_TABLE:
-                    return []  # a store nothing was recorded in yet
+                    return self._no_table(query, err)
                 if err.broken:
                     self._con.close()
                     if attempt == 0:
@@ -258,6 +270,14 @@ class PgSource:
                     path=self.path,
                 ) from err
         raise AssertionError("unreachable")
+
+    def _no_table(self, query: str, err: BaseException) -> list[tuple[Any, ...]]:
+        """No snapshots table: no snapshots. No events table: no ledger in this schema, said
+        in one line (a read run without GPULEDGER_PG_SCHEMA, the ledger in another schema,
+        read an empty log: "chain intact over 0 events", an empty job list: atk49 F3)."""
+        if self._events not in query:
+            return []
+        raise no_ledger(self.path, self.schema) from err
 
     def read(self, after: int, limit: int) -> list[LogRecord]:
         return [LogRecord(p, t, d) for p, t, d in self.read_rows(after, limit)]
