@@ -76,9 +76,14 @@ def is_postgres(store: str | None) -> bool:
     )
 
 
+SECRETS = ("password", "sslpassword")
+"""libpq's parameters that hold a secret: the password, the client key's pass phrase (atk49 F5:
+`sslpassword` was shown in clear in errors and the server's log)."""
+
+
 def redacted(dsn: str) -> str:
     """`dsn` without its password, for logs, status and errors, however libpq lets it be
-    written (atk48-ha F1): a URL's user info or `password` query item (its key percent-encoded
+    written (atk48-ha F1), and `sslpassword` alike (`SECRETS`): a URL's user info or `password` query item (its key percent-encoded
     or not, any case), a key=value conninfo's `password` as libpq itself parses it (spaces
     around `=`, a quoted value with spaces). A conninfo libpq cannot parse is shown by its
     keys only."""
@@ -92,10 +97,11 @@ def redacted(dsn: str) -> str:
             netloc = f"{user}:***@" + parts.netloc.rpartition("@")[2]
             parts = parts._replace(netloc=netloc)
         query = "&".join(
-            "password=***" if unquote(q.partition("=")[0]).strip().lower() == "password" else q
+            f"{q.partition('=')[0]}=***" if unquote(q.partition("=")[0]).strip().lower() in SECRETS
+            else q
             for q in parts.query.split("&")
             if q
-        )
+        )  # fmt: skip
         shown = urlunsplit(parts._replace(query=query))
         if not parts.netloc:  # urlunsplit drops the `//` of an empty host
             shown = shown.replace(f"{parts.scheme}:", f"{parts.scheme}://", 1)
@@ -107,8 +113,9 @@ def redacted(dsn: str) -> str:
     except Exception:
         keys = re.findall(r"([A-Za-z_]+)\s*=", dsn)
         return " ".join(f"{k}=..." for k in keys) or "(a DSN that does not parse)"
-    if "password" in params:
-        params["password"] = "***"
+    for key in SECRETS:
+        if key in params:
+            params[key] = "***"
     return make_conninfo("", **params)
 
 
