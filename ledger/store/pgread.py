@@ -83,10 +83,10 @@ SECRETS = ("password", "sslpassword")
 
 def redacted(dsn: str) -> str:
     """`dsn` without its password, for logs, status and errors, however libpq lets it be
-    written (atk48-ha F1), and `sslpassword` alike (`SECRETS`): a URL's user info or `password` query item (its key percent-encoded
-    or not, any case), a key=value conninfo's `password` as libpq itself parses it (spaces
-    around `=`, a quoted value with spaces). A conninfo libpq cannot parse is shown by its
-    keys only."""
+    written (atk48-ha F1), and `sslpassword` alike (`SECRETS`): a URL's user info or
+    `password` query item (its key percent-encoded or not, any case), a key=value conninfo's
+    `password` as libpq itself parses it (spaces around `=`, a quoted value with spaces). A
+    conninfo libpq cannot parse is shown by its keys only."""
     if "://" in dsn:
         try:
             parts = urlsplit(dsn)
