@@ -183,8 +183,9 @@ class Ctx:
                     hint="run `gpuledger init --admin USER` or pass --home",
                 )
             from ledger.store.application import Ledger
+            from ledger.store.creating import NewLedger  # `init`: a new store's tables
 
-            self._ledger = Ledger(self.home, live=live)
+            self._ledger = (Ledger if must_exist else NewLedger)(self.home, live=live)
         return self._ledger
 
     def close(self) -> None:

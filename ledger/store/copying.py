@@ -56,9 +56,9 @@ def write_log(
     """Write the log `pages` hold into the empty store of `home` (`store`: a PostgreSQL DSN, or
     None / "sqlite" for the SQLite file in `home`), checking positions and the chain as it goes;
     then the snapshots (position, bytes) whose position it holds."""
-    from ledger.store.application import Ledger
+    from ledger.store.creating import NewLedger
 
-    ledger = Ledger(home, store=store or "sqlite")
+    ledger = NewLedger(home, store=store or "sqlite")
     try:
         if ledger.head():
             raise CopyError(

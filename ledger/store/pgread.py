@@ -55,6 +55,17 @@ def store_schema(env: Mapping[str, str] | None = None) -> str:
     return name
 
 
+def no_ledger(path: str, schema: str) -> Exception:
+    """The one line for a PostgreSQL store whose `schema` holds no ledger (`path`: redacted)."""
+    from schemas.errors import InvalidCommand
+
+    return InvalidCommand(
+        f"the PostgreSQL store {path} holds no ledger in schema {schema!r}",
+        hint=f"set {SCHEMA_VARIABLE} to the schema it was initialised in (or run `gpuledger "
+        "init --store` first); nothing was created",
+    )
+
+
 def is_postgres(store: str | None) -> bool:
     """Is `store` a PostgreSQL DSN (a URL, or a key=value conninfo starting `host=`...)?"""
     if not store:
@@ -65,12 +76,17 @@ def is_postgres(store: str | None) -> bool:
     )
 
 
+SECRETS = ("password", "sslpassword")
+"""libpq's parameters that hold a secret: the password, the client key's pass phrase (atk49 F5:
+`sslpassword` was shown in clear in errors and the server's log)."""
+
+
 def redacted(dsn: str) -> str:
     """`dsn` without its password, for logs, status and errors, however libpq lets it be
-    written (atk48-ha F1): a URL's user info or `password` query item (its key percent-encoded
-    or not, any case), a key=value conninfo's `password` as libpq itself parses it (spaces
-    around `=`, a quoted value with spaces). A conninfo libpq cannot parse is shown by its
-    keys only."""
+    written (atk48-ha F1), and `sslpassword` alike (`SECRETS`): a URL's user info or
+    `password` query item (its key percent-encoded or not, any case), a key=value conninfo's
+    `password` as libpq itself parses it (spaces around `=`, a quoted value with spaces). A
+    conninfo libpq cannot parse is shown by its keys only."""
     if "://" in dsn:
         try:
             parts = urlsplit(dsn)
@@ -81,10 +97,11 @@ def redacted(dsn: str) -> str:
             netloc = f"{user}:***@" + parts.netloc.rpartition("@")[2]
             parts = parts._replace(netloc=netloc)
         query = "&".join(
-            "password=***" if unquote(q.partition("=")[0]).strip().lower() == "password" else q
+            f"{q.partition('=')[0]}=***" if unquote(q.partition("=")[0]).strip().lower() in SECRETS
+            else q
             for q in parts.query.split("&")
             if q
-        )
+        )  # fmt: skip
         shown = urlunsplit(parts._replace(query=query))
         if not parts.netloc:  # urlunsplit drops the `//` of an empty host
             shown = shown.replace(f"{parts.scheme}:", f"{parts.scheme}://", 1)
@@ -96,8 +113,9 @@ def redacted(dsn: str) -> str:
     except Exception:
         keys = re.findall(r"([A-Za-z_]+)\s*=", dsn)
         return " ".join(f"{k}=..." for k in keys) or "(a DSN that does not parse)"
-    if "password" in params:
-        params["password"] = "***"
+    for key in SECRETS:
+        if key in params:
+            params[key] = "***"
     return make_conninfo("", **params)
 
 
@@ -188,6 +206,7 @@ class PgSource:
         schema = store_schema() if schema is None else schema
         self.path = redacted(dsn)
         self._light = light and _libpq_loads()
+        self.schema = schema
         self._events = f"{_ident(schema)}.{_ident(EVENTS_TABLE)}"
         self._snapshots = f"{_ident(schema)}.{_ident(SNAPSHOTS_TABLE)}"
         self._con = self._connect()
@@ -222,8 +241,8 @@ class PgSource:
                     cur.execute(query, params, prepare=True)
                     rows: list[tuple[Any, ...]] = cur.fetchall()
                     return rows
-            except psycopg.errors.UndefinedTable:
-                return []  # a store nothing was recorded in yet
+            except psycopg.errors.UndefinedTable as err:
+                return self._no_table(query, err)
             except psycopg.Error as err:
                 broken = isinstance(err, psycopg.OperationalError) or self._con.closed
                 if broken:
@@ -248,7 +267,7 @@ class PgSource:
                 return rows
             except PqError as err:
                 if err.sqlstate == UNDEFINED_TABLE:
-                    return []  # a store nothing was recorded in yet
+                    return self._no_table(query, err)
                 if err.broken:
                     self._con.close()
                     if attempt == 0:
@@ -258,6 +277,14 @@ class PgSource:
                     path=self.path,
                 ) from err
         raise AssertionError("unreachable")
+
+    def _no_table(self, query: str, err: BaseException) -> list[tuple[Any, ...]]:
+        """No snapshots table: no snapshots. No events table: no ledger in this schema, said
+        in one line (a read run without GPULEDGER_PG_SCHEMA, the ledger in another schema,
+        read an empty log: "chain intact over 0 events", an empty job list: atk49 F3)."""
+        if self._events not in query:
+            return []
+        raise no_ledger(self.path, self.schema) from err
 
     def read(self, after: int, limit: int) -> list[LogRecord]:
         return [LogRecord(p, t, d) for p, t, d in self.read_rows(after, limit)]

@@ -42,7 +42,14 @@ from psycopg_pool import ConnectionPool
 from psycopg_pool.base import AttemptWithBackoff
 
 from ledger.store.lease import NOT_COMMITTING, SCHEMA_LOCK, SYNC_WAIT
-from ledger.store.pgread import EVENTS_TABLE, connect, connect_params, redacted, store_schema
+from ledger.store.pgread import (
+    EVENTS_TABLE,
+    connect,
+    connect_params,
+    no_ledger,
+    redacted,
+    store_schema,
+)
 from schemas.errors import Unavailable
 
 RETRY_FOR_S = 4.0
@@ -78,11 +85,22 @@ class _Bounded:
     def create_table(self) -> None:
         """eventsourcing's tables, types and functions, made under the ledger's advisory lock:
         servers started together replaced its function at once and one died at start ("tuple
-        concurrently updated"; its CREATE TYPE: a duplicate key) (atk39-28 F4)."""
+        concurrently updated"; its CREATE TYPE: a duplicate key) (atk39-28 F4). Made only by
+        what makes a ledger (`init --store`, `store copy`: `may_create`); a table that is there
+        is read, never made again (a read-only command made tables in `public`, and every
+        start committed DDL: atk49 F3, F7); a ledger's events table that is not there is one
+        line naming the schema, nothing created."""
         import psycopg
 
-        pool = self.datastore.pool  # type: ignore[attr-defined]
-        with psycopg.connect(**pool.kwargs, autocommit=True) as con:
+        store = self.datastore  # type: ignore[attr-defined]
+        table = f'"{store.schema}"."{self.events_table_name}"'  # type: ignore[attr-defined]
+        with psycopg.connect(**store.pool.kwargs, autocommit=True) as con:
+            row = con.execute("SELECT to_regclass(%s) IS NOT NULL AS t", (table,)).fetchone()
+            if row and row["t"]:
+                store.register_type_adapters()  # as eventsourcing's create_table ends
+                return
+            if not getattr(store, "may_create", False) and self.events_table_name == EVENTS_TABLE:  # type: ignore[attr-defined]
+                raise no_ledger(redacted(store.dsn), store.schema)
             con.execute(f"SELECT pg_advisory_lock({SCHEMA_LOCK})")  # let go with the connection
             super().create_table()  # type: ignore[misc]
 
@@ -92,7 +110,13 @@ class _Bounded:
 
 
 class LedgerAggregateRecorder(_Bounded, PostgresAggregateRecorder):
-    """eventsourcing's aggregate recorder (the snapshots), with bounded retries (`_Bounded`)."""
+    """eventsourcing's aggregate recorder (the snapshots), with bounded retries (`_Bounded`):
+    a snapshot's insert too (eventsourcing's ten tries of 3 s each held a stop ~32 s while the
+    store was down: atk49 F2)."""
+
+    def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Any:
+        fn = PostgresAggregateRecorder.insert_events.__wrapped__
+        return self._bounded(fn, stored_events, **kwargs)
 
 
 class LedgerPostgresRecorder(_Bounded, PostgresApplicationRecorder):
@@ -304,6 +328,8 @@ class LedgerPostgresFactory(PostgresFactory):
             schema=store_schema(),  # the one setting every entry point reads (not `self.env`:
             # the relay's factory is given the DSN alone, and wrote `public` meanwhile)
         )
+        self.datastore.dsn = dsn  # type: ignore[attr-defined]
+        self.datastore.may_create = bool(self.env.get("GPULEDGER_STORE_CREATE"))  # type: ignore[attr-defined]
         # no append waits for a lock (the lease row during a takeover, a position another
         # writer holds) longer than this; eventsourcing's LOCK TABLE had it, this path has none
         lock_timeout = f"-c lock_timeout={self.datastore.lock_timeout}s"

@@ -23,6 +23,7 @@ import pytest
 from ledger.core.decide import decide
 from ledger.store import lease, locate
 from ledger.store.application import Ledger
+from ledger.store.creating import NewLedger
 from ledger.store.pgread import PgSource
 from ledger.store.requests import KEY_PART, keyed_id
 from schemas import commands as c
@@ -34,7 +35,7 @@ from tests.integration.serverkit import cli, init_on_store, make_token
 
 def base(home: Path, dsn: str) -> Ledger:
     locate.remember(home, dsn)
-    led = Ledger(home)
+    led = NewLedger(home)  # makes the store's tables
     led.execute(c.InitLedger(actor="root", admin="root"))
     led.execute_all(
         [

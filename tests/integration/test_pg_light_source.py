@@ -14,6 +14,7 @@ from ledger.store import locate, snapshots
 from ledger.store.application import Ledger
 from ledger.store.pgread import PgSource
 from projections.errors import SourceUnavailable
+from schemas.errors import InvalidCommand
 from tests.integration.serverkit import set_up_ledger
 
 
@@ -46,9 +47,13 @@ def test_the_light_reader_reads_what_psycopg_reads(dsn: str) -> None:
         assert all(isinstance(d, bytes) for _, _, d in light.read_rows(0, 1000))
 
 
-def test_an_empty_store_reads_as_empty(pg_store: str) -> None:
-    with PgSource(pg_store, light=True) as light:
-        assert light.head() == 0 and light.read(0, 10) == [] and light.snapshots("x", 1) == []
+def test_a_store_with_no_ledger_in_its_schema_is_refused_in_one_line(pg_store: str) -> None:
+    """Not read as an empty log (atk49 F3: "chain intact over 0 events", an empty job list)."""
+    for light_or_not in (True, False):
+        with PgSource(pg_store, light=light_or_not) as source:
+            assert source.snapshots("x", 1) == []  # no snapshots table: no snapshots
+            with pytest.raises(InvalidCommand, match="holds no ledger in schema 'public'"):
+                source.head()
 
 
 def test_a_store_that_does_not_answer_is_one_line() -> None:

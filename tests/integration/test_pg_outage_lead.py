@@ -120,3 +120,27 @@ def test_the_synchronous_standby_lost_is_said_by_health_status_and_writes_and_th
     waits.wait_for("health to clear", lambda: not any(
         (m.health() or {}).get("store_error") for m in g.members), 30, g.why)  # fmt: skip
     _submitted_once(g, subs)
+
+
+def test_a_standby_stopped_while_postgresql_is_down_stops_in_seconds(
+    pg_pair: Pg, pair_group: tuple[Group, str]
+) -> None:
+    """atk49 F2: a standby SIGTERMed while the store was down said "stopped cleanly" and exited
+    ~32 s later: its ledger, closed after `serve` returned, took a snapshot through
+    eventsourcing's ten tries of the pool's 3 s. The leader too, stopped after it."""
+    g, token = pair_group
+    leader = g.leader()
+    other = next(m for m in g.members if m is not leader)
+    subs = Submitters(g, token, n=2)
+    try:
+        subs.more(10, "submits before the outage", g.why)  # the standby folds what it snapshots
+    finally:
+        subs.finish()
+    waits.wait_for("the standby at the leader's position", lambda: (other.health() or {}).get(
+        "head") == (leader.health() or {}).get("head"), 30, g.why)  # fmt: skip
+    pg_pair.run("down")
+    time.sleep(2.0)
+    took = _stopped_within(other, STOP_S)
+    print(f"\nstop of the standby 2 s into the outage: {took:.2f} s")
+    took = _stopped_within(leader, STOP_S)
+    print(f"stop of the leader then: {took:.2f} s")

@@ -16,7 +16,10 @@ STARTS, ROUNDS = 4, 15
 
 
 def test_recorders_made_at_once_on_one_store_never_fail(pg_store: str) -> None:
-    env = Environment("gpuledger", {"GPULEDGER_STORE_DSN": pg_store, "CREATE_TABLE": "n"})
+    env = Environment(
+        "gpuledger",
+        {"GPULEDGER_STORE_DSN": pg_store, "CREATE_TABLE": "n", "GPULEDGER_STORE_CREATE": "1"},
+    )
     factories = [LedgerPostgresFactory(env) for _ in range(STARTS)]
     recorders = [f.application_recorder() for f in factories]
     errors: list[BaseException] = []

@@ -101,3 +101,30 @@ def test_a_schema_setting_that_is_no_plain_name_or_no_schema_is_refused_in_one_l
     assert missing.returncode != 0
     lines = [ln for ln in missing.stderr.splitlines() if ln.strip()]
     assert len(lines) <= 2 and "no schema 'nosuch'" in lines[0], missing.stderr
+
+
+def test_a_command_without_the_schema_setting_refuses_in_one_line_and_creates_nothing(
+    tmp_path: Path, pg_store: str
+) -> None:
+    """atk49 F3: run without GPULEDGER_PG_SCHEMA (a cron job, an auditor's shell) against a
+    ledger in another schema, the audit said "chain intact over 0 events", `jobs` listed none,
+    and the reads and `serve` made eventsourcing's tables in `public`."""
+    with psycopg.connect(pg_store, autocommit=True) as con:
+        con.execute(f'CREATE SCHEMA "{SCHEMA}"')
+    home = tmp_path / "ledger"
+    cli(home, "init", "--admin", "root", "--store", pg_store, GPULEDGER_PG_SCHEMA=SCHEMA)
+    before = _tables(pg_store)
+    assert {s for s, _ in before} == {SCHEMA}, before
+    for args in (("audit", "verify"), ("audit", "check"), ("audit", "sql", "SELECT 1"),
+                 ("jobs",), ("replay", "--all")):  # fmt: skip
+        got = cli(home, *args, ok=False, GPULEDGER_USER="root")
+        lines = [ln for ln in got.stderr.splitlines() if ln.strip()]
+        assert got.returncode != 0 and lines, (args, got.stdout, got.stderr)
+        assert "holds no ledger in schema 'public'" in lines[0], (args, got.stderr)
+        assert "GPULEDGER_PG_SCHEMA" in got.stderr and "Traceback" not in got.stderr, got.stderr
+        assert "intact" not in got.stdout, got.stdout
+    served = cli(tmp_path / "other", "serve", "--store", pg_store, "--listen", "127.0.0.1:0",
+                 ok=False, timeout=60)  # fmt: skip
+    assert served.returncode != 0, served.stderr
+    assert "holds no ledger in schema 'public'" in served.stderr, served.stderr
+    assert _tables(pg_store) == before  # nothing made in `public`

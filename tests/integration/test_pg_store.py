@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from ledger.cli import cli
 from ledger.store import EVENTS_DB, locate
 from ledger.store.application import Ledger
+from ledger.store.creating import NewLedger
 from schemas import commands as c
 
 
@@ -27,7 +28,7 @@ def run(*args: str, code: int = 0) -> str:
 
 def small_ledger(home: Path, store: str | None = None) -> int:
     """A ledger with a node, a project and three pending jobs; its head position."""
-    led = Ledger(home, store=store, live=True)
+    led = NewLedger(home, store=store, live=True)  # makes a new store's tables
     try:
         led.execute(c.InitLedger(actor="root", admin="root"))
         led.execute_all(
@@ -83,7 +84,7 @@ def test_copy_sqlite_to_postgresql_and_back_is_byte_for_byte(tmp_path: Path, pg_
     assert sqlite_rows(back) == sqlite_rows(src)
     assert relay_progress.rows(open_store(back)) == [("gpuledger.events", n - 1)]
     # the copy is a ledger: it opens, folds to the same state and takes writes
-    a, b = Ledger(src, live=True), Ledger(tmp_path / "pg", store=pg_store, live=True)
+    a, b = Ledger(src, live=True), NewLedger(tmp_path / "pg", store=pg_store, live=True)
     try:
         assert (a.position, a.last_hash, sorted(a.state.jobs)) == (
             b.position,

@@ -15,6 +15,7 @@ from kafka import KafkaProducer
 
 from ledger.store import locate, relay_progress
 from ledger.store.application import Ledger
+from ledger.store.creating import NewLedger
 from ledger.store.relay import RawRecord, ensure_topic, open_store, read_raw
 from ledger.store.relay_service import RelayService, health_path
 from projections.kafka_source import KafkaSource
@@ -96,7 +97,7 @@ def test_a_server_with_no_relay_json_publishes_the_events_before_a_rebuilt_copy(
     home = tmp_path / "a"
     if takeover == "postgresql":
         locate.remember(home, request.getfixturevalue("pg_store"))
-    led = Ledger(home, live=True)
+    led = NewLedger(home, live=True)  # makes the store's tables
     try:
         led.execute(c.InitLedger(actor="root", admin="root"))
         led.execute_all(ORG + [JOB] * 5)

@@ -41,6 +41,10 @@ def test_libpqs_own_words_about_a_bad_dsn_lose_its_password(dsn: str) -> None:
         "postgresql://g@h:1/g?pass%77ord=Secr3t",  # a percent-encoded key libpq decodes
         "postgresql:///db?host=/tmp&password=Secr3t",
         "host=h password='Secr3t unterminated",  # libpq cannot parse it: keys only
+        # the client key's pass phrase (atk49 F5: shown in errors and the server's log)
+        "postgresql://u:S1@h:1/g?sslpassword=Secr3t&target_session_attrs=read-write",
+        "postgresql://u@h/g?ssl%70assword=Secr3t",
+        "host=127.0.0.1 user=u password=S2 sslpassword=Secr3t sslmode=require",
     ],
 )
 def test_every_spelling_libpq_takes_of_a_password_is_hidden(dsn: str) -> None:

@@ -30,6 +30,13 @@ def test_a_key_reused_for_a_different_command_is_refused_and_a_retry_is_answered
     ), other
     both = org_ledger.execute_each([submit(1), submit(3)], ["k-2", "k-2"])
     assert isinstance(both[0], Appended) and isinstance(both[1], Conflict), both
+    # two copies in one batch (a standby's forward and the client's retry, atk49 F1): the
+    # second is answered with the first's success, not refused while the first commits
+    twice = org_ledger.execute_each([submit(4), submit(4)], ["k-3", "k-3"])
+    assert all(isinstance(o, Appended) for o in twice), twice
+    assert twice[0] == twice[1], twice
+    later = org_ledger.execute_each([submit(4)], ["k-3"])[0]
+    assert isinstance(later, Appended) and later.events == twice[0].events, later  # type: ignore[union-attr]
     bob = org_ledger.execute_each(
         [c.SubmitJob(actor="bob", account="ai2/olmo", gpus=2, min_runtime_s=60)], ["k-1"]
     )[0]
