@@ -250,8 +250,11 @@ def home(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def ledger(home: Path, clock: SimClock) -> Iterator[Ledger]:
-    """An initialised, empty ledger (admin `root`) on the real SQLite store."""
-    led = Ledger(home, clock, seeded_ids(1))
+    """An initialised, empty ledger (admin `root`) on the home's store (SQLite, or the PostgreSQL
+    database `any_home` names: made by `NewLedger`, as `init --store` does)."""
+    from ledger.store.creating import NewLedger
+
+    led = NewLedger(home, clock, seeded_ids(1))
     led.execute(c.InitLedger(actor="root", admin="root"))
     yield led
     led.close()

@@ -279,10 +279,11 @@ def test_a_hung_broker_is_unavailable_for_a_relay_on_a_postgresql_store(
     PostgreSQL store has none, so it never checked: with the broker hung, `relay status` said
     `publishing` (and relay.json was never written again). It reads the home's store now."""
     from ledger.store import locate
+    from ledger.store.creating import NewLedger
 
     home = tmp_path / "home"
     locate.remember(home, pg_store)
-    led = Ledger(home, live=True)
+    led = NewLedger(home, live=True)  # makes the store's tables, as `init --store` does
     led.execute(c.InitLedger(actor="root", admin="root"))
     service = RelayService(
         home, own_broker.bootstrap, topic="pg-status", transactional_id="pg-status-relay",
