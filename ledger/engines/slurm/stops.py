@@ -461,7 +461,7 @@ def bounded_grace(own: float | None, service_s: float) -> float:
     the ledger's word) at most `MAX_GRACE_S`, as on the agents (`schemas.bounds.job_grace`):
     a job recorded with an hour before the cap (its comment `grace=3600`) no longer outlives its
     limit or a cancel by an hour, nor does Slurm's `--time` backstop wait for it (atk46-23 F7);
-    none of its own: the service's (the admin's, not capped)."""
+    none of its own: the service's, under the same cap (`serve --grace` above it is refused)."""
     return capped_grace(own, service_s)
 
 
