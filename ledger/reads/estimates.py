@@ -239,13 +239,13 @@ INF = float("inf")
 def victim_free_at(job: Job | None, contract_ends_at: float, default_s: float) -> float:
     """Pure: when a running job's GPUs come free if it is preempted as its contract ends: its
     contract counted from its real start when known (`Job.contract_ends_at`, as the dispatcher
-    on Slurm counts it; never earlier than the snapshot's), plus its grace (its own, else the
-    service's `default_s`), SIGTERM to SIGKILL, before which the engine starts nothing on
-    them."""
+    on Slurm counts it; never earlier than the snapshot's), plus its grace (`Job.grace`: its
+    own, else the service's when it was placed, else `default_s`), SIGTERM to SIGKILL, before
+    which the engine starts nothing on them."""
     if job is None:
-        return contract_ends_at + default_s
+        return contract_ends_at + job_grace(None, default_s)
     ends = max(contract_ends_at, job.contract_ends_at() or contract_ends_at)
-    return ends + job_grace(job.spec.grace_s, default_s)
+    return ends + job.grace(default_s)  # its own, else its placement's (atk49-23 F1)
 
 
 _Release = tuple[float, float, str, int]

@@ -350,7 +350,7 @@ def limit_line(job: Job, now: float, default_grace_s: float) -> list[str]:
     limit, start = job.spec.time_limit_s, job.started_at
     if not past_limit(job.status, start, limit, now) or limit is None or start is None:
         return []
-    kill = limit_kill_at(start, limit, job.spec.grace_s, default_grace_s)
+    kill = limit_kill_at(start, limit, job.spec.grace_s, job.service_grace(default_grace_s))
     assert kill is not None
     own = "" if job.spec.grace_s is not None else ", the service's default grace"
     return [f"It reached its time limit at {when(start + limit)}: it is stopping (SIGTERM "

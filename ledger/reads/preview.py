@@ -379,7 +379,8 @@ def _holding_rows(state: State, f: v.QueueFilter, now: float, limit: int) -> lis
         ran = None if job.started_at is None else max(0.0, now - job.started_at)
         limit_s = s.time_limit_s
         left = None if ran is None or limit_s is None else max(0.0, limit_s - ran)
-        word, kill_at = shown(job.status, job.started_at, limit_s, s.grace_s, now, state.grace_s)
+        grace = job.service_grace(state.grace_s)  # its placement's (atk49-23 F1)
+        word, kill_at = shown(job.status, job.started_at, limit_s, s.grace_s, now, grace)
         reason = ""
         if kill_at is not None and limit_s is not None and job.started_at is not None:
             reason = (f"reached its time limit at {when(job.started_at + limit_s)}: SIGTERM "
@@ -751,14 +752,18 @@ def _blocking(state: State, job: Job) -> list[int]:
 
 
 def _grace(store: Store, job: Job, now: float) -> float:
-    """The service's grace as recorded by `now` (`history.service_grace`), read only for a job
-    past its time limit (the one line of `explain_history` that needs it)."""
-    from projections.history import service_grace
+    """The service's grace for the job's run: as recorded when it was placed (`Job.service_grace`,
+    else the last `service.configured` by its placement: `history.service_grace`), read only for
+    a job past its time limit (the one line of `explain_history` that needs it)."""
+    from projections.history import placement_graces, service_grace
     from schemas.bounds import DEFAULT_GRACE_S
 
     if not past_limit(job.status, job.started_at, job.spec.time_limit_s, now):
         return DEFAULT_GRACE_S
-    return service_grace(store.con, now)
+    if job.service_grace_s is not None:
+        return job.service_grace_s
+    placed = placement_graces(store.con, [job.job_id]).get(job.job_id)
+    return service_grace(store.con) if placed is None else placed
 
 
 def _history_texts(history: Sequence[e.AnyEvent], told: list[str]) -> list[tuple[e.AnyEvent, str]]:
