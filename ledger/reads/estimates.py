@@ -100,11 +100,18 @@ def estimated_starts(
             free[n.gpu_type] = free.get(n.gpu_type, 0) + len(n.free)
     releases: list[_Release] = []
     node_type = {n.name: n.gpu_type for n in snapshot.nodes}
+    step = state.service.interval_s if state.service is not None else 0.0
     for r in snapshot.running:
         job = state.jobs.get(r.job_id)
         limit = job.spec.time_limit_s if job is not None else None
         begun = job.started_at if job is not None and job.started_at is not None else r.placed_at
-        ends = INF if limit is None else max(now, begun + limit)
+        ends = INF if limit is None else begun + limit
+        if job is not None and now >= ends:
+            # past its limit, stopping in its grace: free at its SIGKILL at the latest plus a
+            # cycle, as a stopped run's (`stopping_releases`); it ended "now", a release no
+            # start is found at, so the next job was carried to another's limit (atk49-23 F5)
+            ends = max(now, ends + job.grace(state.grace_s)) + step
+        ends = max(now, ends)
         # preempted once its contract (from its real start) ends, its GPUs come free when its
         # processes have had their grace (atk33 F6)
         contract = max(now, victim_free_at(job, r.placed_at + r.min_runtime_s, state.grace_s))
