@@ -16,7 +16,7 @@ from schemas import events as e
 from schemas.units import key_text, plural, span, times_in, when
 
 if TYPE_CHECKING:  # annotations only: `explain`'s time words load without the dispatcher
-    from ledger.core.state import Job, State
+    from ledger.core.state import Job, State, StoppedRun
     from ledger.dispatch.engine import Decision, Unplaceable
     from ledger.dispatch.policy import Policy
     from ledger.dispatch.snapshot import PendingJob, Snapshot
@@ -398,3 +398,12 @@ def _contract_at(job: Job, history: Sequence[e.AnyEvent], preempted: e.JobPreemp
     if _owners_requeue(job, preempted):  # (atk48-23 F7)
         return f"inside its contract (until {when(ends)}): its owner's own requeue"
     return f"inside its contract (until {when(ends)}): an admin preemption"
+
+
+def stopping_line(sr: StoppedRun, kill_at: float) -> str:
+    """Pure: a run the ledger stopped (a cancel, a preemption) whose processes live out their
+    grace: when it was stopped and its SIGKILL at the latest (`kill_at`), as `queue` and `jobs`
+    show it (atk49-23 F7: `explain` said only "is finished (cancelled)")."""
+    why = sr.why or "stopped"
+    return (f"{when(sr.at)} {why}: it is stopping (SIGTERM sent, SIGKILL at {when(kill_at)} at "
+            f"the latest); its GPUs are held until its processes are gone.")  # fmt: skip

@@ -611,7 +611,7 @@ def explain(
     job whose private parts they may not see is told from its `redact_event`ed history."""
     job = ledger.state.jobs.get(job_id)
     current = None if job is None else explain_now(ledger, store, job, policy, now, preview)
-    return explain_told(store, job_id, job, current, now, viewer)
+    return explain_told(store, job_id, job, current, now, viewer, live=ledger.state)
 
 
 class Now(NamedTuple):
@@ -700,11 +700,13 @@ def explain_now(
 
 def explain_told(
     store: Store, job_id: int, job: Job | None, current: Now | None, now: float,
-    viewer: Viewer | None = None,
+    viewer: Viewer | None = None, *, live: State | None = None,
 ) -> v.ExplainView:  # fmt: skip
     """`explain` from the projection (any thread, any cursor of it): the job's history told,
     joined with what the live state said of it (`explain_now`; None: the job is not in the
-    live state, so finished: its history alone tells it)."""
+    live state, so finished: its history alone tells it). A finished job whose stopped run
+    lives out its grace in the live state (`live`, else the viewer's) is told `stopping`, with
+    its SIGKILL at the latest, as `queue` and `jobs` show it (atk49-23 F7)."""
     history = _history(store, job_id)
     job = job or job_from_history(job_id, history)
     if job is None:
@@ -715,6 +717,10 @@ def explain_told(
         history = [redact_event(ev) for ev in history]
     decisions = _decisions(store, history)
     told = explain_history(job, history, decisions, now, _grace(store, job, now))
+    said = _stopping_said(job, live if live is not None or viewer is None else viewer.state)
+    if said is not None:
+        current = Now("stopping")
+        told = [told[0].replace(" is finished (", " is stopping (", 1), *told[1:], said]
     events = [
         v.ExplainEvent(at=ev.at, tag=_tag(ev), text=t) for ev, t in _history_texts(history, told)
     ]
@@ -740,6 +746,19 @@ def explain_told(
         history=events,
         lines=lines,
     )
+
+
+def _stopping_said(job: Job, state: State | None) -> str | None:
+    """What `explain` says of a finished job whose stopped run `state` holds in its grace
+    (`stopping.stopped_shown`): its SIGKILL at the latest (`explain.stopping_line`); None
+    otherwise."""
+    from ledger.reads.explain import stopping_line
+    from ledger.reads.stopping import stopped_kill_at, stopped_shown
+
+    if state is None or job.status != "finished" or not state.stopped_runs:
+        return None
+    sr = stopped_shown(state).get(job.job_id)
+    return None if sr is None else stopping_line(sr, stopped_kill_at(sr, state.grace_s))
 
 
 def _blocking(state: State, job: Job) -> list[int]:
