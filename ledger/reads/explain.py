@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from ledger.reads.stopping import STOPPING, limit_kill_at, past_limit, stopping_note
+from ledger.reads.stopping import STOPPING, kill_words, limit_kill_at, past_limit, stopping_note
 from schemas import events as e
 from schemas.units import key_text, plural, span, times_in, when
 
@@ -354,7 +354,7 @@ def limit_line(job: Job, now: float, default_grace_s: float) -> list[str]:
     assert kill is not None
     own = "" if job.spec.grace_s is not None else ", the service's default grace"
     return [f"It reached its time limit at {when(start + limit)}: it is stopping (SIGTERM "
-            f"then, SIGKILL at {when(kill)} at the latest{own}); its GPUs are held until its "
+            f"then, {kill_words(kill, now)}{own}); its GPUs are held until its "
             "processes are gone."]  # fmt: skip
 
 
@@ -400,10 +400,10 @@ def _contract_at(job: Job, history: Sequence[e.AnyEvent], preempted: e.JobPreemp
     return f"inside its contract (until {when(ends)}): an admin preemption"
 
 
-def stopping_line(sr: StoppedRun, kill_at: float) -> str:
+def stopping_line(sr: StoppedRun, kill_at: float, now: float) -> str:
     """Pure: a run the ledger stopped (a cancel, a preemption) whose processes live out their
     grace: when it was stopped and its SIGKILL at the latest (`kill_at`), as `queue` and `jobs`
     show it (atk49-23 F7: `explain` said only "is finished (cancelled)")."""
     why = sr.why or "stopped"
-    return (f"{when(sr.at)} {why}: it is stopping (SIGTERM sent, SIGKILL at {when(kill_at)} at "
-            f"the latest); its GPUs are held until its processes are gone.")  # fmt: skip
+    return (f"{when(sr.at)} {why}: it is stopping (SIGTERM sent, {kill_words(kill_at, now)}); "
+            "its GPUs are held until its processes are gone.")  # fmt: skip

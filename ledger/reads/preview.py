@@ -20,7 +20,7 @@ from ledger.reads.estimates import (
 )
 from ledger.reads.explain import explain_history, explain_pending, protected_note
 from ledger.reads.layer import Viewer, redact_event, utilisation
-from ledger.reads.stopping import past_limit, stopping_note
+from ledger.reads.stopping import kill_words, past_limit, stopping_note
 from schemas import events as e
 from schemas import views as v
 from schemas.errors import InvalidCommand, UnknownEntity
@@ -369,7 +369,7 @@ def _holding_rows(state: State, f: v.QueueFilter, now: float, limit: int) -> lis
         if job_id in gone:
             sr = gone[job_id]
             if not (f.user and sr.user != f.user) and _under(sr.account, f.account, sr.user):
-                rows.append(_stopped_row(sr, state.grace_s))
+                rows.append(_stopped_row(sr, state.grace_s, now))
             continue
         job = live[job_id]
         s = job.spec
@@ -384,7 +384,7 @@ def _holding_rows(state: State, f: v.QueueFilter, now: float, limit: int) -> lis
         reason = ""
         if kill_at is not None and limit_s is not None and job.started_at is not None:
             reason = (f"reached its time limit at {when(job.started_at + limit_s)}: SIGTERM "
-                      f"sent, SIGKILL at {when(kill_at)} at the latest")  # fmt: skip
+                      f"sent, {kill_words(kill_at, now)}")  # fmt: skip
         rows.append(
             v.QueueRow(
                 order=None, job_id=s.job_id, account=s.account, user=s.user, gpus=s.gpus,
@@ -403,7 +403,7 @@ def _word(word: str) -> Literal["placed", "running", "stopping"]:
     return "stopping" if word == "stopping" else "placed" if word == "placed" else "running"
 
 
-def _stopped_row(sr: StoppedRun, default_s: float) -> v.QueueRow:
+def _stopped_row(sr: StoppedRun, default_s: float, now: float) -> v.QueueRow:
     """Pure: the row of a job whose record ended (cancelled, preempted) while the run the
     ledger stopped is not reported gone: `stopping` on the GPUs it held, its SIGKILL at the
     latest (`stopped_kill_at`, the service's grace `default_s` for a job with none of its own;
@@ -411,7 +411,7 @@ def _stopped_row(sr: StoppedRun, default_s: float) -> v.QueueRow:
     from ledger.reads.stopping import stopped_kill_at
 
     kill_at = stopped_kill_at(sr, default_s)
-    kill = "killed at once" if sr.kill else f"SIGKILL at {when(kill_at)} at the latest"
+    kill = "killed at once" if sr.kill else kill_words(kill_at, now)  # or overdue (F2)
     return v.QueueRow(
         order=None, job_id=sr.job_id, account=sr.account, user=sr.user, gpus=sr.gpus,
         funded=sr.funded, debug=sr.debug, state="stopping", sort_key=[], code="STOPPING",
@@ -717,7 +717,7 @@ def explain_told(
         history = [redact_event(ev) for ev in history]
     decisions = _decisions(store, history)
     told = explain_history(job, history, decisions, now, _grace(store, job, now))
-    said = _stopping_said(job, live if live is not None or viewer is None else viewer.state)
+    said = _stopping_said(job, live if live is not None or viewer is None else viewer.state, now)
     if said is not None:
         current = Now("stopping")
         told = [told[0].replace(" is finished (", " is stopping (", 1), *told[1:], said]
@@ -748,7 +748,7 @@ def explain_told(
     )
 
 
-def _stopping_said(job: Job, state: State | None) -> str | None:
+def _stopping_said(job: Job, state: State | None, now: float) -> str | None:
     """What `explain` says of a finished job whose stopped run `state` holds in its grace
     (`stopping.stopped_shown`): its SIGKILL at the latest (`explain.stopping_line`); None
     otherwise."""
@@ -758,7 +758,7 @@ def _stopping_said(job: Job, state: State | None) -> str | None:
     if state is None or job.status != "finished" or not state.stopped_runs:
         return None
     sr = stopped_shown(state).get(job.job_id)
-    return None if sr is None else stopping_line(sr, stopped_kill_at(sr, state.grace_s))
+    return None if sr is None else stopping_line(sr, stopped_kill_at(sr, state.grace_s), now)
 
 
 def _blocking(state: State, job: Job) -> list[int]:
