@@ -51,3 +51,16 @@ def test_reads_count_a_grace_recorded_above_the_cap_as_the_cap(w: Recording) -> 
     start = w.state.jobs[limited].started_at
     assert start is not None
     assert _queue(w, start + 61)[limited].kill_at == start + 60 + MAX_GRACE_S
+
+
+def test_up_refuses_a_grace_above_the_cap_before_registering_its_nodes(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from ledger.cli import cli
+
+    env = {"GPULEDGER_HOME": str(tmp_path / "home"), "GPULEDGER_USER": "root"}
+    assert CliRunner().invoke(cli, ["init", "--admin", "root"], env=env).exit_code == 0
+    out = CliRunner().invoke(cli, ["up", "--node", "n9:2", "--grace", "10m"], env=env)
+    assert out.exit_code == 1 and "more than the 120 s any job gets" in out.output, out.output
+    listed = CliRunner().invoke(cli, ["node", "list", "--json"], env=env)
+    assert listed.exit_code == 0 and "n9" not in listed.output  # registered none
