@@ -98,9 +98,19 @@ def graces(con: Con, job_ids: Sequence[int]) -> dict[int, int | None]:
     return {ev.job_id: ev.grace_s for _, ev in found if isinstance(ev, e.JobSubmitted)}
 
 
-def service_grace(con: Con, at: float | None = None) -> float:
+def placement_graces(con: Con, job_ids: Sequence[int]) -> dict[int, float]:
+    """Each of these jobs' service grace for its latest run: the last `service.configured`
+    before its latest placement (`service_grace`), as the live state keeps it
+    (`Job.service_grace_s`, atk49-23 F1); a job never placed is not in the result."""
+    placed = events_of(con, [e.JobPlaced], job_ids=job_ids) if job_ids else []
+    last = {ev.job_id: pos for pos, ev in placed if isinstance(ev, e.JobPlaced)}
+    return {j: service_grace(con, before=pos) for j, pos in last.items()}
+
+
+def service_grace(con: Con, at: float | None = None, *, before: int | None = None) -> float:
     """The grace the service gives a job stopped without one of its own (`serve`/`up
-    --grace`), as its last `service.configured` recorded by `at` (None: the latest) says;
+    --grace`), as its last `service.configured` recorded by `at` (None: the latest) and before
+    position `before` (None: any) says;
     `DEFAULT_GRACE_S` when none recorded it (a service before `service.configured.v2`, or
     none ever ran): the live state's `State.grace_s`, for the reads that read the projection
     (`jobs`, `explain`'s history)."""
@@ -108,8 +118,9 @@ def service_grace(con: Con, at: float | None = None) -> float:
 
     row = con.execute(
         "SELECT raw FROM events WHERE list_contains($tags, tag)"
-        " AND ($at IS NULL OR occurred_at <= $at) ORDER BY position DESC LIMIT 1",
-        {"tags": tags(e.ServiceConfigured), "at": at},
+        " AND ($at IS NULL OR occurred_at <= $at) AND ($before IS NULL OR position < $before)"
+        " ORDER BY position DESC LIMIT 1",
+        {"tags": tags(e.ServiceConfigured), "at": at, "before": before},
     ).fetchone()
     ev = None if row is None else decode(row[0])
     grace = ev.grace_s if isinstance(ev, e.ServiceConfigured) else None

@@ -64,17 +64,21 @@ submit took before `MAX_GRACE_S` (events and the agents' parts read every record
 DEFAULT_GRACE_S = 30.0
 """The services' grace for a job that names none (`serve`/`up --grace`'s default)."""
 MAX_GRACE_S = 120
-"""The most SIGTERM-to-SIGKILL grace a job may ask for (`submit --grace`), and the most any
-job gets at its stop, recorded before this cap or not (`job_grace`): like Slurm's KillWait, the
+"""The most SIGTERM-to-SIGKILL grace a job may ask for (`submit --grace`), a service may be
+started with (`serve`/`up`/`agent --grace`), and the most any job gets at its stop, recorded
+before this cap or not (`job_grace`): like Slurm's KillWait, the
 time a job may outlive its limit or a cancel is the site's, not the user's (a `-t 0:05 --grace
 1h` debug job held its GPU an hour past its limit: atk46-23 F7)."""
 SubmitGraceSeconds = Annotated[int, msgspec.Meta(ge=0, le=MAX_GRACE_S)]
 
 
 def job_grace(asked: float | None, default: float) -> float:
-    """Pure: the grace a job gets when stopped: its own (at most `MAX_GRACE_S`), else the
-    service's `default` (the admin's setting)."""
-    return default if asked is None else min(float(asked), float(MAX_GRACE_S))
+    """Pure: the grace a job gets when stopped: its own, else the service's `default` (the
+    admin's setting), at most `MAX_GRACE_S` either way. The one cap every engine and read
+    applies: an agent is handed the service's grace as the part's own and caps it, so a service
+    grace above the cap (a log written before `--grace` was refused above it) is the cap's
+    (atk49-23 F6: the reads said stop + 600 s, the agent killed at stop + 120 s)."""
+    return min(float(default if asked is None else asked), float(MAX_GRACE_S))
 
 
 Umask = Annotated[int, msgspec.Meta(ge=0, le=0o777)]

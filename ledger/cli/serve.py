@@ -158,6 +158,7 @@ def up(
     setup_logging(log_level)
     for_s = None if run_for is None else parse_duration(run_for)
     ctx.ledger(live=True)  # the data directory's own (refused beside a running server)
+    cfg.check_grace(cfg.merge(cfg.ServeConfig(), grace=grace).grace.seconds)  # before any node
     _register_nodes(ctx, nodes)
     config = cfg.merge(
         cfg.ServeConfig(),

@@ -139,8 +139,13 @@ def evolve(state: State, event: e.AnyEvent) -> State:
                 state.node_jobs.setdefault(sl.node, set()).add(event.job_id)
                 state._free.pop(sl.node, None)
             state.jobs[event.job_id] = msgspec.structs.replace(
-                job, status="placed", slots=event.slots, placed_at=event.at, checkpoint_at=event.at
-            )
+                job,
+                status="placed",
+                slots=event.slots,
+                placed_at=event.at,
+                checkpoint_at=event.at,
+                service_grace_s=state.grace_s,
+            )  # fmt: skip  (the grace its run gets: the service's now, atk49-23 F1)
         case e.JobStarted():
             job = state.jobs[event.job_id]
             state.jobs[event.job_id] = msgspec.structs.replace(
@@ -304,6 +309,7 @@ def _stopped(state: State, job: Job, at: float, why: str) -> None:
             debug=s.debug,
             submitted_at=s.at,
             started_at=began,
+            service_grace_s=job.service_grace_s,
         )  # fmt: skip  (past its limit, in its grace: killed at once, as scancel)
     cut = at - ENDS_KEPT_S
     while state.stopped_runs:

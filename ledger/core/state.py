@@ -67,6 +67,11 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     doubt_until: float | None = None
     """Its node was lost at `lost_at` with a fence (`NodeLost`): its run may still be alive
     until then; None when it is not in doubt."""
+    service_grace_s: float | None = None
+    """The service's grace (`State.grace_s`) as recorded when its run was last placed: what a
+    stop of that run gets without a grace of the job's own, whatever a later start of the
+    service records (the agent keeps the grace it launched with: atk49-23 F1); None before a
+    placement, or in a snapshot made before it was kept (then the service's current one)."""
 
     @property
     def job_id(self) -> int:
@@ -79,6 +84,16 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def active(self) -> bool:
         return self.status != "finished"
+
+    def service_grace(self, current_s: float) -> float:
+        """Pure: the service's grace for its run: as recorded when it was placed, else
+        `current_s` (the service's now)."""
+        return current_s if self.service_grace_s is None else self.service_grace_s
+
+    def grace(self, current_s: float) -> float:
+        """Pure: the grace a stop of its run gets (`StoppedRun.grace`'s rule): its own, else the
+        service's when the run was placed (`service_grace`), at most `MAX_GRACE_S`."""
+        return job_grace(self.spec.grace_s, self.service_grace(current_s))
 
     def contract_ends_at(self) -> float | None:
         """When the job becomes preemptible (its contract runs from the engine's real start once
@@ -119,6 +134,17 @@ class StoppedRun(msgspec.Struct, frozen=True, kw_only=True):
     debug: bool = False
     submitted_at: float = 0.0
     started_at: float | None = None
+    service_grace_s: float | None = None
+    """Its job's `Job.service_grace_s` when it was stopped: the service's grace when the run
+    was placed (None: unknown, then the service's current one)."""
+
+    def grace(self, current_s: float) -> float:
+        """Pure: the one rule of every engine and read: the job's own grace, else the service's
+        when this run was placed (`current_s`, the service's now, when that is unknown), at
+        most `MAX_GRACE_S` (atk49-23 F1: a stop spanning a restart with another `--grace`
+        was read with the new one while the agent applied the launch's)."""
+        service = current_s if self.service_grace_s is None else self.service_grace_s
+        return job_grace(self.grace_s, service)
 
     def kill_at(self, default_grace_s: float) -> float:
         """Pure: when its processes get SIGKILL at the latest: its stop plus its grace (the
@@ -127,7 +153,7 @@ class StoppedRun(msgspec.Struct, frozen=True, kw_only=True):
         grace (atk47-23 F3); when a second cancel cut the grace (`kill`), that cancel's time
         (`killed_at`; the stop itself in a state made before it was kept), never after the
         grace's end."""
-        end = self.at + job_grace(self.grace_s, default_grace_s)
+        end = self.at + self.grace(default_grace_s)
         if not self.kill:
             return end
         return self.at if self.killed_at is None else min(end, self.killed_at)
@@ -231,6 +257,11 @@ class State:
         ran, or ran before `service.configured.v2`). Every read counts a SIGKILL with it."""
         grace = None if self.service is None else self.service.grace_s
         return DEFAULT_GRACE_S if grace is None else float(grace)
+
+    def run_grace(self, job: Job) -> float:
+        """The grace a stop of `job`'s run gets (`Job.grace`, with the service's current grace
+        when its placement's is unknown)."""
+        return job.grace(self.grace_s)
 
     def copy(self) -> State:
         return State(

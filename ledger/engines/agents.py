@@ -312,8 +312,7 @@ class AgentExecutor:
             for sl in r.slots:
                 if sl.node in known:
                     gpus[sl.node] = (*gpus.get(sl.node, ()), *sl.gpu_indices)
-            grace = self.grace_s if r.grace_s is None else r.grace_s
-            self.fence.stopped(r.job_id, r.run, gpus, {}, grace, now, gpus)
+            self.fence.stopped(r.job_id, r.run, gpus, {}, r.grace(self.grace_s), now, gpus)
 
     def shutdown(self, now: float) -> list[Exit]:
         """The server stops: the agents keep running their jobs."""
@@ -493,8 +492,8 @@ class AgentExecutor:
         graces = [self.grace_s]
         for job_id in state.node_jobs.get(node, ()):
             job = state.jobs.get(job_id)
-            if job is not None and job.spec.grace_s is not None:
-                graces.append(job.spec.grace_s)
+            if job is not None:
+                graces.append(job.grace(self.grace_s))  # its own, else its placement's
         return max(graces)
 
     def receive(self, rep: a.Report, now: float) -> bool:
@@ -651,7 +650,11 @@ class AgentExecutor:
     def _add(self, job: Launch, token: str, *, started: bool = False, publish: bool = True) -> None:
         nodes = tuple(sl.node for sl in job.slots)
         self._placed_on(job.job_id, nodes)
-        grace = job_grace(job.grace_s, self.grace_s)
+        held = self.ledger.state.jobs.get(job.job_id)
+        # the service's grace when the run was placed, as every read counts it (atk49-23 F1: a
+        # restart with another --grace republished it with the new one)
+        service = self.grace_s if held is None else held.service_grace(self.grace_s)
+        grace = job_grace(job.grace_s, service)
         r = _Run(job.job_id, job.run, nodes, job.slots, start_reported=started, grace_s=grace)
         self._runs[job.job_id] = r
         part = a.Part(

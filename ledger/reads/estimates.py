@@ -100,11 +100,18 @@ def estimated_starts(
             free[n.gpu_type] = free.get(n.gpu_type, 0) + len(n.free)
     releases: list[_Release] = []
     node_type = {n.name: n.gpu_type for n in snapshot.nodes}
+    step = state.service.interval_s if state.service is not None else 0.0
     for r in snapshot.running:
         job = state.jobs.get(r.job_id)
         limit = job.spec.time_limit_s if job is not None else None
         begun = job.started_at if job is not None and job.started_at is not None else r.placed_at
-        ends = INF if limit is None else max(now, begun + limit)
+        ends = INF if limit is None else begun + limit
+        if job is not None and now >= ends:
+            # past its limit, stopping in its grace: free at its SIGKILL at the latest plus a
+            # cycle, as a stopped run's (`stopping_releases`); it ended "now", a release no
+            # start is found at, so the next job was carried to another's limit (atk49-23 F5)
+            ends = max(now, ends + job.grace(state.grace_s)) + step
+        ends = max(now, ends)
         # preempted once its contract (from its real start) ends, its GPUs come free when its
         # processes have had their grace (atk33 F6)
         contract = max(now, victim_free_at(job, r.placed_at + r.min_runtime_s, state.grace_s))
@@ -239,13 +246,13 @@ INF = float("inf")
 def victim_free_at(job: Job | None, contract_ends_at: float, default_s: float) -> float:
     """Pure: when a running job's GPUs come free if it is preempted as its contract ends: its
     contract counted from its real start when known (`Job.contract_ends_at`, as the dispatcher
-    on Slurm counts it; never earlier than the snapshot's), plus its grace (its own, else the
-    service's `default_s`), SIGTERM to SIGKILL, before which the engine starts nothing on
-    them."""
+    on Slurm counts it; never earlier than the snapshot's), plus its grace (`Job.grace`: its
+    own, else the service's when it was placed, else `default_s`), SIGTERM to SIGKILL, before
+    which the engine starts nothing on them."""
     if job is None:
-        return contract_ends_at + default_s
+        return contract_ends_at + job_grace(None, default_s)
     ends = max(contract_ends_at, job.contract_ends_at() or contract_ends_at)
-    return ends + job_grace(job.spec.grace_s, default_s)
+    return ends + job.grace(default_s)  # its own, else its placement's (atk49-23 F1)
 
 
 _Release = tuple[float, float, str, int]

@@ -11,12 +11,12 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from ledger.reads.stopping import STOPPING, limit_kill_at, past_limit, stopping_note
+from ledger.reads.stopping import STOPPING, kill_words, limit_kill_at, past_limit, stopping_note
 from schemas import events as e
 from schemas.units import key_text, plural, span, times_in, when
 
 if TYPE_CHECKING:  # annotations only: `explain`'s time words load without the dispatcher
-    from ledger.core.state import Job, State
+    from ledger.core.state import Job, State, StoppedRun
     from ledger.dispatch.engine import Decision, Unplaceable
     from ledger.dispatch.policy import Policy
     from ledger.dispatch.snapshot import PendingJob, Snapshot
@@ -350,11 +350,11 @@ def limit_line(job: Job, now: float, default_grace_s: float) -> list[str]:
     limit, start = job.spec.time_limit_s, job.started_at
     if not past_limit(job.status, start, limit, now) or limit is None or start is None:
         return []
-    kill = limit_kill_at(start, limit, job.spec.grace_s, default_grace_s)
+    kill = limit_kill_at(start, limit, job.spec.grace_s, job.service_grace(default_grace_s))
     assert kill is not None
     own = "" if job.spec.grace_s is not None else ", the service's default grace"
     return [f"It reached its time limit at {when(start + limit)}: it is stopping (SIGTERM "
-            f"then, SIGKILL at {when(kill)} at the latest{own}); its GPUs are held until its "
+            f"then, {kill_words(kill, now)}{own}); its GPUs are held until its "
             "processes are gone."]  # fmt: skip
 
 
@@ -398,3 +398,12 @@ def _contract_at(job: Job, history: Sequence[e.AnyEvent], preempted: e.JobPreemp
     if _owners_requeue(job, preempted):  # (atk48-23 F7)
         return f"inside its contract (until {when(ends)}): its owner's own requeue"
     return f"inside its contract (until {when(ends)}): an admin preemption"
+
+
+def stopping_line(sr: StoppedRun, kill_at: float, now: float) -> str:
+    """Pure: a run the ledger stopped (a cancel, a preemption) whose processes live out their
+    grace: when it was stopped and its SIGKILL at the latest (`kill_at`), as `queue` and `jobs`
+    show it (atk49-23 F7: `explain` said only "is finished (cancelled)")."""
+    why = sr.why or "stopped"
+    return (f"{when(sr.at)} {why}: it is stopping (SIGTERM sent, {kill_words(kill_at, now)}); "
+            "its GPUs are held until its processes are gone.")  # fmt: skip

@@ -292,12 +292,12 @@ def _job_rows(
     from ledger.reads.stopping import past_limit, shown
 
     ending = [r[0] for r in rows if past_limit(r[6], r[17], r[14], now)]
-    default_s = DEFAULT_GRACE_S
+    service: dict[int, float] = {}  # the service's grace when each was placed (atk49-23 F1)
     if ending and store is not None:
-        from projections.history import graces, service_grace
+        from projections.history import graces, placement_graces
 
         grace = graces(store.con, ending)
-        default_s = service_grace(store.con, now)
+        service = placement_graces(store.con, ending)
     else:
         grace = {}
     out = []
@@ -315,9 +315,8 @@ def _job_rows(
         if stopped and status == "finished" and job_id in stopped:
             status, kill_at, ended, end = "stopping", stopped[job_id], None, now
         else:
-            status, kill_at = shown(
-                status, started_at, time_limit_s, grace.get(job_id), now, default_s
-            )
+            status, kill_at = shown(status, started_at, time_limit_s, grace.get(job_id), now,
+                                    service.get(job_id, DEFAULT_GRACE_S))  # fmt: skip
         elapsed = None if started_at is None or end is None else max(0.0, end - started_at)
         gpu_slots = [
             e.GpuSlot(node=sl["node"], gpu_indices=tuple(sl["gpu_indices"])) for sl in slots

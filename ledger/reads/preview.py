@@ -20,7 +20,7 @@ from ledger.reads.estimates import (
 )
 from ledger.reads.explain import explain_history, explain_pending, protected_note
 from ledger.reads.layer import Viewer, redact_event, utilisation
-from ledger.reads.stopping import past_limit, stopping_note
+from ledger.reads.stopping import kill_words, past_limit, stopping_note
 from schemas import events as e
 from schemas import views as v
 from schemas.errors import InvalidCommand, UnknownEntity
@@ -369,7 +369,7 @@ def _holding_rows(state: State, f: v.QueueFilter, now: float, limit: int) -> lis
         if job_id in gone:
             sr = gone[job_id]
             if not (f.user and sr.user != f.user) and _under(sr.account, f.account, sr.user):
-                rows.append(_stopped_row(sr, state.grace_s))
+                rows.append(_stopped_row(sr, state.grace_s, now))
             continue
         job = live[job_id]
         s = job.spec
@@ -379,11 +379,12 @@ def _holding_rows(state: State, f: v.QueueFilter, now: float, limit: int) -> lis
         ran = None if job.started_at is None else max(0.0, now - job.started_at)
         limit_s = s.time_limit_s
         left = None if ran is None or limit_s is None else max(0.0, limit_s - ran)
-        word, kill_at = shown(job.status, job.started_at, limit_s, s.grace_s, now, state.grace_s)
+        grace = job.service_grace(state.grace_s)  # its placement's (atk49-23 F1)
+        word, kill_at = shown(job.status, job.started_at, limit_s, s.grace_s, now, grace)
         reason = ""
         if kill_at is not None and limit_s is not None and job.started_at is not None:
             reason = (f"reached its time limit at {when(job.started_at + limit_s)}: SIGTERM "
-                      f"sent, SIGKILL at {when(kill_at)} at the latest")  # fmt: skip
+                      f"sent, {kill_words(kill_at, now)}")  # fmt: skip
         rows.append(
             v.QueueRow(
                 order=None, job_id=s.job_id, account=s.account, user=s.user, gpus=s.gpus,
@@ -402,7 +403,7 @@ def _word(word: str) -> Literal["placed", "running", "stopping"]:
     return "stopping" if word == "stopping" else "placed" if word == "placed" else "running"
 
 
-def _stopped_row(sr: StoppedRun, default_s: float) -> v.QueueRow:
+def _stopped_row(sr: StoppedRun, default_s: float, now: float) -> v.QueueRow:
     """Pure: the row of a job whose record ended (cancelled, preempted) while the run the
     ledger stopped is not reported gone: `stopping` on the GPUs it held, its SIGKILL at the
     latest (`stopped_kill_at`, the service's grace `default_s` for a job with none of its own;
@@ -410,7 +411,7 @@ def _stopped_row(sr: StoppedRun, default_s: float) -> v.QueueRow:
     from ledger.reads.stopping import stopped_kill_at
 
     kill_at = stopped_kill_at(sr, default_s)
-    kill = "killed at once" if sr.kill else f"SIGKILL at {when(kill_at)} at the latest"
+    kill = "killed at once" if sr.kill else kill_words(kill_at, now)  # or overdue (F2)
     return v.QueueRow(
         order=None, job_id=sr.job_id, account=sr.account, user=sr.user, gpus=sr.gpus,
         funded=sr.funded, debug=sr.debug, state="stopping", sort_key=[], code="STOPPING",
@@ -610,7 +611,7 @@ def explain(
     job whose private parts they may not see is told from its `redact_event`ed history."""
     job = ledger.state.jobs.get(job_id)
     current = None if job is None else explain_now(ledger, store, job, policy, now, preview)
-    return explain_told(store, job_id, job, current, now, viewer)
+    return explain_told(store, job_id, job, current, now, viewer, live=ledger.state)
 
 
 class Now(NamedTuple):
@@ -699,11 +700,13 @@ def explain_now(
 
 def explain_told(
     store: Store, job_id: int, job: Job | None, current: Now | None, now: float,
-    viewer: Viewer | None = None,
+    viewer: Viewer | None = None, *, live: State | None = None,
 ) -> v.ExplainView:  # fmt: skip
     """`explain` from the projection (any thread, any cursor of it): the job's history told,
     joined with what the live state said of it (`explain_now`; None: the job is not in the
-    live state, so finished: its history alone tells it)."""
+    live state, so finished: its history alone tells it). A finished job whose stopped run
+    lives out its grace in the live state (`live`, else the viewer's) is told `stopping`, with
+    its SIGKILL at the latest, as `queue` and `jobs` show it (atk49-23 F7)."""
     history = _history(store, job_id)
     job = job or job_from_history(job_id, history)
     if job is None:
@@ -714,6 +717,10 @@ def explain_told(
         history = [redact_event(ev) for ev in history]
     decisions = _decisions(store, history)
     told = explain_history(job, history, decisions, now, _grace(store, job, now))
+    said = _stopping_said(job, live if live is not None or viewer is None else viewer.state, now)
+    if said is not None:
+        current = Now("stopping")
+        told = [told[0].replace(" is finished (", " is stopping (", 1), *told[1:], said]
     events = [
         v.ExplainEvent(at=ev.at, tag=_tag(ev), text=t) for ev, t in _history_texts(history, told)
     ]
@@ -741,6 +748,19 @@ def explain_told(
     )
 
 
+def _stopping_said(job: Job, state: State | None, now: float) -> str | None:
+    """What `explain` says of a finished job whose stopped run `state` holds in its grace
+    (`stopping.stopped_shown`): its SIGKILL at the latest (`explain.stopping_line`); None
+    otherwise."""
+    from ledger.reads.explain import stopping_line
+    from ledger.reads.stopping import stopped_kill_at, stopped_shown
+
+    if state is None or job.status != "finished" or not state.stopped_runs:
+        return None
+    sr = stopped_shown(state).get(job.job_id)
+    return None if sr is None else stopping_line(sr, stopped_kill_at(sr, state.grace_s), now)
+
+
 def _blocking(state: State, job: Job) -> list[int]:
     """The unfinished jobs `job`'s dependency names (an array's tasks for its id), at most 50."""
     ids: set[int] = set()
@@ -751,14 +771,18 @@ def _blocking(state: State, job: Job) -> list[int]:
 
 
 def _grace(store: Store, job: Job, now: float) -> float:
-    """The service's grace as recorded by `now` (`history.service_grace`), read only for a job
-    past its time limit (the one line of `explain_history` that needs it)."""
-    from projections.history import service_grace
+    """The service's grace for the job's run: as recorded when it was placed (`Job.service_grace`,
+    else the last `service.configured` by its placement: `history.service_grace`), read only for
+    a job past its time limit (the one line of `explain_history` that needs it)."""
+    from projections.history import placement_graces, service_grace
     from schemas.bounds import DEFAULT_GRACE_S
 
     if not past_limit(job.status, job.started_at, job.spec.time_limit_s, now):
         return DEFAULT_GRACE_S
-    return service_grace(store.con, now)
+    if job.service_grace_s is not None:
+        return job.service_grace_s
+    placed = placement_graces(store.con, [job.job_id]).get(job.job_id)
+    return service_grace(store.con) if placed is None else placed
 
 
 def _history_texts(history: Sequence[e.AnyEvent], told: list[str]) -> list[tuple[e.AnyEvent, str]]:

@@ -77,6 +77,23 @@ def shown(
     return status, None
 
 
+OVERDUE_AFTER_S = 10.0
+"""How long past a SIGKILL "at the latest" a run not reported gone is said overdue (its engine
+reports a kill within a few seconds; longer, its agent or the service is not running it)."""
+
+
+def kill_words(kill_at: float, now: float) -> str:
+    """Pure: "SIGKILL at K at the latest", or, `OVERDUE_AFTER_S` past it with the run still not
+    reported gone, that it is overdue (atk49-23 F2: with the service down past K the reads kept
+    promising a SIGKILL at a time long past while the processes lived)."""
+    from schemas.units import when
+
+    if now > kill_at + OVERDUE_AFTER_S:
+        return (f"SIGKILL overdue since {when(kill_at)} (its end is not reported: its node's "
+                "agent or the service has not run it)")  # fmt: skip
+    return f"SIGKILL at {when(kill_at)} at the latest"
+
+
 def stopped_kill_at(run: StoppedRun, default_s: float) -> float:
     """Pure: when a run the ledger stopped is SIGKILLed at the latest: its stop plus its grace
     (its job's own, else the service's `default_s`); the second cancel that cut the grace

@@ -58,7 +58,7 @@ from ledger.store import lease, locate
 from ledger.store.application import Ledger
 from ledger.store.pgread import redacted
 from ledger.wire import SOCKET_NAME
-from ledger.wire.config import ServeConfig, admission_of, slurm_jobs_dir
+from ledger.wire.config import ServeConfig, admission_of, check_grace, slurm_jobs_dir
 from schemas.bounds import MAX_ARRAY_TASKS
 from schemas.errors import InvalidCommand, LedgerError
 
@@ -278,6 +278,7 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         signal.signal(sig, lambda *_: early.set())
     if bool(config.tls_cert) != bool(config.tls_key):
         raise InvalidCommand("TLS needs both --tls-cert and --tls-key")
+    check_grace(config.grace.seconds)  # before anything starts (atk49-23 F6)
     # 1 one server per data directory, told before anything is loaded; local runs stay with the
     #   executor that started them
     _lock = _one_server(home)  # held while this function runs: as long as the server

@@ -157,7 +157,24 @@ def same(a: State, b: State) -> bool:
     x, y = _canonical(a, kept, ends), _canonical(b, kept, ends)
     if any(r.job_name is None for r in [*(x.stopped_runs or ()), *(y.stopped_runs or ())]):
         x, y = _unnamed(x), _unnamed(y)  # a snapshot made before stopped runs kept their name
+    if _graceless(x) or _graceless(y):  # made before a run kept its placement's grace
+        x, y = _without_grace(x), _without_grace(y)
     return x == y
+
+
+def _graceless(f: Folded) -> bool:
+    """Whether a placed run or a stopped one lacks its placement's grace (`service_grace_s`):
+    a snapshot made before it was kept."""
+    placed = [j for j in f.jobs if j.placed_at is not None]
+    return any(r.service_grace_s is None for r in [*placed, *(f.stopped_runs or ())])
+
+
+def _without_grace(f: Folded) -> Folded:
+    jobs = [msgspec.structs.replace(j, service_grace_s=None) for j in f.jobs]
+    runs = [msgspec.structs.replace(r, service_grace_s=None) for r in f.stopped_runs or ()]
+    return msgspec.structs.replace(
+        f, jobs=jobs, stopped_runs=runs if f.stopped_runs is not None else None
+    )
 
 
 def _unnamed(f: Folded) -> Folded:

@@ -17,6 +17,7 @@ import msgspec
 from ledger.core.runas import admission_meaning
 from ledger.core.secret_shapes import SECRET_NAMES
 from schemas import toml_bounds, units
+from schemas.bounds import MAX_GRACE_S
 from schemas.errors import InvalidCommand
 from schemas.units import Duration, Interval
 
@@ -72,7 +73,8 @@ class ServeConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
     the fence (plus each job's grace) the node's parts have stopped themselves (their lease ran
     out) and its jobs end `node_failure` (resumable ones requeued, run elsewhere)."""
     grace: Duration = Duration("30s")
-    """SIGTERM-to-SIGKILL grace when the executor preempts a job (a job's own grace wins)."""
+    """SIGTERM-to-SIGKILL grace when the executor preempts a job (a job's own grace wins); at
+    most 120 s (`MAX_GRACE_S`): more is refused at start."""
     run_as: Literal["submitter", "service"] = "submitter"
     """"submitter": a job runs as its owner's OS account (the ledger user's name, or its
     `os_accounts` entry), which must exist with a uid of at least `min_uid`; a submission
@@ -205,6 +207,19 @@ def admission_of(
         if jobs_dir is not None:
             admission["slurm_jobs_dir"] = str(jobs_dir)
     return msgspec.json.encode(admission_meaning(admission), order="sorted").decode()
+
+
+def check_grace(grace_s: float) -> None:
+    """Pure: `--grace` (`grace` in the file) above `MAX_GRACE_S` is refused at start, one line:
+    every engine caps a job's grace there, so a longer one would be promised by nothing but
+    the setting (atk49-23 F6: `up --grace 10m` started; its jobs were killed 120 s after a
+    stop that every read said would get 600 s)."""
+    if grace_s > MAX_GRACE_S:
+        raise InvalidCommand(
+            f"--grace {grace_s:g}s is more than the {MAX_GRACE_S} s any job gets at its stop",
+            hint=f"give at most --grace {MAX_GRACE_S}s (a job's own submit --grace has the "
+            "same bound)",
+        )
 
 
 def slurm_jobs_dir(config: ServeConfig, home: Path) -> Path:

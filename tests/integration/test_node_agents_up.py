@@ -273,3 +273,28 @@ def test_a_cancel_whose_sigterm_a_restart_cut_off_gets_no_new_grace_after_it(hom
     wait_for("its end recorded", lambda: events(home, "job.run_ended.v2") != [], home=home)
     [ended] = events(home, "job.run_ended.v2")
     assert ended["job_id"] == 1 and ended["ended_at"] < restarted + 15
+
+
+def test_a_time_limit_stop_spanning_a_restart_with_another_grace_gets_its_placements_grace(
+    home: Path,
+) -> None:
+    """atk49-23 F1 (time-limit variant): a job placed under `up --grace 20s` passes its limit
+    while `up` is down and `up --grace 3s` starts. The agent keeps the grace it launched with
+    (20 s); before, every read said SIGKILL at limit + 3 s, a time already past while the
+    processes lived 17 s more. Now the reads count the grace in force when the run was placed,
+    the one its agent applies: SIGKILL at limit + 20 s, and its processes are gone then."""
+    submit(home, "bob", 1, "trap '' TERM; while :; do sleep 0.2; done", "-t", "8s")
+    up = Service(home, "--grace", "20s")
+    wait_for("job 1 running", lambda: jobs(home)[1]["status"] == "running", home=home)
+    assert up.signal(signal.SIGKILL) == -signal.SIGKILL
+    up = Service(home, "--grace", "3s")
+    started = jobs(home)[1]["started_at"]
+    limit = started + 8
+    time.sleep(max(0.0, limit + 5 - time.time()))
+    [row] = json.loads(cli(home, "queue", "--state", "running", "--json").stdout)
+    assert row["state"] == "stopping"
+    assert abs(row["kill_at"] - (limit + 20)) < 1.5, row  # was limit + 3, already past
+    assert jobs(home)[1]["kill_at"] == row["kill_at"]
+    assert [p.job_id for p in live_processes(state(home))] == [1]  # the agent keeps its 20 s
+    wait_for("its process to end", lambda: not live_processes(state(home)), timeout=60, home=home)
+    assert time.time() < row["kill_at"] + 6, up.log.read_text()[-2000:]

@@ -181,3 +181,31 @@ def test_what_a_stopping_job_holds_back_is_estimated_from_its_sigkill() -> None:
     keys = blocked_keys(state, snap, policy, waits)
     starts = estimated_starts(state, snap, decision, now, blocked=keys)
     assert (starts[3], starts[4]) == (10.0 + 60 + 2, 10.0 + 40 + 2)
+
+
+def test_a_job_stopping_at_its_time_limit_frees_its_gpus_at_its_sigkill() -> None:
+    """atk49-23 F5: n1 has 2 GPUs; job 1 runs to t=3600, job 2 (grace 40 s) passes its limit
+    at t=1000 and lives out its grace (SIGKILL by 1040, as `queue` says); job 3 waits for a GPU.
+    It was estimated at job 1's limit (3600): a job past its limit ended "now", a release no
+    start is found at. Now: job 2's SIGKILL plus the cycle that places on its GPU."""
+    from schemas.policy import FifoConfig
+
+    state = State()
+    _run(state, 0.0,
+         c.InitLedger(actor="root", admin="root"),
+         c.OpenAccount(actor="root", path="p", kind="program"),
+         c.OpenAccount(actor="root", path="p/q", kind="project"),
+         c.AddMember(actor="root", user="u", project="p/q"),
+         c.RegisterNode(actor="root", node="n1", gpu_type="h100", gpus=2),
+         c.ConfigureService(actor="root", policy=FifoConfig(), interval_s=2.0, executor="agents",
+                            grace_s=10),
+         c.SubmitJob(actor="u", account="p/q", gpus=1, time_limit_s=3600),
+         c.SubmitJob(actor="u", account="p/q", gpus=1, time_limit_s=1000, grace_s=40))  # fmt: skip
+    _place(state, 0.0)
+    _run(state, 5.0, c.SubmitJob(actor="u", account="p/q", gpus=1, time_limit_s=300))
+    # past its SIGKILL, its end not reported yet: from the next cycle (as a stopped run)
+    for now, want in ((900.0, 1000.0), (1010.0, 1042.0), (1041.0, 1043.0), (1050.0, 1052.0)):
+        snap = snapshot_from_state(state, {}, now, hold_stopping=True)
+        decision = dispatch(snap, build("fifo"), now)
+        assert decision.placements == ()
+        assert estimated_starts(state, snap, decision, now) == {3: want}, now

@@ -58,3 +58,31 @@ def test_a_cancelled_job_in_its_grace_is_stopping_until_its_end_is_recorded(w: R
     row = _rows(w, cancelled + 30, layer.Viewer("alice", w.state))[job_id]
     assert (row.status, row.kill_at, row.finished_at) == ("finished", None, cancelled + 12)
     assert row.elapsed_s == cancelled + 12 - started
+
+
+def test_explain_of_a_cancelled_job_in_its_grace_says_it_is_stopping(w: Recording) -> None:
+    """atk49-23 F7: `explain` said "is finished (cancelled)" with no SIGKILL time while `queue`,
+    `jobs` and the job page's status said `stopping`; now it says so, with the same SIGKILL."""
+    from ledger.reads.preview import explain_told
+    from schemas.units import when
+
+    _configure(w, 60)
+    job_id = _running(w)
+    w.now += 20
+    cancelled = w.now
+    w.run(c.CancelJob(actor="alice", job_id=job_id))
+    records = [LogRecord(i + 1, e.tag_of(type(ev)), codec.encode(ev)) for i, ev in enumerate(w.log)]
+    viewer = layer.Viewer("alice", w.state)
+    with Store(":memory:") as store:
+        Projector(store, ListSource(records)).catch_up()
+        told = explain_told(store, job_id, None, None, cancelled + 5, viewer.detached())
+        row = layer.job(store, job_id, cancelled + 5, viewer)
+        bare = explain_told(store, job_id, None, None, cancelled + 5)  # no live state: as before
+    assert told.status == row.status == "stopping"
+    assert told.lines[0].endswith(" is stopping (cancelled).")
+    assert told.lines[-1] == (
+        f"{when(cancelled)} cancelled: it is stopping (SIGTERM sent, SIGKILL at "
+        f"{when(cancelled + 60)} at the latest); its GPUs are held until its processes are gone."
+    )
+    assert row.kill_at == cancelled + 60
+    assert bare.status == "finished" and bare.lines[0].endswith(" is finished (cancelled).")

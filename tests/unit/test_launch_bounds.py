@@ -119,12 +119,13 @@ def test_a_start_refused_with_its_logs_is_recorded_without_them_and_said(
 def test_a_jobs_grace_is_capped_at_submit_and_at_its_stop(w: World) -> None:
     """`--grace 1h` let a job outlive its limit (a debug job its debug limit) by an hour
     (atk46-23 F7): submit takes at most MAX_GRACE_S, and a job recorded before the cap gets
-    no more at its stop; the service's own default is the admin's."""
+    no more at its stop; the service's own default is the admin's, under the same cap."""
     with pytest.raises(InvalidCommand, match="grace_s"):
         w.submit(grace_s=3600, command=("t",))
     (ok,) = w.submit(grace_s=MAX_GRACE_S, command=("t",))
     assert ok.grace_s == MAX_GRACE_S == 120
-    assert (job_grace(3600, 30.0), job_grace(5, 30.0), job_grace(None, 300.0)) == (120, 5, 300)
+    assert (job_grace(3600, 30.0), job_grace(5, 30.0), job_grace(None, 100.0)) == (120, 5, 100)
+    assert job_grace(None, 600.0) == 120  # the service's too (atk49-23 F6)
 
 
 def test_explain_says_a_job_past_its_limit_is_stopping(w: World) -> None:

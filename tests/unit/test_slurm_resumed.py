@@ -100,7 +100,8 @@ def test_a_jobs_own_grace_recorded_before_the_cap_is_capped_on_slurm_too() -> No
                     account="ai2", grace_s=3600.0)  # fmt: skip
     assert grace_of(launch, None, lambda: None, 30.0) == MAX_GRACE_S
     assert grace_of(None, None, lambda: 3600.0, 30.0) == MAX_GRACE_S  # the ledger's word
-    assert grace_of(None, None, lambda: None, 300.0) == 300.0  # the service's: the admin's
+    assert grace_of(None, None, lambda: None, 100.0) == 100.0  # the service's: the admin's
+    assert grace_of(None, None, lambda: None, 300.0) == MAX_GRACE_S  # capped too (atk49-23 F6)
     assert grace_of(None, None, lambda: 12.0, 30.0) == 12.0
     (j,) = parse_jobs(LINE.format(state="RUNNING") + ":grace=3600")  # its comment says an hour
     assert j.grace_s == 3600.0

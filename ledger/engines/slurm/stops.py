@@ -349,8 +349,10 @@ def resumed_stops(
         sr = stopped.get(tag)
         if sr is None and j.ended:
             continue
-        grace = j.grace_s if j.grace_s is not None or sr is None else sr.grace_s
-        grace = bounded_grace(job_grace(tag[0]) if grace is None else grace, service_s)
+        if j.grace_s is None and sr is not None:  # the ledger's rule (`StoppedRun.grace`)
+            grace = sr.grace(service_s)
+        else:
+            grace = bounded_grace(job_grace(tag[0]) if j.grace_s is None else j.grace_s, service_s)
         since = noted(j.slurm_id)
         gpus: dict[str, tuple[int, ...]] = {}
         for sl in sr.slots if sr is not None else ():
@@ -401,9 +403,13 @@ def earlier_alive(
 
 
 def grace_in(state: State, job_id: int) -> float | None:
-    """Pure: a job's own grace (`submit --grace`) as the ledger holds it; None: it has none."""
+    """Pure: a job's own grace (`submit --grace`) as the ledger holds it, else the service's
+    when its run was placed (`Job.service_grace_s`, the rule of the agents and of every read:
+    atk49-23 F1); None: neither is known (then the service's current one)."""
     job = state.jobs.get(job_id)
-    return None if job is None else job.spec.grace_s
+    if job is None:
+        return None
+    return job.service_grace_s if job.spec.grace_s is None else job.spec.grace_s
 
 
 def completing(
@@ -461,7 +467,7 @@ def bounded_grace(own: float | None, service_s: float) -> float:
     the ledger's word) at most `MAX_GRACE_S`, as on the agents (`schemas.bounds.job_grace`):
     a job recorded with an hour before the cap (its comment `grace=3600`) no longer outlives its
     limit or a cancel by an hour, nor does Slurm's `--time` backstop wait for it (atk46-23 F7);
-    none of its own: the service's (the admin's, not capped)."""
+    none of its own: the service's, under the same cap (`serve --grace` above it is refused)."""
     return capped_grace(own, service_s)
 
 
