@@ -392,15 +392,20 @@ def keep(
 
         upsert = _SQLITE_KEEP if not repair else _SQLITE_KEEP.split(where)[0]
         with recorder.datastore.transaction(commit=True) as cursor:
-            cursor.execute(_SQLITE_TABLE)
             if topic is None:
+                cursor.execute(_SQLITE_TABLE)
                 return
+            # the write first: a read before it (the schema) would pin a snapshot that a commit
+            # meanwhile makes SQLite refuse to upgrade at once ("database is locked", no wait)
             try:
                 cursor.execute(upsert, (topic, position, signature))
             except (sqlite3.OperationalError, OperationalError) as e:
-                if "mac" not in str(e):
+                if "no such table" in str(e):
+                    cursor.execute(_SQLITE_TABLE)
+                elif "mac" in str(e):
+                    cursor.execute(_SQLITE_MAC_COLUMN)
+                else:
                     raise
-                cursor.execute(_SQLITE_MAC_COLUMN)
                 cursor.execute(upsert, (topic, position, signature))
         return
     pool = getattr(getattr(recorder, "datastore", None), "pool", None)

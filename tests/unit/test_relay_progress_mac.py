@@ -151,3 +151,33 @@ def test_a_table_of_an_earlier_version_gets_its_mac_column_at_the_first_write(
     assert kept.word() == Word(3, False)  # no MAC: no vouch, rewritten at the next write
     kept.flush(records[-1].position)
     assert kept.word() == Word(records[-1].position, True)
+
+
+def test_keeping_the_progress_beside_a_busy_writer_waits_for_the_lock_never_fails(
+    org_ledger: Ledger,
+) -> None:
+    """CI (test_kafka_failures, under load): `keep` read the schema (`CREATE TABLE IF NOT
+    EXISTS`) before its upsert, so a commit by the dispatcher in between made SQLite refuse the
+    upgrade to a write at once ("database is locked", no wait) and the relay warned. The upsert
+    is the transaction's first statement now: it waits for the writer as any write does."""
+    import threading
+
+    stop = threading.Event()
+
+    def busy() -> None:
+        i = 0
+        while not stop.is_set():
+            org_ledger.execute(c.AddMember(actor="root", user=f"w{i}", project="ai2/olmo"))
+            i += 1
+
+    recorder = open_store(org_ledger.home)
+    keep(recorder, TOPIC, 1, KEY)
+    writer = threading.Thread(target=busy, daemon=True)
+    writer.start()
+    try:
+        for n in range(2, 300):
+            keep(recorder, TOPIC, n, KEY)
+    finally:
+        stop.set()
+        writer.join(30)
+    assert read(recorder, TOPIC) == 299

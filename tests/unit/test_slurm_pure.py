@@ -43,9 +43,9 @@ from ledger.engines.slurm import (
     words,
 )
 from ledger.engines.slurm.launching import cannot_start
-from ledger.engines.slurm.leaks import leaked_gpus
+from ledger.engines.slurm.leaks import Leaks, leaked_gpus, unsure
 from ledger.engines.slurm.shares import accounts_written
-from ledger.engines.slurm.words import partition_max_time, slurm_duration
+from ledger.engines.slurm.words import SlurmJob, partition_max_time, slurm_duration
 from schemas import commands as c
 from schemas import events as e
 from schemas.errors import InvalidCommand, NotAuthorised
@@ -1092,6 +1092,29 @@ def test_a_gpu_slurm_counts_allocated_that_no_job_holds_is_leaked() -> None:
     assert leaked_gpus({"vm": vm.gres_used}, {"vm": {1}}) == {"vm": frozenset({3})}
     assert leaked_gpus({"vm": vm.gres_used}, {"vm": {1, 3}}) == {}
     assert leaked_gpus({"vm": ()}, {}) == {}
+
+
+def test_a_gpu_a_completing_job_still_holds_on_its_node_is_no_leak() -> None:
+    """CI (cluster c): the last test's job was COMPLETING (its processes alive until KillWait),
+    `-d` no longer listing its GPU, `GresUsed` still counting it; two reads called it leaked and
+    the next run, waiting on it, was taken back. A node with such a job sees no new leak; one
+    already held stays while Slurm counts it."""
+    done = SlurmJob("9", "x", "COMPLETING", "gpuledger", nodes="vm")
+    assert unsure([done], {}) == {"vm"}
+    assert unsure([done], {"vm": ("fake_0",)}) == {"vm"}  # no JOB_GRES: nothing known
+    pinned = dataclasses.replace(done, job_gres="gpu:fake_0:1")
+    assert unsure([pinned], {"vm": ("fake_0",)}) == frozenset()  # its GPU 0 is known held
+    assert unsure([dataclasses.replace(done, state="RUNNING")], {}) == frozenset()
+    leaks = Leaks()
+    for _ in range(3):
+        assert not leaks.read({"vm": (0,)}, {}, unsure=frozenset({"vm"}))
+    assert leaks.held == {}
+    assert not leaks.read({"vm": (0,)}, {}) and leaks.read({"vm": (0,)}, {})  # then two reads
+    assert leaks.held == {"vm": frozenset({0})}
+    assert not leaks.read({"vm": (0, 1)}, {}, unsure=frozenset({"vm"}))  # kept, 1 not new
+    assert leaks.held == {"vm": frozenset({0})}
+    assert leaks.read({"vm": (1,)}, {}, unsure=frozenset({"vm"}))  # Slurm freed 0
+    assert leaks.held == {}
 
 
 def test_the_executor_holds_a_leaked_gpu_as_foreign_once_two_reads_see_it(tmp_path: Path) -> None:

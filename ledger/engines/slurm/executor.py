@@ -48,7 +48,7 @@ from ledger.engines.slurm.launching import (
     tree_said,
 )
 from ledger.engines.slurm.leaked_runs import holding, unplace_leaked
-from ledger.engines.slurm.leaks import Leaks, held_with
+from ledger.engines.slurm.leaks import Leaks, held_with, unsure
 from ledger.engines.slurm.outage import Probe
 from ledger.engines.slurm.outputs import claim_outputs, files_umask, sbatch_env, sbatch_user
 from ledger.engines.slurm.restarts import Restarts, vanished
@@ -280,7 +280,8 @@ class SlurmExecutor:
 
     def _hold_leaked(self) -> None:
         """Hold GPUs Slurm counts allocated that no job holds, in two reads in a row (`leaks`)."""
-        if self._leaks.read(self._gres_used, self._held(ours=True)):
+        ending = unsure(self._view.values(), self._pinned)  # GresUsed counts what -d does not
+        if self._leaks.read(self._gres_used, self._held(ours=True), ending):
             log.warning("Slurm counts GPUs %s allocated but no job holds them (GresUsed): none "
                         "is placed there until Slurm frees it", dict(self._leaks.held))  # fmt: skip
         self._foreign = held_with(self._foreign, self._leaks.held)

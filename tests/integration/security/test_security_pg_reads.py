@@ -146,8 +146,11 @@ def test_with_postgresql_down_reads_answer_at_once_from_what_is_folded(world: Wo
                 assert status == 200, (path, body)
                 assert int(headers["x-gpuledger-position"]) == folded, (path, headers)
                 assert took < 10, (path, took, world.server.log_path.read_text()[-3000:])
-            status, _h, jobs, _t = world.get("/v1/jobs?limit=10000")
-            assert jobs == before
+                if path.startswith("/v1/jobs"):
+                    assert body == before
+            # about 3 MB a round: a pause keeps bob under the read pool's 4 MiB a second of
+            # answers (one round after another was refused 429 once reads got fast)
+            time.sleep(1.0)
         admitted_by_the_pool(world)  # still bounded, still beside the worker
     finally:
         world.pg("up")

@@ -74,7 +74,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
 
 
 def _fill(path: str, w: World) -> str:
-    values = {"job_id": "2", "position": str(w.decision), "page": "job"}
+    values = {"job_id": "2", "position": str(w.decision), "page": "job", "name": "app.js"}
 
     def one(m: re.Match[str]) -> str:
         name = m.group(1).split(":")[0]
