@@ -152,6 +152,11 @@ PG_OUTAGE = "test_pg_outage_"
 standby (`pg_outage_pair`, each test on a fresh database of it): one group, on one worker."""
 
 
+PART = "GPULEDGER_TEST_PART"
+"""`slurm`: only the Slurm files (`SLURM_GROUPS`); `rest`: all but them; unset: all.
+`scripts/test` runs the two parts side by side, each with its own workers."""
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """`scripts/test` runs the suite on workers (pytest-xdist, `--dist loadgroup`). Each test
@@ -168,7 +173,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     than they use the CPU: one group took ~18-21 of the suite's minutes on one worker) and takes
     the other files as it ends. xdist's own order (the groups with the
     most tests first) started the Slurm tests halfway and left files of one long test, such as
-    test_pg_outage_*.py, to the end, each one a tail that one worker ran alone."""
+    test_pg_outage_*.py, to the end, each one a tail that one worker ran alone. With `PART` set,
+    only that part's tests run (scripts/test: the Slurm groups on four workers of their own,
+    beside the rest on two)."""
     slurm: dict[str, list[pytest.Item]] = {g: [] for g in SLURM_GROUPS}
     rest: list[pytest.Item] = []
     for item in items:
@@ -183,7 +190,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             group = f"{item.path.parent.name}/{item.path.stem}"
             rest.append(item)
         item.add_marker(pytest.mark.xdist_group(group))
-    items[:] = [i for group in slurm.values() for i in group] + rest
+    ordered = [i for group in slurm.values() for i in group]
+    part = os.environ.get(PART, "")
+    if part not in ("", "slurm", "rest"):
+        raise pytest.UsageError(f"{PART}={part!r}: give slurm, rest or nothing")
+    if part:  # one of scripts/test's two runs side by side
+        kept, dropped = (ordered, rest) if part == "slurm" else (rest, ordered)
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+    else:
+        items[:] = ordered + rest
 
 
 settings.register_profile("suite", deadline=None)

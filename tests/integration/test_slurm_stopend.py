@@ -173,7 +173,12 @@ def test_a_stop_whose_service_restarts_after_the_node_returned_holds_its_gpus(
     os.kill(cl.daemon_pid("slurmd"), signal.SIGKILL)
     ledger.cli("requeue", "1")
     ledger.submit("bob", 4, f"date +%s.%N >> {work}/next; sleep 2")
-    time.sleep(4)  # past the grace (2 s): the executor's `scancel` is sent
+
+    def scancelled() -> bool:  # past the grace (2 s): the executor's `scancel` reached Slurm
+        return any("job=1:run=0" in j["comment"] and j["state"] != "RUNNING"
+                   for j in cl.jobs().values())  # fmt: skip
+
+    ledger.wait("the executor's scancel", scancelled, timeout=25)  # before SlurmdTimeout (30 s)
     ledger.kill9()
 
     def cancelled() -> bool:
