@@ -147,6 +147,8 @@ def team_places(snapshot: Snapshot, depth: int) -> dict[str, int]:
 
 
 _BY_SUBMIT = attrgetter("submitted_at", "job_id")
+_JOB_ID = attrgetter("job_id")
+_SUBMITTED = attrgetter("submitted_at")
 KEEP_FROM = 256
 """Pending jobs from which fair share's order is kept between cycles (`FairShare2.order_kept`):
 below it, ordering afresh is cheaper (measured: docs/simulation.md, "Speed, eleventh round")."""
@@ -217,9 +219,12 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
     ) -> tuple[Ordered, KeptClasses | None]:
         """`order_kept` (what a version that builds on this order reads as `order`); a
         queue shorter than `KEEP_FROM` is ordered afresh and nothing is handed on (keeping
-        costs more than it saves there)."""
+        costs more than it saves there), and so is one with nothing kept (classing every job
+        costs more than ordering it once: a cold `decide()` pays nothing for the keeping)."""
         if len(snapshot.pending) < KEEP_FROM:
             return self._afresh(snapshot), None
+        if kept is None:  # nothing kept (a `decide()` from nothing): classed from the next one
+            return self._afresh(snapshot), KeptClasses({}, {})
         classes = classes_kept(snapshot.pending, _class_of, kept)
         ranks, depth, lane = snapshot.ranks, self.team_depth, self.debug_lane
         places = team_places(snapshot, depth) if self.whole_tree else {}
@@ -297,8 +302,9 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
         out: list[tuple[tuple[int, ...], list[PendingJob]]] = []
         for head in sorted(groups):
             group = groups[head]
-            if len(group) > 1:
-                group.sort(key=_BY_SUBMIT)
+            if len(group) > 1:  # by (submit time, job id): two stable sorts, keys read in C
+                group.sort(key=_JOB_ID)
+                group.sort(key=_SUBMITTED)
             out.append((head, group))
         return Ordered(out)
 

@@ -155,6 +155,8 @@ class Ordered(Sequence[tuple[SortKey, PendingJob]]):
 
 _BY_SUBMIT = attrgetter("submitted_at", "job_id")
 """A pending job's place inside its group: (submit time, job id), unique."""
+_JOB_ID = attrgetter("job_id")
+_SUBMITTED = attrgetter("submitted_at")
 
 _FEW = 8
 """Changes to one class at most this many: put in and taken out one by one (bisect), else the
@@ -204,8 +206,9 @@ def classes_kept(
         else:
             group.append(j)
     for group in classes.values():
-        if len(group) > 1:
-            group.sort(key=_BY_SUBMIT)
+        if len(group) > 1:  # by (submit time, job id): two stable sorts, keys read in C
+            group.sort(key=_JOB_ID)
+            group.sort(key=_SUBMITTED)
     return KeptClasses(members, classes)
 
 
