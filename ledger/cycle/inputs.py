@@ -152,6 +152,8 @@ class Views:
     settings: tuple[object, ...] = ()
     """What else a job's view reads (`unobserved`, `from_start`, `longest_s`): the next call
     walks every live job when they differ."""
+    low: dict[int, float] | None = None
+    """The `low_util_since` it read (a copy)."""
 
 
 def snapshot_kept(
@@ -259,7 +261,7 @@ def snapshot_kept(
         shares=dict(shares or {}),
     )
     kept = Views(order, kept_nodes, kept_running, kept_pending, kept_ranks, seen,
-                 frozenset(waiting), settings)  # fmt: skip
+                 frozenset(waiting), settings, dict(low))  # fmt: skip
     return snapshot, kept
 
 
@@ -362,19 +364,27 @@ def _jobs_kept(
     """Pure: `_jobs_walked`'s answer, worked out from the last call's (same settings): a
     record is frozen (a change is a new one), so only the records that came or went since
     (by identity) and the pending jobs `blocked` now holds back or lets go are looked at; a
-    pending view reads nothing else. The running views are checked again one by one (since
-    when a run counts and its GPUs idle move without a new record)."""
+    pending view reads nothing else. A running view reads `low` too (and `now`, with
+    `from_start`): while they are the same, so is every unchanged record's view; else each is
+    checked again."""
     assert last.live is not None
     old = last.live
     gone = old.keys() - seen.keys()
     came = seen.keys() - old.keys()
     kept_pending = dict(last.pending)
+    # a running view reads its record and `low` (and `now`, for a run not started yet, with
+    # `from_start`): while `low` is the same, the unchanged records' views are the last ones
+    same_low = not from_start and last.low == low
+    kept_running: _Running = dict(last.running) if same_low else {}
     for key in gone:
         job = old[key]
         job_id = job.spec.job_id
         hit = kept_pending.get(job_id)
         if hit is not None and hit[0] is job:
             del kept_pending[job_id]
+        ran = kept_running.get(job_id)
+        if ran is not None and ran[0] is job:
+            del kept_running[job_id]
     changed = [seen[key] for key in came]
     if waiting or last.waiting:
         held_back = waiting.keys()
@@ -383,7 +393,9 @@ def _jobs_kept(
         jobs, active = state.jobs, state.active
         changed += [jobs[i] for i in last.waiting - held_back if i in active]
     changed.sort(key=_job_id)
-    running = [hit[0] for hit in last.running.values() if seen.get(id(hit[0])) is hit[0]]
+    running = [] if same_low else [
+        hit[0] for hit in last.running.values() if seen.get(id(hit[0])) is hit[0]
+    ]  # fmt: skip
     for job in changed:
         status = job.status
         if status == "pending":
@@ -399,7 +411,6 @@ def _jobs_kept(
             and not (unobserved and any(sl.node in unobserved for sl in job.slots))
         ):
             running.append(job)
-    kept_running: _Running = {}
     for job in running:
         _run_view(job, last.running, kept_running, now, low, from_start)
     return kept_pending, kept_running

@@ -61,6 +61,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from operator import attrgetter
 from typing import cast
 
@@ -229,9 +230,25 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
         ranks, depth, lane = snapshot.ranks, self.team_depth, self.debug_lane
         places = team_places(snapshot, depth) if self.whole_tree else {}
         fresh_first = self.fresh_first
+        # a class's head reads the ranks and team places: while they are the same, it is too
+        read = (ranks, places, depth, lane, fresh_first)
+        last = kept.heads
+        known: dict[Hashable, tuple[int, ...]] = {}
+        if last is not None and last[0] == read:
+            known = last[1]
+        heads_of: dict[Hashable, tuple[int, ...]] = {}
         cache: dict[tuple[str, str], tuple[int, int]] = {}
         heads: dict[tuple[int, ...], list[list[PendingJob]]] = {}
         for c, members in classes.classes.items():
+            was = known.get(c)
+            if was is not None:
+                heads_of[c] = was
+                found = heads.get(was)
+                if found is None:
+                    heads[was] = [members]
+                else:
+                    found.append(members)
+                continue
             account, user, debug, funded, fresh, priority = cast("_Class", c)
             who = (account, user)
             pair = cache.get(who)
@@ -254,6 +271,7 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
             else:
                 head = (0 if lane and funded and debug else 1, 0 if funded else 1, pair[0],
                         -priority, pair[1])  # fmt: skip
+            heads_of[c] = head
             found = heads.get(head)
             if found is None:
                 heads[head] = [members]
@@ -266,7 +284,7 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
                 out.append((head, parts[0]))
             else:  # classes that share a head (two users of a team unranked alike)
                 out.append((head, sorted((j for p in parts for j in p), key=_BY_SUBMIT)))
-        return Ordered(out), classes
+        return Ordered(out), replace(classes, heads=(read, heads_of))
 
     def _afresh(self, snapshot: Snapshot) -> Ordered:
         """`order` built from every job's key head: jobs grouped by it, the groups sorted, each

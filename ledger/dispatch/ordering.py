@@ -173,6 +173,10 @@ class KeptClasses:
 
     members: dict[int, tuple[PendingJob, Hashable]]
     classes: dict[Hashable, list[PendingJob]]
+    heads: tuple[object, dict[Hashable, tuple[int, ...]]] | None = None
+    """What the policy read to work out each class's key head, and the heads: a policy adds
+    them (`classes_kept` makes none) and reads them back next time while what it read is the
+    same."""
 
 
 def classes_kept(

@@ -147,7 +147,7 @@ def test_a_kept_order_is_the_order_made_afresh(
     assert isinstance(policy, FairShare2)
     rng = random.Random(7)
     pending = {i: _job(rng, i) for i in range(1, 120)}
-    next_id, kept = 120, None
+    next_id, kept, shares = 120, None, {}
     ranked = ["lab/a/u", "lab/a/v", "lab/b/u", "lab/b/v", "lab/c/u", "lab/d/w"]  # not lab/*/w
     for step in range(60):
         if step % 7 == 3:  # nothing changed
@@ -164,8 +164,10 @@ def test_a_kept_order_is_the_order_made_afresh(
             for _ in range(rng.choice([0, 1, 3, 20])):
                 pending[next_id] = _job(rng, next_id)
                 next_id += 1
-        rng.shuffle(ranked)
-        shares = {"lab/a": 4.0, "lab/b": rng.uniform(0.5, 5), "lab/c": 0.5, "lab/d": 1.0}
+        if step % 3 == 0:  # ranks and shares move (else the heads are the last ones)
+            rng.shuffle(ranked)
+        if step % 4 == 0:
+            shares = {"lab/a": 4.0, "lab/b": rng.uniform(0.5, 5), "lab/c": 0.5, "lab/d": 1.0}
         snap = Snapshot(position=step, taken_at=100_000.0, nodes=(), running=(),
                         pending=tuple(pending[i] for i in sorted(pending)),
                         ranks=complete_ranks({p: r for r, p in enumerate(ranked)}),

@@ -489,7 +489,7 @@ def _snapshots_kept(events: list[e.AnyEvent], ranks: dict[str, int], hold_stoppi
     state, views = State(), None
     for n, ev in enumerate(events):
         evolve(state, ev)
-        low = {j: T0 for j in sorted(state.active)[::3]} if n % 2 else None
+        low = {j: T0 for j in sorted(state.active)[::3]} if n // 4 % 2 else None
         kept, views = snapshot_kept(state, ranks, T0 + n, views, low_util_since=low,
                                     hold_stopping=hold_stopping)  # fmt: skip
         assert kept == snapshot_from_state(
