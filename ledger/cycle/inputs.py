@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from ledger.core.jobs import blocked
 from ledger.core.state import Job, Node, State
@@ -71,6 +72,12 @@ def _busy(
     for node, gpus in (unavailable or {}).items():
         out[node] = out.get(node, frozenset()) | gpus
     return out
+
+
+KEEP_FROM = 256
+"""Live jobs from which `snapshot_kept` looks only at the job records that changed since the
+last call: below it, walking every live job is cheaper (docs/simulation.md, "Speed, eleventh
+round")."""
 
 
 def _too_long(time_limit_s: float | None, longest_s: float | None) -> bool:
@@ -136,6 +143,17 @@ class Views:
     )
     pending: dict[int, tuple[Job, PendingJob]] = field(default_factory=dict)
     ranks: KeptRanks | None = None
+    live: dict[int, Job] | None = None
+    """The live jobs' records it read, by `id()` (held here, so an id is not reused while it is
+    kept): the next call walks only the records that came or went since (`_jobs_kept`); None
+    below `KEEP_FROM` live jobs (the next call walks them all)."""
+    waiting: frozenset[int] = frozenset()
+    """The pending jobs `blocked` held back."""
+    settings: tuple[object, ...] = ()
+    """What else a job's view reads (`unobserved`, `from_start`, `longest_s`): the next call
+    walks every live job when they differ."""
+    low: dict[int, float] | None = None
+    """The `low_util_since` it read (a copy)."""
 
 
 def snapshot_kept(
@@ -212,17 +230,63 @@ def snapshot_kept(
         kept_nodes[n.name] = (n, view)
         views.append(view)
     nodes = tuple(views)
-    running: list[RunningJob] = []
-    pending: list[PendingJob] = []
     # only the live jobs (`state.active`), in id order: the cost follows live work, not the
     # finished jobs a full state keeps
     jobs = state.jobs
-    live = [jobs[i] for i in sorted(state.active)]
+    live = list(map(jobs.__getitem__, sorted(state.active)))
     # a dependency not met, an array at its limit: not placed yet (a stopping job counts)
     waiting = blocked(state, live, hold_stopping)
-    made_running, made_pending = last.running, last.pending
-    kept_running: dict[int, tuple[Job, tuple[float, float | None], RunningJob]] = {}
-    kept_pending: dict[int, tuple[Job, PendingJob]] = {}
+    settings = (unobserved, from_start, longest_s)
+    seen = dict(zip(map(id, live), live, strict=True)) if len(live) >= KEEP_FROM else None
+    if seen is not None and last.live is not None and last.settings == settings:
+        kept_pending, kept_running = _jobs_kept(
+            state, last, seen, waiting, now, low, unobserved, from_start, longest_s
+        )
+    else:
+        kept_pending, kept_running = _jobs_walked(
+            live, last, waiting, now, low, unobserved, from_start, longest_s
+        )
+    pending = tuple(map(_VIEW_OF_PENDING, map(kept_pending.__getitem__, sorted(kept_pending))))
+    running = tuple(map(_VIEW_OF_RUNNING, map(kept_running.__getitem__, sorted(kept_running))))
+    completed, kept_ranks = complete_ranks_kept(ranks, last.ranks)
+    snapshot = Snapshot(
+        position=state.events if position is None else position,
+        taken_at=now,
+        nodes=nodes,
+        running=running,
+        pending=pending,
+        ranks=completed,
+        level_fs=dict(level_fs or {}),
+        usage=dict(usage or {}),
+        shares=dict(shares or {}),
+    )
+    kept = Views(order, kept_nodes, kept_running, kept_pending, kept_ranks, seen,
+                 frozenset(waiting), settings, dict(low))  # fmt: skip
+    return snapshot, kept
+
+
+_Pending = dict[int, tuple[Job, PendingJob]]
+_Running = dict[int, tuple[Job, tuple[float, float | None], RunningJob]]
+_VIEW_OF_PENDING = itemgetter(1)
+_VIEW_OF_RUNNING = itemgetter(2)
+
+
+def _jobs_walked(
+    live: list[Job],
+    last: Views,
+    waiting: Mapping[int, object],
+    now: float,
+    low: Mapping[int, float],
+    unobserved: frozenset[str],
+    from_start: bool,
+    longest_s: float | None,
+) -> tuple[_Pending, _Running]:
+    """Pure: the views of every live job (`snapshot_kept`), each the last call's again where
+    its record and inputs are the same: pending (not held, not `waiting`, not too long) and
+    running (placed, not in doubt, seen)."""
+    made_pending = last.pending
+    kept_pending: _Pending = {}
+    kept_running: _Running = {}
     for job in live:
         status = job.status
         if status == "pending":
@@ -237,7 +301,6 @@ def snapshot_kept(
             known = made_pending.get(job_id)
             wait = known[1] if known is not None and known[0] is job else pending_view(job)
             kept_pending[job_id] = (job, wait)
-            pending.append(wait)
             continue
         if status not in ("placed", "running"):
             continue
@@ -245,43 +308,113 @@ def snapshot_kept(
             continue  # its node is lost and its run may live: its GPUs stay held, it is no victim
         if unobserved and any(sl.node in unobserved for sl in job.slots):
             continue  # its engine cannot see it now: it is no victim
-        placed_at = job.placed_at
-        if placed_at is None:
-            continue
-        spec = job.spec
-        job_id = spec.job_id
-        since = _since(placed_at, job.started_at, now, True) if from_start else placed_at
-        inputs = (since, low.get(job_id))
-        hit = made_running.get(job_id)
-        if hit is not None and hit[0] is job and hit[1] == inputs:
-            run = hit[2]
-        else:
-            run = RunningJob(
-                job_id=job_id,
-                account=spec.account,
-                user=spec.user,
-                gpus=spec.gpus,
-                slots=job.slots,
-                placed_at=inputs[0],
-                min_runtime_s=spec.min_runtime_s,
-                resumable=spec.resumable,
-                checkpoint_at=job.checkpoint_at,
-                debug=spec.debug,
-                low_util_since=inputs[1],
-                time_limit_s=spec.time_limit_s,
-            )
-        kept_running[job_id] = (job, inputs, run)
-        running.append(run)
-    completed, kept_ranks = complete_ranks_kept(ranks, last.ranks)
-    snapshot = Snapshot(
-        position=state.events if position is None else position,
-        taken_at=now,
-        nodes=nodes,
-        running=tuple(running),
-        pending=tuple(pending),
-        ranks=completed,
-        level_fs=dict(level_fs or {}),
-        usage=dict(usage or {}),
-        shares=dict(shares or {}),
-    )
-    return snapshot, Views(order, kept_nodes, kept_running, kept_pending, kept_ranks)
+        _run_view(job, last.running, kept_running, now, low, from_start)
+    return kept_pending, kept_running
+
+
+def _run_view(
+    job: Job,
+    made: _Running,
+    kept: _Running,
+    now: float,
+    low: Mapping[int, float],
+    from_start: bool,
+) -> None:
+    """Put the view of the running `job` in `kept` (the one in `made` again when its record
+    and inputs are the same); nothing for a job not placed."""
+    placed_at = job.placed_at
+    if placed_at is None:
+        return
+    spec = job.spec
+    job_id = spec.job_id
+    since = _since(placed_at, job.started_at, now, True) if from_start else placed_at
+    inputs = (since, low.get(job_id))
+    hit = made.get(job_id)
+    if hit is not None and hit[0] is job and hit[1] == inputs:
+        run = hit[2]
+    else:
+        run = RunningJob(
+            job_id=job_id,
+            account=spec.account,
+            user=spec.user,
+            gpus=spec.gpus,
+            slots=job.slots,
+            placed_at=inputs[0],
+            min_runtime_s=spec.min_runtime_s,
+            resumable=spec.resumable,
+            checkpoint_at=job.checkpoint_at,
+            debug=spec.debug,
+            low_util_since=inputs[1],
+            time_limit_s=spec.time_limit_s,
+        )
+    kept[job_id] = (job, inputs, run)
+
+
+def _jobs_kept(
+    state: State,
+    last: Views,
+    seen: Mapping[int, Job],
+    waiting: Mapping[int, object],
+    now: float,
+    low: Mapping[int, float],
+    unobserved: frozenset[str],
+    from_start: bool,
+    longest_s: float | None,
+) -> tuple[_Pending, _Running]:
+    """Pure: `_jobs_walked`'s answer, worked out from the last call's (same settings): a
+    record is frozen (a change is a new one), so only the records that came or went since
+    (by identity) and the pending jobs `blocked` now holds back or lets go are looked at; a
+    pending view reads nothing else. A running view reads `low` too (and `now`, with
+    `from_start`): while they are the same, so is every unchanged record's view; else each is
+    checked again."""
+    assert last.live is not None
+    old = last.live
+    gone = old.keys() - seen.keys()
+    came = seen.keys() - old.keys()
+    kept_pending = dict(last.pending)
+    # a running view reads its record and `low` (and `now`, for a run not started yet, with
+    # `from_start`): while `low` is the same, the unchanged records' views are the last ones
+    same_low = not from_start and last.low == low
+    kept_running: _Running = dict(last.running) if same_low else {}
+    for key in gone:
+        job = old[key]
+        job_id = job.spec.job_id
+        hit = kept_pending.get(job_id)
+        if hit is not None and hit[0] is job:
+            del kept_pending[job_id]
+        ran = kept_running.get(job_id)
+        if ran is not None and ran[0] is job:
+            del kept_running[job_id]
+    changed = [seen[key] for key in came]
+    if waiting or last.waiting:
+        held_back = waiting.keys()
+        for job_id in held_back - last.waiting:
+            kept_pending.pop(job_id, None)
+        jobs, active = state.jobs, state.active
+        changed += [jobs[i] for i in last.waiting - held_back if i in active]
+    changed.sort(key=_job_id)
+    running = [] if same_low else [
+        hit[0] for hit in last.running.values() if seen.get(id(hit[0])) is hit[0]
+    ]  # fmt: skip
+    for job in changed:
+        status = job.status
+        if status == "pending":
+            job_id = job.spec.job_id
+            if job.held or job_id in waiting or _too_long(job.spec.time_limit_s, longest_s):
+                continue
+            known = last.pending.get(job_id)
+            wait = known[1] if known is not None and known[0] is job else pending_view(job)
+            kept_pending[job_id] = (job, wait)
+        elif (
+            status in ("placed", "running")
+            and job.doubt_until is None
+            and not (unobserved and any(sl.node in unobserved for sl in job.slots))
+        ):
+            running.append(job)
+    for job in running:
+        _run_view(job, last.running, kept_running, now, low, from_start)
+    return kept_pending, kept_running
+
+
+def _job_id(job: Job) -> int:
+    return job.spec.job_id

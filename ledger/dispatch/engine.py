@@ -47,7 +47,7 @@ from operator import itemgetter
 
 import msgspec
 
-from ledger.dispatch.ordering import Ordered, SortKey
+from ledger.dispatch.ordering import KeptClasses, Ordered, SortKey
 from ledger.dispatch.placement import (
     FreeIndex,
     KeptIndex,
@@ -736,6 +736,9 @@ class Carry(msgspec.Struct, frozen=True):
     ranks: KeptRanks | None = None
     slots: KeptSlots | None = None
     """The running jobs' slots on active nodes the last reservation read (`Frees`)."""
+    order: KeptClasses | None = None
+    """The pending jobs in the classes of the last order, for a policy that keeps its order
+    (an optional `order_kept(snapshot, kept) -> (order, kept)`: fair share's)."""
 
 
 def decide(snapshot: Snapshot, policy: Policy, now: float) -> Decision:
@@ -762,8 +765,14 @@ def decide_carried(
         # 2. maintenance drains
         cycle.drain()
         # 3. pending jobs in the policy's order: place, preempt for, or explain
-        ordered = policy.order(snapshot)
+        order_kept = getattr(policy, "order_kept", None)
+        kept_order: KeptClasses | None = None
+        if order_kept is None:
+            ordered = policy.order(snapshot)
+        else:
+            ordered, kept_order = order_kept(snapshot, last.order)
         cycle.consider(ordered if isinstance(ordered, Ordered) else tuple(ordered))
         # 4. fragmentation and the next wake-up
         slots = cycle.frees.kept(last.slots)
-        return cycle.decision(), Carry(index=kept_index, ranks=kept_ranks, slots=slots)
+        carry = Carry(index=kept_index, ranks=kept_ranks, slots=slots, order=kept_order)
+        return cycle.decision(), carry

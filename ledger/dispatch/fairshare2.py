@@ -61,11 +61,13 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from operator import attrgetter
+from typing import cast
 
 import msgspec
 
-from ledger.dispatch.ordering import Ordered, SortKey
+from ledger.dispatch.ordering import KeptClasses, Ordered, SortKey, classes_kept
 from ledger.dispatch.policy import debug_nodes, declared_end, ends_before
 from ledger.dispatch.preemption import (
     CLASS_NOT_RESUMABLE,
@@ -145,8 +147,23 @@ def team_places(snapshot: Snapshot, depth: int) -> dict[str, int]:
     return found
 
 
+_BY_SUBMIT = attrgetter("submitted_at", "job_id")
 _JOB_ID = attrgetter("job_id")
 _SUBMITTED = attrgetter("submitted_at")
+KEEP_FROM = 256
+"""Pending jobs from which fair share's order is kept between cycles (`FairShare2.order_kept`):
+below it, ordering afresh is cheaper (measured: docs/simulation.md, "Speed, eleventh round")."""
+
+
+_Class = tuple[str, str, bool, bool, bool, int]
+"""(account, user, debug, funded, never ran, priority): a class of `FairShare2.order_kept`."""
+
+
+def _class_of(job: PendingJob) -> _Class:
+    """Everything of a job fair share's order reads before its submit time and id
+    (`FairShare2.order_kept`)."""
+    return (job.account, job.user, job.debug, job.min_runtime_s > 0, job.runs == 0,
+            job.priority)  # fmt: skip
 
 
 def _gpu_h(gpu_s: float) -> str:
@@ -182,6 +199,96 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
         by those parts and each group by (submit time, job id): the same order as one sort of
         all the keys, with far fewer comparisons, and the keys themselves built only when a
         reader asks (`ordering.Ordered`; scripts/bench_dispatch.py)."""
+        return self._ordered(snapshot, None)[0]
+
+    def order_kept(
+        self, snapshot: Snapshot, kept: KeptClasses | None
+    ) -> tuple[Sequence[tuple[SortKey, PendingJob]], KeptClasses | None]:
+        """`order(snapshot)`, made from what the last cycle's handed on (`kept`, None:
+        nothing; `engine.decide_carried` carries it), and what to hand the next. The jobs are
+        kept in classes of everything their key's head reads of a job (account, user, debug,
+        funded, ever ran, priority), each in (submit time, job id) order, and only the jobs
+        that came or went since are classed again (`ordering.classes_kept`); each cycle works
+        out one head per class (the ranks and team places move) and merges the classes that
+        share one. A version with an order of its own hands nothing on."""
+        if type(self).order is not FairShare2.order:
+            return self.order(snapshot), None
+        return self._ordered(snapshot, kept)
+
+    def _ordered(
+        self, snapshot: Snapshot, kept: KeptClasses | None
+    ) -> tuple[Ordered, KeptClasses | None]:
+        """`order_kept` (what a version that builds on this order reads as `order`); a
+        queue shorter than `KEEP_FROM` is ordered afresh and nothing is handed on (keeping
+        costs more than it saves there), and so is one with nothing kept (classing every job
+        costs more than ordering it once: a cold `decide()` pays nothing for the keeping)."""
+        if len(snapshot.pending) < KEEP_FROM:
+            return self._afresh(snapshot), None
+        if kept is None:  # nothing kept (a `decide()` from nothing): classed from the next one
+            return self._afresh(snapshot), KeptClasses({}, {})
+        classes = classes_kept(snapshot.pending, _class_of, kept)
+        ranks, depth, lane = snapshot.ranks, self.team_depth, self.debug_lane
+        places = team_places(snapshot, depth) if self.whole_tree else {}
+        fresh_first = self.fresh_first
+        # a class's head reads the ranks and team places: while they are the same, it is too
+        read = (ranks, places, depth, lane, fresh_first)
+        last = kept.heads
+        known: dict[Hashable, tuple[int, ...]] = {}
+        if last is not None and last[0] == read:
+            known = last[1]
+        heads_of: dict[Hashable, tuple[int, ...]] = {}
+        cache: dict[tuple[str, str], tuple[int, int]] = {}
+        heads: dict[tuple[int, ...], list[list[PendingJob]]] = {}
+        for c, members in classes.classes.items():
+            was = known.get(c)
+            if was is not None:
+                heads_of[c] = was
+                found = heads.get(was)
+                if found is None:
+                    heads[was] = [members]
+                else:
+                    found.append(members)
+                continue
+            account, user, debug, funded, fresh, priority = cast("_Class", c)
+            who = (account, user)
+            pair = cache.get(who)
+            if pair is None:
+                name = team_of(account, depth)
+                rank = ranks.get(name, ranks.get(account, UNRANKED))
+                team = places.get(name, len(places) + rank) if places else rank
+                leaf = ranks.get(f"{account}/{user}", rank)
+                pair = cache[who] = (team, leaf)
+            head: tuple[int, ...]
+            if fresh_first:  # after funded-before-unfunded: 1 for an unfunded job that ran
+                head = (
+                    0 if lane and funded and debug else 1,
+                    0 if funded else 1,
+                    0 if funded or fresh else 1,
+                    pair[0],
+                    -priority,
+                    pair[1],
+                )
+            else:
+                head = (0 if lane and funded and debug else 1, 0 if funded else 1, pair[0],
+                        -priority, pair[1])  # fmt: skip
+            heads_of[c] = head
+            found = heads.get(head)
+            if found is None:
+                heads[head] = [members]
+            else:
+                found.append(members)
+        out: list[tuple[tuple[int, ...], Sequence[PendingJob]]] = []
+        for head in sorted(heads):
+            parts = heads[head]
+            if len(parts) == 1:
+                out.append((head, parts[0]))
+            else:  # classes that share a head (two users of a team unranked alike)
+                out.append((head, sorted((j for p in parts for j in p), key=_BY_SUBMIT)))
+        return Ordered(out), replace(classes, heads=(read, heads_of))
+
+    def _afresh(self, snapshot: Snapshot) -> Ordered:
+        """`order` built from every job's key head: jobs grouped by it, the groups sorted, each
+        group by (submit time, job id)."""
         ranks, depth, lane = snapshot.ranks, self.team_depth, self.debug_lane
         places = team_places(snapshot, depth) if self.whole_tree else {}
         fresh_first = self.fresh_first
@@ -199,22 +306,12 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
                 pair = cache[who] = (team, leaf)
             head: tuple[int, ...]
             if fresh_first:  # after funded-before-unfunded: 1 for an unfunded job that ran
-                head = (
-                    0 if lane and funded and j.debug else 1,
-                    0 if funded else 1,
-                    0 if funded or j.runs == 0 else 1,
-                    pair[0],
-                    -j.priority,
-                    pair[1],
-                )
+                fresh = 0 if funded or j.runs == 0 else 1
+                head = (0 if lane and funded and j.debug else 1, 0 if funded else 1, fresh,
+                        pair[0], -j.priority, pair[1])  # fmt: skip
             else:
-                head = (
-                    0 if lane and funded and j.debug else 1,
-                    0 if funded else 1,
-                    pair[0],
-                    -j.priority,
-                    pair[1],
-                )
+                head = (0 if lane and funded and j.debug else 1, 0 if funded else 1, pair[0],
+                        -j.priority, pair[1])  # fmt: skip
             group = groups.get(head)
             if group is None:
                 groups[head] = [j]

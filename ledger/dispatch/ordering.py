@@ -22,8 +22,10 @@ overtake a better-ranked one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from operator import itemgetter
+from bisect import bisect_left, insort
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence, Set
+from dataclasses import dataclass
+from operator import attrgetter, itemgetter
 from typing import overload
 
 from ledger.dispatch.snapshot import UNRANKED, PendingJob
@@ -149,6 +151,110 @@ class Ordered(Sequence[tuple[SortKey, PendingJob]]):
 
     def __repr__(self) -> str:
         return f"Ordered({self.pairs()!r})"
+
+
+_BY_SUBMIT = attrgetter("submitted_at", "job_id")
+"""A pending job's place inside its group: (submit time, job id), unique."""
+_JOB_ID = attrgetter("job_id")
+_SUBMITTED = attrgetter("submitted_at")
+
+_FEW = 8
+"""Changes to one class at most this many: put in and taken out one by one (bisect), else the
+class is made again from its kept jobs."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeptClasses:
+    """What one `classes_kept` hands the next: the pending views it classed (by `id()` of the
+    view: the views are the snapshot's, kept by identity while their job's record is unchanged,
+    and held here, so an `id` cannot be reused while it is kept) with their class, and every
+    class's views in (submit time, job id) order. Never changed after it is made: a call that
+    changes a class makes a new list (the last cycle's `Ordered` may still read the old one)."""
+
+    members: dict[int, tuple[PendingJob, Hashable]]
+    classes: dict[Hashable, list[PendingJob]]
+    heads: tuple[object, dict[Hashable, tuple[int, ...]]] | None = None
+    """What the policy read to work out each class's key head, and the heads: a policy adds
+    them (`classes_kept` makes none) and reads them back next time while what it read is the
+    same."""
+
+
+def classes_kept(
+    pending: Sequence[PendingJob],
+    class_of: Callable[[PendingJob], Hashable],
+    kept: KeptClasses | None,
+) -> KeptClasses:
+    """Pure: the `pending` views in the classes `class_of` gives (a class's sort-key head is the
+    same for every job of it), each class in (submit time, job id) order, worked out from what
+    the last call handed on (`kept`; None: nothing): only the views that came or went since are
+    classed and put in or taken out. Equal to classing every view afresh (a view is the same
+    object while its job's record is, `ledger.cycle.inputs.snapshot_kept`; a changed job is a
+    new view, so it goes out and comes in)."""
+    now = dict(zip(map(id, pending), pending, strict=True))
+    if kept is not None:
+        old = kept.members
+        gone = old.keys() - now.keys()
+        came = now.keys() - old.keys()
+        if not gone and not came:
+            return kept
+        if len(gone) + len(came) < len(now):
+            return _changed(kept, now, gone, came, class_of)
+    members: dict[int, tuple[PendingJob, Hashable]] = {}
+    classes: dict[Hashable, list[PendingJob]] = {}
+    for key, j in now.items():
+        c = class_of(j)
+        members[key] = (j, c)
+        group = classes.get(c)
+        if group is None:
+            classes[c] = [j]
+        else:
+            group.append(j)
+    for group in classes.values():
+        if len(group) > 1:  # by (submit time, job id): two stable sorts, keys read in C
+            group.sort(key=_JOB_ID)
+            group.sort(key=_SUBMITTED)
+    return KeptClasses(members, classes)
+
+
+def _changed(
+    kept: KeptClasses,
+    now: dict[int, PendingJob],
+    gone: Set[int],
+    came: Set[int],
+    class_of: Callable[[PendingJob], Hashable],
+) -> KeptClasses:
+    """`classes_kept` from `kept` with the views `gone` taken out and those that `came` in."""
+    old = kept.members
+    members = dict(old)
+    classes = dict(kept.classes)
+    out: dict[Hashable, list[PendingJob]] = {}
+    into: dict[Hashable, list[PendingJob]] = {}
+    for key in gone:
+        j, c = members.pop(key)
+        out.setdefault(c, []).append(j)
+    for key in came:
+        j = now[key]
+        c = class_of(j)
+        members[key] = (j, c)
+        into.setdefault(c, []).append(j)
+    for c in out.keys() | into.keys():
+        taken, put = out.get(c, ()), into.get(c, ())
+        group = list(classes.get(c, ()))
+        if len(taken) + len(put) <= _FEW:
+            for j in taken:
+                del group[bisect_left(group, _BY_SUBMIT(j), key=_BY_SUBMIT)]
+            for j in put:
+                insort(group, j, key=_BY_SUBMIT)
+        else:
+            drop = {id(j) for j in taken}
+            group = [j for j in group if id(j) not in drop]
+            group += put
+            group.sort(key=_BY_SUBMIT)
+        if group:
+            classes[c] = group
+        else:
+            classes.pop(c, None)
+    return KeptClasses(members, classes)
 
 
 def enc_hook(obj: object) -> object:

@@ -16,13 +16,18 @@ drawn 1-4 and 1-5) and `researchers` people per team, and jobs of four kinds:
 `unfunded` of the GPU-hours are unfunded (min runtime 0: the free tier) and `resumable` of the
 jobs resumable; funded jobs sign a min runtime of 1-8 h (large ones 4 or 8 h).
 
-**Demand.** `demand` is the GPUs of the jobs alive (pending or running) over the cluster's, kept
-about constant: a backlog of `(demand - 1) x gpus` GPUs of jobs is submitted in the first hour,
-and arrivals offer about the cluster's capacity (`load`, 1.0) after that, so the backlog stays
-(a policy that wastes capacity lets it grow). Teams' arrivals are Poisson, weighted by budget
+**Demand.** `demand` is the GPUs of the jobs alive (pending or running) over the cluster's at
+the start: a backlog of `(demand - 1) x gpus` GPUs of jobs is submitted in the first hour (its
+kinds drawn job by job with the `mix` weights, so most of its GPUs are large gangs), and
+arrivals offer the cluster's capacity (`load`, 1.0) after that *on average over weeks*, so the
+backlog stays about constant only over weeks (a policy that wastes capacity lets it grow). Day
+by day it moves: day 0 is a Monday, weekdays offer 1.17x the mean of debug, small and medium
+work and weekends 0.58x, and teams' seasons and the few large gangs add more (at 4,096 GPUs,
+seed 1, days 0-4 offer 1.2-1.6x capacity each and days 5-6 0.55-0.57x; docs/simulation.md,
+"Workloads"). Teams' arrivals are Poisson, weighted by budget
 fraction x lognormal(0, `skew`) (demand differs from budget) and seasonal (each team's
 intensity follows `1 + 0.9 sin(2 pi t / P + phase)`, P 7-21 days: teams go quiet and return);
-debug and small jobs come more in working hours. The report measures the demand each policy
+debug, small and medium jobs come more in working hours. The report measures the demand each policy
 saw ("mean demand / supply").
 """
 

@@ -26,7 +26,8 @@ from ledger.core.authz import authorisation_failure
 from ledger.core.decide import decide
 from ledger.core.evolve import evolve, fold
 from ledger.core.state import State, is_system
-from ledger.cycle.inputs import snapshot_from_state
+from ledger.cycle import inputs
+from ledger.cycle.inputs import snapshot_from_state, snapshot_kept
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
 from schemas import codec
@@ -468,6 +469,32 @@ def test_the_snapshot_of_a_full_state_equals_that_of_the_live_state(script: list
     assert live.active == set(live.jobs) == run.state.active
     ranks = {"ai2/olmo": 0}
     assert snapshot_from_state(live, ranks, T0) == snapshot_from_state(run.state, ranks, T0)
+
+
+@settings(max_examples=50, deadline=None)
+@given(steps, st.booleans())
+def test_a_snapshot_made_from_the_last_ones_views_equals_one_made_afresh(
+    script: list[Step], hold_stopping: bool
+) -> None:
+    """`snapshot_kept` handed the last call's views (only the job records that came or went
+    since are looked at) gives the snapshot `snapshot_from_state` gives, event after event."""
+    run = run_pure(script)
+    ranks = {"ai2/olmo": 0}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(inputs, "KEEP_FROM", 0)  # kept from any number of live jobs
+        _snapshots_kept(run.events, ranks, hold_stopping)
+
+
+def _snapshots_kept(events: list[e.AnyEvent], ranks: dict[str, int], hold_stopping: bool) -> None:
+    state, views = State(), None
+    for n, ev in enumerate(events):
+        evolve(state, ev)
+        low = {j: T0 for j in sorted(state.active)[::3]} if n // 4 % 2 else None
+        kept, views = snapshot_kept(state, ranks, T0 + n, views, low_util_since=low,
+                                    hold_stopping=hold_stopping)  # fmt: skip
+        assert kept == snapshot_from_state(
+            state, ranks, T0 + n, low_util_since=low, hold_stopping=hold_stopping
+        )
 
 
 def test_the_generator_reaches_the_interesting_states() -> None:
