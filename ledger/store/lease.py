@@ -47,6 +47,7 @@ from ledger.store.leaseschema import SCHEMA_LOCK as SCHEMA_LOCK
 from ledger.store.leaseschema import (
     SERVERS_TABLE as SERVERS_TABLE,
 )
+from ledger.store.leaseschema import made as schema_made
 from ledger.store.leaseschema import (
     make_schema,
     qualified,
@@ -59,7 +60,7 @@ from ledger.store.leasesettings import compared_admission as compared_admission
 from ledger.store.leasesettings import earlier_admission as earlier_admission
 from ledger.store.leasesettings import refusal as refusal
 from ledger.store.pgread import connect, redacted, store_schema
-from schemas.errors import InvalidCommand
+from schemas.errors import InvalidCommand, Unavailable
 
 log = logging.getLogger("gpuledger.lease")
 
@@ -112,8 +113,12 @@ class NotLeader(Exception):
     """An append of a server whose epoch was taken over (the fence refused it)."""
 
 
-class NotCommitting(Exception):
-    """The store takes statements but does not commit them (its synchronous standby is away)."""
+class NotCommitting(Unavailable):
+    """The store takes statements but does not commit them (its synchronous standby is away):
+    one line wherever it ends up (a start said "internal error: NotCommitting": atk49 F7)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
 
 
 def setup(dsn: str) -> None:
@@ -151,8 +156,32 @@ def agree(
             f"--lease {mine.lease_s:g}s is outside {low:g}s-{high:g}s",
             hint="the default 5s suits most clusters: docs/ha.md",
         )
+    from psycopg.errors import QueryCanceled
+
     schema = store_schema()
-    with connect(dsn) as con:
+    within = max(0.2, mine.lease_s / 3)
+    try:
+        return _agreed(dsn, mine, change, vet, schema, within)
+    except QueryCanceled as err:  # a statement of the start unanswered within a third of the lease
+        raise Unavailable(
+            f"the store {redacted(dsn)} did not answer this server's start within {within:g} s: "
+            + (str(err).strip().splitlines() or [type(err).__name__])[0],
+            hint="a session may hold the lease's tables (pg_stat_activity); docs/ha.md",
+        ) from err
+
+
+def _agreed(
+    dsn: str,
+    mine: Settings,
+    change: bool,
+    vet: Callable[[Settings], None] | None,
+    schema: str,
+    within: float,
+) -> Any:
+    ms = int(within * 1000)
+    with connect(dsn, application_name=app_name(f"{socket.gethostname()}:{os.getpid()}:start"),
+                 options=f"-c statement_timeout={ms} -c lock_timeout={ms}") as con:  # fmt: skip
+        cancel_orphans(con)  # what a killed start or server of this host left waiting
         exists = qualified("SELECT to_regclass('{leader}') IS NOT NULL, now()", schema)
         made, now = con.execute(exists).fetchone()
         row = None
@@ -166,7 +195,12 @@ def agree(
             raise _disagreement(mine, recorded, who, live)
         if change and vet is not None and recorded is not None and mine.differs(recorded):
             vet(recorded)
-        make_schema(con, schema=schema)
+        try:  # its commit waits for a synchronous standby that is away: cancelled in `within`
+            make_schema(con, schema=schema, run=lambda sql: watched(con, within, sql))
+        except NotCommitting:
+            if not schema_made(con, schema):
+                raise
+            # made here, unconfirmed: the lease's first statement says the store does not commit
     if change and recorded is not None and not mine.differs(recorded):
         return None  # nothing to change: the flag does nothing (it acts once: atk39-28 F3)
     return now
@@ -299,6 +333,7 @@ class Lease:
                 self.dsn,
                 connect_timeout=max(1, int(self.lease_s / 3)),
                 options=f"-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms}",
+                application_name=app_name(self.holder),
             )
             self._con.add_notice_handler(self._noticed)
         return self._con
@@ -328,10 +363,15 @@ class Lease:
             if any(SYNC_WAIT in n for n in self._notices):
                 raise NotCommitting(NOT_COMMITTING.format(round(self.answer_s + 0.1, 1)))
             return rows
-        except Exception:
+        except Exception as err:
+            from psycopg.errors import QueryCanceled
+
+            unconfirmed = isinstance(err, QueryCanceled) and _sync_waits(self._con)
             if self._con is not None:
                 self._con.close()
                 self._con = None
+            if unconfirmed:  # a lock or statement timeout behind a commit that waits
+                raise NotCommitting(NOT_COMMITTING.format(round(self.answer_s, 1))) from err
             raise
 
     def _watch(self, con: Any, answered: threading.Event) -> None:
@@ -604,4 +644,79 @@ def dead_here(holder: str) -> bool:
         return True
     except OSError:
         return False  # alive, someone else's
-    return False
+    try:  # a zombie (killed, not yet reaped) is gone too
+        with open(f"/proc/{int(pid)}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+APP_PREFIX = "gpuledger:"
+"""The start of the `application_name` of a server's lease and start connections, followed by
+the server's `HOST:PID:ID` (`cancel_orphans` finds a dead one's statements by it)."""
+
+
+def app_name(holder: str) -> str:
+    """The `application_name` of a connection of the server `holder` (PostgreSQL keeps 63
+    bytes)."""
+    return (APP_PREFIX + holder)[:63]
+
+
+def cancel_orphans(con: Any) -> list[int]:
+    """Cancel the statements still running for servers of this host that are gone (a start or
+    a server killed while a commit waited for a synchronous standby that is away: its backend
+    waits on, holding its locks, and the next start's statements waited on them or ended in
+    "internal error: QueryCanceled": atk49 F7). Returns their backends' pids. A role that may
+    not cancel them (another role's) is left alone: the next statements say why they wait."""
+    try:
+        rows = con.execute(
+            "SELECT pid, application_name FROM pg_stat_activity WHERE state = 'active' "
+            "AND application_name LIKE %s AND pid <> pg_backend_pid()",
+            (APP_PREFIX + "%",),
+        ).fetchall()
+        gone = [int(pid) for pid, name in rows if dead_here(str(name)[len(APP_PREFIX) :])]
+        for pid in gone:
+            con.execute("SELECT pg_cancel_backend(%s)", (pid,))
+    except Exception as err:  # best effort: a cancel not allowed, a read refused
+        log.debug("could not cancel the statements of gone servers: %s", err)
+        return []
+    if gone:
+        log.info("cancelled the statements of %d gone server(s) of this host", len(gone))
+    return gone
+
+
+def _sync_waits(con: Any) -> bool:
+    """Does a commit of the store wait for its synchronous standby now (a statement that timed
+    out waited for a lock that commit holds)?"""
+    if con is None or con.closed:
+        return False
+    try:
+        row = con.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event = 'SyncRep')"
+        ).fetchone()
+    except Exception:  # the connection is gone too: the error said enough
+        return False
+    return bool(row and row[0])
+
+
+def watched(con: Any, within_s: float, sql: str) -> None:
+    """`sql` on the autocommit connection `con`, cancelled when unanswered after `within_s`:
+    a commit that waits for a synchronous standby that is away ends so, `NotCommitting` (it
+    committed here, unconfirmed); it waited forever, whatever the statement timeout, and a
+    start said nothing and ignored SIGTERM (atk49 F7)."""
+    notices: list[str] = []
+
+    def noticed(diag: Any) -> None:
+        notices.append(str(diag.message_primary or ""))
+
+    con.add_notice_handler(noticed)
+    timer = threading.Timer(within_s, cancel_quietly, (con, within_s))
+    timer.daemon = True
+    timer.start()
+    try:
+        con.execute(sql)
+    finally:
+        timer.cancel()
+        con.remove_notice_handler(noticed)
+    if any(SYNC_WAIT in n for n in notices):
+        raise NotCommitting(NOT_COMMITTING.format(round(within_s, 1)))
