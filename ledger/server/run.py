@@ -419,7 +419,8 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
             print(f"gpuledger serve: listening on {' '.join(urls)}", file=sys.stderr, flush=True)
         if up is not None:
             close_up = _start_up(up, service, agents, what, unix_path, early.set)
-        _run_loop(_serve_all(servers, worker, early, watch=up is not None))
+        _run_loop(_serve_all(servers, worker, early, watch=up is not None,
+                             away=lambda: None if ha is None else ha.store_error()))  # fmt: skip
     finally:
         if close_up is not None:
             close_up()
@@ -700,9 +701,23 @@ async def _serve_all(
     early: threading.Event,
     *,
     watch: bool = False,
+    away: Callable[[], str | None] = lambda: None,
 ) -> None:
-    """Serve until SIGINT/SIGTERM; with `watch`, also until `early` is set from another thread."""
+    """Serve until SIGINT/SIGTERM; with `watch`, also until `early` is set from another thread.
+    `away`: why the store does not answer, if it does not (the requests waiting on the worker
+    are then answered 503 at the stop: `Worker.refuse_waiting`)."""
     loop = asyncio.get_running_loop()
+    refusing: list[asyncio.Future[None]] = []
+
+    async def refuse_while_away() -> None:
+        said = False
+        while True:
+            why = away()
+            if why is not None and (n := worker.refuse_waiting(why)) and not said:
+                said = True
+                log.info("stopping while the store does not answer: %d request(s) waiting on "
+                         "it answered 503", n)  # fmt: skip
+            await asyncio.sleep(0.1)
 
     def stop() -> None:
         log.info("stopping: no more writes; finishing requests in flight and the current cycle")
@@ -710,6 +725,8 @@ async def _serve_all(
         worker.service.ledger.ending = True
         for server, _ in servers:
             server.should_exit = True
+        if not refusing:
+            refusing.append(asyncio.ensure_future(refuse_while_away()))
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop)
@@ -723,5 +740,6 @@ async def _serve_all(
 
     watching = asyncio.ensure_future(watcher()) if watch and not early.is_set() else None
     await asyncio.gather(*(server.serve(sockets=[sock]) for server, sock in servers))
-    if watching is not None:
-        watching.cancel()
+    for task in (watching, *refusing):
+        if task is not None:
+            task.cancel()
