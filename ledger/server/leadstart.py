@@ -46,7 +46,8 @@ def _leadership(
     mine = settings_of(config, policy, slurm, slurm_jobs_dir(config, ledger.home))
     abandoned: set[tuple[int, int]] = set()
     vet = None if slurm is None else functools.partial(_runs_left, ledger, config, slurm, abandoned)
-    since = lease.agree(ledger.dsn, mine, config.new_settings, vet)
+    uncommitted: list[str] = []  # the store commits nothing (its synchronous standby is away)
+    since = lease.agree(ledger.dsn, mine, config.new_settings, vet, uncommitted)
     address = config.advertise
     if not address:
         scheme = "https" if config.tls_cert else "http"
@@ -58,15 +59,16 @@ def _leadership(
                     "flag changes nothing (start it without the flag)")  # fmt: skip
     mine_lease = lease.Lease(ledger.dsn, holder, address, mine.lease_s, mine.node, mine.work, since,
                              admission=mine.admission)  # fmt: skip
-    others, uncommitted = address_taken(mine_lease)
+    others, unretired = address_taken(mine_lease, ledger.position)
+    uncommitted += [] if unretired is None else [unretired]
     if others:  # two servers at one URL (atk45ha L2)
         raise InvalidCommand(same_address_words(address, others),
                              hint="see docs/ha.md, 'One address per server'")  # fmt: skip
     log.info("store %s: leading once the lease is free (lease %gs)", redacted(ledger.dsn),
              config.lease.seconds)  # fmt: skip
     ha = Leadership(mine_lease)
-    if uncommitted is not None:  # said now: the start waits as a standby (atk49 F7)
-        ha.uncommitted(uncommitted)
+    if uncommitted:  # said now: the start waits as a standby (atk49 F7)
+        ha.uncommitted(uncommitted[0])
     return ha, slurm, abandoned
 
 
@@ -128,12 +130,14 @@ def _policy_words(config: Any) -> str:
     return str(getattr(config, "version", type(config).__name__))
 
 
-def address_taken(mine: Lease) -> tuple[list[str], str | None]:
+def address_taken(mine: Lease, position: int = 0) -> tuple[list[str], str | None]:
     """The live servers that report at `mine`'s address (`peers.others_at`): a predecessor of
     this host that is gone retires (`Lease.retire`; left out when the store commits nothing),
     and one elsewhere has `SILENT_S` to go silent (a restart on another host of a server killed
-    there). Also why the store commits nothing (`NotCommitting`: the retire's commit waited;
-    the start said "internal error: NotCommitting", atk49 F7), if so."""
+    there). This server is then registered (a standby at `position`): a store that commits
+    nothing is found now, not after the service is open. Also why the store commits nothing
+    (`NotCommitting`: the retire's or the registration's commit waited; the start said
+    "internal error: NotCommitting", atk49 F7), if so."""
     uncommitted = None
     try:
         mine.retire(dead_here)
@@ -148,4 +152,11 @@ def address_taken(mine: Lease) -> tuple[list[str], str | None]:
         if time.monotonic() > until:
             return others, uncommitted
         time.sleep(1.0)
+    if uncommitted is None:  # registered once the address is its own (a refused start's row
+        try:  # would be another server at the running one's address)
+            mine.report("standby", position)
+        except NotCommitting as err:
+            uncommitted = err.message
+        except Exception as err:  # its first report says it (`Leadership._tick`)
+            log.warning("could not register this server: %s", err)
     return [], uncommitted

@@ -109,6 +109,12 @@ NOT_COMMITTING = (
 )
 
 
+START_WAIT_S = 10.0
+"""The statement and lock timeouts of a start's settings check (`agree`): a concurrent start's
+DDL holds the lease's tables a moment; a killed one's, waiting for a synchronous standby, is
+cancelled first (`cancel_orphans`)."""
+
+
 class NotLeader(Exception):
     """An append of a server whose epoch was taken over (the fence refused it)."""
 
@@ -129,7 +135,11 @@ def setup(dsn: str) -> None:
 
 
 def agree(
-    dsn: str, mine: Settings, change: bool = False, vet: Callable[[Settings], None] | None = None
+    dsn: str,
+    mine: Settings,
+    change: bool = False,
+    vet: Callable[[Settings], None] | None = None,
+    uncommitted: list[str] | None = None,
 ) -> Any:
     """Refuse (one line) a lease outside `LEASE_RANGE_S`, or settings (`Settings`: the lease,
     the node-lost timeout and fence, the executor and policy) other than those the store
@@ -149,7 +159,9 @@ def agree(
     the store records these settings already (the flag has nothing to change, and changes
     nothing). `vet`, with `change`: asked about the recorded settings this server would replace
     before anything is made, and refuses (raises) a change it may not make (runs left on
-    another Slurm cluster: atk43ha F2)."""
+    another Slurm cluster: atk43ha F2). `uncommitted`: gets why the store commits nothing, when
+    the lease's tables were made and their commit waited for the synchronous standby (the
+    start says it once, `Leadership.uncommitted`)."""
     low, high = LEASE_RANGE_S
     if not low <= mine.lease_s <= high:
         raise InvalidCommand(
@@ -161,11 +173,11 @@ def agree(
     schema = store_schema()
     within = max(0.2, mine.lease_s / 3)
     try:
-        return _agreed(dsn, mine, change, vet, schema, within)
-    except QueryCanceled as err:  # a statement of the start unanswered within a third of the lease
+        return _agreed(dsn, mine, change, vet, schema, within, uncommitted)
+    except QueryCanceled as err:  # a statement of the start unanswered within START_WAIT_S
         raise Unavailable(
-            f"the store {redacted(dsn)} did not answer this server's start within {within:g} s: "
-            + (str(err).strip().splitlines() or [type(err).__name__])[0],
+            f"the store {redacted(dsn)} did not answer this server's start within "
+            f"{START_WAIT_S:g} s: " + (str(err).strip().splitlines() or [type(err).__name__])[0],
             hint="a session may hold the lease's tables (pg_stat_activity); docs/ha.md",
         ) from err
 
@@ -177,8 +189,9 @@ def _agreed(
     vet: Callable[[Settings], None] | None,
     schema: str,
     within: float,
+    uncommitted: list[str] | None,
 ) -> Any:
-    ms = int(within * 1000)
+    ms = int(START_WAIT_S * 1000)
     with connect(dsn, application_name=app_name(f"{socket.gethostname()}:{os.getpid()}:start"),
                  options=f"-c statement_timeout={ms} -c lock_timeout={ms}") as con:  # fmt: skip
         cancel_orphans(con)  # what a killed start or server of this host left waiting
@@ -196,11 +209,12 @@ def _agreed(
         if change and vet is not None and recorded is not None and mine.differs(recorded):
             vet(recorded)
         try:  # its commit waits for a synchronous standby that is away: cancelled in `within`
-            make_schema(con, schema=schema, run=lambda sql: watched(con, within, sql))
-        except NotCommitting:
+            make_schema(con, schema=schema, run=lambda sql: watched(con, within, sql, dsn))
+        except NotCommitting as err:
             if not schema_made(con, schema):
                 raise
-            # made here, unconfirmed: the lease's first statement says the store does not commit
+            if uncommitted is not None:  # made here, unconfirmed: the start waits as a standby
+                uncommitted.append(err.message)
     if change and recorded is not None and not mine.differs(recorded):
         return None  # nothing to change: the flag does nothing (it acts once: atk39-28 F3)
     return now
@@ -685,6 +699,18 @@ def cancel_orphans(con: Any) -> list[int]:
     return gone
 
 
+def _waits_for_standby(dsn: str, pid: int, within_s: float) -> bool:
+    """Does the backend `pid` wait for the synchronous standby's confirmation of its commit?"""
+    try:
+        with connect(dsn, connect_timeout=max(1, round(within_s))) as con:
+            row = con.execute(
+                "SELECT wait_event = 'SyncRep' FROM pg_stat_activity WHERE pid = %s", (pid,)
+            ).fetchone()
+    except Exception:  # the store does not answer: the statement's own timeouts end it
+        return False
+    return bool(row and row[0])
+
+
 def _sync_waits(con: Any) -> bool:
     """Does a commit of the store wait for its synchronous standby now (a statement that timed
     out waited for a lock that commit holds)?"""
@@ -699,24 +725,31 @@ def _sync_waits(con: Any) -> bool:
     return bool(row and row[0])
 
 
-def watched(con: Any, within_s: float, sql: str) -> None:
-    """`sql` on the autocommit connection `con`, cancelled when unanswered after `within_s`:
-    a commit that waits for a synchronous standby that is away ends so, `NotCommitting` (it
-    committed here, unconfirmed); it waited forever, whatever the statement timeout, and a
-    start said nothing and ignored SIGTERM (atk49 F7)."""
+def watched(con: Any, within_s: float, sql: str, dsn: str) -> None:
+    """`sql` on the autocommit connection `con` (of the store `dsn`), cancelled once its commit
+    waits for a synchronous standby (looked at every `within_s`, from a connection of its own:
+    a slow DDL is left to its own timeouts): `NotCommitting` (it committed here, unconfirmed).
+    It waited forever, whatever the statement timeout, and a start said nothing and ignored
+    SIGTERM (atk49 F7)."""
     notices: list[str] = []
 
     def noticed(diag: Any) -> None:
         notices.append(str(diag.message_primary or ""))
 
+    done, pid = threading.Event(), con.info.backend_pid
+
+    def watch() -> None:
+        while not done.wait(within_s):
+            if _waits_for_standby(dsn, pid, within_s):
+                cancel_quietly(con, within_s)
+                return
+
     con.add_notice_handler(noticed)
-    timer = threading.Timer(within_s, cancel_quietly, (con, within_s))
-    timer.daemon = True
-    timer.start()
+    threading.Thread(target=watch, name="ledger-start-watch", daemon=True).start()
     try:
         con.execute(sql)
     finally:
-        timer.cancel()
+        done.set()
         con.remove_notice_handler(noticed)
     if any(SYNC_WAIT in n for n in notices):
         raise NotCommitting(NOT_COMMITTING.format(round(within_s, 1)))

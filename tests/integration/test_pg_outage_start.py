@@ -119,6 +119,32 @@ def test_a_start_while_postgresql_does_not_commit_says_so_waits_and_stops_on_sig
         g.stop()
 
 
+def test_the_first_start_on_a_store_while_postgresql_does_not_commit_makes_the_lease_and_waits(
+    tmp_path: Path,
+    pg_pair: Pg,  # noqa: F811
+) -> None:
+    """The first server on a store makes the lease's tables (its settings check): their commit
+    waited for the standby for ever, whatever its statement timeout (the start logged nothing
+    and ignored SIGTERM). It is cancelled once it waits (committed on the primary), and the
+    start goes on to wait as a standby."""
+    home = tmp_path / "server-0"
+    cli(home, "init", "--admin", "root", "--store", pg_pair.dsn)
+    g = make_group(tmp_path, pg_pair.dsn, 1, "--interval", "0.5s", home=home)
+    (m,) = g.members
+    frozen = pg_pair.pids("standby")
+    signal_all(frozen, signal.SIGSTOP)
+    try:
+        _said_once(m, _started(g, m))
+        print(f"SIGTERM of the waiting start: {_stopped(m):.2f} s")
+        signal_all(frozen, signal.SIGCONT)
+        frozen = []
+        g.start(m)
+        assert g.leader(timeout=30) is m
+    finally:
+        signal_all(frozen, signal.SIGCONT)
+        g.stop()
+
+
 def test_sigterm_during_the_start_ends_it_at_once(
     tmp_path: Path,
     pg_pair: Pg,  # noqa: F811
