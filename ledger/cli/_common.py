@@ -166,6 +166,13 @@ class Ctx:
     def local_only(self) -> None:
         """Commands that read the data directory itself (the store, the projection file) are
         refused beside a running server, before they open anything: the server owns it."""
+        if self._url and self.remote is not None:  # sent away by the setting, not by a server
+            raise EnvironmentProblem(  # here ("a server owns it" of a new home: atk49 F6)
+                f"this command works on the data directory {self.home}, and GPULEDGER_URL (or "
+                "--url) sends commands to a server",
+                hint="run it without GPULEDGER_URL and --url (`env -u GPULEDGER_URL gpuledger "
+                "...`), on the server's host with the server stopped for a server's directory",
+            )
         if self.remote is not None:  # not the command's fault: where it runs (`environment`)
             raise EnvironmentProblem(
                 "this command needs the data directory, and a server owns it",

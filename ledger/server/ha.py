@@ -29,7 +29,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import math
 import re
@@ -272,10 +271,20 @@ class Leadership:
             return None, None
         return left, (h.lease_s - h.expires_in_s + since) if h.lease_s else None
 
+    def uncommitted(self, why: str) -> None:
+        """The store commits none of this server's writes (`NotCommitting`), as its start found
+        (`address_taken`): said once (`WAITS`), and this server waits as a standby."""
+        if self.unreachable is None:
+            log.error(WAITS.format(why))
+        self.unreachable = self._uncommitted = why
+        self._erred = (time.monotonic(), why)
+
     def start(self) -> None:
         try:  # a predecessor at this address killed, or stopped while the store was away
             for holder in self.lease.retire(dead_here):
                 log.info("%s (this server's address) is gone: it keeps no lease", holder)
+        except NotCommitting as err:
+            self.uncommitted(err.message)
         except Exception as err:  # its silent row only makes leaders wait longer
             log.warning("could not retire this address's dead servers: %s", err)
         self._tick()  # the first health answer already names the leader and its epoch
@@ -287,8 +296,12 @@ class Leadership:
         nothing of this server's may still be submitted (`takeover.hands_over_cleanly`), so
         the next leader waits for nothing."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        if self._thread is not None:  # while the store is away its turn may wait on a statement
+            # or a connection (a second per host of the DSN): nothing of it is needed then, no
+            # release is tried (a leader's stop waited 3 s more for it: atk49 F4)
+            self._thread.join(timeout=0.3 if self.unreachable is not None else 10)
+            if self.unreachable is not None and self._thread.is_alive():
+                return  # it ends with the process; its connection with it
         try:
             if self.unreachable is None:  # else it would wait for a connection: it expires
                 self.lease.release(clean)
@@ -373,7 +386,8 @@ class Leadership:
             if isinstance(err, NotCommitting):
                 self._uncommitted = why
             if self.unreachable is None:
-                log.error("the store does not answer the lease: %s", why)
+                log.error(WAITS.format(why) if isinstance(err, NotCommitting) else
+                          f"the store does not answer the lease: {why}")  # fmt: skip
             self.unreachable, self._erred = why, (time.monotonic(), why)
         self._asking_since = None
         if held and not self.lease.may_act():
@@ -455,18 +469,11 @@ class Leadership:
         return server_states(self.members, self.leader_address(), head)
 
 
-def address_taken(mine: Lease) -> list[str]:
-    """The live servers that report at `mine`'s address (`peers.others_at`): a predecessor of
-    this host that is gone retires (`Lease.retire`), and one elsewhere has `SILENT_S` to go
-    silent (a restart on another host of a server killed there)."""
-    mine.retire(dead_here)
-    until = time.monotonic() + api.SILENT_S + 1.0
-    key = functools.lru_cache(maxsize=None)(functools.partial(address_key, resolve=resolved))
-    while others := others_at(mine.members(), mine.address, mine.holder, api.SILENT_S, key):
-        if time.monotonic() > until:
-            return others
-        time.sleep(1.0)
-    return []
+WAITS = (
+    "{}: nobody can lead; this server waits as a standby (it answers reads, refuses writes "
+    "with 503, and takes the lease once PostgreSQL commits again)"
+)
+"""The one line a server says when the store commits none of its writes (docs/ha.md)."""
 
 
 def resolved(host: str, port: int) -> list[str]:

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import msgspec
 import uvicorn
 
 from ledger.agent import local
@@ -50,15 +49,17 @@ from ledger.engines.supervised import SupervisedExecutor, handled_jobs
 from ledger.server import identity, whatifs
 from ledger.server.app import create_asgi
 from ledger.server.connections import Limits, fit_files, limits_from_env
-from ledger.server.ha import HAFront, Leadership, address_taken
-from ledger.server.peers import same_address_words
+from ledger.server.ha import HAFront, Leadership
+from ledger.server.leadstart import _leadership
+from ledger.server.leadstart import _runs_left as _runs_left
+from ledger.server.leadstart import service_account as service_account
+from ledger.server.leadstart import settings_of as settings_of
 from ledger.server.protocol import protocol_for
 from ledger.server.worker import Worker
-from ledger.store import lease, locate
+from ledger.store import locate
 from ledger.store.application import Ledger
-from ledger.store.pgread import redacted
 from ledger.wire import SOCKET_NAME
-from ledger.wire.config import ServeConfig, admission_of, check_grace, slurm_jobs_dir
+from ledger.wire.config import ServeConfig, check_grace, slurm_jobs_dir
 from schemas.bounds import MAX_ARRAY_TASKS
 from schemas.errors import InvalidCommand, LedgerError
 
@@ -87,6 +88,33 @@ SEND_WAIT_S = 10.0
 """A stop waits this long for answers still being sent, then closes their connections: a client
 that never reads its answer held a stopping server (and its data directory) for as long as it
 liked (atk34-25 F1b)."""
+
+
+class StoppedStarting(SystemExit):
+    """A stop (SIGTERM, SIGINT) during the start, before the worker runs: the start ends where it
+    is (psycopg cancels a statement under way on the server's side), exit 0. A start waiting on
+    the store ignored SIGTERM over a minute (a commit waiting for a synchronous standby that
+    was away: atk49 F7)."""
+
+
+class _Starting:
+    """The signal handler of a start (`serve`): until `over()`, a signal ends the start at once
+    (`StoppedStarting`); then it only asks the server to stop (`early`)."""
+
+    def __init__(self, early: threading.Event) -> None:
+        self.early = early
+        self.on = True
+
+    def signalled(self, signum: int, _frame: Any) -> None:
+        self.early.set()
+        if self.on:
+            self.on = False  # once: the unwinding is not interrupted again
+            log.info("stopping during the start (%s): nothing was served",
+                     signal.Signals(signum).name)  # fmt: skip
+            raise StoppedStarting(0)
+
+    def over(self) -> None:
+        self.on = False
 
 
 class _Server(uvicorn.Server):
@@ -274,8 +302,9 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         raise InvalidCommand("--abandon-runs goes with --new-settings (onto another Slurm "
                              "cluster): alone it changes nothing", hint="docs/ha.md")  # fmt: skip
     early = threading.Event()  # a signal before the listeners run still stops us cleanly
+    starting = _Starting(early)
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: early.set())
+        signal.signal(sig, starting.signalled)
     if bool(config.tls_cert) != bool(config.tls_key):
         raise InvalidCommand("TLS needs both --tls-cert and --tls-key")
     check_grace(config.grace.seconds)  # before anything starts (atk49-23 F6)
@@ -358,6 +387,7 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
     # leader's lease runs: a fenced append past it is refused anyway)
     ledger.give_up_when(lambda: not worker.accepting or (
         ha is not None and ha.leading and not ha.lease.may_act()))  # fmt: skip
+    starting.over()  # from here on a signal is the stop below (`_serve_all`)
     worker.start()
     if ha is not None:
         ha.start()
@@ -389,7 +419,8 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
             print(f"gpuledger serve: listening on {' '.join(urls)}", file=sys.stderr, flush=True)
         if up is not None:
             close_up = _start_up(up, service, agents, what, unix_path, early.set)
-        _run_loop(_serve_all(servers, worker, early, watch=up is not None))
+        _run_loop(_serve_all(servers, worker, early, watch=up is not None,
+                             away=lambda: None if ha is None else ha.store_error()))  # fmt: skip
     finally:
         if close_up is not None:
             close_up()
@@ -505,101 +536,6 @@ def run_as_words(config: ServeConfig) -> str:
         return "the service's own account"
     root = ", root's own as root" if config.root_jobs else ""
     return f"their owners' OS accounts (uid {config.min_uid}-{config.max_uid}{root})"
-
-
-def _leadership(
-    ledger: Ledger, config: ServeConfig, policy: Any
-) -> tuple[Leadership, dict[str, object] | None, set[tuple[int, int]]]:
-    """This server's side of the lease on the ledger's PostgreSQL store (refused in one line
-    when the store records another lease, node settings, executor, policy or admission and
-    security settings: `lease.agree`), and the Slurm cluster it runs (None: not Slurm), which
-    its executor checks again whenever slurmctld answers after being away (atk43ha F5), and
-    the runs `--abandon-runs` leaves on the recorded cluster (`_runs_left`)."""
-    assert ledger.dsn is not None
-    slurm = None
-    if config.executor == "slurm":  # which cluster: compared with the other servers' (F2)
-        from ledger.engines.slurm.cluster import read_identity
-
-        slurm = read_identity(os.environ)
-    mine = settings_of(config, policy, slurm, slurm_jobs_dir(config, ledger.home))
-    abandoned: set[tuple[int, int]] = set()
-    vet = None if slurm is None else functools.partial(_runs_left, ledger, config, slurm, abandoned)
-    since = lease.agree(ledger.dsn, mine, config.new_settings, vet)
-    address = config.advertise
-    if not address:
-        scheme = "https" if config.tls_cert else "http"
-        address = f"{scheme}://{config.listen}" if config.listen else f"unix:{ledger.home}"
-    holder = f"{socket.gethostname()}:{os.getpid()}:{ledger.ids()[:8]}"
-    since = since if config.new_settings else None
-    if config.new_settings and since is None:
-        log.warning("--new-settings: the store records this server's settings already; the "
-                    "flag changes nothing (start it without the flag)")  # fmt: skip
-    mine_lease = lease.Lease(ledger.dsn, holder, address, mine.lease_s, mine.node, mine.work, since,
-                             admission=mine.admission)  # fmt: skip
-    if others := address_taken(mine_lease):  # two servers at one URL (atk45ha L2)
-        raise InvalidCommand(same_address_words(address, others),
-                             hint="see docs/ha.md, 'One address per server'")  # fmt: skip
-    log.info("store %s: leading once the lease is free (lease %gs)", redacted(ledger.dsn),
-             config.lease.seconds)  # fmt: skip
-    return Leadership(mine_lease), slurm, abandoned
-
-
-def _runs_left(
-    ledger: Ledger,
-    config: ServeConfig,
-    slurm: dict[str, object],
-    abandoned: set[tuple[int, int]],
-    recorded: lease.Settings,
-) -> None:
-    """`--new-settings` onto another Slurm cluster than the `recorded` one: refused in one line
-    while the ledger holds runs it does not list, unless `--abandon-runs` (then `abandoned`
-    holds the runs recorded lost at the takeover): `cluster.vet_runs_left`."""
-    from ledger.engines.slurm.cluster import vet_runs_left
-    from ledger.engines.slurm.opening import ledger_id
-
-    abandoned |= vet_runs_left(ledger.state, recorded.admission, slurm, config.partition,
-                               lambda: ledger_id(ledger), config.abandon_runs)  # fmt: skip
-
-
-def settings_of(
-    config: ServeConfig,
-    policy: Any,
-    slurm: dict[str, object] | None = None,
-    jobs_dir: Path | None = None,
-) -> lease.Settings:
-    """What every server on a store runs alike (`lease.Settings`): the lease, the node-lost
-    timeout and fence, the executor and the policy, and what it admits and how it runs it
-    (`admission_of`; `slurm`: which Slurm cluster it talks to; `jobs_dir`: with it, the run
-    directory, `slurm_jobs_dir`, where the next leader reads the runs' marks). A standby takes
-    the leader's work over as it was started, so a takeover with others changes them under
-    running jobs (a server with `--executor none` took over a cluster's agents and their jobs
-    were killed: atk33-28 F5)."""
-    work = {
-        "executor": config.executor,
-        "words": _policy_words(registry.config_of(policy)),
-        "policy": registry.config_of(policy),
-    }
-    return lease.Settings(
-        config.lease.seconds,
-        (config.node_lost_after.seconds, config.node_fence.seconds),
-        msgspec.json.encode(work).decode(),
-        admission_of(config, service_account(), slurm, jobs_dir),
-    )
-
-
-def service_account() -> tuple[int, str]:
-    """The account this server runs as: (uid, name; "?" when the host names none)."""
-    import pwd
-
-    uid = os.geteuid()
-    try:
-        return uid, pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return uid, "?"
-
-
-def _policy_words(config: Any) -> str:
-    return str(getattr(config, "version", type(config).__name__))
 
 
 def _roles(
@@ -765,9 +701,23 @@ async def _serve_all(
     early: threading.Event,
     *,
     watch: bool = False,
+    away: Callable[[], str | None] = lambda: None,
 ) -> None:
-    """Serve until SIGINT/SIGTERM; with `watch`, also until `early` is set from another thread."""
+    """Serve until SIGINT/SIGTERM; with `watch`, also until `early` is set from another thread.
+    `away`: why the store does not answer, if it does not (the requests waiting on the worker
+    are then answered 503 at the stop: `Worker.refuse_waiting`)."""
     loop = asyncio.get_running_loop()
+    refusing: list[asyncio.Future[None]] = []
+
+    async def refuse_while_away() -> None:
+        said = False
+        while True:
+            why = away()
+            if why is not None and (n := worker.refuse_waiting(why)) and not said:
+                said = True
+                log.info("stopping while the store does not answer: %d request(s) waiting on "
+                         "it answered 503", n)  # fmt: skip
+            await asyncio.sleep(0.1)
 
     def stop() -> None:
         log.info("stopping: no more writes; finishing requests in flight and the current cycle")
@@ -775,6 +725,8 @@ async def _serve_all(
         worker.service.ledger.ending = True
         for server, _ in servers:
             server.should_exit = True
+        if not refusing:
+            refusing.append(asyncio.ensure_future(refuse_while_away()))
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop)
@@ -788,5 +740,6 @@ async def _serve_all(
 
     watching = asyncio.ensure_future(watcher()) if watch and not early.is_set() else None
     await asyncio.gather(*(server.serve(sockets=[sock]) for server, sock in servers))
-    if watching is not None:
-        watching.cancel()
+    for task in (watching, *refusing):
+        if task is not None:
+            task.cancel()

@@ -88,6 +88,8 @@ class Worker:
     _moved_at: float | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
     """Held by whoever touches the ledger: the worker thread, or the event loop committing."""
+    _open: set[asyncio.Future[Any]] = field(default_factory=set)
+    """The HTTP side's requests waiting on the worker (`refuse_waiting`)."""
     _pending: dict[asyncio.AbstractEventLoop, list[_Task]] = field(default_factory=dict)
     """The commands each event loop is gathering for its next group commit."""
     gather_turns: int = 6
@@ -175,6 +177,7 @@ class Worker:
             pending = self._pending[loop] = []
             loop.call_soon(self._gather, loop, 0, 0)
         pending.append(_Task(loop, future, command=command, key=key))
+        self._track(future)
         return await future  # type: ignore[no-any-return]
 
     def _gather(self, loop: asyncio.AbstractEventLoop, seen: int, turns: int) -> None:
@@ -253,8 +256,30 @@ class Worker:
 
     async def _submit(self, task: _Task) -> Any:
         assert task.future is not None
+        self._track(task.future)
         self._queue.put(task)
         return await task.future
+
+    def _track(self, future: asyncio.Future[Any]) -> None:
+        self._open.add(future)
+        future.add_done_callback(self._open.discard)
+
+    def refuse_waiting(self, why: str) -> int:
+        """On the event loop, at a stop while the store does not answer (`why`): answer 503 every
+        request still waiting on the worker (queued behind, or in, the statement the store
+        does not answer), now. The web server's graceful stop waited 10 s for them and then
+        cancelled them with a traceback each: agents' reports queued behind a leader's cycle
+        held its SIGTERM 14-16 s (atk49 F4). A write so answered may still be stored when the
+        store wakes (fenced by the lease like any append; a retry under its key is answered
+        once). Returns how many were answered."""
+        err = Unavailable(
+            f"the server is stopping, and {store_words(why)}: this request was not answered",
+            hint="retry: another server answers (a retried write under its key is taken once)",
+        )
+        waiting = [f for f in self._open if not f.done()]
+        for future in waiting:
+            future.get_loop().call_soon_threadsafe(_refuse, future, err)
+        return len(waiting)
 
     # --- the thread ------------------------------------------------------------------------------
 
@@ -517,3 +542,8 @@ def _settle_one(task: _Task, result: Any) -> None:
         task.future.set_exception(result)
     else:
         task.future.set_result(result)
+
+
+def _refuse(future: asyncio.Future[Any], err: BaseException) -> None:
+    if not future.done():
+        future.set_exception(err)

@@ -4,7 +4,9 @@ One ordered stream holds the whole ledger, so the stream version and the notific
 *position*) move together and the recorder's unique (stream, version) constraint is the
 concurrency check: two writers that decided on the same state cannot both append. The loser
 catches up and decides again, or, when its command carried an `expected_position` and a change
-since then touches what it depends on, is rejected with `Conflict`.
+since then touches what it depends on, is rejected with `Conflict`. How events are mapped and
+stored by eventsourcing (the mapper, the SQLite factory, the notifications as log records) is
+`ledger.store.mapping`.
 """
 
 from __future__ import annotations
@@ -14,21 +16,13 @@ import logging
 import os
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence, Set
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 import msgspec
 from eventsourcing.application import Application
-from eventsourcing.persistence import (
-    IntegrityError,
-    Mapper,
-    PersistenceError,
-    StoredEvent,
-    Transcoder,
-)
-from eventsourcing.sqlite import SQLiteConnection, SQLiteConnectionPool, SQLiteFactory
+from eventsourcing.persistence import IntegrityError, PersistenceError, StoredEvent
 
 from ledger.core import conflicts
 from ledger.core.decide import decide_parts
@@ -38,6 +32,12 @@ from ledger.store import EVENTS_DB, locate, requests, snapshots
 from ledger.store.appended import Appended
 from ledger.store.clock import Clock, IdSource, SystemClock, random_ids
 from ledger.store.live import decode_at
+from ledger.store.mapping import LedgerSQLiteFactory as LedgerSQLiteFactory
+from ledger.store.mapping import PassThroughTranscoder as PassThroughTranscoder
+from ledger.store.mapping import Recorded as Recorded
+from ledger.store.mapping import StoreSource as StoreSource
+from ledger.store.mapping import StructMapper as StructMapper
+from ledger.store.mapping import _private
 from ledger.store.requests import KEY_PART, Requests, keyed_id
 from projections.chain import link
 from projections.source import LogRecord, follow
@@ -56,109 +56,6 @@ RECENT = 8192
 read what it just appended: a simulation's loop and rank source, the cycle's utilisation)."""
 
 
-@dataclass(frozen=True)
-class Recorded:
-    """An event in its place in the stream (the eventsourcing domain-event protocol)."""
-
-    originator_id: UUID
-    originator_version: int
-    event: AnyEvent
-
-
-class PassThroughTranscoder(Transcoder):
-    """The mapper encodes with msgspec itself; bytes go through untouched."""
-
-    def encode(self, obj: Any) -> bytes:
-        assert isinstance(obj, bytes)
-        return obj
-
-    def decode(self, data: bytes) -> Any:
-        return data
-
-
-class StructMapper(Mapper[UUID]):
-    """Maps msgspec event Structs to stored events: topic = event tag, state = canonical JSON."""
-
-    def to_stored_event(self, domain_event: Any) -> StoredEvent:
-        assert isinstance(domain_event, Recorded)
-        return StoredEvent(
-            originator_id=domain_event.originator_id,
-            originator_version=domain_event.originator_version,
-            topic=tag_of(type(domain_event.event)),
-            state=codec.encode(domain_event.event),
-        )
-
-    def to_domain_event(self, stored_event: StoredEvent) -> Any:
-        oid = stored_event.originator_id
-        return Recorded(
-            originator_id=oid if isinstance(oid, UUID) else UUID(oid),
-            originator_version=stored_event.originator_version,
-            event=codec.decode(stored_event.state),
-        )
-
-
-class _DurabilityPool(SQLiteConnectionPool):
-    """eventsourcing's pool, plus the `synchronous` pragma on every connection it opens."""
-
-    def __init__(self, *, synchronous: str, **kwargs: Any) -> None:
-        self.synchronous = synchronous
-        super().__init__(**kwargs)
-
-    def _create_connection(self) -> SQLiteConnection:
-        conn = super()._create_connection()
-        conn._sqlite_conn.execute(f"PRAGMA synchronous={self.synchronous}")
-        return conn
-
-
-class LedgerSQLiteFactory(SQLiteFactory):
-    """eventsourcing's SQLite factory with a durability setting (GPULEDGER_DURABILITY):
-
-    - `normal` (default): WAL with synchronous=NORMAL, SQLite's recommended WAL setting. Durable
-      against process crashes; a power loss or OS crash may roll back the last transactions
-      (never corrupt the store). The Kafka broker's default (no fsync per write) makes the
-      same trade.
-    - `full`: fsync on every commit; durable against power loss, at the disk's fsync rate.
-    """
-
-    def __init__(self, env: Any) -> None:
-        super().__init__(env)
-        mode = (self.env.get("GPULEDGER_DURABILITY") or "normal").lower()
-        if mode not in ("normal", "full"):
-            raise InvalidCommand(
-                f"invalid GPULEDGER_DURABILITY {mode!r}", hint="use 'normal' or 'full'"
-            )
-        old = self.datastore.pool
-        self.datastore.pool = _DurabilityPool(
-            synchronous=mode.upper(), db_name=old.db_name, lock_timeout=old.lock_timeout
-        )
-        old.close()
-
-
-class StoreSource:
-    """The store's notifications as log records: what `projections.source.follow` walks. The
-    one place that reads eventsourcing's notification log (the relay reads raw bytes)."""
-
-    def __init__(self, recorder: Any) -> None:
-        self.recorder = recorder
-
-    def read(self, after: int, limit: int) -> list[LogRecord]:
-        return [
-            LogRecord(n.id, n.topic, n.state)
-            for n in self.recorder.select_notifications(start=after + 1, limit=limit)
-        ]
-
-    def read_tagged(self, after: int, limit: int, tags: Sequence[str]) -> list[LogRecord]:
-        return [
-            LogRecord(n.id, n.topic, n.state)
-            for n in self.recorder.select_notifications(
-                start=after + 1, limit=limit, topics=list(tags)
-            )
-        ]
-
-    def head(self) -> int:
-        return int(self.recorder.max_notification_id() or 0)
-
-
 class Ledger(Application[UUID]):
     """The one writer of the event log. Keeps the folded `State` in memory.
 
@@ -171,9 +68,9 @@ class Ledger(Application[UUID]):
 
     name = "gpuledger"
     env = {  # noqa: RUF012 (eventsourcing reads this class attribute)
-        "PERSISTENCE_MODULE": "ledger.store.application:LedgerSQLiteFactory",
-        "MAPPER_TOPIC": "ledger.store.application:StructMapper",
-        "TRANSCODER_TOPIC": "ledger.store.application:PassThroughTranscoder",
+        "PERSISTENCE_MODULE": "ledger.store.mapping:LedgerSQLiteFactory",
+        "MAPPER_TOPIC": "ledger.store.mapping:StructMapper",
+        "TRANSCODER_TOPIC": "ledger.store.mapping:PassThroughTranscoder",
         "SQLITE_LOCK_TIMEOUT": "30",
     }
     page = 10_000
@@ -780,14 +677,6 @@ def _link_of(stored: StoredEvent) -> str:
     """The link to an event about to be stored: its position is its stream version (one stream:
     they move together, and the audit checks every row for it)."""
     return link(stored.originator_version, stored.topic, stored.state, stored.originator_version)
-
-
-def _private(path: Path) -> None:
-    """Create the store's file readable by its owner only (0600) when it does not exist yet:
-    it holds every job's command and secrets (docs/security.md, row T13). SQLite gives its
-    -wal and -shm files the database file's mode. An existing file keeps its mode."""
-    with contextlib.suppress(FileExistsError):
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
 
 
 class _Aside(Ledger):

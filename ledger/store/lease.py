@@ -18,6 +18,8 @@ epoch, a holder, the holder's address and an expiry in the database's clock:
   impossible: two servers never both append, and a deposed leader's decisions are never stored,
   so no executor carries them out.
 
+The settings every server runs alike, and the refusals of other ones: `ledger.store.leasesettings`.
+
 Each server also says where it is (`gpuledger_servers`: address, role, folded position), which
 is how a leader reports each standby's lag, and when it last kept a node's lease while the store
 was away from it (`kept_at`), which is how a leader knows when no server may still keep one
@@ -35,7 +37,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ledger.core.runas import admission_meaning
 from ledger.store.leaseschema import (
     LEADER_TABLE as LEADER_TABLE,
 )
@@ -46,12 +47,20 @@ from ledger.store.leaseschema import SCHEMA_LOCK as SCHEMA_LOCK
 from ledger.store.leaseschema import (
     SERVERS_TABLE as SERVERS_TABLE,
 )
+from ledger.store.leaseschema import made as schema_made
 from ledger.store.leaseschema import (
     make_schema,
     qualified,
 )
+from ledger.store.leasesettings import MEANT_OTHERWISE as MEANT_OTHERWISE
+from ledger.store.leasesettings import Settings as Settings
+from ledger.store.leasesettings import _disagreement, _read_row, _recorded
+from ledger.store.leasesettings import admission_differences as admission_differences
+from ledger.store.leasesettings import compared_admission as compared_admission
+from ledger.store.leasesettings import earlier_admission as earlier_admission
+from ledger.store.leasesettings import refusal as refusal
 from ledger.store.pgread import connect, redacted, store_schema
-from schemas.errors import InvalidCommand
+from schemas.errors import InvalidCommand, Unavailable
 
 log = logging.getLogger("gpuledger.lease")
 
@@ -60,168 +69,6 @@ LEASE_RANGE_S = (1.0, 60.0)
 of the leader never leaves the cluster leaderless for long."""
 MARGIN = 0.2
 """The part of the lease a holder gives up to be sure it stops first (a fifth)."""
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What every server of a store runs alike, recorded in the lease row by each take and kept
-    there while nobody leads: a standby takes the leader's work over as it is, so a takeover by
-    a server started otherwise changed them under running jobs (a shorter fence ran a job twice;
-    `--executor none` left the agents' jobs to die: atk37-28 F1, atk33-28 F5, atk38-28 F1)."""
-
-    lease_s: float
-    node: tuple[float, float] | None = None
-    """(node-lost timeout, fence) in seconds (None: no word, e.g. a tool's lease)."""
-    work: str | None = None
-    """The executor and the policy, as JSON (`{"executor", "policy", "words"}`; None: no
-    word)."""
-    admission: str | None = None
-    """What the leader admits and how it runs what it admits (who a job runs as, the uid
-    range, root's jobs, the OS accounts and privileged groups, the secret names, the per-user
-    caps, the preemption grace, the Slurm partition, the cycle interval), as canonical JSON
-    (sorted keys, one object of config key -> value; None: no word, e.g. a row recorded by a
-    server from before it was compared: the next take records it). A standby started with
-    others admitted what the leader refused after a failover (atk39-28 F2)."""
-
-    def differs(self, recorded: Settings) -> bool:
-        """Whether these settings are not the `recorded` ones (a part either has no word on
-        is not compared)."""
-        if recorded.lease_s and abs(recorded.lease_s - self.lease_s) > 1e-6:
-            return True
-        theirs, mine = recorded.node or (0.0, 0.0), self.node or (0.0, 0.0)
-        if (
-            recorded.node
-            and self.node
-            and any(abs(a - b) > 1e-6 for a, b in zip(theirs, mine, strict=False))
-        ):
-            return True
-        if self.work is not None and recorded.work is not None and self.work != recorded.work:
-            return True
-        return bool(admission_differences(recorded.admission, self.admission))
-
-
-def admission_differences(recorded: str | None, mine: str | None) -> list[str]:
-    """Pure: the admission and security settings (`Settings.admission`) that differ, in words
-    (`key: recorded here`), sorted by key; none when either has no word. A key `recorded`
-    lacks is none (recorded by an earlier version, which had no such key, e.g. the service
-    account or the Slurm cluster's state: the next take records it, as `_AGREES` does)."""
-    import json
-
-    if recorded is None or mine is None or recorded == mine:
-        return []
-    theirs, ours = json.loads(recorded), json.loads(mine)
-    return [  # a key the record lacks is not compared: an earlier version recorded none
-        f"{key} {_shown(theirs.get(key))} (recorded) against {_shown(ours.get(key))} here"
-        for key in sorted(theirs)
-        if theirs.get(key) != ours.get(key)
-    ]
-
-
-MEANT_OTHERWISE: frozenset[str] = frozenset()
-"""Admission keys whose value an earlier version recorded with another meaning than this
-version gives it, one `admission_meaning` cannot bring to this version's: not compared with an
-earlier version's text (`earlier_admission`). None so far: every change was of how a value
-is written (`max_array_size` 0, the built-in privileged groups, an account mapped to its own
-name), which `admission_meaning` undoes, or a key added (the service account, which Slurm
-cluster)."""
-
-
-def earlier_admission(recorded: str, mine: str | None) -> tuple[str, list[str]]:
-    """Pure: the admission settings an earlier version recorded (`recorded`: a take of that
-    version, e.g. during an upgrade or after the documented rollback, `admission_epoch`) as
-    this version compares them: by what they mean (`admission_meaning`: that version wrote some
-    as given), and by the keys that mean here what they meant there. Returns that text and
-    the keys not compared, sorted: the ones this server's settings (`mine`) have and the
-    earlier version did not record (it had no such key), and `MEANT_OTHERWISE`. Before, an
-    earlier version's text was not compared at all: across an upgrade a standby with `min_uid`
-    1 and another service account took over from the earlier leader's 1000 (atk43ha F1)."""
-    import json
-
-    theirs = admission_meaning(json.loads(recorded))
-    ours = json.loads(mine) if mine is not None else {}
-    kept = {k: v for k, v in theirs.items() if k not in MEANT_OTHERWISE}
-    skipped = sorted((set(ours) - set(theirs)) | (set(theirs) & MEANT_OTHERWISE))
-    return json.dumps(kept, sort_keys=True, separators=(",", ":")), skipped
-
-
-def _shown(value: Any) -> str:
-    import json
-
-    return "unset" if value is None else json.dumps(value, sort_keys=True)
-
-
-def refusal(mine: Settings, recorded: Settings | None, who: str, live: bool) -> str | None:
-    """Pure: why a server with settings `mine` may not stand by or take the lease of a store
-    that records `recorded` (the last taker `who`, leading now when `live`), in one line with
-    what to do (None: they agree)."""
-    if recorded is None or not mine.differs(recorded):
-        return None
-    err = _disagreement(mine, recorded, who, live)
-    return f"{err.message} ({err.hint})"
-
-
-def _disagreement(mine: Settings, recorded: Settings, who: str, live: bool) -> InvalidCommand:
-    change = (
-        "to change them, stop every server, then start one with --new-settings (docs/ha.md)"
-        if not live
-        else "they change once nobody leads: stop every server, then start one with "
-        "--new-settings (docs/ha.md)"
-    )
-    held = (
-        f"the leader {who} holds the lease now" if live else f"recorded by the last leader, {who}"
-    )
-    if recorded.lease_s and abs(recorded.lease_s - mine.lease_s) > 1e-6:
-        return InvalidCommand(
-            f"the servers on this store use a lease of {recorded.lease_s:g}s ({held}); this "
-            f"server was given {mine.lease_s:g}s",
-            hint=f"start it with --lease {recorded.lease_s:g}s: every server on a store uses "
-            f"the same lease; {change}",
-        )
-    if mine.node is not None and recorded.node is not None and mine.node != recorded.node:
-        flags = "--node-lost-after {:g}s --node-fence {:g}s"
-        return InvalidCommand(
-            f"the servers on this store run {flags.format(*recorded.node)} ({held}); this "
-            f"server was given {flags.format(*mine.node)}",
-            hint=f"start it with {flags.format(*recorded.node)}: every server on a store "
-            f"counts nodes lost and fences them alike (agents renew their lease by them); {change}",
-        )
-    if mine.work is None or recorded.work is None or mine.work == recorded.work:
-        return _admission_disagreement(mine, recorded, held, change)
-    theirs, ours = _work_words(recorded.work), _work_words(mine.work)
-    if theirs == ours:  # the same executor and policy version: name the policy's settings
-        theirs, ours = _work_words(recorded.work, True), _work_words(mine.work, True)
-    ran = f"--executor {theirs[0]} with policy {theirs[1]}"
-    said = (
-        f"the leader {who} runs {ran}"
-        if live
-        else f"the last leader, {who}, ran {ran} (the store records it)"
-    )
-    return InvalidCommand(
-        f"{said}; this server was started with --executor {ours[0]} and policy {ours[1]}",
-        hint=f"start every server on a store with the same executor and policy settings; {change}",
-    )
-
-
-def _admission_disagreement(
-    mine: Settings, recorded: Settings, held: str, change: str
-) -> InvalidCommand:
-    named = "; ".join(admission_differences(recorded.admission, mine.admission))
-    return InvalidCommand(
-        f"the servers on this store admit and run jobs by other settings ({held}): {named}",
-        hint="give every server on a store the same admission and security settings (its "
-        f"config file's keys, or the flags); {change}",
-    )
-
-
-def _work_words(work: str | None, whole: bool = False) -> tuple[str, str]:
-    """(executor, policy) in words, from `Settings.work` (`whole`: the policy's settings too)."""
-    import json
-
-    got = json.loads(work or "{}")
-    words = str(got.get("words", "?"))
-    if whole:
-        words += " " + json.dumps(got.get("policy"), sort_keys=True)
-    return str(got.get("executor", "?")), words
 
 
 @dataclass(frozen=True)
@@ -262,12 +109,22 @@ NOT_COMMITTING = (
 )
 
 
+START_WAIT_S = 10.0
+"""The statement and lock timeouts of a start's settings check (`agree`): a concurrent start's
+DDL holds the lease's tables a moment; a killed one's, waiting for a synchronous standby, is
+cancelled first (`cancel_orphans`)."""
+
+
 class NotLeader(Exception):
     """An append of a server whose epoch was taken over (the fence refused it)."""
 
 
-class NotCommitting(Exception):
-    """The store takes statements but does not commit them (its synchronous standby is away)."""
+class NotCommitting(Unavailable):
+    """The store takes statements but does not commit them (its synchronous standby is away):
+    one line wherever it ends up (a start said "internal error: NotCommitting": atk49 F7)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
 
 
 def setup(dsn: str) -> None:
@@ -278,7 +135,11 @@ def setup(dsn: str) -> None:
 
 
 def agree(
-    dsn: str, mine: Settings, change: bool = False, vet: Callable[[Settings], None] | None = None
+    dsn: str,
+    mine: Settings,
+    change: bool = False,
+    vet: Callable[[Settings], None] | None = None,
+    uncommitted: list[str] | None = None,
 ) -> Any:
     """Refuse (one line) a lease outside `LEASE_RANGE_S`, or settings (`Settings`: the lease,
     the node-lost timeout and fence, the executor and policy) other than those the store
@@ -298,15 +159,42 @@ def agree(
     the store records these settings already (the flag has nothing to change, and changes
     nothing). `vet`, with `change`: asked about the recorded settings this server would replace
     before anything is made, and refuses (raises) a change it may not make (runs left on
-    another Slurm cluster: atk43ha F2)."""
+    another Slurm cluster: atk43ha F2). `uncommitted`: gets why the store commits nothing, when
+    the lease's tables were made and their commit waited for the synchronous standby (the
+    start says it once, `Leadership.uncommitted`)."""
     low, high = LEASE_RANGE_S
     if not low <= mine.lease_s <= high:
         raise InvalidCommand(
             f"--lease {mine.lease_s:g}s is outside {low:g}s-{high:g}s",
             hint="the default 5s suits most clusters: docs/ha.md",
         )
+    from psycopg.errors import QueryCanceled
+
     schema = store_schema()
-    with connect(dsn) as con:
+    within = max(0.2, mine.lease_s / 3)
+    try:
+        return _agreed(dsn, mine, change, vet, schema, within, uncommitted)
+    except QueryCanceled as err:  # a statement of the start unanswered within START_WAIT_S
+        raise Unavailable(
+            f"the store {redacted(dsn)} did not answer this server's start within "
+            f"{START_WAIT_S:g} s: " + (str(err).strip().splitlines() or [type(err).__name__])[0],
+            hint="a session may hold the lease's tables (pg_stat_activity); docs/ha.md",
+        ) from err
+
+
+def _agreed(
+    dsn: str,
+    mine: Settings,
+    change: bool,
+    vet: Callable[[Settings], None] | None,
+    schema: str,
+    within: float,
+    uncommitted: list[str] | None,
+) -> Any:
+    ms = int(START_WAIT_S * 1000)
+    with connect(dsn, application_name=app_name(f"{socket.gethostname()}:{os.getpid()}:start"),
+                 options=f"-c statement_timeout={ms} -c lock_timeout={ms}") as con:  # fmt: skip
+        cancel_orphans(con)  # what a killed start or server of this host left waiting
         exists = qualified("SELECT to_regclass('{leader}') IS NOT NULL, now()", schema)
         made, now = con.execute(exists).fetchone()
         row = None
@@ -320,48 +208,16 @@ def agree(
             raise _disagreement(mine, recorded, who, live)
         if change and vet is not None and recorded is not None and mine.differs(recorded):
             vet(recorded)
-        make_schema(con, schema=schema)
+        try:  # its commit waits for a synchronous standby that is away: cancelled in `within`
+            make_schema(con, schema=schema, run=lambda sql: watched(con, within, sql, dsn))
+        except NotCommitting as err:
+            if not schema_made(con, schema):
+                raise
+            if uncommitted is not None:  # made here, unconfirmed: the start waits as a standby
+                uncommitted.append(err.message)
     if change and recorded is not None and not mine.differs(recorded):
         return None  # nothing to change: the flag does nothing (it acts once: atk39-28 F3)
     return now
-
-
-def _read_row(row: dict[str, Any], mine: Settings) -> tuple[Settings | None, bool, str]:
-    """The settings the lease row `row` (its columns, as an earlier version may have left
-    them) records as this server compares them, whether a leader holds it now, and who."""
-    if "admission_epoch" in row:
-        current = row["admission_epoch"] is not None and row["admission_epoch"] == row["epoch"]
-    else:  # the column's first making records the text as this version's when stamped
-        current = int(row.get("stamp") or 0) > 0
-    admission, _ = compared_admission(row.get("admission"), current, mine.admission)
-    recorded = _recorded(row.get("lease_s"), row.get("node_lost_s"), row.get("node_fence_s"),
-                         row.get("work"), admission)  # fmt: skip
-    return recorded, bool(row.get("live")), str(row.get("address") or "?")
-
-
-def compared_admission(
-    recorded: str | None, current: bool, mine: str | None
-) -> tuple[str | None, list[str]]:
-    """Pure: the admission settings the row records (`recorded`; `current`: by a take of this
-    version, `admission_epoch`) as this server (`mine`) compares them, and the keys it does not
-    compare (`earlier_admission`; of a row of this version, the keys it lacks, which
-    `admission_differences` leaves out)."""
-    if recorded is None or mine is None:
-        return recorded, []
-    if not current:
-        return earlier_admission(recorded, mine)
-    import json
-
-    return recorded, sorted(set(json.loads(mine)) - set(json.loads(recorded)))
-
-
-def _recorded(
-    lease_s: Any, lost: Any, fence: Any, work: Any, admission: Any = None
-) -> Settings | None:
-    if not lease_s:
-        return None  # a new store: nobody recorded any
-    node = None if lost is None or fence is None else (float(lost), float(fence))
-    return Settings(float(lease_s), node, work, admission)
 
 
 _SAME = (
@@ -491,6 +347,7 @@ class Lease:
                 self.dsn,
                 connect_timeout=max(1, int(self.lease_s / 3)),
                 options=f"-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms}",
+                application_name=app_name(self.holder),
             )
             self._con.add_notice_handler(self._noticed)
         return self._con
@@ -520,10 +377,15 @@ class Lease:
             if any(SYNC_WAIT in n for n in self._notices):
                 raise NotCommitting(NOT_COMMITTING.format(round(self.answer_s + 0.1, 1)))
             return rows
-        except Exception:
+        except Exception as err:
+            from psycopg.errors import QueryCanceled
+
+            unconfirmed = isinstance(err, QueryCanceled) and _sync_waits(self._con)
             if self._con is not None:
                 self._con.close()
                 self._con = None
+            if unconfirmed:  # a lock or statement timeout behind a commit that waits
+                raise NotCommitting(NOT_COMMITTING.format(round(self.answer_s, 1))) from err
             raise
 
     def _watch(self, con: Any, answered: threading.Event) -> None:
@@ -796,4 +658,98 @@ def dead_here(holder: str) -> bool:
         return True
     except OSError:
         return False  # alive, someone else's
-    return False
+    try:  # a zombie (killed, not yet reaped) is gone too
+        with open(f"/proc/{int(pid)}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
+
+
+APP_PREFIX = "gpuledger:"
+"""The start of the `application_name` of a server's lease and start connections, followed by
+the server's `HOST:PID:ID` (`cancel_orphans` finds a dead one's statements by it)."""
+
+
+def app_name(holder: str) -> str:
+    """The `application_name` of a connection of the server `holder` (PostgreSQL keeps 63
+    bytes)."""
+    return (APP_PREFIX + holder)[:63]
+
+
+def cancel_orphans(con: Any) -> list[int]:
+    """Cancel the statements still running for servers of this host that are gone (a start or
+    a server killed while a commit waited for a synchronous standby that is away: its backend
+    waits on, holding its locks, and the next start's statements waited on them or ended in
+    "internal error: QueryCanceled": atk49 F7). Returns their backends' pids. A role that may
+    not cancel them (another role's) is left alone: the next statements say why they wait."""
+    try:
+        rows = con.execute(
+            "SELECT pid, application_name FROM pg_stat_activity WHERE state = 'active' "
+            "AND application_name LIKE %s AND pid <> pg_backend_pid()",
+            (APP_PREFIX + "%",),
+        ).fetchall()
+        gone = [int(pid) for pid, name in rows if dead_here(str(name)[len(APP_PREFIX) :])]
+        for pid in gone:
+            con.execute("SELECT pg_cancel_backend(%s)", (pid,))
+    except Exception as err:  # best effort: a cancel not allowed, a read refused
+        log.debug("could not cancel the statements of gone servers: %s", err)
+        return []
+    if gone:
+        log.info("cancelled the statements of %d gone server(s) of this host", len(gone))
+    return gone
+
+
+def _waits_for_standby(dsn: str, pid: int, within_s: float) -> bool:
+    """Does the backend `pid` wait for the synchronous standby's confirmation of its commit?"""
+    try:
+        with connect(dsn, connect_timeout=max(1, round(within_s))) as con:
+            row = con.execute(
+                "SELECT wait_event = 'SyncRep' FROM pg_stat_activity WHERE pid = %s", (pid,)
+            ).fetchone()
+    except Exception:  # the store does not answer: the statement's own timeouts end it
+        return False
+    return bool(row and row[0])
+
+
+def _sync_waits(con: Any) -> bool:
+    """Does a commit of the store wait for its synchronous standby now (a statement that timed
+    out waited for a lock that commit holds)?"""
+    if con is None or con.closed:
+        return False
+    try:
+        row = con.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE wait_event = 'SyncRep')"
+        ).fetchone()
+    except Exception:  # the connection is gone too: the error said enough
+        return False
+    return bool(row and row[0])
+
+
+def watched(con: Any, within_s: float, sql: str, dsn: str) -> None:
+    """`sql` on the autocommit connection `con` (of the store `dsn`), cancelled once its commit
+    waits for a synchronous standby (looked at every `within_s`, from a connection of its own:
+    a slow DDL is left to its own timeouts): `NotCommitting` (it committed here, unconfirmed).
+    It waited forever, whatever the statement timeout, and a start said nothing and ignored
+    SIGTERM (atk49 F7)."""
+    notices: list[str] = []
+
+    def noticed(diag: Any) -> None:
+        notices.append(str(diag.message_primary or ""))
+
+    done, pid = threading.Event(), con.info.backend_pid
+
+    def watch() -> None:
+        while not done.wait(within_s):
+            if _waits_for_standby(dsn, pid, within_s):
+                cancel_quietly(con, within_s)
+                return
+
+    con.add_notice_handler(noticed)
+    threading.Thread(target=watch, name="ledger-start-watch", daemon=True).start()
+    try:
+        con.execute(sql)
+    finally:
+        done.set()
+        con.remove_notice_handler(noticed)
+    if any(SYNC_WAIT in n for n in notices):
+        raise NotCommitting(NOT_COMMITTING.format(round(within_s, 1)))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ledger.store.pgread import store_schema
@@ -140,13 +141,19 @@ def made(con: Any, schema: str = "public") -> bool:
     return bool(row and row[0])
 
 
-def make_schema(con: Any, within_s: float = 60.0, schema: str | None = None) -> None:
+def make_schema(
+    con: Any,
+    within_s: float = 60.0,
+    schema: str | None = None,
+    run: Callable[[str], Any] | None = None,
+) -> None:
     """Make the lease's schema in the store's `schema` (`store_schema`) on the autocommit
     connection `con` unless it is made (`made`): one statement string, committed by the
     database itself, under the schema's advisory lock (concurrent starts wait for each other)
     and `LOCK_TIMEOUT_MS` (tried again until `within_s`). A store whose lease tables are in
     `public` (every store before they were qualified) keeps them there: `public` is its
-    events' schema; the statements are made again in place, their objects qualified."""
+    events' schema; the statements are made again in place, their objects qualified. `run`:
+    how the script is sent (`lease.watched`: cancelled when its commit waits on)."""
     import psycopg
 
     schema = store_schema() if schema is None else schema
@@ -162,7 +169,7 @@ def make_schema(con: Any, within_s: float = 60.0, schema: str | None = None) -> 
     deadline = time.monotonic() + within_s
     while True:
         try:
-            con.execute(script)
+            (run or con.execute)(script)
             return
         except psycopg.errors.LockNotAvailable:
             con.execute("ROLLBACK")

@@ -52,6 +52,16 @@ def store_schema(env: Mapping[str, str] | None = None) -> str:
             f"{SCHEMA_VARIABLE} {name!r} is not a plain PostgreSQL name",
             hint="use letters, digits and underscores (the schema of the store's tables)",
         )
+    if name != name.lower():  # `CREATE SCHEMA Led` makes `led`; the ledger names it quoted
+        from schemas.errors import InvalidCommand
+
+        raise InvalidCommand(
+            f"{SCHEMA_VARIABLE} {name!r} has upper-case letters: PostgreSQL folds an unquoted "
+            f"name to lower case (`CREATE SCHEMA {name}` makes {name.lower()!r}), and a quoted "
+            "one is another schema (atk49 F6)",
+            hint=f"use {SCHEMA_VARIABLE}={name.lower()} (a store made in a quoted upper-case "
+            f'schema: ALTER SCHEMA "{name}" RENAME TO {name.lower()})',
+        )
     return name
 
 

@@ -59,6 +59,7 @@ READERS = {
     "ledger/store/application.py",
     "ledger/store/copying.py",
     "ledger/store/embedded.py",
+    "ledger/store/mapping.py",
     "ledger/store/pgread.py",
     "ledger/store/postgres.py",
     "ledger/store/relay.py",
