@@ -277,6 +277,9 @@ class DecisionBody(msgspec.Struct, frozen=True, kw_only=True):
     skipped_cycles: Count = 0
     stopping_held: bool = False
     """The snapshot held the GPUs of stopped runs in their grace (`CycleDecided.stopping_held`)."""
+    lost_held: bool = False
+    """It also held the runs a `node lost` ended whose end was not recorded
+    (`CycleDecided.lost_held`)."""
 
 
 class ApplyDecision(Command, frozen=True, kw_only=True, tag="decision.apply"):

@@ -726,6 +726,8 @@ class CycleDecided(_Decided, frozen=True, kw_only=True, tag="cycle.decided.v4"):
     recorded yet (`State.stopped_runs`: a cancelled or preempted run in its grace) held, never
     free (atk47-23 F8). False in the records written before, whose snapshot counted them free:
     replay builds each decision's snapshot by the rule its record names."""
+    lost_held: bool = False
+    """It also held the runs an admin's `node lost` ended whose end was not recorded (s50)."""
 
 
 AnyEvent = (

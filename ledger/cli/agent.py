@@ -14,6 +14,7 @@ import click
 from ledger.agent import config as cfg
 from ledger.cli.output import echo_json, setup_logging
 from ledger.store.clock import SystemClock
+from ledger.wire.config import check_grace
 from schemas.errors import InvalidCommand
 from schemas.units import format_time
 
@@ -68,6 +69,7 @@ def _run(config: cfg.AgentConfig, drain: bool) -> int:
     from ledger.engines.gpu_util import pick_source
     from ledger.engines.supervised import SupervisedExecutor
 
+    check_grace(config.grace.seconds)  # before anything starts, as serve/up (atk49-23)
     setup_logging(config.log_level, config.log_format)
     import logging
 
@@ -181,7 +183,7 @@ class _AgentGroup(click.Group):
     default=None,
     help="State file, run directories, lock [/var/lib/gpuledger/agent].",
 )
-@click.option("--grace", default=None, help="SIGTERM-to-SIGKILL grace [30s].")
+@click.option("--grace", default=None, help="SIGTERM-to-SIGKILL grace [30s, at most 2m].")
 @click.option("--run-as", type=click.Choice(["submitter", "service"]), default=None)
 @click.option("--heartbeat", default=None, help="Time between heartbeats [5s].")
 @click.option("--sample-every", default=None, help="GPU utilisation sampling period [30s].")

@@ -13,6 +13,7 @@ import msgspec
 
 from ledger.core.state import (
     ENDS_KEPT_S,
+    NODE_LOST,
     Account,
     Job,
     Node,
@@ -120,8 +121,12 @@ def evolve(state: State, event: e.AnyEvent) -> State:
             _node_becomes(state, event.node, "lost", lost_reason=event.reason)
             if event.fence_s:
                 _in_doubt(state, event)
+            else:  # ended at once while their processes may live: stopping (s50, atk49-23 F3)
+                for job_id in sorted(state.node_jobs.get(event.node, ())):
+                    _stopped(state, state.jobs[job_id], event.at, NODE_LOST)
         case e.NodeRemoved():
             _node_becomes(state, event.node, "removed")
+            _gone_with(state, event.node)
         case e.NodeAgentChanged():
             state.nodes[event.node] = msgspec.structs.replace(
                 state.nodes[event.node], agent=event.agent
@@ -317,6 +322,14 @@ def _stopped(state: State, job: Job, at: float, why: str) -> None:
         if state.stopped_runs[oldest].at >= cut:
             break
         del state.stopped_runs[oldest]
+
+
+def _gone_with(state: State, node: str) -> None:
+    """A removed node is gone for good: the runs a `node lost` of it left stopping (`NODE_LOST`)
+    no longer wait for their end there."""
+    for key, sr in list(state.stopped_runs.items()):
+        if sr.why == NODE_LOST and any(sl.node == node for sl in sr.slots):
+            del state.stopped_runs[key]
 
 
 def _run_ended(state: State, event: e.JobRunEnded) -> None:

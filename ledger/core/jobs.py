@@ -480,7 +480,10 @@ class Blocked:
 
 
 def blocked(
-    state: State, live: list[Job] | None = None, hold_stopping: bool = False
+    state: State,
+    live: list[Job] | None = None,
+    hold_stopping: bool = False,
+    hold_lost: bool = False,
 ) -> dict[int, Blocked]:
     """Pure: the pending (not held) jobs that may not be placed yet, by job id: a dependency
     not met (`WAIT_DEPENDENCY`, Slurm's `Dependency`), an earlier job of the same user and name
@@ -492,7 +495,8 @@ def blocked(
     lives out its grace has not ended for its dependents, and a task so stopping holds its
     array's limit, as Slurm waits for a job's end (atk48-23 F5: a `%1` array's next task and an
     `afterany` job ran beside a cancelled job's processes), and keeps its name for a
-    `singleton` (as squeue's `CG` job does)."""
+    `singleton` (as squeue's `CG` job does). `hold_lost` (`CycleDecided.lost_held`): so does a
+    job an admin's `node lost` ended while its processes may live (`NODE_LOST`, s50)."""
     out: dict[int, Blocked] = {}
     if live is None:
         jobs = state.jobs
@@ -507,7 +511,7 @@ def blocked(
         if spec.array_job_id is not None and job.status in ("placed", "running"):
             holding[spec.array_job_id] = holding.get(spec.array_job_id, 0) + 1
         names.setdefault((spec.user, spec.job_name), spec.job_id)
-    stopping = state.stopping_arrays() if hold_stopping and state.stopped_runs else {}
+    stopping = state.stopping_arrays(hold_lost) if hold_stopping and state.stopped_runs else {}
     stopping_names: dict[tuple[str, str], int] = {}
     for array in stopping.values():
         if array is not None:

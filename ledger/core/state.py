@@ -24,6 +24,10 @@ ENDS_KEPT_S = 86_400.0
 """How long a job's end is kept for the dependencies of later submissions (`State.ends`)."""
 NodeState = Literal["active", "draining", "drained", "removed", "lost"]
 """`lost`: it stopped answering (`NodeLost`); no work is placed on it until it is returned."""
+NODE_LOST = "node_lost"
+"""`StoppedRun.why` of a run a `node lost` (fence 0: an admin's word) ended while its processes
+may live on: it is stopping, as a cancel's run, until its end is recorded or its node is
+removed; a decision holds it only under its rule (`CycleDecided.lost_held`, s50)."""
 
 
 class Account(msgspec.Struct, frozen=True, kw_only=True):
@@ -121,7 +125,8 @@ class StoppedRun(msgspec.Struct, frozen=True, kw_only=True):
     """When that second cancel came (its `JobKillOrdered`): its SIGKILL's time, which the reads
     show as `kill_at` (atk47-23 F6: they showed the first cancel's, already past)."""
     why: str = ""
-    """What stopped it: `cancelled` or `preempted` (a requeue is a preemption); "" in a
+    """What stopped it: `cancelled`, `preempted` (a requeue is a preemption) or `node_lost`
+    (`NODE_LOST`: an admin's `node lost` of a node whose processes may live); "" in a
     snapshot made before. With `user`, `account` and `gpus`: what `queue` shows of it once
     its job is gone from the live state (`ledger.reads.stopping`)."""
     user: str = ""
@@ -323,13 +328,16 @@ class State:
             return []
         return [sr for sr in self.stopped_runs.values() if sr.job_id == job_id]
 
-    def stopping_arrays(self) -> dict[int, int | None]:
+    def stopping_arrays(self, lost: bool = True) -> dict[int, int | None]:
         """Job -> its array's id (None: no array) of the jobs whose record ended while a run the
         ledger stopped lives out its grace (`stopped_of`; a task's end keeps its array, `ends`):
         what a second cancel of an array kills and what a stopping job holds back
-        (`jobs.blocked`)."""
+        (`jobs.blocked`). `lost` False: not the runs a `node lost` ended (`NODE_LOST`), as the
+        decisions recorded before s50 counted (`CycleDecided.lost_held`)."""
         out: dict[int, int | None] = {}
         for sr in self.stopped_runs.values():
+            if not lost and sr.why == NODE_LOST:
+                continue
             job = self.jobs.get(sr.job_id)
             if job is not None and job.status != "finished":
                 continue  # a requeued job is pending: live, as its own record says

@@ -229,6 +229,7 @@ def preview(
         position=position,
         unavailable=unavailable,
         hold_stopping=True,  # as a cycle does
+        hold_lost=True,
     )
     return snapshot, decide(snapshot, policy, now)
 
@@ -465,9 +466,10 @@ class Dispatcher:
             # Slurm may hold a placement before it starts it: contracts count from its start
             from_start=self.executor.engine == "slurm",
             longest_s=seen.longest_s,
-            # a stopped run's GPUs are busy until its end is recorded (atk47-23 F8); the record
-            # says so (`stopping_held`), for replay
+            # a stopped run's GPUs are busy until its end is recorded (atk47-23 F8), a `node
+            # lost`'s run's too (s50); the record says so (`stopping_held`, `lost_held`), for replay
             hold_stopping=True,
+            hold_lost=True,
         )
         # 2. decide (pure)
         decision, self._carry = decide_carried(snapshot, self.policy, now, self._carry)
@@ -491,6 +493,7 @@ class Dispatcher:
                 ranks=rank_inputs(self.rank_source, position, ranks, level_fs),
                 skipped_cycles=self._skipped,
                 stopping_held=True,
+                lost_held=True,
             )
             self.ledger.execute(command)
             self._skipped, self._recorded_at = 0, now

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 
 from ledger.core.jobs import blocked
-from ledger.core.state import Job, Node, State
+from ledger.core.state import NODE_LOST, Job, Node, State
 from ledger.dispatch.snapshot import (
     KeptRanks,
     NodeView,
@@ -50,13 +50,17 @@ def pending_view(job: Job) -> PendingJob:
     )
 
 
-def stopping_gpus(state: State) -> dict[str, frozenset[int]]:
+def stopping_gpus(state: State, lost: bool = True) -> dict[str, frozenset[int]]:
     """Pure: node -> the GPUs of the runs the ledger stopped whose end is not recorded yet
-    (`State.stopped_runs`: a cancel's, a preemption's or a requeue's run in its grace). Their
-    processes may still hold them, and the engine starts nothing there until they are gone, so
-    they are not free for a placement (as Slurm's COMPLETING job's are not: atk47-23 F8)."""
+    (`State.stopped_runs`: a cancel's, a preemption's or a requeue's run in its grace, and a
+    run a `node lost` ended: `NODE_LOST`, left out when not `lost`, as decisions recorded before
+    s50 counted: `CycleDecided.lost_held`). Their processes may still hold them, and the engine
+    starts nothing there until they are gone, so they are not free for a placement (as Slurm's
+    COMPLETING job's are not: atk47-23 F8)."""
     held: dict[str, set[int]] = {}
     for sr in state.stopped_runs.values():
+        if not lost and sr.why == NODE_LOST:
+            continue
         for sl in sr.slots:
             held.setdefault(sl.node, set()).update(sl.gpu_indices)
     return {node: frozenset(gpus) for node, gpus in held.items()}
@@ -103,6 +107,7 @@ def snapshot_from_state(
     from_start: bool = False,
     longest_s: float | None = None,
     hold_stopping: bool = False,
+    hold_lost: bool = False,
 ) -> Snapshot:
     """Pure: the snapshot of the write-side `state` (tests, simulation, replay): the one of
     `snapshot_kept` built from nothing kept."""
@@ -121,6 +126,7 @@ def snapshot_from_state(
         from_start=from_start,
         longest_s=longest_s,
         hold_stopping=hold_stopping,
+        hold_lost=hold_lost,
     )[0]
 
 
@@ -172,6 +178,7 @@ def snapshot_kept(
     from_start: bool = False,
     longest_s: float | None = None,
     hold_stopping: bool = False,
+    hold_lost: bool = False,
 ) -> tuple[Snapshot, Views]:
     """Pure: the snapshot of the write-side `state`, made with what the last call handed on
     (`kept`; None: nothing), and what to hand the next call (`Views`).
@@ -193,10 +200,11 @@ def snapshot_kept(
     snapshot: the engine would never start it, so nothing is placed or preempted for it.
     `hold_stopping`: the GPUs of stopped runs in their grace (`stopping_gpus`) are not free
     either (every cycle since atk47-23 F8; a replay of an older record, whose cycle counted
-    them free, passes False: `CycleDecided.stopping_held`).
+    them free, passes False: `CycleDecided.stopping_held`); with `hold_lost` those of the runs
+    a `node lost` ended while their processes may live too (s50: `CycleDecided.lost_held`).
     """
     low = low_util_since or {}
-    busy = _busy(unavailable, stopping_gpus(state) if hold_stopping else {})
+    busy = _busy(unavailable, stopping_gpus(state, hold_lost) if hold_stopping else {})
     last = kept or Views()
     made_nodes: dict[str, tuple[Node, NodeView]] = last.nodes
     kept_nodes: dict[str, tuple[Node, NodeView]] = {}
@@ -235,7 +243,7 @@ def snapshot_kept(
     jobs = state.jobs
     live = list(map(jobs.__getitem__, sorted(state.active)))
     # a dependency not met, an array at its limit: not placed yet (a stopping job counts)
-    waiting = blocked(state, live, hold_stopping)
+    waiting = blocked(state, live, hold_stopping, hold_lost)
     settings = (unobserved, from_start, longest_s)
     seen = dict(zip(map(id, live), live, strict=True)) if len(live) >= KEEP_FROM else None
     if seen is not None and last.live is not None and last.settings == settings:

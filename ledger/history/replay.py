@@ -437,6 +437,7 @@ class Replayer:
             low_util_since=tracker.low_since,
             position=recorded.based_on,
             hold_stopping=recorded.stopping_held,  # as its cycle counted stopping GPUs
+            hold_lost=recorded.lost_held,  # and a `node lost`'s runs (s50)
         )
         ranked = registry.ranked(config)
         return snapshot, policy, rank_digest(ranks, level_fs) if ranked else None

@@ -309,7 +309,8 @@ def _starts(
     (`estimated_starts`)."""
     from ledger.core.jobs import blocked
 
-    keys = blocked_keys(state, snapshot, policy, blocked(state, hold_stopping=True))
+    waits = blocked(state, hold_stopping=True, hold_lost=True)
+    keys = blocked_keys(state, snapshot, policy, waits)
     return estimated_starts(state, snapshot, decision, now, through, blocked=keys)
 
 
@@ -328,7 +329,7 @@ def _blocked_rows(
     from ledger.core.jobs import blocked
 
     rows: list[v.QueueRow] = []
-    waits = blocked(state, hold_stopping=True)
+    waits = blocked(state, hold_stopping=True, hold_lost=True)
     starts: dict[int, float | None] | None = None
     for job_id, why in sorted(waits.items()):
         if len(rows) >= room:
@@ -443,7 +444,7 @@ def queue_codes(state: State, snapshot: Snapshot, decision: Decision) -> list[tu
         out.append((accounts[job.job_id], wait.code if wait else "NEXT_CYCLE"))
     from ledger.core.jobs import blocked
 
-    stopped = blocked(state, hold_stopping=True)
+    stopped = blocked(state, hold_stopping=True, hold_lost=True)
     waiting = [(state.jobs[i].spec.account, b.code) for i, b in sorted(stopped.items())]
     held = sorted(
         (j.job_id, j.spec.account) for j in state.jobs.values() if j.held and j.status == "pending"
@@ -658,7 +659,7 @@ def explain_now(
 
     state = ledger.state
     job_id = job.spec.job_id
-    waits = blocked(state, hold_stopping=True).get(job_id)
+    waits = blocked(state, hold_stopping=True, hold_lost=True).get(job_id)
     if waits is not None:
         what = "its dependency" if waits.code == "WAIT_DEPENDENCY" else "its array's limit"
         blocking = _blocking(state, job) if waits.code == "WAIT_DEPENDENCY" else []

@@ -64,3 +64,17 @@ def test_up_refuses_a_grace_above_the_cap_before_registering_its_nodes(tmp_path:
     assert out.exit_code == 1 and "more than the 120 s any job gets" in out.output, out.output
     listed = CliRunner().invoke(cli, ["node", "list", "--json"], env=env)
     assert listed.exit_code == 0 and "n9" not in listed.output  # registered none
+
+
+def test_the_agent_refuses_a_grace_above_the_cap_at_start_in_one_line(tmp_path: Path) -> None:
+    """As `serve`/`up` (s50): `agent --grace 10m` started and capped every stop at 120 s. The
+    refusal comes first, before the URL is looked at or the state directory touched."""
+    from click.testing import CliRunner
+
+    from ledger.cli import cli
+
+    state = tmp_path / "agent"
+    out = CliRunner().invoke(cli, ["agent", "--grace", "10m", "--state-dir", str(state)])
+    assert out.exit_code == 1 and "more than the 120 s any job gets" in out.output, out.output
+    assert len(out.output.strip().splitlines()) <= 2  # the line and its hint
+    assert not state.exists()

@@ -22,6 +22,7 @@ from schemas import codec
 from schemas import commands as c
 from schemas import events as e
 from schemas import views as v
+from schemas.bounds import MAX_GRACE_S
 from schemas.units import when
 from tests.unit.test_service_grace import Recording, _configure, _queue, _running
 
@@ -56,7 +57,7 @@ def test_a_time_limit_after_a_restart_with_another_grace_is_read_with_the_placem
     start = w.state.jobs[job].started_at
     assert start is not None
     assert _queue(w, start + 61)[job].kill_at == start + 60 + 100  # was + 10, already past
-    assert grace_in(w.state, job) == 100  # the Slurm executor's fallback: the same rule
+    assert grace_in(w.state, job, 10) == 100  # the Slurm executor's fallback: the same rule
     records = [LogRecord(i + 1, e.tag_of(type(ev)), codec.encode(ev)) for i, ev in enumerate(w.log)]
     with Store(":memory:") as store:
         Projector(store, ListSource(records)).catch_up()
@@ -85,3 +86,16 @@ def test_a_snapshot_made_before_runs_kept_their_grace_is_the_same_state(w: Recor
     assert same(before, w.state) and same(w.state, before)
     # such a run reads with the service's current grace, as before
     assert _queue(w, w.now + 1)[job].kill_at == w.now + 20
+
+
+def test_the_slurm_executors_grace_of_a_job_is_the_one_rule(w: Recording) -> None:
+    """`grace_in` calls `Job.grace` (s50: it repeated the rule without the cap, and said
+    "unknown" for a run placed before runs kept their grace)."""
+    job = _running(w, grace_s=100)
+    placed = _running(w, 1)  # no grace of its own, placed before the service recorded one
+    j = w.state.jobs[job]
+    spec = msgspec.structs.replace(j.spec, grace_s=600)  # recorded before the cap
+    w.state.jobs[job] = msgspec.structs.replace(j, spec=spec)
+    assert grace_in(w.state, job, 10) == MAX_GRACE_S == w.state.jobs[job].grace(10)  # capped
+    assert grace_in(w.state, placed, 45) == w.state.jobs[placed].grace(45)
+    assert grace_in(w.state, 999, 45) is None  # a job the ledger does not hold

@@ -88,7 +88,7 @@ def open_executor(
     slurm.abandoned = frozenset(abandoned)  # `--abandon-runs`: recorded lost (atk45ha L1)
     slurm.in_flight.handed_over = handed_over  # a clean handover: nothing waits
     slurm.cluster = Watch(slurm.cluster.read, cluster)
-    slurm.job_grace = lambda job_id: grace_in(ledger.state, job_id)
+    slurm.job_grace = lambda job_id: grace_in(ledger.state, job_id, slurm.grace_s)
     slurm.job_limit = lambda job_id: limit_in(ledger.state, job_id)
     slurm.stopped_runs = lambda: ledger.state.stopped_runs  # its stops, after a restart too
     slurm.strays.recorded = lambda tag: tag in ledger.state.run_ends  # (atk46-s F1)

@@ -402,14 +402,13 @@ def earlier_alive(
     return None
 
 
-def grace_in(state: State, job_id: int) -> float | None:
-    """Pure: a job's own grace (`submit --grace`) as the ledger holds it, else the service's
-    when its run was placed (`Job.service_grace_s`, the rule of the agents and of every read:
-    atk49-23 F1); None: neither is known (then the service's current one)."""
+def grace_in(state: State, job_id: int, service_s: float) -> float | None:
+    """Pure: the grace a stop of a job's run gets, by the one rule of the agents and of every
+    read (`Job.grace`: its own, else the service's when its run was placed, else `service_s`,
+    the executor's current one; at most `MAX_GRACE_S`: atk49-23 F1); None: the ledger holds
+    no such job."""
     job = state.jobs.get(job_id)
-    if job is None:
-        return None
-    return job.service_grace_s if job.spec.grace_s is None else job.spec.grace_s
+    return None if job is None else job.grace(service_s)
 
 
 def completing(
