@@ -412,6 +412,47 @@ def test_a_what_if_whose_client_left_stops_and_frees_the_slot(reviewed: Reviewed
     assert gone_s < 1.0 and gone_s < whole_s / 2, (gone_s, whole_s)
 
 
+def test_a_what_if_whose_client_left_while_it_waited_frees_its_place(reviewed: Reviewed) -> None:
+    """atk50-29 F1: a what-if waiting for another's to end, whose client left (a reload), kept
+    its person's one what-if: her next was refused 429 "a what-if of yours is under way" for as
+    long as the one ahead ran. Now her place is freed once her client leaves: her next waits its
+    turn and is answered."""
+    import socket
+    import threading
+
+    r = reviewed
+    _served(r, "serve-left-waiting.log")
+    account = sorted(children(r))[0]
+    ahead: list[tuple[int, Any]] = []
+    root = threading.Thread(
+        target=lambda: ahead.append(ask(r, r.tokens["root"], {"account": account, "shares": 4}))
+    )
+    root.start()
+    first = _until_child(r)  # root's what-if runs
+    body = json.dumps({"account": account, "shares": 5}).encode()
+    sock = socket.create_connection(("127.0.0.1", r.server.port))
+    sock.sendall(
+        f"POST {ROUTE} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {r.tokens['boss']}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    time.sleep(1.0)  # boss's what-if waits for root's (its checks take a few ms)
+    sock.close()  # and boss leaves
+    time.sleep(0.6)  # more than two steps of the watch (0.25 s)
+    assert all(Path(f"/proc/{p}").exists() for p in first), "root's what-if ended too soon"
+    mine: list[tuple[int, Any]] = []
+    again = threading.Thread(
+        target=lambda: mine.append(ask(r, r.tokens["boss"], {"account": account, "shares": 6}))
+    )
+    again.start()
+    again.join(1.5)
+    assert not mine or mine[0][0] != 429, mine  # was: 429 at once, root's still running
+    root.join(SLOW_S)
+    again.join(SLOW_S)
+    assert [s for s, _ in ahead] == [200] and [s for s, _ in mine] == [200], (ahead, mine)
+    assert mine[0][1]["shares"] == 6
+
+
 def test_a_stop_mid_what_if_answers_one_503_line_at_once(reviewed: Reviewed) -> None:
     """atk49-29 F11: SIGTERM while a what-if ran held the stop 10 s (uvicorn's graceful
     timeout), then answered a plain-text 500 and logged an ERROR traceback. Now the child is
