@@ -652,7 +652,12 @@ async function post(path, body) {
   const resp = await fetch(path, { method: "POST", body: JSON.stringify(body),
     headers: { Authorization: `Bearer ${token()}`, "Content-Type": "application/json" } });
   if (resp.status === 401) return api(path);  // signed out: the login page
-  const out = await resp.json();
+  const text = await resp.text();
+  let out = null;
+  try { out = JSON.parse(text); } catch (err) { out = null; }
+  // a proxy in front answers its own HTML page (a 504 past its read timeout): said as such, not
+  // as "Unexpected token '<'" (atk50-29 F2)
+  if (out === null) throw new Error(`the server or a proxy in front of it answered ${resp.status} ${resp.statusText || ""}`.trim() + (resp.status === 504 ? " (a proxy's read timeout: see docs/server.md, TLS and reverse proxies)" : ""));
   if (!resp.ok) throw new Error(out.detail || `${resp.status}`);
   return out;
 }
