@@ -660,6 +660,9 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             lambda h: whatifs.may_ask(h.ledger.state, h.now(), caller, ask),
         )  # fmt: skip
 
+        if ask.shares == was:  # no change: nothing to simulate, answered at once (atk50-29 F3)
+            return _json(whatifs.BudgetWhatIf(account=ask.account, shares=ask.shares, was=was))
+
         async def whole() -> tuple[Any, Any]:
             await caught_up()  # the projection caught up, beside the worker
             # a period decided by a policy this build has not: refused before the child starts
@@ -681,5 +684,13 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
         )
         return _json(report)
 
+    @get("/ui/api/budget/whatif/turn", include_in_schema=False)
+    async def budget_whatif_turn(request: Request[Any, Any, Any]) -> Response[bytes]:
+        """Where the caller's what-if stands, for the page to show while it waits: how many
+        go before it (the one under way counted) and how long it has run."""
+        ahead, running_s = running.place(person(request).actor)
+        return _json({"ahead": ahead, "running_s": running_s})
+
     handlers: list[HTTPRouteHandler] = [root, page, teams, queue, finished, job, job_replay, nodes]
-    return [*handlers, decisions, decision, preemptions, budget, budget_whatif, static]
+    return [*handlers, decisions, decision, preemptions, budget, budget_whatif, budget_whatif_turn,
+            static]  # fmt: skip

@@ -145,3 +145,26 @@ def test_a_request_whose_client_leaves_while_it_waits_frees_its_place_at_once() 
         assert not slot.busy and not slot.waiting and not slot.held
 
     asyncio.run(go())
+
+
+def test_a_waiting_person_is_told_how_many_go_before_them() -> None:
+    """atk50-29 F3: the page said "running" while a what-if only waited its turn."""
+
+    async def go() -> None:
+        slot = FairSlot("a what-if", per_person=1)
+        gate = asyncio.Event()
+
+        async def work(person: str) -> None:
+            async with slot.hold(person):
+                await gate.wait()
+
+        tasks = [asyncio.create_task(work(p)) for p in ("ann", "bob", "cy")]
+        await asyncio.sleep(0.01)
+        assert slot.place("ann")[0] == 0 and (slot.place("ann")[1] or -1) >= 0
+        assert slot.place("bob") == (1, None) and slot.place("cy") == (2, None)
+        assert slot.place("dee") == (0, None)  # none of hers
+        gate.set()
+        await asyncio.gather(*tasks)
+        assert slot.place("cy") == (0, None)
+
+    asyncio.run(go())
