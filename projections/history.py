@@ -472,7 +472,7 @@ def job_decisions(con: Con, job_id: int, limit: int) -> list[tuple[int, e.CycleD
     job, waiting, placed or running, whether or not the record lists it among its first waiting
     jobs), in log order, decoded: read newest first, `limit` found at a time; never a walk of
     the whole log. (The job page's replay: the decisions `ledger.history.replay.Selection(job=...)`
-    picks.)"""
+    picks; the job page replays `listed_decisions`.)"""
     span = con.execute(
         "SELECT submitted_position, CASE WHEN status = 'finished' THEN last_position END "
         "FROM jobs WHERE job_id = $job",
@@ -500,6 +500,21 @@ def job_decisions(con: Con, job_id: int, limit: int) -> list[tuple[int, e.CycleD
             break
         before = rows[-1][0]
     return found[::-1]
+
+
+def listed_decisions(con: Con, job_id: int, limit: int) -> list[tuple[int, e.CycleDecided]]:
+    """The last `limit` recorded decisions that placed or preempted `job_id` (the ones the job
+    page lists, `decisions(job_id=...)`), in log order, decoded. The job page replays these
+    only: replaying every cycle of a pending job's span (`job_decisions`) replayed 8 cycles
+    over the whole queue on each view after a new cycle, none of which the page shows
+    (atk50-29 F4)."""
+    positions = [int(r[0]) for r in decisions(con, None, None, limit, job_id=job_id)]
+    found: list[tuple[int, e.CycleDecided]] = []
+    for position in sorted(positions):
+        for at, d in events_of(con, [e.CycleDecided], first=position, last=position):
+            if isinstance(d, e.CycleDecided):
+                found.append((at, d))
+    return found
 
 
 def placed_by(con: Con, job_id: int) -> dict[str, tuple[int, int, int]]:

@@ -67,7 +67,13 @@ class EventDecodeError(LedgerError):
     code = "corrupt"
 
     def __init__(
-        self, message: str, *, tag: str | None, known: bool, hint: str = "", **fields: object
+        self,
+        message: str,
+        *,
+        tag: str | None = None,
+        known: bool = False,
+        hint: str = "",
+        **fields: object,
     ) -> None:
         super().__init__(message, hint=hint, **fields)
         self.fields.update(tag=tag, known=known)
@@ -112,15 +118,20 @@ ERROR_CODES: dict[str, type[LedgerError]] = {
     for cls in (
         LedgerError,
         InvalidCommand,
+        TooLarge,
         UnknownEntity,
         NotAuthorised,
         InvalidTransition,
         ContractViolation,
+        EnvironmentProblem,
         Conflict,
+        EventDecodeError,
         NotAuthenticated,
         Unavailable,
         EngineError,
         TooBusy,
     )
 }
-"""Error classes by `code`: an HTTP client raises the same class the server raised."""
+"""Error classes by `code`: an HTTP client raises the same class the server raised (every code
+of this module's: through a server the CLI printed `[error]` where embedded it printed
+`[too_large]`, atk50-29 F7)."""

@@ -93,6 +93,28 @@ async def attended(
                 await task  # its child killed and waited for (`run`)
 
 
+async def attended_turn(
+    receive: Callable[[], Awaitable[Mapping[str, Any]]],
+    stopping: Callable[[], bool],
+    slot: Any,
+    person: str,
+    work: Callable[[], Awaitable[T]],
+    what: str,
+) -> T:
+    """`work()` in `person`'s turn of `slot` (a `fairlane.FairSlot`), the wait for the turn
+    attended too: a request whose client leaves while it waits leaves the line at once (its
+    place and its person's count freed), as one leaving while its work runs does. Waited
+    unattended, an abandoned what-if kept its person's only what-if slot until every what-if
+    ahead of it had run: her next question was refused 429 "a what-if of yours is under way"
+    for 199 s (atk50-29 F1)."""
+
+    async def turn() -> T:
+        async with slot.hold(person):
+            return await work()
+
+    return await attended(receive, stopping, turn(), what)
+
+
 async def _disconnected(receive: Callable[[], Awaitable[Mapping[str, Any]]]) -> None:
     """Returns once the client has closed its connection (the request's body read first)."""
     while (await receive())["type"] != "http.disconnect":

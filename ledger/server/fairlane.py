@@ -231,6 +231,9 @@ class FairSlot:
     served: dict[str, int] = field(default_factory=dict)
     """The turn each person last started at."""
     turn: int = 0
+    holder: str | None = None
+    """Whose work holds the slot, since `began` (`time.monotonic()`)."""
+    began: float = 0.0
 
     @contextlib.asynccontextmanager
     async def hold(self, person: str) -> AsyncIterator[None]:
@@ -244,14 +247,32 @@ class FairSlot:
             self.busy = True
             self.turn += 1
             self.served[person] = self.turn
+            self.holder, self.began = person, time.monotonic()
             try:
                 yield
             finally:
+                self.holder = None
                 self._next()
         finally:
             self.held[person] -= 1
             if not self.held[person]:
                 del self.held[person]
+
+    def place(self, person: str) -> tuple[int, float | None]:
+        """Where `person`'s work stands: (how many go before it, the one under way counted;
+        the seconds it has run, None while it waits or when it has none). The page shows it
+        while it waits (atk50-29 F3: it said "running" while it only waited)."""
+        if self.holder == person:
+            return 0, time.monotonic() - self.began
+        if person not in self.waiting:
+            return 0, None
+        mine = self.served.get(person, -1)
+        order = list(self.waiting)
+        ahead = sum(
+            1 for p in order
+            if (self.served.get(p, -1), order.index(p)) < (mine, order.index(person))
+        )  # fmt: skip
+        return ahead + (1 if self.busy else 0), None
 
     def refuse(self, person: str) -> None:
         """TooBusy when `person` may not hold or wait for the slot now (`hold` would refuse)."""

@@ -70,7 +70,7 @@ wanting more pages (`offset`, or `before` for the decisions)."""
 Offset = Annotated[int, QueryParameter(ge=0, le=10**9)]
 Size = Annotated[int, QueryParameter(ge=1, le=PAGE_MAX)]
 Position = Annotated[int, msgspec.Meta(ge=1, le=2**62)]
-"""The job page replays at most this many of the job's latest decisions."""
+"""The job page replays at most this many of the decisions it lists (the newest)."""
 
 
 class TeamsView(msgspec.Struct, frozen=True, kw_only=True):
@@ -459,35 +459,40 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
 
     @get("/ui/api/job/{job_id:int}/replay", include_in_schema=False)
     async def job_replay(request: Request[Any, Any, Any], job_id: FromPath[int]) -> Response[bytes]:
-        """The job's latest recorded decisions replayed from the log alone. They are found in
-        the projection (`history.job_decisions`: the job's span of the log, in the read pool),
-        not by walking the log; each is replayed once (kept by position), in a child process
-        at a lower priority (`ledger.server.replays`: the walk never holds the server's
-        interpreter lock), one replay at a time."""
+        """The job's latest recorded decisions the page lists (those that placed or preempted
+        it) replayed from the log alone: a pending job's, none (atk50-29 F4). They are found
+        in the projection (`history.listed_decisions`, in the read pool), not by walking the
+        log; each is replayed once (kept by position), in a child process at a lower priority
+        (`ledger.server.replays`: the walk never holds the server's interpreter lock), one
+        replay at a time."""
         caller = person(request)
         home = handles.ledger.home
         with pool.admitted(caller.actor, read=True):  # the projection caught up, beside the worker
             await caught_up()
         found = await pool.run(
-            caller.actor, lambda con, _limits: history.job_decisions(con, job_id, REPLAY_LAST)
+            caller.actor, lambda con, _limits: history.listed_decisions(con, job_id, REPLAY_LAST)
         )
 
-        async with replaying.hold(caller.actor):
+        async def replayed() -> None:
             todo = [(p, d) for p, d in found if p not in replays]
             if todo:
                 from ledger.server import replays as child
 
-                done = await children.attended(
-                    request.receive, stopping, child.replay(home, todo), "replay"
-                )
+                done = await child.replay(home, todo)
                 for (p, _d), r in zip(todo, done, strict=True):
                     replays[p] = r
                 while len(replays) > 4 * 1024:  # the oldest kept first
                     del replays[next(iter(replays))]
+
+        if found:  # the wait for its turn attended too: a client gone while it waits frees it
+            await children.attended_turn(
+                request.receive, stopping, replaying, caller.actor, replayed, "replay"
+            )
         return _json(
             [
                 {"position": p, "identical": replays[p].identical, "replay": replays[p]}
                 for p, _d in found
+                if p in replays
             ]
         )
 
@@ -655,6 +660,9 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             lambda h: whatifs.may_ask(h.ledger.state, h.now(), caller, ask),
         )  # fmt: skip
 
+        if ask.shares == was:  # no change: nothing to simulate, answered at once (atk50-29 F3)
+            return _json(whatifs.BudgetWhatIf(account=ask.account, shares=ask.shares, was=was))
+
         async def whole() -> tuple[Any, Any]:
             await caught_up()  # the projection caught up, beside the worker
             # a period decided by a policy this build has not: refused before the child starts
@@ -666,13 +674,23 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             await caught_up()
             return sim, await pool.run(caller.actor, whatifs.actual(start, end))
 
-        async with running.hold(caller.actor):  # all of it stopped (its child killed) when its
-            # client left or the server stops: the slot free at once (atk49-29 F11, F12)
-            sim, actual = await children.attended(request.receive, stopping, whole(), "what-if")
+        # all of it, the wait for its turn too, stopped (its child killed) when its client left
+        # or the server stops: its place and the slot free at once (atk49-29 F11, F12; atk50-29 F1)
+        sim, actual = await children.attended_turn(
+            request.receive, stopping, running, caller.actor, whole, "what-if"
+        )
         report = whatifs.BudgetWhatIf(
             account=ask.account, shares=ask.shares, was=was, report=whatifs.report(sim, actual)
         )
         return _json(report)
 
+    @get("/ui/api/budget/whatif/turn", include_in_schema=False)
+    async def budget_whatif_turn(request: Request[Any, Any, Any]) -> Response[bytes]:
+        """Where the caller's what-if stands, for the page to show while it waits: how many
+        go before it (the one under way counted) and how long it has run."""
+        ahead, running_s = running.place(person(request).actor)
+        return _json({"ahead": ahead, "running_s": running_s})
+
     handlers: list[HTTPRouteHandler] = [root, page, teams, queue, finished, job, job_replay, nodes]
-    return [*handlers, decisions, decision, preemptions, budget, budget_whatif, static]
+    return [*handlers, decisions, decision, preemptions, budget, budget_whatif, budget_whatif_turn,
+            static]  # fmt: skip

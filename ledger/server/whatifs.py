@@ -66,9 +66,11 @@ class BudgetWhatIf(msgspec.Struct, frozen=True, kw_only=True):
     shares: int
     was: int
     """The account's shares in the ledger now."""
-    report: wi.WhatIfReport
+    report: wi.WhatIfReport | None = None
     """What `gpuledger whatif --budgets FILE --from START --to END --json` prints, FILE
-    holding this one change."""
+    holding this one change; None when `shares` is `was` (no change: nothing simulated, the
+    answer at once; it simulated the period twice, 107 s at 4 weeks, to show no difference:
+    atk50-29 F3)."""
 
 
 class _Job(msgspec.Struct, frozen=True):

@@ -6,6 +6,7 @@ having fetched the job's replays once)."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -52,6 +53,18 @@ def test_the_decision_placing_the_watched_job_is_replayed_without_a_reload(
         "document.querySelector('#job-facts').textContent.includes('pending')", timeout=30_000
     )
     placed_before = page.locator("#job-decisions tbody tr").count()
+    # atk50-29 F4: the waiting job's page lists no decision, so its replay replays none (it
+    # replayed every cycle of its span, the one that placed job 1 here, each over the queue)
+    status, about = server.request("GET", "/ui/api/job/2", token=token)
+    assert status == 200 and about["job"]["status"] == "pending" and about["decisions"] == []
+    deadline = time.monotonic() + 60
+    while True:  # job 1 placed by a cycle that considered job 2 too
+        listed = json.loads(cli(server.home, "jobs", "--json", GPULEDGER_USER="root").stdout)
+        if [j["status"] for j in listed if j["job_id"] == 1] != ["pending"]:
+            break
+        assert time.monotonic() < deadline, listed
+        time.sleep(0.2)
+    assert server.request("GET", "/ui/api/job/2/replay", token=token) == (200, [])
     cli(server.home, "cancel", "1", GPULEDGER_USER="root")  # the node is free: job 2 is placed
     # the page's own refresh (every 5 s) lists the decision that placed it, then its replay
     row = "#job-decisions tbody tr"

@@ -92,3 +92,79 @@ def test_a_waiter_that_leaves_hands_the_slot_on() -> None:
             assert slot.busy
 
     asyncio.run(go())
+
+
+def test_a_request_whose_client_leaves_while_it_waits_frees_its_place_at_once() -> None:
+    """atk50-29 F1: a what-if waiting its turn whose client left stayed in the line, its
+    person's one what-if counted as under way: her next question was refused 429 for as long as
+    the what-ifs ahead ran (199 s). `children.attended_turn` attends the wait too."""
+    from ledger.server import children
+    from schemas.errors import Unavailable
+
+    async def go() -> None:
+        slot = FairSlot("a what-if", per_person=1)
+        gate = asyncio.Event()
+        left = asyncio.Event()
+
+        async def never() -> dict[str, str]:
+            await asyncio.Event().wait()  # a client that stays
+            return {"type": "http.disconnect"}
+
+        async def leaves() -> dict[str, str]:
+            await left.wait()
+            return {"type": "http.disconnect"}
+
+        async def work() -> str:
+            await gate.wait()
+            return "done"
+
+        async def quick() -> str:
+            return "hers"
+
+        ann = asyncio.create_task(
+            children.attended_turn(never, lambda: False, slot, "ann", work, "what-if")
+        )
+        await asyncio.sleep(0.01)
+        assert slot.busy and slot.held == {"ann": 1}
+        bob = asyncio.create_task(
+            children.attended_turn(leaves, lambda: False, slot, "bob", quick, "what-if")
+        )
+        await asyncio.sleep(0.01)
+        assert slot.held == {"ann": 1, "bob": 1} and "bob" in slot.waiting
+        left.set()  # bob's client leaves while ann's runs
+        with pytest.raises(Unavailable, match="its caller left"):
+            await asyncio.wait_for(bob, children.WATCH_S * 4)
+        assert slot.held == {"ann": 1} and not slot.waiting  # his place freed at once
+        again = asyncio.create_task(  # his next question waits its turn: not refused
+            children.attended_turn(never, lambda: False, slot, "bob", quick, "what-if")
+        )
+        await asyncio.sleep(0.01)
+        assert not again.done() and "bob" in slot.waiting
+        gate.set()
+        assert await ann == "done" and await again == "hers"
+        assert not slot.busy and not slot.waiting and not slot.held
+
+    asyncio.run(go())
+
+
+def test_a_waiting_person_is_told_how_many_go_before_them() -> None:
+    """atk50-29 F3: the page said "running" while a what-if only waited its turn."""
+
+    async def go() -> None:
+        slot = FairSlot("a what-if", per_person=1)
+        gate = asyncio.Event()
+
+        async def work(person: str) -> None:
+            async with slot.hold(person):
+                await gate.wait()
+
+        tasks = [asyncio.create_task(work(p)) for p in ("ann", "bob", "cy")]
+        await asyncio.sleep(0.01)
+        assert slot.place("ann")[0] == 0 and (slot.place("ann")[1] or -1) >= 0
+        assert slot.place("bob") == (1, None) and slot.place("cy") == (2, None)
+        assert slot.place("dee") == (0, None)  # none of hers
+        gate.set()
+        await asyncio.gather(*tasks)
+        assert slot.place("cy") == (0, None)
+
+    asyncio.run(go())

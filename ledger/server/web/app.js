@@ -652,25 +652,34 @@ async function post(path, body) {
   const resp = await fetch(path, { method: "POST", body: JSON.stringify(body),
     headers: { Authorization: `Bearer ${token()}`, "Content-Type": "application/json" } });
   if (resp.status === 401) return api(path);  // signed out: the login page
-  const out = await resp.json();
+  const text = await resp.text();
+  let out = null;
+  try { out = JSON.parse(text); } catch (err) { out = null; }
+  // a proxy in front answers its own HTML page (a 504 past its read timeout): said as such, not
+  // as "Unexpected token '<'" (atk50-29 F2)
+  if (out === null) throw new Error(`the server or a proxy in front of it answered ${resp.status}${resp.status === 504 ? " (a proxy's read timeout: see docs/server.md, TLS and reverse proxies)" : ""}`);
   if (!resp.ok) throw new Error(out.detail || `${resp.status}`);
   return out;
 }
 
 async function runWhatif(child, shares) {
-  budgetState.running = true; budgetState.error = null; budgetState.result = null;
+  budgetState.running = true; budgetState.error = null; budgetState.result = null; budgetState.turn = null;
   refresh();
+  // where it stands, while it waits or runs (atk50-29 F3: it said "running" while it waited)
+  const poll = setInterval(async () => { budgetState.turn = await api("/ui/api/budget/whatif/turn"); refresh(); }, 1000);
   try {
     budgetState.result = await post("/ui/api/budget/whatif", { account: child.account, shares });
   } catch (err) {
     budgetState.error = err.message;
   }
+  clearInterval(poll);
   budgetState.running = false;
   refresh();
 }
 
 function whatifResult(r) {
   const rep = r.report;
+  if (rep === null) return el("div", { id: "whatif-result", "data-shares": r.shares }, el("p", {}, `${r.account}: shares ${r.was} → ${r.shares}: the shares it has now, so no change (nothing to simulate).`));
   const notes = [...new Set(rep.notes)];
   // against the same simulation with no change (atk49-29 F1); what happened beside it
   const base = (t) => t.baseline ?? t.actual;
@@ -703,9 +712,13 @@ function whatifPanel(data, child) {
     el("p", {}, "Shares ", input, ` (now ${child.raw_shares}; its siblings keep theirs) `, run),
     el("p", { class: "muted" }, "The server re-simulates the last 4 weeks' submissions (at most) twice, with and without the change (twice the time), and compares per team; what happened is beside them. Nothing is changed."),
     budgetState.error ? el("p", { class: "err", id: "whatif-error" }, budgetState.error) : null,
-    budgetState.running ? el("p", { id: "whatif-running", class: "muted" }, "The what-if is running…") : null,
+    budgetState.running ? el("p", { id: "whatif-running", class: "muted" }, turnText(budgetState.turn)) : null,
     shown ? whatifResult(shown) : null);
 }
+
+const turnText = (t) => (!t || (t.ahead === 0 && t.running_s === null) ? "The what-if is starting…"
+  : t.running_s === null ? `Waiting for ${t.ahead} what-if${t.ahead > 1 ? "s" : ""} ahead of yours (one runs at a time)…`
+  : `The what-if is running: ${dur(t.running_s)} so far (4 weeks: about a minute on an idle server, minutes on a busy one)…`);
 
 async function budgetPage(first) {
   if (first && new URLSearchParams(location.search).has("account")) {  // a bookmarked or sent review
