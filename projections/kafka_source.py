@@ -650,6 +650,16 @@ class KafkaSource:
         except KafkaError as e:
             raise self._unavailable(e) from e
 
+    def first_offset(self) -> int:
+        """The topic's first offset (its log start): above 0, records before it were deleted."""
+        probe = self._probe_consumer()
+        try:
+            return int(
+                probe.beginning_offsets([self.tp], timeout_ms=int(self.timeout_s * 1000))[self.tp]
+            )
+        except KafkaError as e:
+            raise self._unavailable(e) from e
+
     def _probe_consumer(self) -> Any:
         if self._probe is None:
             self._probe = self._new_consumer(

@@ -89,6 +89,9 @@ class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
     records, rewritten every few seconds (atk49-25 F7)."""
     foreign: int = 0
     """How many foreign records were skipped in all (0: as many as `skipped` names)."""
+    remade: str = ""
+    """The last time the relay found its topic deleted and made again (or truncated) under it:
+    why; it published the store's log again from position 1 then (atk50-25 F1)."""
     since: float = 0.0
     """Wall-clock time the state began."""
     updated: float = 0.0
@@ -124,6 +127,8 @@ class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
             if count > len(self.skipped):
                 shown += f", ... ({count - len(self.skipped):,} more)"
             text += f", {count:,} foreign record(s) skipped (offsets {shown})"
+        if self.remade:
+            text += f"; {self.remade}: published again from position 1"
         return text + (f": {self.error}" if self.error else "")
 
 
@@ -194,6 +199,8 @@ class RelayService:
         the relay's progress, which decides which unsigned records on the topic may be its own;
         the store's word, which every server shares, is the relay's own: `relay_progress`)."""
         self._progress_known = previous is not None
+        self._remakes = 0
+        """The relay's `remakes` last seen: when it grows, its position went back to 1."""
         """A health file of this topic was found: `_published` is this home's progress."""
         self.health = RelayHealth(
             state="connecting",
@@ -339,6 +346,8 @@ class RelayService:
     def _position(self) -> int:
         relay = self.relay
         if relay is not None:
+            if relay.remakes != self._remakes:  # the topic made again: published from 1 anew
+                self._remakes, self._published = relay.remakes, relay.position
             self._published = max(self._published, relay.position)
         return self._published
 
@@ -498,6 +507,7 @@ class RelayService:
                 error=error,
                 skipped=relay.skipped[:SKIPPED_SHOWN] if relay is not None else old.skipped,
                 foreign=len(relay.skipped) if relay is not None else old.foreign,
+                remade=relay.remade_note if relay is not None else old.remade,
                 since=old.since if state == old.state else now,
                 updated=now,
                 check_s=self.check_s,
