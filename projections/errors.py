@@ -116,6 +116,13 @@ def wrong_keys(topic: str, what: str, position: int, after: int) -> SigningKeyMi
     )
 
 
+class TopicGap(ProjectionError):
+    """A quarantining reader set aside records the relay signed for positions it never reached:
+    the topic lacks the positions before them (its start deleted, or it was made again)."""
+
+    code = "gap"
+
+
 class QuarantineStopped(ProjectionError):
     """A quarantining reader set aside this many records in a row: it stops rather than set
     aside a run of real records and report success."""

@@ -186,6 +186,17 @@ def test_a_topic_whose_start_is_gone_is_refused_by_restore_and_named_by_verify(
                   kafka_topic, code=1, env=keys)  # fmt: skip
         assert "the topic's start is gone (first offset 5)" in out, out  # was "chain intact"
         assert "position 1: deleted" in out, out
+    # F5: a signed quarantining reader set the relay's signed records aside as foreign and
+    # said "position 0, 0 events, 21 quarantined", exit 0; without --quarantine its hint sent
+    # the operator to --quarantine
+    out = run("--home", str(tmp_path / "reader"), "project", "follow", "--kafka",
+              kafka_bootstrap, "--topic", kafka_topic, "--once", "--quarantine", code=1,
+              env=env)  # fmt: skip
+    assert f"topic {kafka_topic} lacks positions 1 to 5:" in out, out
+    assert "the topic's start was deleted, or it was made again" in out, out
+    out = run("--home", str(tmp_path / "reader2"), "project", "follow", "--kafka",
+              kafka_bootstrap, "--topic", kafka_topic, "--once", code=1, env=env)  # fmt: skip
+    assert "the topic lacks positions 1 to 5, and this record carries the relay's" in out, out
     # a topic made again holding one unsigned copy of the last event
     remake(kafka_bootstrap, kafka_topic)
     last = read_raw(open_store(home), published - 1, 1)[0]
