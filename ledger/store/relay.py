@@ -530,12 +530,15 @@ class Relay:
             raise self._fenced_by
         if self._stale:
             self._reopen()
-        if time.monotonic() - self._checked >= self.check_s:
-            self._check_topic()
         self.kept.advance(self.position)  # what an earlier call published, once it is due
         total = 0
         pages = follow(RawSource(self.recorder), self.position, page=self.batch)
         records = next(pages, [])
+        # asked while events wait (an idle relay never waits on the broker: the service's
+        # watchers ask then, `RelayService._watch_topic`, and `flag` it)
+        if records and time.monotonic() - self._checked >= self.check_s and self._check_topic():
+            pages = follow(RawSource(self.recorder), self.position, page=self.batch)
+            records = next(pages, [])
         while records:
             fits = self._fitting(records)
             with self._transaction():
@@ -549,15 +552,16 @@ class Relay:
             records = following
         return total
 
-    def _check_topic(self) -> None:
+    def _check_topic(self) -> bool:
         """Whether the topic is still the one the relay published to: one deleted and made
         again (another topic id), or truncated (its first offset raised, its end below the
         relay's last commit), gets the store's log again from position 1, as a topic found empty
         at start does (the next connect: `_connect`). A running relay published on into a topic
-        made again, every earlier event never on it, "0 behind" (atk50-25 F1)."""
+        made again, every earlier event never on it, "0 behind" (atk50-25 F1). Whether it
+        reopened."""
         self._checked = time.monotonic()
         if self.mark is None:
-            return
+            return False
         try:
             why = remade(self.topic, self.mark, self._mark_now(), self._published_end)
         except KafkaError as e:
@@ -566,6 +570,19 @@ class Relay:
         if why:
             self._remade = why
             self._reopen()
+        return bool(why)
+
+    @property
+    def published_mark(self) -> tuple[TopicMark | None, int]:
+        """The topic's mark at the last connect and the offset after the last commit: read
+        them before asking the broker (both only grow on one topic), then `remade()`."""
+        return self.mark, self._published_end
+
+    def flag(self, why: str) -> None:
+        """Another thread found the topic made again (`remade`): the next publish reconnects and
+        publishes the store's log from position 1."""
+        self._remade = why
+        self._stale = True
 
     def _mark_now(self) -> TopicMark | None:
         if self._admin is None:

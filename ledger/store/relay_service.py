@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import msgspec
 from eventsourcing.persistence import ApplicationRecorder
@@ -323,9 +323,11 @@ class RelayService:
 
         seen: int | None = None  # the last stable offset of an open transaction seen last time
         run = HeldRun()
+        admin: Any = None
         while not self._stop.wait(self.held_every_s):
             if self._busy_since is not None:
                 continue  # our own transaction may be the open one: ask when we hold none
+            admin = self._watch_topic(admin)
             try:
                 held = held_at(
                     self.bootstrap, self.topic, None, self.connect_timeout_s, self.connect_timeout_s
@@ -342,6 +344,35 @@ class RelayService:
                 run = run.seen(held[0], time.monotonic() - self.held_every_s)
                 self._held = held_text(self.topic, held) + run.text(time.monotonic())
             seen = held[0]
+        if admin is not None:
+            with contextlib.suppress(Exception):
+                admin.close()
+
+    def _watch_topic(self, admin: Any) -> Any:
+        """While nothing is sent (the relay asks itself while events wait): whether the topic is
+        still the one the relay published to; if not, the relay is told (`Relay.flag`) and its
+        next round publishes the log again from position 1 (atk50-25 F1: deleted while idle,
+        `relay status` said "publishing, 0 behind"). Returns the admin client to reuse."""
+        from ledger.store.relay_topic import open_admin, remade, topic_mark
+
+        relay = self.relay
+        if relay is None:
+            return admin
+        mark, end = relay.published_mark  # before the broker's word: both only grow
+        if mark is None:
+            return admin
+        try:
+            if admin is None:
+                admin = open_admin(self.bootstrap, None, self.connect_timeout_s)
+            why = remade(self.topic, mark, topic_mark(admin, self.topic, self.timeout_s), end)
+        except Exception as e:  # unreachable: the watcher's probe says so
+            log.debug("relay: cannot ask for topic %s: %s", self.topic, e)
+            with contextlib.suppress(Exception):
+                admin.close()
+            return None
+        if why and relay.published_mark == (mark, end):
+            relay.flag(why)
+        return admin
 
     def _position(self) -> int:
         relay = self.relay

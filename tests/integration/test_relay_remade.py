@@ -77,8 +77,8 @@ def follow_once(bootstrap: str, topic: str, home: Path, env: dict[str, str]) -> 
 
 @pytest.mark.parametrize(
     ("kind", "signed"),
-    [("made-again", True), ("made-again", False), ("truncated", True)],
-    ids=["made-again-signed", "made-again-unsigned", "truncated-signed"],
+    [("made-again", True), ("made-again", False), ("truncated", True), ("idle", True)],
+    ids=["made-again-signed", "made-again-unsigned", "truncated-signed", "made-again-idle"],
 )
 def test_a_topic_made_again_under_a_running_relay_gets_the_whole_log_again(
     kind: str, signed: bool, org_ledger: Ledger, tmp_path: Path, kafka_bootstrap: str,
@@ -89,7 +89,9 @@ def test_a_topic_made_again_under_a_running_relay_gets_the_whole_log_again(
     (or its records deleted up to its end: DeleteRecords), two submits follow. The relay wrote
     the two into the new topic and said "publishing, 0 behind": every earlier event was never
     on it, a new reader got nothing. Now it notices (another topic id, its start gone), says so
-    in one log line and in its health, and publishes the store's log again from position 1."""
+    in one log line and in its health, and publishes the store's log again from position 1.
+    `idle`: made again with no submit after (the relay sends nothing: the service's watcher
+    asks; "publishing, 0 behind" before)."""
     env = {KEYS_ENV: KEYS_TEXT} if signed else {}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -101,12 +103,12 @@ def test_a_topic_made_again_under_a_running_relay_gets_the_whole_log_again(
     try:
         wait_for("the relay at the head", lambda: service.health.position >= published, 90,
                  lambda: str(service.health))  # fmt: skip
-        if kind == "made-again":
+        if kind != "truncated":
             remake(kafka_bootstrap, kafka_topic)
         else:
             cut(kafka_bootstrap, kafka_topic)  # every record, to its end
         with caplog.at_level(logging.WARNING, logger="gpuledger.relay"):
-            org_ledger.execute_all([JOB] * 2)
+            org_ledger.execute_all([JOB] * (0 if kind == "idle" else 2))
             head = org_ledger.position
             wait_for(
                 "the relay published the log again",
@@ -118,14 +120,14 @@ def test_a_topic_made_again_under_a_running_relay_gets_the_whole_log_again(
         health = service.stop()
     lines = [r.getMessage() for r in caplog.records if "again from position 1" in r.getMessage()]
     assert len(lines) == 1, lines  # was none
-    said = ("made again", "no longer exists") if kind == "made-again" else ("start",)
+    said = ("start",) if kind == "truncated" else ("made again", "no longer exists")
     assert any(word in health.remade for word in said), health.remade
     assert health.position == head and health.lag == 0, health
     assert "published again from position 1" in health.line()
     # every position of the store is on the topic in order after the last foreign-to-it record
     positions = [header_position(r.headers) for r in read_all(kafka_bootstrap, kafka_topic)]
     assert positions[-head:] == list(range(1, head + 1)), positions  # was [P+1, P+2] at most
-    if kind == "made-again":  # a new reader gets every event (was 0 events)
+    if kind != "truncated":  # a new reader gets every event (was 0 events)
         out = follow_once(kafka_bootstrap, kafka_topic, tmp_path / "reader", env)
         assert out.splitlines()[-1].startswith(f"position {head}, {head} events"), out
 
