@@ -108,10 +108,19 @@ def wrong_keys(topic: str, what: str, position: int, after: int) -> SigningKeyMi
     return SigningKeyMismatch(
         f"topic {topic}: {what}: these signing keys are not the relay's",
         hint="give the reader the relay's GPULEDGER_KAFKA_SIGNING_KEYS (or none, when the relay "
-        f"does not sign); nothing after position {after} is applied",
+        "does not sign; a topic the relay began unsigned, signing turned on since, is read with "
+        "none: move the relay and keyed readers to a new topic, docs/kafka.md); nothing after "
+        f"position {after} is applied",
         topic=topic,
         position=position,
     )
+
+
+class TopicGap(ProjectionError):
+    """A quarantining reader set aside records the relay signed for positions it never reached:
+    the topic lacks the positions before them (its start deleted, or it was made again)."""
+
+    code = "gap"
 
 
 class QuarantineStopped(ProjectionError):

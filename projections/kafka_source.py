@@ -75,7 +75,7 @@ from projections.kafka_wire import (
     signing_keys,
     unreachable,
 )
-from projections.quarantine import KAFKA_HINT, Where
+from projections.quarantine import AHEAD_SIGNED, KAFKA_HINT, Where
 from projections.source import LogRecord
 
 DEFAULT_TIMEOUT_S = 30.0
@@ -480,6 +480,13 @@ class KafkaSource:
                         "GPULEDGER_KAFKA_SIGNING_KEYS)",
                         self.topic, aside.position, position, signed, self._after or 0,
                     )  # fmt: skip
+        if (
+            signed is None
+            and self.keys is not None
+            and position is not None
+            and position > tip.position + 1
+        ):  # the relay's own record past a gap: the topic lacks the positions before it
+            problem += f" ({AHEAD_SIGNED})"
         return self._poison(rec, position, tag, problem)
 
     def _fork(self, rec: Any, position: int) -> LogForked:
@@ -650,6 +657,16 @@ class KafkaSource:
         except KafkaError as e:
             raise self._unavailable(e) from e
 
+    def first_offset(self) -> int:
+        """The topic's first offset (its log start): above 0, records before it were deleted."""
+        probe = self._probe_consumer()
+        try:
+            return int(
+                probe.beginning_offsets([self.tp], timeout_ms=int(self.timeout_s * 1000))[self.tp]
+            )
+        except KafkaError as e:
+            raise self._unavailable(e) from e
+
     def _probe_consumer(self) -> Any:
         if self._probe is None:
             self._probe = self._new_consumer(
@@ -672,10 +689,19 @@ class KafkaSource:
     def _poison(
         self, rec: Any, position: int | None, tag: str | None, problem: str
     ) -> PoisonRecord:
+        """The record as poison (its `reason` what a quarantine keeps in dead_letters)."""
         where = Where(self.topic, PARTITION, rec.offset)
         at = f", log position {position}" if position is not None else ""
         hint = KAFKA_HINT
-        if is_signature_problem(problem) and position == (self._after or 0) + 1:
+        if AHEAD_SIGNED in problem:
+            hint = (
+                f"the topic lacks positions {(self._after or 0) + 1} to {(position or 1) - 1}, "
+                "and this record carries the relay's signature: the topic's start was deleted, "
+                "or it was made again; setting records aside will not bring those positions "
+                "(`--quarantine --once` stops, saying so): read a topic the relay wrote from its "
+                "start, or restore the store and publish to a new topic"
+            )
+        elif is_signature_problem(problem) and position == (self._after or 0) + 1:
             hint = (
                 "it would continue the log but fails the signature check: the reader's "
                 "GPULEDGER_KAFKA_SIGNING_KEYS are not the relay's, or another producer forged "

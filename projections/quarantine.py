@@ -121,6 +121,12 @@ KAFKA_HINT = (
 )
 
 
+AHEAD_SIGNED = "it carries the relay's signature: the positions before it are not on the topic"
+"""Added to the reason of a record set aside that claims a position past the reader's next one
+and verifies under its signing keys: evidence of a gap in the topic (its start deleted, a topic
+made again), not of a forgery (atk50-25 F5)."""
+
+
 def located(source: EventSource, err: CorruptEvent) -> CorruptEvent:
     """`err` with the record's topic, partition and offset in its message and fields, when the
     source can tell (call it right after the read that returned the record)."""
@@ -306,3 +312,16 @@ def quarantined(con: duckdb.DuckDBPyConnection) -> int | None:
     if not scalar(con, "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'dead_letters'"):
         return None
     return int(scalar(con, "SELECT count(*) FROM dead_letters"))
+
+
+def signed_ahead(con: duckdb.DuckDBPyConnection, position: int) -> tuple[int, int, int] | None:
+    """The records set aside past `position` that carry the relay's signature (`AHEAD_SIGNED`):
+    (how many, the first's offset, the first's position), or None when there are none."""
+    row = con.execute(
+        "SELECT count(*), min(kafka_offset), min(position) FROM dead_letters "
+        "WHERE position > ? AND contains(reason, ?)",
+        [position, AHEAD_SIGNED],
+    ).fetchone()
+    if row is None or not row[0]:
+        return None
+    return int(row[0]), int(row[1]), int(row[2])

@@ -509,8 +509,9 @@ def audit_verify(ctx: Ctx, bootstrap: str | None, topic: str, as_json: bool) -> 
             report = tm.verify_store(ctx.home, tm.file_anchor(ctx.home), progress=_staged(update))
     copy = None
     if bootstrap:
+        kafka = copy_check.KafkaCopy(bootstrap, topic)
         copy = copy_check.verify_copy(
-            tm.store_records(ctx.home), copy_check.kafka_records(bootstrap, topic)
+            tm.store_records(ctx.home), kafka, first_offset=kafka.first_offset
         )
     if as_json:
         echo_json({"store": report, "kafka": copy})

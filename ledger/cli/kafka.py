@@ -21,12 +21,12 @@ from ledger.cli.output import log_level_option, setup_logging
 from ledger.cli.views import projection_group
 from ledger.store.relay import RelayError
 from ledger.store.relay_service import read_health
-from projections.errors import ProjectionMismatch
+from projections.errors import ProjectionMismatch, TopicGap
 from projections.kafka_follow import follow as follow_topic
 from projections.kafka_source import KafkaSource
 from projections.kafka_wire import TOPIC, TOPIC_ENV, connect_timeout, quiet_kafka_logs
 from projections.projector import DEFAULT_BATCH, Projector
-from projections.quarantine import quarantined
+from projections.quarantine import quarantined, signed_ahead
 from projections.store import Store
 
 
@@ -115,7 +115,20 @@ def follow(
         )
         status = store.status()
         dead = quarantined(store.con) or 0
+        ahead = signed_ahead(store.con, position) if quarantine and once and dead else None
     click.echo(f"position {position:,}, {status.events:,} events, {dead} quarantined")
+    if ahead is not None:  # the relay's records set aside, the positions before them missing
+        count, offset, first = ahead
+        raise TopicGap(
+            f"topic {topic} lacks positions {position + 1} to {first - 1}: {count:,} record(s) "
+            f"the relay signed for later positions were set aside (the first at offset "
+            f"{offset:,}, position {first:,}): the topic's start was deleted, or it was made "
+            "again",
+            hint="read a topic the relay wrote from its start; to rebuild the store, restore "
+            "it from such a topic or a copy, and publish to a new topic",
+            topic=topic,
+            position=position,
+        )
 
 
 def _require_dead_letters(store: Store) -> None:

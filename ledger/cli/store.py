@@ -135,7 +135,14 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
     name = topic or TOPIC
     dst_home, dst_dsn = _place(dst) if dst is not None else (ctx.home, recorded(ctx.home))
     source = KafkaSource(bootstrap, name, connect_timeout_s=connect_timeout())
+    gone = "the topic's start is gone ({}): {} is not a whole copy of the log; nothing was written"
+    hint = "restore from a topic the relay wrote from its start (or a copy of the store)"
     try:
+        # a topic truncated (DeleteRecords) or made again restored nothing, or the part after
+        # the cut, and said "chain verified, read back equal", exit 0 (atk50-25 F3)
+        begin = source.first_offset()
+        if begin > 0:
+            raise CopyError(gone.format(f"first offset {begin:,}", name), hint=hint)
         head = source.head()
         if head == 0:
             raise CopyError(f"the topic {name} holds no events", hint="check --topic")
@@ -151,6 +158,11 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
             )
         aside: list[int] = []
         last = sum(len(page) for page in _taken(source, head, aside))  # checked: nothing written
+        if last == 0:  # no record follows position 0: every one set aside
+            first = "no record is position 1" + (
+                f", {len(aside):,} set aside from offset {aside[0]:,}" if aside else ""
+            )
+            raise CopyError(gone.format(first, name), hint=hint)
         copied = write_log(_taken(source, head, []), dst_home, dst_dsn)
         with locate.open_source(dst_home, dst_dsn or "sqlite") as written:
             differs = same_log(_taken(source, head, []), follow(written))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import time
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import msgspec
@@ -196,21 +196,36 @@ class _Walk:
 
 
 def verify_copy(
-    store: Iterable[ChainRecord], copy: Iterable[CopyRecord], limit: int = 20
+    store: Iterable[ChainRecord],
+    copy: Iterable[CopyRecord],
+    limit: int = 20,
+    first_offset: Callable[[], int] = lambda: 0,
 ) -> CopyReport:
     """Pure: walk the copy as a reader does (module docstring): the records taken hold
     positions 1, 2, 3, ... in order, each with the store's bytes, and their chain is intact.
     The copy may end before the store (its relay is behind); it may not go beyond. Records
     marked `foreign` (they fail the signature) and records that do not follow are named by
     offset; a gap is named first; exact copies are counted. At most `limit` problems are kept,
-    the rest counted in `more`."""
+    the rest counted in `more`. `first_offset()`, asked once the copy is read: the topic's first
+    offset (its log start): above 0, the topic's start is gone, named first, whatever follows
+    (a topic truncated by DeleteRecords read as a relay that had not started: atk50-25 F4)."""
     walk = _Walk(store)
     n = 0
     for rec in copy:
         n += 1
         walk.step(rec)
     ended = walk.end()
-    ordered = [p for p in ended if p.kind == "deleted"] + walk.problems
+    begin = first_offset()
+    gone = [
+        ChainProblem(
+            position=1,
+            kind="deleted",
+            detail=f"the topic's start is gone (first offset {begin:,}): the records before it "
+            "were deleted (Kafka DeleteRecords, or a retention); no reader or restore can "
+            "rebuild the log from this topic",
+        )
+    ] if begin > 0 else []  # fmt: skip
+    ordered = gone + [p for p in ended if p.kind == "deleted"] + walk.problems
     ordered += [p for p in ended if p.kind != "deleted"]
     return CopyReport(
         records=n,
@@ -223,12 +238,35 @@ def verify_copy(
     )
 
 
+class KafkaCopy:
+    """Edge: the topic's records for `verify_copy` (iterate it once), and its first offset,
+    known once the reading began (`first_offset`)."""
+
+    def __init__(
+        self, bootstrap: str, topic: str, timeout_s: float = 60.0, keys: Any = None
+    ) -> None:
+        self.bootstrap, self.topic, self.timeout_s, self.keys = bootstrap, topic, timeout_s, keys
+        self.begins: list[int] = []
+
+    def __iter__(self) -> Iterator[CopyRecord]:
+        return kafka_records(self.bootstrap, self.topic, self.timeout_s, self.keys, self.begins)
+
+    def first_offset(self) -> int:
+        return self.begins[0] if self.begins else 0
+
+
 def kafka_records(
-    bootstrap: str, topic: str, timeout_s: float = 60.0, keys: Any = None
+    bootstrap: str,
+    topic: str,
+    timeout_s: float = 60.0,
+    keys: Any = None,
+    begins: list[int] | None = None,
 ) -> Iterator[CopyRecord]:
-    """Edge: every committed record of the topic's one partition, from offset 0, in order;
-    with signing keys (`keys`, else GPULEDGER_KAFKA_SIGNING_KEYS) one that fails the signature
-    is marked `foreign`."""
+    """Edge: every committed record of the topic's one partition, from its first offset (the
+    log start: appended to `begins`), in order; with signing keys (`keys`, else
+    GPULEDGER_KAFKA_SIGNING_KEYS) one that fails the signature is marked `foreign`. A seek to
+    offset 0 below a raised log start made the client jump to the end (its default reset is
+    "latest"): nothing read, "chain intact" (atk50-25 F4)."""
     from kafka import KafkaConsumer, TopicPartition
     from kafka.errors import KafkaError
 
@@ -257,6 +295,7 @@ def kafka_records(
                 connect_timeout(),
                 max_partition_fetch_bytes=8 << 20,
                 fetch_max_bytes=32 << 20,
+                auto_offset_reset="earliest",  # never a silent jump to the end
             )
         )
     except KafkaError as err:
@@ -267,8 +306,12 @@ def kafka_records(
         if topic not in (consumer.topics() or set()):
             raise AuditError(f"no topic {topic} at {bootstrap}", hint="is the relay running?")
         consumer.assign([tp])
-        end = consumer.end_offsets([tp], timeout_ms=int(timeout_s * 1000))[tp]
-        consumer.seek(tp, 0)
+        ms = int(timeout_s * 1000)
+        end = consumer.end_offsets([tp], timeout_ms=ms)[tp]
+        begin = int(consumer.beginning_offsets([tp], timeout_ms=ms)[tp])
+        if begins is not None:
+            begins.append(begin)
+        consumer.seek(tp, begin)
         deadline = time.monotonic() + timeout_s
         while consumer.position(tp) < end:
             batch = consumer.poll(timeout_ms=500).get(tp, [])

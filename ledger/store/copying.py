@@ -65,6 +65,12 @@ def write_log(
                 f"the destination already holds {ledger.head()} events",
                 hint="copy into an empty store (a new database or data directory)",
             )
+        from ledger.store import relay_progress
+
+        # the relay's progress table before the events: a copy or restore killed after its
+        # write left every event and no table, which a relay took for a dropped one (atk50-25
+        # F7); empty, it says no relay published anywhere yet (the caller keeps the rows)
+        relay_progress.begin(ledger.recorder)
         position, tip = 0, START
         for page in pages:
             stored = []

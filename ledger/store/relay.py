@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -57,15 +58,20 @@ from ledger.store.relay_tail import (
 )
 from ledger.store.relay_topic import (
     DEFAULT_TIMEOUT_S,
+    TOPIC_CHECK_S,
     RecordTooLarge,
     RelayError,
     RelayFenced,
     RelayHeld,
     RelayUnavailable,
+    TopicMark,
     batch_bytes,
     ensure_topic,
+    open_admin,
     producer_sizes,
     raise_record_limit,
+    remade,
+    topic_mark,
 )
 from projections.kafka_wire import (
     DEFAULT_CONNECT_TIMEOUT_S,
@@ -282,6 +288,7 @@ class Relay:
         keys: SigningKeys | None = None,
         progress: int | None = None,
         state_key: bytes | None = None,
+        check_s: float = TOPIC_CHECK_S,
     ) -> None:
         self.recorder = recorder
         self.bootstrap = bootstrap
@@ -312,6 +319,24 @@ class Relay:
         """Offsets of foreign records found after our last record when we last connected."""
         self._stale = False
         self._fenced_by: RelayFenced | None = None
+        self.check_s = check_s
+        """How often a publishing relay asks whether its topic is still the one it published
+        to (`relay_topic.remade`)."""
+        self.mark: TopicMark | None = None
+        """The topic's id and offsets when the relay last connected."""
+        self._published_end = 0
+        """The offset after the relay's last committed record (or the topic's end at connect)."""
+        self._checked = time.monotonic()
+        self._admin: Any = None
+        self._last_sent: Any = None
+        """The future of the last record sent (its offset, once committed)."""
+        self._remade: str | None = None
+        """Why the next connect publishes the store's log from its start (the topic was
+        deleted and made again, or truncated, under the relay)."""
+        self.remade_note = ""
+        """The last time the topic was found made again or truncated: why (`relay status`)."""
+        self.remakes = 0
+        """How many times the relay published from the start for it (its position went back)."""
         self.record_limit = self._topic_limit()
         """The largest record the topic takes: a larger event is never sent (RecordTooLarge)."""
         self.producer = self._connect()
@@ -343,6 +368,10 @@ class Relay:
                 request_timeout_ms=min(ms, 30_000),
                 delivery_timeout_ms=max(ms, 30_000) + 5_000,  # > linger + request timeout
                 client_id="gpuledger-relay",
+                # never make the topic by sending to it (a broker with Kafka's default
+                # auto.create.topics.enable would make a deleted one with its own shape): the
+                # relay makes it, with its settings (`ensure_topic`), atk50-25 F1
+                allow_auto_create_topics=False,
                 **patience(self.connect_timeout_s),
                 **client_config(self.config),
             )
@@ -360,12 +389,30 @@ class Relay:
                     hint="find the producer (its transactional id) and stop it; give only the "
                     "relay Write on the topic",
                 )
-            last, foreign = self._bookmark()
+            mark = self._mark_now()
+            if mark is None:
+                raise RelayUnavailable(
+                    f"topic {self.topic} does not exist", hint="it is made at the next try"
+                )
+            why = self._remade
+            if why is None and self.mark is not None:
+                why = remade(self.topic, self.mark, mark, self._published_end)
+            last, foreign = (0, []) if why else self._bookmark()
         except BaseException as e:
             _discard(producer)
             if isinstance(e, KafkaError):
                 raise unavailable(self.bootstrap, e) from e
             raise
+        if why:
+            log.warning(
+                "relay: %s: publishing the store's log to it again from position 1 (%d events)",
+                why,
+                self.store_head(),
+            )
+            self.remade_note, self._remade = why, None
+            self.remakes += 1
+        self.mark, self._published_end = mark, mark.end
+        self._checked = time.monotonic()
         if foreign:
             log.warning(
                 "relay: %d foreign record(s) after position %d on %s skipped (offsets %s): "
@@ -487,6 +534,11 @@ class Relay:
         total = 0
         pages = follow(RawSource(self.recorder), self.position, page=self.batch)
         records = next(pages, [])
+        # asked while events wait (an idle relay never waits on the broker: the service's
+        # watchers ask then, `RelayService._watch_topic`, and `flag` it)
+        if records and time.monotonic() - self._checked >= self.check_s and self._check_topic():
+            pages = follow(RawSource(self.recorder), self.position, page=self.batch)
+            records = next(pages, [])
         while records:
             fits = self._fitting(records)
             with self._transaction():
@@ -494,10 +546,63 @@ class Relay:
                 # Read the next batch while the producer's thread ships this one.
                 following = records[len(fits) :] or next(pages, [])
             self.position = fits[-1].position
+            self._published_end = max(self._published_end, self._sent_end())
             self.kept.advance(self.position)  # after the commit: never ahead of the topic
             total += len(fits)
             records = following
         return total
+
+    def _check_topic(self) -> bool:
+        """Whether the topic is still the one the relay published to: one deleted and made
+        again (another topic id), or truncated (its first offset raised, its end below the
+        relay's last commit), gets the store's log again from position 1, as a topic found empty
+        at start does (the next connect: `_connect`). A running relay published on into a topic
+        made again, every earlier event never on it, "0 behind" (atk50-25 F1). Whether it
+        reopened."""
+        self._checked = time.monotonic()
+        if self.mark is None:
+            return False
+        try:
+            why = remade(self.topic, self.mark, self._mark_now(), self._published_end)
+        except KafkaError as e:
+            self._stale = True
+            raise unavailable(self.bootstrap, e) from e
+        if why:
+            self._remade = why
+            self._reopen()
+        return bool(why)
+
+    @property
+    def published_mark(self) -> tuple[TopicMark | None, int]:
+        """The topic's mark at the last connect and the offset after the last commit: read
+        them before asking the broker (both only grow on one topic), then `remade()`."""
+        return self.mark, self._published_end
+
+    def flag(self, why: str) -> None:
+        """Another thread found the topic made again (`remade`): the next publish reconnects and
+        publishes the store's log from position 1."""
+        self._remade = why
+        self._stale = True
+
+    def _mark_now(self) -> TopicMark | None:
+        if self._admin is None:
+            self._admin = open_admin(self.bootstrap, self.config, self.connect_timeout_s)
+        try:
+            return topic_mark(self._admin, self.topic, self.timeout_s)
+        except BaseException:
+            self._close_admin()
+            raise
+
+    def _close_admin(self) -> None:
+        admin, self._admin = self._admin, None
+        if admin is not None:
+            with contextlib.suppress(Exception):
+                admin.close()
+
+    def _sent_end(self) -> int:
+        """The offset after the last record sent, once its transaction committed (0: unknown)."""
+        offset = getattr(getattr(self._last_sent, "value", None), "offset", None)
+        return int(offset) + 1 if isinstance(offset, int) and offset >= 0 else 0
 
     def _fitting(self, records: list[RawRecord], tried: bool = False) -> list[RawRecord]:
         """The records before the first the topic would refuse for its size (the broker fails
@@ -533,7 +638,7 @@ class Relay:
         send, topic = self.producer.send, self.topic
         keys = self.keys
         for r in records:
-            send(
+            self._last_sent = send(
                 topic,
                 value=r.data,
                 key=r.key,
@@ -630,6 +735,7 @@ class Relay:
     def close(self) -> None:
         """Close the producer; the progress published so far is kept in the store."""
         _discard(self.producer)
+        self._close_admin()
         self.kept.flush(self.position)
 
 

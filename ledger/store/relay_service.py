@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import msgspec
 from eventsourcing.persistence import ApplicationRecorder
@@ -89,6 +89,9 @@ class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
     records, rewritten every few seconds (atk49-25 F7)."""
     foreign: int = 0
     """How many foreign records were skipped in all (0: as many as `skipped` names)."""
+    remade: str = ""
+    """The last time the relay found its topic deleted and made again (or truncated) under it:
+    why; it published the store's log again from position 1 then (atk50-25 F1)."""
     since: float = 0.0
     """Wall-clock time the state began."""
     updated: float = 0.0
@@ -124,6 +127,8 @@ class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
             if count > len(self.skipped):
                 shown += f", ... ({count - len(self.skipped):,} more)"
             text += f", {count:,} foreign record(s) skipped (offsets {shown})"
+        if self.remade:
+            text += f"; {self.remade}: published again from position 1"
         return text + (f": {self.error}" if self.error else "")
 
 
@@ -194,6 +199,8 @@ class RelayService:
         the relay's progress, which decides which unsigned records on the topic may be its own;
         the store's word, which every server shares, is the relay's own: `relay_progress`)."""
         self._progress_known = previous is not None
+        self._remakes = 0
+        """The relay's `remakes` last seen: when it grows, its position went back to 1."""
         """A health file of this topic was found: `_published` is this home's progress."""
         self.health = RelayHealth(
             state="connecting",
@@ -316,9 +323,11 @@ class RelayService:
 
         seen: int | None = None  # the last stable offset of an open transaction seen last time
         run = HeldRun()
+        admin: Any = None
         while not self._stop.wait(self.held_every_s):
             if self._busy_since is not None:
                 continue  # our own transaction may be the open one: ask when we hold none
+            admin = self._watch_topic(admin)
             try:
                 held = held_at(
                     self.bootstrap, self.topic, None, self.connect_timeout_s, self.connect_timeout_s
@@ -335,10 +344,41 @@ class RelayService:
                 run = run.seen(held[0], time.monotonic() - self.held_every_s)
                 self._held = held_text(self.topic, held) + run.text(time.monotonic())
             seen = held[0]
+        if admin is not None:
+            with contextlib.suppress(Exception):
+                admin.close()
+
+    def _watch_topic(self, admin: Any) -> Any:
+        """While nothing is sent (the relay asks itself while events wait): whether the topic is
+        still the one the relay published to; if not, the relay is told (`Relay.flag`) and its
+        next round publishes the log again from position 1 (atk50-25 F1: deleted while idle,
+        `relay status` said "publishing, 0 behind"). Returns the admin client to reuse."""
+        from ledger.store.relay_topic import open_admin, remade, topic_mark
+
+        relay = self.relay
+        if relay is None:
+            return admin
+        mark, end = relay.published_mark  # before the broker's word: both only grow
+        if mark is None:
+            return admin
+        try:
+            if admin is None:
+                admin = open_admin(self.bootstrap, None, self.connect_timeout_s)
+            why = remade(self.topic, mark, topic_mark(admin, self.topic, self.timeout_s), end)
+        except Exception as e:  # unreachable: the watcher's probe says so
+            log.debug("relay: cannot ask for topic %s: %s", self.topic, e)
+            with contextlib.suppress(Exception):
+                admin.close()
+            return None
+        if why and relay.published_mark == (mark, end):
+            relay.flag(why)
+        return admin
 
     def _position(self) -> int:
         relay = self.relay
         if relay is not None:
+            if relay.remakes != self._remakes:  # the topic made again: published from 1 anew
+                self._remakes, self._published = relay.remakes, relay.position
             self._published = max(self._published, relay.position)
         return self._published
 
@@ -498,6 +538,7 @@ class RelayService:
                 error=error,
                 skipped=relay.skipped[:SKIPPED_SHOWN] if relay is not None else old.skipped,
                 foreign=len(relay.skipped) if relay is not None else old.foreign,
+                remade=relay.remade_note if relay is not None else old.remade,
                 since=old.since if state == old.state else now,
                 updated=now,
                 check_s=self.check_s,

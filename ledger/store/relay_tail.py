@@ -242,24 +242,29 @@ class Scan:
         """The last readable position in the window (what a refusal names)."""
 
     def vouched(self, rec: Seen, position: int) -> bool:
-        """Whether a record equal to the store's event at `position` may be ours: signed by our
-        key, or within our progress (with keys and no known progress: signed only; without
-        either: any, the topic's writers being trusted)."""
-        if rec.signed:
-            return True
+        """Whether a record equal to the store's event at `position` may be ours: with keys,
+        signed by our key, nothing else (an unsigned one vouched for "within the progress" was
+        taken from a topic made again holding one unsigned copy of the progress position: every
+        event before it never reached the topic, "0 behind", atk50-25 F2); without keys, within
+        our progress (without a progress: any, the topic's writers being trusted)."""
+        if self.signing or rec.signed:
+            return rec.signed
         if self.progress is None:
-            return not self.signing
+            return True
         return position <= self.progress
 
     def follows(self, best: Seen | None, position: int) -> bool:
-        """Without keys, whether a record equal to the store's event at `position` comes right
-        after our last one (`best`; None: the start of the log): then every position up to it is
-        on the topic, in order, as the store's bytes, whoever sent it, so taking it leaves no
-        gap for any reader, and our own records past a progress not yet written are not
-        published again (the store's progress is written once a second at most). A rebuilt
-        copy of an event not yet published lies past a gap (atk46-25 F3): never. With keys,
-        an unsigned record is never taken this way (signed readers set it aside)."""
-        return not self.signing and position == (0 if best is None else best.position or 0) + 1
+        """Whether a record equal to the store's event at `position` comes right after our last
+        one (`best`; None: the start of the log): then every position up to it is on the topic,
+        in order, as the store's bytes, whoever sent it, so taking it leaves no gap for any
+        reader, and our own records past a progress not yet written are not published again (the
+        store's progress is written once a second at most). A rebuilt copy of an event not yet
+        published lies past a gap (atk46-25 F3): never. With keys, only while no signed record
+        of ours is taken (an unsigned prefix from the start of the log: a topic signed since);
+        after one, an unsigned record is never ours (signed readers set it aside)."""
+        if self.signing and best is not None and best.signed:
+            return False
+        return position == (0 if best is None else best.position or 0) + 1
 
     def take(self, chunk: Iterable[Seen], stored: Mapping[int, bytes]) -> None:
         for rec in chunk:

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
-from kafka import KafkaAdminClient
-from kafka.admin import ConfigResource, ConfigResourceType
-from kafka.errors import KafkaError, TopicAlreadyExistsError
+from kafka import KafkaAdminClient, TopicPartition
+from kafka.admin import ConfigResource, ConfigResourceType, OffsetSpec
+from kafka.errors import KafkaError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 from projections.kafka_wire import (
+    PARTITION,
     RECORD_MAX_BYTES,
     REQUIRED_CONFIG,
     TOPIC,
@@ -181,4 +182,68 @@ def raise_record_limit(
     finally:
         admin.close()
     log.warning("relay: raised topic %s's max.message.bytes to %d", topic, RECORD_MAX_BYTES)
+    return None
+
+
+# --- the topic under a running relay ------------------------------------------------------------
+
+TOPIC_CHECK_S = 2.0
+"""How often a running relay asks whether its topic is still the one it published to."""
+
+
+class TopicMark(NamedTuple):
+    """What a relay knows of its topic: Kafka's topic id and its partition's first and end
+    offsets. A topic deleted and made again has another id; one truncated (DeleteRecords) a
+    higher first offset."""
+
+    topic_id: str
+    begin: int
+    end: int
+
+
+def open_admin(bootstrap: str, config: Mapping[str, Any] | None, timeout_s: float) -> Any:
+    return KafkaAdminClient(
+        bootstrap_servers=bootstrap,
+        client_id="gpuledger-admin",
+        **patience(timeout_s),
+        **client_config(config),
+    )
+
+
+def topic_mark(admin: Any, topic: str, timeout_s: float) -> TopicMark | None:
+    """The topic's id and offsets as the broker says now (None: no such topic)."""
+    (described,) = admin.describe_topics([topic])
+    if described.get("error_code") == UnknownTopicOrPartitionError.errno:
+        return None
+    tp = TopicPartition(topic, PARTITION)
+    ms = int(timeout_s * 1000)
+    try:
+        begin = admin.list_partition_offsets({tp: OffsetSpec.EARLIEST}, timeout_ms=ms)[tp]
+        end = admin.list_partition_offsets({tp: OffsetSpec.LATEST}, timeout_ms=ms)[tp]
+    except UnknownTopicOrPartitionError:
+        return None
+    return TopicMark(str(described.get("topic_id") or ""), int(begin.offset), int(end.offset))
+
+
+def remade(topic: str, before: TopicMark, now: TopicMark | None, published_end: int) -> str | None:
+    """Pure: why the topic is no longer the one the relay published to (`before`: its mark when
+    the relay connected; `published_end`: the offset after the relay's last committed record),
+    or None. atk50-25 F1: a topic deleted and made again under a running relay got its next
+    positions only, every earlier event never on it, while `relay status` said 0 behind."""
+    if now is None:
+        return f"topic {topic} no longer exists (deleted)"
+    if before.topic_id and now.topic_id and now.topic_id != before.topic_id:
+        return (
+            f"topic {topic} was deleted and made again (topic id {now.topic_id}, "
+            f"was {before.topic_id})"
+        )
+    if now.end < published_end:
+        return (
+            f"topic {topic} ends at offset {now.end:,}, below the {published_end:,} the relay "
+            "published to (truncated or made again)"
+        )
+    if now.begin > before.begin:
+        return (
+            f"the start of topic {topic} is gone (first offset {now.begin:,}, was {before.begin:,})"
+        )
     return None

@@ -130,7 +130,8 @@ def transactional_id() -> str:
 def read_all(
     bootstrap: str, topic: str, *, isolation: str = "read_committed", timeout_s: float = TIMEOUT_S
 ) -> list[Any]:
-    """Every record of partition 0 from offset 0 up to the end offset at call time."""
+    """Every record of partition 0 from its first offset (0 unless records were deleted) up to
+    the end offset at call time."""
     tp = TopicPartition(topic, 0)
     consumer = KafkaConsumer(
         bootstrap_servers=bootstrap,
@@ -144,7 +145,8 @@ def read_all(
     try:
         consumer.assign([tp])
         end = consumer.end_offsets([tp], timeout_ms=int(timeout_s * 1000))[tp]
-        consumer.seek(tp, 0)
+        # below the first offset the client would jump to the end (its reset is "latest")
+        consumer.seek(tp, consumer.beginning_offsets([tp], timeout_ms=int(timeout_s * 1000))[tp])
         deadline = time.monotonic() + timeout_s
         while consumer.position(tp) < end:
             if time.monotonic() > deadline:

@@ -94,3 +94,20 @@ def test_the_next_events_bytes_under_another_tag_header_are_named_not_the_genuin
             f"position 23: foreign: the copy's record at offset 22 claims position 23 with "
             f"{said}, the store's event there is {TAG!r}: it is not the relay's"
         ]
+
+
+def test_a_copy_whose_start_is_gone_is_named_first() -> None:
+    """atk50-25 F4: a topic whose first offset is 5 (DeleteRecords) read as a relay that had not
+    started: "0 records ... chain intact", exit 0. The first offset names it first, whatever
+    follows, even nothing."""
+    report = verify_copy(store(), [], first_offset=lambda: 5)
+    assert not report.ok and lines(report) == [
+        "position 1: deleted: the topic's start is gone (first offset 5): the records before it "
+        "were deleted (Kafka DeleteRecords, or a retention); no reader or restore can rebuild "
+        "the log from this topic"
+    ]
+    later = [r._replace(offset=r.offset + 5) for r in topic(*range(6, 31))]
+    got = lines(verify_copy(store(), later, first_offset=lambda: 5))
+    assert got[0].startswith("position 1: deleted: the topic's start is gone (first offset 5)")
+    assert got[1].startswith("position 1: deleted: position 1 is missing"), got
+    assert verify_copy(store(), topic(*range(1, 31)), first_offset=lambda: 0).ok

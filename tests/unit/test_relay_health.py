@@ -28,7 +28,9 @@ def test_the_health_names_a_few_foreign_offsets_and_counts_the_rest(tmp_path: ob
 
     assert isinstance(tmp_path, Path)
     service = RelayService(tmp_path, "127.0.0.1:9", topic="t")
-    relay = SimpleNamespace(skipped=tuple(range(100, 300_100)), position=5)
+    relay = SimpleNamespace(
+        skipped=tuple(range(100, 300_100)), position=5, remakes=0, remade_note=""
+    )
     relay.store_head = lambda: 5
     service.relay = relay  # type: ignore[assignment]
     service._set("publishing", head=5)

@@ -367,8 +367,11 @@ def test_a_progress_beyond_the_store_head_is_no_word(
     store = chain(27)
     topic = ours(store[:24], keys) + ours([store[26]], None)
     assert bookmark(monkeypatch, store, topic, keys, progress=1_000) == (24, [24])
-    # a word up to the head still vouches (an unsigned record within it is the relay's)
-    assert bookmark(monkeypatch, store, topic, keys, progress=27) == (27, [])
+    # without keys a word up to the head still vouches (an unsigned record within it is the
+    # relay's); with keys an unsigned record never does (atk50-25 F2)
+    assert bookmark(monkeypatch, store, topic, keys, progress=27) == (
+        (27, []) if keys is None else (24, [24])
+    )
 
 
 @pytest.mark.parametrize("keys", [None, KEYS], ids=["unsigned", "signed"])
@@ -431,3 +434,43 @@ def test_a_topic_made_again_with_unsigned_copies_up_to_the_progress_last_relabel
     copies = ours(store[:10], None)
     copies[-1] = relabelled(copies[-1], (TAG_HEADER, b"zz.unknown.v1"))
     assert bookmark(monkeypatch, store, copies, KEYS, progress=10) == (9, [9])
+
+
+def test_with_keys_an_unsigned_copy_of_the_progress_position_alone_is_not_the_bookmark(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """atk50-25 F2, signing on: the relay's progress is 22 (signed), the topic is made again (or
+    truncated to its end) and holds ONE unsigned exact copy of event 22: it was vouched for
+    "within the progress", the bookmark, and 1..21 never reached the topic, "0 behind". With
+    keys an unsigned record is the relay's only in an unsigned prefix from the start of the log
+    (a topic signed since), never for its progress: the relay publishes 1..24 after it."""
+    store = chain(24)
+    copy = ours([store[21]], None)
+    assert bookmark(monkeypatch, store, copy, KEYS, progress=22) == (0, [0])
+    # the same copy after a signed record of ours is no prefix either
+    assert bookmark(monkeypatch, store, ours(store[:5], KEYS) + copy, KEYS, progress=22) == (
+        5,
+        [5],
+    )
+    # an unsigned prefix from the start (published before signing was turned on) is taken,
+    # progress or not, and the relay's signed records after it
+    assert bookmark(monkeypatch, store, ours(store[:7], None), KEYS, progress=None) == (7, [])
+    mixed = ours(store[:7], None) + ours(store[7:9], KEYS)
+    assert bookmark(monkeypatch, store, mixed, KEYS, progress=3) == (9, [])
+
+
+def test_a_topic_made_again_or_truncated_under_the_relay_is_named() -> None:
+    """atk50-25 F1: a running relay published on into a topic deleted and made again, every
+    earlier event never on it. `remade` names what changed since it connected: the topic gone,
+    another topic id, an end below what it published, a first offset raised."""
+    from ledger.store.relay_topic import TopicMark, remade
+
+    before = TopicMark("id-1", 0, 30)
+    assert remade(TOPIC, before, TopicMark("id-1", 0, 40), 40) is None
+    assert remade(TOPIC, before, TopicMark("", 0, 40), 40) is None  # a broker without ids
+    assert "no longer exists" in str(remade(TOPIC, before, None, 40))
+    assert "made again (topic id id-2, was id-1)" in str(
+        remade(TOPIC, before, TopicMark("id-2", 0, 50), 40)
+    )
+    assert "ends at offset 3, below the 40" in str(remade(TOPIC, before, TopicMark("", 0, 3), 40))
+    assert "start of topic" in str(remade(TOPIC, before, TopicMark("id-1", 5, 40), 40))

@@ -1,0 +1,211 @@
+"""The relay's topic deleted and made again, or its start deleted, by someone with Delete on it
+(an operator "cleaning up", or an attacker): the relay, a restore and the audit of the copy
+(atk50-25 F1-F4, threat model T8 in docs/security.md). Real broker, real store:
+
+- F1: a running relay published on into a topic made again at its next position: every earlier
+  event never on it, `relay status` "publishing, 0 behind", nothing logged.
+- F2: signing on, the topic made again with one unsigned exact copy of the event at the relay's
+  progress: the copy was the bookmark, every event before it never published.
+- F3: `store restore --from-kafka` of a topic whose start is gone restored 0 events, exit 0.
+- F4: `audit verify --kafka` of such a topic read nothing ("chain intact"), exit 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from pathlib import Path
+
+import pytest
+from kafka import KafkaAdminClient, TopicPartition
+from kafka.admin import OffsetSpec
+
+from ledger.store import EVENTS_DB
+from ledger.store.application import Ledger
+from ledger.store.relay import ensure_topic, open_store, read_raw
+from ledger.store.relay_service import RelayService
+from projections.kafka_wire import KEYS_ENV, header_position, record_headers
+from tests.integration.conftest import delete_topics, read_all
+from tests.integration.test_relay_forgeries import KEYS_TEXT, relay_to, relays_records, run, send
+from tests.integration.test_relay_progress import JOB
+from tests.integration.waits import wait_for
+
+pytestmark = pytest.mark.kafka
+
+
+def topic_id(bootstrap: str, topic: str) -> str:
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="gpuledger-test-admin")
+    try:
+        (described,) = admin.describe_topics([topic])
+        return "" if described.get("error_code") else str(described.get("topic_id"))
+    finally:
+        admin.close()
+
+
+def remake(bootstrap: str, topic: str) -> None:
+    """Delete the topic and make it again with the relay's settings (as the attacker did)."""
+    before = topic_id(bootstrap, topic)
+    delete_topics(bootstrap, [topic])
+    wait_for("the topic gone", lambda: topic_id(bootstrap, topic) != before, 60)
+
+    def made() -> bool:
+        try:
+            ensure_topic(bootstrap, topic)
+        except Exception:
+            return False
+        return topic_id(bootstrap, topic) not in ("", before)
+
+    wait_for("the topic made again", made, 60)
+
+
+def cut(bootstrap: str, topic: str, offset: int | None = None) -> None:
+    """Kafka's DeleteRecords: the topic's records before `offset` (None: its end) deleted."""
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="gpuledger-test-admin")
+    tp = TopicPartition(topic, 0)
+    try:
+        if offset is None:
+            offset = admin.list_partition_offsets({tp: OffsetSpec.LATEST})[tp].offset
+        admin.delete_records({tp: offset})
+    finally:
+        admin.close()
+
+
+def follow_once(bootstrap: str, topic: str, home: Path, env: dict[str, str]) -> str:
+    return run("--home", str(home), "project", "follow", "--kafka", bootstrap, "--topic", topic,
+               "--once", "--quarantine", env=env)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kind", "signed"),
+    [("made-again", True), ("made-again", False), ("truncated", True), ("idle", True)],
+    ids=["made-again-signed", "made-again-unsigned", "truncated-signed", "made-again-idle"],
+)
+def test_a_topic_made_again_under_a_running_relay_gets_the_whole_log_again(
+    kind: str, signed: bool, org_ledger: Ledger, tmp_path: Path, kafka_bootstrap: str,
+    kafka_topic: str, transactional_id: str, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """F1: a service relays to the topic; it is deleted and made again with the relay's settings
+    (or its records deleted up to its end: DeleteRecords), two submits follow. The relay wrote
+    the two into the new topic and said "publishing, 0 behind": every earlier event was never
+    on it, a new reader got nothing. Now it notices (another topic id, its start gone), says so
+    in one log line and in its health, and publishes the store's log again from position 1.
+    `idle`: made again with no submit after (the relay sends nothing: the service's watcher
+    asks; "publishing, 0 behind" before)."""
+    env = {KEYS_ENV: KEYS_TEXT} if signed else {}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    home = org_ledger.home
+    org_ledger.execute_all([JOB] * 3)
+    published = org_ledger.position
+    service = RelayService(home, kafka_bootstrap, topic=kafka_topic,
+                           transactional_id=transactional_id).start()  # fmt: skip
+    try:
+        wait_for("the relay at the head", lambda: service.health.position >= published, 90,
+                 lambda: str(service.health))  # fmt: skip
+        if kind != "truncated":
+            remake(kafka_bootstrap, kafka_topic)
+        else:
+            cut(kafka_bootstrap, kafka_topic)  # every record, to its end
+        with caplog.at_level(logging.WARNING, logger="gpuledger.relay"):
+            org_ledger.execute_all([JOB] * (0 if kind == "idle" else 2))
+            head = org_ledger.position
+            wait_for(
+                "the relay published the log again",
+                lambda: service.health.remade and service.health.position >= head,
+                90,
+                lambda: str(service.health),
+            )
+    finally:
+        health = service.stop()
+    lines = [r.getMessage() for r in caplog.records if "again from position 1" in r.getMessage()]
+    assert len(lines) == 1, lines  # was none
+    said = ("start",) if kind == "truncated" else ("made again", "no longer exists")
+    assert any(word in health.remade for word in said), health.remade
+    assert health.position == head and health.lag == 0, health
+    assert "published again from position 1" in health.line()
+    # every position of the store is on the topic in order after the last foreign-to-it record
+    positions = [header_position(r.headers) for r in read_all(kafka_bootstrap, kafka_topic)]
+    assert positions[-head:] == list(range(1, head + 1)), positions  # was [P+1, P+2] at most
+    if kind != "truncated":  # a new reader gets every event (was 0 events)
+        out = follow_once(kafka_bootstrap, kafka_topic, tmp_path / "reader", env)
+        assert out.splitlines()[-1].startswith(f"position {head}, {head} events"), out
+
+
+def test_signed_an_unsigned_copy_of_the_progress_on_a_topic_made_again_is_no_bookmark(
+    org_ledger: Ledger, kafka_bootstrap: str, kafka_topic: str, transactional_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """F2, signing on: the relay published to P (its progress row P); two submits; the topic is
+    deleted and made again and a topic writer sends ONE unsigned exact copy of event P. It was
+    vouched for "within the progress": the bookmark, 1..P-1 never on the topic, "0 behind". With
+    keys an unsigned record never vouches for the progress: the relay publishes 1..P+2 after it."""
+    monkeypatch.setenv(KEYS_ENV, KEYS_TEXT)
+    home = org_ledger.home
+    org_ledger.execute_all([JOB] * 3)
+    published = org_ledger.position
+    relay_to(home, kafka_bootstrap, kafka_topic, transactional_id, published)
+    org_ledger.execute_all([JOB] * 2)
+    head = org_ledger.position
+    remake(kafka_bootstrap, kafka_topic)
+    last = read_raw(open_store(home), published - 1, 1)[0]
+    copy = send(kafka_bootstrap, kafka_topic, last,
+                record_headers(last.position, last.tag, last.data))  # fmt: skip
+    service = relay_to(home, kafka_bootstrap, kafka_topic, transactional_id, head)
+    assert service.health.skipped == (copy,)  # was (): the copy was its bookmark
+    relays_records(kafka_bootstrap, kafka_topic, home, {copy})
+
+
+def test_a_topic_whose_start_is_gone_is_refused_by_restore_and_named_by_verify(
+    org_ledger: Ledger, tmp_path: Path, kafka_bootstrap: str, kafka_topic: str,
+    transactional_id: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """F3, F4, signing on: the relay published 1..P; the topic's first records are deleted
+    (DeleteRecords to offset 5) and a forged record appended. `store restore --from-kafka`
+    restored 0 events, "chain verified, read back equal", exit 0, and signed a progress at 0;
+    `audit verify --kafka` read nothing (it sought offset 0, below the log start: the client
+    jumped to the end) and said "chain intact", exit 0. Now both say the topic's start is gone,
+    exit 1, and the restore writes nothing. The same restore of a topic made again holding only
+    an unsigned copy of P: no record is position 1."""
+    env = {KEYS_ENV: KEYS_TEXT}
+    monkeypatch.setenv(KEYS_ENV, KEYS_TEXT)
+    home = org_ledger.home
+    org_ledger.execute_all([JOB] * 3)
+    published = org_ledger.position
+    relay_to(home, kafka_bootstrap, kafka_topic, transactional_id, published)
+    cut(kafka_bootstrap, kafka_topic, 5)
+    event = read_raw(open_store(home), 2, 1)[0]
+    send(kafka_bootstrap, kafka_topic, event,
+         record_headers(published + 1, "admin.granted.v1", event.data))  # fmt: skip
+    dst = tmp_path / "restored"
+    out = run("store", "restore", "--from-kafka", kafka_bootstrap, "--topic", kafka_topic,
+              "--to", str(dst), code=1, env=env)  # fmt: skip
+    assert "the topic's start is gone (first offset 5)" in out, out  # was exit 0, 0 events
+    assert "nothing was written" in out and out.count("\n") <= 2, out
+    assert not (dst / EVENTS_DB).exists()
+    for keys in (env, {KEYS_ENV: ""}):
+        out = run("--home", str(home), "audit", "verify", "--kafka", kafka_bootstrap, "--topic",
+                  kafka_topic, code=1, env=keys)  # fmt: skip
+        assert "the topic's start is gone (first offset 5)" in out, out  # was "chain intact"
+        assert "position 1: deleted" in out, out
+    # F5: a signed quarantining reader set the relay's signed records aside as foreign and
+    # said "position 0, 0 events, 21 quarantined", exit 0; without --quarantine its hint sent
+    # the operator to --quarantine
+    out = run("--home", str(tmp_path / "reader"), "project", "follow", "--kafka",
+              kafka_bootstrap, "--topic", kafka_topic, "--once", "--quarantine", code=1,
+              env=env)  # fmt: skip
+    assert f"topic {kafka_topic} lacks positions 1 to 5:" in out, out
+    assert "the topic's start was deleted, or it was made again" in out, out
+    out = run("--home", str(tmp_path / "reader2"), "project", "follow", "--kafka",
+              kafka_bootstrap, "--topic", kafka_topic, "--once", code=1, env=env)  # fmt: skip
+    assert "the topic lacks positions 1 to 5, and this record carries the relay's" in out, out
+    # a topic made again holding one unsigned copy of the last event
+    remake(kafka_bootstrap, kafka_topic)
+    last = read_raw(open_store(home), published - 1, 1)[0]
+    send(kafka_bootstrap, kafka_topic, last, record_headers(last.position, last.tag, last.data))
+    out = run("store", "restore", "--from-kafka", kafka_bootstrap, "--topic", kafka_topic,
+              "--to", str(dst), code=1, env=env)  # fmt: skip
+    assert "the topic's start is gone (no record is position 1, 1 set aside" in out, out
+    if (dst / EVENTS_DB).exists():
+        with sqlite3.connect(dst / EVENTS_DB) as db:
+            assert db.execute("SELECT count(*) FROM stored_events").fetchone() == (0,)
