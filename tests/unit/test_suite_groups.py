@@ -7,6 +7,7 @@ renaming: the Slurm tests ran on both workers and failed each other)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -14,13 +15,28 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SLURM_CONF_OF, SLURM_GROUPS, SLURM_SECONDS, slurm_conf, split_slurm_files
+from tests.conftest import (
+    PART,
+    SLURM_CONF_OF,
+    SLURM_GROUPS,
+    SLURM_SECONDS,
+    slurm_conf,
+    split_slurm_files,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 A, B = SLURM_GROUPS["slurm-a"][0], SLURM_GROUPS["slurm-b"][0]
 """A Slurm file of each group."""
 
 TESTS = "".join(f"def test_{i}():\n    time.sleep(0.2)\n\n\n" for i in range(4))
+
+
+def _environ(part: str | None = None) -> dict[str, str]:
+    """This environment for a nested session, with `PART` as given (none: unset). The suite's
+    own run has it set (scripts/test's two parts), and a nested session inherited it: CI ran
+    only its non-Slurm tests and these tests failed."""
+    env = {k: v for k, v in os.environ.items() if k != PART}
+    return env | ({PART: part} if part is not None else {})
 
 
 def test_each_slurm_group_runs_on_one_worker_of_its_own_and_the_rest_spreads(
@@ -40,7 +56,7 @@ def test_each_slurm_group_runs_on_one_worker_of_its_own_and_the_rest_spreads(
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2",
          "--dist", "loadgroup", "-v", "--rootdir", str(tmp_path), str(tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_environ(),
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     ran = re.findall(r"^\[(gw\d)\] .*PASSED (\S+)", run.stdout, re.M)
@@ -99,7 +115,7 @@ def test_the_slurm_groups_are_taken_first_and_the_postgresql_outage_files_are_on
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "1",
          "--dist", "loadgroup", "--no-loadscope-reorder", "-v", "--rootdir", str(tmp_path),
          str(tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_environ(),
     )  # fmt: skip
     assert run.returncode == 0, run.stdout + run.stderr
     ran = re.findall(r"^\[gw0\] .*PASSED (\S+)", run.stdout, re.M)
@@ -193,7 +209,7 @@ def test_a_slurm_file_in_no_group_fails_the_collection(tmp_path: Path) -> None:
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
          str(tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_environ(),
     )  # fmt: skip
     assert run.returncode != 0 and "passed" not in run.stdout, run.stdout
     assert "test_slurm_unmeasured.py is a Slurm test file in no Slurm group" in (
@@ -208,3 +224,42 @@ def test_setup_writes_the_bytecode_of_every_package_of_ours() -> None:
     compiles = [line for line in lines if "-m compileall" in line and not line.startswith("#")]
     assert len(compiles) == 1, compiles
     assert {"schemas", "ledger", "projections"} <= set(compiles[0].split())
+
+
+@pytest.mark.parametrize("part", ["slurm", "rest", ""])
+def test_each_part_runs_its_files_only(tmp_path: Path, part: str) -> None:
+    """`scripts/test` runs the Slurm files (`slurm`) beside the rest (`rest`) with their own
+    workers; unset or empty, a session runs every file. Nothing of the other part runs."""
+    tree = tmp_path / "tests" / "integration"
+    tree.mkdir(parents=True)
+    (tmp_path / "conftest.py").write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from tests.conftest import pytest_collection_modifyitems  # noqa: F401\n"
+    )
+    for name in (A, "test_other"):
+        (tree / f"{name}.py").write_text("def test_0():\n    pass\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "--rootdir",
+         str(tmp_path), str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_environ(part),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    ran = set(re.findall(r"^tests/integration/(\w+)\.py::test_0 PASSED", run.stdout, re.M))
+    want = {"slurm": {A}, "rest": {"test_other"}, "": {A, "test_other"}}[part]
+    assert ran == want, run.stdout
+
+
+def test_an_unknown_part_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "conftest.py").write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from tests.conftest import pytest_collection_modifyitems  # noqa: F401\n"
+    )
+    (tmp_path / "test_x.py").write_text("def test_0():\n    pass\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+         str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_environ("slrum"),
+    )  # fmt: skip
+    assert run.returncode != 0 and "give slurm, rest or nothing" in run.stdout + run.stderr
