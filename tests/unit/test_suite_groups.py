@@ -226,24 +226,34 @@ def test_setup_writes_the_bytecode_of_every_package_of_ours() -> None:
     assert {"schemas", "ledger", "projections"} <= set(compiles[0].split())
 
 
+def _hooked(tmp_path: Path) -> None:
+    """A conftest.py in `tmp_path` with the suite's grouping hook."""
+    (tmp_path / "conftest.py").write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from tests.conftest import pytest_collection_modifyitems  # noqa: F401\n"
+    )
+
+
+def _nested(tmp_path: Path, part: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """A pytest session on `tmp_path` with `PART` set to `part`."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args, "--rootdir",
+         str(tmp_path), str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_environ(part),
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("part", ["slurm", "rest", ""])
 def test_each_part_runs_its_files_only(tmp_path: Path, part: str) -> None:
     """`scripts/test` runs the Slurm files (`slurm`) beside the rest (`rest`) with their own
     workers; unset or empty, a session runs every file. Nothing of the other part runs."""
     tree = tmp_path / "tests" / "integration"
     tree.mkdir(parents=True)
-    (tmp_path / "conftest.py").write_text(
-        "import sys\n"
-        f"sys.path.insert(0, {str(REPO)!r})\n"
-        "from tests.conftest import pytest_collection_modifyitems  # noqa: F401\n"
-    )
+    _hooked(tmp_path)
     for name in (A, "test_other"):
         (tree / f"{name}.py").write_text("def test_0():\n    pass\n")
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", "--rootdir",
-         str(tmp_path), str(tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_environ(part),
-    )  # fmt: skip
+    run = _nested(tmp_path, part, "-v")
     assert run.returncode == 0, run.stdout + run.stderr
     ran = set(re.findall(r"^tests/integration/(\w+)\.py::test_0 PASSED", run.stdout, re.M))
     want = {"slurm": {A}, "rest": {"test_other"}, "": {A, "test_other"}}[part]
@@ -251,15 +261,7 @@ def test_each_part_runs_its_files_only(tmp_path: Path, part: str) -> None:
 
 
 def test_an_unknown_part_is_refused(tmp_path: Path) -> None:
-    (tmp_path / "conftest.py").write_text(
-        "import sys\n"
-        f"sys.path.insert(0, {str(REPO)!r})\n"
-        "from tests.conftest import pytest_collection_modifyitems  # noqa: F401\n"
-    )
+    _hooked(tmp_path)
     (tmp_path / "test_x.py").write_text("def test_0():\n    pass\n")
-    run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
-         str(tmp_path)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_environ("slrum"),
-    )  # fmt: skip
+    run = _nested(tmp_path, "slrum")
     assert run.returncode != 0 and "give slurm, rest or nothing" in run.stdout + run.stderr
