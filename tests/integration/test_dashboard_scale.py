@@ -132,29 +132,43 @@ def test_the_browser_pages_to_the_last_job_and_shows_the_true_total(
     errors: list[str] = []
     page.on("pageerror", lambda err: errors.append(str(err)))
 
-    def shown() -> tuple[int, int, int]:
+    @dataclass
+    class Walk:
+        total: int
+        offset: int
+        first: int
+        second: str | None
+        rows: int
+        last: str | None
+        next_disabled: bool
+        text: str
+
+    def walked() -> Walk:
+        """The first page, the next and the last, all between two equal CLI queues (a cycle
+        between two clicks may reorder the teams: the whole walk is read again then)."""
         page.goto(deep.server.url + "/ui/queue")
         page.wait_for_selector("#queue tbody tr")
         total, offset = range_of(page)
         first = int(page.locator("#queue tbody tr").first.get_attribute("data-job") or 0)
-        return total, offset, first
+        assert page.locator("#queue tbody tr").count() == 100
+        page.click("#page-next")
+        page.wait_for_selector("#queue-range[data-offset='100']")
+        second = page.locator("#queue tbody tr").first.get_attribute("data-job")
+        page.click("#page-last")
+        page.wait_for_selector(f"#queue-range[data-offset='{(total - 1) // 100 * 100}']")
+        rows = page.locator("#queue tbody tr")
+        return Walk(
+            total, offset, first, second, rows.count(), rows.last.get_attribute("data-job"),
+            page.locator("#page-next").is_disabled(), page.locator("#queue-range").inner_text(),
+        )  # fmt: skip
 
-    (total, offset, first), want = stable(deep, shown)
-    assert (total, offset) == (len(want), 0) and first == want[0]["job_id"]
-    assert page.locator("#queue tbody tr").count() == 100
-    page.click("#page-next")
-    page.wait_for_selector("#queue-range[data-offset='100']")
-    assert page.locator("#queue tbody tr").first.get_attribute("data-job") == str(
-        want[100]["job_id"]
-    )
-    page.click("#page-last")
-    last = (total - 1) // 100 * 100
-    page.wait_for_selector(f"#queue-range[data-offset='{last}']")
-    rows = page.locator("#queue tbody tr")
-    assert rows.count() == total - last
-    assert rows.last.get_attribute("data-job") == str(want[-1]["job_id"])
-    assert page.locator("#page-next").is_disabled()
-    assert f"of {total:,} jobs" in page.locator("#queue-range").inner_text()
+    w, want = stable(deep, walked)
+    assert (w.total, w.offset) == (len(want), 0) and w.first == want[0]["job_id"]
+    assert w.second == str(want[100]["job_id"])
+    assert w.rows == w.total - (w.total - 1) // 100 * 100
+    assert w.last == str(want[-1]["job_id"])
+    assert w.next_disabled
+    assert f"of {w.total:,} jobs" in w.text
     assert errors == []
 
 
