@@ -54,8 +54,10 @@ PAGES = (
     "budget",
 )
 ASSETS = {
-    "app.js": "application/javascript",
-    "times.js": "application/javascript",
+    **{
+        f"{name}.js": "application/javascript"
+        for name in ("times", "base", "charts", "jobs", "views", "budget", "app")
+    },
     "app.css": "text/css",
 }
 """The files `/ui/static/` serves (the page's shell is served by its route), their types."""

@@ -662,6 +662,12 @@ def test_static_serves_the_assets_alone_revalidated_and_head_is_counted_as_head(
                  "/ui/static/page.html", "/ui/static/", "/ui/static/..%2fpages.py"):  # fmt: skip
         status, _, body = asked("GET", path)
         assert status == 404 and b"\n" not in body.rstrip(b"\n"), (path, status, body)
+    shell = asked("GET", "/ui/teams")[2].decode()
+    scripts = re.findall(r'<script src="(/ui/static/[a-z]+\.js)"></script>', shell)
+    assert scripts[0].endswith("/times.js") and scripts[-1].endswith("/app.js"), scripts
+    for path in scripts:  # every script the shell names (app.js split by role, s51) is served
+        status, got, _ = asked("GET", path)
+        assert (status, got["content-type"].split(";")[0]) == (200, "application/javascript")
     plain = asked("GET", "/ui/static/app.js", **{"Accept-Encoding": "identity"})
     packed = asked("GET", "/ui/static/app.js", **{"Accept-Encoding": "gzip"})
     assert plain[0] == packed[0] == 200 and packed[1]["content-encoding"] == "gzip"

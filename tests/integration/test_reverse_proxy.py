@@ -163,7 +163,7 @@ def test_the_dashboard_and_the_api_answer_through_the_documented_proxy(proxied: 
     nginx = start_nginx(p.tmp / "nginx", plain(documented_block(), p.server.port, free_port()))
     try:
         root = p.tokens["root"]
-        for path in ("/", "/ui/teams", "/ui/budget", "/ui/static/app.js", "/ui/api/teams",
+        for path in ("/", "/ui/teams", "/ui/budget", "/ui/static/app.js", "/ui/static/base.js", "/ui/api/teams",
                      "/metrics", "/v1/health", "/v1/whoami"):  # fmt: skip
             direct = fetch(p.server.port, "GET", path, root)
             through = fetch(nginx.port, "GET", path, root)
