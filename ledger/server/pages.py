@@ -325,8 +325,11 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             bucket = bucket_for(at - start)
             # the whole period: the ended hours the projection keeps summed, and the hours
             # since the latest event (`projections.kept`), whatever the history's length
+            # buckets on whole hours from `start`'s hour (atk50-29 F6: from `start` itself, the
+            # first held 4 hours and the clipped one, the last 3 and the current part); the
+            # chart scales each by the part of the window it covers (charts.js `teamChart`)
             delivered, series = hours.bucketed_series(
-                store, start, at, 2, bucket, kept=window == "all"
+                store, start, at, 2, bucket, kept=window == "all", origin=start // 3600 * 3600
             )
             return TeamsView(
                 window=window,

@@ -17,7 +17,7 @@ async function teamsPage() {
     el("span", {}, el("i", { class: "sw", style: "background:var(--delivered)" }), "delivered"),
     el("span", {}, el("i", { class: "sw", style: "background:var(--burst);height:8px" }), "burst (delivered above owed)"));
   const charts = el("div", { class: "grid", id: "team-charts" }, data.series.teams.map((s) =>
-    el("div", { class: "card" }, el("h3", {}, s.team), teamChart(s, data.series.start_at, data.series.end_at))));
+    el("div", { class: "card" }, el("h3", {}, s.team), teamChart(s, data.series.start_at, data.series.end_at, data.series.bucket_s))));
   const summary = table(["team", "owed GPU-h", "delivered GPU-h", "burst GPU-h", "by period", "hour by hour"],
     d.teams.map((t) => el("tr", { "data-team": t.team },
       td(t.team), td(num(t.owed_gpu_hours, 1), { class: "num", "data-col": "owed" }),
