@@ -199,6 +199,10 @@ class LivePreview(NamedTuple):
     """`previews.live(...)`: the snapshot and the decision."""
     now: float
     """The moment it was computed at."""
+    held: Any = None
+    """`previews.held_back(...)` of the same state and snapshot: the jobs a dependency or an
+    array's limit holds and their keys, found once per position for every queue page (they
+    were found, and every one's row and estimate built, on every page: atk50-29 F9)."""
 
 
 def live_preview(handles: Any) -> LivePreview:
@@ -367,7 +371,7 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             policy = registry.build(h.ledger.state.policy)
             page = previews.queue_page(
                 h.ledger, h.store(), policy, got.now, filt, code=code, sort=sort,
-                descending=descending, offset=offset, preview=got.live,
+                descending=descending, offset=offset, preview=got.live, held=got.held,
             )  # fmt: skip
             return QueuePageView(
                 total=page.total,
