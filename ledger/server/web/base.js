@@ -83,8 +83,38 @@ async function api(path, retries = RETRIES_429) {
 }
 
 async function post(path, body) {
-  const resp = await fetch(path, { method: "POST", body: JSON.stringify(body),
+  return answered(await posted(path, body), path);
+}
+
+function posted(path, body) {
+  return fetch(path, { method: "POST", body: JSON.stringify(body),
     headers: { Authorization: `Bearer ${token()}`, "Content-Type": "application/json" } });
+}
+
+// A POST answered in lines of JSON (application/x-ndjson): {"turn": …} where it stands, as it
+// moves and every 2 s at least (so a proxy's read timeout is never reached while it waits or
+// works), given to onTurn; then {"result": …} (returned) or {"error": …} (thrown). Any other
+// answer (a refusal before it began, a proxy's page) is read as post() reads it.
+async function streamed(path, body, onTurn) {
+  const resp = await posted(path, body);
+  if (!(resp.headers.get("Content-Type") || "").startsWith("application/x-ndjson")) return answered(resp, path);
+  const reader = resp.body.getReader(), text = new TextDecoder();
+  let buf = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    buf += done ? text.decode() : text.decode(value, { stream: true });
+    for (let nl = buf.indexOf("\n"); nl >= 0; nl = buf.indexOf("\n")) {
+      const frame = JSON.parse(buf.slice(0, nl));
+      buf = buf.slice(nl + 1);
+      if (frame.error) throw new Error(frame.error.detail);
+      if ("result" in frame) return frame.result;
+      onTurn(frame.turn);
+    }
+    if (done) throw new Error("the answer was cut before its end (the server, or a proxy in front of it, closed it)");
+  }
+}
+
+async function answered(resp, path) {
   if (resp.status === 401) return api(path);  // signed out: the login page
   const text = await resp.text();
   let out = null;

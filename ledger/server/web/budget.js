@@ -8,14 +8,14 @@ const budgetState = { account: null, whatif: null, shares: null, result: null, r
 async function runWhatif(child, shares) {
   budgetState.running = true; budgetState.error = null; budgetState.result = null; budgetState.turn = null;
   refresh();
-  // where it stands, while it waits or runs (atk50-29 F3: it said "running" while it waited)
-  const poll = setInterval(async () => { budgetState.turn = await api("/ui/api/budget/whatif/turn"); refresh(); }, 1000);
+  // where it stands (its place in line, then its step), streamed as it moves (atk50-29 F3: it
+  // said "running" while it waited; F2: nothing came until the answer, and a proxy gave up)
+  const said = (turn) => { budgetState.turn = turn; refresh(); };
   try {
-    budgetState.result = await post("/ui/api/budget/whatif", { account: child.account, shares });
+    budgetState.result = await streamed("/ui/api/budget/whatif?stream=true", { account: child.account, shares }, said);
   } catch (err) {
     budgetState.error = err.message;
   }
-  clearInterval(poll);
   budgetState.running = false;
   refresh();
 }
@@ -61,7 +61,7 @@ function whatifPanel(data, child) {
 
 const turnText = (t) => (!t || (t.ahead === 0 && t.running_s === null) ? "The what-if is starting…"
   : t.running_s === null ? `Waiting for ${t.ahead} what-if${t.ahead > 1 ? "s" : ""} ahead of yours (one runs at a time)…`
-  : `The what-if is running: ${dur(t.running_s)} so far (4 weeks: about a minute on an idle server, minutes on a busy one)…`);
+  : `The what-if is running: ${t.steps ? `step ${t.step.toLocaleString()} of ${t.steps.toLocaleString()} (${Math.floor(100 * t.step / t.steps)}%), ` : ""}${dur(t.running_s)} so far (4 weeks: about a minute on an idle server, minutes on a busy one)…`);
 
 async function budgetPage(first) {
   if (first && new URLSearchParams(location.search).has("account")) {  // a bookmarked or sent review
