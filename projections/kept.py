@@ -109,11 +109,16 @@ def _join(con: Any, at: float) -> None:
     ).fetchall()
 
 
-def buckets(store: Any, start: float, end: float, bucket_s: float) -> list[Row]:
-    """`queries.team_buckets(store, start, end, bucket_s, team_depth=2)` read from the kept
-    runs: every team (opened before `end`) and bucket, by team then bucket; the same figures
-    but for the order of the sums (the last bits)."""
+def buckets(
+    store: Any, start: float, end: float, bucket_s: float, origin: float | None = None
+) -> list[Row]:
+    """`queries.team_buckets(store, start, end, bucket_s, team_depth=2, origin=origin)` read
+    from the kept runs: every team (opened before `end`) and bucket, by team then bucket; the
+    same figures but for the order of the sums (the last bits). `origin` (<= `start`, default
+    `start`): where the buckets start."""
     from projections import queries
+
+    origin = start if origin is None else origin
 
     got = store.con.execute(
         "SELECT from_at, until_at FROM team_hours_span WHERE depth = ?", [DEPTH]
@@ -122,7 +127,7 @@ def buckets(store: Any, start: float, end: float, bucket_s: float) -> list[Row]:
     k0 = max(span[0], math.ceil(start / HOUR) * HOUR) if span else end
     k1 = min(span[1], math.floor(end / HOUR) * HOUR) if span else end
     if k1 <= k0:  # nothing kept inside the window
-        return queries.team_buckets(store, start, end, bucket_s, team_depth=DEPTH)
+        return queries.team_buckets(store, start, end, bucket_s, team_depth=DEPTH, origin=origin)
     cells: dict[tuple[str, float], list[float]] = {}
 
     def add(rows: Iterable[Row], times: float = 1.0) -> None:
@@ -133,8 +138,8 @@ def buckets(store: Any, start: float, end: float, bucket_s: float) -> list[Row]:
             cell[2] += met * times
 
     if start < k0:  # the hours before the first event's
-        add(queries.team_buckets(store, start, k0, bucket_s, team_depth=DEPTH, origin=start))
-    ats, los, his = _bucket_hours(k0, k1, start, bucket_s)
+        add(queries.team_buckets(store, start, k0, bucket_s, team_depth=DEPTH, origin=origin))
+    ats, los, his = _bucket_hours(k0, k1, origin, bucket_s)
     add(
         (r[0], float(r[1]), float(r[2]), float(r[3]), float(r[4]))
         for r in store.con.execute(
@@ -149,7 +154,7 @@ def buckets(store: Any, start: float, end: float, bucket_s: float) -> list[Row]:
         ).fetchall()
     )
     if k1 < end:
-        _since(store, k1, end, start, bucket_s, add)
+        _since(store, k1, end, origin, bucket_s, add)
     teams = [
         t
         for (t,) in store.con.execute(
@@ -159,8 +164,8 @@ def buckets(store: Any, start: float, end: float, bucket_s: float) -> list[Row]:
         ).fetchall()
     ]
     last_hour = math.ceil(end / HOUR) * HOUR - HOUR
-    n = int(max(0.0, (last_hour - start) // bucket_s)) + 1
-    grid = [start + i * bucket_s for i in range(n)]
+    n = int(max(0.0, (last_hour - origin) // bucket_s)) + 1
+    grid = [origin + i * bucket_s for i in range(n)]
     return [(t, at, *cells.get((t, at), (0.0, 0.0, 0.0))) for t in teams for at in grid]
 
 

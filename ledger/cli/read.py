@@ -15,7 +15,7 @@ from ledger.cli.write import account, node
 from schemas.bounds import MAX_ARRAY_TASKS, MAX_READ_ROWS
 from schemas.errors import InvalidCommand
 from schemas.units import format_duration, format_time, parse_time, span
-from schemas.views import AccountNode, LogEntry, LogFilter, NodeRow
+from schemas.views import AccountNode, JobFilter, LogEntry, LogFilter, NodeRow
 
 
 @view_command(account.command("tree"), "accounts")
@@ -158,9 +158,8 @@ def jobs(
     wanted, reasons = (None, None) if status is None else status_words(status)
     refs = None if job_ids is None else _ids(job_ids)
     tasks = {(i, t) for i, t in refs or () if t is not None}
-    selected = ctx.read(
-        "jobs",
-        quiet=False,
+    selected = _jobs_read(
+        ctx,
         status=wanted,
         reasons=reasons,
         user=user,
@@ -209,6 +208,52 @@ def jobs(
     if more:  # (atk47-29 F5: it stopped at 200 rows without a word)
         click.echo(f"the newest {limit} shown; more match: --limit N, or --before-id "
                    f"{selected[-1].job_id} for the next page", err=True)  # fmt: skip
+
+
+def _jobs_read(ctx: Ctx, **fields: Any) -> list[Any]:
+    """`jobs`' rows: one read; through a server, whose pages hold at most `MAX_READ_ROWS` rows,
+    page after page (`before_id` the previous page's last, smallest, id) up to the rows asked,
+    so that `--limit 15000` answers as it does embedded (it was refused: atk50-29 F8)."""
+    rows = fields["limit"]
+    if ctx.remote is None or rows <= MAX_READ_ROWS:
+        return ctx.read("jobs", quiet=False, **fields)
+    build(JobFilter, limit=rows)  # the embedded read's own refusal of a limit past its most
+    got: list[Any] = []
+    while len(got) < rows:  # (a page cut at its bytes holds fewer: the next goes on after it)
+        page = ctx.read(
+            "jobs", quiet=False, **{**fields, "limit": min(MAX_READ_ROWS, rows - len(got))}
+        )
+        if not page:
+            break
+        got += page
+        fields["before_id"] = page[-1].job_id
+    return got
+
+
+def _log_read(ctx: Ctx, f: LogFilter) -> list[LogEntry]:
+    """`log`'s events: one read; through a server, whose pages hold at most `MAX_READ_ROWS`
+    events, page after page (`after` the previous page's last position), so that `--limit` and
+    `--tail` past it answer as they do embedded (atk50-29 F8). `--tail N`: where the log ends
+    now (its last event), then the N positions up to it (positions follow one another)."""
+    asked = f.limit if f.tail is None else f.tail
+    if ctx.remote is None or asked <= MAX_READ_ROWS:
+        return list(ctx.read("log", after=f.after, limit=f.limit, tail=f.tail))
+    after, end = f.after, None
+    if f.tail is not None:
+        last = ctx.read("log", after=f.after, tail=1)
+        if not last:
+            return []
+        end = last[0].position
+        after = max(f.after, end - f.tail)
+    got: list[LogEntry] = []
+    while len(got) < asked and (end is None or after < end):  # (a page cut at its bytes: on)
+        ask = min(MAX_READ_ROWS, asked - len(got), asked if end is None else end - after)
+        page = ctx.read("log", after=after, limit=ask)
+        if not page:
+            break
+        got += page
+        after = page[-1].position
+    return got
 
 
 def _ids(text: str) -> list[tuple[int, int | None]]:
@@ -267,7 +312,7 @@ def log(
     f = build(LogFilter, after=after, limit=limit, tail=tail)
     if not 0.01 <= interval <= 3600:
         raise InvalidCommand(f"--interval must be 0.01..3600 seconds, got {interval}")
-    records = ctx.read("log", after=f.after, limit=f.limit, tail=f.tail)
+    records = _log_read(ctx, f)
     if as_json and not follow:
         echo_json(records)
         return

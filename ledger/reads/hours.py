@@ -27,13 +27,20 @@ def bucketed_series(
     *,
     kept: bool = False,
     under: str | None = None,
+    origin: float | None = None,
 ) -> tuple[v.DeliveredView, v.DeliveredSeriesView]:
     """`delivered_series` summed by the engine (`queries.team_buckets`): one row per team and
     bucket, however many hours the window holds. `kept`: from the ended hours the projection
     keeps at team depth 2 (`projections.kept`: the teams page's whole period, a sum over one
     row per team and hour, only the hours since the latest event read from the spans). The
     same figures but for the order of the sums (the last bits). `under`: the teams under that
-    account alone (the Budget review's children), their figures the same."""
+    account alone (the Budget review's children), their figures the same. `origin` (at most
+    `start`, within a bucket of it): where the buckets start (default `start`); the teams page
+    gives `start`'s hour, so that every bucket but the first and last holds whole hours and
+    none holds more than `bucket_s` (from `start`, the first held the clipped hour `start` is
+    in plus whole ones: atk50-29 F6)."""
+    if origin is not None and not (start - bucket_s < origin <= start):
+        raise InvalidCommand("the buckets start within a bucket before the window", origin=origin)
     if not (math.isfinite(start) and math.isfinite(end)) or end <= start:
         raise InvalidCommand("the series needs a positive, finite window", start=start, end=end)
     if bucket_s < 3600 or bucket_s % 3600:
@@ -44,9 +51,11 @@ def bucketed_series(
 
     team_depth = check(team_depth, TeamDepth, "team depth")
     if kept and team_depth == kept_hours.DEPTH and under is None:
-        rows = kept_hours.buckets(store, start, end, bucket_s)
+        rows = kept_hours.buckets(store, start, end, bucket_s, origin)
     else:
-        rows = queries.team_buckets(store, start, end, bucket_s, team_depth=team_depth, under=under)
+        rows = queries.team_buckets(
+            store, start, end, bucket_s, team_depth=team_depth, under=under, origin=origin
+        )
     acc: dict[str, list[float]] = {}
     teams: dict[str, list[v.TeamPoint]] = {}
     for team, at, owed, delivered, met in rows:  # by team, then bucket

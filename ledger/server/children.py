@@ -30,17 +30,27 @@ class TimedOut(Exception):
     """The child ran past its time limit and was killed."""
 
 
-async def run(module: str, payload: bytes, timeout_s: float | None = None) -> bytes:
+PROGRESS = b"progress: "
+"""A child's stderr line telling how far it is: `progress: DONE TOTAL` (`tell`)."""
+
+
+async def run(
+    module: str,
+    payload: bytes,
+    timeout_s: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> bytes:
     """The stdout of `python -m module` fed `payload`; RuntimeError (its last stderr line) when
     it fails, `TimedOut` when it runs past `timeout_s` (it is killed, as it is when the request
-    is cancelled)."""
+    is cancelled). `progress(done, total)`: called for each line the child `tell`s, as it comes."""
     proc = await asyncio.create_subprocess_exec(
         *NICE, sys.executable, "-m", module,
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, limit=1 << 20,
     )  # fmt: skip
     try:
-        out, err = await asyncio.wait_for(proc.communicate(payload), timeout_s)
+        talk = proc.communicate(payload) if progress is None else _told(proc, payload, progress)
+        out, err = await asyncio.wait_for(talk, timeout_s)
     except TimeoutError as exc:
         raise TimedOut(module) from exc
     finally:
@@ -52,6 +62,42 @@ async def run(module: str, payload: bytes, timeout_s: float | None = None) -> by
         last = err.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
         raise RuntimeError(f"{module} exited with {proc.returncode}: {last[0]}")
     return out
+
+
+async def _told(
+    proc: Any, payload: bytes, progress: Callable[[int, int], None]
+) -> tuple[bytes, bytes]:
+    """`proc.communicate(payload)`, its stderr read line by line as it comes: the `tell`
+    lines given to `progress`, the rest kept (the last says why it failed)."""
+    kept: list[bytes] = []
+
+    async def errors() -> None:
+        async for line in proc.stderr:
+            if not line.startswith(PROGRESS):
+                kept.append(line)
+                continue
+            with contextlib.suppress(ValueError):
+                done, total = (int(x) for x in line[len(PROGRESS) :].split())
+                progress(done, total)
+
+    proc.stdin.write(payload)
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+        await proc.stdin.drain()
+    proc.stdin.close()
+    out, _ = await asyncio.gather(proc.stdout.read(), errors())
+    await proc.wait()
+    return out, b"".join(kept)
+
+
+def tell(done: int, total: int, said: list[int]) -> None:
+    """In the child: `progress: DONE TOTAL` on stderr when the whole percent changed since the
+    last said (`said`, kept by the caller): at most about a hundred lines."""
+    percent = 100 * done // max(1, total)
+    if said and said[-1] == percent:
+        return
+    said[:] = [percent]
+    sys.stderr.buffer.write(PROGRESS + f"{done} {total}\n".encode())
+    sys.stderr.flush()
 
 
 WATCH_S = 0.25
@@ -113,6 +159,13 @@ async def attended_turn(
             return await work()
 
     return await attended(receive, stopping, turn(), what)
+
+
+async def never() -> Mapping[str, Any]:
+    """A `receive` that never says the client left: for work whose response watches it
+    (a streamed answer, cancelled by the framework when its client leaves)."""
+    await asyncio.Event().wait()
+    raise AssertionError("unreachable")
 
 
 async def _disconnected(receive: Callable[[], Awaitable[Mapping[str, Any]]]) -> None:

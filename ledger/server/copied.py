@@ -150,9 +150,11 @@ class CopiedHandles:
         from ledger.server.pages import LivePreview
 
         def compute() -> LivePreview:
-            policy = registry.build(self.ledger.state.policy)
+            state = self.ledger.state
+            policy = registry.build(state.policy)
             live = previews.live(self.ledger, self.store(), policy, self.now(), self.foreign())
-            return LivePreview(policy.version, live, self.now())
+            held = previews.held_back(state, live[0], policy)
+            return LivePreview(policy.version, live, self.now(), held)
 
         if not self._preview:
             got = (

@@ -15,6 +15,7 @@ Every figure comes from the read layer (`ledger.reads.layer`), as the CLI's.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import math
@@ -27,7 +28,7 @@ import msgspec
 from litestar import HttpMethod, Request, Response, get, post, route
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, FromQuery, QueryParameter
-from litestar.response import Redirect
+from litestar.response import Redirect, Stream
 
 from ledger.server import copied, encoding, pooled
 from ledger.server.fairlane import FairSlot
@@ -54,8 +55,10 @@ PAGES = (
     "budget",
 )
 ASSETS = {
-    "app.js": "application/javascript",
-    "times.js": "application/javascript",
+    **{
+        f"{name}.js": "application/javascript"
+        for name in ("times", "base", "charts", "jobs", "views", "budget", "app")
+    },
     "app.css": "text/css",
 }
 """The files `/ui/static/` serves (the page's shell is served by its route), their types."""
@@ -197,6 +200,10 @@ class LivePreview(NamedTuple):
     """`previews.live(...)`: the snapshot and the decision."""
     now: float
     """The moment it was computed at."""
+    held: Any = None
+    """`previews.held_back(...)` of the same state and snapshot: the jobs a dependency or an
+    array's limit holds and their keys, found once per position for every queue page (they
+    were found, and every one's row and estimate built, on every page: atk50-29 F9)."""
 
 
 def live_preview(handles: Any) -> LivePreview:
@@ -323,8 +330,11 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             bucket = bucket_for(at - start)
             # the whole period: the ended hours the projection keeps summed, and the hours
             # since the latest event (`projections.kept`), whatever the history's length
+            # buckets on whole hours from `start`'s hour (atk50-29 F6: from `start` itself, the
+            # first held 4 hours and the clipped one, the last 3 and the current part); the
+            # chart scales each by the part of the window it covers (charts.js `teamChart`)
             delivered, series = hours.bucketed_series(
-                store, start, at, 2, bucket, kept=window == "all"
+                store, start, at, 2, bucket, kept=window == "all", origin=start // 3600 * 3600
             )
             return TeamsView(
                 window=window,
@@ -362,7 +372,7 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             policy = registry.build(h.ledger.state.policy)
             page = previews.queue_page(
                 h.ledger, h.store(), policy, got.now, filt, code=code, sort=sort,
-                descending=descending, offset=offset, preview=got.live,
+                descending=descending, offset=offset, preview=got.live, held=got.held,
             )  # fmt: skip
             return QueuePageView(
                 total=page.total,
@@ -646,10 +656,17 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
     next meanwhile gets 429); a manager re-asking as soon as hers ended kept every other
     manager's refused (atk44-25 F2)."""
 
+    steps: dict[str, tuple[int, int]] = {}
+    """How far each person's what-if under way is: (steps done, steps), as its child tells."""
+
     @post("/ui/api/budget/whatif", include_in_schema=False, status_code=200)
-    async def budget_whatif(request: Request[Any, Any, Any]) -> Response[bytes]:
+    async def budget_whatif(
+        request: Request[Any, Any, Any], stream: FromQuery[bool] = False
+    ) -> Response[Any]:
         """The what-if of one child's share change over the last 4 weeks, beside what
-        happened (`ledger.server.whatifs`): for whoever may set its shares; nothing written."""
+        happened (`ledger.server.whatifs`): for whoever may set its shares; nothing written.
+        `stream=true`: once it is admitted, lines of JSON (`whatifs.streamed`): where it stands
+        and its step as they change (every `whatifs.FRAME_S` at least), then its answer."""
         from ledger.server import whatifs
 
         caller = person(request)
@@ -668,28 +685,58 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             # a period decided by a policy this build has not: refused before the child starts
             await pool.run(caller.actor, whatifs.policy_known(end))
             start = whatifs.period_start(end)
-            sim = await whatifs.simulate(handles.ledger.home, start, end, budgets, limit_s)
+
+            def told(done: int, total: int) -> None:
+                steps[caller.actor] = (done, total)
+                moved.set()
+
+            try:
+                sim = await whatifs.simulate(
+                    handles.ledger.home, start, end, budgets, limit_s, told
+                )
+            finally:
+                steps.pop(caller.actor, None)
             # what happened up to `end`, all of it projected: the log caught up again (a cycle
             # that began before `end` may have appended since)
             await caught_up()
             return sim, await pool.run(caller.actor, whatifs.actual(start, end))
 
+        def answer(got: tuple[Any, Any]) -> Any:
+            sim, actual = got
+            report = whatifs.report(sim, actual)
+            return whatifs.BudgetWhatIf(account=ask.account, shares=ask.shares, was=was,
+                                        report=report)  # fmt: skip
+
+        moved = asyncio.Event()
+        if stream:  # its client's leaving cancels the stream, and with it the what-if
+            running.refuse(caller.actor)  # 429 now, not a line of the stream
+
+            def where() -> dict[str, Any]:
+                ahead, running_s = running.place(caller.actor)
+                done, total = steps.get(caller.actor, (None, None))
+                return {"ahead": ahead, "running_s": running_s, "step": done, "steps": total}
+
+            work = children.attended_turn(
+                children.never, stopping, running, caller.actor, whole, "what-if"
+            )
+            frames = whatifs.streamed(work, where, moved, answer)
+            return Stream(frames, media_type=whatifs.NDJSON, headers=whatifs.STREAM_HEADERS)
         # all of it, the wait for its turn too, stopped (its child killed) when its client left
         # or the server stops: its place and the slot free at once (atk49-29 F11, F12; atk50-29 F1)
-        sim, actual = await children.attended_turn(
+        got = await children.attended_turn(
             request.receive, stopping, running, caller.actor, whole, "what-if"
         )
-        report = whatifs.BudgetWhatIf(
-            account=ask.account, shares=ask.shares, was=was, report=whatifs.report(sim, actual)
-        )
-        return _json(report)
+        return _json(answer(got))
 
     @get("/ui/api/budget/whatif/turn", include_in_schema=False)
     async def budget_whatif_turn(request: Request[Any, Any, Any]) -> Response[bytes]:
         """Where the caller's what-if stands, for the page to show while it waits: how many
-        go before it (the one under way counted) and how long it has run."""
-        ahead, running_s = running.place(person(request).actor)
-        return _json({"ahead": ahead, "running_s": running_s})
+        go before it (the one under way counted), how long it has run and how many of its
+        simulation's steps are done (`step` of `steps`, None before its child tells)."""
+        who = person(request).actor
+        ahead, running_s = running.place(who)
+        done, total = steps.get(who, (None, None))
+        return _json({"ahead": ahead, "running_s": running_s, "step": done, "steps": total})
 
     handlers: list[HTTPRouteHandler] = [root, page, teams, queue, finished, job, job_replay, nodes]
     return [*handlers, decisions, decision, preemptions, budget, budget_whatif, budget_whatif_turn,

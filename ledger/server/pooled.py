@@ -88,9 +88,10 @@ def check_page(name: str, args: Any) -> None:
             raise InvalidCommand(
                 f"{name} answers at most {PAGE_MAX:,} rows a page through the server, "
                 f"asked for {name_}={asked:,}",
-                hint="page: ask again with after=<the last position>"
+                hint="page: ask again with after=<the last position> (the CLI pages by itself)"
                 if name == "log"
-                else "narrow the filter (user, account, status, since)",
+                else "page: ask again with before_id=<the last job> (the CLI pages by itself), "
+                "or narrow the filter (user, account, status, since)",
             )
 
 

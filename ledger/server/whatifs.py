@@ -20,6 +20,7 @@ between the two; atk49-29 F1), what happened beside them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import math
@@ -27,7 +28,7 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -230,19 +231,26 @@ def sweep(home: Path) -> int:
 
 
 async def simulate(
-    home: Path, start: float, end: float, budgets: b.BudgetFile, limit_s: float
+    home: Path,
+    start: float,
+    end: float,
+    budgets: b.BudgetFile,
+    limit_s: float,
+    progress: Callable[[int, int], None] | None = None,
 ) -> wi.Simulated:
     """The what-if side over [start, end) in a child process, in a directory of its own under
     `<home>/tmp` that is removed after (whatever happened to the child), or at the server's
     next start (`sweep`) when the server was killed meanwhile. A failure or a timeout is
-    logged (the answer's hint points there)."""
+    logged (the answer's hint points there). `progress(done, total)`: the simulation's steps
+    (both runs') as the child tells them."""
     scratch = home / SCRATCH
     scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
     where = Path(tempfile.mkdtemp(prefix="whatif-", dir=scratch))
     try:
         job = _Job(str(home), os.getpid(), start, end, str(where / "ledger"), budgets)
         try:
-            out = await children.run("ledger.server.whatifs", msgspec.msgpack.encode(job), limit_s)
+            ask = msgspec.msgpack.encode(job)
+            out = await children.run("ledger.server.whatifs", ask, limit_s, progress)
         except RuntimeError as err:  # the child failed: its last line, as one line
             log.warning("what-if of %s failed: %s", _asked(budgets), err)
             raise Unavailable(
@@ -262,6 +270,58 @@ async def simulate(
         shutil.rmtree(where, ignore_errors=True)
 
 
+NDJSON = "application/x-ndjson"
+STREAM_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+"""A streamed what-if's headers: nothing keeps it, and nginx passes each line on at once."""
+FRAME_S = 2.0
+"""A streamed what-if says where it stands at least this often: a proxy's read timeout (nginx
+`proxy_read_timeout`, per read) is never reached while it waits its turn or runs (atk50-29
+F2: nothing was sent until the answer, and several what-ifs in line could pass 360 s)."""
+STEP_S = 0.25
+"""And at most this often when only its step moved."""
+
+
+async def streamed(
+    work: Awaitable[Any],
+    where: Callable[[], dict[str, Any]],
+    moved: asyncio.Event,
+    answer: Callable[[Any], Any],
+) -> AsyncIterator[bytes]:
+    """The lines of a streamed what-if: `{"turn": where()}` at once, each time its step moved
+    (`moved`) and every `FRAME_S`; then `{"result": answer(what work gave)}`, or
+    `{"error": {status, code, detail}}` (the status the plain answer would have had). Closed
+    early (its client left), `work` is cancelled: its child killed, its place freed."""
+    from ledger.server.app import status_of_any
+    from schemas.errors import LedgerError
+
+    task = asyncio.ensure_future(work)
+    for _ in range(4):  # its first steps: in line (or under way) before the first line says so
+        await asyncio.sleep(0)
+    try:
+        while not task.done():
+            yield msgspec.json.encode({"turn": where()}) + b"\n"
+            moved.clear()
+            waking = asyncio.ensure_future(moved.wait())
+            await asyncio.wait({task, waking}, timeout=FRAME_S, return_when="FIRST_COMPLETED")
+            waking.cancel()
+            if not task.done() and moved.is_set():
+                await asyncio.wait({task}, timeout=STEP_S)
+        frame: dict[str, Any] = {"result": answer(task.result())}
+    except Exception as err:  # said in the stream: its status is sent already
+        known = isinstance(err, LedgerError)
+        if not known:
+            log.exception("a streamed what-if failed")
+        detail = err.line() if isinstance(err, LedgerError) else "internal error"
+        code = err.code if isinstance(err, LedgerError) else "internal"
+        frame = {"error": {"status": status_of_any(err), "code": code, "detail": detail}}
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+    yield msgspec.json.encode(frame) + b"\n"
+
+
 def _asked(budgets: b.BudgetFile) -> str:
     return ", ".join(f"{k} shares {a.shares}" for k, a in budgets.accounts.items()) or "no change"
 
@@ -272,10 +332,12 @@ def main() -> None:
     children.enter(job.parent)
     from schemas.errors import LedgerError
 
+    said: list[int] = []
     try:
         sim = wi.simulate_period(
             Path(job.home), job.start, job.end, Path(job.where), budgets=job.budgets,
             step_s=job.step_s, baseline=Path(job.where).parent / "baseline",
+            progress=lambda done, total: children.tell(done, total, said),
         )  # fmt: skip
     except LedgerError as err:  # one line for the server to answer with
         sys.stderr.write(err.line() + "\n")

@@ -6,6 +6,7 @@ README) or a temporary directory."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -435,6 +436,30 @@ def test_every_page_shows_one_time_form_and_never_the_word_null(
     assert errors == []
 
 
+def test_the_teams_series_buckets_start_on_whole_hours(served: Served) -> None:
+    """atk50-29 F6: the buckets started at `now - 7 d` (:40:21, say), so the first held the
+    clipped hour and 4 whole ones and the last 3 and the current part: a constant delivery read
+    +8% at the start and -22% at "now". On whole hours from `start`'s hour, the hours kept."""
+    s = served
+    for window in ("7d", "all"):
+        status, data = s.server.request(
+            "GET", f"/ui/api/teams?window={window}", token=s.tokens["root"]
+        )
+        assert status == 200, data
+        series, bucket = data["series"], data["series"]["bucket_s"]
+        start, end = series["start_at"], series["end_at"]
+        for team in series["teams"]:
+            ats = [p["at"] for p in team["points"]]
+            assert all(at % 3600 == 0 for at in ats), (window, team["team"], ats[:3])
+            assert ats[0] <= start < ats[0] + 3600 and ats[-1] < end <= ats[-1] + bucket
+            assert all(b - a == bucket for a, b in itertools.pairwise(ats)), (window, ats)
+        totals = {t["team"]: t["delivered_gpu_hours"] for t in data["delivered"]["teams"]}
+        summed = {
+            t["team"]: sum(p["delivered_gpu_hours"] for p in t["points"]) for t in series["teams"]
+        }
+        assert summed == pytest.approx(totals, rel=1e-9, abs=1e-9), window
+
+
 def test_a_time_of_another_year_shows_its_year(served: Served, browser: Browser) -> None:
     """The short form (`Dec 2, 03:44`) is for this year's times; one of another year says it
     (`Jun 21, 2025, 05:02`), on every page (the one `when` they all use)."""
@@ -662,6 +687,12 @@ def test_static_serves_the_assets_alone_revalidated_and_head_is_counted_as_head(
                  "/ui/static/page.html", "/ui/static/", "/ui/static/..%2fpages.py"):  # fmt: skip
         status, _, body = asked("GET", path)
         assert status == 404 and b"\n" not in body.rstrip(b"\n"), (path, status, body)
+    shell = asked("GET", "/ui/teams")[2].decode()
+    scripts = re.findall(r'<script src="(/ui/static/[a-z]+\.js)"></script>', shell)
+    assert scripts[0].endswith("/times.js") and scripts[-1].endswith("/app.js"), scripts
+    for path in scripts:  # every script the shell names (app.js split by role, s51) is served
+        status, got, _ = asked("GET", path)
+        assert (status, got["content-type"].split(";")[0]) == (200, "application/javascript")
     plain = asked("GET", "/ui/static/app.js", **{"Accept-Encoding": "identity"})
     packed = asked("GET", "/ui/static/app.js", **{"Accept-Encoding": "gzip"})
     assert plain[0] == packed[0] == 200 and packed[1]["content-encoding"] == "gzip"

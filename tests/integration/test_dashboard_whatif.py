@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import itertools
 import json
 import signal
 import time
@@ -605,3 +606,56 @@ def test_the_page_says_where_a_waiting_what_if_stands(reviewed: Reviewed, browse
     root.join(SLOW_S)
     assert [s for s, _ in ahead] == [200] and page.locator("#whatif-error").count() == 0
     assert page.locator("#whatif-result").get_attribute("data-shares") == "7" and errors == []
+
+
+def test_a_streamed_what_if_says_its_place_and_its_step_then_its_answer(
+    reviewed: Reviewed,
+) -> None:
+    """atk50-29 F2/F3: a what-if said nothing until its answer (a proxy's per-read timeout
+    could pass while several waited in line) and the page knew only "running" and for how
+    long. With `stream=true` it sends where it stands at once, as it moves and every 2 s at
+    least (its place in line, then its simulation's step of its steps), then its answer; a
+    refusal before it began keeps its status."""
+    import threading
+
+    r = reviewed
+    account = sorted(children(r))[0]
+    ahead: list[tuple[int, Any]] = []
+    root = threading.Thread(
+        target=lambda: ahead.append(ask(r, r.tokens["root"], {"account": account, "shares": 3}))
+    )
+    root.start()
+    _until_child(r)
+    conn = http.client.HTTPConnection("127.0.0.1", r.server.port, timeout=SLOW_S)
+    frames: list[tuple[float, Any]] = []
+    try:
+        headers = {
+            "Authorization": f"Bearer {r.tokens['boss']}",
+            "Content-Type": "application/json",
+        }
+        body = json.dumps({"account": account, "shares": 7}).encode()
+        conn.request("POST", ROUTE + "?stream=true", body=body, headers=headers)
+        resp = conn.getresponse()
+        kind = resp.getheader("Content-Type") or ""
+        while line := resp.readline():
+            frames.append((time.monotonic(), json.loads(line)))
+    finally:
+        conn.close()
+    root.join(SLOW_S)
+    assert [s for s, _ in ahead] == [200], ahead
+    assert resp.status == 200 and kind.startswith("application/x-ndjson"), (resp.status, kind)
+    turns = [f["turn"] for _, f in frames[:-1]]
+    assert turns[0]["ahead"] == 1 and turns[0]["running_s"] is None, turns[:2]
+    stepped = [t for t in turns if t["steps"]]
+    assert stepped and all(0 <= t["step"] <= t["steps"] for t in stepped), turns
+    assert [t["step"] for t in stepped] == sorted(t["step"] for t in stepped)
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(frames)]
+    assert max(gaps) < 2.0 + 2.0, gaps  # FRAME_S and a loaded machine's slack
+    last = frames[-1][1]["result"]
+    assert last["account"] == account and last["shares"] == 7 and last["report"]["teams"]
+    # a refusal before it began: its status and one line, not a stream
+    status, said = r.server.request(
+        "POST", ROUTE + "?stream=true", {"account": account, "shares": 7},
+        token=r.tokens[r.dash.user_a],
+    )  # fmt: skip
+    assert status == 403 and "detail" in said, (status, said)

@@ -163,8 +163,8 @@ def test_the_dashboard_and_the_api_answer_through_the_documented_proxy(proxied: 
     nginx = start_nginx(p.tmp / "nginx", plain(documented_block(), p.server.port, free_port()))
     try:
         root = p.tokens["root"]
-        for path in ("/", "/ui/teams", "/ui/budget", "/ui/static/app.js", "/ui/api/teams",
-                     "/metrics", "/v1/health", "/v1/whoami"):  # fmt: skip
+        for path in ("/", "/ui/teams", "/ui/budget", "/ui/static/app.js", "/ui/static/base.js",
+                     "/ui/api/teams", "/metrics", "/v1/health", "/v1/whoami"):  # fmt: skip
             direct = fetch(p.server.port, "GET", path, root)
             through = fetch(nginx.port, "GET", path, root)
             assert through[0] == direct[0] and direct[0] in (200, 302), (path, direct[0], through)
@@ -200,5 +200,49 @@ def test_a_proxy_that_gives_up_is_said_as_such_by_the_page(
         )
         assert "504" in said and "proxy" in said and "Unexpected token" not in said, said
         assert [e for e in errors if "504" not in e] == [], errors
+    finally:
+        nginx.stop()
+
+
+def test_a_streamed_what_if_outlasts_a_short_proxy_read_timeout(
+    proxied: Proxied, browser: Browser
+) -> None:
+    """atk50-29 F2 (its rest): nginx's read timeout runs per read, and a what-if answered
+    nothing while it waited its turn and ran: behind another's it was cut however long the
+    timeout. The page's what-if, streamed (a line every 2 s at least), passes a proxy whose
+    read timeout is 4 s while it waits behind another what-if and runs, and is answered."""
+    import threading
+
+    p = proxied
+    nginx = start_nginx(
+        p.tmp / "nginx-stream", plain(documented_block(), p.server.port, free_port(), "4s")
+    )
+    try:
+        kids = json.loads(cli(p.dash.home, "shares", "--json", GPULEDGER_USER="root").stdout)
+        account = sorted(s["account"] for s in kids if s["parent"] == p.boss)[0]
+        ask = json.dumps({"account": account, "shares": 5}).encode()
+        ahead: list[tuple[int, str, bytes]] = []
+        first = threading.Thread(
+            target=lambda: ahead.append(
+                fetch(p.server.port, "POST", "/ui/api/budget/whatif", p.tokens["root"], ask)
+            )
+        )
+        began = time.monotonic()
+        first.start()
+        page, errors = watched(signed_in(browser, p.tokens["boss"]))
+        page.goto(f"http://127.0.0.1:{nginx.port}/ui/budget")
+        page.wait_for_selector("#budget tbody tr")
+        said = page.evaluate(
+            "async (a) => { const turns = []; try { const r = await streamed("
+            "'/ui/api/budget/whatif?stream=true', {account: a, shares: 9}, (t) => turns.push(t));"
+            " return [r.shares, turns.length, Math.max(...turns.map((t) => t.ahead))]; }"
+            " catch (err) { return err.message; } }",
+            account,
+        )
+        whole_s = time.monotonic() - began
+        first.join(TIMEOUT_S)
+        assert said[0] == 9 and said[1] >= 2 and said[2] == 1, said
+        assert [s for s, _, _ in ahead] == [200] and whole_s > 4.0, (ahead, whole_s)
+        assert errors == [], errors
     finally:
         nginx.stop()

@@ -1,5 +1,5 @@
-// gpu-ledger dashboard: how times and durations are shown on every page (loaded before app.js,
-// whose `el` it uses when called). Times in the viewer's one time zone, UTC on hover.
+// gpu-ledger dashboard: how times and durations are shown on every page (loaded first;
+// it uses base.js's `el` when called). Times in the viewer's one time zone, UTC on hover.
 "use strict";
 
 // The one form of a time on every page: 24-hour, in the viewer's zone (named in the footer).

@@ -1,0 +1,137 @@
+// gpu-ledger dashboard: the constants, the small DOM helpers and the API client every page
+// uses (hand-written, no dependencies; loaded after times.js, before the pages and app.js).
+// Each page asks /ui/api/* with the bearer token kept in localStorage.
+"use strict";
+
+const TOKEN_KEY = "gpuledger.token";
+const PAGE = document.body.dataset.page;
+const POLL_MS = { teams: 30000, queue: 5000, finished: 15000, job: 5000, nodes: 5000, decisions: 5000, preemptions: 30000, budget: 30000 };
+const SVGNS = "http://www.w3.org/2000/svg";
+
+// --- small helpers --------------------------------------------------------------------------
+
+function el(tag, attrs, ...kids) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === "on") for (const [ev, fn] of Object.entries(v)) node.addEventListener(ev, fn);
+    else if (k === "class") node.className = v;
+    else node.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const kid of kids.flat()) {
+    if (kid === null || kid === undefined || kid === false) continue;
+    node.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
+  }
+  return node;
+}
+
+// Times and durations (when, timeEl, localised, dur, clock, ticking, serverNow): times.js.
+
+function num(x, digits) {
+  if (x === null || x === undefined) return "—";
+  return Number(x).toFixed(digits === undefined ? 2 : digits);
+}
+
+function pct(x) {
+  return x === null || x === undefined ? "—" : `${(100 * x).toFixed(1)}%`;
+}
+
+function table(head, rows, attrs) {
+  return el("table", attrs || {},
+    el("thead", {}, el("tr", {}, head.map((h) =>
+      el("th", { class: /^[#]|GPU|Shares|Usage|LevelFS|FairShare|owed|delivered|burst|by |\bcount|placed|preempted|considered/i.test(h) ? "num" : null }, h)))),
+    el("tbody", {}, rows));
+}
+
+function td(value, attrs) {
+  return el("td", attrs || {}, value);
+}
+
+function status(text, bad) {
+  const s = document.getElementById("status");
+  s.textContent = text;
+  s.className = bad ? "err" : "";
+}
+
+// --- the token and the API ------------------------------------------------------------------
+
+function token() {
+  return localStorage.getItem(TOKEN_KEY);
+}
+
+// A read refused 429 is asked again after the Retry-After the server gives (at most 5 s, with
+// jitter), twice: a person's reads are 2 at once (docs/security.md, row T5), and her own tabs
+// refreshing together were refused each other's turn ("could not update", atk39-25 F3).
+const RETRIES_429 = 2;
+
+async function api(path, retries = RETRIES_429) {
+  const resp = await fetch(path, { headers: { Authorization: `Bearer ${token()}` } });
+  if (resp.status === 429 && retries > 0) {
+    const wait = Math.min(5, Number(resp.headers.get("Retry-After")) || 1);
+    await new Promise((done) => setTimeout(done, wait * 1000 * (0.5 + Math.random())));
+    return api(path, retries - 1);
+  }
+  if (resp.status === 401) {
+    localStorage.removeItem(TOKEN_KEY);
+    location.assign(`/ui/login?next=${encodeURIComponent(location.pathname + location.search)}`);
+    throw new Error("signed out");
+  }
+  heardFrom(resp.headers.get("Date"));
+  const body = await resp.json();
+  if (!resp.ok) throw new Error(body.detail || `${resp.status}`);
+  return body;
+}
+
+async function post(path, body) {
+  return answered(await posted(path, body), path);
+}
+
+function posted(path, body) {
+  return fetch(path, { method: "POST", body: JSON.stringify(body),
+    headers: { Authorization: `Bearer ${token()}`, "Content-Type": "application/json" } });
+}
+
+// A POST answered in lines of JSON (application/x-ndjson): {"turn": …} where it stands, as it
+// moves and every 2 s at least (so a proxy's read timeout is never reached while it waits or
+// works), given to onTurn; then {"result": …} (returned) or {"error": …} (thrown). Any other
+// answer (a refusal before it began, a proxy's page) is read as post() reads it.
+async function streamed(path, body, onTurn) {
+  const resp = await posted(path, body);
+  if (!(resp.headers.get("Content-Type") || "").startsWith("application/x-ndjson")) return answered(resp, path);
+  const reader = resp.body.getReader(), text = new TextDecoder();
+  let buf = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    buf += done ? text.decode() : text.decode(value, { stream: true });
+    for (let nl = buf.indexOf("\n"); nl >= 0; nl = buf.indexOf("\n")) {
+      const frame = JSON.parse(buf.slice(0, nl));
+      buf = buf.slice(nl + 1);
+      if (frame.error) throw new Error(frame.error.detail);
+      if ("result" in frame) return frame.result;
+      onTurn(frame.turn);
+    }
+    if (done) throw new Error("the answer was cut before its end (the server, or a proxy in front of it, closed it)");
+  }
+}
+
+async function answered(resp, path) {
+  if (resp.status === 401) return api(path);  // signed out: the login page
+  const text = await resp.text();
+  let out = null;
+  try { out = JSON.parse(text); } catch (err) { out = null; }
+  // a proxy in front answers its own HTML page (a 504 past its read timeout): said as such, not
+  // as "Unexpected token '<'" (atk50-29 F2)
+  if (out === null) throw new Error(`the server or a proxy in front of it answered ${resp.status}${resp.status === 504 ? " (a proxy's read timeout: see docs/server.md, TLS and reverse proxies)" : ""}`);
+  if (!resp.ok) throw new Error(out.detail || `${resp.status}`);
+  return out;
+}
+
+function main(...kids) {
+  const m = document.getElementById("main");
+  m.replaceChildren(...kids.filter((k) => k !== null && k !== undefined && k !== false));
+}
+
+function toUrl(q) {  // a page's state in its URL, replaced (no history entry per change)
+  const url = `${location.pathname}${q.size ? "?" + q : ""}`;
+  if (url !== location.pathname + location.search) history.replaceState(null, "", url);
+}

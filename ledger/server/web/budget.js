@@ -1,0 +1,97 @@
+// gpu-ledger dashboard: the Budget review page and its what-if.
+"use strict";
+
+// --- budget review ------------------------------------------------------------------------
+
+const budgetState = { account: null, whatif: null, shares: null, result: null, running: false, error: null };
+
+async function runWhatif(child, shares) {
+  budgetState.running = true; budgetState.error = null; budgetState.result = null; budgetState.turn = null;
+  refresh();
+  // where it stands (its place in line, then its step), streamed as it moves (atk50-29 F3: it
+  // said "running" while it waited; F2: nothing came until the answer, and a proxy gave up)
+  const said = (turn) => { budgetState.turn = turn; refresh(); };
+  try {
+    budgetState.result = await streamed("/ui/api/budget/whatif?stream=true", { account: child.account, shares }, said);
+  } catch (err) {
+    budgetState.error = err.message;
+  }
+  budgetState.running = false;
+  refresh();
+}
+
+function whatifResult(r) {
+  const rep = r.report;
+  if (rep === null) return el("div", { id: "whatif-result", "data-shares": r.shares }, el("p", {}, `${r.account}: shares ${r.was} → ${r.shares}: the shares it has now, so no change (nothing to simulate).`));
+  const notes = [...new Set(rep.notes)];
+  // against the same simulation with no change (atk49-29 F1); what happened beside it
+  const base = (t) => t.baseline ?? t.actual;
+  const pair = (a, b, f) => (f(a) === f(b) ? f(a) : `${f(a)} → ${f(b)}`);
+  const col = (t, k, f, c) => td(pair(base(t)[k], t.whatif[k], f), { class: "num", "data-col": c });
+  const rows = rep.teams.map((t) => el("tr", { "data-team": t.team },
+    td(t.team), col(t, "owed_gpu_h", (x) => num(x, 1), "owed"), col(t, "delivered_gpu_h", (x) => num(x, 1), "delivered"),
+    col(t, "by_period", pct, "by_period"), col(t, "mean_wait_s", dur, "mean_wait"), col(t, "preemptions", String, "preemptions"),
+    td(num(t.actual.delivered_gpu_h, 1), { class: "num", "data-col": "happened" })));
+  const same = r.shares === r.was ? ` (the shares it has now: no change, so the two sides should not differ)` : "";
+  return el("div", { id: "whatif-result", "data-start": rep.start, "data-end": rep.end, "data-shares": r.shares },
+    el("p", { class: "muted" }, `${r.account}: shares ${r.was} → ${r.shares}${same}; `, timeEl(rep.start), " – ", timeEl(rep.end),
+      ` (the last 4 weeks; accounts opened, members and shares changed meanwhile as recorded): ${rep.submissions} submissions (+${rep.carried} active at the start), ${rep.cycles} cycles${rep.step_s ? ` (deciding every ${rep.step_s} s)` : ""}, policy ${rep.policy_version}.`),
+    el("p", { id: "whatif-compared" }, `Compared: ${rep.compared}. No change → what-if:`),
+    table(["team", "owed GPU-h", "delivered GPU-h", "delivered/owed (by period, capped at 100%)", "mean wait", "preemptions", "delivered GPU-h: happened"], rows, { id: "whatif-teams" }),
+    notes.slice(0, 8).map((n) => el("p", { class: "muted note" }, "note: ", ...localised(n))),
+    notes.length > 8 ? el("p", { class: "muted" }, `… and ${notes.length - 8} more notes`) : null);
+}
+
+function whatifPanel(data, child) {
+  // the what-if of one share change, run by the server (nothing is written: no budget changes)
+  const input = el("input", { id: "whatif-shares", type: "number", min: 0, step: 1, value: budgetState.shares ?? child.raw_shares,
+    on: { input: (ev) => { budgetState.shares = ev.target.value; } } });
+  const run = el("button", { type: "button", id: "whatif-run", disabled: budgetState.running,
+    on: { click: () => runWhatif(child, Number(input.value === "" ? NaN : input.value)) } },
+    budgetState.running ? "running…" : "Run what-if");
+  const shown = budgetState.result && budgetState.result.account === child.account ? budgetState.result : null;
+  return el("div", { id: "whatif", class: "card" },
+    el("h3", {}, `What if ${child.account} held other shares?`),
+    el("p", {}, "Shares ", input, ` (now ${child.raw_shares}; its siblings keep theirs) `, run),
+    el("p", { class: "muted" }, "The server re-simulates the last 4 weeks' submissions (at most) twice, with and without the change (twice the time), and compares per team; what happened is beside them. Nothing is changed."),
+    budgetState.error ? el("p", { class: "err", id: "whatif-error" }, budgetState.error) : null,
+    budgetState.running ? el("p", { id: "whatif-running", class: "muted" }, turnText(budgetState.turn)) : null,
+    shown ? whatifResult(shown) : null);
+}
+
+const turnText = (t) => (!t || (t.ahead === 0 && t.running_s === null) ? "The what-if is starting…"
+  : t.running_s === null ? `Waiting for ${t.ahead} what-if${t.ahead > 1 ? "s" : ""} ahead of yours (one runs at a time)…`
+  : `The what-if is running: ${t.steps ? `step ${t.step.toLocaleString()} of ${t.steps.toLocaleString()} (${Math.floor(100 * t.step / t.steps)}%), ` : ""}${dur(t.running_s)} so far (4 weeks: about a minute on an idle server, minutes on a busy one)…`);
+
+async function budgetPage(first) {
+  if (first && new URLSearchParams(location.search).has("account")) {  // a bookmarked or sent review
+    budgetState.account = new URLSearchParams(location.search).get("account").trim();
+  }
+  const q = new URLSearchParams();
+  if (budgetState.account !== null) q.set("account", budgetState.account);
+  const data = await api(`/ui/api/budget?${q}`);
+  if (budgetState.account === null) budgetState.account = data.account;
+  toUrl(new URLSearchParams(data.account ? { account: data.account } : {}));
+  const input = el("input", { id: "b-account", list: "b-managed", value: data.account,
+    placeholder: "account (empty: the programs)",
+    on: { change: (ev) => { budgetState.account = ev.target.value.trim(); budgetState.whatif = null; refresh(); } } });
+  const rows = data.children.map((c) => el("tr", { "data-account": c.account },
+    td(c.account.split("/").pop(), { title: c.account }), td(c.kind),
+    td(c.raw_shares, { class: "num", "data-col": "raw_shares" }),
+    td(num(c.norm_shares, 4), { class: "num", "data-col": "norm_shares" }),
+    td(num(c.usage_gpu_hours, 1), { class: "num", "data-col": "usage" }),
+    td(num(c.owed_gpu_hours, 1), { class: "num", "data-col": "owed" }),
+    td(num(c.delivered_gpu_hours, 1), { class: "num", "data-col": "delivered" }),
+    td(pct(c.by_period), { class: "num", "data-col": "by_period", title: c.owed_gpu_hours > 0 // the uncapped ratio (atk49-29 F6)
+      ? `${(100 * c.delivered_gpu_hours / c.owed_gpu_hours).toFixed(1)}% uncapped (delivered / owed)` : null }),
+    td(el("button", { type: "button", class: "whatif", on: { click: () => { budgetState.whatif = c.account; budgetState.shares = null; budgetState.result = null; budgetState.error = null; refresh(); } } }, "what if…"))));
+  const chosen = data.children.find((c) => c.account === budgetState.whatif);
+  main(el("h1", {}, `Budget review: ${data.account || "the programs"}`),
+    el("div", { class: "filters" }, input, el("datalist", { id: "b-managed" }, data.managed.map((a) => el("option", { value: a })))),
+    el("p", { id: "budget-period", "data-start": data.start, "data-at": data.at, class: "muted" },
+      "Each child's shares of its parent, and over the last 4 weeks (", timeEl(data.start), " – ", timeEl(data.at),
+      "): funded usage, owed (its share of the capacity, capped hour by hour by its demand) and delivered."),
+    table(["account", "kind", "RawShares", "NormShares", "usage GPU-h", "owed GPU-h", "delivered GPU-h", "delivered/owed (by period, capped at 100%)", ""],
+      rows, { id: "budget" }),
+    chosen ? whatifPanel(data, chosen) : null);
+}
