@@ -116,6 +116,17 @@ def _remove_node(state: State, cmd: c.RemoveNode, s: Stamp) -> list[e.AnyEvent]:
             f"node {cmd.node!r} still runs {len(busy or ())} jobs",
             hint="drain it first: `gpuledger node drain`",
         )
+    stopping = sorted((sr.job_id, sr.run) for sr in state.stopped_runs.values()
+                      if any(sl.node == cmd.node for sl in sr.slots))  # fmt: skip
+    if stopping and not cmd.force:  # as `scontrol delete` refuses a node with jobs (atk50b-23 F1)
+        runs = ", ".join(f"job {job} (run {run + 1})" for job, run in stopping[:10])
+        raise InvalidTransition(
+            f"node {cmd.node!r} still has runs stopping: {runs}; their processes may hold its "
+            "GPUs until its agent reports them gone",
+            hint="wait for them (`gpuledger node list` shows them stopping), or pass --force if "
+            "the machine is gone for good (nothing then kills what may still run there)",
+            node=cmd.node,
+        )
     return [e.NodeRemoved(**s.kw(), node=cmd.node, reason=cmd.reason)]
 
 

@@ -15,6 +15,7 @@ stopping job's. What the dispatcher places changes, so the rule is recorded
 from __future__ import annotations
 
 import msgspec
+import pytest
 
 from ledger.core.state import NODE_LOST
 from ledger.cycle.dispatcher import Dispatcher
@@ -93,22 +94,22 @@ def test_a_cancel_of_a_requeued_job_whose_lost_run_lives_kills_it_as_any_stoppin
     a = _running_on_n1(org_ledger, clock, d, resumable=True)
     _lost_and_back(org_ledger)
     assert org_ledger.state.jobs[a].status == "pending"  # requeued, its old run stopping
-    org_ledger.execute(c.CancelJob(actor="alice", job_id=a))
+    out = org_ledger.execute(c.CancelJob(actor="alice", job_id=a))
+    # the first cancel kills the earlier run too (atk50b-23 F2: it took a second one)
+    assert [type(ev) for ev in out.events] == [e.JobFinished, e.JobKillOrdered]
     assert org_ledger.state.jobs[a].outcome == "cancelled"
+    (sr,) = org_ledger.state.stopped_runs.values()
+    assert sr.kill
     now = clock.now()
     (row,) = [r for r in _holding_rows(org_ledger.state, v.QueueFilter(state="running"), now, 100)
               if r.job_id == a]  # fmt: skip
     assert row.state == "stopping"  # was gone from every read, `finished`
-    out = org_ledger.execute(c.CancelJob(actor="alice", job_id=a))  # was refused: finished
-    assert [type(ev) for ev in out.events] == [e.JobKillOrdered]
-    (sr,) = org_ledger.state.stopped_runs.values()
-    assert sr.kill
     try:
         org_ledger.execute(c.CancelJob(actor="alice", job_id=a))
     except InvalidTransition:
-        pass  # a third cancel, once the kill is ordered, is refused as for any stopping job
+        pass  # a second cancel, once the kill is ordered, is refused as for any stopping job
     else:
-        raise AssertionError("a third cancel was taken")
+        raise AssertionError("a second cancel was taken")
 
 
 def test_a_removed_node_is_gone_and_a_fenced_loss_leaves_nothing_stopping(
@@ -119,7 +120,11 @@ def test_a_removed_node_is_gone_and_a_fenced_loss_leaves_nothing_stopping(
     _running_on_n1(org_ledger, clock, d)
     org_ledger.execute(c.MarkNodeLost(actor="root", node="n1", reason="dead"))
     assert len(org_ledger.state.stopped_runs) == 1
-    org_ledger.execute(c.RemoveNode(actor="root", node="n1"))
+    # refused while the run may live: its agent could never kill it (atk50b-23 F1)
+    with pytest.raises(InvalidTransition, match=r"still has runs stopping: job \d+ \(run 1\)"):
+        org_ledger.execute(c.RemoveNode(actor="root", node="n1"))
+    assert len(org_ledger.state.stopped_runs) == 1
+    org_ledger.execute(c.RemoveNode(actor="root", node="n1", force=True))
     assert org_ledger.state.stopped_runs == {}  # gone for good: nothing waits for it
     # a loss with a fence (the node-lost timeout) ends nothing at once: nothing stopping
     b = submit(org_ledger, 8, grace_s=60)
