@@ -23,7 +23,9 @@ from ledger.cycle.inputs import snapshot_from_state, stopping_gpus
 from ledger.dispatch import decide
 from ledger.dispatch.policy import Fifo
 from ledger.history.replay import replay_decisions
+from ledger.reads.explain import explain_history
 from ledger.reads.preview import _holding_rows
+from ledger.reads.stopping import DEFAULT_GRACE_S
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock
 from ledger.store.embedded import EmbeddedSource
@@ -32,6 +34,7 @@ from schemas import events as e
 from schemas import views as v
 from schemas.errors import InvalidTransition
 from schemas.policy import FifoConfig
+from schemas.units import when
 from tests.unit.test_stopping_held import Engine, NoRanks, submit, tick, where
 
 
@@ -177,3 +180,38 @@ def _decode(data: bytes) -> object:
     from schemas import codec
 
     return codec.decode(data)
+
+
+def _said(ledger: Ledger, job_id: int, now: float) -> list[str]:
+    history = [ev for _, ev in ledger.read(0, 100_000) if getattr(ev, "job_id", None) == job_id]
+    return explain_history(ledger.state.jobs[job_id], history, {}, now, DEFAULT_GRACE_S)
+
+
+def test_explain_says_a_failed_lost_jobs_charge_ended_with_it_and_names_the_cancel_that_killed(
+    org_ledger: Ledger, clock: SimClock
+) -> None:
+    """atk50b-23 F3: a failed node-lost job is charged to the loss (its engine's end closes the
+    interval `usage` and `jobs` read), yet `explain` said its GPUs were "held, and charged,
+    until" its processes' real end; a requeued one is charged to the real end and says so.
+    F2: the cancel that ends a requeued job and kills its earlier run reads as that cancel,
+    not as a cancel "again"."""
+    engine = Engine()
+    d = Dispatcher(org_ledger, NoRanks(), Fifo(), engine)  # type: ignore[arg-type]
+    failed = _running_on_n1(org_ledger, clock, d)
+    lost_at = clock.now()
+    _lost_and_back(org_ledger)
+    tick(clock)
+    engine.gone = [failed]
+    d.cycle(clock.now())
+    said = " ".join(_said(org_ledger, failed, clock.now()))
+    assert "its GPUs were held until then (charged until " in said, said
+    assert when(lost_at) in said.partition("charged until ")[2], said
+    resumable = _running_on_n1(org_ledger, clock, d, resumable=True)
+    _lost_and_back(org_ledger)
+    org_ledger.execute(c.CancelJob(actor="alice", job_id=resumable))
+    tick(clock)
+    engine.gone = [resumable]
+    d.cycle(clock.now())
+    said = " ".join(_said(org_ledger, resumable, clock.now()))
+    assert "its earlier run 1, still in its grace, is killed at once (SIGKILL) by that" in said
+    assert "cancelled again" not in said and "held, and charged, until then" in said, said
