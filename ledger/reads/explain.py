@@ -429,3 +429,36 @@ def stopping_line(sr: StoppedRun, kill_at: float, now: float) -> str:
     why = sr.why or "stopped"
     return (f"{when(sr.at)} {why}: it is stopping (SIGTERM sent, {kill_words(kill_at, now)}); "
             "its GPUs are held until its processes are gone.")  # fmt: skip
+
+
+def stopping_said(job: Job, state: State | None, now: float) -> str | None:
+    """Pure: what `explain` says of a finished job whose stopped run `state` holds in its grace
+    (`stopping.stopped_shown`): its SIGKILL at the latest (`stopping_line`); None otherwise."""
+    from ledger.reads.stopping import stopped_kill_at, stopped_shown
+
+    if state is None or job.status != "finished" or not state.stopped_runs:
+        return None
+    sr = stopped_shown(state).get(job.job_id)
+    return None if sr is None else stopping_line(sr, stopped_kill_at(sr, state.grace_s), now)
+
+
+def earlier_runs_said(job: Job, state: State | None, now: float) -> list[str]:
+    """Pure: what `explain` says of a requeued job (pending, placed, running again) whose
+    earlier run the ledger stopped still lives out its grace in `state`: where, and its
+    SIGKILL at the latest; its next run is launched only once those processes are gone
+    (atk50b-23 F5: it read only `pending`/`placed`, with no word of them)."""
+    from ledger.reads.stopping import stopped_kill_at
+
+    if state is None or job.status == "finished" or not state.stopped_runs:
+        return []
+    out = []
+    for sr in state.stopped_runs.values():
+        if sr.job_id != job.job_id:
+            continue
+        where = "; ".join(f"{sl.node} GPUs {','.join(map(str, sl.gpu_indices))}"
+                          for sl in sr.slots)  # fmt: skip
+        kill = kill_words(stopped_kill_at(sr, state.grace_s), now)
+        out.append(f"Its earlier run {sr.run + 1} ({sr.why or 'stopped'}) is still stopping on "
+                   f"{where} (SIGTERM sent, {kill}): its next run is launched only once those "
+                   "processes are gone.")  # fmt: skip
+    return out

@@ -160,6 +160,10 @@ def test_the_first_cancel_of_a_requeued_node_lost_job_kills_its_earlier_run(home
     cli(home, "node", "lost", "local", "--reason", "test")
     cli(home, "node", "return", "local")
     assert jobs(home)[1]["status"] in ("pending", "placed"), jobs(home)[1]
+    # F5: the reads name the earlier run still stopping (they said only pending / no job)
+    told = cli(home, "explain", "1").stdout
+    assert "Its earlier run 1 (node_lost) is still stopping on local GPUs" in told, told
+    assert "(stopping: 1)" in cli(home, "node", "list").stdout
     said = cli(home, "cancel", "1", actor="bob").stdout
     while any(_alive(p) for p in procs):
         assert time.time() < lost_at + 15, ("alive after the first cancel", procs, said)

@@ -23,7 +23,8 @@ from ledger.cycle.inputs import snapshot_from_state, stopping_gpus
 from ledger.dispatch import decide
 from ledger.dispatch.policy import Fifo
 from ledger.history.replay import replay_decisions
-from ledger.reads.explain import explain_history
+from ledger.reads.explain import earlier_runs_said, explain_history
+from ledger.reads.layer import stopping_on
 from ledger.reads.preview import _holding_rows
 from ledger.reads.stopping import DEFAULT_GRACE_S
 from ledger.store.application import Ledger
@@ -215,3 +216,22 @@ def test_explain_says_a_failed_lost_jobs_charge_ended_with_it_and_names_the_canc
     said = " ".join(_said(org_ledger, resumable, clock.now()))
     assert "its earlier run 1, still in its grace, is killed at once (SIGKILL) by that" in said
     assert "cancelled again" not in said and "held, and charged, until then" in said, said
+
+
+def test_a_requeued_jobs_earlier_run_still_stopping_is_named_by_node_list_and_explain(
+    org_ledger: Ledger, clock: SimClock
+) -> None:
+    """atk50b-23 F5: a resumable job requeued by `node lost` whose old run lives out its grace
+    read only `pending`; `node list` said its GPUs stopping but named no job for them."""
+    engine = Engine()
+    d = Dispatcher(org_ledger, NoRanks(), Fifo(), engine)  # type: ignore[arg-type]
+    a = _running_on_n1(org_ledger, clock, d, resumable=True)
+    lost_at = clock.now()
+    _lost_and_back(org_ledger)
+    state, now = org_ledger.state, clock.now()
+    assert state.jobs[a].status == "pending"
+    assert stopping_on(state, now) == {"n1": [a]}  # was {}: only finished jobs were named
+    (said,) = earlier_runs_said(state.jobs[a], state, now)
+    assert said.startswith("Its earlier run 1 (node_lost) is still stopping on n1 GPUs 0,1,"), said
+    assert f"SIGKILL at {when(lost_at + 60)} at the latest" in said, said
+    assert earlier_runs_said(state.jobs[a], None, now) == []
