@@ -786,7 +786,7 @@ def _history_texts(history: Sequence[e.AnyEvent], told: list[str]) -> list[tuple
     told event, in order, after its headline)."""
     tellable = (
         e.JobSubmitted, e.JobPlaced, e.JobStarted, e.CheckpointReported, e.JobPreempted,
-        e.JobRequeued, e.JobHeld, e.JobReleased, e.JobFinished, e.JobRunEnded,
+        e.JobRequeued, e.JobHeld, e.JobReleased, e.JobFinished, e.JobRunEnded, e.JobKillOrdered,
     )  # fmt: skip
     shown = [ev for ev in history if isinstance(ev, tellable)]
     return list(zip(shown, told[1 : 1 + len(shown)], strict=False))

@@ -25,7 +25,7 @@ from ledger.dispatch.policy import Fifo
 from ledger.history.replay import replay_decisions
 from ledger.reads.explain import earlier_runs_said, explain_history
 from ledger.reads.layer import stopping_on
-from ledger.reads.preview import _holding_rows
+from ledger.reads.preview import _history_texts, _holding_rows
 from ledger.reads.stopping import DEFAULT_GRACE_S
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock
@@ -235,3 +235,23 @@ def test_a_requeued_jobs_earlier_run_still_stopping_is_named_by_node_list_and_ex
     assert said.startswith("Its earlier run 1 (node_lost) is still stopping on n1 GPUs 0,1,"), said
     assert f"SIGKILL at {when(lost_at + 60)} at the latest" in said, said
     assert earlier_runs_said(state.jobs[a], None, now) == []
+
+
+def test_explains_history_pairs_each_event_with_its_sentence_after_a_kill(
+    org_ledger: Ledger, clock: SimClock
+) -> None:
+    """A kill order is told (one sentence), so `explain --json`'s history pairs it and every
+    later event with their own sentences (the run's end was paired with the kill's)."""
+    engine = Engine()
+    d = Dispatcher(org_ledger, NoRanks(), Fifo(), engine)  # type: ignore[arg-type]
+    a = _running_on_n1(org_ledger, clock, d, resumable=True)
+    _lost_and_back(org_ledger)
+    org_ledger.execute(c.CancelJob(actor="alice", job_id=a))
+    tick(clock)
+    engine.gone = [a]
+    d.cycle(clock.now())
+    history = [ev for _, ev in org_ledger.read(0, 100_000) if getattr(ev, "job_id", None) == a]
+    told = explain_history(org_ledger.state.jobs[a], history, {}, clock.now(), DEFAULT_GRACE_S)
+    pairs = dict((type(ev), text) for ev, text in _history_texts(history, told))
+    assert "killed at once" in pairs[e.JobKillOrdered], pairs
+    assert "really ended" in pairs[e.JobRunEnded], pairs
