@@ -170,7 +170,13 @@ class ReturnNode(NodeCommand, frozen=True, kw_only=True, tag="node.return"):
 
 
 class RemoveNode(NodeCommand, frozen=True, kw_only=True, tag="node.remove"):
+    """Remove a node for good: refused while it runs jobs, or while runs the ledger stopped
+    there (a cancel, a `node lost`) are not reported gone, unless `force`."""
+
     reason: Text = ""
+    force: bool = False
+    """The admin says the machine is gone for good: runs still stopping there are forgotten
+    (nothing will kill their processes if it is in fact alive)."""
 
 
 class MarkNodeLost(NodeCommand, frozen=True, kw_only=True, tag="node.lost"):

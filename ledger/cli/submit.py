@@ -642,17 +642,20 @@ def cancel(ctx: Ctx, job_ids: tuple[str, ...]) -> None:
             failed += 1
             continue
         killed = sorted({ev.job_id for ev in appended.events if isinstance(ev, JobKillOrdered)})
-        if killed:  # every task of an array in its grace, for an array's id (atk47-23 F13)
+        ends = [ev for ev in appended.events if isinstance(ev, JobFinished)]
+        if killed and not ends:  # every task of an array in its grace (atk47-23 F13)
             what = f"job {killed[0]} was" if len(killed) == 1 else (
                 f"jobs {', '.join(map(str, killed))} were")  # fmt: skip
             click.echo(f"{what} stopping: killed now (position {appended.position})")
             continue
-        ends = [ev for ev in appended.events if isinstance(ev, JobFinished)]
         # a job past its time limit ends `time_limit`: it timed out, the cancel cut its grace
         ended = [ev.job_id for ev in ends if ev.reason in ("cancelled", "time_limit")]
         done.update(ended)
         what = f"job {ended[0]}" if len(ended) == 1 else f"jobs {', '.join(map(str, ended))}"
         click.echo(f"cancelled {what} (position {appended.position})")
+        if killed:  # a requeued job's earlier run in its grace (atk50b-23 F2)
+            click.echo(f"  the earlier run of {', '.join(map(str, killed))} was still stopping: "
+                       "killed now")  # fmt: skip
         timed = [ev.job_id for ev in ends if ev.reason == "time_limit"]
         if timed:
             click.echo(f"  {', '.join(map(str, timed))} had passed its time limit: recorded "

@@ -220,10 +220,17 @@ def node_lost(ctx: Ctx, name: str, reason: str) -> None:
 @node.command("remove")
 @click.argument("name")
 @click.option("--reason", default="")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="remove it although runs stopped there are not reported gone: the machine is gone for "
+    "good (nothing then kills what may still run there)",
+)
 @pass_ctx
-def node_remove(ctx: Ctx, name: str, reason: str) -> None:
-    """Remove an empty node from the cluster."""
-    _done(ctx, f"removed {name}", c.RemoveNode(actor=ctx.actor, node=name, reason=reason))
+def node_remove(ctx: Ctx, name: str, reason: str, force: bool) -> None:
+    """Remove an empty node from the cluster (refused while runs stopped there may live)."""
+    cmd = c.RemoveNode(actor=ctx.actor, node=name, reason=reason, force=force)
+    _done(ctx, f"removed {name}", cmd)
 
 
 @click.command()

@@ -1,5 +1,6 @@
 """`cancel`, decided: a job, or every unfinished task of an array, ends `cancelled`; a job
-cancelled again while the run the ledger stopped lives out its grace is killed at once.
+cancelled again while the run the ledger stopped lives out its grace is killed at once, and so
+is a requeued job's earlier run still in its grace when the job is cancelled.
 
 Pure: state and commands in, events out; `now` is a parameter (in the stamp).
 """
@@ -30,8 +31,20 @@ def cancel(state: State, cmd: c.CancelJob, s: Stamp) -> list[e.AnyEvent]:
         job = state.jobs[job_id]
         out.append(_timed_out(job, s) or e.JobFinished(
             **s.kw(), job_id=job_id, outcome="cancelled", reason="cancelled"))  # fmt: skip
+        out += _earlier_runs_killed(state, job_id, s)
         nodes += [sl.node for sl in job.slots]
     return out + drained_after(state, nodes, tasks, s)
+
+
+def _earlier_runs_killed(state: State, job_id: int, s: Stamp) -> list[e.AnyEvent]:
+    """Pure: a requeued job (a `node lost` or a preemption requeued it: it is pending) whose
+    earlier run the ledger stopped still lives out its grace: the cancel that ends the job
+    kills that run at once too (`JobKillOrdered`), as `scancel` of a requeued job leaves
+    nothing of it running (atk50b-23 F2: it took a second cancel; the run lived on to its old
+    SIGKILL time, up to the whole grace after the user cancelled)."""
+    runs = sorted(sr.run for sr in state.stopped_runs.values()
+                  if sr.job_id == job_id and not sr.kill)  # fmt: skip
+    return [e.JobKillOrdered(**s.kw(), job_id=job_id, run=run) for run in runs]
 
 
 def _timed_out(job: Job, s: Stamp) -> e.JobFinished | None:

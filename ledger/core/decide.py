@@ -18,12 +18,14 @@ from ledger.core import jobs
 from ledger.core.authz import authorise
 from ledger.core.cancels import cancel
 from ledger.core.conflicts import command_keys, event_keys
+from ledger.core.nodes import NODE_HANDLERS
+from ledger.core.nodes import name as _name
 from ledger.core.runs import between, confirm_run_ended
 from ledger.core.runs import drained_after as _drained_after
 from ledger.core.state import DRAINED_NOTE, Account, Job, State
 from schemas import commands as c
 from schemas import events as e
-from schemas.bounds import NAME_PATTERN, check_command
+from schemas.bounds import check_command
 from schemas.errors import (
     ContractViolation,
     InvalidCommand,
@@ -35,7 +37,6 @@ from schemas.errors import (
 __all__ = ["command_keys", "decide", "decide_parts", "event_keys"]
 
 DEBUG_TIME_LIMIT_S = 15 * 60
-_NAME = re.compile(NAME_PATTERN)
 
 NewId = Callable[[], str]
 _Evs = list[e.AnyEvent]
@@ -83,16 +84,6 @@ class _Stamp:
             "actor": self.actor,
             "real_actor": self.real_actor,
         }
-
-
-def _name(value: str, what: str) -> str:
-    if not _NAME.match(value):
-        raise InvalidCommand(
-            f"invalid {what} {value!r}",
-            hint="use letters, digits, '_', '.', '-' (at most 63 characters)",
-            value=value,
-        )
-    return value
 
 
 def _path(value: str) -> str:
@@ -267,97 +258,6 @@ def _revoke_manager(state: State, cmd: c.RevokeManager, s: _Stamp) -> list[e.Any
     if cmd.account not in state.managers.get(cmd.user, ()):
         raise UnknownEntity(f"{cmd.user!r} does not manage {cmd.account!r}")
     return [e.ManagerRevoked(**s.kw(), user=cmd.user, account=cmd.account)]
-
-
-def _register_node(state: State, cmd: c.RegisterNode, s: _Stamp) -> list[e.AnyEvent]:
-    _name(cmd.node, "node name")
-    _name(cmd.gpu_type, "GPU type")
-    cluster = _name(cmd.cluster or state.cluster, "cluster name")
-    existing = state.nodes.get(cmd.node)
-    if not (existing is None or existing.state == "removed"):
-        raise InvalidTransition(f"node {cmd.node!r} is already registered")
-    return [
-        e.NodeRegistered(
-            **s.kw(), cluster=cluster, node=cmd.node, gpu_type=cmd.gpu_type, gpus=cmd.gpus
-        )
-    ]
-
-
-def _drain_node(state: State, cmd: c.DrainNode, s: _Stamp) -> list[e.AnyEvent]:
-    node = state.node(cmd.node)
-    if node.state != "active":
-        raise InvalidTransition(f"node {cmd.node!r} is already {node.state}")
-    if not bool(cmd.reason.strip()):
-        raise InvalidCommand("a drain needs a reason", hint="pass --reason")
-    out: list[e.AnyEvent] = [e.NodeDrainRequested(**s.kw(), node=cmd.node, reason=cmd.reason)]
-    if not state.node_jobs.get(cmd.node):
-        out.append(e.NodeDrained(**s.kw(), node=cmd.node))
-    return out
-
-
-def _return_node(state: State, cmd: c.ReturnNode, s: _Stamp) -> list[e.AnyEvent]:
-    node = state.node(cmd.node)
-    if node.state not in ("draining", "drained", "lost"):
-        raise InvalidTransition(f"node {cmd.node!r} is {node.state}, not draining, drained or lost")
-    return [e.NodeReturned(**s.kw(), node=cmd.node)]
-
-
-def _record_node_agent(state: State, cmd: c.RecordNodeAgent, s: _Stamp) -> list[e.AnyEvent]:
-    same = state.node(cmd.node).agent == cmd.agent
-    return [] if same else [e.NodeAgentChanged(**s.kw(), node=cmd.node, agent=cmd.agent)]
-
-
-def _mark_node_lost(state: State, cmd: c.MarkNodeLost, s: _Stamp) -> list[e.AnyEvent]:
-    """The node is gone, and so are the runs on it: every job it holds ends in the same command
-    (resumable ones requeued, same id; the others failed, with the engine's `node_failure`
-    ending where an engine runs them). Other nodes of a gang are freed with it."""
-    node = state.node(cmd.node)
-    if node.state == "lost":
-        raise InvalidTransition(f"node {cmd.node!r} is already lost", node=cmd.node)
-    if not bool(cmd.reason.strip()):
-        raise InvalidCommand("a lost node needs a reason", hint="pass --reason")
-    out: list[e.AnyEvent] = [
-        e.NodeLost(**s.kw(), node=cmd.node, reason=cmd.reason, fence_s=cmd.fence_s)
-    ]
-    if cmd.fence_s:  # its runs are in doubt until the fence passes (`NodeLost`)
-        return out
-    leaving = set(state.node_jobs.get(cmd.node, ()))
-    others: list[str] = []
-    note = f"node {cmd.node} lost: {cmd.reason}"[:1000]
-    for job_id in sorted(leaving):
-        job = state.jobs[job_id]
-        others += [sl.node for sl in job.slots if sl.node != cmd.node]
-        if job.spec.resumable:
-            out += [
-                e.JobPreempted(**s.kw(), job_id=job_id, reason="node_failure", note=note),
-                e.JobRequeued(**s.kw(), job_id=job_id),
-            ]
-            continue
-        out.append(
-            e.JobFinished(**s.kw(), job_id=job_id, outcome="failed", reason="node_lost", note=note)
-        )
-        if job.engine:
-            out.append(
-                e.JobEngineEnded(
-                    **s.kw(),
-                    job_id=job_id,
-                    engine=job.engine,
-                    engine_job_id=job.engine_job_id,
-                    reason="node_failure",
-                )
-            )
-    return out + _drained_after(state, others, leaving, s)
-
-
-def _remove_node(state: State, cmd: c.RemoveNode, s: _Stamp) -> list[e.AnyEvent]:
-    state.node(cmd.node)
-    busy = state.node_jobs.get(cmd.node)
-    if busy:
-        raise InvalidTransition(
-            f"node {cmd.node!r} still runs {len(busy or ())} jobs",
-            hint="drain it first: `gpuledger node drain`",
-        )
-    return [e.NodeRemoved(**s.kw(), node=cmd.node, reason=cmd.reason)]
 
 
 def _submit(state: State, cmd: c.SubmitJob, s: _Stamp) -> list[e.AnyEvent]:
@@ -765,12 +665,6 @@ _HANDLERS: dict[type, Callable[[State, c.AnyCommand, _Stamp], list[e.AnyEvent]]]
     c.RemoveMember: _remove_member,  # type: ignore[dict-item]
     c.GrantManager: _grant_manager,  # type: ignore[dict-item]
     c.RevokeManager: _revoke_manager,  # type: ignore[dict-item]
-    c.RegisterNode: _register_node,  # type: ignore[dict-item]
-    c.DrainNode: _drain_node,  # type: ignore[dict-item]
-    c.ReturnNode: _return_node,  # type: ignore[dict-item]
-    c.RemoveNode: _remove_node,  # type: ignore[dict-item]
-    c.MarkNodeLost: _mark_node_lost,  # type: ignore[dict-item]
-    c.RecordNodeAgent: _record_node_agent,  # type: ignore[dict-item]
     c.SubmitJob: _submit,  # type: ignore[dict-item]
     c.CancelJob: cancel,  # type: ignore[dict-item]
     c.HoldJob: _hold,  # type: ignore[dict-item]
@@ -786,4 +680,5 @@ _HANDLERS: dict[type, Callable[[State, c.AnyCommand, _Stamp], list[e.AnyEvent]]]
     c.IssueToken: _issue_token,  # type: ignore[dict-item]
     c.RevokeToken: _revoke_token,  # type: ignore[dict-item]
     c.ConfigureService: _configure,  # type: ignore[dict-item]
+    **NODE_HANDLERS,
 }

@@ -213,11 +213,14 @@ def finish_line(ev: e.JobFinished) -> str:
     return f"{when(_real(ev.ended_at, ev.at))} it {words}{code}{note}{later}."
 
 
-def run_ended_line(ev: e.JobRunEnded, cut: bool = False) -> str:
+def run_ended_line(ev: e.JobRunEnded, cut: bool = False, charged_to: float | None = None) -> str:
     """Pure: a stopped run's real end in one sentence: its processes outlived the stop by up
     to their grace, holding (and charged for) its GPUs until then; a run stopped before the
     ledger saw it start, from its own start (`started_at`, atk44s F3). `cut`: a cancel cut its
-    grace (a second cancel, or a cancel past its time limit): killed at once, not at its end."""
+    grace (a second cancel, or a cancel past its time limit): killed at once, not at its end.
+    `charged_to`: its charge ended earlier, with its engine's end of it (a `node lost` that
+    failed its job: `JobEngineEnded`, the end of the interval `usage` and `jobs` read,
+    `projections/apply.sql` `intervals_run_ended`; atk50b-23 F3: it said charged until then)."""
     how = (
         ("killed (SIGKILL), its grace cut short" if cut else "killed at the end of its grace")
         if ev.killed
@@ -229,10 +232,23 @@ def run_ended_line(ev: e.JobRunEnded, cut: bool = False) -> str:
         if ev.started_at is not None
         else ""
     )
+    held = "held, and charged," if charged_to is None else "held"
+    charge = "" if charged_to is None else f" (charged until {when(charged_to)}, the job's end)"
     return (
         f"{when(_real(ev.ended_at, ev.at))} its run {ev.run + 1} really ended ({how}): its "
-        f"GPUs were held, and charged, until then{began}{_recorded(ev.ended_at, ev.at)}."
+        f"GPUs were {held} until then{charge}{began}{_recorded(ev.ended_at, ev.at)}."
     )
+
+
+def _kill_line(ev: e.JobKillOrdered, last_end: e.JobFinished | None) -> str:
+    """Pure: a stopped run killed at once: by the cancel that ended its requeued job (in the
+    same command: atk50b-23 F2), or by a second cancel."""
+    with_end = last_end is not None and last_end.at == ev.at and last_end.actor == ev.actor
+    if with_end and last_end is not None and last_end.reason == "cancelled":
+        return (f"{when(ev.at)} its earlier run {ev.run + 1}, still in its grace, is killed "
+                "at once (SIGKILL) by that cancel.")  # fmt: skip
+    return (f"{when(ev.at)} cancelled again by {ev.actor}: its run {ev.run + 1} in its grace "
+            "is killed at once (SIGKILL).")  # fmt: skip
 
 
 def _real(engine_at: float | None, at: float) -> float:
@@ -266,11 +282,15 @@ def explain_history(
         status = str(job.outcome if job.status == "finished" else job.status)
     out = [_headline(job) + f" is {status}."]
     cut: set[int] = set()  # runs a cancel killed before the end of their grace
+    runs = 0  # placements so far: run r is the (r + 1)-th
+    engine_end: dict[int, float] = {}  # run -> its charge's end, where its engine ended it
+    last_end: e.JobFinished | None = None
     for ev in history:
         match ev:
             case e.JobSubmitted():
                 out.append(f"{when(ev.at)} submitted by {ev.actor} to {ev.account}{_world(ev)}.")
             case e.JobPlaced():
+                runs += 1
                 where = "; ".join(
                     f"{sl.node} GPUs {','.join(map(str, sl.gpu_indices))}" for sl in ev.slots
                 )
@@ -328,15 +348,17 @@ def explain_history(
             case e.JobReleased():
                 out.append(f"{when(ev.at)} released by {ev.actor}.")
             case e.JobFinished():
+                last_end = ev
                 out.append(finish_line(ev))
                 if ev.reason == "time_limit" and not ev.actor.startswith("@"):  # a cancel
                     cut.add(job.preemptions)  # past its limit: killed at once (`cancels`)
+            case e.JobEngineEnded() if runs and not e.fenced(ev):  # as `apply.sql` reads it
+                engine_end.setdefault(runs - 1, _real(ev.ended_at, ev.at))
             case e.JobRunEnded():
-                out.append(run_ended_line(ev, ev.run in cut))
+                out.append(run_ended_line(ev, ev.run in cut, engine_end.get(ev.run)))
             case e.JobKillOrdered():
                 cut.add(ev.run)
-                out.append(f"{when(ev.at)} cancelled again by {ev.actor}: its run {ev.run + 1} "
-                           "in its grace is killed at once (SIGKILL).")  # fmt: skip
+                out.append(_kill_line(ev, last_end))
     if job.status in ("placed", "running"):
         out.append(contract_line(job, now))
         out += limit_line(job, now, default_grace_s)
@@ -407,3 +429,36 @@ def stopping_line(sr: StoppedRun, kill_at: float, now: float) -> str:
     why = sr.why or "stopped"
     return (f"{when(sr.at)} {why}: it is stopping (SIGTERM sent, {kill_words(kill_at, now)}); "
             "its GPUs are held until its processes are gone.")  # fmt: skip
+
+
+def stopping_said(job: Job, state: State | None, now: float) -> str | None:
+    """Pure: what `explain` says of a finished job whose stopped run `state` holds in its grace
+    (`stopping.stopped_shown`): its SIGKILL at the latest (`stopping_line`); None otherwise."""
+    from ledger.reads.stopping import stopped_kill_at, stopped_shown
+
+    if state is None or job.status != "finished" or not state.stopped_runs:
+        return None
+    sr = stopped_shown(state).get(job.job_id)
+    return None if sr is None else stopping_line(sr, stopped_kill_at(sr, state.grace_s), now)
+
+
+def earlier_runs_said(job: Job, state: State | None, now: float) -> list[str]:
+    """Pure: what `explain` says of a requeued job (pending, placed, running again) whose
+    earlier run the ledger stopped still lives out its grace in `state`: where, and its
+    SIGKILL at the latest; its next run is launched only once those processes are gone
+    (atk50b-23 F5: it read only `pending`/`placed`, with no word of them)."""
+    from ledger.reads.stopping import stopped_kill_at
+
+    if state is None or job.status == "finished" or not state.stopped_runs:
+        return []
+    out = []
+    for sr in state.stopped_runs.values():
+        if sr.job_id != job.job_id:
+            continue
+        where = "; ".join(f"{sl.node} GPUs {','.join(map(str, sl.gpu_indices))}"
+                          for sl in sr.slots)  # fmt: skip
+        kill = kill_words(stopped_kill_at(sr, state.grace_s), now)
+        out.append(f"Its earlier run {sr.run + 1} ({sr.why or 'stopped'}) is still stopping on "
+                   f"{where} (SIGTERM sent, {kill}): its next run is launched only once those "
+                   "processes are gone.")  # fmt: skip
+    return out

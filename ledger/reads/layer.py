@@ -143,9 +143,10 @@ def node_list(
 
 def stopping_on(state: State, now: float) -> dict[str, list[int]]:
     """Pure: node -> the jobs stopping on it at `now` (`ledger.reads.stopping`, as `queue`
-    shows them): those it holds past their time limit, and those whose record ended while the
-    run the ledger stopped there is not reported gone, in job order."""
-    from ledger.reads.stopping import past_limit, stopped_shown
+    shows them): those it holds past their time limit, and those with a run the ledger stopped
+    there not reported gone (their record ended, or requeued: atk50b-23 F5, a requeued job's
+    run went unnamed beside GPUs said stopping), in job order."""
+    from ledger.reads.stopping import past_limit
 
     out: dict[str, set[int]] = {}
     for node, held in state.node_jobs.items():
@@ -154,9 +155,9 @@ def stopping_on(state: State, now: float) -> dict[str, list[int]]:
             limit = None if job is None else job.spec.time_limit_s
             if job is not None and past_limit(job.status, job.started_at, limit, now):
                 out.setdefault(node, set()).add(j)
-    for j, sr in stopped_shown(state).items():
+    for sr in state.stopped_runs.values():
         for sl in sr.slots:
-            out.setdefault(sl.node, set()).add(j)
+            out.setdefault(sl.node, set()).add(sr.job_id)
     return {node: sorted(jobs) for node, jobs in out.items()}
 
 

@@ -18,7 +18,13 @@ from ledger.reads.estimates import (
     estimated_starts,
     placing,
 )
-from ledger.reads.explain import explain_history, explain_pending, protected_note
+from ledger.reads.explain import (
+    earlier_runs_said,
+    explain_history,
+    explain_pending,
+    protected_note,
+    stopping_said,
+)
 from ledger.reads.keyparts import key_parts as key_parts
 from ledger.reads.layer import Viewer, redact_event, utilisation
 from ledger.reads.stopping import kill_words, past_limit, stopping_note
@@ -700,7 +706,8 @@ def explain_told(
         history = [redact_event(ev) for ev in history]
     decisions = _decisions(store, history)
     told = explain_history(job, history, decisions, now, _grace(store, job, now))
-    said = _stopping_said(job, live if live is not None or viewer is None else viewer.state, now)
+    state = live if live is not None or viewer is None else viewer.state
+    said = stopping_said(job, state, now)
     if said is not None:
         current = Now("stopping")
         told = [told[0].replace(" is finished (", " is stopping (", 1), *told[1:], said]
@@ -714,6 +721,7 @@ def explain_told(
         and any(isinstance(ev, e.JobPreempted) for ev in history)
     ):
         lines += ["Earlier:", *told[1:]]
+    lines += earlier_runs_said(job, state, now)
     return v.ExplainView(
         job_id=job_id,
         status=current.status,
@@ -729,19 +737,6 @@ def explain_told(
         history=events,
         lines=lines,
     )
-
-
-def _stopping_said(job: Job, state: State | None, now: float) -> str | None:
-    """What `explain` says of a finished job whose stopped run `state` holds in its grace
-    (`stopping.stopped_shown`): its SIGKILL at the latest (`explain.stopping_line`); None
-    otherwise."""
-    from ledger.reads.explain import stopping_line
-    from ledger.reads.stopping import stopped_kill_at, stopped_shown
-
-    if state is None or job.status != "finished" or not state.stopped_runs:
-        return None
-    sr = stopped_shown(state).get(job.job_id)
-    return None if sr is None else stopping_line(sr, stopped_kill_at(sr, state.grace_s), now)
 
 
 def _blocking(state: State, job: Job) -> list[int]:
@@ -773,7 +768,7 @@ def _history_texts(history: Sequence[e.AnyEvent], told: list[str]) -> list[tuple
     told event, in order, after its headline)."""
     tellable = (
         e.JobSubmitted, e.JobPlaced, e.JobStarted, e.CheckpointReported, e.JobPreempted,
-        e.JobRequeued, e.JobHeld, e.JobReleased, e.JobFinished, e.JobRunEnded,
+        e.JobRequeued, e.JobHeld, e.JobReleased, e.JobFinished, e.JobRunEnded, e.JobKillOrdered,
     )  # fmt: skip
     shown = [ev for ev in history if isinstance(ev, tellable)]
     return list(zip(shown, told[1 : 1 + len(shown)], strict=False))

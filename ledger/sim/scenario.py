@@ -134,7 +134,7 @@ def _node_command(ev: e.AnyEvent) -> c.AnyCommand | None:
         case e.NodeReturned():
             return c.ReturnNode(actor=ADMIN, node=ev.node)
         case e.NodeRemoved():
-            return c.RemoveNode(actor=ADMIN, node=ev.node, reason=ev.reason)
+            return c.RemoveNode(actor=ADMIN, node=ev.node, reason=ev.reason, force=True)
         case e.NodeLost():
             return c.MarkNodeLost(actor=ADMIN, node=ev.node, reason=ev.reason or "lost")
         case _:

@@ -12,7 +12,7 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -116,6 +116,8 @@ def test_an_admins_node_lost_leaves_its_live_run_stopping_holding_dependents_and
     assert "job 1" in said, said
     while any(_alive(p) for p in procs):
         state = jobs(home)
+        if not any(_alive(p) for p in procs):
+            break  # they died while `jobs` read (its end may be recorded, the dependents placed)
         assert all(state[j]["status"] == "pending" for j in (2, 3, 4)), (
             {j: state[j]["status"] for j in (2, 3, 4)},
             up.log.read_text()[-3000:],
@@ -127,4 +129,87 @@ def test_an_admins_node_lost_leaves_its_live_run_stopping_holding_dependents_and
     wait_for("job 2 running", lambda: jobs(home)[2]["status"] == "running", timeout=60, home=home)
     assert jobs(home)[2]["slots"][0]["gpu_indices"] in (gpu, [1 - gpu[0]])
     assert jobs(home)[1]["status"] == "finished" and jobs(home)[1]["outcome"] == "failed"
+    assert up.proc.poll() is None
+
+
+HOSTILE = "trap '' TERM; (trap '' TERM; while :; do sleep 0.2; done) & while :; do sleep 0.2; done"
+
+
+def _tree(home: Path, procs: list[int]) -> Callable[[], bool]:
+    """A condition: the only live run's leader and child (both `sh` ignoring TERM) are in
+    `procs` (from /proc: its supervisor's wrapper leads the session)."""
+
+    def shells() -> bool:
+        leaders = [lp.pid for lp in live_processes(home / "agents" / "local")]
+        tree = _session(leaders[0]) if leaders else []
+        procs[:] = [p for p in tree if _comm(p) == "sh" and str(p) != _fields(p)[3]]
+        return len(procs) == 2
+
+    return shells
+
+
+def test_the_first_cancel_of_a_requeued_node_lost_job_kills_its_earlier_run(home: Path) -> None:
+    """atk50b-23 F2: a resumable job requeued by an admin's `node lost` (then `node return`)
+    while its processes ignore SIGTERM: the user's first cancel kills them at once (it ended
+    the record and left them to their SIGKILL at loss + grace, 40 s here; a second cancel
+    killed them)."""
+    submit(home, "bob", 1, HOSTILE, "--grace", "40s", "--resumable")
+    up = Service(home)
+    wait_for("job 1 running", lambda: jobs(home)[1]["status"] == "running", home=home)
+    procs: list[int] = []
+    wait_for("its leader and child", _tree(home, procs), home=home)
+    lost_at = time.time()
+    cli(home, "node", "lost", "local", "--reason", "test")
+    cli(home, "node", "return", "local")
+    assert jobs(home)[1]["status"] in ("pending", "placed"), jobs(home)[1]
+    # F5: the reads name the earlier run still stopping (they said only pending / no job)
+    told = cli(home, "explain", "1").stdout
+    assert "Its earlier run 1 (node_lost) is still stopping on local GPUs" in told, told
+    assert "(stopping: 1)" in cli(home, "node", "list").stdout
+    said = cli(home, "cancel", "1", actor="bob").stdout
+    while any(_alive(p) for p in procs):
+        assert time.time() < lost_at + 15, ("alive after the first cancel", procs, said)
+        time.sleep(0.2)
+    assert "cancelled job 1" in said and "killed now" in said, said
+    kills = [r for r in json.loads(cli(home, "log", "--json", "--limit", "100").stdout)
+             if r["event"]["type"] == "job.kill_ordered.v1"]  # fmt: skip
+    assert [k["event"]["job_id"] for k in kills] == [1], kills
+    assert jobs(home)[1]["outcome"] == "cancelled"
+    again = cli(home, "cancel", "1", actor="bob", ok=False)
+    assert again.returncode != 0, again.stdout  # nothing left to kill: refused in one line
+    assert up.proc.poll() is None
+
+
+def test_a_node_whose_lost_run_still_stops_is_not_removed_and_its_run_is_killed_after_a_restart(
+    home: Path,
+) -> None:
+    """atk50b-23 F1 and F4: `node remove` of a node an admin declared lost while its run's
+    processes live out their grace is refused (as `scontrol delete` refuses a node with jobs),
+    so `up` killed -9 and started again still has the node's agent, which kills them at loss +
+    grace; `node add` of the name cannot place a job on their GPU. Before, the removal was
+    recorded, the restarted `up` had no agent for the node, and they ran on for ever."""
+    submit(home, "bob", 1, HOSTILE, "--grace", "25s")
+    up = Service(home)
+    wait_for("job 1 running", lambda: jobs(home)[1]["status"] == "running", home=home)
+    procs: list[int] = []
+    wait_for("its leader and child", _tree(home, procs), home=home)
+    lost_at = time.time()
+    cli(home, "node", "lost", "local", "--reason", "test")
+    removed = cli(home, "node", "remove", "local", ok=False)
+    assert removed.returncode != 0, removed.stdout
+    assert "job 1 (run 1)" in removed.stderr and "--force" in removed.stderr, removed.stderr
+    assert cli(home, "node", "add", "local", "--gpus", "2", "--gpu-type", "sim", ok=False
+               ).returncode != 0  # fmt: skip
+    up.proc.kill()  # kill -9 before its SIGKILL
+    up.proc.wait(timeout=30)
+    assert all(_alive(p) for p in procs), procs
+    up = Service(home)
+    while any(_alive(p) for p in procs):
+        assert time.time() < lost_at + 25 + 15, "its processes outlived its SIGKILL"
+        time.sleep(0.5)
+    assert time.time() >= lost_at + 25 - 2  # they lived out their grace
+    wait_for("its end reported", lambda: jobs(home)[1].get("kill_at") is None, timeout=30,
+             home=home)  # fmt: skip
+    wait_for("the node removed", lambda: cli(home, "node", "remove", "local", ok=False
+                                             ).returncode == 0, timeout=30, home=home)  # fmt: skip
     assert up.proc.poll() is None

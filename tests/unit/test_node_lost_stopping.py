@@ -15,6 +15,7 @@ stopping job's. What the dispatcher places changes, so the rule is recorded
 from __future__ import annotations
 
 import msgspec
+import pytest
 
 from ledger.core.state import NODE_LOST
 from ledger.cycle.dispatcher import Dispatcher
@@ -22,7 +23,10 @@ from ledger.cycle.inputs import snapshot_from_state, stopping_gpus
 from ledger.dispatch import decide
 from ledger.dispatch.policy import Fifo
 from ledger.history.replay import replay_decisions
-from ledger.reads.preview import _holding_rows
+from ledger.reads.explain import earlier_runs_said, explain_history
+from ledger.reads.layer import stopping_on
+from ledger.reads.preview import _history_texts, _holding_rows
+from ledger.reads.stopping import DEFAULT_GRACE_S
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock
 from ledger.store.embedded import EmbeddedSource
@@ -31,6 +35,7 @@ from schemas import events as e
 from schemas import views as v
 from schemas.errors import InvalidTransition
 from schemas.policy import FifoConfig
+from schemas.units import when
 from tests.unit.test_stopping_held import Engine, NoRanks, submit, tick, where
 
 
@@ -93,22 +98,22 @@ def test_a_cancel_of_a_requeued_job_whose_lost_run_lives_kills_it_as_any_stoppin
     a = _running_on_n1(org_ledger, clock, d, resumable=True)
     _lost_and_back(org_ledger)
     assert org_ledger.state.jobs[a].status == "pending"  # requeued, its old run stopping
-    org_ledger.execute(c.CancelJob(actor="alice", job_id=a))
+    out = org_ledger.execute(c.CancelJob(actor="alice", job_id=a))
+    # the first cancel kills the earlier run too (atk50b-23 F2: it took a second one)
+    assert [type(ev) for ev in out.events] == [e.JobFinished, e.JobKillOrdered]
     assert org_ledger.state.jobs[a].outcome == "cancelled"
+    (sr,) = org_ledger.state.stopped_runs.values()
+    assert sr.kill
     now = clock.now()
     (row,) = [r for r in _holding_rows(org_ledger.state, v.QueueFilter(state="running"), now, 100)
               if r.job_id == a]  # fmt: skip
     assert row.state == "stopping"  # was gone from every read, `finished`
-    out = org_ledger.execute(c.CancelJob(actor="alice", job_id=a))  # was refused: finished
-    assert [type(ev) for ev in out.events] == [e.JobKillOrdered]
-    (sr,) = org_ledger.state.stopped_runs.values()
-    assert sr.kill
     try:
         org_ledger.execute(c.CancelJob(actor="alice", job_id=a))
     except InvalidTransition:
-        pass  # a third cancel, once the kill is ordered, is refused as for any stopping job
+        pass  # a second cancel, once the kill is ordered, is refused as for any stopping job
     else:
-        raise AssertionError("a third cancel was taken")
+        raise AssertionError("a second cancel was taken")
 
 
 def test_a_removed_node_is_gone_and_a_fenced_loss_leaves_nothing_stopping(
@@ -119,7 +124,11 @@ def test_a_removed_node_is_gone_and_a_fenced_loss_leaves_nothing_stopping(
     _running_on_n1(org_ledger, clock, d)
     org_ledger.execute(c.MarkNodeLost(actor="root", node="n1", reason="dead"))
     assert len(org_ledger.state.stopped_runs) == 1
-    org_ledger.execute(c.RemoveNode(actor="root", node="n1"))
+    # refused while the run may live: its agent could never kill it (atk50b-23 F1)
+    with pytest.raises(InvalidTransition, match=r"still has runs stopping: job \d+ \(run 1\)"):
+        org_ledger.execute(c.RemoveNode(actor="root", node="n1"))
+    assert len(org_ledger.state.stopped_runs) == 1
+    org_ledger.execute(c.RemoveNode(actor="root", node="n1", force=True))
     assert org_ledger.state.stopped_runs == {}  # gone for good: nothing waits for it
     # a loss with a fence (the node-lost timeout) ends nothing at once: nothing stopping
     b = submit(org_ledger, 8, grace_s=60)
@@ -172,3 +181,77 @@ def _decode(data: bytes) -> object:
     from schemas import codec
 
     return codec.decode(data)
+
+
+def _said(ledger: Ledger, job_id: int, now: float) -> list[str]:
+    history = [ev for _, ev in ledger.read(0, 100_000) if getattr(ev, "job_id", None) == job_id]
+    return explain_history(ledger.state.jobs[job_id], history, {}, now, DEFAULT_GRACE_S)
+
+
+def test_explain_says_a_failed_lost_jobs_charge_ended_with_it_and_names_the_cancel_that_killed(
+    org_ledger: Ledger, clock: SimClock
+) -> None:
+    """atk50b-23 F3: a failed node-lost job is charged to the loss (its engine's end closes the
+    interval `usage` and `jobs` read), yet `explain` said its GPUs were "held, and charged,
+    until" its processes' real end; a requeued one is charged to the real end and says so.
+    F2: the cancel that ends a requeued job and kills its earlier run reads as that cancel,
+    not as a cancel "again"."""
+    engine = Engine()
+    d = Dispatcher(org_ledger, NoRanks(), Fifo(), engine)  # type: ignore[arg-type]
+    failed = _running_on_n1(org_ledger, clock, d)
+    lost_at = clock.now()
+    _lost_and_back(org_ledger)
+    tick(clock)
+    engine.gone = [failed]
+    d.cycle(clock.now())
+    said = " ".join(_said(org_ledger, failed, clock.now()))
+    assert "its GPUs were held until then (charged until " in said, said
+    assert when(lost_at) in said.partition("charged until ")[2], said
+    resumable = _running_on_n1(org_ledger, clock, d, resumable=True)
+    _lost_and_back(org_ledger)
+    org_ledger.execute(c.CancelJob(actor="alice", job_id=resumable))
+    tick(clock)
+    engine.gone = [resumable]
+    d.cycle(clock.now())
+    said = " ".join(_said(org_ledger, resumable, clock.now()))
+    assert "its earlier run 1, still in its grace, is killed at once (SIGKILL) by that" in said
+    assert "cancelled again" not in said and "held, and charged, until then" in said, said
+
+
+def test_a_requeued_jobs_earlier_run_still_stopping_is_named_by_node_list_and_explain(
+    org_ledger: Ledger, clock: SimClock
+) -> None:
+    """atk50b-23 F5: a resumable job requeued by `node lost` whose old run lives out its grace
+    read only `pending`; `node list` said its GPUs stopping but named no job for them."""
+    engine = Engine()
+    d = Dispatcher(org_ledger, NoRanks(), Fifo(), engine)  # type: ignore[arg-type]
+    a = _running_on_n1(org_ledger, clock, d, resumable=True)
+    lost_at = clock.now()
+    _lost_and_back(org_ledger)
+    state, now = org_ledger.state, clock.now()
+    assert state.jobs[a].status == "pending"
+    assert stopping_on(state, now) == {"n1": [a]}  # was {}: only finished jobs were named
+    (said,) = earlier_runs_said(state.jobs[a], state, now)
+    assert said.startswith("Its earlier run 1 (node_lost) is still stopping on n1 GPUs 0,1,"), said
+    assert f"SIGKILL at {when(lost_at + 60)} at the latest" in said, said
+    assert earlier_runs_said(state.jobs[a], None, now) == []
+
+
+def test_explains_history_pairs_each_event_with_its_sentence_after_a_kill(
+    org_ledger: Ledger, clock: SimClock
+) -> None:
+    """A kill order is told (one sentence), so `explain --json`'s history pairs it and every
+    later event with their own sentences (the run's end was paired with the kill's)."""
+    engine = Engine()
+    d = Dispatcher(org_ledger, NoRanks(), Fifo(), engine)  # type: ignore[arg-type]
+    a = _running_on_n1(org_ledger, clock, d, resumable=True)
+    _lost_and_back(org_ledger)
+    org_ledger.execute(c.CancelJob(actor="alice", job_id=a))
+    tick(clock)
+    engine.gone = [a]
+    d.cycle(clock.now())
+    history = [ev for _, ev in org_ledger.read(0, 100_000) if getattr(ev, "job_id", None) == a]
+    told = explain_history(org_ledger.state.jobs[a], history, {}, clock.now(), DEFAULT_GRACE_S)
+    pairs = dict((type(ev), text) for ev, text in _history_texts(history, told))
+    assert "killed at once" in pairs[e.JobKillOrdered], pairs
+    assert "really ended" in pairs[e.JobRunEnded], pairs
