@@ -216,7 +216,8 @@ def _jobs_read(ctx: Ctx, **fields: Any) -> list[Any]:
     so that `--limit 15000` answers as it does embedded (it was refused: atk50-29 F8)."""
     rows = fields["limit"]
     if ctx.remote is None or rows <= MAX_READ_ROWS:
-        return ctx.read("jobs", quiet=False, **fields)
+        one: list[Any] = ctx.read("jobs", quiet=False, **fields)
+        return one
     build(JobFilter, limit=rows)  # the embedded read's own refusal of a limit past its most
     got: list[Any] = []
     while len(got) < rows:  # (a page cut at its bytes holds fewer: the next goes on after it)
