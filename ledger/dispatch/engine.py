@@ -239,8 +239,7 @@ class _Cycle:
         """Victim searches spent per budget (`Policy.budget_of`)."""
         self.rounds = int(getattr(policy, "search_rounds", 1))
         self.renewed: dict[str, tuple[int, int]] = {}
-        """Per budget: the budgets drawn on so far and the placements and preemptions made
-        when it was last renewed (`_renew`; `fairshare-14`)."""
+        """Per budget: budgets drawn on, placements and preemptions when last renewed."""
         self.reserved = sorted(n for n in policy.reserved(snapshot) if n in self.index.free)
         """Active nodes kept for debug jobs (`Policy.reserved`)."""
         self.hidden: list[GpuSlot] | None = None
@@ -778,7 +777,8 @@ def decide_carried(
     last = carry or Carry()
     with gc_paused():
         ranks, kept_ranks = complete_ranks_kept(snapshot.ranks, last.ranks)
-        snapshot = msgspec.structs.replace(snapshot, ranks=ranks)
+        if ranks != snapshot.ranks:  # else the same snapshot (its `delta` with it)
+            snapshot = msgspec.structs.replace(snapshot, ranks=ranks)
         # 1. index the free GPUs
         index, kept_index = FreeIndex.of(snapshot.nodes, last.index)
         cycle = _Cycle(snapshot, policy, now, index, last.slots)

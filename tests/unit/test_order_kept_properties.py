@@ -1,8 +1,8 @@
 """Fair share's order kept between cycles (`FairShare2.order_kept`, fed by `snapshot_kept`'s
 views and carried by `decide_carried`) is the order made afresh, after any sequence of events:
-submissions (with priorities and dependencies), cancels, holds and releases, requeues,
-placements, preemptions, finishes (a dependency released), budget and share changes, clock
-steps, ranks and shares that move.
+submissions (with priorities, dependencies, arrays with a limit), cancels, holds and releases,
+requeues, placements, preemptions, finishes (a dependency released), budget and share changes,
+clock steps, ranks and shares that move.
 
 Random command scripts (test_domain_properties' universe, with the steps below added) run
 through `decide` + `evolve`; after every accepted command the kept order (kept from any length
@@ -48,7 +48,7 @@ extra: list[tuple[int, st.SearchStrategy[Step]]] = [
         st.just("submit2"), st.sampled_from(MEMBERS), st.integers(1, 4),
         st.sampled_from((None, 0, 3600)), st.sampled_from((-1, 0, 0, 1, 5)),
         st.sampled_from((None, None, "afterok", "afterany", "afternotok", "singleton")),
-        st.integers(0, 4),
+        st.integers(0, 4), st.sampled_from((0, 0, 3)), st.sampled_from(("", "x")),
     )),
     (2, st.tuples(st.just("hold"), st.integers(0, 4))),
     (2, st.tuples(st.just("release"), st.integers(0, 4))),
@@ -69,12 +69,14 @@ def _command(state: Any, step: Step) -> c.AnyCommand | float | None:
     if kind == "ranks":
         return None
     if kind == "submit2":
-        (user, project), gpus, min_rt, priority, dep, ref = a
+        (user, project), gpus, min_rt, priority, dep, ref, tasks, name = a
         on = pick_job(state, (ref, False), ())
         deps = () if dep is None else (e.Dependency(kind=dep, job_ids=() if dep == "singleton"
                                                     else (on,)),)  # fmt: skip
+        # an array of 3 with at most 1 placed: its other tasks held back without a change
         return c.SubmitJob(actor=user, account=project, gpus=gpus, min_runtime_s=min_rt,
-                           priority=priority, dependency=deps)  # fmt: skip
+                           priority=priority, dependency=deps, job_name=name,
+                           array=tuple(range(tasks)), array_limit=1 if tasks else None)  # fmt: skip
     if kind in _WANTS:
         job_id = pick_job(state, (a[0], True), _WANTS[kind])
         owner = state.jobs[job_id].spec.user if job_id in state.jobs else "alice"
@@ -86,9 +88,10 @@ def _command(state: Any, step: Step) -> c.AnyCommand | float | None:
     return to_command(state, step)
 
 
-def _check(script: list[Step], version: str) -> int:
+def _check(script: list[Step], version: str) -> tuple[int, int]:
     """Run `script`; after every accepted command compare the kept order with a fresh one.
-    Returns the number of comparisons with a non-empty queue."""
+    Returns the number of comparisons with a non-empty queue, and of those whose classes were
+    made from the snapshot's `delta` alone (no view compared)."""
     policy = policy_from_config(default_config(version))
     assert isinstance(policy, FairShare2)
     state, _ = seed_org()
@@ -96,7 +99,7 @@ def _check(script: list[Step], version: str) -> int:
     ranks: dict[str, int] = {"ai2/olmo": 0}
     level_fs: dict[str, float] = {}
     views = classes = carry = None
-    compared = 0
+    compared = applied = 0
     for step in script:
         cmd = _command(state, step)
         if cmd is None:  # the ranks and shares move
@@ -124,7 +127,8 @@ def _check(script: list[Step], version: str) -> int:
         carried, carry = decide_carried(kept, policy, now, carry)
         assert carried == decide(fresh, policy, now), step
         compared += bool(fresh.pending)
-    return compared
+        applied += classes is not None and classes.members is None
+    return compared, applied
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -140,11 +144,12 @@ def test_the_kept_order_is_the_fresh_order_after_any_events(
 
 def test_the_script_steps_reach_a_queue_the_kept_order_works_on() -> None:
     """Guard against a universe where the comparisons run on empty queues: a fixed script
-    submits with priorities and a dependency, holds, releases, moves the ranks and requeues."""
+    submits with priorities and a dependency, holds, releases, moves the ranks and requeues;
+    and most of its orders are made from the snapshot's difference (`PendingDelta`)."""
     script: list[Step] = [
-        ("submit2", ("alice", "ai2/olmo"), 1, 3600, 0, None, 0),
-        ("submit2", ("bob", "ai2/olmo"), 2, None, 5, "afterany", 0),
-        ("submit2", ("carol", "ai2/tulu"), 1, 0, -1, None, 0),
+        ("submit2", ("alice", "ai2/olmo"), 1, 3600, 0, None, 0, 3, ""),
+        ("submit2", ("bob", "ai2/olmo"), 2, None, 5, "afterany", 0, 0, "x"),
+        ("submit2", ("carol", "ai2/tulu"), 1, 0, -1, "singleton", 0, 0, "x"),
         ("hold", 0),
         ("ranks", TEAMS, 1.5),
         ("release", 0),
@@ -156,4 +161,5 @@ def test_the_script_steps_reach_a_queue_the_kept_order_works_on() -> None:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(inputs, "KEEP_FROM", 0)
         mp.setattr(fairshare2, "KEEP_FROM", 0)
-        assert _check(script, "fairshare-7") >= 8
+        compared, applied = _check(script, "fairshare-7")
+        assert compared >= 8 and applied >= 4
