@@ -324,6 +324,18 @@ class FairShare13Config(FairShare12Config, frozen=True, kw_only=True, tag="fairs
     allows): they end within 15 minutes."""
 
 
+class FairShare14Config(FairShare13Config, frozen=True, kw_only=True, tag="fairshare-14"):
+    """`fairshare-13` with a moment's victim-search budget carried into one cycle: when the
+    cycle's `search_budget` runs out after it placed or preempted, it goes on with the next
+    one (at most `search_rounds` in all) instead of asking for another cycle at once
+    (docs/dispatch.md, docs/simulation.md)."""
+
+    search_rounds: AtLeastOne = 4
+    """Budgets a cycle may draw on, one after the other (each renewed only after a placement or
+    preemption since the last); the simulator then cycles again at once no more (it did up to 4
+    times, each cycle with one budget)."""
+
+
 class Slurm2Config(PolicyConfig, frozen=True, kw_only=True, tag="slurm-2"):
     """Slurm's multifactor priority as configured by default: no preemption unless
     `preempt_unfunded` (PreemptType=preempt/partition_prio with a scavenger partition)."""
@@ -382,7 +394,8 @@ class Legacy2Config(PolicyConfig, frozen=True, kw_only=True, tag="legacy-2"):
 
 
 AnyPolicyConfig = (
-    FairShare13Config
+    FairShare14Config
+    | FairShare13Config
     | FairShare12Config
     | FairShare11Config
     | FairShare10Config
@@ -405,6 +418,7 @@ AnyPolicyConfig = (
 """Any registered policy version's config (tagged by `version`)."""
 
 POLICY_CONFIG_TYPES: tuple[type[PolicyConfig], ...] = (
+    FairShare14Config,
     FairShare13Config,
     FairShare12Config,
     FairShare11Config,

@@ -16,6 +16,7 @@ from ledger.core.state import NODE_LOST, Job, Node, State
 from ledger.dispatch.snapshot import (
     KeptRanks,
     NodeView,
+    PendingDelta,
     PendingJob,
     RunningJob,
     Snapshot,
@@ -160,6 +161,8 @@ class Views:
     walks every live job when they differ."""
     low: dict[int, float] | None = None
     """The `low_util_since` it read (a copy)."""
+    token: object | None = None
+    """Names the pending views of the snapshot it made (`PendingDelta.token`)."""
 
 
 def snapshot_kept(
@@ -246,10 +249,14 @@ def snapshot_kept(
     waiting = blocked(state, live, hold_stopping, hold_lost)
     settings = (unobserved, from_start, longest_s)
     seen = dict(zip(map(id, live), live, strict=True)) if len(live) >= KEEP_FROM else None
+    token = object()  # names this call's pending views (`PendingDelta`)
+    delta: PendingDelta | None = None
     if seen is not None and last.live is not None and last.settings == settings:
-        kept_pending, kept_running = _jobs_kept(
+        kept_pending, kept_running, touched = _jobs_kept(
             state, last, seen, waiting, now, low, unobserved, from_start, longest_s
         )
+        if last.token is not None:
+            delta = _delta(last, kept_pending, touched, token)
     else:
         kept_pending, kept_running = _jobs_walked(
             live, last, waiting, now, low, unobserved, from_start, longest_s
@@ -269,8 +276,8 @@ def snapshot_kept(
         shares=dict(shares or {}),
     )
     kept = Views(order, kept_nodes, kept_running, kept_pending, kept_ranks, seen,
-                 frozenset(waiting), settings, dict(low))  # fmt: skip
-    return snapshot, kept
+                 frozenset(waiting), settings, dict(low), token)  # fmt: skip
+    return (snapshot if delta is None else snapshot.with_delta(delta)), kept
 
 
 _Pending = dict[int, tuple[Job, PendingJob]]
@@ -368,7 +375,7 @@ def _jobs_kept(
     unobserved: frozenset[str],
     from_start: bool,
     longest_s: float | None,
-) -> tuple[_Pending, _Running]:
+) -> tuple[_Pending, _Running, list[int]]:
     """Pure: `_jobs_walked`'s answer, worked out from the last call's (same settings): a
     record is frozen (a change is a new one), so only the records that came or went since
     (by identity) and the pending jobs `blocked` now holds back or lets go are looked at; a
@@ -380,6 +387,8 @@ def _jobs_kept(
     gone = old.keys() - seen.keys()
     came = seen.keys() - old.keys()
     kept_pending = dict(last.pending)
+    touched: list[int] = []
+    """The pending jobs whose entry this call took out or put in (`_delta`)."""
     # a running view reads its record and `low` (and `now`, for a run not started yet, with
     # `from_start`): while `low` is the same, the unchanged records' views are the last ones
     same_low = not from_start and last.low == low
@@ -390,6 +399,7 @@ def _jobs_kept(
         hit = kept_pending.get(job_id)
         if hit is not None and hit[0] is job:
             del kept_pending[job_id]
+            touched.append(job_id)
         ran = kept_running.get(job_id)
         if ran is not None and ran[0] is job:
             del kept_running[job_id]
@@ -398,6 +408,7 @@ def _jobs_kept(
         held_back = waiting.keys()
         for job_id in held_back - last.waiting:
             kept_pending.pop(job_id, None)
+            touched.append(job_id)
         jobs, active = state.jobs, state.active
         changed += [jobs[i] for i in last.waiting - held_back if i in active]
     changed.sort(key=_job_id)
@@ -413,6 +424,7 @@ def _jobs_kept(
             known = last.pending.get(job_id)
             wait = known[1] if known is not None and known[0] is job else pending_view(job)
             kept_pending[job_id] = (job, wait)
+            touched.append(job_id)
         elif (
             status in ("placed", "running")
             and job.doubt_until is None
@@ -421,7 +433,25 @@ def _jobs_kept(
             running.append(job)
     for job in running:
         _run_view(job, last.running, kept_running, now, low, from_start)
-    return kept_pending, kept_running
+    return kept_pending, kept_running, touched
+
+
+def _delta(last: Views, kept_pending: _Pending, touched: list[int], token: object) -> PendingDelta:
+    """Pure: the pending views that went and came between the last call's snapshot and this
+    one, from the entries this call touched (every other entry is the last one's)."""
+    before = last.pending
+    gone: list[PendingJob] = []
+    came: list[PendingJob] = []
+    for job_id in sorted(set(touched)):
+        was, now = before.get(job_id), kept_pending.get(job_id)
+        old = was[1] if was is not None else None
+        new = now[1] if now is not None else None
+        if old is not new:
+            if old is not None:
+                gone.append(old)
+            if new is not None:
+                came.append(new)
+    return PendingDelta(token=token, base=last.token, gone=tuple(gone), came=tuple(came))
 
 
 def _job_id(job: Job) -> int:

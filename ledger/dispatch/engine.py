@@ -237,6 +237,9 @@ class _Cycle:
         self.index = index
         self.spent: dict[str, int] = {}
         """Victim searches spent per budget (`Policy.budget_of`)."""
+        self.rounds = int(getattr(policy, "search_rounds", 1))
+        self.renewed: dict[str, tuple[int, int]] = {}
+        """Per budget: budgets drawn on, placements and preemptions when last renewed."""
         self.reserved = sorted(n for n in policy.reserved(snapshot) if n in self.index.free)
         """Active nodes kept for debug jobs (`Policy.reserved`)."""
         self.hidden: list[GpuSlot] | None = None
@@ -410,7 +413,7 @@ class _Cycle:
                     else:
                         group, (name, budget) = victim_group(job, snapshot), budget_of(job)
                     searches = group is not None
-                    if searches and spent.get(name, 0) < budget:  # a search left (`_left`)
+                    if searches and (spent.get(name, 0) < budget or self._renew(name)):
                         memo = (group, job.gpu_type, job.cluster, gang)
                         slots = self._by_preemption(job, gang, memo)
                 if (
@@ -598,7 +601,21 @@ class _Cycle:
     def _left(self, job: PendingJob) -> bool:
         """Whether the budget `job` draws on has a search left this cycle."""
         name, budget = self.policy.budget_of(job)
-        return self.spent.get(name, 0) < budget
+        return self.spent.get(name, 0) < budget or self._renew(name)
+
+    def _renew(self, name: str) -> bool:
+        """With `search_rounds` > 1, a spent budget starts again when the cycle placed or
+        preempted since it last did, `search_rounds` budgets at most (`fairshare14`)."""
+        if self.rounds < 2:
+            return False
+        used, mark = self.renewed.get(name, (1, 0))
+        done = len(self.placements) + len(self.preemptions)
+        if used >= self.rounds or done == mark:
+            return False
+        self.renewed[name] = (used + 1, done)
+        self.spent[name] = 0
+        self.epoch += 1
+        return True
 
     def _spend(self, job: PendingJob) -> None:
         self.epoch += 1
@@ -760,7 +777,8 @@ def decide_carried(
     last = carry or Carry()
     with gc_paused():
         ranks, kept_ranks = complete_ranks_kept(snapshot.ranks, last.ranks)
-        snapshot = msgspec.structs.replace(snapshot, ranks=ranks)
+        if ranks != snapshot.ranks:  # else the same snapshot (its `delta` with it)
+            snapshot = msgspec.structs.replace(snapshot, ranks=ranks)
         # 1. index the free GPUs
         index, kept_index = FreeIndex.of(snapshot.nodes, last.index)
         cycle = _Cycle(snapshot, policy, now, index, last.slots)

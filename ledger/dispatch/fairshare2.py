@@ -226,7 +226,7 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
             return self._afresh(snapshot), None
         if kept is None:  # nothing kept (a `decide()` from nothing): classed from the next one
             return self._afresh(snapshot), KeptClasses({}, {})
-        classes = classes_kept(snapshot.pending, _class_of, kept)
+        classes = classes_kept(snapshot.pending, _class_of, kept, snapshot.delta)
         ranks, depth, lane = snapshot.ranks, self.team_depth, self.debug_lane
         places = team_places(snapshot, depth) if self.whole_tree else {}
         fresh_first = self.fresh_first

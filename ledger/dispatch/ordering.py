@@ -24,11 +24,11 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence, Set
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from operator import attrgetter, itemgetter
 from typing import overload
 
-from ledger.dispatch.snapshot import UNRANKED, PendingJob
+from ledger.dispatch.snapshot import UNRANKED, PendingDelta, PendingJob
 from schemas.codec import gc_paused
 
 SortKey = tuple[int | float | str, ...]
@@ -171,34 +171,52 @@ class KeptClasses:
     class's views in (submit time, job id) order. Never changed after it is made: a call that
     changes a class makes a new list (the last cycle's `Ordered` may still read the old one)."""
 
-    members: dict[int, tuple[PendingJob, Hashable]]
+    members: dict[int, tuple[PendingJob, Hashable]] | None
+    """None when it was made from a snapshot's `delta` (the next call then needs one too, or
+    classes every view again)."""
     classes: dict[Hashable, list[PendingJob]]
     heads: tuple[object, dict[Hashable, tuple[int, ...]]] | None = None
     """What the policy read to work out each class's key head, and the heads: a policy adds
     them (`classes_kept` makes none) and reads them back next time while what it read is the
     same."""
+    token: object | None = None
+    """The `PendingDelta.token` of the snapshot whose views these are (None: not known)."""
 
 
 def classes_kept(
     pending: Sequence[PendingJob],
     class_of: Callable[[PendingJob], Hashable],
     kept: KeptClasses | None,
+    delta: PendingDelta | None = None,
 ) -> KeptClasses:
     """Pure: the `pending` views in the classes `class_of` gives (a class's sort-key head is the
     same for every job of it), each class in (submit time, job id) order, worked out from what
     the last call handed on (`kept`; None: nothing): only the views that came or went since are
     classed and put in or taken out. Equal to classing every view afresh (a view is the same
     object while its job's record is, `ledger.cycle.inputs.snapshot_kept`; a changed job is a
-    new view, so it goes out and comes in)."""
+    new view, so it goes out and comes in). With the snapshot's `delta` from the views `kept`
+    holds (the same token), only the views it names are classed: no view is compared."""
+    token = delta.token if delta is not None else None
+    if (
+        kept is not None
+        and delta is not None
+        and kept.token is not None
+        and delta.base is kept.token
+    ):
+        if not delta.gone and not delta.came:
+            return replace(kept, token=token)
+        applied = _applied(kept, delta, class_of)
+        if applied is not None:
+            return applied
     now = dict(zip(map(id, pending), pending, strict=True))
-    if kept is not None:
+    if kept is not None and kept.members is not None:
         old = kept.members
         gone = old.keys() - now.keys()
         came = now.keys() - old.keys()
         if not gone and not came:
-            return kept
+            return replace(kept, token=token)
         if len(gone) + len(came) < len(now):
-            return _changed(kept, now, gone, came, class_of)
+            return replace(_changed(kept, now, gone, came, class_of), token=token)
     members: dict[int, tuple[PendingJob, Hashable]] = {}
     classes: dict[Hashable, list[PendingJob]] = {}
     for key, j in now.items():
@@ -213,7 +231,40 @@ def classes_kept(
         if len(group) > 1:  # by (submit time, job id): two stable sorts, keys read in C
             group.sort(key=_JOB_ID)
             group.sort(key=_SUBMITTED)
-    return KeptClasses(members, classes)
+    return KeptClasses(members, classes, token=token)
+
+
+def _applied(
+    kept: KeptClasses, delta: PendingDelta, class_of: Callable[[PendingJob], Hashable]
+) -> KeptClasses | None:
+    """`classes_kept` from `kept` with the `delta`'s views taken out and put in; None when a
+    view it takes out is not where its class says (then every view is classed again)."""
+    classes = dict(kept.classes)
+    out: dict[Hashable, list[PendingJob]] = {}
+    into: dict[Hashable, list[PendingJob]] = {}
+    for j in delta.gone:
+        out.setdefault(class_of(j), []).append(j)
+    for j in delta.came:
+        into.setdefault(class_of(j), []).append(j)
+    for c in out.keys() | into.keys():
+        taken, put = out.get(c, ()), into.get(c, ())
+        group = list(classes.get(c, ()))
+        for j in taken:
+            at = bisect_left(group, _BY_SUBMIT(j), key=_BY_SUBMIT)
+            if at == len(group) or group[at] is not j:
+                return None
+            del group[at]
+        if len(put) <= _FEW:
+            for j in put:
+                insort(group, j, key=_BY_SUBMIT)
+        else:
+            group += put
+            group.sort(key=_BY_SUBMIT)
+        if group:
+            classes[c] = group
+        else:
+            classes.pop(c, None)
+    return KeptClasses(None, classes, kept.heads, delta.token)
 
 
 def _changed(
@@ -225,6 +276,7 @@ def _changed(
 ) -> KeptClasses:
     """`classes_kept` from `kept` with the views `gone` taken out and those that `came` in."""
     old = kept.members
+    assert old is not None
     members = dict(old)
     classes = dict(kept.classes)
     out: dict[Hashable, list[PendingJob]] = {}

@@ -39,6 +39,7 @@ from ledger.dispatch.fairshare10 import FairShare10
 from ledger.dispatch.fairshare11 import FairShare11
 from ledger.dispatch.fairshare12 import FairShare12
 from ledger.dispatch.fairshare13 import FairShare13
+from ledger.dispatch.fairshare14 import FairShare14
 from ledger.dispatch.policy import FairShare, Fifo, Policy
 from schemas.errors import InvalidCommand, UnknownEntity
 from schemas.policy import (
@@ -55,6 +56,7 @@ from schemas.policy import (
     FairShare11Config,
     FairShare12Config,
     FairShare13Config,
+    FairShare14Config,
     FairShareConfig,
     FifoConfig,
     Legacy2Config,
@@ -95,6 +97,7 @@ def _fields(config: AnyPolicyConfig) -> dict[str, Any]:
 VERSIONS: dict[str, Registered] = {
     r.version: r
     for r in (
+        Registered("fairshare", FairShare14Config, FairShare14, ranked=True),
         Registered("fairshare", FairShare13Config, FairShare13, ranked=True),
         Registered("fairshare", FairShare12Config, FairShare12, ranked=True),
         Registered("fairshare", FairShare11Config, FairShare11, ranked=True),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
@@ -109,6 +110,20 @@ class PendingJob(msgspec.Struct, frozen=True, kw_only=True):
         return f"{self.account}/{self.user}"
 
 
+@dataclass(frozen=True, slots=True)
+class PendingDelta:
+    """How a snapshot's pending views differ from those of the snapshot made before it by the
+    same loop (`snapshot_kept`): `token` names this snapshot's pending views, `base` the last
+    one's; `gone` and `came` are views (by identity: an unchanged job keeps its view). A reader
+    that kept something of the `base` snapshot (fair share's order) may apply the difference
+    instead of comparing every view; any other reader ignores it."""
+
+    token: object
+    base: object
+    gone: tuple[PendingJob, ...]
+    came: tuple[PendingJob, ...]
+
+
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True, dict=True):
     """Everything `decide()` reads, taken at log position `position`."""
 
@@ -135,6 +150,19 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True, dict=True):
         a copy (`msgspec.structs.replace`)."""
         memo: dict[Hashable, Any] = self.__dict__.setdefault("memo_", {})
         return memo
+
+    @property
+    def delta(self) -> PendingDelta | None:
+        """The pending views that went and came since the snapshot `snapshot_kept` made before
+        it (`ledger.cycle.inputs`), if it knows them; like `memo`, never part of the value and
+        gone in a copy."""
+        found: PendingDelta | None = self.__dict__.get("delta_")
+        return found
+
+    def with_delta(self, delta: PendingDelta) -> Snapshot:
+        """This snapshot, told its `delta` (set once, by the call that made it)."""
+        self.__dict__["delta_"] = delta
+        return self
 
     def rank_key(self, account: str, user: str) -> str:
         """The account whose rank orders a job: the user leaf if ranked, else the project."""

@@ -383,7 +383,9 @@ class Simulation:
             IdleSample(t, idle.reserve, idle.held, idle.fragmented, idle.funded_waiting > 0)
         )
         self._observe()
-        return bool(result.appended) and _budget_spent(result)
+        # `fairshare-14` carries the budget in its cycle: the next event's cycle searches on
+        again = not getattr(self.policy, "carries_budget", False)
+        return again and bool(result.appended) and _budget_spent(result)
 
     def stepped(self, t: float) -> None:
         if self.progress is not None:

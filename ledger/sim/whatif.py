@@ -362,7 +362,8 @@ class _Sim:
 
     def cycled(self, t: float, result: CycleResult) -> bool:
         self._observe()
-        return bool(result.appended) and result.decision.budget_spent
+        again = not getattr(self.dispatcher.policy, "carries_budget", False)  # fairshare-14
+        return again and bool(result.appended) and result.decision.budget_spent
 
     progress: Callable[[int, int], None] | None = None
     """Told the submissions made so far and the period's total after each step (the CLI's
