@@ -121,8 +121,10 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
     hash chain, and signature when GPULEDGER_KAFKA_SIGNING_KEYS is set) and written as it was.
     Records that are not the log's next one (foreign: another producer's) are set aside, as a
     quarantining reader does, and named in one line; the topic is read whole before anything is
-    written, so a restore that stops writes nothing. Refused while another producer holds a
-    transaction open on the topic (the relay's committed records behind it are unseen)."""
+    written, so a restore that stops writes nothing; run again after a restore that was killed
+    while it wrote, it compares what is there with the topic and writes the rest. Refused while
+    another producer holds a transaction open on the topic (the relay's committed records
+    behind it are unseen)."""
     from ledger.store import locate, recorded
     from ledger.store.copying import CopyError, same_log, write_log
     from ledger.store.pgread import redacted
@@ -163,7 +165,10 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
                 f", {len(aside):,} set aside from offset {aside[0]:,}" if aside else ""
             )
             raise CopyError(gone.format(first, name), hint=hint)
-        copied = write_log(_taken(source, head, []), dst_home, dst_dsn)
+        # a restore killed while it wrote left the start of the log (pages, one transaction
+        # each) and no progress row: a rerun refused it ("already holds N events", atk50-25
+        # F7); it writes the rest now, the start compared byte for byte
+        copied = write_log(_taken(source, head, []), dst_home, dst_dsn, resume="restore")
         with locate.open_source(dst_home, dst_dsn or "sqlite") as written:
             differs = same_log(_taken(source, head, []), follow(written))
     finally:
