@@ -51,6 +51,7 @@ from ledger.store import EVENTS_DB, recorded
 from ledger.store.relay_progress import Kept, Word, beyond, words
 from ledger.store.relay_tail import (
     bookmark,
+    first_position,
     last_published,
     store_digests,
     tail_windows,
@@ -495,7 +496,16 @@ class Relay:
         if progress is not None:
             progress = max(progress, self.position)
         floor = max(floor, self.position)
-        return bookmark(windows, digests, self.keys, self._refusal, progress, floor)
+
+        def starts() -> bool:  # no copies of later events at its start (`bookmark`)
+            return (
+                first_position(
+                    self.bootstrap, self.topic, self.config, self.timeout_s, self.connect_timeout_s
+                )
+                == 1
+            )
+
+        return bookmark(windows, digests, self.keys, self._refusal, progress, floor, starts)
 
     def _refusal(self, position: int, ours: int) -> RelayError:
         """The topic holds another log: say where it disagrees with the store (`position`: the
