@@ -129,6 +129,7 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
     from ledger.store.copying import CopyError, same_log, write_log
     from ledger.store.pgread import redacted
     from ledger.store.relay import held_at, held_text, offsets_text
+    from ledger.store.relay_topic import START_GONE_HINT
     from projections.kafka_source import KafkaSource
     from projections.kafka_wire import TOPIC, connect_timeout, quiet_kafka_logs
     from projections.source import follow
@@ -138,7 +139,10 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
     dst_home, dst_dsn = _place(dst) if dst is not None else (ctx.home, recorded(ctx.home))
     source = KafkaSource(bootstrap, name, connect_timeout_s=connect_timeout())
     gone = "the topic's start is gone ({}): {} is not a whole copy of the log; nothing was written"
-    hint = "restore from a topic the relay wrote from its start (or a copy of the store)"
+    hint = (  # the relay refuses such a topic too, naming the same fix (`start_gone`)
+        "restore from a copy of the store, or from a topic the relay wrote from its start; "
+        + START_GONE_HINT
+    )
     try:
         # a topic truncated (DeleteRecords) or made again restored nothing, or the part after
         # the cut, and said "chain verified, read back equal", exit 0 (atk50-25 F3)
