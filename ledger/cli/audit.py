@@ -507,35 +507,38 @@ def audit_verify(ctx: Ctx, bootstrap: str | None, topic: str, as_json: bool) -> 
         ctx.local_only()
         with progress(STAGES["chain"], tm.store_head(ctx.home)) as update:
             report = tm.verify_store(ctx.home, tm.file_anchor(ctx.home), progress=_staged(update))
-    copy = None
+    copy, held = None, ""
     if bootstrap:
         kafka = copy_check.KafkaCopy(bootstrap, topic)
         copy = copy_check.verify_copy(
-            tm.store_records(ctx.home), kafka, first_offset=kafka.first_offset
+            tm.store_records(ctx.home), kafka, first_offset=kafka.first_offset, topic=topic
         )
+        held = _held(bootstrap, topic)  # asked after the walk: one opened since is found too
+        if not held:  # else it hides the rest of the topic from the walk: said below
+            copy = copy_check.below_progress(copy, copy_check.kept_progress(ctx.home, topic))
     if as_json:
         echo_json({"store": report, "kafka": copy})
     else:
         _print_chain("store", report)
         if copy is not None:
             _print_copy(topic, copy)
-            _print_held(bootstrap, topic)
+            if held:
+                click.echo(f"note: {held}; the walk above stops there")
     if not report.ok or (copy is not None and not copy.ok):
         sys.exit(1)
 
 
-def _print_held(bootstrap: str | None, topic: str) -> None:
+def _held(bootstrap: str, topic: str) -> str:
     """A transaction another producer holds open on the topic hides every committed record
     after it from the walk: "N events behind the store" read as a relay catching up, with the
-    relay's events on the topic behind it (atk49-25 F2)."""
+    relay's events on the topic behind it (atk49-25 F2). What to say of it ("": none)."""
     from ledger.store.relay import RelayError, held_at, held_text
 
     try:
-        held = held_at(bootstrap or "", topic)
+        held = held_at(bootstrap, topic)
     except RelayError:
-        return
-    if held is not None:
-        click.echo(f"note: {held_text(topic, held)}; the walk above stops there")
+        return ""
+    return "" if held is None else held_text(topic, held)
 
 
 STAGES = {

@@ -121,12 +121,15 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
     hash chain, and signature when GPULEDGER_KAFKA_SIGNING_KEYS is set) and written as it was.
     Records that are not the log's next one (foreign: another producer's) are set aside, as a
     quarantining reader does, and named in one line; the topic is read whole before anything is
-    written, so a restore that stops writes nothing. Refused while another producer holds a
-    transaction open on the topic (the relay's committed records behind it are unseen)."""
+    written, so a restore that stops writes nothing; run again after a restore that was killed
+    while it wrote, it compares what is there with the topic and writes the rest. Refused while
+    another producer holds a transaction open on the topic (the relay's committed records
+    behind it are unseen)."""
     from ledger.store import locate, recorded
     from ledger.store.copying import CopyError, same_log, write_log
     from ledger.store.pgread import redacted
     from ledger.store.relay import held_at, held_text, offsets_text
+    from ledger.store.relay_topic import START_GONE_HINT
     from projections.kafka_source import KafkaSource
     from projections.kafka_wire import TOPIC, connect_timeout, quiet_kafka_logs
     from projections.source import follow
@@ -136,7 +139,10 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
     dst_home, dst_dsn = _place(dst) if dst is not None else (ctx.home, recorded(ctx.home))
     source = KafkaSource(bootstrap, name, connect_timeout_s=connect_timeout())
     gone = "the topic's start is gone ({}): {} is not a whole copy of the log; nothing was written"
-    hint = "restore from a topic the relay wrote from its start (or a copy of the store)"
+    hint = (  # the relay refuses such a topic too, naming the same fix (`start_gone`)
+        "restore from a copy of the store, or from a topic the relay wrote from its start; "
+        + START_GONE_HINT
+    )
     try:
         # a topic truncated (DeleteRecords) or made again restored nothing, or the part after
         # the cut, and said "chain verified, read back equal", exit 0 (atk50-25 F3)
@@ -163,7 +169,10 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
                 f", {len(aside):,} set aside from offset {aside[0]:,}" if aside else ""
             )
             raise CopyError(gone.format(first, name), hint=hint)
-        copied = write_log(_taken(source, head, []), dst_home, dst_dsn)
+        # a restore killed while it wrote left the start of the log (pages, one transaction
+        # each) and no progress row: a rerun refused it ("already holds N events", atk50-25
+        # F7); it writes the rest now, the start compared byte for byte
+        copied = write_log(_taken(source, head, []), dst_home, dst_dsn, resume="restore")
         with locate.open_source(dst_home, dst_dsn or "sqlite") as written:
             differs = same_log(_taken(source, head, []), follow(written))
     finally:

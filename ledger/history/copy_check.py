@@ -32,6 +32,7 @@ from ledger.history.tamper import (
     ChainReport,
     verify_chain,
 )
+from ledger.store.relay_topic import START_GONE_HINT
 
 
 class CopyRecord(NamedTuple):
@@ -200,6 +201,9 @@ def verify_copy(
     copy: Iterable[CopyRecord],
     limit: int = 20,
     first_offset: Callable[[], int] = lambda: 0,
+    *,
+    topic: str = "",
+    progress: int | None = None,
 ) -> CopyReport:
     """Pure: walk the copy as a reader does (module docstring): the records taken hold
     positions 1, 2, 3, ... in order, each with the store's bytes, and their chain is intact.
@@ -208,7 +212,10 @@ def verify_copy(
     offset; a gap is named first; exact copies are counted. At most `limit` problems are kept,
     the rest counted in `more`. `first_offset()`, asked once the copy is read: the topic's first
     offset (its log start): above 0, the topic's start is gone, named first, whatever follows
-    (a topic truncated by DeleteRecords read as a relay that had not started: atk50-25 F4)."""
+    (a topic truncated by DeleteRecords read as a relay that had not started: atk50-25 F4).
+    `progress`: the position the store's progress row says the relay committed on the topic
+    (one that verifies): a copy that ends below it lost committed events (`deleted`), it is not
+    a relay catching up ("N events behind the store", exit 0, counted them as waiting)."""
     walk = _Walk(store)
     n = 0
     for rec in copy:
@@ -222,12 +229,13 @@ def verify_copy(
             kind="deleted",
             detail=f"the topic's start is gone (first offset {begin:,}): the records before it "
             "were deleted (Kafka DeleteRecords, or a retention); no reader or restore can "
-            "rebuild the log from this topic",
+            "rebuild the log from this topic, and the relay refuses it: "
+            + START_GONE_HINT,
         )
     ] if begin > 0 else []  # fmt: skip
     ordered = gone + [p for p in ended if p.kind == "deleted"] + walk.problems
     ordered += [p for p in ended if p.kind != "deleted"]
-    return CopyReport(
+    report = CopyReport(
         records=n,
         last_position=walk.last,
         store_head=walk.head,
@@ -236,6 +244,28 @@ def verify_copy(
         copies=walk.copies,
         more=max(0, len(ordered) - limit),
     )
+    return below_progress(report, progress)
+
+
+def below_progress(report: CopyReport, progress: int | None) -> CopyReport:
+    """Pure: `report` with the events the copy lost below the relay's `progress` named first
+    (`deleted`), when it ends below it and names no gap already: a progress is written only
+    after the Kafka commit it names, so the topic held them (atk50-25 F4, low: "N events
+    behind the store", exit 0, read as a relay catching up). The caller passes None while
+    another producer's open transaction hides the rest of the topic from the walk."""
+    last = report.last_position
+    if progress is None or not last < progress <= report.store_head:
+        return report
+    if any(p.kind == "deleted" for p in report.problems):
+        return report
+    lost = ChainProblem(
+        position=last + 1,
+        kind="deleted",
+        detail=f"the copy ends at position {last:,}, yet the relay committed up to position "
+        f"{progress:,} on it (the store's progress row): positions {last + 1:,} to "
+        f"{progress:,} were deleted from the topic, not waiting to be published",
+    )
+    return msgspec.structs.replace(report, problems=(lost, *report.problems))
 
 
 class KafkaCopy:
@@ -331,3 +361,21 @@ def kafka_records(
         raise AuditError(f"Kafka at {bootstrap}: {type(err).__name__}: {err}") from err
     finally:
         consumer.close()
+
+
+def kept_progress(home: Any, topic: str) -> int | None:
+    """Edge: the relay's progress on `topic` as the store of `home` keeps it, when its row can
+    be taken (its MAC verifies under the home's state key, or the home has none), else None."""
+    from ledger.store import relay_progress
+    from ledger.store.snapshots import state_key
+
+    key = state_key(home, create=False)
+    with relay_progress.opened(home) as recorder:
+        got = relay_progress.read(recorder, topic)
+        if not got:
+            return None
+        if key is not None:
+            mac = relay_progress.read_mac(recorder, topic)
+            if relay_progress.verdict(recorder, key, topic, got, mac) != "signed":
+                return None
+    return got

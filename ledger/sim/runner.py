@@ -39,7 +39,7 @@ from ledger.sim.kernel import KernelExecutor, drive
 from ledger.sim.metrics import Metrics, compute
 from ledger.sim.ranks import IncrementalRanks, NoRanks, ProjectionRanks
 from ledger.sim.workload import SimJob, Workload, team_fractions
-from ledger.store import EVENTS_DB
+from ledger.store import EVENTS_DB, relay_progress
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
 from ledger.store.embedded import EmbeddedSource
@@ -238,6 +238,10 @@ class Simulation:
         self.ledger.execute(
             c.InitLedger(actor=ADMIN, admin=ADMIN, min_runtime_cap_s=cfg.min_runtime_cap_s)
         )
+        # as `gpuledger init` does: the relay's progress table, empty (no relay published
+        # anywhere yet); without it a simulated home's first relay warned of "a dropped table?"
+        # that nobody dropped (atk50-25 F7)
+        relay_progress.begin(self.ledger.recorder)
         changes = b.plan(self.ledger.state, self.workload.budget, ADMIN)
         nodes: list[c.AnyCommand] = [
             c.RegisterNode(

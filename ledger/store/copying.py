@@ -15,9 +15,11 @@ follow, so the copy starts as fast as the original.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from eventsourcing.persistence import StoredEvent
 
@@ -52,19 +54,25 @@ def write_log(
     *,
     snapshot_rows: Sequence[tuple[int, bytes]] = (),
     progress: Callable[[int], None] | None = None,
+    resume: str = "",
 ) -> Copied:
     """Write the log `pages` hold into the empty store of `home` (`store`: a PostgreSQL DSN, or
     None / "sqlite" for the SQLite file in `home`), checking positions and the chain as it goes;
-    then the snapshots (position, bytes) whose position it holds."""
+    then the snapshots (position, bytes) whose position it holds. `resume` (what to run again,
+    for the refusal): a store that already holds the start of that log, byte for byte (an
+    earlier run killed while it wrote: the events go in pages, one transaction each), gets the
+    rest; any other store that is not empty is refused, naming what it holds."""
     from ledger.store.creating import NewLedger
 
     ledger = NewLedger(home, store=store or "sqlite")
     try:
-        if ledger.head():
+        held = ledger.head()
+        if held and not resume:
             raise CopyError(
-                f"the destination already holds {ledger.head()} events",
+                f"the destination already holds {held} events",
                 hint="copy into an empty store (a new database or data directory)",
             )
+        mine = _Held(ledger.recorder, held, resume)
         from ledger.store import relay_progress
 
         # the relay's progress table before the events: a copy or restore killed after its
@@ -92,10 +100,14 @@ def write_log(
                     )
                 )
                 position, tip = rec.position, tip.after(rec.position, rec.tag, rec.data)
+                if position <= held:  # written by the run before: the same bytes, or refused
+                    mine.same(rec)
+                    stored.pop()
             if stored:
                 ledger.recorder.insert_events(stored)
                 if progress is not None:
                     progress(position)
+        mine.ended(position)
         kept = [
             StoredEvent(
                 originator_id=snapshots.STREAM_ID,
@@ -114,6 +126,37 @@ def write_log(
         return Copied(events=position, head=position, last_hash=tip.current, snapshots=len(kept))
     finally:
         ledger.close()
+
+
+class _Held:
+    """The events a store held before a resumed restore (`write_log(resume=...)`), compared
+    with the log's as they come: any difference refuses the run before it writes."""
+
+    def __init__(self, recorder: Any, head: int, again: str) -> None:
+        self.recorder, self.head, self.again = recorder, head, again
+        self.page: deque[Any] = deque()
+
+    def same(self, rec: LogRecord) -> None:
+        from ledger.store.relay import read_raw
+
+        if not self.page:
+            self.page.extend(read_raw(self.recorder, rec.position - 1, PAGE))
+        got = self.page.popleft() if self.page else None
+        mine = None if got is None else (got.position, got.tag, bytes(got.data))
+        if mine != (rec.position, rec.tag, bytes(rec.data)):
+            self.refuse(f"its event at position {rec.position} is not the log's")
+
+    def ended(self, position: int) -> None:
+        if position < self.head:
+            self.refuse(f"the log ends at position {position}")
+
+    def refuse(self, why: str) -> None:
+        raise CopyError(
+            f"the destination already holds {self.head:,} events and {why}: it is not a "
+            "restore of this log stopped half-way; nothing was written",
+            hint=f"{self.again} into an empty store (move its events.sqlite away, or drop "
+            "its PostgreSQL schema), or restore into a new data directory",
+        )
 
 
 def same_log(a: Iterable[Sequence[LogRecord]], b: Iterable[Sequence[LogRecord]]) -> int | None:

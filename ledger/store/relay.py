@@ -17,7 +17,9 @@ An edge (network, files). Guarantees, with the reasons (docs/kafka.md has the lo
 - *The right topic.* The topic is created explicitly (one partition, unlimited retention,
   delete policy: every record has the same key, so compaction would keep only the last one);
   an existing topic with another shape is refused, and so is a topic that carries another log
-  (a record that continues the chain without being the store's event: another ledger's topic).
+  (a record that continues the chain without being the store's event: another ledger's topic)
+  and one whose start is gone (its first offset above 0: `relay_topic.start_gone`, which
+  `store restore` and `audit verify --kafka` refuse too, naming the same fix).
 - *Foreign records are skipped, not obeyed.* The bookmark is the relay's last record (its key,
   tag header and value equal to the store's event at its position, its headers the relay's
   own); records another producer wrote after it are skipped with a warning naming their
@@ -51,6 +53,7 @@ from ledger.store import EVENTS_DB, recorded
 from ledger.store.relay_progress import Kept, Word, beyond, words
 from ledger.store.relay_tail import (
     bookmark,
+    first_position,
     last_published,
     store_digests,
     tail_windows,
@@ -71,6 +74,7 @@ from ledger.store.relay_topic import (
     producer_sizes,
     raise_record_limit,
     remade,
+    start_gone,
     topic_mark,
 )
 from projections.kafka_wire import (
@@ -394,6 +398,8 @@ class Relay:
                 raise RelayUnavailable(
                     f"topic {self.topic} does not exist", hint="it is made at the next try"
                 )
+            if mark.begin > 0:
+                raise start_gone(self.topic, mark.begin)
             why = self._remade
             if why is None and self.mark is not None:
                 why = remade(self.topic, self.mark, mark, self._published_end)
@@ -495,7 +501,16 @@ class Relay:
         if progress is not None:
             progress = max(progress, self.position)
         floor = max(floor, self.position)
-        return bookmark(windows, digests, self.keys, self._refusal, progress, floor)
+
+        def starts() -> bool:  # no copies of later events at its start (`bookmark`)
+            return (
+                first_position(
+                    self.bootstrap, self.topic, self.config, self.timeout_s, self.connect_timeout_s
+                )
+                == 1
+            )
+
+        return bookmark(windows, digests, self.keys, self._refusal, progress, floor, starts)
 
     def _refusal(self, position: int, ours: int) -> RelayError:
         """The topic holds another log: say where it disagrees with the store (`position`: the

@@ -28,6 +28,7 @@ from typing import Any, Literal, NamedTuple
 
 import msgspec
 from eventsourcing.persistence import ApplicationRecorder
+from kafka.errors import NodeNotReadyError
 
 from ledger.store.clock import SystemClock
 from ledger.store.relay import (
@@ -221,6 +222,8 @@ class RelayService:
         """When the publishing call under way began (None: none is)."""
         self._probed_down = False
         """The watcher found the broker unreachable while nothing was being sent."""
+        self._not_ready_since: float | None = None
+        """When the client's connections first said NodeNotReadyError in a row (`_quiet`)."""
         self._held: str | None = None
         """Why readers are stalled though the relay publishes (another producer's open
         transaction on the topic), as `_watch_held` last found it (every `held_every_s`)."""
@@ -402,6 +405,9 @@ class RelayService:
             try:
                 published = self._publish()
             except RelayUnavailable as e:
+                if self._quiet(e):
+                    self._stop.wait(0.1)
+                    continue
                 self._unavailable(e)
                 self._stop.wait(delay)
                 delay = min(delay * 2, 2.0)
@@ -412,8 +418,27 @@ class RelayService:
                 self._set("stopped", error=e.line())
                 return
             delay = 0.2
+            self._not_ready_since = None
             if not published:
                 self._stop.wait(self.interval_s)
+
+    def _quiet(self, e: RelayError) -> bool:
+        """Whether `e` is retried without a word: kafka-python's NodeNotReadyError says its own
+        connection to the broker is not made yet or still in its reconnect backoff (at most a
+        second: `kafka_wire.patience`), not that the broker is away. Right after a broker came
+        back, the first send got it although the broker had just answered the watcher's probe,
+        and the relay said `unavailable` (and warned) for a moment (CI, stop 50). Quiet for up
+        to `connect_timeout_s` in a row; then it is reported as any other error."""
+        if not _not_ready(e):
+            self._not_ready_since = None
+            return False
+        now = time.monotonic()
+        if self._not_ready_since is None:
+            self._not_ready_since = now
+        if now - self._not_ready_since >= self.connect_timeout_s:
+            return False
+        log.debug("relay: %s; retried", e.line())
+        return True
 
     def _publish(self) -> int:
         """One round: connect if needed, publish what is pending; unexpected errors become
@@ -583,6 +608,19 @@ class HeldRun(NamedTuple):
             f"{now - self.since:,.0f} s: the broker's cap is per transaction, so only ACLs "
             "that give no other principal Write on transactional ids stop it"
         )
+
+
+def _not_ready(e: BaseException) -> bool:
+    """Whether kafka-python's NodeNotReadyError is behind `e` (its cause, or named in it: a
+    producer in an error state says so only in its message)."""
+    seen: BaseException | None = e
+    for _ in range(5):
+        if seen is None:
+            return False
+        if isinstance(seen, NodeNotReadyError) or "NodeNotReadyError" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def write_durably(tmp: Path, path: Path, data: bytes) -> None:

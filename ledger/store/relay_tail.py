@@ -138,6 +138,54 @@ def last_published(
     return 0
 
 
+FIRST_LOOK = 4096
+"""Records read from the topic's first offset for one with a readable position (`first_position`);
+none among them: the relay reads the whole topic for its bookmark."""
+
+
+def first_position(
+    bootstrap: str,
+    topic: str = TOPIC,
+    config: Mapping[str, Any] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+) -> int | None:
+    """The position of the first committed record of the topic that carries a readable one,
+    among its first FIRST_LOOK (None: none; the topic's first offset is where it starts)."""
+    tp = TopicPartition(topic, PARTITION)
+    try:
+        consumer = KafkaConsumer(
+            **reader_config(bootstrap, "gpuledger-relay-probe", connect_timeout_s, **(config or {}))
+        )
+    except KafkaError as e:
+        raise unavailable(bootstrap, e) from e
+    try:
+        consumer.assign([tp])
+        ms = int(timeout_s * 1000)
+        end = consumer.end_offsets([tp], timeout_ms=ms)[tp]
+        consumer.seek(tp, consumer.beginning_offsets([tp], timeout_ms=ms)[tp])
+        deadline, looked = time.monotonic() + timeout_s, 0
+        while consumer.position(tp) < end and looked < FIRST_LOOK:
+            if time.monotonic() > deadline:
+                raise RelayUnavailable(
+                    f"reading the start of {topic}: no record came for {timeout_s:g} s",
+                    hint="is the broker overloaded or restarting?",
+                )
+            got = consumer.poll(timeout_ms=500).get(tp, [])
+            if got:
+                deadline = time.monotonic() + timeout_s
+            for rec in got:
+                looked += 1
+                position = header_position(rec.headers)
+                if position is not None and rec.offset < end:
+                    return position
+        return None
+    except KafkaError as e:
+        raise unavailable(bootstrap, e) from e
+    finally:
+        consumer.close()
+
+
 def unavailable(bootstrap: str, e: BaseException) -> RelayUnavailable:
     return RelayUnavailable(
         f"Kafka at {bootstrap}: {type(e).__name__}: {e}",
@@ -240,6 +288,14 @@ class Scan:
         kept none), never another ledger's."""
         self.last_position = 0
         """The last readable position in the window (what a refusal names)."""
+        self.reach: Seen | None = None
+        """Where a reader taking our records in offset order from the window's start stands
+        (each the next position: `take`); the bookmark of a window that reaches the topic's
+        first offset. A relay restarted while it published its log again on a topic made again
+        took its own copies of later events sent before it noticed ([27, 28, 1, 2, 3]) as its
+        bookmark, the highest: 4..26 were never on the topic, "0 behind" (s50 F1 residual)."""
+        self.reach_after = array("q")
+        """Offsets after `reach` (every offset while there is none)."""
 
     def vouched(self, rec: Seen, position: int) -> bool:
         """Whether a record equal to the store's event at `position` may be ours: with keys,
@@ -271,6 +327,7 @@ class Scan:
             position = rec.position
             if position is None:
                 self.after.append(rec.offset)
+                self.reach_after.append(rec.offset)
                 continue
             self.last_position = position
             if rec.digest is not None:  # formed
@@ -278,6 +335,15 @@ class Scan:
                 self.formed = rec
             equal = rec.digest is not None and stored.get(position) == rec.digest
             self.equal = self.equal or equal
+            reach = self.reach
+            if (
+                equal
+                and position == (0 if reach is None else reach.position or 0) + 1
+                and (self.vouched(rec, position) or self.follows(reach, position))
+            ):
+                self.reach, self.reach_after = rec, array("q")
+            else:
+                self.reach_after.append(rec.offset)
             best = self.best
             ours = equal and (self.vouched(rec, position) or self.follows(best, position))
             if ours and (best is None or position > (best.position or 0)):
@@ -295,6 +361,7 @@ def bookmark(
     refusal: Callable[[int, int], RelayError],
     progress: int | None = None,
     floor: int | None = None,
+    starts: Callable[[], bool] = lambda: True,
 ) -> tuple[int, list[int]]:
     """Our last record's position among the `windows` of the tail (`tail_windows`), and the
     offsets of the foreign records after it. `digests(positions)` gives the store's digests at
@@ -315,9 +382,19 @@ def bookmark(
     not make the relay publish everything after it again, however many (atk47-25 F3: past
     65,536 offsets the best found stood). Reading on costs time, never a gap or a duplicate: a
     progress is written only after a commit, so our record at it is on the topic (unless the
-    topic was made again: then the best found in the whole topic stands)."""
+    topic was made again).
+
+    A window that reaches the topic's first offset is the whole topic: there our last record is
+    where a reader taking our records in offset order stands (`Scan.reach`), not the highest:
+    a topic made again under a running relay gets the relay's next events before it notices
+    ([27, 28]) and then the log again from position 1; restarted in between, the relay took 28
+    as its bookmark and 3..26 never reached the topic. A narrower window's best stands only
+    when `starts()`, asked once: the topic's first record is position 1 (so no such copies lie
+    at its start); otherwise the whole topic is read (once a topic got them, each restart reads
+    it whole: time, never a gap)."""
     floor = max(progress or 0, floor or 0)
     back = 16
+    started: bool | None = None
     for whole, records in windows:
         scan = Scan(signing=keys is not None, progress=progress)
         taken = (seen(rec, keys) for rec in records)
@@ -327,10 +404,16 @@ def bookmark(
             position = scan.best.position or 0
             if scan.continued:
                 raise refusal(scan.last_position, position)
+            if whole:
+                reached = scan.reach
+                return (0 if reached is None else reached.position or 0), scan.reach_after.tolist()
             # A wider window holds this one: its best is never lower. Look on while ours is
             # below our floor (copies of an old record of ours at the tail), to the whole topic.
-            if position >= floor or whole:
-                return position, scan.after.tolist()
+            if position >= floor:
+                if started is None:
+                    started = starts()
+                if started:
+                    return position, scan.after.tolist()
         elif whole:
             if scan.chained and not scan.equal:  # another ledger's (ours unvouched: foreign)
                 raise refusal(scan.last_position, 0)

@@ -247,3 +247,24 @@ def remade(topic: str, before: TopicMark, now: TopicMark | None, published_end: 
             f"the start of topic {topic} is gone (first offset {now.begin:,}, was {before.begin:,})"
         )
     return None
+
+
+START_GONE_HINT = (
+    "publish to a new topic (GPULEDGER_KAFKA_TOPIC or --topic): the relay writes the whole log "
+    "there; or delete the topic, and the relay makes it again and writes the whole log to it"
+)
+"""What to do about a topic whose start is gone: the relay, `store restore --from-kafka` and
+`audit verify --kafka` name the same fix."""
+
+
+def start_gone(topic: str, begin: int) -> RelayError:
+    """The relay's refusal of a topic whose first offset is above 0 (Kafka DeleteRecords, or a
+    retention: the topic's are -1): readers and restores read a topic from its first offset, so
+    it can no longer give them the whole log, and appending the log again cannot put its start
+    back (the records left come first: a new reader stopped at them, a restore refused the
+    topic for good). A RelayError, not retried: the service says `stopped` with this line."""
+    return RelayError(
+        f"the start of topic {topic} is gone (first offset {begin:,}: its records before it were "
+        "deleted): it no longer holds the whole log, and the relay cannot put it back",
+        hint=START_GONE_HINT,
+    )

@@ -237,6 +237,42 @@ def test_a_restore_that_stops_writes_nothing(
             assert db.execute("SELECT count(*) FROM stored_events").fetchone() == (0,)
 
 
+@pytest.mark.parametrize("written", [2, "all"])
+def test_a_restore_rerun_after_a_kill_finishes(
+    written: int | str, org_ledger: Ledger, tmp_path: Path, kafka_bootstrap: str,
+    kafka_topic: str, transactional_id: str,
+) -> None:  # fmt: skip
+    """atk50-25 F7: `store restore` killed -9 while it wrote (pages, one transaction each) or
+    after (every event, no progress row) left the start of the log; the rerun refused ("the
+    destination already holds N events") and nothing said what to do. The rerun compares what
+    is there with the topic's log and writes the rest, and the progress row."""
+    from ledger.store.copying import write_log
+
+    home = org_ledger.home
+    org_ledger.execute_all([JOB] * 3)
+    head = org_ledger.position
+    relay_to(home, kafka_bootstrap, kafka_topic, transactional_id, head)
+    events = read_raw(open_store(home), 0, 1_000_000)
+    dst = tmp_path / "restored"
+    dst.mkdir()
+    upto = head if written == "all" else int(written)
+    write_log([events[:upto]], dst, None)  # what the killed restore left
+    args = ("store", "restore", "--from-kafka", kafka_bootstrap, "--topic", kafka_topic)
+    out = run(*args, "--to", str(dst))  # was exit 1, "already holds N events"
+    assert f"restored {head} events (positions 1-{head})" in out, out
+    relays_records(kafka_bootstrap, kafka_topic, dst, set())
+    with sqlite3.connect(dst / EVENTS_DB) as db:
+        assert db.execute("SELECT count(*) FROM stored_events").fetchone() == (head,)
+        assert db.execute("SELECT position FROM gpuledger_relay_progress").fetchall() == [(head,)]
+    # a store holding another log's start: refused, saying what to do, nothing written
+    other = tmp_path / "other"
+    other.mkdir()
+    write_log([[events[0]._replace(data=bytes(events[0].data) + b" ")]], other, None)
+    out = run(*args, "--to", str(other), code=1)
+    assert "already holds 1 events and its event at position 1 is not the log's" in out, out
+    assert "restore into an empty store" in out, out
+
+
 @pytest.mark.parametrize("signed", [False, True], ids=["unsigned", "signed"])
 def test_a_dropped_progress_table_does_not_make_relay_json_vouch(
     signed: bool, org_ledger: Ledger, tmp_path: Path, kafka_bootstrap: str, kafka_topic: str,

@@ -103,6 +103,10 @@ def test_a_second_run_into_the_same_home_is_refused(tmp_path: Path) -> None:
     args = ("simulate", "run", "--synthetic", "--teams", "3", "--users", "9", "--programs", "1")
     small = (*args, "--days", "0.25", "--nodes", "2", "--no-plots")
     assert cli(tmp_path / "h", *small).returncode == 0
+    # the relay's progress table, empty, as `gpuledger init` makes it (none: a simulated home's
+    # first relay warned of "a dropped table?" that nobody dropped, atk50-25 F7)
+    with sqlite3.connect(tmp_path / "h" / "events.sqlite") as db:
+        assert db.execute("SELECT count(*) FROM gpuledger_relay_progress").fetchone() == (0,)
     again = cli(tmp_path / "h", *small)
     assert again.returncode == 1
     assert again.stderr.strip().splitlines()[-1] == (

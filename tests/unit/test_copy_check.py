@@ -104,10 +104,28 @@ def test_a_copy_whose_start_is_gone_is_named_first() -> None:
     assert not report.ok and lines(report) == [
         "position 1: deleted: the topic's start is gone (first offset 5): the records before it "
         "were deleted (Kafka DeleteRecords, or a retention); no reader or restore can rebuild "
-        "the log from this topic"
+        "the log from this topic, and the relay refuses it: publish to a new topic "
+        "(GPULEDGER_KAFKA_TOPIC or --topic): the relay writes the whole log there; or delete the "
+        "topic, and the relay makes it again and writes the whole log to it"
     ]
     later = [r._replace(offset=r.offset + 5) for r in topic(*range(6, 31))]
     got = lines(verify_copy(store(), later, first_offset=lambda: 5))
     assert got[0].startswith("position 1: deleted: the topic's start is gone (first offset 5)")
     assert got[1].startswith("position 1: deleted: position 1 is missing"), got
     assert verify_copy(store(), topic(*range(1, 31)), first_offset=lambda: 0).ok
+
+
+def test_a_copy_that_ends_below_the_relays_progress_lost_events_it_is_not_behind() -> None:
+    """atk50-25 F4 (low): the topic ends at 20 while the store's progress row says the relay
+    committed 26 there: "20 events ... chain intact, 10 events behind the store", exit 0, as a
+    relay catching up. The positions up to the progress were deleted from the topic."""
+    report = verify_copy(store(), topic(*range(1, 21)), progress=26)
+    assert not report.ok  # was ok, "behind" 10
+    assert lines(report) == [
+        "position 21: deleted: the copy ends at position 20, yet the relay committed up to "
+        "position 26 on it (the store's progress row): positions 21 to 26 were deleted from the "
+        "topic, not waiting to be published"
+    ]
+    # at or below the copy's end the progress says nothing; a relay past it is catching up
+    assert verify_copy(store(), topic(*range(1, 21)), progress=20).ok
+    assert verify_copy(store(), topic(*range(1, 21)), progress=None).behind == 10

@@ -74,3 +74,70 @@ def test_a_start_scans_a_row_stored_as_text_for_its_key() -> None:
     seen = Requests()
     seen.scan([(7, '{"event_id":"' + event_id + '","x":1}')])
     assert seen.find(event_id) == 7
+
+
+def test_a_send_the_clients_connection_was_not_ready_for_is_retried_without_a_word(
+    tmp_path: object, caplog: object
+) -> None:
+    """CI, stop 50: right after the broker came back (it had just answered the watcher's
+    probe: `publishing`), the relay's first send got kafka-python's NodeNotReadyError (its own
+    connection still in its reconnect backoff) and the service said `unavailable`, with a
+    warning, for a moment. It is retried quietly (for up to `connect_timeout_s` in a row); any
+    other error, or one that lasts, is reported as before."""
+    import logging
+    import threading
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import pytest
+    from kafka.errors import KafkaConnectionError, NodeNotReadyError
+
+    from ledger.store.relay_tail import unavailable
+
+    assert isinstance(tmp_path, Path) and isinstance(caplog, pytest.LogCaptureFixture)
+    states: list[str] = []
+
+    def run(errors: list[BaseException], connect_timeout_s: float = 3.0) -> RelayService:
+        service = RelayService(
+            tmp_path, "127.0.0.1:9", topic="t", connect_timeout_s=connect_timeout_s
+        )
+        service.health = msgspec.structs.replace(service.health, state="publishing")
+        done = threading.Event()
+
+        def publish_pending() -> int:
+            states.append(service.health.state)
+            if errors:
+                error = errors.pop(0)
+                try:
+                    raise error
+                except Exception as e:
+                    raise unavailable("127.0.0.1:9", e) from e
+            done.set()
+            service._stop.set()
+            return 1
+
+        service.relay = SimpleNamespace(  # type: ignore[assignment]
+            publish_pending=publish_pending,
+            position=1,
+            store_head=lambda: 1,
+            reconnects=False,
+            remakes=0,
+            remade_note="",
+            skipped=(),
+        )
+        thread = threading.Thread(target=service._publish_until_stopped)
+        thread.start()
+        assert done.wait(20)
+        thread.join(5)
+        return service
+
+    with caplog.at_level(logging.WARNING, logger="gpuledger.relay"):
+        run([NodeNotReadyError("No node_id provided")] * 2)
+    assert set(states) == {"publishing"}  # was: unavailable after the first
+    assert not [r for r in caplog.records if "paused" in r.getMessage()]
+    states.clear()
+    run([KafkaConnectionError("111 ECONNREFUSED")])
+    assert states == ["publishing", "unavailable"]  # another error: said at once
+    states.clear()
+    run([NodeNotReadyError("No node_id provided")] * 4, connect_timeout_s=0.15)
+    assert "unavailable" in states  # one that lasts: said

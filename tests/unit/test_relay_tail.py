@@ -474,3 +474,31 @@ def test_a_topic_made_again_or_truncated_under_the_relay_is_named() -> None:
     )
     assert "ends at offset 3, below the 40" in str(remade(TOPIC, before, TopicMark("", 0, 3), 40))
     assert "start of topic" in str(remade(TOPIC, before, TopicMark("id-1", 5, 40), 40))
+
+
+@pytest.mark.parametrize("keys", [KEYS, None], ids=["signed", "unsigned"])
+@pytest.mark.parametrize(("early", "run"), [(2, 3), (2, 0), (20, 0), (20, 5), (3, 26)])
+def test_a_relay_restarted_while_it_publishes_again_is_not_misled_by_its_early_copies(
+    early: int, run: int, keys: SigningKeys | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """s50 F1 residual: a topic made again under a running relay gets the relay's next events
+    (`early` of them, up to 28) before it notices, then the store's log again from position 1
+    (`run` of it so far). Restarted in between, the relay took its highest record, 28, as its
+    bookmark: 1..27 (or run+1..27) never reached the topic, "0 behind". Its bookmark is where a
+    reader taking its records in order stands: the end of the run (0 before it began)."""
+    store = chain(30)
+    topic = ours(store[28 - early : 28], keys) + ours(store[:run], keys)
+    last, foreign = bookmark(monkeypatch, store, topic, keys, progress=28)
+    assert last == run  # was 28
+    assert foreign == ([] if run else list(range(early)))
+
+
+def test_a_topic_whose_first_record_is_position_1_reads_only_its_tail(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The check costs a look at the topic's start: a topic of the whole log is still read from
+    its end back only as far as its last record (not whole)."""
+    store = chain(300)
+    Topic.polled = 0
+    assert bookmark(monkeypatch, store, ours(store, KEYS), KEYS, progress=300) == (300, [])
+    assert Topic.polled < 40  # 16 from the end, and the first record or two
