@@ -141,8 +141,12 @@ def test_a_hung_broker_is_stalled_with_the_lag_and_a_dead_one_unavailable(
         # "publishing, no lag", and a send to a broker not yet ready makes it unavailable again
         wait_for(
             "publishing again",
-            lambda: (h := read_health(home)) is not None and h.state == "publishing"
-            and not h.lag and h.position >= head,
+            lambda: (
+                (h := read_health(home)) is not None
+                and h.state == "publishing"
+                and not h.lag
+                and h.position >= head
+            ),
             120,
         )
         code, out = status(home)  # once: the position may move between two reads
