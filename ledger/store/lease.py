@@ -60,6 +60,9 @@ from ledger.store.leasesettings import compared_admission as compared_admission
 from ledger.store.leasesettings import earlier_admission as earlier_admission
 from ledger.store.leasesettings import refusal as refusal
 from ledger.store.pgread import connect, redacted, store_schema
+from ledger.store.sessions import APP_PREFIX as APP_PREFIX
+from ledger.store.sessions import app_name, cancel_orphans
+from ledger.store.sessions import dead_here as dead_here
 from schemas.errors import InvalidCommand, Unavailable
 
 log = logging.getLogger("gpuledger.lease")
@@ -643,60 +646,6 @@ def abandon_connection(con: Any) -> None:
             sock.shutdown(socket.SHUT_RDWR)
     except Exception as err:  # closed meanwhile: nothing to abandon
         log.debug("could not abandon the lease's connection: %s", err)
-
-
-def dead_here(holder: str) -> bool:
-    """Is the server `holder` (`HOST:PID:ID`) a process of this host that is gone? A pid of
-    another host, or one alive (reused, perhaps), is not known dead."""
-    host, _, rest = holder.partition(":")
-    pid = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False  # alive, someone else's
-    try:  # a zombie (killed, not yet reaped) is gone too
-        with open(f"/proc/{int(pid)}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
-
-
-APP_PREFIX = "gpuledger:"
-"""The start of the `application_name` of a server's lease and start connections, followed by
-the server's `HOST:PID:ID` (`cancel_orphans` finds a dead one's statements by it)."""
-
-
-def app_name(holder: str) -> str:
-    """The `application_name` of a connection of the server `holder` (PostgreSQL keeps 63
-    bytes)."""
-    return (APP_PREFIX + holder)[:63]
-
-
-def cancel_orphans(con: Any) -> list[int]:
-    """Cancel the statements still running for servers of this host that are gone (a start or
-    a server killed while a commit waited for a synchronous standby that is away: its backend
-    waits on, holding its locks, and the next start's statements waited on them or ended in
-    "internal error: QueryCanceled": atk49 F7). Returns their backends' pids. A role that may
-    not cancel them (another role's) is left alone: the next statements say why they wait."""
-    try:
-        rows = con.execute(
-            "SELECT pid, application_name FROM pg_stat_activity WHERE state = 'active' "
-            "AND application_name LIKE %s AND pid <> pg_backend_pid()",
-            (APP_PREFIX + "%",),
-        ).fetchall()
-        gone = [int(pid) for pid, name in rows if dead_here(str(name)[len(APP_PREFIX) :])]
-        for pid in gone:
-            con.execute("SELECT pg_cancel_backend(%s)", (pid,))
-    except Exception as err:  # best effort: a cancel not allowed, a read refused
-        log.debug("could not cancel the statements of gone servers: %s", err)
-        return []
-    if gone:
-        log.info("cancelled the statements of %d gone server(s) of this host", len(gone))
-    return gone
 
 
 def _waits_for_standby(dsn: str, pid: int, within_s: float) -> bool:
