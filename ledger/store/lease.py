@@ -61,7 +61,7 @@ from ledger.store.leasesettings import earlier_admission as earlier_admission
 from ledger.store.leasesettings import refusal as refusal
 from ledger.store.pgread import connect, redacted, store_schema
 from ledger.store.sessions import APP_PREFIX as APP_PREFIX
-from ledger.store.sessions import app_name, cancel_orphans
+from ledger.store.sessions import app_name, cancel_orphans, cancel_own, own_name
 from ledger.store.sessions import dead_here as dead_here
 from schemas.errors import InvalidCommand, Unavailable
 
@@ -195,7 +195,7 @@ def _agreed(
     uncommitted: list[str] | None,
 ) -> Any:
     ms = int(START_WAIT_S * 1000)
-    with connect(dsn, application_name=app_name(f"{socket.gethostname()}:{os.getpid()}:start"),
+    with connect(dsn, application_name=own_name("start"),
                  options=f"-c statement_timeout={ms} -c lock_timeout={ms}") as con:  # fmt: skip
         cancel_orphans(con)  # what a killed start or server of this host left waiting
         exists = qualified("SELECT to_regclass('{leader}') IS NOT NULL, now()", schema)
@@ -646,6 +646,32 @@ def abandon_connection(con: Any) -> None:
             sock.shutdown(socket.SHUT_RDWR)
     except Exception as err:  # closed meanwhile: nothing to abandon
         log.debug("could not abandon the lease's connection: %s", err)
+
+
+END_WAIT_S = 1.0
+"""How long a server's exit waits for `end_sessions` (a store that does not answer is left)."""
+
+
+def end_sessions(dsn: str) -> None:
+    """At a server's exit (a clean stop, a start that failed): cancel the statements its own
+    connections still run (`cancel_own`: commits waiting for a synchronous standby that is
+    away), within `END_WAIT_S`; a store that does not answer is left to end them itself."""
+
+    def run() -> None:
+        try:
+            with connect(dsn, connect_timeout=2, application_name=own_name("end"),
+                         options="-c statement_timeout=2000") as con:  # fmt: skip
+                n = cancel_own(con)
+        except Exception as err:  # best effort: the store away, a cancel not allowed
+            log.debug("could not cancel this server's own statements: %s", err)
+            return
+        if n:
+            log.info("cancelled %d statement(s) of this server still running at its end (a "
+                     "commit waiting for the synchronous standby)", n)  # fmt: skip
+
+    thread = threading.Thread(target=run, name="end-sessions", daemon=True)
+    thread.start()
+    thread.join(END_WAIT_S)
 
 
 def _waits_for_standby(dsn: str, pid: int, within_s: float) -> bool:

@@ -19,6 +19,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from uuid import UUID
 
 from ledger.store.embedded import StoredRecord
+from ledger.store.sessions import own_name
 from projections.errors import SourceUnavailable
 from projections.source import LogRecord, Row
 
@@ -160,7 +161,10 @@ def connect_defaults() -> dict[str, str]:
         "keepalives_interval": "2",
         "keepalives_count": "2",
         "tcp_user_timeout": "5000",  # sent and never acknowledged: a cut network
-        "application_name": "gpuledger",
+        # this process's, as its lease's and start's are named (`sessions.own_name`): a
+        # statement its pool left waiting for a synchronous standby after it died is cancelled
+        # by the next start on this host (they were all plain `gpuledger`: atk50b-ha F3)
+        "application_name": own_name("pool"),
     }
 
 

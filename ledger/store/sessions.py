@@ -34,14 +34,36 @@ def dead_here(holder: str) -> bool:
 
 
 APP_PREFIX = "gpuledger:"
-"""The start of the `application_name` of a server's lease and start connections, followed by
-the server's `HOST:PID:ID` (`cancel_orphans` finds a dead one's statements by it)."""
+"""The start of the `application_name` of every connection of a ledger process (a server's lease,
+start and pool, a command's reads), followed by its `HOST:PID:ID` (`cancel_orphans` finds a dead
+one's statements by it)."""
 
 
 def app_name(holder: str) -> str:
     """The `application_name` of a connection of the server `holder` (PostgreSQL keeps 63
     bytes)."""
     return (APP_PREFIX + holder)[:63]
+
+
+def own_name(what: str) -> str:
+    """The `application_name` of a connection of this process (`HOST:PID:what`): its pool's,
+    a command's direct reads, its start's."""
+    return app_name(f"{socket.gethostname()}:{os.getpid()}:{what}")
+
+
+def cancel_own(con: Any) -> int:
+    """Cancel the statements this process's other connections still run (at its end): a commit
+    that waits for a synchronous standby that is away waits on after its connection is closed,
+    holding its locks (a clean stop's lease take, a failed start's snapshot: the next start and
+    its stop waited on them: atk50b-ha F3). Cancelled, it is committed on the primary,
+    unconfirmed. How many were cancelled."""
+    mine = own_name("")
+    rows = con.execute(
+        "SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE state = 'active' "
+        "AND starts_with(application_name, %s) AND pid <> pg_backend_pid()",
+        (mine,),
+    ).fetchall()
+    return len(rows)
 
 
 def cancel_orphans(con: Any) -> list[int]:
@@ -56,12 +78,14 @@ def cancel_orphans(con: Any) -> list[int]:
             "AND application_name LIKE %s AND pid <> pg_backend_pid()",
             (APP_PREFIX + "%",),
         ).fetchall()
-        gone = [int(pid) for pid, name in rows if dead_here(str(name)[len(APP_PREFIX) :])]
+        names = {int(pid): str(name)[len(APP_PREFIX) :] for pid, name in rows}
+        gone = [pid for pid, name in names.items() if dead_here(name)]
         for pid in gone:
             con.execute("SELECT pg_cancel_backend(%s)", (pid,))
     except Exception as err:  # best effort: a cancel not allowed, a read refused
         log.debug("could not cancel the statements of gone servers: %s", err)
         return []
-    if gone:
-        log.info("cancelled the statements of %d gone server(s) of this host", len(gone))
+    if gone:  # a server's lease, start and pool connections: one server
+        servers = {tuple(names[pid].split(":")[:2]) for pid in gone}
+        log.info("cancelled the statements of %d gone server(s) of this host", len(servers))
     return gone
