@@ -333,7 +333,11 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         },
         known_only=True,
     )
-    ha, cluster, abandoned = _leadership(ledger, config, policy) if dsn else (None, None, set())
+    try:
+        ha, cluster, abandoned = _leadership(ledger, config, policy) if dsn else (None, None, set())
+    except BaseException:  # a start refused (or stopped) here takes no snapshot at its exit: its
+        ledger.ending = True  # commit may wait for a synchronous standby that is away, and the
+        raise  # exit hung in it for good after its one line (atk50b-ha F2)
     # 2 the executor before any line is logged: a partition Slurm would overrule is one error
     # (a standby makes it when it takes the lead)
     executor = make_executor(ledger, config, actor) if ha is None else NoExecutor()

@@ -47,11 +47,12 @@ from ledger.store.leaseschema import SCHEMA_LOCK as SCHEMA_LOCK
 from ledger.store.leaseschema import (
     SERVERS_TABLE as SERVERS_TABLE,
 )
-from ledger.store.leaseschema import made as schema_made
 from ledger.store.leaseschema import (
+    lock_holder,
     make_schema,
     qualified,
 )
+from ledger.store.leaseschema import made as schema_made
 from ledger.store.leasesettings import MEANT_OTHERWISE as MEANT_OTHERWISE
 from ledger.store.leasesettings import Settings as Settings
 from ledger.store.leasesettings import _disagreement, _read_row, _recorded
@@ -171,18 +172,36 @@ def agree(
             f"--lease {mine.lease_s:g}s is outside {low:g}s-{high:g}s",
             hint="the default 5s suits most clusters: docs/ha.md",
         )
-    from psycopg.errors import QueryCanceled
+    from psycopg.errors import LockNotAvailable, QueryCanceled
 
     schema = store_schema()
     within = max(0.2, mine.lease_s / 3)
     try:
         return _agreed(dsn, mine, change, vet, schema, within, uncommitted)
-    except QueryCanceled as err:  # a statement of the start unanswered within START_WAIT_S
+    except (QueryCanceled, LockNotAvailable) as err:  # a statement of the start unanswered, or
+        # the schema's lock not had, within START_WAIT_S (atk50b-ha F2: "internal error:
+        # LockNotAvailable" after 60 s of silence)
         raise Unavailable(
             f"the store {redacted(dsn)} did not answer this server's start within "
             f"{START_WAIT_S:g} s: " + (str(err).strip().splitlines() or [type(err).__name__])[0],
             hint="a session may hold the lease's tables (pg_stat_activity); docs/ha.md",
         ) from err
+
+
+def holder_waits(con: Any, within_s: float) -> None:
+    """The start could not have the schema's lock (`make_schema`): `NotCommitting` in one line
+    when its holder's commit has waited for the synchronous standby for `within_s` (another
+    start, of another host perhaps, killed or not, made the lease's tables and waits on its
+    commit: it holds the lock until the standby confirms, so this start cannot go on)."""
+    got = lock_holder(con)
+    if got is None or got[2] != "SyncRep" or got[3] < within_s:
+        return
+    pid, name, _, waited = got
+    raise NotCommitting(
+        NOT_COMMITTING.format(round(waited, 1))
+        + f": the lease's tables are being made by another start (backend {pid}, {name!r}), "
+        "whose commit waits for it; this server can start once PostgreSQL commits again"
+    )
 
 
 def _agreed(
@@ -212,7 +231,8 @@ def _agreed(
         if change and vet is not None and recorded is not None and mine.differs(recorded):
             vet(recorded)
         try:  # its commit waits for a synchronous standby that is away: cancelled in `within`
-            make_schema(con, schema=schema, run=lambda sql: watched(con, within, sql, dsn))
+            make_schema(con, START_WAIT_S, schema, lambda sql: watched(con, within, sql, dsn),
+                        lambda c: holder_waits(c, within))  # fmt: skip
         except NotCommitting as err:
             if not schema_made(con, schema):
                 raise
