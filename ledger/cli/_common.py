@@ -18,7 +18,7 @@ from ledger.store import has_log
 from ledger.wire import SOCKET_NAME
 from schemas.bounds import check, describe
 from schemas.commands import AnyCommand, InitLedger
-from schemas.errors import EnvironmentProblem, InvalidCommand
+from schemas.errors import EnvironmentProblem, InvalidCommand, LedgerError
 
 if TYPE_CHECKING:  # the store is imported only by commands that open it (client mode never)
     from ledger.cycle.dispatcher import LiveState
@@ -114,12 +114,18 @@ class Ctx:
                 self._client = Client(f"unix:{sock}") if sock is not None else False
         return self._client or None
 
-    def execute(self, cmd: AnyCommand) -> Appended:
-        """Append one command, here or at the server."""
+    def execute(self, cmd: AnyCommand, key: str | None = None) -> Appended:
+        """Append one command, here or at the server; under the idempotency `key` when given
+        (a command sent again with it is answered with what its first send appended)."""
         if self.remote is not None:
-            result: Appended = self.remote.execute(cmd)
+            result: Appended = self.remote.execute(cmd, key)
             return result
-        return self.ledger(live=True).execute(self._embedded(cmd))
+        if key is None:
+            return self.ledger(live=True).execute(self._embedded(cmd))
+        (done,) = self.ledger(live=True).execute_each([self._embedded(cmd)], [key])
+        if isinstance(done, LedgerError):
+            raise done
+        return done
 
     def execute_all(self, cmds: list[AnyCommand]) -> Appended:
         if self.remote is not None:

@@ -34,6 +34,7 @@ from ledger.core.secret_shapes import SECRET_NAMES, secret_value
 from ledger.engines.accounts import own_umask
 from ledger.engines.job_paths import path_refusal, program_refusal
 from ledger.engines.ulimits import own_limits
+from ledger.store.requests import valid_key
 from schemas import commands as c
 from schemas.bounds import ENV_NAME_PATTERN, LIMIT_NAMES, MAX_ARRAY_TASKS, MAX_ENV_VALUE
 from schemas.errors import InvalidCommand, LedgerError
@@ -480,6 +481,13 @@ def workdir(chdir: str | None) -> str:
 @click.option("--label", "labels", multiple=True, help="KEY=VALUE (repeatable).")
 @click.option("--duration", default=None, help="Known run time (simulated execution only).")
 @click.option("--user", default=None, help="Submit on behalf of USER (managers and admins).")
+@click.option(
+    "--idempotency-key",
+    "key",
+    default=None,
+    help="Send it under this key (1-128 printable characters): the same submit sent again with "
+    "it is answered with the first one's job, never a second (the key an unknown outcome named).",
+)
 @click.option("--json", "as_json", is_flag=True)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @pass_ctx
@@ -498,8 +506,13 @@ def submit(ctx: Ctx, /, **given: Any) -> None:
     if not given["account_path"] or given["gpus"] is None:
         missing = "-A/--account" if not given["account_path"] else "-G/--gpus"
         raise InvalidCommand(f"missing {missing}", hint="give it, or put it on a #SBATCH line")
+    key = given["key"]
+    if key is not None and not valid_key(key):
+        raise InvalidCommand(
+            f"invalid --idempotency-key {key!r}", hint="1-128 printable ASCII characters"
+        )
     cmd = _submission(ctx, given)
-    appended = ctx.execute(cmd)
+    appended = ctx.execute(cmd, key)
     jobs = [ev for ev in appended.events if isinstance(ev, JobSubmitted)]
     if given["as_json"]:
         echo_json(jobs[0] if len(jobs) == 1 else jobs)

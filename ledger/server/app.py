@@ -44,6 +44,7 @@ from ledger.server.readpool import ReadPool, limits_from_env, sent_from_env
 from ledger.server.store_seen import stale_s
 from ledger.server.worker import Worker
 from ledger.store.requests import valid_key
+from ledger.wire import OUTCOME_HEADER
 from schemas import api
 from schemas import commands as c
 from schemas.commands import AnyCommand
@@ -109,6 +110,8 @@ def problem(err: LedgerError) -> Response[api.Problem]:
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     if status == 429:
         headers = {"Retry-After": str(err.fields.get("retry_after", 1))}
+    if err.fields.get("outcome") == "unknown":  # a write that may be stored all the same
+        headers = {OUTCOME_HEADER: "unknown"}
     return Response(
         body, status_code=status, media_type="application/problem+json", headers=headers
     )

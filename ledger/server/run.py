@@ -18,6 +18,7 @@ and Slurm's under Slurm, and the next start adopts them), exit 0.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import fcntl
 import functools
@@ -56,7 +57,7 @@ from ledger.server.leadstart import service_account as service_account
 from ledger.server.leadstart import settings_of as settings_of
 from ledger.server.protocol import protocol_for
 from ledger.server.worker import Worker
-from ledger.store import locate
+from ledger.store import lease, locate
 from ledger.store.application import Ledger
 from ledger.wire import SOCKET_NAME
 from ledger.wire.config import ServeConfig, check_grace, slurm_jobs_dir
@@ -317,6 +318,8 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
     # at 5M events); finished jobs are read from the projection
     dsn = locate.store_of(home, config.store or None)
     locate.remember(home, dsn)
+    if dsn:  # whatever ends it (but kill -9: the next start here cancels them)
+        atexit.register(lease.end_sessions, dsn)
     ledger = Ledger(home, live=True, store=dsn or "sqlite")
     if not ledger.state.initialised:
         raise InvalidCommand(f"no ledger in {home}", hint="run `gpuledger init --admin USER` first")
@@ -330,7 +333,11 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         },
         known_only=True,
     )
-    ha, cluster, abandoned = _leadership(ledger, config, policy) if dsn else (None, None, set())
+    try:
+        ha, cluster, abandoned = _leadership(ledger, config, policy) if dsn else (None, None, set())
+    except BaseException:  # a start refused (or stopped) here takes no snapshot at its exit: its
+        ledger.ending = True  # commit may wait for a synchronous standby that is away, and the
+        raise  # exit hung in it for good after its one line (atk50b-ha F2)
     # 2 the executor before any line is logged: a partition Slurm would overrule is one error
     # (a standby makes it when it takes the lead)
     executor = make_executor(ledger, config, actor) if ha is None else NoExecutor()

@@ -275,6 +275,7 @@ class Worker:
         err = Unavailable(
             f"the server is stopping, and {store_words(why)}: this request was not answered",
             hint="retry: another server answers (a retried write under its key is taken once)",
+            outcome="unknown",  # a write in the statement under way may still be stored
         )
         waiting = [f for f in self._open if not f.done()]
         for future in waiting:

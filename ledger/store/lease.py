@@ -47,11 +47,12 @@ from ledger.store.leaseschema import SCHEMA_LOCK as SCHEMA_LOCK
 from ledger.store.leaseschema import (
     SERVERS_TABLE as SERVERS_TABLE,
 )
-from ledger.store.leaseschema import made as schema_made
 from ledger.store.leaseschema import (
+    lock_holder,
     make_schema,
     qualified,
 )
+from ledger.store.leaseschema import made as schema_made
 from ledger.store.leasesettings import MEANT_OTHERWISE as MEANT_OTHERWISE
 from ledger.store.leasesettings import Settings as Settings
 from ledger.store.leasesettings import _disagreement, _read_row, _recorded
@@ -60,6 +61,9 @@ from ledger.store.leasesettings import compared_admission as compared_admission
 from ledger.store.leasesettings import earlier_admission as earlier_admission
 from ledger.store.leasesettings import refusal as refusal
 from ledger.store.pgread import connect, redacted, store_schema
+from ledger.store.sessions import APP_PREFIX as APP_PREFIX
+from ledger.store.sessions import app_name, cancel_orphans, cancel_own, own_name
+from ledger.store.sessions import dead_here as dead_here
 from schemas.errors import InvalidCommand, Unavailable
 
 log = logging.getLogger("gpuledger.lease")
@@ -168,18 +172,36 @@ def agree(
             f"--lease {mine.lease_s:g}s is outside {low:g}s-{high:g}s",
             hint="the default 5s suits most clusters: docs/ha.md",
         )
-    from psycopg.errors import QueryCanceled
+    from psycopg.errors import LockNotAvailable, QueryCanceled
 
     schema = store_schema()
     within = max(0.2, mine.lease_s / 3)
     try:
         return _agreed(dsn, mine, change, vet, schema, within, uncommitted)
-    except QueryCanceled as err:  # a statement of the start unanswered within START_WAIT_S
+    except (QueryCanceled, LockNotAvailable) as err:  # a statement of the start unanswered, or
+        # the schema's lock not had, within START_WAIT_S (atk50b-ha F2: "internal error:
+        # LockNotAvailable" after 60 s of silence)
         raise Unavailable(
             f"the store {redacted(dsn)} did not answer this server's start within "
             f"{START_WAIT_S:g} s: " + (str(err).strip().splitlines() or [type(err).__name__])[0],
             hint="a session may hold the lease's tables (pg_stat_activity); docs/ha.md",
         ) from err
+
+
+def holder_waits(con: Any, within_s: float) -> None:
+    """The start could not have the schema's lock (`make_schema`): `NotCommitting` in one line
+    when its holder's commit has waited for the synchronous standby for `within_s` (another
+    start, of another host perhaps, killed or not, made the lease's tables and waits on its
+    commit: it holds the lock until the standby confirms, so this start cannot go on)."""
+    got = lock_holder(con)
+    if got is None or got[2] != "SyncRep" or got[3] < within_s:
+        return
+    pid, name, _, waited = got
+    raise NotCommitting(
+        NOT_COMMITTING.format(round(waited, 1))
+        + f": the lease's tables are being made by another start (backend {pid}, {name!r}), "
+        "whose commit waits for it; this server can start once PostgreSQL commits again"
+    )
 
 
 def _agreed(
@@ -192,7 +214,7 @@ def _agreed(
     uncommitted: list[str] | None,
 ) -> Any:
     ms = int(START_WAIT_S * 1000)
-    with connect(dsn, application_name=app_name(f"{socket.gethostname()}:{os.getpid()}:start"),
+    with connect(dsn, application_name=own_name("start"),
                  options=f"-c statement_timeout={ms} -c lock_timeout={ms}") as con:  # fmt: skip
         cancel_orphans(con)  # what a killed start or server of this host left waiting
         exists = qualified("SELECT to_regclass('{leader}') IS NOT NULL, now()", schema)
@@ -209,7 +231,8 @@ def _agreed(
         if change and vet is not None and recorded is not None and mine.differs(recorded):
             vet(recorded)
         try:  # its commit waits for a synchronous standby that is away: cancelled in `within`
-            make_schema(con, schema=schema, run=lambda sql: watched(con, within, sql, dsn))
+            make_schema(con, START_WAIT_S, schema, lambda sql: watched(con, within, sql, dsn),
+                        lambda c: holder_waits(c, within))  # fmt: skip
         except NotCommitting as err:
             if not schema_made(con, schema):
                 raise
@@ -645,58 +668,30 @@ def abandon_connection(con: Any) -> None:
         log.debug("could not abandon the lease's connection: %s", err)
 
 
-def dead_here(holder: str) -> bool:
-    """Is the server `holder` (`HOST:PID:ID`) a process of this host that is gone? A pid of
-    another host, or one alive (reused, perhaps), is not known dead."""
-    host, _, rest = holder.partition(":")
-    pid = rest.partition(":")[0]
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False  # alive, someone else's
-    try:  # a zombie (killed, not yet reaped) is gone too
-        with open(f"/proc/{int(pid)}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except (OSError, IndexError):
-        return False
+END_WAIT_S = 1.0
+"""How long a server's exit waits for `end_sessions` (a store that does not answer is left)."""
 
 
-APP_PREFIX = "gpuledger:"
-"""The start of the `application_name` of a server's lease and start connections, followed by
-the server's `HOST:PID:ID` (`cancel_orphans` finds a dead one's statements by it)."""
+def end_sessions(dsn: str) -> None:
+    """At a server's exit (a clean stop, a start that failed): cancel the statements its own
+    connections still run (`cancel_own`: commits waiting for a synchronous standby that is
+    away), within `END_WAIT_S`; a store that does not answer is left to end them itself."""
 
+    def run() -> None:
+        try:
+            with connect(dsn, connect_timeout=2, application_name=own_name("end"),
+                         options="-c statement_timeout=2000") as con:  # fmt: skip
+                n = cancel_own(con)
+        except Exception as err:  # best effort: the store away, a cancel not allowed
+            log.debug("could not cancel this server's own statements: %s", err)
+            return
+        if n:
+            log.info("cancelled %d statement(s) of this server still running at its end (a "
+                     "commit waiting for the synchronous standby)", n)  # fmt: skip
 
-def app_name(holder: str) -> str:
-    """The `application_name` of a connection of the server `holder` (PostgreSQL keeps 63
-    bytes)."""
-    return (APP_PREFIX + holder)[:63]
-
-
-def cancel_orphans(con: Any) -> list[int]:
-    """Cancel the statements still running for servers of this host that are gone (a start or
-    a server killed while a commit waited for a synchronous standby that is away: its backend
-    waits on, holding its locks, and the next start's statements waited on them or ended in
-    "internal error: QueryCanceled": atk49 F7). Returns their backends' pids. A role that may
-    not cancel them (another role's) is left alone: the next statements say why they wait."""
-    try:
-        rows = con.execute(
-            "SELECT pid, application_name FROM pg_stat_activity WHERE state = 'active' "
-            "AND application_name LIKE %s AND pid <> pg_backend_pid()",
-            (APP_PREFIX + "%",),
-        ).fetchall()
-        gone = [int(pid) for pid, name in rows if dead_here(str(name)[len(APP_PREFIX) :])]
-        for pid in gone:
-            con.execute("SELECT pg_cancel_backend(%s)", (pid,))
-    except Exception as err:  # best effort: a cancel not allowed, a read refused
-        log.debug("could not cancel the statements of gone servers: %s", err)
-        return []
-    if gone:
-        log.info("cancelled the statements of %d gone server(s) of this host", len(gone))
-    return gone
+    thread = threading.Thread(target=run, name="end-sessions", daemon=True)
+    thread.start()
+    thread.join(END_WAIT_S)
 
 
 def _waits_for_standby(dsn: str, pid: int, within_s: float) -> bool:

@@ -131,6 +131,19 @@ def qualified(sql: str, schema: str) -> str:
     return sql.format(**objects(schema))
 
 
+def lock_holder(con: Any) -> tuple[int, str, str, float] | None:
+    """Who holds the schema's advisory lock (`SCHEMA_LOCK`): its backend's pid, application
+    name, wait event and how long its statement has run (s); None: nobody (or not visible)."""
+    row = con.execute(
+        "SELECT a.pid, a.application_name, coalesce(a.wait_event, ''), "
+        "extract(epoch FROM clock_timestamp() - a.query_start) FROM pg_locks l "
+        "JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted "
+        "AND l.objid = %s AND a.pid <> pg_backend_pid() LIMIT 1",
+        (SCHEMA_LOCK,),
+    ).fetchone()
+    return None if row is None else (int(row[0]), str(row[1]), str(row[2]), float(row[3] or 0))
+
+
 def made(con: Any, schema: str = "public") -> bool:
     """Does the store have the lease's schema as this version makes it (a read: no lock but
     ACCESS SHARE on the catalog)?"""
@@ -146,6 +159,7 @@ def make_schema(
     within_s: float = 60.0,
     schema: str | None = None,
     run: Callable[[str], Any] | None = None,
+    waiting: Callable[[Any], None] | None = None,
 ) -> None:
     """Make the lease's schema in the store's `schema` (`store_schema`) on the autocommit
     connection `con` unless it is made (`made`): one statement string, committed by the
@@ -153,7 +167,8 @@ def make_schema(
     and `LOCK_TIMEOUT_MS` (tried again until `within_s`). A store whose lease tables are in
     `public` (every store before they were qualified) keeps them there: `public` is its
     events' schema; the statements are made again in place, their objects qualified. `run`:
-    how the script is sent (`lease.watched`: cancelled when its commit waits on)."""
+    how the script is sent (`lease.watched`: cancelled when its commit waits on); `waiting`:
+    asked with `con` each time the lock is not had (it may raise: `lease.holder_waits`)."""
     import psycopg
 
     schema = store_schema() if schema is None else schema
@@ -173,6 +188,8 @@ def make_schema(
             return
         except psycopg.errors.LockNotAvailable:
             con.execute("ROLLBACK")
+            if waiting is not None:
+                waiting(con)
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)

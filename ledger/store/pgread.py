@@ -19,6 +19,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from uuid import UUID
 
 from ledger.store.embedded import StoredRecord
+from ledger.store.sessions import own_name
 from projections.errors import SourceUnavailable
 from projections.source import LogRecord, Row
 
@@ -160,7 +161,10 @@ def connect_defaults() -> dict[str, str]:
         "keepalives_interval": "2",
         "keepalives_count": "2",
         "tcp_user_timeout": "5000",  # sent and never acknowledged: a cut network
-        "application_name": "gpuledger",
+        # this process's, as its lease's and start's are named (`sessions.own_name`): a
+        # statement its pool left waiting for a synchronous standby after it died is cancelled
+        # by the next start on this host (they were all plain `gpuledger`: atk50b-ha F3)
+        "application_name": own_name("pool"),
     }
 
 
@@ -178,7 +182,7 @@ def connect(dsn: str, **extra: Any) -> Any:
         return psycopg.connect(**{**params, **extra}, autocommit=True)
     except psycopg.Error as err:
         raise SourceUnavailable(
-            f"cannot reach the PostgreSQL store {redacted(dsn)}: {_first_line(err)}",
+            f"cannot reach the PostgreSQL store {redacted(dsn)}: {connect_error(str(err))}",
             hint="is PostgreSQL up? check the DSN (`store` in the config)",
             path=redacted(dsn),
         ) from err
@@ -191,6 +195,25 @@ def _libpq_loads() -> bool:
     from ledger.store.libpq import load
 
     return load() is not None
+
+
+MULTIPLE = "Multiple connection attempts failed. All failures were:"
+"""psycopg's line before each host's own error, when a DSN of several hosts failed on each."""
+_ATTEMPT = re.compile(r"^- host: '([^']*)', port: '([^']*)'(?:, hostaddr: '[^']*')?: (.*)$")
+_SERVER_AT = re.compile(r'^connection failed: connection to server at "[^"]*", port \d+ failed: ')
+
+
+def connect_error(text: str) -> str:
+    """Pure: psycopg's connection error in one line; with several hosts (a multi-host DSN) every
+    host's own cause, `HOST:PORT: cause`, in the DSN's order. psycopg's first line is the last
+    host's alone: a primary that timed out was said as its standby's "session is read-only"
+    (atk50b-ha F4)."""
+    lines = text.strip().splitlines()
+    if MULTIPLE not in lines:
+        return lines[0] if lines else "connection failed"
+    tried = [f"{m[1]}:{m[2]}: {_SERVER_AT.sub('', m[3])}" for line in lines
+             if (m := _ATTEMPT.match(line))]  # fmt: skip
+    return "each host failed: " + "; ".join(tried) if tried else lines[0]
 
 
 def _first_line(err: BaseException) -> str:

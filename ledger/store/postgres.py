@@ -204,8 +204,12 @@ class LedgerPostgresRecorder(_Bounded, PostgresApplicationRecorder):
             # only, unconfirmed: not acknowledged (the ledger reads its state back)
             waited = round(time.monotonic() - self._watched_at, 1)
             raise Unavailable(
-                NOT_COMMITTING.format(waited),
-                hint="retry once the synchronous standby is back; reads answer",
+                NOT_COMMITTING.format(waited)
+                + ": this write is committed on the primary, unconfirmed (stored once the "
+                "standby confirms it)",
+                hint="send it again under its idempotency key once the synchronous standby is "
+                "back (answered, not stored twice); reads answer",
+                outcome="unknown",
             )
         return sorted(int(row["notification_id"]) for row in rows)
 

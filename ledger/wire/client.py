@@ -30,7 +30,7 @@ from urllib.parse import urlencode, urlsplit
 import msgspec
 
 from ledger.store.appended import Appended
-from ledger.wire import SOCKET_NAME
+from ledger.wire import OUTCOME_HEADER, SOCKET_NAME
 from ledger.wire.written import last_written, remember, stale_line, written_file
 from schemas import api
 from schemas.bounds import check_command
@@ -211,6 +211,10 @@ class Client:
         deadline = began + (retry_s() if len(self.urls) > 1 else 0.0)
         busy_until = time.monotonic() + retry_s()  # a 429 is waited out this long at most
         tried = 0
+        lost = ""
+        """A server this write reached (or may have) and whose answer was lost, or that said
+        its outcome is unknown (`X-Gpuledger-Outcome`): the write may be stored, so no later
+        refusal is its fate (`_in_doubt`)."""
         away: LedgerError | None = None
         """A server's answer that its store does not answer: said rather than a later server's
         refused connection (the one clear reason), and at once once no server of the list may
@@ -235,9 +239,15 @@ class Client:
                 # of the list is tried once, however long the others took
                 retry = may_retry or isinstance(err, _Refused)
                 answered.add(server.url)  # passed over: said nothing, as a silent one
+                if key is not None and not isinstance(err, _Refused):
+                    lost = lost or server.url
                 done = not retry or (time.monotonic() > deadline and tried >= len(self.urls))
+                if lost and not done:
+                    continue  # it may be stored: asked again under its key until the deadline
                 if away is not None and (done or answered >= set(self.urls)):
-                    raise away from err
+                    raise _in_doubt(away, lost, key) from err
+                if done and lost:
+                    raise _in_doubt(err, lost, key) from err
                 if done:
                     raise
                 continue
@@ -248,10 +258,12 @@ class Client:
             if status == 503 and server.keep and self.on_keep is not None:
                 self.on_keep(sent, server.keep, server.node_lease)
             self.node_lease = server.node_lease
+            if status == 503 and server.unknown and key is not None:
+                lost = lost or server.url
             if status == 503 and server.store_away:
                 away = _error(status, data)
                 answered.add(server.url)
-                if answered >= set(self.urls):
+                if answered >= set(self.urls) and not lost:
                     raise away
             else:
                 answered.discard(server.url)
@@ -259,7 +271,7 @@ class Client:
                 deadline = max(deadline, began + retry_s())  # a list of two now
             if status == 503 and len(self.urls) > 1 and time.monotonic() <= deadline:
                 answered |= self._next(tried := tried + 1, leader)
-                if away is not None and answered >= set(self.urls):
+                if away is not None and answered >= set(self.urls) and not lost:
                     raise away  # the others are passed over as silent: said at once
                 continue
             # a 429: the caller's share is used (its own reads at once, a minute's worth): wait
@@ -271,7 +283,8 @@ class Client:
                 continue
             self.url = server.url
             if status >= 400:
-                raise _error(status, data)
+                refused = _error(status, data)
+                raise _in_doubt(refused, lost, key) if status == 503 else refused
             if server.stale_s is not None and not self._stale_said:  # one line a command
                 self._stale_said = True
                 sys.stderr.write(stale_line(server.url, server.stale_s))
@@ -329,13 +342,16 @@ class Client:
             time.sleep(round_pause_s(tried // n))
         return passed
 
-    def execute(self, cmd: AnyCommand) -> Appended:
+    def execute(self, cmd: AnyCommand, key: str | None = None) -> Appended:
+        """Send `cmd` under the idempotency `key` (None: a new one; `submit --idempotency-key`
+        gives the key of an earlier try whose outcome was unknown: `_in_doubt`)."""
         check_command(cmd)  # out of bounds: the same line as embedded mode, before any request
 
         tag = type(cmd).__struct_config__.tag
         data = self.request(
-            "POST", f"/v1/commands/{tag}", msgspec.json.encode(cmd), key=secrets.token_hex(16)
-        )
+            "POST", f"/v1/commands/{tag}", msgspec.json.encode(cmd),
+            key=key or secrets.token_hex(16),
+        )  # fmt: skip
         result = msgspec.json.decode(data, type=api.CommandResult)
         self.position = max(self.position, result.position)
         remember(self.written, result.position)
@@ -420,6 +436,10 @@ class _Server:
         """The last answer said the server's store does not answer (`X-Gpuledger-Store`)."""
         self.stale_s: float | None = None
         """`X-Gpuledger-Stale` of the last answer: how old the log it was read from is."""
+        self.unknown = False
+        """The last answer (a 503) said the write may be stored all the same (`OUTCOME_HEADER`:
+        a commit that waited for the synchronous standby was cancelled, a stop answered a
+        waiting write)."""
         self._conn: http.client.HTTPConnection | None = None
         self._abandoned = False
         """The request under way was given up (`abandon`): not sent to this server again."""
@@ -502,6 +522,7 @@ class _Server:
         after = (resp.getheader("Retry-After") or "") if resp.status == 429 else ""
         self.retry_after = min(int(after), 60) if after.isdigit() else 0
         self.store_away = resp.getheader("X-Gpuledger-Store") == "away"
+        self.unknown = resp.getheader(OUTCOME_HEADER) == "unknown"
         stale = resp.getheader("X-Gpuledger-Stale") or ""
         self.stale_s = float(stale) if stale.replace(".", "", 1).isdigit() else None
         cut = resp.getheader("X-Gpuledger-Truncated") or ""
@@ -549,6 +570,32 @@ class _Refused(Unavailable):
 class _TimedOut(Unavailable):
     """The server did not answer within the timeout (a frozen process still accepts): passed
     over for a while (`Silent`)."""
+
+
+def _in_doubt(err: LedgerError, lost: str, key: str | None) -> LedgerError:
+    """The error a keyed write ends with: `err` itself when no try of it may be stored; else
+    (a try reached `lost` and its answer was lost, or was said unknown) one line that says the
+    write may be stored and how to send it again under the same key, so the retry is answered
+    with the first try's outcome, never doubles it. A refusal of the next server ("no write is
+    taken until it does") was the whole answer, and the user's new submit made a second job
+    once the first try's commit was confirmed (atk50b-ha F1)."""
+    if not lost or key is None:
+        return err
+    last = err.message.split(": no write is taken")[0].split("; ")[0]
+    return InDoubt(
+        f"this write's outcome is unknown: it reached {lost} and got no sure answer there, so it "
+        f"may be stored (the commit under way there may go through; the last answer: {last}); "
+        f"its idempotency key is {key}",
+        hint=f"check `gpuledger queue` once the store answers; `gpuledger submit "
+        f"--idempotency-key {key}` with the same options is answered with the first one's job "
+        "if it was stored, and submits it once if not",
+        key=key,
+    )
+
+
+class InDoubt(Unavailable):
+    """A write that may be stored though no server said so (`_in_doubt`); `fields["key"]` is
+    its idempotency key."""
 
 
 def _error(status: int, data: bytes) -> LedgerError:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ledger.cli.store import _place
-from ledger.store.pgread import connect_params, is_postgres, redacted
+from ledger.store.pgread import connect_error, connect_params, is_postgres, redacted
 from schemas.errors import InvalidCommand
 
 
@@ -56,3 +56,24 @@ def test_every_spelling_libpq_takes_of_a_password_is_hidden(dsn: str) -> None:
 def test_a_dsn_without_a_password_is_shown_whole() -> None:
     assert redacted("postgresql:///db?host=/tmp") == "postgresql:///db?host=/tmp"
     assert set(redacted("host=h dbname=x").split()) == {"host=h", "dbname=x"}
+
+
+def test_a_multi_host_connection_error_names_every_host_s_cause_the_first_host_first() -> None:
+    """psycopg's first line is the last host's alone: a primary's timeout was said as its
+    standby's "session is read-only" (atk50b-ha F4)."""
+    said = (
+        'connection failed: connection to server at "10.0.0.2", port 5433 failed: session is '
+        "read-only\nMultiple connection attempts failed. All failures were:\n"
+        "- host: '10.0.0.1', port: '5432', hostaddr: '10.0.0.1': connection timeout expired\n"
+        "- host: '10.0.0.2', port: '5433', hostaddr: '10.0.0.2': connection failed: connection "
+        'to server at "10.0.0.2", port 5433 failed: session is read-only'
+    )
+    assert connect_error(said) == (
+        "each host failed: 10.0.0.1:5432: connection timeout expired; "
+        "10.0.0.2:5433: session is read-only"
+    )
+    one = 'connection failed: connection to server at "h", port 1 failed: refused\n\tIs it up?'
+    assert (
+        connect_error(one)
+        == 'connection failed: connection to server at "h", port 1 failed: refused'
+    )

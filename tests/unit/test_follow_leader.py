@@ -158,6 +158,36 @@ def test_one_server_gives_up_at_once_and_a_list_gives_up_after_the_retry_time(
     assert 0.5 <= time.monotonic() - began < 10
 
 
+def _away(unknown: bool) -> Any:
+    said = "PostgreSQL does not commit: no write is taken until it does; reads still answer"
+    problem = {"title": "unavailable", "status": 503, "detail": said, "code": "unavailable"}
+    extra = {"X-Gpuledger-Store": "away"} | ({"X-Gpuledger-Outcome": "unknown"} if unknown else {})
+    return lambda *_: (503, extra, json.dumps(problem | {"message": said}).encode())
+
+
+def test_a_write_that_may_be_stored_is_asked_again_under_its_key_and_never_said_refused(
+    fakes: tuple[Fake, Fake], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A try that a server said may be stored (`X-Gpuledger-Outcome: unknown`, or an answer
+    lost): the next server's "no write is taken" is not the write's fate (atk50b-ha F1). The
+    client asks again under the same key until its retry time, then says the outcome is unknown
+    and names the key; a server that answers meanwhile answers it."""
+    monkeypatch.setenv("GPULEDGER_RETRY_S", "0.6")
+    x, y = fakes
+    x.answer, y.answer = _away(True), _away(False)
+    cmd = c.CancelJob(actor="", job_id=1)
+    with pytest.raises(Unavailable, match="outcome is unknown") as got:
+        Client(f"{x.url},{y.url}", "tok").execute(cmd)
+    keys = {h["idempotency-key"] for _, _, h in x.seen + y.seen}
+    assert len(keys) == 1 and got.value.fields["key"] in keys and len(y.seen) > 1
+    assert "no write is taken" not in got.value.line()
+    # without a try that may be stored, the refusal is said at once
+    x.seen.clear()
+    x.answer = _away(False)
+    with pytest.raises(Unavailable, match="no write is taken"):
+        Client(f"{x.url},{y.url}", "tok").execute(cmd)
+
+
 def test_a_client_finds_a_new_leader_within_a_quarter_second_of_it_answering(
     fakes: tuple[Fake, Fake],
 ) -> None:

@@ -1,0 +1,138 @@
+"""A submit whose leader is killed -9 while its commit waits for the synchronous standby (the
+standby's processes stopped by SIGSTOP, as a standby host frozen or cut off): the commit ran on
+the primary, so the job is stored once the standby confirms it. Before, the CLI took the next
+server's refusal for the write's fate, "no write is taken until it does", exit 1, and a user
+who submitted again got the job twice (atk50b-ha F1). Now the CLI goes on asking under the
+same idempotency key for its retry budget (answered with the first try's job once the standby
+is back), and past it says the outcome is unknown and names the key, which `submit
+--idempotency-key` takes again: answered with the first job, never a second."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psycopg
+
+from tests.integration import waits
+from tests.integration.hakit import GPULEDGER, Group, make_group
+from tests.integration.pgoutkit import pg_pair  # noqa: F401 (the fixture)
+from tests.integration.serverkit import BUDGET, cli, env_for, make_token, workdir
+from tests.integration.test_pg_failover import Pg
+from tests.integration.test_pg_outage_hung import signal_all
+
+SUBMIT = ("submit", "-A", "ai2/olmo", "-G", "1", "--min-runtime", "1h", "--")
+
+
+def _append_waits(dsn: str) -> bool:
+    """Does an append (the fenced group commit) wait for the standby's confirmation?"""
+    with psycopg.connect(dsn, autocommit=True) as con:
+        rows = con.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep' "
+            "AND query LIKE '%gpuledger_fence%'"
+        ).fetchone()
+    return bool(rows and rows[0])
+
+
+def _jobs_of(home: Path, word: str) -> list[int]:
+    """The ids of the jobs whose command is `echo word`, as the log holds them."""
+    out = cli(home, "log", "--json", "--limit", "10000", timeout=120)
+    return [
+        int(r["event"]["job_id"])
+        for r in json.loads(out.stdout)
+        if r["event"].get("type", "").startswith("job.submitted")
+        and r["event"].get("command") == ["echo", word]
+    ]
+
+
+def _kill_in_flight(
+    g: Group, pg: Pg, env: dict[str, str], word: str
+) -> tuple[subprocess.Popen[str], dict[str, str], str]:
+    """The standby frozen, a submit of `echo word...` sent to the leader, the leader killed -9
+    once its append waits for the standby: the submit (still running), its environment (its
+    job's, under --export=ALL: a retry under its key must send the same request) and its word.
+    A submit that came after the leader saw the standby away (a loaded machine's slow CLI) is
+    refused at once: the standby resumed, and another one sent."""
+    ended = []
+    for attempt in range(4):
+        leader = g.leader(timeout=60)
+        first = [leader] + [m for m in g.members if m is not leader]
+        frozen = pg.pids("standby")
+        signal_all(frozen, signal.SIGSTOP)
+        sent = env | {"GPULEDGER_URL": ",".join(m.url for m in first)}
+        said = f"{word}{attempt}"
+        proc = subprocess.Popen(
+            [GPULEDGER, *SUBMIT, "echo", said], text=True, cwd=workdir(g.members[0].home),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=sent,
+        )  # fmt: skip
+        try:
+            waits.wait_for("the submit's append to wait on the standby, or the submit to end",
+                           lambda p=proc: p.poll() is not None or _append_waits(pg.dsn), 60,
+                           g.why)  # fmt: skip
+        except BaseException:
+            signal_all(frozen, signal.SIGCONT)
+            raise
+        if proc.poll() is None:
+            leader.kill(signal.SIGKILL)
+            return proc, sent, said
+        ended.append(proc.communicate())
+        signal_all(frozen, signal.SIGCONT)
+    raise AssertionError(f"no submit reached the leader before it saw the standby away: {ended}")
+
+
+def test_a_submit_whose_leader_died_in_its_commit_is_answered_once_never_refused(
+    tmp_path: Path,
+    pg_pair: Pg,  # noqa: F811
+) -> None:
+    home = tmp_path / "server-0"
+    cli(home, "init", "--admin", "root", "--store", pg_pair.dsn)
+    budget = tmp_path / "budget.toml"
+    budget.write_text(BUDGET)
+    cli(home, "budget", "apply", str(budget), GPULEDGER_USER="root")
+    cli(home, "node", "add", "n1", "--gpus", "8", "--gpu-type", "h100", GPULEDGER_USER="root")
+    token = make_token(home, "--user", "alice")
+    g = make_group(tmp_path, pg_pair.dsn, 2, "--interval", "0.5s", home=home)
+    g.lease = "10s"  # the leader says the standby away a third of it after its commit waits
+    env = env_for(home, GPULEDGER_TOKEN=token)
+    try:
+        for m in g.members:
+            g.start(m)
+        # 1 the standby back within the CLI's retry budget: answered with the job, stored once
+        proc, _, word = _kill_in_flight(g, pg_pair, env | {"GPULEDGER_RETRY_S": "30"}, "in")
+        time.sleep(2.0)
+        signal_all(pg_pair.pids("standby"), signal.SIGCONT)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        got = re.search(r"submitted job (\d+)", out)
+        assert got is not None, out
+        g.start(next(m for m in g.members if not m.alive()))
+        g.leader(timeout=60)
+        assert _jobs_of(home, word) == [int(got[1])]
+        # 2 the standby away past the budget: the outcome is unknown, said with the key; the
+        #   same submit under that key is answered with the first one's job, no second
+        proc, sent, word = _kill_in_flight(g, pg_pair, env | {"GPULEDGER_RETRY_S": "6"}, "out")
+        out, err = proc.communicate(timeout=120)
+        signal_all(pg_pair.pids("standby"), signal.SIGCONT)
+        assert proc.returncode == 1, (out, err)
+        lines = [x for x in err.splitlines() if x.strip()]
+        assert len(lines) == 1 and "outcome is unknown" in lines[0], err
+        assert "no write is taken" not in err, err
+        key = re.search(r"--idempotency-key (\S+)`", lines[0])
+        assert key is not None, err
+        g.start(next(m for m in g.members if not m.alive()))
+        g.leader(timeout=60)
+        again = subprocess.run(
+            [GPULEDGER, *SUBMIT[:-1], "--idempotency-key", key[1], "--", "echo", word],
+            env=sent, cwd=workdir(home), capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert again.returncode == 0, again.stderr
+        stored = _jobs_of(home, word)
+        assert len(stored) == 1, (stored, again.stdout)
+        assert f"submitted job {stored[0]} " in again.stdout, again.stdout
+    finally:
+        signal_all(pg_pair.pids("standby"), signal.SIGCONT)
+        g.stop()
