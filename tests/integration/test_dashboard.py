@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, sync_playwright
@@ -559,6 +560,36 @@ def test_the_budget_and_preemptions_views_are_in_their_url_and_a_non_decision_is
     page.wait_for_selector("#decision-error")
     assert "no recorded decision at position 1" in page.locator("#decision-error").inner_text()
     assert page.locator("#decisions tbody tr").count() > 0
+
+
+def test_a_timed_update_waits_while_someone_types_in_a_pages_field(
+    served: Served, browser: Browser
+) -> None:
+    """atk51-29 F1: the preemptions page's 30 s update redrew the page under the cursor and took
+    the half-typed account as the filter (asked for at every update after). The update waits
+    while a field of the page has the focus; leaving it (its change) asks for the whole text."""
+    s = served
+    program = s.dash.project_b.split("/")[0]
+    page, errors = watched(signed_in(browser, s.tokens["root"]))
+    page.clock.install()
+    page.goto(f"{s.server.url}/ui/preemptions?account=*")
+    page.wait_for_selector("#preempt-summary")
+    asked: list[str] = []
+    page.on("request", lambda q: asked.append(q.url) if "/ui/api/preemptions" in q.url else None)
+    page.locator("#p-account").fill("")
+    page.locator("#p-account").press_sequentially(program[:-1])
+    page.clock.fast_forward(65_000)  # two updates' worth
+    page.wait_for_timeout(1_500)
+    assert asked == [], asked
+    assert page.evaluate("document.activeElement.id") == "p-account"
+    assert page.locator("#p-account").input_value() == program[:-1]
+    page.locator("#p-account").press_sequentially(program[-1])
+    page.locator("#p-account").press("Tab")  # leaves it: its change asks for the whole name
+    page.wait_for_function("document.activeElement.id !== 'p-account'")
+    page.wait_for_timeout(1_500)
+    accounts = [parse_qs(urlsplit(u).query).get("account") for u in asked]
+    assert accounts and all(a == [program] for a in accounts), asked
+    assert errors == []
 
 
 def test_metrics_are_typed_and_documented_and_head_answers(served: Served) -> None:

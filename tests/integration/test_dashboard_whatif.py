@@ -596,16 +596,27 @@ def test_the_page_says_where_a_waiting_what_if_stands(reviewed: Reviewed, browse
     row = page.locator(f'#budget tbody tr[data-account="{account}"]')
     row.locator("button.whatif").click()
     page.fill("#whatif-shares", "7")
+    reviews: list[str] = []  # the page's fetches of the review itself while the what-if runs
+    page.on("request", lambda q: reviews.append(q.url) if "/ui/api/budget?" in q.url else None)
+    began = time.monotonic()
     page.click("#whatif-run")
     page.wait_for_function(
         "(document.querySelector('#whatif-running') || {}).textContent?.startsWith("
         "'Waiting for 1 what-if ahead of yours')",
         timeout=60_000,
     )
+    # atk51-29 F1: someone types in the account box meanwhile: each streamed line redrew the
+    # page (a fetch of the review per line) and took the half-typed text as the account
+    page.locator("#b-account").press_sequentially("half/ty")
     page.wait_for_selector("#whatif-result, #whatif-error", timeout=SLOW_S * 1000)
+    took = time.monotonic() - began
     root.join(SLOW_S)
     assert [s for s, _ in ahead] == [200] and page.locator("#whatif-error").count() == 0
     assert page.locator("#whatif-result").get_attribute("data-shares") == "7" and errors == []
+    assert page.evaluate("document.activeElement.id") == "b-account"
+    assert page.locator("#b-account").input_value().endswith("half/ty")
+    assert not [u for u in reviews if "half" in u], reviews
+    assert len(reviews) <= 2 + took / 30, (took, reviews)  # its start and end, and the 30 s poll
 
 
 def test_a_streamed_what_if_says_its_place_and_its_step_then_its_answer(

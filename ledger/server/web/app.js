@@ -45,7 +45,13 @@ async function refresh() {
     // nothing shown yet (a bad page address, say): the one line says why, not a blank page
     if (!started) main(el("p", { class: "err", id: "page-error" }, err.message));
   }
-  timer = setTimeout(refresh, POLL_MS[PAGE]);
+  timer = setTimeout(poll, POLL_MS[PAGE]);
+}
+
+function poll() {  // the timed update, once nobody types in the page's fields (`editing`)
+  clearTimeout(timer);
+  if (editing()) timer = setTimeout(poll, 1000);
+  else refresh();
 }
 
 async function start() {

@@ -126,6 +126,10 @@ async function answered(resp, path) {
   return out;
 }
 
+// someone is typing in one of the page's fields: a redraw now would replace it under the cursor
+// and take the half-typed text as the filter (atk51-29 F1); timed updates wait for it
+const editing = () => document.activeElement?.matches("#main input, #main select, #main textarea") ?? false;
+
 function main(...kids) {
   const m = document.getElementById("main");
   m.replaceChildren(...kids.filter((k) => k !== null && k !== undefined && k !== false));

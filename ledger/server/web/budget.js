@@ -10,14 +10,22 @@ async function runWhatif(child, shares) {
   refresh();
   // where it stands (its place in line, then its step), streamed as it moves (atk50-29 F3: it
   // said "running" while it waited; F2: nothing came until the answer, and a proxy gave up)
-  const said = (turn) => { budgetState.turn = turn; refresh(); };
+  // (each line only rewrites that line: a whole redraw per line fetched the page again and
+  // replaced its fields under the cursor, atk51-29 F1)
+  const said = (turn) => {
+    budgetState.turn = turn;
+    const line = document.getElementById("whatif-running");
+    if (line) line.textContent = turnText(turn);
+  };
   try {
     budgetState.result = await streamed("/ui/api/budget/whatif?stream=true", { account: child.account, shares }, said);
   } catch (err) {
     budgetState.error = err.message;
   }
   budgetState.running = false;
-  refresh();
+  const panel = document.getElementById("whatif");  // (a redraw of the panel alone, if someone types)
+  if (panel && editing()) panel.replaceWith(whatifPanel(child));
+  else refresh();
 }
 
 function whatifResult(r) {
@@ -42,7 +50,7 @@ function whatifResult(r) {
     notes.length > 8 ? el("p", { class: "muted" }, `… and ${notes.length - 8} more notes`) : null);
 }
 
-function whatifPanel(data, child) {
+function whatifPanel(child) {
   // the what-if of one share change, run by the server (nothing is written: no budget changes)
   const input = el("input", { id: "whatif-shares", type: "number", min: 0, step: 1, value: budgetState.shares ?? child.raw_shares,
     on: { input: (ev) => { budgetState.shares = ev.target.value; } } });
@@ -93,5 +101,5 @@ async function budgetPage(first) {
       "): funded usage, owed (its share of the capacity, capped hour by hour by its demand) and delivered."),
     table(["account", "kind", "RawShares", "NormShares", "usage GPU-h", "owed GPU-h", "delivered GPU-h", "delivered/owed (by period, capped at 100%)", ""],
       rows, { id: "budget" }),
-    chosen ? whatifPanel(data, chosen) : null);
+    chosen ? whatifPanel(chosen) : null);
 }
