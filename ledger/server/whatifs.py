@@ -295,15 +295,17 @@ async def streamed(
     from schemas.errors import LedgerError
 
     task = asyncio.ensure_future(work)
-    for _ in range(4):  # its first steps: in line (or under way) before the first line says so
-        await asyncio.sleep(0)
-    try:
+    try:  # (its client gone in its first steps: `work` cancelled too, atk51-29 F3)
+        for _ in range(4):  # its first steps: in line (or under way) before the first line says so
+            await asyncio.sleep(0)
         while not task.done():
             yield msgspec.json.encode({"turn": where()}) + b"\n"
             moved.clear()
             waking = asyncio.ensure_future(moved.wait())
-            await asyncio.wait({task, waking}, timeout=FRAME_S, return_when="FIRST_COMPLETED")
-            waking.cancel()
+            try:  # (its client gone mid-wait: cancelled too, never left pending, atk51-29 F3)
+                await asyncio.wait({task, waking}, timeout=FRAME_S, return_when="FIRST_COMPLETED")
+            finally:
+                waking.cancel()
             if not task.done() and moved.is_set():
                 await asyncio.wait({task}, timeout=STEP_S)
         frame: dict[str, Any] = {"result": answer(task.result())}
