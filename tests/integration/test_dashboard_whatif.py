@@ -11,6 +11,7 @@ import contextlib
 import http.client
 import itertools
 import json
+import os
 import signal
 import time
 from collections.abc import Iterator
@@ -429,7 +430,9 @@ def test_a_what_if_whose_client_left_while_it_waited_frees_its_place(reviewed: R
         target=lambda: ahead.append(ask(r, r.tokens["root"], {"account": account, "shares": 2}))
     )
     root.start()
-    first = _until_child(r)  # root's what-if runs
+    first = _until_child(r)  # root's what-if runs: held (SIGSTOP) while boss comes and goes
+    for p in first:  # (a fast one ended before boss's next was asked: nothing waited for it)
+        os.kill(p, signal.SIGSTOP)
     body = json.dumps({"account": account, "shares": 5}).encode()
     sock = socket.create_connection(("127.0.0.1", r.server.port))
     sock.sendall(
@@ -440,13 +443,15 @@ def test_a_what_if_whose_client_left_while_it_waited_frees_its_place(reviewed: R
     time.sleep(1.0)  # boss's what-if waits for root's (its checks take a few ms)
     sock.close()  # and boss leaves
     time.sleep(0.6)  # more than two steps of the watch (0.25 s)
-    assert all(Path(f"/proc/{p}").exists() for p in first), "root's what-if ended too soon"
+    assert all(Path(f"/proc/{p}").exists() for p in first) and not ahead, "root's ended"
     mine: list[tuple[int, Any]] = []
     again = threading.Thread(
         target=lambda: mine.append(ask(r, r.tokens["boss"], {"account": account, "shares": 6}))
     )
     again.start()
     again.join(1.5)
+    for p in first:
+        os.kill(p, signal.SIGCONT)
     assert not mine or mine[0][0] != 429, mine  # was: 429 at once, root's still running
     root.join(SLOW_S)
     again.join(SLOW_S)
