@@ -619,7 +619,7 @@ def test_the_page_says_where_a_waiting_what_if_stands(reviewed: Reviewed, browse
     assert [s for s, _ in ahead] == [200] and page.locator("#whatif-error").count() == 0
     assert page.locator("#whatif-result").get_attribute("data-shares") == "7" and errors == []
     assert page.evaluate("document.activeElement.id") == "b-account"
-    assert page.locator("#b-account").input_value().endswith("half/ty")
+    assert "half/ty" in page.locator("#b-account").input_value()  # typed where the caret was
     assert not [u for u in reviews if "half" in u], reviews
     assert len(reviews) <= 2 + took / 30, (took, reviews)  # its start and end, and the 30 s poll
 
