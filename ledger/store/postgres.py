@@ -180,7 +180,11 @@ class LedgerPostgresRecorder(_Bounded, PostgresApplicationRecorder):
     def _insert_once(self, stored_events: Sequence[StoredEvent]) -> list[int]:
         if not stored_events:
             return []
-        notices: list[Any] = []
+        notices: list[str] = []
+
+        def heard(diag: Any) -> None:  # read in the callback: psycopg empties it after (the
+            notices.append(str(diag.message_primary or ""))  # warning went unseen: atk51-ha F1)
+
         params: list[Any] = [
             [se.originator_id for se in stored_events],
             [se.originator_version for se in stored_events],
@@ -192,14 +196,14 @@ class LedgerPostgresRecorder(_Bounded, PostgresApplicationRecorder):
             query, params = self.fenced_append_sql, [self.fence_epoch, *params]
         with self.datastore.get_connection() as conn:
             assert conn.autocommit
-            conn.add_notice_handler(notices.append)
+            conn.add_notice_handler(heard)
             self._watch(conn)
             try:
                 rows = conn.execute(query, params, prepare=True).fetchall()
             finally:
                 self._watched = None
-                conn.remove_notice_handler(notices.append)
-        if any(SYNC_WAIT in str(n.message_primary or "") for n in notices):
+                conn.remove_notice_handler(heard)
+        if any(SYNC_WAIT in n for n in notices):
             # cancelled while its commit waited for the synchronous standby: committed here
             # only, unconfirmed: not acknowledged (the ledger reads its state back)
             waited = round(time.monotonic() - self._watched_at, 1)

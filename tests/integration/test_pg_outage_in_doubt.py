@@ -84,20 +84,57 @@ def _kill_in_flight(
     raise AssertionError(f"no submit reached the leader before it saw the standby away: {ended}")
 
 
-def test_a_submit_whose_leader_died_in_its_commit_is_answered_once_never_refused(
-    tmp_path: Path,
-    pg_pair: Pg,  # noqa: F811
-) -> None:
+def _grouped(tmp_path: Path, pg: Pg) -> tuple[Path, Group, dict[str, str]]:
+    """A store on `pg` with a team, a node and alice's token; two servers on it (not started)."""
     home = tmp_path / "server-0"
-    cli(home, "init", "--admin", "root", "--store", pg_pair.dsn)
+    cli(home, "init", "--admin", "root", "--store", pg.dsn)
     budget = tmp_path / "budget.toml"
     budget.write_text(BUDGET)
     cli(home, "budget", "apply", str(budget), GPULEDGER_USER="root")
     cli(home, "node", "add", "n1", "--gpus", "8", "--gpu-type", "h100", GPULEDGER_USER="root")
     token = make_token(home, "--user", "alice")
-    g = make_group(tmp_path, pg_pair.dsn, 2, "--interval", "0.5s", home=home)
+    g = make_group(tmp_path, pg.dsn, 2, "--interval", "0.5s", home=home)
     g.lease = "10s"  # the leader says the standby away a third of it after its commit waits
-    env = env_for(home, GPULEDGER_TOKEN=token)
+    return home, g, env_for(home, GPULEDGER_TOKEN=token)
+
+
+def test_a_submit_whose_commit_the_standby_never_confirmed_is_never_acknowledged(
+    tmp_path: Path,
+    pg_pair: Pg,  # noqa: F811
+) -> None:
+    """atk51-ha F1: with the standby frozen and no server killed, a submit to the leader was
+    answered "submitted job N", exit 0: PostgreSQL's warning that the commit's wait for the
+    standby was cancelled went unread (psycopg empties a notice after its callback), and a
+    failover then lost the acknowledged job. Now it is in doubt: the CLI asks again under its
+    key for its budget, then says the outcome is unknown; the standby back, it is stored once."""
+    home, g, env = _grouped(tmp_path, pg_pair)
+    try:
+        for m in g.members:
+            g.start(m)
+        leader = g.leader(timeout=60)
+        frozen = pg_pair.pids("standby")
+        signal_all(frozen, signal.SIGSTOP)
+        sent = env | {"GPULEDGER_URL": leader.url, "GPULEDGER_RETRY_S": "6"}
+        proc = subprocess.run(
+            [GPULEDGER, *SUBMIT, "echo", "unconfirmed"], text=True, cwd=workdir(home),
+            capture_output=True, env=sent, timeout=180,
+        )  # fmt: skip
+        signal_all(frozen, signal.SIGCONT)
+        said = (proc.stdout, proc.stderr)
+        assert proc.returncode == 1 and "submitted job" not in proc.stdout, said
+        assert "outcome is unknown" in proc.stderr, proc.stderr
+        waits.wait_for("the job stored once the standby confirms it",
+                       lambda: len(_jobs_of(home, "unconfirmed")) == 1, 60, g.why)  # fmt: skip
+    finally:
+        signal_all(pg_pair.pids("standby"), signal.SIGCONT)
+        g.stop()
+
+
+def test_a_submit_whose_leader_died_in_its_commit_is_answered_once_never_refused(
+    tmp_path: Path,
+    pg_pair: Pg,  # noqa: F811
+) -> None:
+    home, g, env = _grouped(tmp_path, pg_pair)
     try:
         for m in g.members:
             g.start(m)
