@@ -61,6 +61,7 @@ from ledger.server.peers import (
 )
 from ledger.server.store_seen import STALE_HEADER, stale_s, store_trouble
 from ledger.store.lease import Holder, Lease, Member, NotCommitting, dead_here
+from ledger.wire import OUTCOME_HEADER
 from schemas import api
 
 log = logging.getLogger("gpuledger.ha")
@@ -668,7 +669,12 @@ class HAFront:
         self.ha.kept_at = time.monotonic()
         return self.ha.keeps()
 
-    async def _refuse(self, send: Send, why: str, keep: int = 0, status: int = 503) -> None:
+    async def _refuse(
+        self, send: Send, why: str, keep: int = 0, status: int = 503, unknown: bool = False
+    ) -> None:
+        """A 503 (or `status`) in one line; `unknown`: the write went on to a leader that may
+        have stored it (`OUTCOME_HEADER`: its client asks again under its key, never takes it
+        for refused: atk51-ha F3)."""
         leader = self.ha.leader_address()
         where = f"the leader is {leader}" if leader else "no server leads right now"
         hint = "retry: the CLI and agents find the leader from their list of servers"
@@ -697,6 +703,8 @@ class HAFront:
             headers.append((LEADER_HEADER.encode(), leader.encode()))
         if self.ha.unreachable is not None:
             headers.append((STORE_HEADER.encode(), b"away"))
+        if unknown:
+            headers.append((OUTCOME_HEADER.lower().encode(), b"unknown"))
         if keep:
             headers.append((KEEP_HEADER.encode(), str(keep).encode()))
             headers.extend(self._node_lease())
@@ -734,9 +742,9 @@ class HAFront:
             await self._after_forward(leader, scope, body, send, headers)
             return
         try:
-            status, reply, kind = call.result()
-        except OSError as err:
-            await self._refuse(send, f"the leader did not answer ({err})")
+            status, reply, kind, outcome = call.result()
+        except OSError as err:  # (sent, maybe taken: its answer lost)
+            await self._refuse(send, f"the leader did not answer ({err})", unknown=True)
             return
         await send(
             {
@@ -746,6 +754,7 @@ class HAFront:
                     (b"content-type", kind.encode()),
                     (b"content-length", str(len(reply)).encode()),
                     (LEADER_HEADER.encode(), leader.encode()),
+                    *([(OUTCOME_HEADER.lower().encode(), outcome.encode())] if outcome else []),
                 ],
             }
         )
@@ -780,7 +789,9 @@ class HAFront:
 
             await self.app(scope, replay, self._stamped(send))
             return
-        await self._refuse(send, f"the leader {gone} did not answer and leads no more")
+        await self._refuse(
+            send, f"the leader {gone} did not answer and leads no more", unknown=True
+        )
 
 
 class _NodeOnly(msgspec.Struct):

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from ledger.wire import OUTCOME_HEADER
 from schemas import api
 from schemas.errors import TooLarge
 
@@ -100,12 +101,15 @@ def connection(url: str) -> http.client.HTTPConnection:
 
 def exchange(
     conn: http.client.HTTPConnection, method: str, path: str, body: bytes, headers: dict[str, str]
-) -> tuple[int, bytes, str]:
-    """One request on `conn`; (status, body, content type). Blocks: run in a thread."""
+) -> tuple[int, bytes, str, str | None]:
+    """One request on `conn`; (status, body, content type, `OUTCOME_HEADER`'s value: a write
+    the leader may have stored, passed on to the client: atk51-ha F3). Blocks: run in a
+    thread."""
     try:
         conn.request(method, path, body=body, headers=headers)
         resp = conn.getresponse()
-        return resp.status, resp.read(), resp.getheader("content-type") or "application/json"
+        kind = resp.getheader("content-type") or "application/json"
+        return resp.status, resp.read(), kind, resp.getheader(OUTCOME_HEADER)
     except http.client.HTTPException as err:
         raise OSError(str(err)) from err
     finally:

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from tests.integration import waits
 from tests.integration.hakit import GPULEDGER, Group, make_group
@@ -98,23 +99,29 @@ def _grouped(tmp_path: Path, pg: Pg) -> tuple[Path, Group, dict[str, str]]:
     return home, g, env_for(home, GPULEDGER_TOKEN=token)
 
 
+@pytest.mark.parametrize("via", ["leader", "standby server"])
 def test_a_submit_whose_commit_the_standby_never_confirmed_is_never_acknowledged(
     tmp_path: Path,
     pg_pair: Pg,  # noqa: F811
+    via: str,
 ) -> None:
     """atk51-ha F1: with the standby frozen and no server killed, a submit to the leader was
     answered "submitted job N", exit 0: PostgreSQL's warning that the commit's wait for the
     standby was cancelled went unread (psycopg empties a notice after its callback), and a
     failover then lost the acknowledged job. Now it is in doubt: the CLI asks again under its
-    key for its budget, then says the outcome is unknown; the standby back, it is stored once."""
+    key for its budget, then says the outcome is unknown; the standby back, it is stored once.
+    Sent to a standby server (forwarded to the leader), it said "no write is taken", exit 1,
+    and was stored all the same (atk51-ha F3: the forward dropped the leader's "outcome
+    unknown", and a forward whose leader stopped leading was refused as not taken)."""
     home, g, env = _grouped(tmp_path, pg_pair)
     try:
         for m in g.members:
             g.start(m)
         leader = g.leader(timeout=60)
+        to = leader if via == "leader" else next(m for m in g.members if m is not leader)
         frozen = pg_pair.pids("standby")
         signal_all(frozen, signal.SIGSTOP)
-        sent = env | {"GPULEDGER_URL": leader.url, "GPULEDGER_RETRY_S": "6"}
+        sent = env | {"GPULEDGER_URL": to.url, "GPULEDGER_RETRY_S": "6"}
         proc = subprocess.run(
             [GPULEDGER, *SUBMIT, "echo", "unconfirmed"], text=True, cwd=workdir(home),
             capture_output=True, env=sent, timeout=180,
