@@ -18,7 +18,7 @@ from schemas.errors import InvalidTransition
 class NotYetRunning:
     """The server's answer to the job's report while its start is not recorded."""
 
-    def execute(self, cmd: Any) -> Any:
+    def execute(self, cmd: Any, key: str | None = None) -> Any:
         raise InvalidTransition(f"job {cmd.job_id} is placed, not running")
 
 
