@@ -223,12 +223,14 @@ def node_lost(ctx: Ctx, name: str, reason: str) -> None:
 @click.option(
     "--force",
     is_flag=True,
-    help="remove it although runs stopped there are not reported gone: the machine is gone for "
-    "good (nothing then kills what may still run there)",
+    help="remove it although runs stopped (or placed) there are not reported gone: the machine "
+    "is gone for good; each stopped run there is forgotten, its end recorded now (nothing then "
+    "kills what may still run there)",
 )
 @pass_ctx
 def node_remove(ctx: Ctx, name: str, reason: str, force: bool) -> None:
-    """Remove an empty node from the cluster (refused while runs stopped there may live)."""
+    """Remove an empty node from the cluster (refused while runs stopped or placed there may
+    live)."""
     cmd = c.RemoveNode(actor=ctx.actor, node=name, reason=reason, force=force)
     _done(ctx, f"removed {name}", cmd)
 
