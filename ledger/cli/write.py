@@ -211,9 +211,13 @@ def node_lost(ctx: Ctx, name: str, reason: str) -> None:
     """Record that NAME is gone: its jobs end now (resumable ones are requeued)."""
     appended = ctx.execute(c.MarkNodeLost(actor=ctx.actor, node=name, reason=reason))
     requeued = sum(type(ev).__name__ == "JobRequeued" for ev in appended.events)
-    failed = sum(type(ev).__name__ == "JobFinished" for ev in appended.events)
+    ended = [ev for ev in appended.events if type(ev).__name__ == "JobFinished"]
+    failed = sum(getattr(ev, "reason", "") == "node_lost" for ev in ended)
+    # a dependent elsewhere whose dependency can no longer be met ends with it (atk51-23)
+    others = f", {len(ended) - failed} dependent jobs ended" if len(ended) > failed else ""
     click.echo(
-        f"{name} is lost: {requeued} jobs requeued, {failed} failed (position {appended.position})"
+        f"{name} is lost: {requeued} jobs requeued, {failed} failed{others} "
+        f"(position {appended.position})"
     )
 
 

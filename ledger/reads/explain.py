@@ -253,8 +253,19 @@ def _kill_line(ev: e.JobKillOrdered, last_end: e.JobFinished | None) -> str:
     if with_end and last_end is not None and last_end.reason == "cancelled":
         return (f"{when(ev.at)} its earlier run {ev.run + 1}, still in its grace, is killed "
                 "at once (SIGKILL) by that cancel.")  # fmt: skip
+    if last_end is not None and not _a_cancel(last_end):  # its first cancel (atk51-23)
+        return (f"{when(ev.at)} cancelled by {ev.actor} after it had ended "
+                f"({last_end.reason}): its run {ev.run + 1} in its grace is killed at once "
+                "(SIGKILL).")  # fmt: skip
     return (f"{when(ev.at)} cancelled again by {ev.actor}: its run {ev.run + 1} in its grace "
             "is killed at once (SIGKILL).")  # fmt: skip
+
+
+def _a_cancel(end: e.JobFinished) -> bool:
+    """Pure: the job's end was a cancel (one past its time limit too: `cancels`)."""
+    return end.reason == "cancelled" or (
+        end.reason == "time_limit" and not end.actor.startswith("@")
+    )
 
 
 def _real(engine_at: float | None, at: float) -> float:

@@ -91,3 +91,16 @@ def test_force_forgets_a_cancelled_run_and_its_afterany_dependent_runs(home: Pat
     assert jobs(home)[1].get("kill_at") is None, jobs(home)[1]
     assert "forgotten by `node remove local --force`" in cli(home, "explain", "1").stdout
     assert up.proc.poll() is None
+
+
+def test_node_lost_counts_an_afterok_dependent_apart_from_the_failed_jobs(home: Path) -> None:
+    """atk51-23 (wording): `node lost` said `2 failed` for its one job and an `afterok`
+    dependent elsewhere that ended with it (`dependency_never_satisfied`)."""
+    submit(home, "bob", 1, "sleep 600", "--grace", "1s")
+    submit(home, "alice", 1, "sleep 600", "-d", "afterok:1")  # job 2, pending
+    up = Service(home)
+    wait_for("job 1 running", lambda: jobs(home)[1]["status"] == "running", home=home)
+    said = cli(home, "node", "lost", "local", "--reason", "test").stdout
+    assert "local is lost: 0 jobs requeued, 1 failed, 1 dependent jobs ended" in said, said
+    assert jobs(home)[2]["status"] == "finished"
+    assert up.proc.poll() is None

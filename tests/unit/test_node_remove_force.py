@@ -21,6 +21,7 @@ from ledger.core.nodes import FORGOTTEN
 from ledger.cycle.dispatcher import Dispatcher
 from ledger.cycle.executor import Orders, Start
 from ledger.dispatch.policy import Fifo
+from ledger.reads.explain import explain_history
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock
 from schemas import commands as c
@@ -129,3 +130,21 @@ def test_a_node_lost_with_a_placed_run_is_removed_once_its_agent_reports_the_run
     org_ledger.execute(done)  # its agent, back, stopped the launch it had made: gone
     assert org_ledger.state.nodes["n1"].placed_lost == ()
     org_ledger.execute(c.RemoveNode(actor="root", node="n1"))
+
+
+def test_explain_of_the_first_cancel_of_a_node_lost_failed_job_does_not_say_again(
+    org_ledger: Ledger, clock: SimClock
+) -> None:
+    """atk51-23 (wording): a job a `node lost` failed, whose run is stopping, cancelled once,
+    read `cancelled again by ...` with no cancel before it."""
+    d = Dispatcher(org_ledger, NoRanks(), Fifo(), Engine())  # type: ignore[arg-type]
+    a = submit(org_ledger, 8, grace_s=60)
+    tick(clock)
+    d.cycle(clock.now())
+    org_ledger.execute(c.MarkNodeLost(actor="root", node="n1", reason="dead"))
+    tick(clock)
+    org_ledger.execute(c.CancelJob(actor="alice", job_id=a))
+    history = [ev for _, ev in org_ledger.read(0, 100_000) if getattr(ev, "job_id", None) == a]
+    said = " ".join(explain_history(org_ledger.state.jobs[a], history, {}, clock.now(), 30))
+    assert "cancelled again" not in said, said
+    assert "cancelled by alice after it had ended (node_lost): its run 1 in its grace" in said
