@@ -211,9 +211,13 @@ def node_lost(ctx: Ctx, name: str, reason: str) -> None:
     """Record that NAME is gone: its jobs end now (resumable ones are requeued)."""
     appended = ctx.execute(c.MarkNodeLost(actor=ctx.actor, node=name, reason=reason))
     requeued = sum(type(ev).__name__ == "JobRequeued" for ev in appended.events)
-    failed = sum(type(ev).__name__ == "JobFinished" for ev in appended.events)
+    ended = [ev for ev in appended.events if type(ev).__name__ == "JobFinished"]
+    failed = sum(getattr(ev, "reason", "") == "node_lost" for ev in ended)
+    # a dependent elsewhere whose dependency can no longer be met ends with it (atk51-23)
+    others = f", {len(ended) - failed} dependent jobs ended" if len(ended) > failed else ""
     click.echo(
-        f"{name} is lost: {requeued} jobs requeued, {failed} failed (position {appended.position})"
+        f"{name} is lost: {requeued} jobs requeued, {failed} failed{others} "
+        f"(position {appended.position})"
     )
 
 
@@ -223,12 +227,14 @@ def node_lost(ctx: Ctx, name: str, reason: str) -> None:
 @click.option(
     "--force",
     is_flag=True,
-    help="remove it although runs stopped there are not reported gone: the machine is gone for "
-    "good (nothing then kills what may still run there)",
+    help="remove it although runs stopped (or placed) there are not reported gone: the machine "
+    "is gone for good; each stopped run there is forgotten, its end recorded now (nothing then "
+    "kills what may still run there)",
 )
 @pass_ctx
 def node_remove(ctx: Ctx, name: str, reason: str, force: bool) -> None:
-    """Remove an empty node from the cluster (refused while runs stopped there may live)."""
+    """Remove an empty node from the cluster (refused while runs stopped or placed there may
+    live)."""
     cmd = c.RemoveNode(actor=ctx.actor, node=name, reason=reason, force=force)
     _done(ctx, f"removed {name}", cmd)
 

@@ -36,7 +36,9 @@ def _release(state: State, job: Job) -> None:
         state._free.pop(sl.node, None)
 
 
-def _node_becomes(state: State, name: str, to: NodeState, **reasons: str) -> None:
+def _node_becomes(
+    state: State, name: str, to: NodeState, **reasons: str | tuple[tuple[int, int], ...]
+) -> None:
     """A node event: the node's new state, with the reasons it sets or clears."""
     state.nodes[name] = msgspec.structs.replace(state.nodes[name], state=to, **reasons)
 
@@ -52,6 +54,28 @@ def _in_doubt(state: State, event: e.NodeLost) -> None:
             lost_at=job.lost_at if job.lost_at is not None else event.at,
             doubt_until=max(until, job.doubt_until or until),
         )
+
+
+def _placed_lost(state: State, name: str) -> None:
+    """A node lost with no fence: the runs placed there (their launch in doubt, none recorded
+    started) may run there unheard (`Node.placed_lost`, atk51-23 F1)."""
+    jobs = state.jobs
+    placed = {(j, jobs[j].preemptions) for j in state.node_jobs.get(name, ())
+              if jobs[j].status == "placed"}  # fmt: skip
+    if placed:
+        node = state.nodes[name]
+        state.nodes[name] = msgspec.structs.replace(
+            node, placed_lost=tuple(sorted({*node.placed_lost, *placed}))
+        )
+
+
+def _placed_ended(state: State, event: e.JobRunEnded) -> None:
+    """A run placed on a node when it was lost has ended (its agent, back, stopped it)."""
+    key = (event.job_id, event.run)
+    for name, node in state.nodes.items():
+        if key in node.placed_lost:
+            left = tuple(r for r in node.placed_lost if r != key)
+            state.nodes[name] = msgspec.structs.replace(node, placed_lost=left)
 
 
 def _out_of_doubt(state: State, node: str) -> None:
@@ -115,7 +139,9 @@ def evolve(state: State, event: e.AnyEvent) -> State:
         case e.NodeDrained():
             _node_becomes(state, event.node, "drained")
         case e.NodeReturned():
-            _node_becomes(state, event.node, "active", drain_reason="", lost_reason="")
+            _node_becomes(
+                state, event.node, "active", drain_reason="", lost_reason="", placed_lost=()
+            )
             _out_of_doubt(state, event.node)
         case e.NodeLost():
             _node_becomes(state, event.node, "lost", lost_reason=event.reason)
@@ -124,8 +150,9 @@ def evolve(state: State, event: e.AnyEvent) -> State:
             else:  # ended at once while their processes may live: stopping (s50, atk49-23 F3)
                 for job_id in sorted(state.node_jobs.get(event.node, ())):
                     _stopped(state, state.jobs[job_id], event.at, NODE_LOST)
+                _placed_lost(state, event.node)
         case e.NodeRemoved():
-            _node_becomes(state, event.node, "removed")
+            _node_becomes(state, event.node, "removed", placed_lost=())
             _gone_with(state, event.node)
         case e.NodeAgentChanged():
             state.nodes[event.node] = msgspec.structs.replace(
@@ -235,6 +262,7 @@ def evolve(state: State, event: e.AnyEvent) -> State:
                 )
         case e.JobRunEnded():
             state.stopped_runs.pop((event.job_id, event.run), None)
+            _placed_ended(state, event)
             _run_ended(state, event)
         case e.JobKillOrdered():
             stopped = state.stopped_runs.get((event.job_id, event.run))

@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable
 
 from ledger.core.runs import Stamp, drained_after
-from ledger.core.state import State
+from ledger.core.state import FORGOTTEN_PREFIX, State
 from schemas import commands as c
 from schemas import events as e
 from schemas.bounds import NAME_PATTERN
@@ -109,7 +109,7 @@ def _mark_node_lost(state: State, cmd: c.MarkNodeLost, s: Stamp) -> list[e.AnyEv
 
 
 def _remove_node(state: State, cmd: c.RemoveNode, s: Stamp) -> list[e.AnyEvent]:
-    state.node(cmd.node)
+    node = state.node(cmd.node)
     busy = state.node_jobs.get(cmd.node)
     if busy:
         raise InvalidTransition(
@@ -118,16 +118,41 @@ def _remove_node(state: State, cmd: c.RemoveNode, s: Stamp) -> list[e.AnyEvent]:
         )
     stopping = sorted((sr.job_id, sr.run) for sr in state.stopped_runs.values()
                       if any(sl.node == cmd.node for sl in sr.slots))  # fmt: skip
-    if stopping and not cmd.force:  # as `scontrol delete` refuses a node with jobs (atk50b-23 F1)
-        runs = ", ".join(f"job {job} (run {run + 1})" for job, run in stopping[:10])
+    if cmd.force:  # the machine is gone for good: its runs' ends will never come (atk51-23 F2)
+        return [e.NodeRemoved(**s.kw(), node=cmd.node, reason=cmd.reason),
+                *(_forgotten(state, job, run, cmd.node, s) for job, run in stopping)]  # fmt: skip
+    runs = [f"job {job} (run {run + 1})" for job, run in stopping]
+    runs += [f"job {job} (run {run + 1}, placed when the node was lost)"
+             for job, run in node.placed_lost]  # fmt: skip
+    if runs:  # as `scontrol delete` refuses a node with jobs (atk50b-23 F1, atk51-23 F1)
         raise InvalidTransition(
-            f"node {cmd.node!r} still has runs stopping: {runs}; their processes may hold its "
-            "GPUs until its agent reports them gone",
-            hint="wait for them (`gpuledger node list` shows them stopping), or pass --force if "
-            "the machine is gone for good (nothing then kills what may still run there)",
+            f"node {cmd.node!r} still has runs stopping: {', '.join(runs[:10])}; their processes "
+            "may hold its GPUs until its agent reports them gone",
+            hint="wait for them (`gpuledger node list` shows them stopping; a run placed when "
+            "the node was lost waits for its agent to be back and report it gone, or for "
+            "`gpuledger node return`), or pass --force if the machine is gone for good "
+            "(nothing then kills what may still run there)",
             node=cmd.node,
         )
     return [e.NodeRemoved(**s.kw(), node=cmd.node, reason=cmd.reason)]
+
+
+FORGOTTEN = FORGOTTEN_PREFIX + " `node remove {node} --force`"
+
+
+def _forgotten(state: State, job_id: int, run: int, node: str, s: Stamp) -> e.JobRunEnded:
+    """A stopped run of a node removed with `--force` ends in the record at the removal: no
+    agent will ever report it, and it no longer holds its GPUs, its job's dependents or its
+    singleton (docs/agent.md: `--force` forgets its stopping runs)."""
+    job = state.jobs.get(job_id)
+    return e.JobRunEnded(
+        **s.kw(),
+        job_id=job_id,
+        engine=(job.engine if job is not None and job.engine else "ledger"),
+        engine_job_id=f"{job_id}.{run + 1}",
+        run=run,
+        note=FORGOTTEN.format(node=node),
+    )
 
 
 NODE_HANDLERS: dict[type, Callable[[State, c.AnyCommand, Stamp], list[e.AnyEvent]]] = {

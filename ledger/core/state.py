@@ -28,6 +28,8 @@ NODE_LOST = "node_lost"
 """`StoppedRun.why` of a run a `node lost` (fence 0: an admin's word) ended while its processes
 may live on: it is stopping, as a cancel's run, until its end is recorded or its node is
 removed; a decision holds it only under its rule (`CycleDecided.lost_held`, s50)."""
+FORGOTTEN_PREFIX = "its end was never reported: forgotten by"
+"""How the note of a stopped run's end no engine reported begins (`node remove --force`)."""
 
 
 class Account(msgspec.Struct, frozen=True, kw_only=True):
@@ -49,6 +51,12 @@ class Node(msgspec.Struct, frozen=True, kw_only=True):
     agent: str = ""
     """The node agent that holds it (`NodeAgentChanged`: a digest of its id), "" while none is
     recorded."""
+    placed_lost: tuple[tuple[int, int], ...] = ()
+    """The runs (job, run) a `node lost` (no fence) ended while they were placed here: their
+    agent may have launched them, unheard, so their processes may live (atk51-23 F1). `node
+    remove` is refused while any is listed, as for its stopping runs, until the run's end is
+    recorded (`JobRunEnded`: its agent, back, stopped it), the node returns or is removed. No
+    decision reads it."""
 
 
 class Job(msgspec.Struct, frozen=True, kw_only=True):

@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from ledger.core.state import FORGOTTEN_PREFIX
 from ledger.reads.stopping import STOPPING, kill_words, limit_kill_at, past_limit, stopping_note
 from schemas import events as e
 from schemas.units import key_text, plural, span, times_in, when
@@ -221,6 +222,13 @@ def run_ended_line(ev: e.JobRunEnded, cut: bool = False, charged_to: float | Non
     `charged_to`: its charge ended earlier, with its engine's end of it (a `node lost` that
     failed its job: `JobEngineEnded`, the end of the interval `usage` and `jobs` read,
     `projections/apply.sql` `intervals_run_ended`; atk50b-23 F3: it said charged until then)."""
+    held = "held, and charged," if charged_to is None else "held"
+    charge = "" if charged_to is None else f" (charged until {when(charged_to)}, the job's end)"
+    if ev.note.startswith(FORGOTTEN_PREFIX):  # no engine's word: an admin's (atk51-23 F2)
+        return (
+            f"{when(ev.at)} its run {ev.run + 1} was forgotten ({ev.note}): its GPUs were "
+            f"{held} until then{charge}."
+        )
     how = (
         ("killed (SIGKILL), its grace cut short" if cut else "killed at the end of its grace")
         if ev.killed
@@ -232,8 +240,6 @@ def run_ended_line(ev: e.JobRunEnded, cut: bool = False, charged_to: float | Non
         if ev.started_at is not None
         else ""
     )
-    held = "held, and charged," if charged_to is None else "held"
-    charge = "" if charged_to is None else f" (charged until {when(charged_to)}, the job's end)"
     return (
         f"{when(_real(ev.ended_at, ev.at))} its run {ev.run + 1} really ended ({how}): its "
         f"GPUs were {held} until then{charge}{began}{_recorded(ev.ended_at, ev.at)}."
@@ -247,8 +253,19 @@ def _kill_line(ev: e.JobKillOrdered, last_end: e.JobFinished | None) -> str:
     if with_end and last_end is not None and last_end.reason == "cancelled":
         return (f"{when(ev.at)} its earlier run {ev.run + 1}, still in its grace, is killed "
                 "at once (SIGKILL) by that cancel.")  # fmt: skip
+    if last_end is not None and not _a_cancel(last_end):  # its first cancel (atk51-23)
+        return (f"{when(ev.at)} cancelled by {ev.actor} after it had ended "
+                f"({last_end.reason}): its run {ev.run + 1} in its grace is killed at once "
+                "(SIGKILL).")  # fmt: skip
     return (f"{when(ev.at)} cancelled again by {ev.actor}: its run {ev.run + 1} in its grace "
             "is killed at once (SIGKILL).")  # fmt: skip
+
+
+def _a_cancel(end: e.JobFinished) -> bool:
+    """Pure: the job's end was a cancel (one past its time limit too: `cancels`)."""
+    return end.reason == "cancelled" or (
+        end.reason == "time_limit" and not end.actor.startswith("@")
+    )
 
 
 def _real(engine_at: float | None, at: float) -> float:
