@@ -173,7 +173,7 @@ counted once per kind (`afterok:5,afterok:5:6` names two): every one is looked u
 when the job is submitted, so their number bounds what the submission costs the group commit
 (1,024 terms of 1,024 ids each were allowed, every one looked up, repeats included: a plain
 user's 825 KB submit held the server 50 s, atk45-25 F3). The schema bounds each term's list to
-1,024 ids and the terms to 1,024 (`schemas.events.LISTED`); this bounds their sum."""
+1,024 ids and the terms to 1,024 (`schemas.event_base.LISTED`); this bounds their sum."""
 MAX_FOREIGN_DEPENDENTS = 10_000
 """The most unfinished jobs that may wait on one job when another user's submission adds to
 them: a job's end ends, in its own write, every dependent it makes impossible, so their number

@@ -50,21 +50,9 @@ from schemas.bounds import (
     Umask,
     Utilisation,
 )
-from schemas.events import (
-    LISTED,
-    AccountKind,
-    Dependency,
-    EndReason,
-    GpuSlot,
-    Many,
-    Placement,
-    Preemption,
-    PreemptReason,
-    RankInputs,
-    RunPart,
-    TokenScope,
-    Waiting,
-)
+from schemas.decisions import Placement, Preemption, PreemptReason, RankInputs, Waiting
+from schemas.event_base import LISTED, GpuSlot, Many
+from schemas.events import AccountKind, Dependency, EndReason, RunPart, TokenScope
 from schemas.policy import AnyPolicyConfig
 
 

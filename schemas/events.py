@@ -13,7 +13,7 @@ decodes: `codec.decode` clamps it into them (see `codec.clamp`).
 from __future__ import annotations
 
 import typing
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -23,7 +23,6 @@ from schemas.bounds import (
     ArrayIndex,
     ArrayLimit,
     CommandLine,
-    Config,
     Count,
     Environment,
     Epoch,
@@ -36,7 +35,6 @@ from schemas.bounds import (
     JobName,
     Labels,
     LogPaths,
-    LongText,
     Name,
     NodeGpus,
     Path,
@@ -47,7 +45,6 @@ from schemas.bounds import (
     Seconds,
     Sha256Hex,
     Shares,
-    SortKey,
     Text,
     Token,
     TokenId,
@@ -55,11 +52,27 @@ from schemas.bounds import (
     Umask,
     Utilisation,
 )
+from schemas.decisions import Considered as Considered
+from schemas.decisions import CycleDecided as CycleDecided
+from schemas.decisions import CycleDecidedV1 as CycleDecidedV1
+from schemas.decisions import CycleDecidedV2 as CycleDecidedV2
+from schemas.decisions import CycleDecidedV3 as CycleDecidedV3
+from schemas.decisions import Placement as Placement
+from schemas.decisions import Preemption as Preemption
+from schemas.decisions import PreemptReason as PreemptReason
+from schemas.decisions import RankInputs as RankInputs
+from schemas.decisions import UsageSettings as UsageSettings
+from schemas.decisions import WaitCount as WaitCount
+from schemas.decisions import Waiting as Waiting
+from schemas.decisions import WaitingJob as WaitingJob
+from schemas.decisions import WaitSummary as WaitSummary
+from schemas.event_base import LISTED, ManagerEvent, Many, MemberEvent, NodeEvent, Slots
+from schemas.event_base import Event as Event
+from schemas.event_base import GpuSlot as GpuSlot
+from schemas.event_base import JobEvent as JobEvent
 from schemas.policy import AnyPolicyConfig
 
 AccountKind = Literal["program", "project", "user"]
-PreemptReason = Literal["fairness", "maintenance", "squatting", "admin", "debug", "node_failure"]
-"""`node_failure`: the job's node was lost (`NodeLost`); a resumable job is requeued."""
 FinishOutcome = Literal["completed", "failed", "cancelled", "preempted"]
 EndReason = Literal["exited", "time_limit", "node_failure", "cancelled", "out_of_memory", "lost"]
 """Why an execution engine says a job's run ended: its own exit, the engine's time limit, a node
@@ -85,45 +98,6 @@ FINISH_REASONS: tuple[str, ...] = typing.get_args(FinishReason)
 DependencyKind = Literal["afterok", "afterany", "afternotok", "singleton"]
 """Slurm's `--dependency` kinds: start after the named jobs completed (exit 0), ended in any way,
 ended other than completed; `singleton`: after every earlier job of the same user and name."""
-
-
-class Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
-    """Base of every event. Not an event itself: it has no tag."""
-
-    event_id: Token
-    at: Epoch
-    actor: Actor
-    prev_hash: Token = ""
-    """SHA-256 (hex) of the previous event's stored bytes: the log is a hash chain, so an edited
-    or removed event breaks the link after it. Empty for the first event. Set by the ledger."""
-    real_actor: Actor | None = None
-    """Who really called, when an admin acted as `actor` (`--as`); None when they are the same."""
-
-
-class JobEvent(Event, frozen=True, kw_only=True):
-    """Base of the events about one job (its id first). Not an event itself."""
-
-    job_id: JobId
-
-
-class NodeEvent(Event, frozen=True, kw_only=True):
-    """Base of the events about one node (its name first). Not an event itself."""
-
-    node: Name
-
-
-class MemberEvent(Event, frozen=True, kw_only=True):
-    """Base of the events about a project's member. Not an event itself."""
-
-    user: Name
-    project: AccountPath
-
-
-class ManagerEvent(Event, frozen=True, kw_only=True):
-    """Base of the events about who manages a subtree. Not an event itself."""
-
-    user: Name
-    account: AccountPath
 
 
 # --- ledger -------------------------------------------------------------------------------------
@@ -236,21 +210,6 @@ class NodeLost(NodeEvent, frozen=True, kw_only=True, tag="node.lost.v1"):
 # --- jobs ---------------------------------------------------------------------------------------
 
 
-class GpuSlot(msgspec.Struct, frozen=True, kw_only=True):
-    """The GPUs of one node that a placement holds."""
-
-    node: Name
-    gpu_indices: GpuIndices
-
-
-T = TypeVar("T")
-MANY = msgspec.Meta(max_length=10_000_000)
-Many = Annotated[tuple[T, ...], MANY]
-"""A tuple of at most 10M items: the lists that grow with the queue (a decision's jobs)."""
-LISTED = msgspec.Meta(max_length=1_024)
-Slots = Annotated[tuple[GpuSlot, ...], msgspec.Meta(max_length=100_000)]
-
-
 class Dependency(msgspec.Struct, frozen=True, kw_only=True):
     """One term of a job's dependency (all terms must hold): `kind` over `job_ids` (a job id
     that names a job array stands for every task of it); `singleton` names no jobs."""
@@ -273,7 +232,7 @@ class _Submitted(JobEvent, frozen=True, kw_only=True):
     time_limit_s: PositiveSeconds | None = None
     debug: bool = False
     command: CommandLine = ()
-    labels: Labels = {}
+    labels: Labels = {}  # noqa: RUF012 (a Struct field: msgspec copies an empty default)
     duration_s: FloatSeconds | None = None
     """Known run time for simulated execution; ignored by real executors."""
     grace_s: GraceSeconds | None = None
@@ -302,7 +261,7 @@ class JobSubmitted(_Submitted, frozen=True, kw_only=True, tag="job.submitted.v2"
     """
 
     workdir: Path = ""
-    env: Environment = {}
+    env: Environment = {}  # noqa: RUF012 (a Struct field: msgspec copies an empty default)
     stdout: Path = ""
     stderr: Path = ""
     job_name: JobName = ""
@@ -544,190 +503,6 @@ class ServiceConfigured(_Configured, frozen=True, kw_only=True, tag="service.con
     grace_s: Seconds | None = None
     """`serve`/`up --grace`: the grace of a job stopped without its own, which every read counts
     its SIGKILL with (atk48-23 F4); None (upcast from v1): `bounds.DEFAULT_GRACE_S`."""
-
-
-# --- decisions ----------------------------------------------------------------------------------
-
-
-class Placement(msgspec.Struct, frozen=True, kw_only=True):
-    job_id: JobId
-    slots: Slots
-
-
-class Preemption(msgspec.Struct, frozen=True, kw_only=True):
-    job_id: JobId
-    reason: PreemptReason
-    for_job: JobId | None = None
-    note: Text = ""
-
-
-class Considered(msgspec.Struct, frozen=True, kw_only=True):
-    """One pending job as the cycle saw it: its sort key and, if not placed, why."""
-
-    job_id: JobId
-    sort_key: SortKey
-    reason: LongText | None = None
-    code: Token | None = None
-    """Why it waits, as a stable word (WAIT_RESOURCES, WAIT_PRIORITY, WAIT_CONTRACT)."""
-
-
-class CycleDecidedV1(Event, frozen=True, kw_only=True, tag="cycle.decided.v1"):
-    """The first decision record: it copied every placement, preemption and considered job (sort
-    key and reason text), 1.9 MB at 10k pending. Still read: `schemas.codec` upcasts it to
-    `CycleDecided` (v3, through v2), so readers see only the latest version."""
-
-    cycle_id: Token
-    based_on: Position
-    policy_version: Token
-    placements: Many[Placement] = ()
-    preemptions: Many[Preemption] = ()
-    considered: Many[Considered] = ()
-    fragmentation_gpus: Count = 0
-    config: Config = {}
-    wake_at: Epoch | None = None
-    decided_at: Epoch | None = None
-
-
-class UsageSettings(msgspec.Struct, frozen=True, kw_only=True):
-    """How the ranks a decision used counted usage (`projections.fairshare.UsagePolicy`)."""
-
-    window_s: FloatSeconds
-    half_life_s: FloatSeconds | None = None
-    weights: Annotated[dict[Name, Annotated[float, msgspec.Meta(ge=0, le=1e9)]], LISTED] = {}
-
-
-class RankInputs(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """The fair-share ranks a decision ordered by, by reference: where they were read, a digest
-    of what was read, the ranking code's version and the usage settings. Replay ranks at
-    `position` (which trails `based_on` when a Kafka-fed projection lags) and names a digest
-    mismatch as such. Fields at their defaults are left out of the stored bytes, so records
-    written before `computed_by` existed are stored as the code writes them now."""
-
-    position: Position
-    digest: Token = ""
-    """"": not recorded (records upcast from v1, which said only how usage was counted)."""
-    ranking_version: Token = ""
-    usage: UsageSettings
-    computed_by: Token = ""
-    """How the ranks were computed from the log: "" the projection's SQL (the service's), "fold"
-    the in-memory usage fold (`projections.usage.UsageFold`, the simulator's). Replay ranks
-    with the same computation: the two differ in the last bits of half-life usage."""
-
-
-class WaitingJob(msgspec.Struct, frozen=True, array_like=True):
-    """A pending job that was not placed, and why (`WAIT_RESOURCES`, `WAIT_PRIORITY`,
-    `WAIT_CONTRACT`): `[job_id, code]` on the wire."""
-
-    job_id: JobId
-    code: Token
-
-
-class WaitCount(msgspec.Struct, frozen=True, array_like=True):
-    """How many jobs waited for one reason code: `[code, jobs]` on the wire."""
-
-    code: Token
-    jobs: Count
-
-
-class WaitSummary(msgspec.Struct, frozen=True, kw_only=True):
-    """The pending jobs a cycle considered, compactly: the count, the first waiting jobs in
-    order with their codes, the count per code, and a digest of the whole order (job ids, sort
-    keys, codes and reason texts) that replay recomputes. Bounded whatever the queue's length."""
-
-    considered: Count = 0
-    first: Annotated[tuple[WaitingJob, ...], LISTED] = ()
-    counts: Annotated[tuple[WaitCount, ...], LISTED] = ()
-    order_digest: Token = ""
-
-    def waiting(self) -> int:
-        return sum(c.jobs for c in self.counts)
-
-
-DigestOf = Literal["jobs", "runs"]
-
-
-class Waiting(WaitSummary, frozen=True, kw_only=True):
-    """The waiting summary of `cycle.decided.v4`: v3's (`WaitSummary`) plus how many runs the
-    waiting jobs formed and what the order digest was computed over.
-
-    A run is a stretch of consecutive jobs of the order that waited for one reason (code and
-    text); the dispatcher keeps one per stretch, never a record per job. Jobs of one shape and
-    traits that wait for one reason sit together in the fair-share order, so runs are few:
-    48,551 waiting jobs made 570 runs at 50,000 pending on 4,096 nodes."""
-
-    runs: Count = 0
-    """How many runs the waiting jobs formed (0 in a record upcast from v3 or older)."""
-    digest_of: DigestOf = "runs"
-    """What `order_digest` covers: "runs" (v4) the order's (job id, sort key) pairs and the runs
-    (start, stop, code, reason text), `schemas.digest.runs_digest`; "jobs" (a record upcast from
-    v3 or older) one (job id, sort key, code, reason text) per job, `schemas.digest.order_digest`.
-    Both cover the same facts; replay recomputes the one the record names."""
-
-
-class _Decided(Event, frozen=True, kw_only=True):
-    """The fields of a decision record since v2 (`CycleDecided` is v4). Not an event itself."""
-
-    cycle_id: Token
-    based_on: Position
-    policy_version: Token
-    policy: AnyPolicyConfig | None = None
-    """The policy's settings (`schemas.policy`), which replay rebuilds it from. None for a
-    policy no version of this build registers, and in an upcast record whose string settings no
-    code of this build wrote."""
-    decided_at: Epoch | None = None
-    """The `now` the pure decide() was given (replay re-runs it with the same value)."""
-    ranks: RankInputs | None = None
-    """How the ranks were read and counted (None: the policy reads none, or an upcast v1 record
-    did not say)."""
-    placed: Many[JobId] = ()
-    preempted: Many[JobId] = ()
-    waiting: WaitSummary = WaitSummary()
-    fragmentation_gpus: Count = 0
-    wake_at: Epoch | None = None
-    """When the decision could change without a new event (a contract ends)."""
-    skipped_cycles: Count = 0
-
-
-class CycleDecidedV2(_Decided, frozen=True, kw_only=True, tag="cycle.decided.v2"):
-    """The second decision record: v3's fields plus the policy's settings written again as
-    strings (`config`). Still read: `schemas.codec` upcasts it to `CycleDecided` (v3)."""
-
-    config: Config = {}
-
-
-class CycleDecidedV3(_Decided, frozen=True, kw_only=True, tag="cycle.decided.v3"):
-    """The third decision record: v4's fields with v3's waiting summary (`WaitSummary`), whose
-    order digest covers one (job id, sort key, code, reason) per job. Still read:
-    `schemas.codec` upcasts it to `CycleDecided` (v4), its summary a `Waiting` with
-    `digest_of="jobs"`."""
-
-
-class CycleDecided(_Decided, frozen=True, kw_only=True, tag="cycle.decided.v4"):
-    """One dispatcher cycle's decision: its inputs and its outcomes by reference.
-
-    Placements and preemptions are the `JobPlaced`/`JobPreempted` events with this `cycle_id`
-    that follow it in the same append; here only their job ids, in decision order. A cycle that
-    decided nothing is recorded at a bounded rate, and `skipped_cycles` counts the empty cycles
-    before this record that were not recorded on their own: together they answer "why did
-    nothing start between t1 and t2".
-
-    The dispatcher hands it in as `ApplyDecision.decision` (`schemas.commands.DecisionBody`, the
-    same fields with the outcomes in full). Older versions (v1, v2, v3) are upcast to this one
-    by `schemas.codec`, their string settings read as the typed `policy` there.
-
-    v4 changes only the waiting summary (`Waiting`): the runs the waiting jobs formed are
-    counted and the order digest is computed over the runs (one entry per stretch of jobs
-    waiting for one reason) instead of over one record per job, so the dispatcher never builds
-    a record per waiting job to write its decision."""
-
-    waiting: Waiting = Waiting()
-    stopping_held: bool = False
-    """Its snapshot counted the GPUs of the runs the ledger had stopped whose end was not
-    recorded yet (`State.stopped_runs`: a cancelled or preempted run in its grace) held, never
-    free (atk47-23 F8). False in the records written before, whose snapshot counted them free:
-    replay builds each decision's snapshot by the rule its record names."""
-    lost_held: bool = False
-    """It also held the runs an admin's `node lost` ended whose end was not recorded (s50)."""
 
 
 AnyEvent = (

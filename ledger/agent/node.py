@@ -35,21 +35,18 @@ state directory adopts them. `--drain` is the way to stop them.
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import logging
 import os
-import socket
-import stat
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
+from ledger.agent.client import ANSWER_S, ONE_SERVER_S, POLL_MARGIN_S, AgentClient, Polled, Seen
 from ledger.agent.identity import Boot, remember_boot, this_boot
 from ledger.agent.lease import LEASE_MARGIN_S, REFUSED_PAUSE_S, NodeLease, too_short
 from ledger.cycle.executor import Exit, Launch, Observed, Orders, Start
@@ -60,8 +57,6 @@ from ledger.engines.supervised import SupervisedExecutor
 from ledger.store.clock import SystemClock
 from schemas import agent as a
 from schemas.errors import (
-    InvalidCommand,
-    InvalidTransition,
     LedgerError,
     NotAuthenticated,
     NotAuthorised,
@@ -69,27 +64,12 @@ from schemas.errors import (
     Unavailable,
 )
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from ledger.wire.client import Silent
-
 log = logging.getLogger("gpuledger.agent")
 
 _now = SystemClock().now
 
 STATUS_FILE = "agent.json"
 LEASE_FILE = "lease"
-ANSWER_S = 2.5
-"""How long an agent waits for one server of a list to answer a request (a long poll: its own
-wait + `POLL_MARGIN_S`) before it asks the next: a frozen server accepts connections and never
-answers, and the node's lease must outlast the time to leave it (docs/ha.md, the sizing rule).
-Each server passed so is asked again only `ledger.wire.client.SILENT_SKIP_S` later. With one
-server there is none to go to: `ONE_SERVER_S`."""
-POLL_MARGIN_S = 5.0
-"""A long poll not answered this long after its wait is a silent server."""
-ONE_SERVER_S = 30.0
-"""The timeout of a request beyond its wait when the agent has one server only."""
 
 
 class AgentStatus(msgspec.Struct, kw_only=True):
@@ -165,73 +145,6 @@ class Outbox:
 def _run_of(engine_job_id: str) -> int:
     """Pure: the ledger's run of a supervised run named `<job>.<launch>`."""
     return int(engine_job_id.rsplit(".", 1)[1]) - 1
-
-
-@dataclass
-class Seen:
-    """The newest leader epoch whose list this agent took (shared by its clients)."""
-
-    epoch: int = 0
-
-
-Polled = tuple[a.Assignment, tuple[a.Unreadable, ...]]
-"""A poll's answer: the node's list and the parts of it the agent cannot read."""
-
-
-class AgentClient:
-    """The agent API over the project's HTTP client (one per thread). `url` may list several
-    servers (docs/ha.md): the client follows the leader; `seen` fences out a deposed one."""
-
-    def __init__(
-        self,
-        url: str,
-        token: str,
-        timeout: float,
-        seen: Seen | None = None,
-        silent: Silent | None = None,
-        on_keep: Callable[[float, int, tuple[float, float] | None], None] | None = None,
-        agent: str = "",
-        rebooted: str = "",
-    ) -> None:
-        from ledger.wire.client import Client
-
-        self.client = Client(url, token, timeout=timeout, silent=silent)
-        self.client.on_keep = on_keep
-        if agent:  # which agent this is: one per node (`AgentExecutor.hold`)
-            self.client.headers[a.AGENT_HEADER] = agent
-        if rebooted:  # its host rebooted since it last registered (`identity.Boot`)
-            self.client.headers[a.REBOOTED_HEADER] = rebooted
-        self.seen = seen if seen is not None else Seen()
-
-    @property
-    def node_lease(self) -> tuple[float, float] | None:
-        """The settings the last answer renews the node's lease under (`Client.node_lease`)."""
-        return self.client.node_lease
-
-    def call(self, method: str, path: str, body: Any, type: Any) -> Any:
-        """One call of the agent API, sent again to the next server (or the leader one names)
-        when a server let it time out: every call is idempotent (a registration, a heartbeat; a
-        report not taken is sent again with the next anyway), and a slow leader's stall ends in
-        an answer, not in a second's pause and a new request that may meet its next stall
-        (atk37-28 F2)."""
-        data = None if body is None else msgspec.json.encode(body)
-        answer = self.client.request(method, path, data, idempotent=True)
-        return msgspec.json.decode(answer, type=type)
-
-    def poll(self, node: str, since: str, wait_s: float) -> Polled:
-        """The node's list, and the parts of it this agent cannot read (`decode_assignment`)."""
-        from urllib.parse import urlencode
-
-        q = urlencode({"node": node, "since": since, "wait": wait_s})
-        answer = self.client.request("GET", f"/v1/agent/poll?{q}", None, idempotent=True)
-        got, unreadable = a.decode_assignment(answer)
-        if 0 < got.epoch < self.seen.epoch:  # a deposed leader's list: never launch or stop by it
-            raise Unavailable(
-                f"a server of leader epoch {got.epoch} answered after epoch {self.seen.epoch}",
-                hint="asking the leader again",
-            )
-        self.seen.epoch = max(self.seen.epoch, got.epoch)
-        return got, unreadable
 
 
 class NodeAgent:
@@ -734,66 +647,9 @@ REPORT_DRAIN_S = 60.0
 them (a server restarting, a standby taking over)."""
 
 
-HOST_LOCK_DIR = Path("/run/gpuledger")
-"""Where an agent running as root takes its node's host-wide lock (`hold_node`)."""
-
-
-def hold_node(node: str, url: str, state_dir: Path) -> int:
-    """One agent per node on this host: an exclusive lock (flock, held until the process ends)
-    on `HOST_LOCK_DIR/agent-<digest of the servers' URL and the node>.lock` (an agent not run as
-    root: in its state directory's parent). A second agent for the node, on another state
-    directory given the first's `agent-id` (a moved or restored directory), was the same agent
-    to the server and launched the node's running job again beside it (atk39-23 F5). Returns
-    the lock's descriptor (close-on-exec: no supervisor inherits it)."""
-    base = HOST_LOCK_DIR if os.geteuid() == 0 else state_dir.absolute().parent
-    base.mkdir(mode=0o755, parents=True, exist_ok=True)
-    st = os.lstat(base)
-    mine = stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022
-    if base == HOST_LOCK_DIR and not mine:  # whoever may write it may take every node's lock
-        raise InvalidCommand(
-            f"{base} is not a directory of this account that only it may write",
-            hint="remove it: the agent makes it (0755)",
-        )
-    key = hashlib.sha256(f"{url}\n{node}".encode()).hexdigest()[:16]
-    path = base / f"agent-{key}.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        other = os.pread(fd, 200, 0).decode(errors="replace").strip()
-        os.close(fd)
-        raise InvalidTransition(
-            f"node {node!r} is held by another agent on this host ({other or path}): two "
-            "agents for one node would run its jobs twice",
-            hint="stop it, or start this one on its --state-dir; a node has one agent",
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"pid {os.getpid()}, state directory {state_dir}\n".encode(), 0)
-    return fd
-
-
 def read_status(state_dir: Path) -> dict[str, Any] | None:
     try:
         data: dict[str, Any] = json.loads((state_dir / STATUS_FILE).read_bytes())
     except (FileNotFoundError, ValueError):
         return None
     return data
-
-
-def short_hostname() -> str:
-    return socket.gethostname().split(".")[0]
-
-
-def gpus_from_nvml() -> tuple[int, str] | None:
-    """(count, name of GPU 0) from NVML, or None where it is absent."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        count = int(pynvml.nvmlDeviceGetCount())
-        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0)) if count else ""
-    except Exception:  # no library, no driver, no GPU: all mean "no NVML here"
-        return None
-    if isinstance(name, bytes):
-        name = name.decode()
-    return count, str(name).replace(" ", "-")[:63]

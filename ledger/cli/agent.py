@@ -43,7 +43,7 @@ def _token(config: cfg.AgentConfig) -> str:
 
 def _gpus(config: cfg.AgentConfig) -> tuple[int, str, str]:
     """(count, type, where they came from): flags/config win, else NVML."""
-    from ledger.agent.node import gpus_from_nvml
+    from ledger.agent.host import gpus_from_nvml
 
     found = None if config.gpus and config.gpu_type else gpus_from_nvml()
     count = config.gpus or (found[0] if found else 0)
@@ -57,15 +57,9 @@ def _gpus(config: cfg.AgentConfig) -> tuple[int, str, str]:
 
 
 def _run(config: cfg.AgentConfig, drain: bool) -> int:
+    from ledger.agent.host import hold_node, short_hostname
     from ledger.agent.lease import jobs_may_not_enter, others_may_write
-    from ledger.agent.node import (
-        LEASE_FILE,
-        STATUS_FILE,
-        NodeAgent,
-        Settings,
-        hold_node,
-        short_hostname,
-    )
+    from ledger.agent.node import LEASE_FILE, STATUS_FILE, NodeAgent, Settings
     from ledger.engines.gpu_util import pick_source
     from ledger.engines.supervised import SupervisedExecutor
 

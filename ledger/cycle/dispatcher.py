@@ -35,7 +35,8 @@ from ledger.cycle.executor import (
 )
 from ledger.cycle.inputs import Views, snapshot_from_state, snapshot_kept
 from ledger.cycle.record import EXECUTOR, Recorded, record
-from ledger.dispatch.engine import Carry, Decision, decide, decide_carried
+from ledger.dispatch.decision import Carry, Decision
+from ledger.dispatch.engine import decide, decide_carried
 from ledger.dispatch.policy import Policy
 from ledger.dispatch.registry import config_of
 from ledger.dispatch.snapshot import Snapshot

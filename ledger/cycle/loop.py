@@ -30,7 +30,7 @@ from ledger.cycle.executor import Executor, Observed
 from ledger.cycle.lifecycle import lifecycle_lines
 from ledger.cycle.record import record
 from ledger.dispatch import registry
-from ledger.dispatch.engine import Decision
+from ledger.dispatch.decision import Decision
 from ledger.dispatch.policy import Policy
 from ledger.store.application import Ledger
 from projections.errors import ProjectionBusy

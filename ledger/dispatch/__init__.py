@@ -4,7 +4,8 @@ Imports only `schemas` and the standard library (plus msgspec): no clock, no I/O
 cycle edge (the snapshot, append, executors) lives elsewhere.
 """
 
-from ledger.dispatch.engine import Decision, Unplaceable, WaitCode, decide
+from ledger.dispatch.decision import Decision
+from ledger.dispatch.engine import Unplaceable, WaitCode, decide
 from ledger.dispatch.ordering import SortKey, fairshare_key, fifo_key
 from ledger.dispatch.policy import FairShare, Fifo, Policy
 from ledger.dispatch.preemption import Victim

@@ -28,7 +28,6 @@ import contextlib
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -45,14 +44,15 @@ from ledger.cycle.executor import (
     launch_of,
     output_files,
 )
+from ledger.engines.agent_nodes import refuse_while_held, registered_node, silent_nodes
+from ledger.engines.agent_runs import AgentRun, part_for, run_ended, run_started
 from ledger.engines.board import Board, kills_by_node
 from ledger.engines.fence import Fence, reboot_honoured
 from ledger.store.clock import new_token_secret
 from schemas import agent as a
 from schemas import commands as c
 from schemas.bounds import job_grace
-from schemas.errors import InvalidCommand, InvalidTransition, LedgerError
-from schemas.events import GpuSlot, RunPart
+from schemas.errors import LedgerError
 
 if TYPE_CHECKING:
     from ledger.core.state import Job, Node
@@ -68,26 +68,6 @@ log = logging.getLogger("gpuledger.agents")
 
 ENGINE = "agent"
 SYSTEM = "@executor"
-
-
-@dataclass
-class _Run:
-    """A placement handed to agents, and what they said about it."""
-
-    job_id: int
-    run: int
-    nodes: tuple[str, ...]
-    slots: tuple[GpuSlot, ...] = ()
-    started: dict[str, a.PartStarted] = field(default_factory=dict)
-    exits: dict[str, a.PartExited] = field(default_factory=dict)
-    samples: dict[str, tuple[float, ...]] = field(default_factory=dict)
-    start_reported: bool = False
-    exit_reported: bool = False
-    grace_s: float = 30.0
-
-    @property
-    def name(self) -> str:
-        return f"{self.job_id}.{self.run + 1}"
 
 
 class AgentExecutor:
@@ -151,7 +131,7 @@ class AgentExecutor:
         self._first_look: dict[str, float] = {}
         """Node -> when the worker first saw it up with no agent heard from since this server
         started: the silence of a node that never had an agent counts from there."""
-        self._runs: dict[int, _Run] = {}
+        self._runs: dict[int, AgentRun] = {}
         self._parts: dict[str, dict[int, a.Part]] = {}
         self._starts: list[Start] = []
         self._exits: list[Exit] = []
@@ -323,24 +303,7 @@ class AgentExecutor:
     def register(self, req: a.Register, peer: str, now: float) -> bool:
         """Idempotent: the node must exist with the GPUs the agent found; True when it is lost
         (its return is observed: the caller records it, then answers with `registered`)."""
-        state = self.ledger.state
-        node = state.nodes.get(req.node)
-        if node is None or node.state == "removed":
-            raise InvalidTransition(
-                f"node {req.node!r} is not registered in the ledger",
-                hint=f"an admin adds it: gpuledger node add {req.node} --gpus {req.gpus}",
-            )
-        if node.gpus != req.gpus:
-            raise InvalidCommand(
-                f"node {req.node!r} has {node.gpus} GPUs in the ledger; its agent found "
-                f"{req.gpus} ({req.gpu_source or 'given'})",
-                hint="fix the agent's gpus setting, or remove and add the node again",
-            )
-        if node.gpu_type != req.gpu_type:
-            log.warning(
-                "node %s: the ledger says %s GPUs, its agent found %s",
-                req.node, node.gpu_type, req.gpu_type,
-            )  # fmt: skip
+        node = registered_node(self.ledger.state.nodes.get(req.node), req)
         self.addresses[req.node] = req.address or peer
         self.touch(req.node, now)
         if req.version:
@@ -437,22 +400,11 @@ class AgentExecutor:
             ended |= self._rebooted(node, max(held[1], now - rebooted[1]), now)
             first = None
         elif held is not None and held[0] not in ("", agent):
-            last = held[1]
             stopping = self.fence.stopping_on(node, now)
             grace = max([self._grace_on(node), *stopping.values()])
-            until = last + self.node_lost_after_s + self.node_fence_s + grace
+            until = held[1] + self.node_lost_after_s + self.node_fence_s + grace
             runs = sorted({*state.node_jobs.get(node, ()), *stopping})
-            if now < until or runs:
-                jobs = ", ".join(map(str, runs))
-                why = (f"its runs (job(s) {jobs}) may be alive until they end by the node-lost "
-                       "rules" if runs else "")  # fmt: skip
-                raise InvalidTransition(
-                    f"node {node!r} is held by another agent (last heard "
-                    f"{max(0.0, now - last):.0f} s ago): "
-                    + (why or f"its lease may run {until - now:.0f} s more"),
-                    hint="stop this one, or start it on that agent's --state-dir; a node has "
-                    "one agent",
-                )
+            refuse_while_held(node, held[1], until, runs, now)
             log.info("node %s: another agent takes it (the holder's runs are gone)", node)
         self.holders[node] = (agent, now)
         if known.agent != agent:
@@ -467,7 +419,7 @@ class AgentExecutor:
         next report), never while the agent still reports it alive (atk43 F2). A run placed and
         not yet started stays on the node's list for its new agent. True when a run ended."""
         log.warning("node %s: its agent says its host rebooted (believed): its runs end now", node)
-        ended: list[_Run] = []
+        ended: list[AgentRun] = []
         for r in list(self._runs.values()):
             if node not in r.nodes or node in r.exits or not r.start_reported:
                 continue
@@ -508,11 +460,9 @@ class AgentExecutor:
         for u in rep.samples:
             r = self._run_of(u.job_id, u.run, rep.node)
             if r is not None and r.start_reported and not r.exit_reported:
-                r.samples[rep.node] = u.gpu_utilisation
-                if len(r.samples) == len(r.nodes):
-                    values = tuple(v for n in r.nodes for v in r.samples[n])
-                    self._samples.append(Sample(r.job_id, values))
-                    r.samples.clear()
+                sample = r.sampled(rep.node, u.gpu_utilisation)
+                if sample is not None:
+                    self._samples.append(sample)
         for cp in rep.checkpoints:
             r = self._run_of(cp.job_id, cp.run, rep.node)
             if r is not None and r.job_id not in self._checkpoints:
@@ -605,18 +555,7 @@ class AgentExecutor:
             return []  # a server may keep a lease we do not know of: count none lost yet
         floor = max(self.counts_lost_from, now + keep)
         heard = dict(self.last_seen)  # HTTP threads write it: one copy for this look
-        for node, known in nodes.items():  # a node no agent has reached yet: silent from now on
-            if known.state not in ("lost", "removed", "drained") and node not in heard:
-                heard[node] = self._first_look.setdefault(node, now)
-        out = []
-        for node, seen in sorted(heard.items()):
-            n = nodes.get(node)
-            if n is None or n.state in ("lost", "removed"):
-                continue
-            seen = max(seen, floor)
-            if now - seen > self.node_lost_after_s:
-                out.append((node, now - seen))
-        return out
+        return silent_nodes(heard, self._first_look, nodes, floor, self.node_lost_after_s, now)
 
     # --- internals -------------------------------------------------------------------------------
 
@@ -655,31 +594,9 @@ class AgentExecutor:
         # restart with another --grace republished it with the new one)
         service = self.grace_s if held is None else held.service_grace(self.grace_s)
         grace = job_grace(job.grace_s, service)
-        r = _Run(job.job_id, job.run, nodes, job.slots, start_reported=started, grace_s=grace)
+        r = AgentRun(job.job_id, job.run, nodes, job.slots, start_reported=started, grace_s=grace)
         self._runs[job.job_id] = r
-        part = a.Part(
-            job_id=job.job_id,
-            run=job.run,
-            slots=job.slots,
-            command=job.command,
-            user=job.user,
-            account=job.account,
-            duration_s=job.duration_s,
-            time_limit_s=None if job.time_limit_s is None else int(job.time_limit_s),
-            grace_s=round(grace),  # ours when the job has none: the fence counts on it
-            debug=job.debug,
-            master_addr=self.addresses.get(nodes[0], ""),
-            job_token=token,
-            workdir=job.workdir,
-            env=job.env,
-            stdout=job.stdout,
-            stderr=job.stderr,
-            job_name=job.job_name,
-            array_job_id=job.array_job_id,
-            array_task_id=job.array_task_id,
-            umask=job.umask,
-            ulimits=None if job.ulimits is None else dict(job.ulimits),  # type: ignore[arg-type]
-        )
+        part = part_for(job, grace, self.addresses.get(nodes[0], ""), token)
         for node in dict.fromkeys(nodes):
             self._parts.setdefault(node, {})[job.job_id] = part
             if publish:
@@ -733,67 +650,28 @@ class AgentExecutor:
             out.append(job_id)
         return out
 
-    def _run_of(self, job_id: int, run: int, node: str) -> _Run | None:
+    def _run_of(self, job_id: int, run: int, node: str) -> AgentRun | None:
         """The run a report is about, if it is the current one and has a part on `node`."""
         r = self._runs.get(job_id)
         if r is None or r.run != run or node not in r.nodes:
             return None
         return r
 
-    def _maybe_started(self, r: _Run) -> None:
-        """Every part has started: the run has, when its last part did, with what each agent
-        observed of its part (pid, cgroup) and the GPUs it was given."""
-        if r.start_reported or len(r.started) < len(r.nodes):
-            return
-        r.start_reported = True
-        parts = [(n, r.started[n]) for n in r.nodes]
-        # a part whose agent did not say (a start first told by its exit): the submission's
-        named = self._named_output(r)
-        logs = tuple(f"{n}:{p.log or named}" for n, p in parts if p.log or named)
-        times = [p.started_at for _, p in parts if p.started_at is not None]
-        self._starts.append(
-            Start(
-                r.job_id,
-                engine_job_id=r.name,
-                run=r.run,
-                gpus=r.slots,
-                logs=logs,
-                started_at=max(times) if times else None,
-                parts=tuple(
-                    RunPart(node=n, gpu_indices=_gpus_on(r.slots, n), pid=p.pid, tree=p.tree)
-                    for n, p in parts
-                ),
-            )
-        )
+    def _maybe_started(self, r: AgentRun) -> None:
+        start = run_started(r, lambda: self._named_output(r))
+        if start is not None:
+            self._starts.append(start)
 
-    def _named_output(self, r: _Run) -> str:
+    def _named_output(self, r: AgentRun) -> str:
         """The output file the job's submission names (its pattern written out, as its launch
         had it), "" when it names none (the agent's default, which only the agent knows)."""
         job = self.ledger.state.jobs.get(r.job_id)
         return "" if job is None else output_files(job.spec, r.slots)[0]
 
-    def _maybe_exited(self, r: _Run, now: float) -> None:
-        """A part failed (its end is the run's), or every part has exited 0."""
-        if r.exit_reported:
-            return
-        failed = [(n, x) for n, x in r.exits.items() if x.exit_code != 0 or x.reason != "exited"]
-        if not failed and len(r.exits) < len(r.nodes):
-            return  # a gang job ends when every part has, unless one fails
-        launched = not any(x.reason == "launch_failed" for _, x in failed)
-        if not r.start_reported and launched:
-            for n in r.nodes:
-                r.started.setdefault(n, a.PartStarted(job_id=r.job_id, run=r.run))
-            self._maybe_started(r)
-        r.exit_reported = True
-        node, x = failed[0] if failed else (r.nodes[0], r.exits[r.nodes[0]])
-        if failed:
-            log.info("job %s: its part on %s ended with %s (%s)", r.job_id, node, x.exit_code,
-                     x.reason)  # fmt: skip
-        times = [e.ended_at for e in r.exits.values() if e.ended_at is not None]
-        at = max(times) if times else now
-        notes = "; ".join(dict.fromkeys(e.note for e in r.exits.values() if e.note))
-        self._exits.append(Exit(r.job_id, x.exit_code, at, x.reason, r.name, note=notes))
-
-
-def _gpus_on(slots: tuple[GpuSlot, ...], node: str) -> tuple[int, ...]:
-    return next((sl.gpu_indices for sl in slots if sl.node == node), ())
+    def _maybe_exited(self, r: AgentRun, now: float) -> None:
+        got = run_ended(r, now, lambda: self._named_output(r))
+        if got is not None:
+            start, end = got
+            if start is not None:
+                self._starts.append(start)
+            self._exits.append(end)

@@ -48,33 +48,36 @@ from ledger.engines.env import Account, job_env
 from ledger.engines.found import SCOPE_VAR, find_live
 from ledger.engines.gpu_util import UtilSource
 from ledger.engines.proc import alive, write_atomic
+from ledger.engines.run_ends import (
+    all_started,
+    ended_run,
+    exit_of,
+    launched_before,
+    orphaned,
+    start_of,
+    take_end,
+    tree_of,
+)
 from ledger.engines.runs import (
     AgentState,
     Handle,
     Part,
-    PartEnd,
     StopReason,
     checkpoint_mtime,
     failed_launch,
     handled_jobs,
     keep_stop,
-    kept_stop,
     limit_from,
     live_processes,
-    part_log,
     read_exit,
     read_identity,
-    read_started,
-    recorded_end,
     run_name,
     stopping_gpus,
 )
-from ledger.engines.supervise import CANNOT_START, Forked, read_record, record_says_started
+from ledger.engines.supervise import CANNOT_START, Forked
 from ledger.engines.tree import Containment, Tree
 from schemas.bounds import job_grace
-from schemas.commands import RunEnd
 from schemas.errors import InvalidCommand
-from schemas.events import RunPart
 
 if TYPE_CHECKING:
     from ledger.core.state import Node
@@ -334,7 +337,7 @@ class SupervisedExecutor:
     def _take_starts(self) -> list[Start]:
         """Jobs every part of which has started since the last call."""
         for h in sorted(self.jobs.values(), key=lambda h: h.launched_at):
-            if h.stop_reason != "ledger" and not h.start_reported and self._all_started(h):
+            if h.stop_reason != "ledger" and not h.start_reported and all_started(h):
                 if failed_launch(h):
                     h.start_reported = True  # its end says `launch_failed`; it never started
                     continue
@@ -344,26 +347,7 @@ class SupervisedExecutor:
 
     def _report_start(self, h: Handle) -> None:
         h.start_reported = True
-        began = [read_started(Path(p.rundir) / "job") for p in h.parts]
-        parts = []
-        for p in h.parts:
-            ident = read_identity(Path(p.rundir) / "job")
-            tree = p.cgroup or (f"session {ident[0]}" if ident else "")
-            parts.append(
-                RunPart(node=p.node, gpu_indices=p.gpu_indices, pid=ident[0] if ident else 0,
-                        tree=tree)
-            )  # fmt: skip
-        known = [b for b in began if b is not None]
-        self._starts.append(
-            Start(
-                h.job_id,
-                engine_job_id=run_name(h.job_id, h.launch),
-                run=h.launch - 1,
-                logs=tuple(p.log for p in h.parts),
-                started_at=max(known) if known else None,
-                parts=tuple(parts),
-            )
-        )
+        self._starts.append(start_of(h))
 
     def _progress(self, now: float) -> tuple[list[int], list[Sample]]:
         """(jobs with a new checkpoint, utilisation samples when one is due) of started jobs."""
@@ -549,22 +533,12 @@ class SupervisedExecutor:
     # --- watching ------------------------------------------------------------------------------
 
     def _tree(self, p: Part) -> Tree:
-        """The part's process tree: its groups, or the session of its leader."""
-        ident = read_identity(Path(p.rundir) / "job")
-        return Tree(p.cgroup, self.containment, ident[0] if ident else None)
-
-    @staticmethod
-    def _take_end(p: Part, end: PartEnd | None) -> bool:
-        if end is None:
-            return False
-        p.exit_code, p.ended_at, p.note = end.code, end.ended_at, end.note()
-        p.launch_failed, p.fenced = bool(end.launch_failed), end.fenced
-        return True
+        return tree_of(p, self.containment)
 
     def _refresh_part(self, p: Part, now: float | None, grace_s: float) -> bool:
         """Read the part's end if it ended; True when that changed."""
         rundir = Path(p.rundir)
-        if self._take_end(p, read_exit(rundir)):
+        if take_end(p, read_exit(rundir)):
             return True
         if p.pid is None:
             starter = self._starting.get(p.rundir)
@@ -576,45 +550,9 @@ class SupervisedExecutor:
                 return False
         if alive(p.pid, p.pid_start):
             return False
-        if self._take_end(p, read_exit(rundir)):  # it may have ended between the two reads
+        if take_end(p, read_exit(rundir)):  # it may have ended between the two reads
             return True
-        return self._orphaned(p, now, grace_s)
-
-    def _orphaned(self, p: Part, now: float | None, grace_s: float) -> bool:
-        """The supervisor died without writing the part's end: the tree and the leader's own
-        record tell it instead. While the leader lives it is watched; processes it left when it
-        ended get SIGTERM, then SIGKILL after the grace, as the supervisor would have done; the
-        part ends once the tree is empty, with the code the leader recorded (a killed
-        supervisor never turns an exit 0 into a failure)."""
-        rundir = Path(p.rundir)
-        ident = read_identity(rundir / "job")
-        if ident is not None and alive(*ident):
-            return False
-        tree = self._tree(p)
-        if not tree.empty():
-            if now is None:  # adopting: the first look acts
-                return False
-            if p.left_since is None:
-                p.left_since = now
-                tree.signal(signal.SIGTERM)
-                return True
-            if now >= p.left_since + grace_s:
-                tree.kill()
-            return False
-        record = read_record(rundir)
-        if record is None or record.code is None:
-            p.exit_code, p.lost, p.ended_at = -1, True, now
-            log.warning(
-                "part %s of %s has no process and no exit code: lost", p.rank, rundir.parent
-            )
-            return True
-        p.exit_code, p.launch_failed, p.note = record.code, bool(record.failed), record.failed
-        p.ended_at = record.ended_at if p.left_since is None else now
-        if p.left_since is not None:
-            p.note = "processes its leader left behind were stopped after its supervisor died"
-        log.info("part %s of %s: its supervisor died; its leader recorded %s", p.rank,
-                 rundir.parent, record.code)  # fmt: skip
-        return True
+        return orphaned(p, now, grace_s, self.containment)
 
     def _watch(self, h: Handle, now: float) -> bool:
         changed = False
@@ -651,7 +589,7 @@ class SupervisedExecutor:
             self._report_start(h)  # a run that ended before it was seen running started first
         if h.done:
             del self.jobs[h.job_id]
-            end = self._exit_of(h, now)
+            end = exit_of(h, now)
             if h.stop_reason != "ledger":
                 self._exits.append(end)
             else:  # a run the ledger stopped is gone: said as such (`JobRunEnded`)
@@ -659,31 +597,6 @@ class SupervisedExecutor:
                 self._stopped.append(dataclasses.replace(end, engine_state=state))
             changed = True
         return changed
-
-    def _exit_of(self, h: Handle, now: float) -> Exit:
-        """The run's end: the failed part's code (or the first non-zero), when the last part's
-        tree was empty, and why."""
-        codes = [p.exit_code for p in sorted(h.parts, key=lambda p: p.rank)]
-        code = h.failed_code
-        if code is None:
-            code = next((c for c in codes if c), 0)
-        reason: RunEnd = "exited"
-        if any(p.launch_failed for p in h.parts):
-            reason = "launch_failed"
-        elif any(p.fenced for p in h.parts):
-            reason = "node_failure"
-        elif h.stop_reason == "time_limit":
-            reason = "time_limit"
-        elif h.stop_reason == "drain":  # its agent drained the node: requeued when resumable
-            reason = "drained"
-        elif any(p.lost for p in h.parts):
-            reason = "lost"
-        ended = [p.ended_at for p in h.parts if p.ended_at is not None]
-        note = "; ".join(dict.fromkeys(p.note for p in h.parts if p.note))
-        return Exit(
-            h.job_id, int(code or 0), max(ended) if ended else now, reason,
-            run_name(h.job_id, h.launch), note=note,
-        )  # fmt: skip
 
     def _terminate(self, h: Handle, now: float, why: StopReason, at: float | None = None) -> None:
         """Stop `h` for `why`: SIGTERM now, SIGKILL `h.grace_s` after its stop, the earlier of
@@ -724,21 +637,6 @@ class SupervisedExecutor:
             if starter.poll() is not None:
                 del self._starting[rundir]
 
-    @staticmethod
-    def _all_started(h: Handle) -> bool:
-        """Every part's command runs (or ended): the job is running. A part has started once
-        its supervisor named the leader (`job`, how readers find the run) and, when the leader
-        says when its command starts (`marks_start`, maybe before the name), it said so."""
-
-        def started(p: Part) -> bool:
-            named = (Path(p.rundir) / "job").exists()
-            return named and (not p.marks_start or record_says_started(Path(p.rundir)))
-
-        return all(
-            p.exit_code is not None or (Path(p.rundir) / "exit").exists() or started(p)
-            for p in h.parts
-        )
-
     def _checkpoint_mtime(self, h: Handle) -> float:
         return checkpoint_mtime(Path(p.rundir) for p in h.parts)
 
@@ -761,35 +659,12 @@ class SupervisedExecutor:
     # --- recovery helpers ----------------------------------------------------------------------
 
     def launched_before(self, job_id: int, launch: int) -> bool:
-        """A supervisor of this launch was started here once (its identity file exists): a run
-        with no handle is then one whose handles were lost, never one to launch again."""
-        runs = self.state_dir / "runs" / run_name(job_id, launch)
-        return any((d / "supervisor").exists() or (d / "job").exists() for d in runs.glob("*"))
+        """`run_ends.launched_before` in this state directory."""
+        return launched_before(self.state_dir, job_id, launch)
 
     def ended_run(self, job_id: int, run: int, now: float) -> tuple[Start | None, Exit] | None:
-        """The start and end of a run no handle remembers whose supervisors all wrote its end
-        (the service stopped between reading it and recording it), as `observe` reports them;
-        None while any part has not. No start for a launch that failed."""
-        end = recorded_end(self.state_dir / "runs" / run_name(job_id, run + 1))
-        if end is None:
-            return None
-        name = run_name(job_id, run + 1)
-        runs = self.state_dir / "runs" / name
-        dirs = sorted(
-            (d for d in runs.glob("*") if d.is_dir()),
-            key=lambda d: int(d.name) if d.name.isdigit() else -1,
-        )
-        began = [read_started(d / "job") for d in dirs]
-        known = [b for b in began if b is not None]
-        start = None
-        if not end.launch_failed:  # where its output went, as its launch said (its specs)
-            logs = tuple(part_log(d) for d in dirs)
-            start = Start(job_id, name, run, logs=logs, started_at=max(known) if known else None)
-        reason: RunEnd = "launch_failed" if end.launch_failed else "exited"
-        if not end.launch_failed:
-            reason = kept_stop([d for d in sorted(runs.glob("*")) if d.is_dir()]) or reason
-        at = end.ended_at if end.ended_at is not None else now
-        return start, Exit(job_id, end.code, at, reason, name, note=end.note())
+        """`run_ends.ended_run` in this state directory."""
+        return ended_run(self.state_dir, job_id, run, now)
 
 
 __all__ = ["SupervisedExecutor", "handled_jobs", "live_processes", "run_name"]

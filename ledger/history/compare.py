@@ -17,7 +17,7 @@ import msgspec
 from ledger.core import utilisation
 from ledger.cycle.loop import MIN_WAIT_S
 from ledger.dispatch import registry
-from ledger.dispatch.engine import Decision
+from ledger.dispatch.decision import Decision
 from projections.fairshare import (
     CHARGE_PLACEMENT,
     RANKING_VERSION,

@@ -44,7 +44,8 @@ from ledger.core.utilisation import DEFAULT_SQUAT_UTIL_PCT, UtilTracker
 from ledger.cycle.inputs import Views, snapshot_kept
 from ledger.cycle.loop import SERVICE
 from ledger.dispatch import registry
-from ledger.dispatch.engine import Carry, decide_carried
+from ledger.dispatch.decision import Carry
+from ledger.dispatch.engine import decide_carried
 from ledger.dispatch.policy import Policy
 from ledger.dispatch.snapshot import Snapshot
 from ledger.history.checkpoints import (

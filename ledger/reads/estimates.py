@@ -15,7 +15,7 @@ from schemas.bounds import job_grace
 if TYPE_CHECKING:
     from ledger.core.jobs import Blocked
     from ledger.core.state import Job, State
-    from ledger.dispatch.engine import Decision
+    from ledger.dispatch.decision import Decision
     from ledger.dispatch.ordering import SortKey
     from ledger.dispatch.policy import Policy
     from ledger.dispatch.snapshot import Snapshot

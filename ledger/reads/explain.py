@@ -18,7 +18,8 @@ from schemas.units import key_text, plural, span, times_in, when
 
 if TYPE_CHECKING:  # annotations only: `explain`'s time words load without the dispatcher
     from ledger.core.state import Job, State, StoppedRun
-    from ledger.dispatch.engine import Decision, Unplaceable
+    from ledger.dispatch.decision import Decision
+    from ledger.dispatch.engine import Unplaceable
     from ledger.dispatch.policy import Policy
     from ledger.dispatch.snapshot import PendingJob, Snapshot
 

@@ -37,7 +37,8 @@ if TYPE_CHECKING:  # a read loads what it uses: the dispatcher only when it prev
     from ledger.core.jobs import Blocked
     from ledger.core.state import Job, State, StoppedRun
     from ledger.cycle.dispatcher import LiveState
-    from ledger.dispatch.engine import Decision, Unplaceable
+    from ledger.dispatch.decision import Decision
+    from ledger.dispatch.engine import Unplaceable
     from ledger.dispatch.ordering import SortKey
     from ledger.dispatch.policy import Policy
     from ledger.dispatch.snapshot import PendingJob, Snapshot

@@ -870,7 +870,7 @@ def test_another_machine_with_the_same_node_and_state_dir_path_is_another_agent_
     first = c.agents[node]
     elsewhere = tmp_path / "other-machine-disk"
     elsewhere.mkdir(mode=0o700)
-    # another machine's /run too: its host-wide lock is its own (`agent.node.hold_node`)
+    # another machine's /run too: its host-wide lock is its own (`agent.host.hold_node`)
     mount = (
         'mount --bind "$1" "$2" && mount -t tmpfs -o mode=0755 none /run/gpuledger && '
         'shift 2 && exec "$@"'
@@ -1115,7 +1115,7 @@ def test_a_second_agent_given_the_holders_agent_id_on_the_same_host_is_refused(
     """atk39-23 F5: a second agent for a node on this host, on another state directory given
     the holder's `agent-id` (a moved directory, a restored backup), was the same agent to the
     server: accepted while the holder ran, it launched the node's running job again on the
-    same GPU. One agent per node on a host now holds a host-wide lock (`agent.node.hold_node`):
+    same GPU. One agent per node on a host now holds a host-wide lock (`agent.host.hold_node`):
     the second is refused in one line before it adopts, asks or launches anything."""
     c = cluster
     go = c.home.parent / "go"

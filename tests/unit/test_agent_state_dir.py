@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ledger.agent import node as agent_node
+from ledger.agent import host as agent_host
 from ledger.agent.lease import jobs_may_not_enter
 from ledger.cli import cli
 
@@ -50,7 +50,7 @@ def test_an_agent_for_submitters_warns_of_a_0700_state_directory_in_one_line(
     def hold_node(*_: object) -> None:
         raise Started
 
-    monkeypatch.setattr(agent_node, "hold_node", hold_node)
+    monkeypatch.setattr(agent_host, "hold_node", hold_node)
     state = open_dir / "state"
     state.mkdir()
     state.chmod(0o700)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from ledger.agent.node import gpus_from_nvml
+from ledger.agent.host import gpus_from_nvml
 from ledger.engines.gpu_util import FileSource, NvmlSource, pick_source
 
 

@@ -12,7 +12,8 @@ import pytest
 
 from ledger.dispatch import registry
 from ledger.dispatch.baselines import LegacyCaps, SlurmMultifactor
-from ledger.dispatch.engine import Decision, Unplaceable, WaitRun
+from ledger.dispatch.decision import Decision
+from ledger.dispatch.engine import Unplaceable, WaitRun
 from ledger.dispatch.policy import FairShare, Fifo, Policy
 from ledger.dispatch.snapshot import PendingJob
 from ledger.history.compare import (

@@ -8,7 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ledger.dispatch.engine import Decision, Unplaceable, WaitRun
+from ledger.dispatch.decision import Decision
+from ledger.dispatch.engine import Unplaceable, WaitRun
 from ledger.dispatch.snapshot import PendingJob
 from ledger.history.compare import Outcome, compare, replayed_summary
 from schemas import codec

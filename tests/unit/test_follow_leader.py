@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from ledger.agent.node import AgentClient, Seen
+from ledger.agent.client import AgentClient, Seen
 from ledger.cycle.dispatcher import Dispatcher
 from ledger.cycle.executor import Launch, Orders
 from ledger.wire.client import Client

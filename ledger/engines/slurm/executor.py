@@ -24,10 +24,8 @@ from ledger.engines.slurm.cluster import OtherCluster, Watch, max_time, read_tex
 from ledger.engines.slurm.ends import (
     Ending,
     answering,
-    beat_window,
     ends_after_term_s,
     kill_wait,
-    limit_kill_end,
     own_end_after_s,
 )
 from ledger.engines.slurm.foreign import others
@@ -35,23 +33,19 @@ from ledger.engines.slurm.launching import (
     LAUNCHED,
     MarksSeen,
     WrongGpus,
-    ended_by_record,
     mark_stopping,
     mark_taken_back,
     mark_time,
     never_ran,
-    never_ran_reason,
-    never_starts,
     node_fail_end,
-    run_end,
     run_script,
-    tree_said,
 )
 from ledger.engines.slurm.leaked_runs import holding, unplace_leaked
 from ledger.engines.slurm.leaks import Leaks, held_with, unsure
 from ledger.engines.slurm.outage import Probe
 from ledger.engines.slurm.outputs import claim_outputs, files_umask, sbatch_env, sbatch_user
-from ledger.engines.slurm.restarts import Restarts, vanished
+from ledger.engines.slurm.restarts import Restarts
+from ledger.engines.slurm.run_loop import read_own_runs
 from ledger.engines.slurm.stop_loop import carry_stops, kill, resume_stops
 from ledger.engines.slurm.stops import (
     GONE_ALREADY,
@@ -60,32 +54,25 @@ from ledger.engines.slurm.stops import (
     Tag,
     completing,
     earlier_alive,
-    gpus_differ,
     grace_of,
     in_service,
     no_grace,
     note_unanswered,
-    outage_of,
     own_ends_first,
-    placed_gpus,
-    run_gpus,
     stopping_gpus,
     tagged,
     unplaceable,
-    unseen_end,
 )
 from ledger.engines.slurm.strays import Strays
 from ledger.engines.slurm.takeover import InFlight, adoptable, take_up_copies
 from ledger.engines.slurm.tracked import Run, note_stop, past_limit
 from ledger.engines.slurm.words import (
-    SLURM_ENDS_FIRST,
     UNTRACKED_OK,
     WAITING,
     SbatchUser,
     SlurmJob,
     SlurmNode,
     check_config,
-    end_reason,
     epilog_note,
     held_gpus,
     node_changes,
@@ -95,12 +82,10 @@ from ledger.engines.slurm.words import (
     sbatch_args,
 )
 from schemas.errors import EngineError
-from schemas.units import when
 
 log = logging.getLogger("gpuledger.slurm")
 
 ENGINE = "slurm"
-ENDED_UNSEEN = "Slurm listed it running after its end (slurmctld lost it?): its own end record"
 _Changes = tuple[list[NodeChange], frozenset[str]]
 
 
@@ -585,97 +570,7 @@ class SlurmExecutor:
         mine = {r.slurm_id for r in self._runs.values() if r.slurm_id} | set(self._stopping)
         mine = {i for i in mine if (j := self._view.get(i)) is None or j.tag(self.ledger_id)}
         self._completing = completing(self._view, mine, self._completing, now)
-        # 1. our runs: starts, exits, vanished
-        for job_id, r in list(self._runs.items()):
-            if r.slurm_id is None:
-                continue
-            j = self._view.get(r.slurm_id)
-            if j is not None and j.tag(self.ledger_id) != (job_id, r.run):
-                j = None  # its id names another job now: Slurm gave it again (atk43s F5)
-            j = j or self._restarts.last(job_id, r.run)
-            if j is None:
-                if r.missing_since is None:
-                    r.missing_since = now
-                sacct = self._run if self._accounting else None  # past MinJobAge, or forgotten
-                run_dir = self._checkpoint_file(job_id, r.run).parent
-                if now - r.missing_since >= self.vanish_after_s and self._restarts.never_launched(r, run_dir):  # fmt: skip  # noqa: E501
-                    log.warning("job %s run %s: Slurm forgot its job %s before launching it (no "
-                                "mark of its script): submitting it again", job_id, r.run, r.slurm_id)  # fmt: skip  # noqa: E501
-                    r.slurm_id = r.submitted_at = r.missing_since = None  # (atk44s F4)
-                    continue
-                if now - r.missing_since >= self.vanish_after_s and (gone := vanished(r, run_dir, sacct, now, self.kill_wait_s)):  # fmt: skip  # noqa: E501
-                    del self._runs[job_id]
-                    start = self._restarts.unseen_start(r, run_dir, now)  # it ran (atk44s F5)
-                    self._starts += [start] if start is not None and gone.reason != "lost" else []
-                    self._exits.append(gone)
-                continue
-            r.missing_since = None
-            if self._restarts.check(r, j, now, self.kill_wait_s, self._pinned, self._runs,
-                                    (self._starts, self._exits)):  # fmt: skip
-                continue  # Slurm launched it again: never the ledger's (atk43s F4, F6, F11)
-            if j.state in WAITING and not r.started:
-                r.submitted_at = now if r.submitted_at is None else r.submitted_at  # adopted
-                why = never_starts(j.reason, now - r.submitted_at, self.start_within_s)
-                if why:
-                    self._take_back(r, why, now)
-                    continue
-            never_ran = self._never_ran(r, j) if j.ended and not r.limited else ""
-            # a run Slurm ran without its GPUs is charged, whatever its marks say (atk43s F2)
-            ran = not never_ran or never_ran_reason(never_ran) == "node_failure"
-            held = j.state == "CONFIGURING"  # its command not started yet (atk43s F1)
-            end = j.end_time if j.ended else None  # (a running job's is its limit's)
-            r.configuring_seen = now if held else r.configuring_seen
-            if j.started and not r.started and (j.holding or j.ended) and ran and not held:
-                r.started_at = r.real_start(j.start_time, end)  # its limit counts from it
-            if (
-                j.started
-                and not r.started
-                and (j.ended or (j.holding and not held and self._launched(r, now)))
-                and ran
-            ):  # RUNNING alone is not yet a start: Slurm may still fail the launch (N3)
-                r.started, r.started_at = True, r.real_start(j.start_time, end)  # its mark
-                gpus = run_gpus(j, self._pinned)  # also once ended: Slurm's record
-                # charged from its real start (the ledger keeps it inside the placement)
-                self._starts.append(Start(job_id, r.slurm_id, r.run, gpus, logs=r.logs,
-                                          started_at=r.started_at))  # fmt: skip
-                self._restarts.notes.note(job_id, r.run, r.slurm_id, j.start_time)  # its first
-                if differ := gpus_differ(r.launch, j):
-                    log.warning("job %s: %s", job_id, differ)
-            if (
-                j.holding
-                and not j.ended
-                and (self._settle_until is None or now >= self._settle_until)
-            ):
-                r.seen_running_at = now
-            if never_ran:  # its command never ran
-                del self._runs[job_id]
-                at = now if j.end_time is None else min(now, j.end_time)
-                reason, note = self._wrong_gpus.ending(job_id, never_ran)  # bounded (F2)
-                self._exits.append(Exit(job_id, -1, at, reason, r.slurm_id, j.state, note))
-            elif j.ended and (end_reason(j.state) == "node_failure" or r.node_failed
-                              or unseen_end(self._stopping.get(r.slurm_id), j)):  # fmt: skip
-                self._node_failed(r, j, now)  # how it really ended, once known (a limit's stop)
-            elif j.ended:
-                del self._runs[job_id]
-                self._wrong_gpus.ran(job_id)
-                code, at, note = self._end_of(r, j, now)
-                reason = "time_limit" if r.limited else end_reason(j.state)
-                self._exits.append(Exit(job_id, code, at, reason, r.slurm_id, j.state, note, run=r.run))  # fmt: skip  # noqa: E501
-            elif j.state == "RUNNING" and r.started and (own := self._ended_unseen(r, now)):
-                del self._runs[job_id]  # its own record, its beat stale: Slurm's word is stale
-                log.warning("job %s (Slurm job %s) ended at %s by its own end record, though "
-                            "Slurm lists it running: stopping that", job_id, r.slurm_id, when(own[1]))  # fmt: skip  # noqa: E501
-                self._exits.append(Exit(job_id, own[0], own[1], "time_limit" if r.limited else "exited", r.slurm_id, "COMPLETED" if own[0] == 0 else "FAILED", "; ".join(filter(None, (ENDED_UNSEEN, own[2]))), run=r.run))  # fmt: skip  # noqa: E501
-                self._signal(r.slurm_id, now, 0.0)  # nothing of it runs: `scancel` (F3)
-            elif j.holding and self._past_limit(r, now):
-                r.limited, r.stop_sent_at = True, now
-                if self.may_act():  # kept before its SIGTERM: a restart says `time_limit` (F2)
-                    tracked.note_limited(self.log_dir, j.slurm_id)
-                limit = self._limit_of(r)
-                log.info("job %s (Slurm job %s) reached its limit of %s s: stopping it",
-                         job_id, r.slurm_id, limit)  # fmt: skip
-                at = r.started_at + limit if r.started_at and limit is not None else now
-                self._signal(r.slurm_id, now, self._grace_of(r), since=at)  # grace from the limit
+        read_own_runs(self, now)  # 1. our runs: starts, exits, vanished (`run_loop`)
         carry_stops(self, now)  # 2. stops: the grace, then scancel (`stop_loop`)
         # 3. foreign jobs on any partition: their GPUs are busy, never touched (`resume_stops`)
         other = others(self._view.values(), mine, self.ledger_id, self.partition, self._pinned)
@@ -685,51 +580,6 @@ class SlurmExecutor:
                 log.info("foreign Slurm job %s (%s) holds GPUs %s", j.slurm_id, j.state,
                          dict(holds))  # fmt: skip
         self._foreign = dict(other.foreign)
-
-    def _ended_unseen(self, r: Run, now: float) -> tuple[int, float, str] | None:
-        """A run Slurm lists running that its own end record and stale beat say ended (atk45s
-        F3: `launching.ended_by_record`), where Slurm reaches its nodes: (its code, its end)."""
-        if r.launch is not None and self._unheard & {sl.node for sl in r.launch.slots}:
-            return None
-        run_dir = self._checkpoint_file(r.job_id, r.run).parent
-        return ended_by_record(run_dir, r.started_at, now, beat_window(self.kill_wait_s))
-
-    def _end_of(self, r: Run, j: SlurmJob, now: float) -> tuple[int, float, str]:
-        """How (exit code) and when a run ended (`run_end`: Slurm's word, or, where Slurm did not
-        decide it, its own end record's: a completion slurmctld heard late is not charged); note."""
-        assert r.slurm_id is not None
-        seen = self._completing.get(r.slurm_id)
-        if r.slurm_id not in self._stopping:
-            self._completing.pop(r.slurm_id, None)
-        run_dir = self._checkpoint_file(r.job_id, r.run).parent
-        outage = outage_of(self._away, self.settle_s, r.stop_sent_at)  # stopped after it? (F9)
-        code, at, own = run_end(run_dir, j, r.started_at, now, seen, r.seen_running_at, outage)
-        if seen is None and j.state in SLURM_ENDS_FIRST:  # its KillWait (F2; F5: TIMEOUT)
-            at = limit_kill_end(at, j.end_time, self._seen.beat(run_dir, r.slurm_id, now), self.kill_wait_s)  # fmt: skip  # noqa: E501
-        if j.end_time is not None and at < min(now, j.end_time) - 1:
-            log.info("job %s (Slurm job %s) ended at %s (%s; Slurm says %s, when it heard)",
-                     r.job_id, r.slurm_id, when(at), "its own end record" if own else
-                     "last seen running, slurmctld away", when(j.end_time))  # fmt: skip
-        return code, at, tree_said(run_dir)
-
-    def _node_failed(self, r: Run, j: SlurmJob, now: float) -> None:
-        """A run Slurm ended NODE_FAIL (or, stopped at its limit, by its cancel on a node that
-        did not answer: `unseen_end`): recorded as it really ended, once known; kept until
-        then (running, for the ledger in doubt on its lost node; `ends`)."""
-        ending = self._how_failed((r.job_id, r.run), r.launch, r.started_at, j, now, self._grace_of(r))  # fmt: skip  # noqa: E501
-        if ending is None:
-            if not r.node_failed:
-                r.node_failed = True
-                log.warning("job %s is %s in Slurm: waiting to know how it ends", r.job_id, j.state)
-            return
-        del self._runs[r.job_id]
-        self._completing.pop(j.slurm_id, None)
-        self._seen.forget(j.slurm_id)
-        self._quarantine.hold(ending, j, placed_gpus(r.launch, j, self._pinned))
-        log.info("job %s (Slurm job %s, %s) ended %s at %s: %s", r.job_id, j.slurm_id, j.state,
-                 ending.reason, when(ending.at), ending.note)  # fmt: skip
-        self._exits.append(Exit(r.job_id, ending.exit_code, ending.at, "time_limit" if r.limited
-                                else ending.reason, j.slurm_id, j.state, ending.note))  # fmt: skip
 
     def _how_failed(self, tag: Tag | None, launch: Launch | None, started_at: float | None,
                     j: SlurmJob | None, now: float, grace_s: float) -> Ending | None:  # fmt: skip

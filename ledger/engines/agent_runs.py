@@ -1,0 +1,132 @@
+"""A placement handed to node agents (`AgentRun`), the part each of its nodes gets (`part_for`),
+and what its parts' reports make of the run, for the node agents' executor
+(`ledger.engines.agents`): its start once every part has started (`run_started`), its end once a
+part failed or every part exited 0 (`run_ended`), its GPU utilisation once every part has sent a
+sample (`AgentRun.sampled`). No I/O but a log line; `now` is a parameter."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ledger.cycle.executor import Exit, Launch, Sample, Start
+from schemas import agent as a
+from schemas.events import GpuSlot, RunPart
+
+log = logging.getLogger("gpuledger.agents")
+
+
+@dataclass
+class AgentRun:
+    """A placement handed to agents, and what they said about it."""
+
+    job_id: int
+    run: int
+    nodes: tuple[str, ...]
+    slots: tuple[GpuSlot, ...] = ()
+    started: dict[str, a.PartStarted] = field(default_factory=dict)
+    exits: dict[str, a.PartExited] = field(default_factory=dict)
+    samples: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    start_reported: bool = False
+    exit_reported: bool = False
+    grace_s: float = 30.0
+
+    @property
+    def name(self) -> str:
+        return f"{self.job_id}.{self.run + 1}"
+
+    def sampled(self, node: str, values: tuple[float, ...]) -> Sample | None:
+        """A part's utilisation sample; the run's once every part has sent one (then counted
+        afresh)."""
+        self.samples[node] = values
+        if len(self.samples) != len(self.nodes):
+            return None
+        out = Sample(self.job_id, tuple(v for n in self.nodes for v in self.samples[n]))
+        self.samples.clear()
+        return out
+
+
+def part_for(job: Launch, grace: float, master_addr: str, token: str) -> a.Part:
+    """The part of `job` its nodes' agents get: its rank-0 node's address for the rendezvous,
+    its job token, and `grace` (ours when the job has none: the fence counts on it)."""
+    return a.Part(
+        job_id=job.job_id,
+        run=job.run,
+        slots=job.slots,
+        command=job.command,
+        user=job.user,
+        account=job.account,
+        duration_s=job.duration_s,
+        time_limit_s=None if job.time_limit_s is None else int(job.time_limit_s),
+        grace_s=round(grace),  # ours when the job has none: the fence counts on it
+        debug=job.debug,
+        master_addr=master_addr,
+        job_token=token,
+        workdir=job.workdir,
+        env=job.env,
+        stdout=job.stdout,
+        stderr=job.stderr,
+        job_name=job.job_name,
+        array_job_id=job.array_job_id,
+        array_task_id=job.array_task_id,
+        umask=job.umask,
+        ulimits=None if job.ulimits is None else dict(job.ulimits),  # type: ignore[arg-type]
+    )
+
+
+def run_started(r: AgentRun, named: Callable[[], str]) -> Start | None:
+    """Every part has started: the run has, when its last part did, with what each agent
+    observed of its part (pid, cgroup) and the GPUs it was given. `named`: the output file the
+    job's submission names, "" when it names none."""
+    if r.start_reported or len(r.started) < len(r.nodes):
+        return None
+    r.start_reported = True
+    parts = [(n, r.started[n]) for n in r.nodes]
+    # a part whose agent did not say (a start first told by its exit): the submission's
+    named_output = named()
+    logs = tuple(f"{n}:{p.log or named_output}" for n, p in parts if p.log or named_output)
+    times = [p.started_at for _, p in parts if p.started_at is not None]
+    return Start(
+        r.job_id,
+        engine_job_id=r.name,
+        run=r.run,
+        gpus=r.slots,
+        logs=logs,
+        started_at=max(times) if times else None,
+        parts=tuple(
+            RunPart(node=n, gpu_indices=_gpus_on(r.slots, n), pid=p.pid, tree=p.tree)
+            for n, p in parts
+        ),
+    )
+
+
+def run_ended(
+    r: AgentRun, now: float, named: Callable[[], str]
+) -> tuple[Start | None, Exit] | None:
+    """A part failed (its end is the run's), or every part has exited 0: the run's end, after
+    its start when none was reported yet (a start first told by an exit). None until then."""
+    if r.exit_reported:
+        return None
+    failed = [(n, x) for n, x in r.exits.items() if x.exit_code != 0 or x.reason != "exited"]
+    if not failed and len(r.exits) < len(r.nodes):
+        return None  # a gang job ends when every part has, unless one fails
+    launched = not any(x.reason == "launch_failed" for _, x in failed)
+    start = None
+    if not r.start_reported and launched:
+        for n in r.nodes:
+            r.started.setdefault(n, a.PartStarted(job_id=r.job_id, run=r.run))
+        start = run_started(r, named)
+    r.exit_reported = True
+    node, x = failed[0] if failed else (r.nodes[0], r.exits[r.nodes[0]])
+    if failed:
+        log.info("job %s: its part on %s ended with %s (%s)", r.job_id, node, x.exit_code,
+                 x.reason)  # fmt: skip
+    times = [e.ended_at for e in r.exits.values() if e.ended_at is not None]
+    at = max(times) if times else now
+    notes = "; ".join(dict.fromkeys(e.note for e in r.exits.values() if e.note))
+    return start, Exit(r.job_id, x.exit_code, at, x.reason, r.name, note=notes)
+
+
+def _gpus_on(slots: tuple[GpuSlot, ...], node: str) -> tuple[int, ...]:
+    return next((sl.gpu_indices for sl in slots if sl.node == node), ())
