@@ -524,14 +524,25 @@ class Ledger(Application[UUID]):
                     hint="use a new Idempotency-Key for each command; a retry sends the same one",
                 )
             return first
-        if not self.requests.same_request(eid):
-            return Conflict(
-                "this key was used for a different request",
-                hint="use a new Idempotency-Key for each command; a retry sends the same one",
-            )
         position = self.requests.find(eid)
+        if not self.requests.same_request(eid):
+            return self._key_held(position)
         assert position is not None
         return Appended([ev for _, ev in self.read(position - 1, 1)], position)
+
+    def _key_held(self, position: int | None) -> Conflict:
+        """A key sent with another request than its first: what the key holds, named (a retry
+        from a changed shell, its job's environment another, was told to take a new key, and a
+        new key made a second job: atk51-ha F4)."""
+        held = [ev for _, ev in self.read(position - 1, 1)] if position else []
+        job = getattr(held[0], "job_id", None) if held else None
+        what = f"job {job}" if job is not None else f"the event at position {position}"
+        return Conflict(
+            f"this key was used for a different request: it holds {what}",
+            hint=f"`gpuledger jobs` and `gpuledger log` show {what}; it is the first request's "
+            "answer (a retry from another shell or directory differs in its job's environment); "
+            "a new key makes a new command",
+        )
 
     def _insert(self, stored: list[StoredEvent]) -> Sequence[int] | None:
         """Append `stored` (None: another writer holds these versions). A store that committed

@@ -28,6 +28,8 @@ def test_a_key_reused_for_a_different_command_is_refused_and_a_retry_is_answered
     assert isinstance(other, Conflict) and other.line().startswith(
         "this key was used for a different request"
     ), other
+    job = first.events[0].job_id  # type: ignore[attr-defined]
+    assert f"it holds job {job}" in other.line(), other.line()  # named (atk51-ha F4)
     both = org_ledger.execute_each([submit(1), submit(3)], ["k-2", "k-2"])
     assert isinstance(both[0], Appended) and isinstance(both[1], Conflict), both
     # two copies in one batch (a standby's forward and the client's retry, atk49 F1): the
@@ -45,7 +47,8 @@ def test_a_key_reused_for_a_different_command_is_refused_and_a_retry_is_answered
     org_ledger.close()
     reopened = Ledger(home, clock, seeded_ids(2))  # the keys are read back from the log
     try:
-        assert isinstance(reopened.execute_each([submit(2)], ["k-1"])[0], Conflict)
+        refused = reopened.execute_each([submit(2)], ["k-1"])[0]
+        assert isinstance(refused, Conflict) and f"it holds job {job}" in refused.line()
         retried = reopened.execute_each([submit(1)], ["k-1"])[0]
         assert isinstance(retried, Appended) and retried.events == first.events
         assert reopened.position == position
