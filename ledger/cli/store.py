@@ -128,8 +128,8 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
     from ledger.store import locate, recorded
     from ledger.store.copying import CopyError, same_log, write_log
     from ledger.store.pgread import redacted
-    from ledger.store.relay import held_at, held_text, offsets_text
-    from ledger.store.relay_topic import START_GONE_HINT
+    from ledger.store.relay import held_at, held_text
+    from ledger.store.relay_topic import START_GONE_HINT, offsets_text
     from projections.kafka_source import KafkaSource
     from projections.kafka_wire import TOPIC, connect_timeout, quiet_kafka_logs
     from projections.source import follow

@@ -38,9 +38,9 @@ from ledger.store.relay import (
     Relay,
     RelayError,
     RelayUnavailable,
-    offsets_text,
     open_store,
 )
+from ledger.store.relay_topic import offsets_text
 from ledger.store.snapshots import state_key
 from projections.kafka_wire import (
     DEFAULT_CONNECT_TIMEOUT_S,
@@ -356,7 +356,7 @@ class RelayService:
         still the one the relay published to; if not, the relay is told (`Relay.flag`) and its
         next round publishes the log again from position 1 (atk50-25 F1: deleted while idle,
         `relay status` said "publishing, 0 behind"). Returns the admin client to reuse."""
-        from ledger.store.relay_topic import open_admin, remade, topic_mark
+        from ledger.store.relay_topic import open_admin, remade, topic_mark, unkept
 
         relay = self.relay
         if relay is None:
@@ -367,12 +367,17 @@ class RelayService:
         try:
             if admin is None:
                 admin = open_admin(self.bootstrap, None, self.connect_timeout_s)
-            why = remade(self.topic, mark, topic_mark(admin, self.topic, self.timeout_s), end)
+            now = topic_mark(admin, self.topic, self.timeout_s)
+            why = remade(self.topic, mark, now, end)
         except Exception as e:  # unreachable: the watcher's probe says so
             log.debug("relay: cannot ask for topic %s: %s", self.topic, e)
             with contextlib.suppress(Exception):
                 admin.close()
             return None
+        refusal = unkept(self.topic, now) if now is not None else None
+        if refusal is not None:  # compacted or given a retention under it (atk51-25 F1, F4)
+            relay.refuse(refusal)
+            return admin
         if why and relay.published_mark == (mark, end):
             relay.flag(why)
         return admin
