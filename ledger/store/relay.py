@@ -428,8 +428,9 @@ class Relay:
         self._checked = time.monotonic()
         if foreign:
             log.warning(
-                "relay: %d foreign record(s) after position %d on %s skipped (offsets %s): "
-                "the store is the source of truth; only the relay may write to the topic",
+                "relay: %d foreign record(s) after position %d on %s skipped (offsets %s): not "
+                "its next: another producer's, or its own out of order (sent into a topic made "
+                "again before it noticed, or left by compaction); the store is the source of truth",
                 len(foreign),
                 last,
                 self.topic,
