@@ -128,8 +128,8 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
     from ledger.store import locate, recorded
     from ledger.store.copying import CopyError, same_log, write_log
     from ledger.store.pgread import redacted
-    from ledger.store.relay import held_at, held_text, offsets_text
-    from ledger.store.relay_topic import START_GONE_HINT
+    from ledger.store.relay import held_at, held_text
+    from ledger.store.relay_topic import START_GONE_HINT, offsets_text
     from projections.kafka_source import KafkaSource
     from projections.kafka_wire import TOPIC, connect_timeout, quiet_kafka_logs
     from projections.source import follow
@@ -184,7 +184,8 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
     if aside and not as_json:
         click.echo(
             f"set aside {len(aside)} record(s) of {name} that are not the log's next one "
-            f"(another producer's: offsets {offsets_text(aside)})",
+            f"(another producer's, or the relay's own out of order, sent into a topic made "
+            f"again before it noticed or left by compaction: offsets {offsets_text(aside)})",
             err=True,
         )
     # every event of the store is on the topic: the relay's progress there (docs/kafka.md)

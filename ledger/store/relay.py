@@ -40,7 +40,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -70,12 +70,14 @@ from ledger.store.relay_topic import (
     TopicMark,
     batch_bytes,
     ensure_topic,
+    offsets_text,
     open_admin,
     producer_sizes,
     raise_record_limit,
     remade,
     start_gone,
     topic_mark,
+    unkept,
 )
 from projections.kafka_wire import (
     DEFAULT_CONNECT_TIMEOUT_S,
@@ -334,6 +336,8 @@ class Relay:
         self._admin: Any = None
         self._last_sent: Any = None
         """The future of the last record sent (its offset, once committed)."""
+        self._refused: RelayError | None = None
+        """Why it publishes no more on this topic (`refuse`)."""
         self._remade: str | None = None
         """Why the next connect publishes the store's log from its start (the topic was
         deleted and made again, or truncated, under the relay)."""
@@ -398,6 +402,9 @@ class Relay:
                 raise RelayUnavailable(
                     f"topic {self.topic} does not exist", hint="it is made at the next try"
                 )
+            refusal = unkept(self.topic, mark)
+            if refusal is not None:
+                raise refusal
             if mark.begin > 0:
                 raise start_gone(self.topic, mark.begin)
             why = self._remade
@@ -421,8 +428,9 @@ class Relay:
         self._checked = time.monotonic()
         if foreign:
             log.warning(
-                "relay: %d foreign record(s) after position %d on %s skipped (offsets %s): "
-                "the store is the source of truth; only the relay may write to the topic",
+                "relay: %d foreign record(s) after position %d on %s skipped (offsets %s): not "
+                "its next: another producer's, or its own out of order (sent into a topic made "
+                "again before it noticed, or left by compaction); the store is the source of truth",
                 len(foreign),
                 last,
                 self.topic,
@@ -543,6 +551,8 @@ class Relay:
         """
         if self._fenced_by is not None:
             raise self._fenced_by
+        if self._refused is not None:
+            raise self._refused
         if self._stale:
             self._reopen()
         self.kept.advance(self.position)  # what an earlier call published, once it is due
@@ -568,20 +578,22 @@ class Relay:
         return total
 
     def _check_topic(self) -> bool:
-        """Whether the topic is still the one the relay published to: one deleted and made
-        again (another topic id), or truncated (its first offset raised, its end below the
-        relay's last commit), gets the store's log again from position 1, as a topic found empty
-        at start does (the next connect: `_connect`). A running relay published on into a topic
-        made again, every earlier event never on it, "0 behind" (atk50-25 F1). Whether it
-        reopened."""
+        """Whether the topic is still the one the relay published to: one made again or
+        truncated gets the log again from position 1 at the next connect (atk50-25 F1); one
+        whose settings no longer keep every event is refused (`unkept`). Whether it reopened."""
         self._checked = time.monotonic()
         if self.mark is None:
             return False
         try:
-            why = remade(self.topic, self.mark, self._mark_now(), self._published_end)
+            now = self._mark_now()
         except KafkaError as e:
             self._stale = True
             raise unavailable(self.bootstrap, e) from e
+        refusal = unkept(self.topic, now) if now is not None else None
+        if refusal is not None:  # compacted or given a retention under it (atk51-25 F1, F4)
+            self.refuse(refusal)
+            raise refusal
+        why = remade(self.topic, self.mark, now, self._published_end)
         if why:
             self._remade = why
             self._reopen()
@@ -592,6 +604,11 @@ class Relay:
         """The topic's mark at the last connect and the offset after the last commit: read
         them before asking the broker (both only grow on one topic), then `remade()`."""
         return self.mark, self._published_end
+
+    def refuse(self, refusal: RelayError) -> None:
+        """The topic would not keep every event (`unkept`): every later publish raises it."""
+        log.error("relay: %s", refusal.line())
+        self._refused = refusal
 
     def flag(self, why: str) -> None:
         """Another thread found the topic made again (`remade`): the next publish reconnects and
@@ -752,12 +769,6 @@ class Relay:
         _discard(self.producer)
         self._close_admin()
         self.kept.flush(self.position)
-
-
-def offsets_text(offsets: Sequence[int]) -> str:
-    """Kafka offsets as a short list for a log line or a report (the first ten, then a count)."""
-    shown = ", ".join(map(str, offsets[:10]))
-    return shown + (f", ... ({len(offsets) - 10} more)" if len(offsets) > 10 else "")
 
 
 def _fenced(producer: Any, e: BaseException) -> bool:

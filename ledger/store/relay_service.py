@@ -38,9 +38,9 @@ from ledger.store.relay import (
     Relay,
     RelayError,
     RelayUnavailable,
-    offsets_text,
     open_store,
 )
+from ledger.store.relay_topic import offsets_text
 from ledger.store.snapshots import state_key
 from projections.kafka_wire import (
     DEFAULT_CONNECT_TIMEOUT_S,
@@ -110,7 +110,36 @@ class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
         # no word either: it said `publishing`, exit 0, with no service (atk49-25 F10)
         return self.state != "exited" and abs(now - self.updated) > late
 
-    def line(self, now: float | None = None) -> str:
+    def watched(self, now: float | None = None) -> bool:
+        """Whether a live relay watches the topic, so that its position is the topic's: not
+        while it connects (a topic found deleted at start is being written again from position
+        1 while the record keeps the last one published), not once it stopped or exited (the
+        topic may lose records since), not in a record no service updates."""
+        live = self.state in ("publishing", "stalled", "unavailable")
+        return live and not (now is not None and self.stale(now))
+
+    def behind(self, now: float | None = None, head: int | None = None, unread: str = "") -> str:
+        """How far the topic is behind the store, in words: `head` is the store's head read
+        now (None: the record's own `store_head`). atk51-25 F3: "0 behind the store" was said
+        from the record's head (0 while it connects, old in a record no service updates), over
+        events never on the topic; where the position is not the topic's for sure (`watched`),
+        the lag is a floor ("at least"), and none is claimed where it would be 0. `unread`: why
+        the store's head could not be read now (no lag is claimed then either)."""
+        if unread:
+            return f"cannot tell how far behind the store ({unread})"
+        head = self.store_head if head is None else head
+        lag = max(0, head - self.position)
+        if self.watched(now):
+            return f"{lag:,} behind the store"
+        if lag:
+            return f"at least {lag:,} behind the store"
+        return (
+            f"cannot tell how far behind the store (its head is {head:,}; the relay is not "
+            "watching the topic, which may have lost records since)"
+        )
+
+    def line(self, now: float | None = None, head: int | None = None, unread: str = "") -> str:
+        """`relay status`'s line; `head`, `unread`: the store's head read now (`behind`)."""
         state = str(self.state)
         if now is not None and self.stale(now):
             if self.updated > now:
@@ -120,7 +149,7 @@ class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
                 state = f"{state} (as of {now - self.updated:,.0f} s ago: no service updates it)"
         text = (
             f"relay {state}: {self.topic} at {self.bootstrap}, position {self.position:,}, "
-            f"{self.lag:,} behind the store"
+            f"{self.behind(now, head, unread)}"
         )
         if self.skipped:
             count = max(self.foreign, len(self.skipped))
@@ -356,7 +385,7 @@ class RelayService:
         still the one the relay published to; if not, the relay is told (`Relay.flag`) and its
         next round publishes the log again from position 1 (atk50-25 F1: deleted while idle,
         `relay status` said "publishing, 0 behind"). Returns the admin client to reuse."""
-        from ledger.store.relay_topic import open_admin, remade, topic_mark
+        from ledger.store.relay_topic import open_admin, remade, topic_mark, unkept
 
         relay = self.relay
         if relay is None:
@@ -367,12 +396,17 @@ class RelayService:
         try:
             if admin is None:
                 admin = open_admin(self.bootstrap, None, self.connect_timeout_s)
-            why = remade(self.topic, mark, topic_mark(admin, self.topic, self.timeout_s), end)
+            now = topic_mark(admin, self.topic, self.timeout_s)
+            why = remade(self.topic, mark, now, end)
         except Exception as e:  # unreachable: the watcher's probe says so
             log.debug("relay: cannot ask for topic %s: %s", self.topic, e)
             with contextlib.suppress(Exception):
                 admin.close()
             return None
+        refusal = unkept(self.topic, now) if now is not None else None
+        if refusal is not None:  # compacted or given a retention under it (atk51-25 F1, F4)
+            relay.refuse(refusal)
+            return admin
         if why and relay.published_mark == (mark, end):
             relay.flag(why)
         return admin
@@ -552,6 +586,10 @@ class RelayService:
             now = self.clock.now()
             relay = self.relay
             old = self.health
+            if old.state == "stopped" and state != "stopped":
+                # stopped is for good (the thread returned): the watcher's check, begun while
+                # it was publishing, wrote `publishing` over it with the stop's error (s51)
+                return
             if head is None:
                 head = _quiet_head(relay) if relay is not None else self._store_head()
             self.health = RelayHealth(

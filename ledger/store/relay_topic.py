@@ -12,7 +12,7 @@ Kafka's default 1,048,588 bytes (atk44-25 F8). Incremental: no other setting cha
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from kafka import KafkaAdminClient, TopicPartition
@@ -111,12 +111,12 @@ def ensure_topic(
             return RECORD_MAX_BYTES
         except TopicAlreadyExistsError:
             pass
-        return _check_topic(admin, topic)
+        return _check_topic(admin, topic, connect_timeout_s)
     finally:
         admin.close()
 
 
-def _check_topic(admin: Any, topic: str) -> int:
+def _check_topic(admin: Any, topic: str, timeout_s: float) -> int:
     (described,) = admin.describe_topics([topic])
     partitions = len(described["partitions"])
     if partitions != 1:
@@ -127,14 +127,19 @@ def _check_topic(admin: Any, topic: str) -> int:
     keys = [*REQUIRED_CONFIG, "max.message.bytes"]
     resource = ConfigResource(ConfigResourceType.TOPIC, topic, keys)
     found = admin.describe_configs([resource], config_filter="all")["topic"][topic]
-    wrong = {k: found[k]["value"] for k in REQUIRED_CONFIG if found[k]["value"] != TOPIC_CONFIG[k]}
-    if wrong:
-        shown = ", ".join(f"{k}={v}" for k, v in sorted(wrong.items()))
-        raise RelayError(
-            f"topic {topic} has {shown}: it would not keep every event",
-            hint=f"set {', '.join(f'{k}={TOPIC_CONFIG[k]}' for k in sorted(wrong))} on the topic",
-        )
+    settings = tuple((k, str(found[k]["value"])) for k in REQUIRED_CONFIG)
+    if any(TOPIC_CONFIG[k] != v for k, v in settings):  # the offsets decide the fix (`unkept`)
+        mark = topic_mark(admin, topic, timeout_s)
+        refusal = unkept(topic, mark or TopicMark("", 0, 0, settings))
+        if refusal is not None:
+            raise refusal
     return int(found["max.message.bytes"]["value"])
+
+
+def offsets_text(offsets: Sequence[int]) -> str:
+    """Kafka offsets as a short list for a log line or a report (the first ten, then a count)."""
+    shown = ", ".join(map(str, offsets[:10]))
+    return shown + (f", ... ({len(offsets) - 10} more)" if len(offsets) > 10 else "")
 
 
 def batch_bytes(key: bytes, value: bytes, headers: list[tuple[str, bytes]]) -> int:
@@ -199,6 +204,8 @@ class TopicMark(NamedTuple):
     topic_id: str
     begin: int
     end: int
+    settings: tuple[tuple[str, str], ...] = ()
+    """The topic's REQUIRED_CONFIG settings as the broker gave them (empty: not asked)."""
 
 
 def open_admin(bootstrap: str, config: Mapping[str, Any] | None, timeout_s: float) -> Any:
@@ -220,9 +227,49 @@ def topic_mark(admin: Any, topic: str, timeout_s: float) -> TopicMark | None:
     try:
         begin = admin.list_partition_offsets({tp: OffsetSpec.EARLIEST}, timeout_ms=ms)[tp]
         end = admin.list_partition_offsets({tp: OffsetSpec.LATEST}, timeout_ms=ms)[tp]
+        resource = ConfigResource(ConfigResourceType.TOPIC, topic, list(REQUIRED_CONFIG))
+        found = admin.describe_configs([resource], config_filter="all")["topic"][topic]
     except UnknownTopicOrPartitionError:
         return None
-    return TopicMark(str(described.get("topic_id") or ""), int(begin.offset), int(end.offset))
+    settings = tuple((k, str(found[k]["value"])) for k in REQUIRED_CONFIG if k in found)
+    topic_id = str(described.get("topic_id") or "")
+    return TopicMark(topic_id, int(begin.offset), int(end.offset), settings)
+
+
+def unkept(topic: str, mark: TopicMark) -> RelayError | None:
+    """Pure: the relay's refusal of a topic whose settings would not keep every event (None: they
+    do, or were not asked). A RelayError, not retried: the service says `stopped` with it.
+
+    atk51-25 F1/F4: the settings were read only at connect, so `cleanup.policy=compact` set under
+    a running relay let the broker drop every record but the last ones (they share one key),
+    while `relay status` said "publishing, 0 behind"; the relay's running check asks for them
+    too (`topic_mark`). The hint is what makes the topic whole again for readers: a compacted
+    topic with records has lost some that no setting brings back, and the relay cannot put them
+    back before the ones left (readers stop at those); so a new topic, or the topic deleted. Only
+    an empty topic, or a retention not yet applied (its first offset still 0), is fixed by
+    setting the values back."""
+    wrong = {k: v for k, v in mark.settings if k in TOPIC_CONFIG and v != TOPIC_CONFIG[k]}
+    if not wrong:
+        return None
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(wrong.items()))
+    setting = ", ".join(f"{k}={TOPIC_CONFIG[k]}" for k in sorted(wrong))
+    line = f"topic {topic} has {shown}: it would not keep every event"
+    if mark.end <= mark.begin == 0:
+        return RelayError(line, hint=f"set {setting} on the topic and start the service again")
+    if "cleanup.policy" not in wrong and mark.begin == 0:
+        return RelayError(
+            line + " (its start is still there: first offset 0)",
+            hint=f"set {setting} on the topic at once, before the broker deletes by it (at its "
+            "next retention check), and start the service again; if the topic's first offset "
+            f"is above 0 by then: {START_GONE_HINT}",
+        )
+    if "cleanup.policy" in wrong:
+        line += (
+            " (compaction keeps only the last records of the one key the relay's records "
+            "share: the topic may have lost events already, and setting cleanup.policy=delete "
+            "back does not bring them back)"
+        )
+    return RelayError(line, hint=START_GONE_HINT)
 
 
 def remade(topic: str, before: TopicMark, now: TopicMark | None, published_end: int) -> str | None:
@@ -251,7 +298,8 @@ def remade(topic: str, before: TopicMark, now: TopicMark | None, published_end: 
 
 START_GONE_HINT = (
     "publish to a new topic (GPULEDGER_KAFKA_TOPIC or --topic): the relay writes the whole log "
-    "there; or delete the topic, and the relay makes it again and writes the whole log to it"
+    "there; or delete the topic, and the relay makes it again and writes the whole log to it "
+    "(the service's relay once it starts again: a stopped relay does not look again)"
 )
 """What to do about a topic whose start is gone: the relay, `store restore --from-kafka` and
 `audit verify --kafka` name the same fix."""

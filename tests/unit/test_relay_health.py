@@ -141,3 +141,62 @@ def test_a_send_the_clients_connection_was_not_ready_for_is_retried_without_a_wo
     states.clear()
     run([NodeNotReadyError("No node_id provided")] * 4, connect_timeout_s=0.15)
     assert "unavailable" in states  # one that lasts: said
+
+
+def test_the_lag_is_never_0_where_the_position_is_not_the_topics() -> None:
+    """atk51-25 F3: "0 behind the store" from the record's own head: 0 while the relay connects
+    (it wrote the log again to a topic deleted while it was stopped, the record keeping its old
+    position), old once no service updates it. Where the position is not the topic's for sure,
+    the lag is a floor, and none is claimed where it would be 0."""
+    now = 1_000_000.0
+    base = {"bootstrap": "b", "topic": "t", "updated": now - 1}
+    connecting = RelayHealth(state="connecting", position=52_824, store_head=0, **base)
+    assert "0 behind" not in connecting.line(now)
+    assert "cannot tell how far behind the store" in connecting.line(now, 52_824)
+    assert "at least 3 behind the store" in connecting.line(now, 52_827)
+    publishing = RelayHealth(state="publishing", position=28, store_head=28, **base)
+    assert "position 28, 1 behind the store" in publishing.line(now, 29)  # the store's head, now
+    stale = publishing.line(now + 60, 28)
+    assert "no service updates it" in stale and "cannot tell how far behind" in stale
+    stopped = RelayHealth(state="stopped", position=29, store_head=29, error="e", **base)
+    assert "0 behind" not in stopped.line(now, 29)
+    assert "cannot tell how far behind the store (no store)" in publishing.line(
+        now, None, "no store"
+    )
+
+
+def test_relay_status_counts_the_lag_against_the_stores_head_read_now(org_ledger: object) -> None:
+    """atk51-25 F3 (a): the service killed (-9: its record says publishing, fresh), one event
+    appended since in embedded mode: `relay status` said "0 behind the store", exit 0, from the
+    record's head. It reads the home's store."""
+    import time
+
+    from click.testing import CliRunner
+
+    from ledger.cli import cli
+    from ledger.store.application import Ledger
+    from ledger.store.relay_service import health_path
+
+    assert isinstance(org_ledger, Ledger)
+    home = org_ledger.home
+    head = org_ledger.position
+    record = RelayHealth(
+        state="publishing", bootstrap="b", topic="t", position=head - 1, store_head=head - 1,
+        updated=time.time(),
+    )  # fmt: skip
+    health_path(home).write_bytes(msgspec.json.encode(record))
+    done = CliRunner().invoke(cli, ["--home", str(home), "relay", "status"])
+    assert f"position {head - 1:,}, 1 behind the store" in done.output, done.output
+
+
+def test_a_stopped_relay_stays_stopped_whatever_the_watcher_writes_after(tmp_path: object) -> None:
+    """s51: the watcher's check read `publishing`, the relay stopped (a topic compacted under
+    it), and the check then wrote `publishing` back with the stop's error: `relay status` said
+    publishing, exit 0, over a relay that had stopped for good."""
+    from pathlib import Path
+
+    assert isinstance(tmp_path, Path)
+    service = RelayService(tmp_path, "127.0.0.1:9", topic="t")
+    service._set("stopped", error="why", head=0)
+    service._set("publishing", error="why", head=0)
+    assert service.health.state == "stopped" and service.health.error == "why"

@@ -476,6 +476,29 @@ def test_a_topic_made_again_or_truncated_under_the_relay_is_named() -> None:
     assert "start of topic" in str(remade(TOPIC, before, TopicMark("id-1", 5, 40), 40))
 
 
+def test_a_topic_whose_settings_no_longer_keep_every_event_is_refused_naming_the_fix() -> None:
+    """atk51-25 F1/F4: the settings were read only at connect, and the fix named was to set
+    them back, which leaves a compacted topic's lost records lost (a new reader stops at the
+    ones left). `unkept` refuses; setting back is named only where nothing can be lost yet."""
+    from ledger.store.relay_topic import START_GONE_HINT, TopicMark, unkept
+
+    keep = (("retention.ms", "-1"), ("retention.bytes", "-1"), ("cleanup.policy", "delete"))
+    assert unkept(TOPIC, TopicMark("id", 0, 30, keep)) is None
+    assert unkept(TOPIC, TopicMark("id", 0, 30)) is None  # not asked
+    compact = (*keep[:2], ("cleanup.policy", "compact"))
+    refused = unkept(TOPIC, TopicMark("id", 0, 30, compact))
+    assert refused is not None and refused.hint == START_GONE_HINT
+    assert f"topic {TOPIC} has cleanup.policy=compact: it would not keep" in refused.message
+    assert "does not bring them back" in refused.message
+    empty = unkept(TOPIC, TopicMark("id", 0, 0, compact))  # nothing to lose yet
+    assert empty is not None and empty.hint.startswith("set cleanup.policy=delete on the topic")
+    short = (("retention.ms", "1000"), *keep[1:])
+    kept = unkept(TOPIC, TopicMark("id", 0, 30, short))  # its start still there
+    assert kept is not None and kept.hint.startswith("set retention.ms=-1 on the topic at once")
+    gone = unkept(TOPIC, TopicMark("id", 7, 30, short))  # the broker deleted by it already
+    assert gone is not None and gone.hint == START_GONE_HINT
+
+
 @pytest.mark.parametrize("keys", [KEYS, None], ids=["signed", "unsigned"])
 @pytest.mark.parametrize(("early", "run"), [(2, 3), (2, 0), (20, 0), (20, 5), (3, 26)])
 def test_a_relay_restarted_while_it_publishes_again_is_not_misled_by_its_early_copies(

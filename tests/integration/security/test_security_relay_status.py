@@ -321,3 +321,44 @@ def test_a_hung_broker_is_unavailable_for_a_relay_on_a_postgresql_store(
     finally:
         service.stop()
         led.close()
+
+
+@pytest.mark.kafka
+def test_relay_status_reads_the_stores_head_after_the_service_was_killed(
+    any_home: Path, kafka_bootstrap: str, kafka_topic: str, transactional_id: str
+) -> None:
+    """atk51-25 F3 (a): `serve` killed -9 (its relay.json says `publishing`, fresh), then an
+    event appended in embedded mode: `relay status` said "0 behind the store", exit 0, from the
+    head the service last wrote, never the store's. It reads the home's store (SQLite or
+    PostgreSQL) now: 1 behind (a floor, "at least", once the record is stale)."""
+    from ledger.store.creating import NewLedger
+    from tests.integration.test_relay_progress import JOB, ORG
+
+    home = any_home
+    led = NewLedger(home, live=True)  # makes the store's tables, as `init --store` does
+    try:
+        led.execute(c.InitLedger(actor="root", admin="root"))
+        led.execute_all(ORG)
+        head = led.position
+        service = RelayService(
+            home, kafka_bootstrap, topic=kafka_topic, transactional_id=transactional_id,
+            check_s=CHECK_S,
+        ).start()  # fmt: skip
+        try:
+            wait_for(
+                "published",
+                lambda: (h := read_health(home)) is not None and h.position == h.store_head == head,
+                60,
+            )
+            left = read_health(home)  # what a kill -9 leaves
+        finally:
+            service.stop()
+        assert left is not None and left.state == "publishing"
+        led.execute(JOB)
+        killed = msgspec.structs.replace(left, updated=time.time())
+        health_path(home).write_bytes(msgspec.json.encode(killed))
+        _, out = status(home)
+    finally:
+        led.close()
+    assert f"position {head:,}, 1 behind the store" in out or "at least 1 behind" in out, out
+    assert "0 behind" not in out, out
