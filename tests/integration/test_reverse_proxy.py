@@ -27,6 +27,7 @@ from ledger.server.whatifs import TIMEOUT_S
 from tests.integration.dashkit import Dashboard, build, cycled
 from tests.integration.serverkit import Server, cli, make_token, start_server
 from tests.integration.test_dashboard import browser, signed_in, watched
+from tests.integration.test_dashboard_whatif import _child_of
 
 __all__ = ["browser"]  # the module fixture, shared
 
@@ -229,6 +230,16 @@ def test_a_streamed_what_if_outlasts_a_short_proxy_read_timeout(
         )
         began = time.monotonic()
         first.start()
+        # the one ahead held 6 s (SIGSTOP), past the proxy's 4 s: a what-if of this small
+        # history ran both in 3.2 s once, and the stream had nothing to outlast
+        deadline = time.monotonic() + 120
+        while not (held := _child_of(p.server.proc.pid)) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert held, "the first what-if's child never started"
+        for pid in held:
+            os.kill(pid, signal.SIGSTOP)
+        resumed = threading.Timer(6.0, lambda: [os.kill(x, signal.SIGCONT) for x in held])
+        resumed.start()
         page, errors = watched(signed_in(browser, p.tokens["boss"]))
         page.goto(f"http://127.0.0.1:{nginx.port}/ui/budget")
         page.wait_for_selector("#budget tbody tr")
@@ -240,6 +251,7 @@ def test_a_streamed_what_if_outlasts_a_short_proxy_read_timeout(
             account,
         )
         whole_s = time.monotonic() - began
+        resumed.join()
         first.join(TIMEOUT_S)
         assert said[0] == 9 and said[1] >= 2 and said[2] == 1, said
         assert [s for s, _, _ in ahead] == [200] and whole_s > 4.0, (ahead, whole_s)
