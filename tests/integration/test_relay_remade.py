@@ -37,6 +37,22 @@ from tests.integration.waits import wait_for
 pytestmark = pytest.mark.kafka
 
 
+def at_head(ledger: Ledger, bootstrap: str, topic: str, transactional_id: str) -> RelayService:
+    """Three jobs appended and a relay started that has published them (stopped if it never
+    does)."""
+    ledger.execute_all([JOB] * 3)
+    published = ledger.position
+    service = RelayService(ledger.home, bootstrap, topic=topic,
+                           transactional_id=transactional_id).start()  # fmt: skip
+    try:
+        wait_for("the relay at the head", lambda: service.health.position >= published, 90,
+                 lambda: str(service.health))  # fmt: skip
+    except BaseException:
+        service.stop()
+        raise
+    return service
+
+
 def topic_id(bootstrap: str, topic: str) -> str:
     admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="gpuledger-test-admin")
     try:
@@ -99,14 +115,8 @@ def test_a_topic_made_again_under_a_running_relay_gets_the_whole_log_again(
     env = {KEYS_ENV: KEYS_TEXT} if signed else {}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
-    home = org_ledger.home
-    org_ledger.execute_all([JOB] * 3)
-    published = org_ledger.position
-    service = RelayService(home, kafka_bootstrap, topic=kafka_topic,
-                           transactional_id=transactional_id).start()  # fmt: skip
+    service = at_head(org_ledger, kafka_bootstrap, kafka_topic, transactional_id)
     try:
-        wait_for("the relay at the head", lambda: service.health.position >= published, 90,
-                 lambda: str(service.health))  # fmt: skip
         if kind != "truncated":
             remake(kafka_bootstrap, kafka_topic)
         else:
@@ -191,13 +201,9 @@ def test_a_topic_cut_under_a_running_relay_stops_it_naming_the_fix(
     verify do; a relay started on it refuses it too."""
     monkeypatch.setenv(KEYS_ENV, KEYS_TEXT)
     home = org_ledger.home
-    org_ledger.execute_all([JOB] * 3)
-    published = org_ledger.position
-    service = RelayService(home, kafka_bootstrap, topic=kafka_topic,
-                           transactional_id=transactional_id).start()  # fmt: skip
+    service = at_head(org_ledger, kafka_bootstrap, kafka_topic, transactional_id)
+    published = org_ledger.position  # the three jobs
     try:
-        wait_for("the relay at the head", lambda: service.health.position >= published, 90,
-                 lambda: str(service.health))  # fmt: skip
         cut(kafka_bootstrap, kafka_topic, 5)
         with caplog.at_level(logging.WARNING, logger="gpuledger.relay"):
             org_ledger.execute_all([JOB] * 2)

@@ -20,10 +20,10 @@ from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType
 
 from ledger.store.application import Ledger
-from ledger.store.relay_service import RelayService
 from ledger.store.relay_topic import START_GONE_HINT, RelayError, ensure_topic
 from tests.integration.test_relay_forgeries import run
 from tests.integration.test_relay_progress import JOB
+from tests.integration.test_relay_remade import at_head
 from tests.integration.waits import wait_for
 
 pytestmark = pytest.mark.kafka
@@ -50,13 +50,8 @@ def test_a_topic_compacted_under_a_running_relay_stops_it_naming_a_new_topic(
     within seconds; `relay status` says `stopped` in one line, exit 1, naming a new topic or
     the topic deleted, never "set cleanup.policy=delete" (the compacted records stay lost)."""
     home = org_ledger.home
-    org_ledger.execute_all([JOB] * 3)
-    published = org_ledger.position
-    service = RelayService(home, kafka_bootstrap, topic=kafka_topic,
-                           transactional_id=transactional_id).start()  # fmt: skip
+    service = at_head(org_ledger, kafka_bootstrap, kafka_topic, transactional_id)
     try:
-        wait_for("the relay at the head", lambda: service.health.position >= published, 90,
-                 lambda: str(service.health))  # fmt: skip
         alter(kafka_bootstrap, kafka_topic, cleanup_policy="compact")
         if flowing:
             org_ledger.execute_all([JOB] * 2)
@@ -82,14 +77,8 @@ def test_a_retention_shortened_under_a_running_relay_stops_it_before_the_broker_
     """F4: `retention.ms=1000` under a running relay: it said "publishing, 0 behind" until the
     broker deleted by it. It stops at its next check; the start still there, the hint is to
     set the retention back at once (or, once deleted, the fix of a topic whose start is gone)."""
-    home = org_ledger.home
-    org_ledger.execute_all([JOB] * 3)
-    published = org_ledger.position
-    service = RelayService(home, kafka_bootstrap, topic=kafka_topic,
-                           transactional_id=transactional_id).start()  # fmt: skip
+    service = at_head(org_ledger, kafka_bootstrap, kafka_topic, transactional_id)
     try:
-        wait_for("the relay at the head", lambda: service.health.position >= published, 90,
-                 lambda: str(service.health))  # fmt: skip
         alter(kafka_bootstrap, kafka_topic, retention_ms="1000")
         org_ledger.execute_all([JOB] * 2)
         wait_for("the relay stopped", lambda: service.health.state == "stopped", 30,
