@@ -41,20 +41,26 @@ def test_a_node_fail_run_whose_kill_never_comes_keeps_its_gpus_while_it_lives(
 def test_a_node_fail_run_that_forges_its_end_record_keeps_its_gpus_while_it_lives(
     ledger: Ledger,
 ) -> None:
-    """F5 with atk38-24 F1: as above, but the job writes its own end record (`0 <now> 0`) every
-    0.2 s while it lives. The record sets how it is recorded (its user's word), but its GPUs
-    stay held while its heartbeat beats, not only until Slurm's kill would have landed."""
+    """F5 with atk38-24 F1: as above, but from its node's DOWN on the job writes its own end
+    record (`0 <now> 0`) every 0.2 s while it lives. The record sets how it is recorded (its
+    user's word), but its GPUs stay held while its heartbeat beats, not only until Slurm's kill
+    would have landed (its script, which did not write the record, ends it at its next beat:
+    atk42-24 F1). It forged from its start before, so since atk42-24 F1 its script ended it
+    within a beat, before the DOWN: the DOWN met job 2 instead, which had taken its GPUs, and
+    when job 2's launch was slow (the whole suite) it ended `node_lost` before its command
+    wrote its line (s52), the test tests nothing. Now job 1 must live at the DOWN."""
     forge = (
-        'd=$(dirname "$GPULEDGER_CHECKPOINT_FILE"); '
-        'echo "0 $(date +%s.%N) 0" > "$d/ended.part" && mv -f "$d/ended.part" "$d/ended"; '
+        f'[ -e {ledger.work}/downed ] && {{ d=$(dirname "$GPULEDGER_CHECKPOINT_FILE"); '
+        'echo "0 $(date +%s.%N) 0" > "$d/ended.part" && mv -f "$d/ended.part" "$d/ended"; }; '
     )
     _kill_never_comes(ledger, forge)
 
 
 def _kill_never_comes(ledger: Ledger, each_beat: str) -> None:
-    """Job 1 (4 GPUs, SIGTERM ignored, running `each_beat` every 0.2 s too) runs, job 2 waits;
-    the DOWN, slurmd killed 0.3 s later and restarted 3 s after. Job 2 starts only after job
-    1's last line, and job 1's recorded end is not before it."""
+    """Job 1 (4 GPUs, SIGTERM ignored, running `each_beat` every 0.2 s too; `<work>/downed` is
+    there from the DOWN on) runs, job 2 waits; the DOWN, slurmd killed 0.3 s later and
+    restarted 3 s after. Job 1 lives at the DOWN, job 2 starts (its command runs, once) only
+    after job 1's last line, and job 1's recorded end is not before it."""
     work = ledger.work
     cl = ledger.cluster
     ledger.up()
@@ -64,6 +70,7 @@ def _kill_never_comes(ledger: Ledger, each_beat: str) -> None:
     time.sleep(2)
     down = time.time()
     _down(ledger)
+    (work / "downed").touch()
     time.sleep(0.3)
     os.kill(cl.daemon_pid("slurmd"), signal.SIGKILL)
     time.sleep(3)
@@ -74,8 +81,16 @@ def _kill_never_comes(ledger: Ledger, each_beat: str) -> None:
     finally:
         (work / "stop.one").touch()  # else its command ends by itself
     last = _until_quiet(work / "one")
+    assert last > down, (  # else the DOWN met job 2, not job 1 (s52: its forger's old shape)
+        f"job 1 ended {down - last:.1f} s before its node's DOWN\n{ledger.service_log()[-3000:]}"
+    )
     ledger.wait("the next job to finish", lambda: status(ledger, 2) == "finished", timeout=120)
-    (started,) = _times(work / "next")
+    ran = _times(work / "next")
+    assert len(ran) == 1, (  # finished (failed too) with its command run 0 times: say how
+        f"job 2 is finished, its command ran {len(ran)} times: {ledger.jobs()[2]}\n"
+        f"{ledger.service_log()[-6000:]}"
+    )
+    (started,) = ran
     assert started > last, (
         f"job 2 started {last - started:.1f} s before job 1 ended ({started - down:.0f} s "
         f"after the DOWN)\n{ledger.service_log()[-3000:]}"

@@ -230,6 +230,18 @@ CASES = {
     "signalled, a script from before the bound: its fresh beats count": Case(
         signalled_at=END + 0.3, now=END + 60.0, confirm_s=30.0, beat_at=END + 59.0, window=21.0
     ),
+    # s52: Slurm's TERM at its launch (the DOWN met it there: its `launched` mark, its first
+    # beat and its note within a millisecond, no record, its command never run): never its own
+    # end; the node's failure once its slurmd answers and KillWait has passed, with its note
+    "Slurm's TERM at its launch, no record: the node's failure, never completed": Case(
+        signalled_at=END + 0.08,
+        beat_at=END + 0.08,
+        answering_since=END + 4.0,
+        now=END + 30.0,
+        confirm_s=30.0,
+        after_term_s=13.0,
+        want=(0, END + 14.0, "node_failure"),
+    ),
     # a record is the run's own end: its heartbeat ended before it was written
     "its own end record while its heartbeat is fresh: its own end": Case(
         own=OwnEnd(0, END + 40.0),
