@@ -117,7 +117,10 @@ def test_a_job_slurm_ends_node_fail_that_runs_on_and_completes_is_recorded_compl
     work = ledger.work
     cl = ledger.cluster
     ledger.up()
-    ledger.submit("bob", 1, _job(work, 8))
+    # it runs until the test lets it end (at most 60 s): an 8 s job under load had completed
+    # before the in-doubt check below (s52)
+    until_go = f"for i in $(seq 300); do [ -e {work}/go ] && break; sleep 0.2; done; "
+    ledger.submit("bob", 1, _job(work, 0).replace("sleep 0; ", until_go))
     ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
     (linked,) = ledger.of("job.engine_linked.v1", 1)
     os.kill(cl.daemon_pid("slurmd"), signal.SIGKILL)
@@ -126,6 +129,7 @@ def test_a_job_slurm_ends_node_fail_that_runs_on_and_completes_is_recorded_compl
                 lambda: cl.jobs()[linked["engine_job_id"]]["state"] == "NODE_FAIL")  # fmt: skip
     ledger.wait("the node lost", lambda: bool(ledger.of("node.lost.v1")))
     assert status(ledger, 1) == "running"  # in doubt: its processes may live on
+    (work / "go").touch()
     ledger.wait("the job to finish", lambda: status(ledger, 1) == "finished", timeout=40)
     (end,) = _lines(work, "end")
     job = ledger.jobs()[1]
