@@ -176,3 +176,42 @@ def test_a_stopped_placed_run_its_agent_never_had_ends_at_its_report(org_ledger:
     assert led.state.stopped_runs == {}
     (end,) = [ev for _, ev in led.read(0, 1_000_000) if isinstance(ev, e.JobRunEnded)]
     assert end.note == "it never started: n1's agent reports no such run" and end.started_at is None
+
+
+def test_audit_flags_a_placement_on_a_gpu_its_decision_says_it_held(
+    org_ledger: Ledger, clock: SimClock, home: object
+) -> None:
+    """`audit check` had no rule for a placement on a stopping run's GPUs: a decision recorded
+    as holding them (`placed_held`) that placed there is flagged; the same placement by a
+    record of the rule before (`placed_held` False) is not, nor are the dispatcher's."""
+    from ledger.history.audit import check_history
+
+    _on_agents(org_ledger)
+    d = Dispatcher(org_ledger, NoRanks(), Fifo(), Unheard())  # type: ignore[arg-type]
+    a = _placed_on_n1(org_ledger, clock, d)
+    org_ledger.execute(c.CancelJob(actor="alice", job_id=a))
+    new = submit(org_ledger, 8)
+    tick(clock)
+    d.cycle(clock.now())  # the dispatcher's: n2
+    assert where(org_ledger, new) == (("n2", tuple(range(8))),)
+    for held, cycle in ((False, "c-old"), (True, "c-wrong")):
+        job = submit(org_ledger, 8)
+        tick(clock)
+        now = clock.now()
+        snap = snapshot_from_state(org_ledger.state, {}, now, hold_stopping=True, hold_lost=True)
+        cmd = decide(snap, Fifo(), now).to_command(
+            "@dispatcher",
+            cycle,
+            decided_at=now,
+            policy=FifoConfig(),
+            stopping_held=True,
+            lost_held=True,
+            placed_held=held,
+        )  # fmt: skip  (a snapshot without the placed run: n1 free)
+        org_ledger.execute(cmd)
+        assert where(org_ledger, job) == (("n1", tuple(range(8))),)
+        org_ledger.execute(c.CancelJob(actor="alice", job_id=job))  # placed: stopping too
+    with EmbeddedSource(home) as source:  # type: ignore[arg-type]
+        events = [(r.position, _decode(r.data)) for r in source.read(0, 10_000)]
+    flagged = [vi for vi in check_history(events) if vi.code == "PLACED_ON_STOPPING_GPU"]
+    assert [(vi.job_id, "c-wrong" in vi.message) for vi in flagged] == [(job, True)], flagged
