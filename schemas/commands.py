@@ -274,6 +274,9 @@ class DecisionBody(msgspec.Struct, frozen=True, kw_only=True):
     lost_held: bool = False
     """It also held the runs a `node lost` ended whose end was not recorded
     (`CycleDecided.lost_held`)."""
+    placed_held: bool = False
+    """It also held the runs stopped while `placed` whose end was not recorded
+    (`CycleDecided.placed_held`)."""
 
 
 class ApplyDecision(Command, frozen=True, kw_only=True, tag="decision.apply"):

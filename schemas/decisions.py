@@ -207,3 +207,8 @@ class CycleDecided(_Decided, frozen=True, kw_only=True, tag="cycle.decided.v4"):
     replay builds each decision's snapshot by the rule its record names."""
     lost_held: bool = False
     """It also held the runs an admin's `node lost` ended whose end was not recorded (s50)."""
+    placed_held: bool = False
+    """It also held the runs the ledger stopped (a cancel, a preemption) while their job was
+    `placed` on node agents, whose launch may have run unheard (`StoppedRun.placed`, s52,
+    atk51-23 F3). False in the records written before, whose snapshot counted them free (no
+    such run was kept then)."""

@@ -659,7 +659,7 @@ def cancel(ctx: Ctx, job_ids: tuple[str, ...]) -> None:
         if killed and not ends:  # every task of an array in its grace (atk47-23 F13)
             what = f"job {killed[0]} was" if len(killed) == 1 else (
                 f"jobs {', '.join(map(str, killed))} were")  # fmt: skip
-            click.echo(f"{what} stopping: killed now (position {appended.position})")
+            click.echo(f"{what} stopping: {_killed(ctx)} (position {appended.position})")
             continue
         # a job past its time limit ends `time_limit`: it timed out, the cancel cut its grace
         ended = [ev.job_id for ev in ends if ev.reason in ("cancelled", "time_limit")]
@@ -668,16 +668,25 @@ def cancel(ctx: Ctx, job_ids: tuple[str, ...]) -> None:
         click.echo(f"cancelled {what} (position {appended.position})")
         if killed:  # a requeued job's earlier run in its grace (atk50b-23 F2)
             click.echo(f"  the earlier run of {', '.join(map(str, killed))} was still stopping: "
-                       "killed now")  # fmt: skip
+                       f"{_killed(ctx)}")  # fmt: skip
         timed = [ev.job_id for ev in ends if ev.reason == "time_limit"]
         if timed:
             click.echo(f"  {', '.join(map(str, timed))} had passed its time limit: recorded "
-                       "time_limit, killed now")  # fmt: skip
+                       f"time_limit, {_killed(ctx)}")  # fmt: skip
         never = [ev.job_id for ev in ends if ev.reason == "dependency_never_satisfied"]
         if never:
             click.echo(f"  and so {', '.join(map(str, never))} can never run (their dependency)")
     if failed:
         sys.exit(1)
+
+
+def _killed(ctx: Ctx) -> str:
+    """What a kill the cancel ordered (`job.kill_ordered.v1`) does now: a service's engine kills
+    at once; with none running (the command was embedded) nothing can until one starts, which
+    then kills at once (stop51: `killed now` was said with `up` down)."""
+    if ctx.remote is not None:
+        return "killed now"
+    return "SIGKILL ordered (no service runs now: killed as soon as one starts)"
 
 
 COMMANDS = [submit, cancel]

@@ -319,10 +319,27 @@ def _indexed(state: State, spec: e.JobSubmitted, *, add: bool) -> None:
                 del arrays[spec.array_job_id]
 
 
+def _launched_unheard(state: State, job: Job, why: str) -> bool:
+    """A `placed` job whose launch may run though no start is recorded: node agents launch
+    what the ledger placed and report its start later (`up` killed -9 in between: atk51-23
+    F3), stopped by a cancel or a preemption (a `node lost`'s has its own rule:
+    `Node.placed_lost`). Decisions count it only under their rule (`CycleDecided.placed_held`),
+    so a log written before replays as it was decided."""
+    service = state.service
+    return (
+        job.status == "placed"
+        and why != NODE_LOST
+        and service is not None
+        and service.executor == "agents"
+    )
+
+
 def _stopped(state: State, job: Job, at: float, why: str) -> None:
-    """The ledger stops the job's running run: its end is awaited (`State.stopped_runs`), and
-    runs stopped more than `ENDS_KEPT_S` ago are forgotten."""
-    if job.status == "running" and job.engine and job.slots:
+    """The ledger stops the job's running run (or its placed run whose launch may run:
+    `_launched_unheard`): its end is awaited (`State.stopped_runs`), and runs stopped more than
+    `ENDS_KEPT_S` ago are forgotten."""
+    running = job.status == "running" and job.engine
+    if (running or _launched_unheard(state, job, why)) and job.slots:
         key = (job.job_id, job.preemptions)
         s, began = job.spec, job.started_at
         past = began is not None and s.time_limit_s is not None and at >= began + s.time_limit_s
@@ -343,6 +360,7 @@ def _stopped(state: State, job: Job, at: float, why: str) -> None:
             submitted_at=s.at,
             started_at=began,
             service_grace_s=job.service_grace_s,
+            placed=not running,
         )  # fmt: skip  (past its limit, in its grace: killed at once, as scancel)
     cut = at - ENDS_KEPT_S
     while state.stopped_runs:

@@ -479,11 +479,18 @@ class Blocked:
     reason: str
 
 
+def blocked_now(state: State) -> dict[int, Blocked]:
+    """Pure: `blocked` as a cycle decides now, with every rule of the stopping runs it holds
+    (what the reads show)."""
+    return blocked(state, hold_stopping=True, hold_lost=True, hold_placed=True)
+
+
 def blocked(
     state: State,
     live: list[Job] | None = None,
     hold_stopping: bool = False,
     hold_lost: bool = False,
+    hold_placed: bool = False,
 ) -> dict[int, Blocked]:
     """Pure: the pending (not held) jobs that may not be placed yet, by job id: a dependency
     not met (`WAIT_DEPENDENCY`, Slurm's `Dependency`), an earlier job of the same user and name
@@ -496,7 +503,9 @@ def blocked(
     array's limit, as Slurm waits for a job's end (atk48-23 F5: a `%1` array's next task and an
     `afterany` job ran beside a cancelled job's processes), and keeps its name for a
     `singleton` (as squeue's `CG` job does). `hold_lost` (`CycleDecided.lost_held`): so does a
-    job an admin's `node lost` ended while its processes may live (`NODE_LOST`, s50)."""
+    job an admin's `node lost` ended while its processes may live (`NODE_LOST`, s50);
+    `hold_placed` (`CycleDecided.placed_held`): and a job stopped while `placed` whose launch
+    may run unheard (`StoppedRun.placed`, s52)."""
     out: dict[int, Blocked] = {}
     if live is None:
         jobs = state.jobs
@@ -511,7 +520,8 @@ def blocked(
         if spec.array_job_id is not None and job.status in ("placed", "running"):
             holding[spec.array_job_id] = holding.get(spec.array_job_id, 0) + 1
         names.setdefault((spec.user, spec.job_name), spec.job_id)
-    stopping = state.stopping_arrays(hold_lost) if hold_stopping and state.stopped_runs else {}
+    held = hold_stopping and state.stopped_runs
+    stopping = state.stopping_arrays(hold_lost, hold_placed) if held else {}
     stopping_names: dict[tuple[str, str], int] = {}
     for array in stopping.values():
         if array is not None:

@@ -76,8 +76,10 @@ def confirm_run_ended(state: State, cmd: c.ConfirmRunEnded, s: Stamp) -> list[e.
 
 def _own_start(state: State, cmd: c.ConfirmRunEnded, now: float) -> float | None:
     """Pure: the run's own start as the engine reports it, never after its end nor `now` (a
-    run the ledger stopped while it ran, `State.stopped_runs`, has its `JobStarted`: none)."""
-    if cmd.started_at is None or (cmd.job_id, cmd.run) in state.stopped_runs:
+    run the ledger stopped while it ran, `State.stopped_runs`, has its `JobStarted`: none; one
+    stopped while placed has none: `StoppedRun.placed`)."""
+    stopped = state.stopped_runs.get((cmd.job_id, cmd.run))
+    if cmd.started_at is None or (stopped is not None and not stopped.placed):
         return None
     end = now if cmd.ended_at is None else min(cmd.ended_at, now)
     return min(cmd.started_at, end)

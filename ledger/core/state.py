@@ -150,6 +150,13 @@ class StoppedRun(msgspec.Struct, frozen=True, kw_only=True):
     service_grace_s: float | None = None
     """Its job's `Job.service_grace_s` when it was stopped: the service's grace when the run
     was placed (None: unknown, then the service's current one)."""
+    placed: bool = False
+    """Stopped while its job was `placed` (no start recorded) on node agents, whose launch may
+    have run unheard (`up` killed -9 right after it): its processes may live, as a running
+    run's, until its agent reports it gone, or reports a list without it (it never launched)
+    (s52, atk51-23 F3: no stopped run was kept, its GPU read free at once and a restarted
+    agent gave its processes a new grace). Decisions hold it only under their rule
+    (`CycleDecided.placed_held`); kept only in logs written since."""
 
     def grace(self, current_s: float) -> float:
         """Pure: the one rule of every engine and read: the job's own grace, else the service's
@@ -336,15 +343,16 @@ class State:
             return []
         return [sr for sr in self.stopped_runs.values() if sr.job_id == job_id]
 
-    def stopping_arrays(self, lost: bool = True) -> dict[int, int | None]:
+    def stopping_arrays(self, lost: bool = True, placed: bool = True) -> dict[int, int | None]:
         """Job -> its array's id (None: no array) of the jobs whose record ended while a run the
         ledger stopped lives out its grace (`stopped_of`; a task's end keeps its array, `ends`):
         what a second cancel of an array kills and what a stopping job holds back
         (`jobs.blocked`). `lost` False: not the runs a `node lost` ended (`NODE_LOST`), as the
-        decisions recorded before s50 counted (`CycleDecided.lost_held`)."""
+        decisions recorded before s50 counted (`CycleDecided.lost_held`); `placed` False: not
+        the runs stopped while placed (`StoppedRun.placed`, `CycleDecided.placed_held`)."""
         out: dict[int, int | None] = {}
         for sr in self.stopped_runs.values():
-            if not lost and sr.why == NODE_LOST:
+            if (not lost and sr.why == NODE_LOST) or (not placed and sr.placed):
                 continue
             job = self.jobs.get(sr.job_id)
             if job is not None and job.status != "finished":

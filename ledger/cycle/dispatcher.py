@@ -231,6 +231,7 @@ def preview(
         unavailable=unavailable,
         hold_stopping=True,  # as a cycle does
         hold_lost=True,
+        hold_placed=True,
     )
     return snapshot, decide(snapshot, policy, now)
 
@@ -471,6 +472,7 @@ class Dispatcher:
             # lost`'s run's too (s50); the record says so (`stopping_held`, `lost_held`), for replay
             hold_stopping=True,
             hold_lost=True,
+            hold_placed=True,  # and a run stopped while placed, its launch unheard (s52)
         )
         # 2. decide (pure)
         decision, self._carry = decide_carried(snapshot, self.policy, now, self._carry)
@@ -495,6 +497,7 @@ class Dispatcher:
                 skipped_cycles=self._skipped,
                 stopping_held=True,
                 lost_held=True,
+                placed_held=True,
             )
             self.ledger.execute(command)
             self._skipped, self._recorded_at = 0, now

@@ -51,16 +51,20 @@ def pending_view(job: Job) -> PendingJob:
     )
 
 
-def stopping_gpus(state: State, lost: bool = True) -> dict[str, frozenset[int]]:
+def stopping_gpus(
+    state: State, lost: bool = True, placed: bool = True
+) -> dict[str, frozenset[int]]:
     """Pure: node -> the GPUs of the runs the ledger stopped whose end is not recorded yet
     (`State.stopped_runs`: a cancel's, a preemption's or a requeue's run in its grace, and a
     run a `node lost` ended: `NODE_LOST`, left out when not `lost`, as decisions recorded before
-    s50 counted: `CycleDecided.lost_held`). Their processes may still hold them, and the engine
+    s50 counted: `CycleDecided.lost_held`; and a run stopped while placed, whose launch may
+    run unheard: `StoppedRun.placed`, left out when not `placed`: `CycleDecided.placed_held`,
+    s52). Their processes may still hold them, and the engine
     starts nothing there until they are gone, so they are not free for a placement (as Slurm's
     COMPLETING job's are not: atk47-23 F8)."""
     held: dict[str, set[int]] = {}
     for sr in state.stopped_runs.values():
-        if not lost and sr.why == NODE_LOST:
+        if (not lost and sr.why == NODE_LOST) or (not placed and sr.placed):
             continue
         for sl in sr.slots:
             held.setdefault(sl.node, set()).update(sl.gpu_indices)
@@ -109,6 +113,7 @@ def snapshot_from_state(
     longest_s: float | None = None,
     hold_stopping: bool = False,
     hold_lost: bool = False,
+    hold_placed: bool = False,
 ) -> Snapshot:
     """Pure: the snapshot of the write-side `state` (tests, simulation, replay): the one of
     `snapshot_kept` built from nothing kept."""
@@ -128,6 +133,7 @@ def snapshot_from_state(
         longest_s=longest_s,
         hold_stopping=hold_stopping,
         hold_lost=hold_lost,
+        hold_placed=hold_placed,
     )[0]
 
 
@@ -182,6 +188,7 @@ def snapshot_kept(
     longest_s: float | None = None,
     hold_stopping: bool = False,
     hold_lost: bool = False,
+    hold_placed: bool = False,
 ) -> tuple[Snapshot, Views]:
     """Pure: the snapshot of the write-side `state`, made with what the last call handed on
     (`kept`; None: nothing), and what to hand the next call (`Views`).
@@ -204,10 +211,13 @@ def snapshot_kept(
     `hold_stopping`: the GPUs of stopped runs in their grace (`stopping_gpus`) are not free
     either (every cycle since atk47-23 F8; a replay of an older record, whose cycle counted
     them free, passes False: `CycleDecided.stopping_held`); with `hold_lost` those of the runs
-    a `node lost` ended while their processes may live too (s50: `CycleDecided.lost_held`).
+    a `node lost` ended while their processes may live too (s50: `CycleDecided.lost_held`);
+    with `hold_placed` those stopped while placed, whose launch may run unheard (s52:
+    `CycleDecided.placed_held`).
     """
     low = low_util_since or {}
-    busy = _busy(unavailable, stopping_gpus(state, hold_lost) if hold_stopping else {})
+    held = stopping_gpus(state, hold_lost, hold_placed) if hold_stopping else {}
+    busy = _busy(unavailable, held)
     last = kept or Views()
     made_nodes: dict[str, tuple[Node, NodeView]] = last.nodes
     kept_nodes: dict[str, tuple[Node, NodeView]] = {}
@@ -246,7 +256,7 @@ def snapshot_kept(
     jobs = state.jobs
     live = list(map(jobs.__getitem__, sorted(state.active)))
     # a dependency not met, an array at its limit: not placed yet (a stopping job counts)
-    waiting = blocked(state, live, hold_stopping, hold_lost)
+    waiting = blocked(state, live, hold_stopping, hold_lost, hold_placed)
     settings = (unobserved, from_start, longest_s)
     seen = dict(zip(map(id, live), live, strict=True)) if len(live) >= KEEP_FROM else None
     token = object()  # names this call's pending views (`PendingDelta`)

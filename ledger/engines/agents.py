@@ -47,7 +47,7 @@ from ledger.cycle.executor import (
 from ledger.engines.agent_nodes import refuse_while_held, registered_node, silent_nodes
 from ledger.engines.agent_runs import AgentRun, part_for, run_ended, run_started
 from ledger.engines.board import Board, kills_by_node
-from ledger.engines.fence import Fence, reboot_honoured
+from ledger.engines.fence import ANY_RUN, Fence, reboot_honoured
 from ledger.store.clock import new_token_secret
 from schemas import agent as a
 from schemas import commands as c
@@ -541,7 +541,34 @@ class AgentExecutor:
         current = {j: r.run for j, r in self._runs.items()}
         current |= {j: job.run for j, (job, _) in self._held.items()}
         self.fence.reported(node, version, ((p.job_id, p.run) for p in running), current)
+        self._never_launched(node, {(p.job_id, p.run) for p in running}, now)
         self._release(now)
+
+    def _never_launched(self, node: str, running: set[tuple[int, int]], now: float) -> None:
+        """The runs the ledger stopped while placed (`StoppedRun.placed`) that `node`'s agent
+        does not have, nothing of ours may still hand it (not on a list, no `Fence` blocker of
+        the run on any of its nodes: each reported it gone, or was never handed it) and no end
+        of which is said yet: they end now, for the record. A launch the agent did run it
+        reports itself (its stop's end, with its exit); one it never had would otherwise keep
+        its GPUs `stopping` for a day (s52, atk51-23 F3)."""
+        said = {x.job_id for x in self._stopped}
+        for sr in list(self.ledger.state.stopped_runs.values()):
+            key = (sr.job_id, sr.run)
+            nodes = {sl.node for sl in sr.slots}
+            if not sr.placed or node not in nodes or key in running or sr.job_id in said:
+                continue
+            mine = self._runs.get(sr.job_id)
+            held = self._held.get(sr.job_id)
+            if (mine is not None and mine.run == sr.run) or (held and held[0].run == sr.run):
+                continue  # still ours to hand out or to stop (`carry_out`)
+            blockers = self.fence.blockers.get(sr.job_id, {})
+            if any(n in blockers and blockers[n].run in (sr.run, ANY_RUN) for n in nodes):
+                continue
+            note = f"it never started: {node}'s agent reports no such run"
+            name = f"{sr.job_id}.{sr.run + 1}"
+            self._stopped.append(Exit(sr.job_id, 0, now, "exited", name, "STOPPED", note,
+                                      run=sr.run))  # fmt: skip
+            said.add(sr.job_id)
 
     def _silent(self, now: float, nodes: Mapping[str, Node]) -> list[tuple[str, float]]:
         """(node, seconds silent) of nodes the ledger still counts as up whose agent has not

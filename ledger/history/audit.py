@@ -27,7 +27,7 @@ import msgspec
 
 from ledger.core.authz import authorisation_failure
 from ledger.core.evolve import evolve
-from ledger.core.state import DRAINED_NOTE, Job, State, is_system
+from ledger.core.state import DRAINED_NOTE, NODE_LOST, Job, State, is_system
 from projections import history
 from projections.fairshare import (
     CHARGE_PLACEMENT,
@@ -51,6 +51,7 @@ ViolationCode = Literal[
     "DRAINED_IN_CONTRACT",
     "REQUEUED_IN_CONTRACT",
     "PLACED_ON_INACTIVE_NODE",
+    "PLACED_ON_STOPPING_GPU",
     "UNFUNDED_CHARGED",
     "CHARGED_BEFORE_START",
     "CHARGED_WITHOUT_RUN",
@@ -329,6 +330,12 @@ class _Checker:
         self.initialised = False
         self.decided_at: tuple[float, float] | None = None
         """When the last decision record was decided and recorded."""
+        self.held_rule: tuple[str, bool, bool] = ("", False, False)
+        """The last decision record's cycle and which stopped runs its snapshot held:
+        (cycle id, `lost_held`, `placed_held`), its cycle id "" when it held none
+        (`stopping_held` False)."""
+        self.held_runs: frozenset[tuple[int, int]] = frozenset()
+        """The stopped runs when that record was made (not those its own preemptions stop)."""
 
     def flag(
         self, pos: int, ev: e.AnyEvent, code: ViolationCode, msg: str, job: int | None = None
@@ -369,6 +376,9 @@ class _Checker:
         elif isinstance(ev, e.CycleDecided):
             self.charges.decided(ev)
             self._decided_in_order(pos, ev)
+            self.held_rule = (ev.cycle_id if ev.stopping_held else "", ev.lost_held,
+                              ev.placed_held)  # fmt: skip
+            self.held_runs = frozenset(self.state.stopped_runs) if ev.stopping_held else frozenset()
         elif isinstance(ev, e.JobEngineLinked):
             self.runs.linked(pos, ev, self.state.jobs.get(ev.job_id))
         elif isinstance(ev, e.JobEngineEnded):
@@ -432,6 +442,7 @@ class _Checker:
                     f"job {job} placed on node {sl.node!r}, which is {now}",
                     job,
                 )
+            self._on_stopping(pos, ev, sl)
             for i in sl.gpu_indices:
                 other = self.holder.get((sl.node, i))
                 if other is not None and other != job:
@@ -446,6 +457,36 @@ class _Checker:
                 self.holder[(sl.node, i)] = job
             self.held.setdefault(job, []).extend((sl.node, i) for i in sl.gpu_indices)
         self.placed_at[job] = ev.at
+
+    def _on_stopping(self, pos: int, ev: e.JobPlaced, sl: e.GpuSlot) -> None:
+        """A placement its decision made on a GPU of a stopped run its own record says it
+        held (`stopping_held`, and by `lost_held`/`placed_held` a `node lost`'s run and one
+        stopped while placed) whose end was not recorded: the decision's snapshot was not
+        what the log folds to (`PLACED_ON_STOPPING_GPU`)."""
+        cycle, lost, placed = self.held_rule
+        if not cycle or ev.cycle_id != cycle:
+            return
+        gpus: set[int] = set()
+        runs: list[str] = []
+        for key, sr in self.state.stopped_runs.items():
+            if key not in self.held_runs:
+                continue  # stopped by this decision's own preemptions
+            if (sr.why == NODE_LOST and not lost) or (sr.placed and not placed):
+                continue
+            for held in sr.slots:
+                both = set(held.gpu_indices) & set(sl.gpu_indices)
+                if held.node == sl.node and both:
+                    gpus |= both
+                    runs.append(f"job {sr.job_id}'s run {sr.run + 1} (stopped {sr.at:.3f})")
+        if runs:
+            self.flag(
+                pos,
+                ev,
+                "PLACED_ON_STOPPING_GPU",
+                f"job {ev.job_id} placed on node {sl.node!r} GPUs {sorted(gpus)}, where "
+                f"{', '.join(runs)} was not reported gone ({cycle} held stopping runs)",
+                ev.job_id,
+            )
 
     def _preempted(self, pos: int, ev: e.JobPreempted) -> None:
         job = self.state.jobs.get(ev.job_id)

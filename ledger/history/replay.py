@@ -439,6 +439,7 @@ class Replayer:
             position=recorded.based_on,
             hold_stopping=recorded.stopping_held,  # as its cycle counted stopping GPUs
             hold_lost=recorded.lost_held,  # and a `node lost`'s runs (s50)
+            hold_placed=recorded.placed_held,  # and runs stopped while placed (s52)
         )
         ranked = registry.ranked(config)
         return snapshot, policy, rank_digest(ranks, level_fs) if ranked else None

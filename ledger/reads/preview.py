@@ -245,11 +245,9 @@ def queue_page(
     waits: dict[int, Blocked] = {}
     every_wait: Mapping[int, Blocked] = {}
     if f.state in QUEUED:
-        from ledger.core.jobs import blocked
+        from ledger.core.jobs import blocked_now
 
-        every_wait = (
-            held.waits if held is not None else blocked(state, hold_stopping=True, hold_lost=True)
-        )
+        every_wait = held.waits if held is not None else blocked_now(state)
         for job_id, why in sorted(every_wait.items()):
             s = state.jobs[job_id].spec
             if (f.user and s.user != f.user) or not _under(s.account, f.account, s.user):
@@ -356,9 +354,9 @@ class HeldBack(NamedTuple):
 
 def held_back(state: State, snapshot: Snapshot, policy: Policy) -> HeldBack:
     """Pure: `HeldBack` of `state`, keyed by `policy` over `snapshot`."""
-    from ledger.core.jobs import blocked
+    from ledger.core.jobs import blocked_now
 
-    return _held(state, snapshot, policy, blocked(state, hold_stopping=True, hold_lost=True))
+    return _held(state, snapshot, policy, blocked_now(state))
 
 
 def _held(
@@ -379,10 +377,10 @@ def _blocked_rows(
     with why; the estimate is the earliest the dependency or the array's limit lets it run
     (what it waits for reaching its time limits) and its GPUs are free, at its place in the
     dispatch order (`_starts`)."""
-    from ledger.core.jobs import blocked
+    from ledger.core.jobs import blocked_now
 
     rows: list[v.QueueRow] = []
-    waits = blocked(state, hold_stopping=True, hold_lost=True)
+    waits = blocked_now(state)
     starts: dict[int, float | None] | None = None
     for job_id, why in sorted(waits.items()):
         if len(rows) >= room:
@@ -498,9 +496,9 @@ def queue_codes(state: State, snapshot: Snapshot, decision: Decision) -> list[tu
     for _, job in decision.order:
         wait = waits.get(job.job_id)
         out.append((accounts[job.job_id], wait.code if wait else "NEXT_CYCLE"))
-    from ledger.core.jobs import blocked
+    from ledger.core.jobs import blocked_now
 
-    stopped = blocked(state, hold_stopping=True, hold_lost=True)
+    stopped = blocked_now(state)
     waiting = [(state.jobs[i].spec.account, b.code) for i, b in sorted(stopped.items())]
     held = sorted(
         (j.job_id, j.spec.account) for j in state.jobs.values() if j.held and j.status == "pending"
@@ -644,11 +642,11 @@ def explain_now(
         held_line = "It is held: the dispatcher skips it until it is released."
         return Now(status, "HELD", "held: `gpuledger release` lets it be scheduled",
                    after=(held_line,))  # fmt: skip
-    from ledger.core.jobs import blocked
+    from ledger.core.jobs import blocked_now
 
     state = ledger.state
     job_id = job.spec.job_id
-    waits = blocked(state, hold_stopping=True, hold_lost=True).get(job_id)
+    waits = blocked_now(state).get(job_id)
     if waits is not None:
         what = "its dependency" if waits.code == "WAIT_DEPENDENCY" else "its array's limit"
         blocking = _blocking(state, job) if waits.code == "WAIT_DEPENDENCY" else []

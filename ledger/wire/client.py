@@ -133,6 +133,24 @@ def round_pause_s(rounds: int) -> float:
     return min(ROUND_PAUSE_S, 0.05 * rounds)
 
 
+def sent(cmd: AnyCommand) -> dict[str, Any]:
+    """Pure: `cmd` as sent to a server: every field left at its default is left out (the server
+    fills it in the same), so a newer CLI reaches an older server, whose commands refuse the
+    fields they do not know, unless the caller asked for what it added (`node remove` always
+    sent `force`: refused by a server without it)."""
+    out: dict[str, Any] = msgspec.to_builtins(cmd)
+    for f in msgspec.structs.fields(cmd):
+        if f.default is not msgspec.NODEFAULT:
+            default = f.default
+        elif f.default_factory is not msgspec.NODEFAULT:
+            default = f.default_factory()
+        else:
+            continue
+        if getattr(cmd, f.name) == default:
+            out.pop(f.encode_name, None)
+    return out
+
+
 class Client:
     """Talks to a server: `http(s)://HOST:PORT` or `unix:/PATH`, or to the first that leads of
     a comma-separated list of them."""
@@ -349,7 +367,7 @@ class Client:
 
         tag = type(cmd).__struct_config__.tag
         data = self.request(
-            "POST", f"/v1/commands/{tag}", msgspec.json.encode(cmd),
+            "POST", f"/v1/commands/{tag}", msgspec.json.encode(sent(cmd)),
             key=key or secrets.token_hex(16),
         )  # fmt: skip
         result = msgspec.json.decode(data, type=api.CommandResult)
@@ -361,7 +379,8 @@ class Client:
         for cmd in cmds:
             check_command(cmd)
 
-        data = self.request("POST", "/v1/batch", msgspec.json.encode(api.Batch(commands=cmds)))
+        body = {"commands": [sent(cmd) for cmd in cmds]}  # `api.Batch`
+        data = self.request("POST", "/v1/batch", msgspec.json.encode(body))
         result = msgspec.json.decode(data, type=api.CommandResult)
         self.position = max(self.position, result.position)
         remember(self.written, result.position)
