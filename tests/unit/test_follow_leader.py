@@ -262,7 +262,7 @@ def test_a_standby_never_forwards_a_write_that_was_forwarded_to_it() -> None:
     import asyncio
     from types import SimpleNamespace
 
-    from ledger.server.ha import HAFront
+    from ledger.server.ha_front import HAFront
 
     ha = SimpleNamespace(
         acting=lambda: False,
@@ -312,8 +312,8 @@ def test_a_write_waits_for_a_server_about_to_lead_and_for_nothing_else(
     import asyncio
     from types import SimpleNamespace
 
-    from ledger.server import ha as ha_module
-    from ledger.server.ha import HAFront
+    from ledger.server import ha_front as ha_module
+    from ledger.server.ha_front import HAFront
 
     turns = {"n": 0}
 
