@@ -43,7 +43,7 @@ import msgspec
 
 V2 = "v2:"
 """The prefix of a v2 link."""
-_FRAME = b"gpuledger.chain.v2\x00"
+FRAME = b"gpuledger.chain.v2\x00"
 _HEAD = struct.Struct(">QQI")
 
 
@@ -52,7 +52,7 @@ def frame(position: int, tag: str, data: bytes, version: int | None = None) -> b
     tag, payload), each of fixed size or length-prefixed, so no two rows frame alike."""
     raw_tag = tag.encode("utf-8", "surrogateescape")
     head = _HEAD.pack(position, position if version is None else version, len(raw_tag))
-    return _FRAME + head + raw_tag + data
+    return FRAME + head + raw_tag + data
 
 
 def link(position: int, tag: str, data: bytes, version: int | None = None) -> str:

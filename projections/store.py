@@ -206,6 +206,33 @@ class Store:
                 path=str(self.path),
             )
 
+    def empty(self) -> None:
+        """Drop every view, macro and table of the projection and make its schema again, empty:
+        a catch-up from the log then builds it again in place, beside readers on other cursors
+        of this database (snapshot isolation). For a projection built on events the log no
+        longer holds (a failover to a standby that never got them: `ServiceLoop`)."""
+        con = self.con
+        kinds = [
+            ("VIEW", "SELECT view_name FROM duckdb_views() WHERE NOT internal "
+                     "AND schema_name = 'main' AND NOT temporary"),
+            ("MACRO TABLE", "SELECT DISTINCT function_name FROM duckdb_functions() WHERE NOT "
+                            "internal AND schema_name = 'main' AND function_type = 'table_macro'"),
+            ("MACRO", "SELECT DISTINCT function_name FROM duckdb_functions() WHERE NOT internal "
+                      "AND schema_name = 'main' AND function_type = 'macro'"),
+            ("TABLE", "SELECT table_name FROM duckdb_tables() WHERE NOT internal "
+                      "AND schema_name = 'main' AND NOT temporary"),
+        ]  # fmt: skip
+        con.execute("BEGIN")
+        try:
+            for kind, query in kinds:
+                for (name,) in con.execute(query).fetchall():
+                    con.execute(f'DROP {kind} IF EXISTS "{name}"')
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        self._ensure_schema()
+
     def position(self) -> int:
         return int(
             scalar(self.con, "SELECT position FROM tracking WHERE projection = ?", [PROJECTION])

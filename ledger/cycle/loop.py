@@ -33,7 +33,7 @@ from ledger.dispatch import registry
 from ledger.dispatch.decision import Decision
 from ledger.dispatch.policy import Policy
 from ledger.store.application import Ledger
-from projections.errors import ProjectionBusy
+from projections.errors import ProjectionBusy, ProjectionMismatch
 from projections.projector import Projector
 from projections.source import EventSource
 from projections.store import Store
@@ -109,6 +109,8 @@ class ServiceLoop:
         self._jobs: dict[int, Any] = {}
         self.clock = ledger.clock
         self.stats = LoopStats(started_at=self.clock.now())
+        self._rewound = ledger.rewound
+        """`Ledger.rewound` when the projection was last made again (`_project`)."""
         self.on_cycle: list[Callable[[float], None]] = []
         """Called with each cycle's duration in seconds (the server's metrics)."""
 
@@ -168,8 +170,37 @@ class ServiceLoop:
         """A standby's step: fold what the log gained (live state and projection)."""
         self.ledger.refresh()
         if self.projector is not None:
-            self.stats.projection_position = self.projector.catch_up().position
+            self.stats.projection_position = self._project(None)
         return self.ledger.position
+
+    def _project(self, until: int | None) -> int:
+        """Catch the projection up (to `until`). One built on events the log no longer holds is
+        made again from the log, in place, and the live state read back too: its position past
+        the log's end (a failover to a standby that never got the last commits, whose rows the
+        old primary showed to every session), or the live state found the log holds other
+        events than it folded (`Ledger.rewind`). Before, every cycle failed on it, forever
+        (atk51-ha F2)."""
+        assert self.projector is not None and self.store is not None
+        if self.ledger.rewound != self._rewound:
+            self._remake("the live state was read back from the log")
+        try:
+            return self.projector.catch_up(until=until).position
+        except ProjectionMismatch:
+            head, at = self.ledger.head(), self.store.position()
+            if at <= head:
+                raise
+            if self.ledger.position > head:
+                self.ledger.rewind(f"the log ends at position {head}")
+            self._remake(f"it is at position {at} but the log ends at {head}")
+            until = None if until is None else min(until, self.ledger.position)
+            return self.projector.catch_up(until=until).position
+
+    def _remake(self, why: str) -> None:
+        assert self.projector is not None and self.store is not None
+        self._rewound = self.ledger.rewound
+        self.log.error("the projection is made again from the log: %s", why)
+        with self.projector.lock:
+            self.store.empty()
 
     def record_settings(self, interval_s: float, executor: str, grace_s: int | None = None) -> None:
         record_settings(self.ledger, self.policy, interval_s, executor, self.log, grace_s)
@@ -208,12 +239,13 @@ class ServiceLoop:
         try:
             if self.stats.engine_away is not None:
                 self._recover()  # the engine answers now? (cheap while it does not)
+            # the state and projection current first: never decided on a log that moved back
+            position = self.ledger.refresh()
+            if self.projector is not None:
+                self._project(position)
             if not self.placing or self.stats.engine_away is not None:
                 # nothing would run what it places (no executor, or one not open yet): it
                 # places nothing, but its state and projection stay current
-                position = self.ledger.catch_up()
-                if self.projector is not None:
-                    self.projector.catch_up(until=position)
                 idle = Decision(based_on=position, policy_version=self.policy.version)
                 return CycleResult(position, idle, appended=False)
             result = self.dispatcher.cycle(now)

@@ -39,7 +39,7 @@ from ledger.server.agent_api import agent_routes
 from ledger.server.cache import ReadCache
 from ledger.server.commands import CommandPath
 from ledger.server.front import Front
-from ledger.server.ha import POSITION_HEADER
+from ledger.server.ha_front import POSITION_HEADER
 from ledger.server.readpool import ReadPool, limits_from_env, sent_from_env
 from ledger.server.store_seen import stale_s
 from ledger.server.worker import Worker

@@ -108,6 +108,9 @@ class Copy:
     """The service's own projection's position when published (its last cycle's), and the
     first event past it as (position, `at`) (None: none): how long the projection lags."""
     unprojected: tuple[int, float] | None = None
+    rewound: int = 0
+    """`Ledger.rewound` when published: a state read back from the log at the same position
+    (the log held other events there: atk51-ha F2) is a new view too."""
 
 
 @dataclass
@@ -364,6 +367,7 @@ def take(worker: Worker) -> Copy:
         stopping=dict(getattr(dispatcher, "stopping", {})),
         projected=projected,
         unprojected=unprojected,
+        rewound=int(getattr(ledger, "rewound", 0)),
     )
 
 
@@ -377,6 +381,7 @@ def same(view: Copy, worker: Worker) -> bool:
         and view.projected == _projected(service)
         and view.foreign == getattr(dispatcher, "foreign", {})
         and view.stopping == getattr(dispatcher, "stopping", {})
+        and view.rewound == int(getattr(service.ledger, "rewound", 0))
     )
 
 

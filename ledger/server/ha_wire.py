@@ -1,4 +1,4 @@
-"""The wire of a standby's forwarded writes (`ha.HAFront`): the leader's connection, one
+"""The wire of a standby's forwarded writes (`ha_front.HAFront`): the leader's connection, one
 exchange on it, a forward's body within the bound, and the answers a standby gives itself in
 the leader's words (413, 401)."""
 

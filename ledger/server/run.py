@@ -50,7 +50,8 @@ from ledger.engines.supervised import SupervisedExecutor, handled_jobs
 from ledger.server import identity, whatifs
 from ledger.server.app import create_asgi
 from ledger.server.connections import Limits, fit_files, limits_from_env
-from ledger.server.ha import HAFront, Leadership
+from ledger.server.ha import Leadership
+from ledger.server.ha_front import HAFront
 from ledger.server.leadstart import _leadership
 from ledger.server.leadstart import _runs_left as _runs_left
 from ledger.server.leadstart import service_account as service_account

@@ -29,7 +29,7 @@ from ledger.core.decide import decide_parts
 from ledger.core.evolve import evolve
 from ledger.core.state import State
 from ledger.store import EVENTS_DB, locate, requests, snapshots
-from ledger.store.appended import Appended
+from ledger.store.appended import Appended, LogBehind
 from ledger.store.clock import Clock, IdSource, SystemClock, random_ids
 from ledger.store.live import decode_at
 from ledger.store.mapping import LedgerSQLiteFactory as LedgerSQLiteFactory
@@ -39,7 +39,7 @@ from ledger.store.mapping import StoreSource as StoreSource
 from ledger.store.mapping import StructMapper as StructMapper
 from ledger.store.mapping import _private
 from ledger.store.requests import KEY_PART, Requests, keyed_id
-from projections.chain import link
+from projections.chain import V2, link
 from projections.source import LogRecord, follow
 from schemas import codec
 from schemas.bounds import check_written
@@ -118,6 +118,12 @@ class Ledger(Application[UUID]):
         self.stale = False
         """The state may hold folds of a batch the store did not take and could not be read back
         (the store went away): `refresh()` reads it back before anything decides on it."""
+        self.rewound = 0
+        """How often the log turned out behind what this ledger folded (a failover to a standby
+        without the last commits): the state was read back; a projection follows (`ServiceLoop`)."""
+        self.behind = False
+        """The log was found behind what was folded: the next read back (`_reload`) rescans the
+        idempotency keys too, and folds without checking links meanwhile."""
         self.requests = Requests()
         """Recent commands' idempotency keys (`execute_each(keys=...)`): a retry is answered
         with what the first try appended, never appended twice."""
@@ -352,10 +358,16 @@ class Ledger(Application[UUID]):
         """Fold every event appended since our position (by us or another writer; up to
         position `until` when given)."""
         source = StoreSource(self.recorder)
-        for records in follow(source, self.position, until, page=self.page):
-            folded = []
+        stop = source.head() if until is None else until
+        if stop < self.position and until is None and not self.behind:
+            return self.rewind(f"the log ends at position {stop}")
+        for records in follow(source, self.position, stop, page=self.page):
+            folded: list[tuple[int, AnyEvent]] = []
             for r in records:
                 ev = self._decode(r.position, r.data)
+                if not folded and not self._links(ev):
+                    return self.rewind(f"position {r.position} does not link to the event this "
+                                       f"server folded at {self.position}")  # fmt: skip
                 evolve(self.state, ev)
                 self.requests.note(ev.event_id, r.position)
                 self.position = r.position
@@ -366,6 +378,22 @@ class Ledger(Application[UUID]):
             self.last_hash = link(last.position, last.tag, last.data)
         if until is None:
             self._maybe_snapshot()
+        return self.position
+
+    def _links(self, ev: AnyEvent) -> bool:
+        """Whether `ev`, the next event of the log, links to the last one folded (an older
+        rule's link, or a state read back meanwhile, is not checked)."""
+        return self.behind or not ev.prev_hash.startswith(V2) or ev.prev_hash == self.last_hash
+
+    def rewind(self, why: str) -> int:
+        """The log is behind what this ledger folded, or holds other events where it folded
+        (a failover to a standby that never got the last commits, whose rows the old primary
+        showed to every session: atk51-ha F2): read the state, and the idempotency keys, back
+        from the log. Returns the position."""
+        log.error("the log is not the one this server folded (%s): reading the state back", why)
+        self.rewound += 1
+        self.behind = True
+        self._reload()
         return self.position
 
     # --- writing --------------------------------------------------------------------------------
@@ -396,7 +424,7 @@ class Ledger(Application[UUID]):
             stored, events, back = self._stored(events, bounded=bounded, free=free)
             ids = self._insert(stored)
             if ids is None:
-                self.catch_up()  # another writer appended first: catch up and decide again
+                self.refresh()  # another writer appended first: catch up and decide again
                 continue
             del scratch  # decided on; the state folds the chained events that were stored
             for ev in events:
@@ -549,7 +577,15 @@ class Ledger(Application[UUID]):
         but whose answer was lost (a retried insert then meets its own rows) is told from a
         competing writer by the bytes: the rows at those versions are ours, byte for byte."""
         try:
-            return self.recorder.insert_events(stored)
+            if self.dsn is None:  # one SQLite file: nothing else shows rows it may lose
+                return self.recorder.insert_events(stored)
+            first = stored[0].originator_version
+            return self.recorder.insert_events(stored, builds_on=(first - 1, self.last_hash))
+        except LogBehind as err:
+            log.error("%s: reading the state back from the log", err)
+            self.rewound += 1
+            self.behind = self.stale = True  # read back before the next decision (`execute_*`)
+            return None
         except IntegrityError:
             first = stored[0].originator_version
             there = self.recorder.select_notifications(start=first, limit=len(stored))
@@ -591,6 +627,10 @@ class Ledger(Application[UUID]):
         self.refused_snapshot = fresh.refused_snapshot
         self._recent = fresh._recent
         self.stale = False
+        if self.behind:  # keys of events the log lost are no one's now
+            self.requests = Requests()
+            self.requests.scan(self.follow_raw(max(0, self.position - requests.SCANNED)))
+            self.behind = False
 
     def refresh(self) -> int:
         """Fold what the log gained since our position; after a write the store failed midway

@@ -37,10 +37,11 @@ from eventsourcing.postgres import (
     PostgresFactory,
 )
 from psycopg.rows import dict_row
-from psycopg.sql import SQL, Identifier
+from psycopg.sql import SQL, Identifier, Literal
 from psycopg_pool import ConnectionPool
 from psycopg_pool.base import AttemptWithBackoff
 
+from ledger.store.appended import LogBehind
 from ledger.store.lease import NOT_COMMITTING, SCHEMA_LOCK, SYNC_WAIT
 from ledger.store.pgread import (
     EVENTS_TABLE,
@@ -50,6 +51,7 @@ from ledger.store.pgread import (
     redacted,
     store_schema,
 )
+from projections.chain import FRAME
 from schemas.errors import Unavailable
 
 RETRY_FOR_S = 4.0
@@ -138,15 +140,28 @@ class LedgerPostgresRecorder(_Bounded, PostgresApplicationRecorder):
 
     def __init__(self, datastore: PostgresDatastore, *, events_table_name: str = EVENTS_TABLE):
         super().__init__(datastore, events_table_name=events_table_name)
+        where = {"schema": Identifier(self.datastore.schema),
+                 "table": Identifier(self.events_table_name)}  # fmt: skip
         rows = SQL(
             "INSERT INTO {schema}.{table} ("
             "originator_id, originator_version, topic, state, notification_id) "
             "SELECT i, v, t, s, v FROM unnest(%b::uuid[], %b::int8[], %b::text[], %b::bytea[]) "
             "AS e(i, v, t, s)"
-        ).format(schema=Identifier(self.datastore.schema), table=Identifier(self.events_table_name))
+        ).format(**where)
+        # the row the append builds on is in the store, with the link the writer folded (its
+        # v2 link, `projections.chain.link`, computed here): no row is inserted otherwise (a
+        # failover to a standby without the last commits: the writer had folded rows the store
+        # no longer has, and appended over the gap; atk51-ha F2). Position 0 builds on nothing.
+        builds_on = SQL(
+            " WHERE %b::int8 = 0 OR EXISTS (SELECT 1 FROM {schema}.{table} AS p WHERE "
+            "p.originator_id = e.i AND p.originator_version = %b::int8 AND 'v2:' || encode("
+            "sha256({frame} || int8send(p.notification_id) || "
+            "int8send(p.originator_version) || int4send(octet_length(convert_to(p.topic, "
+            "'UTF8'))) || convert_to(p.topic, 'UTF8') || p.state), 'hex') = %b::text)"
+        ).format(frame=Literal(FRAME), **where)
         # rendered once: a Composed query is rendered again at every execute (the identifiers
         # escaped through libpq each time: ~10% of a group commit's CPU)
-        self.append_sql = (rows + SQL(" RETURNING notification_id")).as_bytes()
+        self.append_sql = (rows + builds_on + SQL(" RETURNING notification_id")).as_bytes()
         # the fence in the same statement: one row (or an error) joined to every inserted row,
         # its share lock on the lease row held to the commit (a takeover waits for this append).
         # A lease that ran out fences too (epoch -1 is never held), in the database's clock when
@@ -161,13 +176,23 @@ class LedgerPostgresRecorder(_Bounded, PostgresApplicationRecorder):
                 "THEN %b::int8 ELSE -1 END) AS ok) "
             ).format(schema=Identifier(self.datastore.schema))  # the lease's (atk48-ha F4)
             + rows
-            + SQL(", fence RETURNING notification_id")
+            + SQL(", fence")
+            + builds_on
+            + SQL(" RETURNING notification_id")
         ).as_bytes()
 
-    def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> list[int]:
+    def insert_events(
+        self,
+        stored_events: Sequence[StoredEvent],
+        *,
+        builds_on: tuple[int, str] = (0, ""),
+        **kwargs: Any,
+    ) -> list[int]:
         """Append `stored_events` in one statement; their positions, in order. A retry after a
-        lost answer meets its own rows (an IntegrityError the ledger tells by the bytes)."""
-        return self._bounded(type(self)._insert_once, stored_events)  # type: ignore[no-any-return]
+        lost answer meets its own rows (an IntegrityError the ledger tells by the bytes).
+        `builds_on`: the position before the first event and the link the writer folded there
+        (0: not checked); `LogBehind` when the store has no such row (nothing inserted)."""
+        return self._bounded(type(self)._insert_once, stored_events, builds_on)  # type: ignore[no-any-return]
 
     def select_notifications(self, *args: Any, **kwargs: Any) -> Any:
         fn = PostgresApplicationRecorder.select_notifications.__wrapped__
@@ -177,7 +202,9 @@ class LedgerPostgresRecorder(_Bounded, PostgresApplicationRecorder):
         fn = PostgresApplicationRecorder.max_notification_id.__wrapped__
         return self._bounded(fn)
 
-    def _insert_once(self, stored_events: Sequence[StoredEvent]) -> list[int]:
+    def _insert_once(
+        self, stored_events: Sequence[StoredEvent], builds_on: tuple[int, str] = (0, "")
+    ) -> list[int]:
         if not stored_events:
             return []
         notices: list[str] = []
@@ -190,6 +217,9 @@ class LedgerPostgresRecorder(_Bounded, PostgresApplicationRecorder):
             [se.originator_version for se in stored_events],
             [se.topic for se in stored_events],
             [se.state for se in stored_events],
+            builds_on[0],
+            builds_on[0],
+            builds_on[1],
         ]
         query = self.append_sql
         if self.fence_epoch is not None:
@@ -214,6 +244,13 @@ class LedgerPostgresRecorder(_Bounded, PostgresApplicationRecorder):
                 hint="send it again under its idempotency key once the synchronous standby is "
                 "back (answered, not stored twice); reads answer",
                 outcome="unknown",
+            )
+        if not rows:  # the row it builds on is not the one the writer folded: nothing written
+            at, linked = builds_on
+            raise LogBehind(
+                f"the store's log has no row at position {at} with the link this server folded "
+                f"there ({linked[:15]}...): it is behind what was folded (a failover to a standby "
+                "without the last commits?)"
             )
         return sorted(int(row["notification_id"]) for row in rows)
 

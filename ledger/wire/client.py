@@ -263,9 +263,9 @@ class Client:
                 if lost and not done:
                     continue  # it may be stored: asked again under its key until the deadline
                 if away is not None and (done or answered >= set(self.urls)):
-                    raise _in_doubt(away, lost, key) from err
+                    raise _in_doubt(away, lost, key, path) from err
                 if done and lost:
-                    raise _in_doubt(err, lost, key) from err
+                    raise _in_doubt(err, lost, key, path) from err
                 if done:
                     raise
                 continue
@@ -302,7 +302,7 @@ class Client:
             self.url = server.url
             if status >= 400:
                 refused = _error(status, data)
-                raise _in_doubt(refused, lost, key) if status == 503 else refused
+                raise _in_doubt(refused, lost, key, path) if status == 503 else refused
             if server.stale_s is not None and not self._stale_said:  # one line a command
                 self._stale_said = True
                 sys.stderr.write(stale_line(server.url, server.stale_s))
@@ -591,23 +591,31 @@ class _TimedOut(Unavailable):
     over for a while (`Silent`)."""
 
 
-def _in_doubt(err: LedgerError, lost: str, key: str | None) -> LedgerError:
+def _in_doubt(err: LedgerError, lost: str, key: str | None, path: str = "") -> LedgerError:
     """The error a keyed write ends with: `err` itself when no try of it may be stored; else
     (a try reached `lost` and its answer was lost, or was said unknown) one line that says the
     write may be stored and how to send it again under the same key, so the retry is answered
     with the first try's outcome, never doubles it. A refusal of the next server ("no write is
     taken until it does") was the whole answer, and the user's new submit made a second job
-    once the first try's commit was confirmed (atk50b-ha F1)."""
+    once the first try's commit was confirmed (atk50b-ha F1). Only a submit (`path`) can be
+    sent again under its key from the CLI: another write's hint says how to tell whether it
+    was applied (a cancel in doubt was told to run `gpuledger submit --idempotency-key`)."""
     if not lost or key is None:
         return err
     last = err.message.split(": no write is taken")[0].split("; ")[0]
+    hint = (
+        f"check `gpuledger queue` once the store answers; `gpuledger submit --idempotency-key "
+        f"{key}` with the same options is answered with the first one's job if it was stored, "
+        "and submits it once if not"
+        if path.endswith("/submit")
+        else "once the store answers, `gpuledger log` (or `gpuledger jobs`) says whether it was "
+        "applied; send it again only if it was not"
+    )
     return InDoubt(
         f"this write's outcome is unknown: it reached {lost} and got no sure answer there, so it "
         f"may be stored (the commit under way there may go through; the last answer: {last}); "
         f"its idempotency key is {key}",
-        hint=f"check `gpuledger queue` once the store answers; `gpuledger submit "
-        f"--idempotency-key {key}` with the same options is answered with the first one's job "
-        "if it was stored, and submits it once if not",
+        hint=hint,
         key=key,
     )
 

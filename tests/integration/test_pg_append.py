@@ -320,3 +320,56 @@ def test_a_write_the_moment_a_lone_server_listens_is_answered_not_refused(
             server.kill(signal.SIGKILL)
     finally:
         group.stop()
+
+
+def _lose_last_row(dsn: str, position: int) -> None:
+    """The store loses its last row: a failover to a standby that never got it (PostgreSQL had
+    shown the commit, whose wait for the standby was cancelled, to every session)."""
+    with psycopg.connect(dsn, autocommit=True) as con:
+        con.execute("DELETE FROM gpuledger_events WHERE notification_id = %s", (position,))
+
+
+def test_an_append_over_a_position_the_store_lost_reads_the_state_back_and_leaves_no_gap(
+    tmp_path: Path, pg_store: str
+) -> None:
+    """atk51-ha F2: the writer had folded position N, the store lost it; its next append went
+    to N + 1, over the gap (`audit verify`: chain BROKEN). Now the append checks the row it
+    builds on (position and link) and stores nothing otherwise; the ledger reads its state
+    back (without the lost job) and appends at N."""
+    led = base(tmp_path / "a", pg_store)
+    led.execute(submit())
+    lost = led.execute(submit())
+    _lose_last_row(pg_store, lost.position)
+    got = led.execute(submit())
+    assert got.position == lost.position  # before: lost.position + 1, over the gap
+    assert led.rewound == 1
+    lost_job = lost.events[0].job_id  # type: ignore[union-attr]
+    assert got.events[0].job_id == lost_job  # type: ignore[union-attr]  # the number again
+    with PgSource(pg_store) as source:
+        assert source.head() == lost.position
+    led.close()
+    assert "chain intact" in cli(tmp_path / "a", "audit", "verify").stdout
+
+
+def test_a_follower_whose_log_was_replaced_past_its_position_reads_it_back(
+    tmp_path: Path, pg_store: str
+) -> None:
+    """A server that folded position N (lost in a failover) follows a log whose new leader
+    appended other events at N and N + 1: it folded N + 1 on top of its own N before, a state
+    no log holds. Now the link of the first event it folds is checked: it reads the log back."""
+    led = base(tmp_path / "a", pg_store)
+    lost = led.execute(submit("alice"))
+    follower = Ledger(tmp_path / "b", store=pg_store)
+    assert follower.position == lost.position
+    _lose_last_row(pg_store, lost.position)
+    writer = Ledger(tmp_path / "c", store=pg_store)
+    writer.execute(c.SubmitJob(actor="alice", account="ai2/olmo", gpus=2, min_runtime_s=60))
+    writer.execute(submit())
+    follower.refresh()
+    assert follower.position == writer.position
+    assert {j: v.spec.gpus for j, v in follower.state.jobs.items()} == {
+        j: v.spec.gpus for j, v in writer.state.jobs.items()
+    }  # before: the lost job's 1 GPU where the log holds 2
+    assert follower.rewound == 1
+    for one in (led, follower, writer):
+        one.close()

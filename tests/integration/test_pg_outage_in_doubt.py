@@ -9,7 +9,9 @@ is back), and past it says the outcome is unknown and names the key, which `subm
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import signal
 import subprocess
@@ -37,6 +39,23 @@ def _append_waits(dsn: str) -> bool:
             "AND query LIKE '%gpuledger_fence%'"
         ).fetchone()
     return bool(rows and rows[0])
+
+
+def _connected(pid: int, port: int) -> bool:
+    """Whether process `pid` holds a TCP connection established to port `port` on 127.0.0.1
+    (the CLI writes its request as soon as it is connected)."""
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[len("socket:[") : -1])
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[9] in inodes and fields[3] == "01" and int(fields[2].split(":")[1], 16) == port:
+            return True
+    return False
 
 
 def _jobs_of(home: Path, word: str) -> list[int]:
@@ -70,9 +89,15 @@ def _kill_in_flight(
             [GPULEDGER, *SUBMIT, "echo", said], text=True, cwd=workdir(g.members[0].home),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=sent,
         )  # fmt: skip
+        # the submit's own request at the leader, not only some append waiting (a cycle's, a
+        # report's): with the CLI not yet connected (slow to start under load) the kill came
+        # first, and the CLI, refused a connection there, rightly took the other server's "no
+        # write is taken" for the write's fate: it had reached no server, nothing was stored
+        # (the likely cause of a failure seen once under load)
         try:
             waits.wait_for("the submit's append to wait on the standby, or the submit to end",
-                           lambda p=proc: p.poll() is not None or _append_waits(pg.dsn), 60,
+                           lambda p=proc, at=leader.port: p.poll() is not None
+                           or (_connected(p.pid, at) and _append_waits(pg.dsn)), 60,
                            g.why)  # fmt: skip
         except BaseException:
             signal_all(frozen, signal.SIGCONT)

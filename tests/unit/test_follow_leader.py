@@ -181,11 +181,22 @@ def test_a_write_that_may_be_stored_is_asked_again_under_its_key_and_never_said_
     keys = {h["idempotency-key"] for _, _, h in x.seen + y.seen}
     assert len(keys) == 1 and got.value.fields["key"] in keys and len(y.seen) > 1
     assert "no write is taken" not in got.value.line()
+    # a cancel is not sent again as a submit: its hint says how to tell whether it was applied
+    assert "gpuledger submit" not in got.value.line() and "gpuledger log" in got.value.line()
     # without a try that may be stored, the refusal is said at once
     x.seen.clear()
     x.answer = _away(False)
     with pytest.raises(Unavailable, match="no write is taken"):
         Client(f"{x.url},{y.url}", "tok").execute(cmd)
+
+
+def test_a_submit_in_doubt_is_told_to_send_it_again_under_its_key() -> None:
+    from ledger.wire.client import _in_doubt
+
+    away = Unavailable("the store does not answer: no write is taken until it does")
+    said = _in_doubt(away, "http://a:1", "k1", "/v1/commands/submit").line()
+    assert "outcome is unknown" in said and "`gpuledger submit --idempotency-key k1`" in said
+    assert _in_doubt(away, "", "k1", "/v1/commands/submit") is away  # it reached no server
 
 
 def test_a_client_finds_a_new_leader_within_a_quarter_second_of_it_answering(
@@ -262,7 +273,7 @@ def test_a_standby_never_forwards_a_write_that_was_forwarded_to_it() -> None:
     import asyncio
     from types import SimpleNamespace
 
-    from ledger.server.ha import HAFront
+    from ledger.server.ha_front import HAFront
 
     ha = SimpleNamespace(
         acting=lambda: False,
@@ -312,8 +323,8 @@ def test_a_write_waits_for_a_server_about_to_lead_and_for_nothing_else(
     import asyncio
     from types import SimpleNamespace
 
-    from ledger.server import ha as ha_module
-    from ledger.server.ha import HAFront
+    from ledger.server import ha_front as ha_module
+    from ledger.server.ha_front import HAFront
 
     turns = {"n": 0}
 

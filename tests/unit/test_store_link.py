@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from ledger.cli.serve import _lease_line
-from ledger.server.ha import HAFront, Leadership
+from ledger.server.ha import Leadership
+from ledger.server.ha_front import HAFront
 from ledger.server.store_seen import stale_s, store_trouble
 from ledger.wire.client import Client
 from ledger.wire.written import last_written, remember, written_file
