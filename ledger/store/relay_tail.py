@@ -443,3 +443,48 @@ def store_digests(
         for r in records
         if r.position in wanted
     }
+
+
+def held_at(
+    bootstrap: str,
+    topic: str = TOPIC,
+    config: Mapping[str, Any] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+) -> tuple[int, int] | None:
+    """(last stable offset, end offset) when a transaction is open on the topic (the first is
+    where read_committed readers stop), None when none is. Our own relay's is settled by its
+    `init_transactions`: an open one after that is another producer's."""
+    tp = TopicPartition(topic, PARTITION)
+    ms = int(timeout_s * 1000)
+    ends = []
+    for isolation in ("read_committed", "read_uncommitted"):
+        try:
+            consumer = KafkaConsumer(
+                **reader_config(
+                    bootstrap,
+                    "gpuledger-relay-probe",
+                    connect_timeout_s,
+                    **{**(config or {}), "isolation_level": isolation},
+                )
+            )
+        except KafkaError as e:
+            raise unavailable(bootstrap, e) from e
+        try:
+            ends.append(int(consumer.end_offsets([tp], timeout_ms=ms)[tp]))
+        except KafkaError as e:
+            raise unavailable(bootstrap, e) from e
+        finally:
+            consumer.close()
+    stable, end = ends
+    return (stable, end) if stable < end else None
+
+
+def held_text(topic: str, held: tuple[int, int]) -> str:
+    stable, end = held
+    return (
+        f"another producer holds a transaction open on {topic} at offset {stable} "
+        f"({end - stable:,} offset(s) behind it): readers see nothing after it until the broker "
+        "ends it (within the broker's transaction.max.timeout.ms: a minute with scripts/kafka, "
+        "15 by Kafka's default)"
+    )

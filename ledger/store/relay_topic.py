@@ -296,6 +296,40 @@ def remade(topic: str, before: TopicMark, now: TopicMark | None, published_end: 
     return None
 
 
+def topic_id_of(admin: Any, topic: str) -> str | None:
+    """The topic's id as the broker says now ("" when it gives none; None: no such topic): one
+    metadata request, cheap enough for every batch (`Relay`, before each commit)."""
+    (described,) = admin.describe_topics([topic])
+    if described.get("error_code") == UnknownTopicOrPartitionError.errno:
+        return None
+    return str(described.get("topic_id") or "")
+
+
+def sent_elsewhere(
+    topic: str, before: TopicMark, topic_id: str | None, first: int | None, published_end: int
+) -> str | None:
+    """Pure: why the batch the relay has just flushed, not yet committed, did not go to the topic
+    it published to (None: it did). `topic_id`: the topic's id asked after the flush (None: no
+    such topic); `first`: the offset the broker gave the batch's first record (None: unknown);
+    `published_end`: the offset after the relay's last commit. atk51-25 F2: a topic made again
+    under a running relay while events flowed got up to 2 s of them (its next positions) at
+    offset 0 before the relay's check, committed: its "early copies", before the log published
+    again from 1, stopped every default reader for good. Asked before the commit, such a batch is
+    aborted: read_committed readers never see it."""
+    if topic_id is None:
+        return f"topic {topic} no longer exists (deleted)"
+    if before.topic_id and topic_id and topic_id != before.topic_id:
+        return (
+            f"topic {topic} was deleted and made again (topic id {topic_id}, was {before.topic_id})"
+        )
+    if first is not None and first < published_end:
+        return (
+            f"topic {topic} took the relay's next record at offset {first:,}, below the "
+            f"{published_end:,} it published to (made again)"
+        )
+    return None
+
+
 START_GONE_HINT = (
     "publish to a new topic (GPULEDGER_KAFKA_TOPIC or --topic): the relay writes the whole log "
     "there; or delete the topic, and the relay makes it again and writes the whole log to it "

@@ -165,18 +165,15 @@ def test_a_relay_restarted_while_it_publishes_again_leaves_no_gap(
         monkeypatch.setenv(k, v)
     home = org_ledger.home
     org_ledger.execute_all([JOB] * 3)
-    relay = Relay(open_store(home), kafka_bootstrap, topic=kafka_topic,
-                  transactional_id=transactional_id, check_s=3600.0,
-                  state_key=state_key(home))  # fmt: skip
-    try:
-        relay.publish_pending()
-        remake(kafka_bootstrap, kafka_topic)
-        org_ledger.execute_all([JOB] * 2)
-        assert relay.publish_pending() == 2  # into the topic made again: not noticed
-    finally:
-        relay.close()  # killed before it noticed, or while it published the log again:
+    relay_to(home, kafka_bootstrap, kafka_topic, transactional_id, org_ledger.position)
+    remake(kafka_bootstrap, kafka_topic)
+    org_ledger.execute_all([JOB] * 2)
     head = org_ledger.position
-    for event in read_raw(open_store(home), 0, run):  # ... after `run` of it
+    # P+1, P+2 as a relay before s52 committed them into the topic made again (it now checks
+    # the topic after the flush: `test_a_batch_sent_into_a_topic_made_again_is_not_committed`),
+    # then killed before it noticed, or while it published the log again after `run` of it
+    early = read_raw(open_store(home), head - 2, 2)
+    for event in [*early, *read_raw(open_store(home), 0, run)]:
         send(kafka_bootstrap, kafka_topic, event,
              record_headers(event.position, event.tag, event.data, signing_keys()))  # fmt: skip
     positions = [header_position(r.headers) for r in read_all(kafka_bootstrap, kafka_topic)]
@@ -186,6 +183,46 @@ def test_a_relay_restarted_while_it_publishes_again_leaves_no_gap(
     positions = [header_position(r.headers) for r in read_all(kafka_bootstrap, kafka_topic)]
     assert positions[2:] == list(range(1, head + 1)), positions  # was [P+1, P+2, 1..run]
     out = follow_once(kafka_bootstrap, kafka_topic, tmp_path / "reader", env)
+    assert out.splitlines()[-1].startswith(f"position {head}, {head} events"), out
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
+def test_a_batch_sent_into_a_topic_made_again_is_not_committed(
+    signed: bool, org_ledger: Ledger, tmp_path: Path, kafka_bootstrap: str, kafka_topic: str,
+    transactional_id: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """atk51-25 F2: the topic made again under a running relay while events flow: the relay's
+    next batch (up to 2 s of events before its check; here it asks once an hour) went into the
+    new topic and was committed at offset 0 ([P+1, P+2, 1, ...]): a default reader stopped there
+    for good ("position P+1 does not follow position 0"), while the relay said "0 behind". Now
+    the relay asks for the topic's id after the flush, before the commit: the batch is never
+    committed, and the same call publishes the log from position 1. A default reader (no
+    --quarantine) reads the topic whole."""
+    env = {KEYS_ENV: KEYS_TEXT} if signed else {}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    home = org_ledger.home
+    org_ledger.execute_all([JOB] * 3)
+    relay = Relay(open_store(home), kafka_bootstrap, topic=kafka_topic,
+                  transactional_id=transactional_id, check_s=3600.0,
+                  state_key=state_key(home))  # fmt: skip
+    try:
+        relay.publish_pending()
+        remake(kafka_bootstrap, kafka_topic)
+        org_ledger.execute_all([JOB] * 2)
+        head = org_ledger.position
+        with caplog.at_level(logging.WARNING, logger="gpuledger.relay"):
+            published = relay.publish_pending()
+        assert (published, relay.position) == (head, head)  # was (2, head): P+1, P+2 only
+        assert "made again" in relay.remade_note, relay.remade_note
+    finally:
+        relay.close()
+    said = [r.getMessage() for r in caplog.records if "is not committed" in r.getMessage()]
+    assert len(said) == 1 and "was deleted and made again" in said[0], said
+    positions = [header_position(r.headers) for r in read_all(kafka_bootstrap, kafka_topic)]
+    assert positions == list(range(1, head + 1)), positions  # was [P+1, P+2]
+    out = run("--home", str(tmp_path / "reader"), "project", "follow", "--kafka",
+              kafka_bootstrap, "--topic", kafka_topic, "--once", env=env)  # fmt: skip
     assert out.splitlines()[-1].startswith(f"position {head}, {head} events"), out
 
 
