@@ -31,6 +31,7 @@ from ledger.store.snapshots import state_key
 from projections.kafka_wire import KEYS_ENV, header_position, record_headers, signing_keys
 from tests.integration.conftest import delete_topics, read_all
 from tests.integration.test_relay_forgeries import KEYS_TEXT, relay_to, relays_records, run, send
+from tests.integration.test_relay_forgeries import run as invoke  # `run` is a parameter below
 from tests.integration.test_relay_progress import JOB
 from tests.integration.waits import wait_for
 
@@ -184,6 +185,22 @@ def test_a_relay_restarted_while_it_publishes_again_leaves_no_gap(
     assert positions[2:] == list(range(1, head + 1)), positions  # was [P+1, P+2, 1..run]
     out = follow_once(kafka_bootstrap, kafka_topic, tmp_path / "reader", env)
     assert out.splitlines()[-1].startswith(f"position {head}, {head} events"), out
+    if not signed:
+        return
+    # atk51-25 F2/F5: with keys, P+1 and P+2 are the relay's own (its signature), their turn
+    # comes after them: a default reader stopped at offset 0 for good ("position P+1 does not
+    # follow position 0 ... the topic's start was deleted"), restore called them "another
+    # producer's" and verify "foreign ... DIFFERS", exit 1
+    out = invoke("--home", str(tmp_path / "plain"), "project", "follow", "--kafka",
+              kafka_bootstrap, "--topic", kafka_topic, "--once", env=env)  # fmt: skip
+    assert out.splitlines()[-1].startswith(f"position {head}, {head} events"), out
+    out = invoke("--home", str(home), "audit", "verify", "--kafka", kafka_bootstrap, "--topic",
+              kafka_topic, env=env)  # fmt: skip
+    assert "2 of the relay's own signed records sent before their turn" in out, out
+    out = invoke("store", "restore", "--from-kafka", kafka_bootstrap, "--topic", kafka_topic,
+              "--to", str(tmp_path / "restored"), env=env)  # fmt: skip
+    assert "passed over 2 record(s)" in out and "the relay's own" in out, out
+    assert "another producer" not in out, out
 
 
 @pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
