@@ -115,7 +115,7 @@ class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
         while it connects (a topic found deleted at start is being written again from position
         1 while the record keeps the last one published), not once it stopped or exited (the
         topic may lose records since), not in a record no service updates."""
-        live = self.state in ("publishing", "stalled", "unavailable")
+        live = self.state in WATCHING
         return live and not (now is not None and self.stale(now))
 
     def behind(self, now: float | None = None, head: int | None = None, unread: str = "") -> str:
@@ -129,14 +129,32 @@ class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
             return f"cannot tell how far behind the store ({unread})"
         head = self.store_head if head is None else head
         lag = max(0, head - self.position)
-        if self.watched(now):
+        kind = lag_kind(lag, self.watched(now))
+        if kind == "exact":
             return f"{lag:,} behind the store"
-        if lag:
+        if kind == "floor":
             return f"at least {lag:,} behind the store"
         return (
             f"cannot tell how far behind the store (its head is {head:,}; the relay is not "
             "watching the topic, which may have lost records since)"
         )
+
+    def report(self, now: float, head: int | None, unread: str = "") -> dict[str, object]:
+        """`relay status --json`: the record, and the lag as the line tells it, from the store's
+        head read now (`head`; None: unread, `unread` says why). The record alone (its own
+        `store_head`, 0 while connecting) was printed, so a script read "0 behind" where the
+        line said "cannot tell" (s51)."""
+        lag = None if head is None else max(0, head - self.position)
+        kind = "unknown" if lag is None else lag_kind(lag, self.watched(now))
+        record: dict[str, object] = msgspec.to_builtins(self)
+        return record | {
+            "head": head,
+            "lag": lag if kind == "exact" else None,
+            "lag_at_least": lag if kind == "floor" else None,
+            "lag_known": kind,
+            "behind": self.behind(now, head, unread),
+            "stale": self.stale(now),
+        }
 
     def line(self, now: float | None = None, head: int | None = None, unread: str = "") -> str:
         """`relay status`'s line; `head`, `unread`: the store's head read now (`behind`)."""
@@ -160,6 +178,25 @@ class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
         if self.remade:
             text += f"; {self.remade}: published again from position 1"
         return text + (f": {self.error}" if self.error else "")
+
+
+LagKind = Literal["exact", "floor", "unknown"]
+
+
+def lag_kind(lag: int, watched: bool) -> LagKind:
+    """Pure: how a lag counted from the relay's last position may be told (`relay status`,
+    `gpuledger status`): `exact` where a live relay watches the topic (publishing, stalled,
+    unavailable); elsewhere (connecting: a topic found deleted is written again from 1 while the
+    position is the last one published; stopped; exited; stale) a `floor` ("at least N") when
+    above 0, and `unknown` where it would be 0 (atk51-25 F3: "0 behind" over a topic being
+    written again)."""
+    if watched:
+        return "exact"
+    return "floor" if lag else "unknown"
+
+
+WATCHING = ("publishing", "stalled", "unavailable")
+"""The states of a relay that watches its topic (`RelayHealth.watched`)."""
 
 
 def health_path(home: Path) -> Path:
