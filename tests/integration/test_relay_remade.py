@@ -278,8 +278,18 @@ def test_a_topic_cut_under_a_running_relay_stops_it_naming_the_fix(
     try:
         wait_for("the relay refused", lambda: again.health.state == "stopped", 60,
                  lambda: str(again.health))  # fmt: skip
+        assert said in again.health.error and "stopped relay looks every 5 s" in again.health.error
+        # atk51-25 F6: the fix named ("delete the topic, and the relay makes it again") needed
+        # a restart: the stopped relay never looked again, "stopped" over a topic gone
+        delete_topics(kafka_bootstrap, [kafka_topic])
+        head = org_ledger.position
+        wait_for("the relay writes the whole log to the topic made again",
+                 lambda: again.health.state == "publishing" and again.health.position >= head,
+                 60, lambda: str(again.health))  # fmt: skip
     finally:
-        assert said in again.stop().error
+        again.stop()
+    positions = [header_position(r.headers) for r in read_all(kafka_bootstrap, kafka_topic)]
+    assert positions == list(range(1, head + 1)), positions
 
 
 def test_verify_names_events_the_relay_committed_that_the_topic_lost(

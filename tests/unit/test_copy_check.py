@@ -125,8 +125,8 @@ def test_a_copy_whose_start_is_gone_is_named_first() -> None:
         "were deleted (Kafka DeleteRecords, or a retention); no reader or restore can rebuild "
         "the log from this topic, and the relay refuses it: publish to a new topic "
         "(GPULEDGER_KAFKA_TOPIC or --topic): the relay writes the whole log there; or delete the "
-        "topic, and the relay makes it again and writes the whole log to it (the service's "
-        "relay once it starts again: a stopped relay does not look again)"
+        "topic, and the relay makes it again and writes the whole log to it (a service's "
+        "stopped relay looks every 5 s)"
     ]
     later = [r._replace(offset=r.offset + 5) for r in topic(*range(6, 31))]
     got = lines(verify_copy(store(), later, first_offset=lambda: 5))
