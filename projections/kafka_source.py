@@ -32,7 +32,10 @@ decimal) and `gpuledger.tag` (the event tag).
   the next `read` raises `PoisonRecord` naming topic, partition and offset (and the position when
   it is readable). A value that does not decode is found by the projector, which names it the
   same way through `where()`. `skip()` steps past a poison record once a quarantining projector
-  has recorded it (`projections/quarantine.py`). Nothing else is ever skipped.
+  has recorded it (`projections/quarantine.py`). Nothing else is ever skipped, but records
+  passed over as no news: an exact copy of a record applied already, and (with signing keys)
+  the relay's own record sent before its turn when that turn comes later on the topic
+  (`projections.early`: a topic made again under a relay before s52).
 - **Security settings** (SASL, SSL) come from the same `GPULEDGER_KAFKA_*` environment variables
   as the relay (`kafka_wire.client_config`), or as keyword arguments
   (`security_protocol="SASL_SSL"`, ...).
@@ -55,6 +58,7 @@ from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
 from projections.chain import START, Tip, link, names
+from projections.early import EarlyCopies
 from projections.errors import (
     LogForked,
     PoisonRecord,
@@ -157,6 +161,8 @@ class KafkaSource:
         """The last accepted records by position (`_RECENT` of them) and their offsets:"""
         self._offsets_of: dict[int, int] = {}
         self._recall: Any = None  # a cursor of the projection this source feeds (`recall_from`)
+        self.early = EarlyCopies(topic, self.keys)
+        """The relay's own records sent before their turn, passed over (`projections.early`)."""
 
     # --- the EventSource protocol -----------------------------------------------------------------
 
@@ -188,9 +194,12 @@ class KafkaSource:
             position, tag, problem = envelope(rec.headers, rec.value, previous)
             if problem is None:
                 problem = self._foreign(rec, tip, position, tag)
-            if problem is not None and self._applied_copy(rec, position, tag, tip):
-                buffer.popleft()  # the same bytes as a record applied already: nothing new
-                continue
+            if problem is not None and (
+                self._applied_copy(rec, position, tag, tip)
+                or self.early.early(rec, position, tag, tip, self._scan_all, self._end)
+            ):
+                buffer.popleft()  # a copy of a record applied already, or the relay's own
+                continue  # sent before its turn, its turn to come (`projections.early`)
             if problem is not None:
                 if out:
                     break
@@ -609,6 +618,9 @@ class KafkaSource:
                 self._check_deadline(deadline, "searching")
         except KafkaError as e:
             raise self._unavailable(e) from e
+
+    def _scan_all(self, start: int, stop: int) -> Iterator[Any]:
+        return self._scan(start, stop, 5_000)
 
     def _close_behind(self, end: int) -> bool:
         return (

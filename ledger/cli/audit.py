@@ -597,6 +597,11 @@ def _print_copy(topic: str, copy: CopyReport) -> None:
         if copy.copies
         else ""
     )
+    if copy.early:  # atk51-25 F5: the relay's own, not another producer's
+        copies += (
+            f"; {copy.early:,} of the relay's own signed records sent before their turn (into "
+            "the topic made again under it), which readers pass over"
+        )
     if copy.ok:
         behind = f", {copy.behind:,} events behind the store" if copy.behind else ""
         click.echo(

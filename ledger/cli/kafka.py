@@ -153,7 +153,13 @@ def relay_group() -> None:
 
 
 @relay_group.command("status")
-@click.option("--json", "as_json", is_flag=True, help="Print the health record as JSON.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the health record as JSON, with the lag from the store's head read now "
+    "(`head`, `lag` when exact, `lag_at_least`, `lag_known`, `behind`, `stale`).",
+)
 @pass_ctx
 def relay_status(ctx: Ctx, as_json: bool) -> None:
     """What the service's relay is doing: publishing, stalled (a send that does not come back,
@@ -170,10 +176,11 @@ def relay_status(ctx: Ctx, as_json: bool) -> None:
             hint="start the service with `gpuledger up --kafka HOST:PORT`",
         )
     now = SystemClock().now()
-    if as_json:
-        click.echo(msgspec.json.encode(health).decode())
+    head, unread = _store_head(ctx.home)
+    if as_json:  # the lag read as the line reads it, not the record's own head
+        click.echo(msgspec.json.encode(health.report(now, head, unread)).decode())
     else:
-        click.echo(health.line(now, *_store_head(ctx.home)))
+        click.echo(health.line(now, head, unread))
     if health.state != "publishing" or health.stale(now):
         sys.exit(1)
 

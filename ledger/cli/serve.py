@@ -356,6 +356,21 @@ def serve(
     sys.exit(run_server(ctx.home, config, actor=ctx.own_actor))  # never $GPULEDGER_URL's
 
 
+def _relay_lag(h: Health) -> str:
+    """The relay's lag as `relay status` tells it (`relay_service.lag_kind`): exact only where
+    the relay watches its topic; "lag 0 events, connecting" was shown while it wrote the log
+    again to a topic found deleted (s51)."""
+    from ledger.store.relay_service import WATCHING, lag_kind
+
+    lag = int(h.relay_lag or 0)
+    kind = lag_kind(lag, h.relay_state in WATCHING)
+    if kind == "exact":
+        return f"{lag} events"
+    if kind == "floor":
+        return f"at least {lag} events (the relay is not watching its topic)"
+    return "unknown (the relay is not watching its topic, which may lack events)"
+
+
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_ctx
@@ -379,7 +394,7 @@ def status(ctx: Ctx, as_json: bool) -> None:
         if h.last_cycle_at is None
         else f"{format_time(h.last_cycle_at)} ({(h.last_cycle_s or 0) * 1000:.0f} ms)"
     )
-    relay = "no Kafka" if h.relay_lag is None else f"{h.relay_lag} events, {h.relay_state}"
+    relay = "no Kafka" if h.relay_lag is None else f"{_relay_lag(h)}, {h.relay_state}"
     if h.relay_error:
         relay += f": {h.relay_error}"
     click.echo(f"{h.status}: gpu-ledger {h.version} at {ctx.remote.url}")

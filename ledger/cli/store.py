@@ -120,16 +120,16 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
     """Rebuild a lost store from the Kafka topic the relay wrote: every record checked (position,
     hash chain, and signature when GPULEDGER_KAFKA_SIGNING_KEYS is set) and written as it was.
     Records that are not the log's next one (foreign: another producer's) are set aside, as a
-    quarantining reader does, and named in one line; the topic is read whole before anything is
-    written, so a restore that stops writes nothing; run again after a restore that was killed
-    while it wrote, it compares what is there with the topic and writes the rest. Refused while
-    another producer holds a transaction open on the topic (the relay's committed records
-    behind it are unseen)."""
+    quarantining reader does, and named (the relay's own signed ones apart); the topic is read
+    whole before anything is written, so a restore that stops writes nothing; run again after a
+    restore that was killed while it wrote, it compares what is there with the topic and writes
+    the rest. Refused while another producer holds a transaction open on the topic (the relay's
+    committed records behind it are unseen)."""
     from ledger.store import locate, recorded
     from ledger.store.copying import CopyError, same_log, write_log
     from ledger.store.pgread import redacted
     from ledger.store.relay import held_at, held_text
-    from ledger.store.relay_topic import START_GONE_HINT, offsets_text
+    from ledger.store.relay_topic import START_GONE_HINT
     from projections.kafka_source import KafkaSource
     from projections.kafka_wire import TOPIC, connect_timeout, quiet_kafka_logs
     from projections.source import follow
@@ -163,7 +163,8 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
                 hint="rerun once the transaction ends; give only the relay Write on the topic",
             )
         aside: list[int] = []
-        last = sum(len(page) for page in _taken(source, head, aside))  # checked: nothing written
+        own: list[int] = []  # of `aside`, those the relay signed (keys): positions not there
+        last = sum(len(page) for page in _taken(source, head, aside, own))  # nothing written
         if last == 0:  # no record follows position 0: every one set aside
             first = "no record is position 1" + (
                 f", {len(aside):,} set aside from offset {aside[0]:,}" if aside else ""
@@ -181,13 +182,11 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
         raise CopyError(f"the restored store differs from the topic at event {differs}")
     if copied.head != last:
         raise CopyError(f"the topic read {last} events, then {copied.head}", hint="retry")
-    if aside and not as_json:
-        click.echo(
-            f"set aside {len(aside)} record(s) of {name} that are not the log's next one "
-            f"(another producer's, or the relay's own out of order, sent into a topic made "
-            f"again before it noticed or left by compaction: offsets {offsets_text(aside)})",
-            err=True,
-        )
+    if not as_json:
+        for line in _aside_lines(
+            name, aside, own, sorted(set(source.early.passed)), source.keys is not None
+        ):
+            click.echo(line, err=True)
     # every event of the store is on the topic: the relay's progress there (docs/kafka.md)
     from ledger.store import relay_progress
     from ledger.store.snapshots import state_key
@@ -200,13 +199,52 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
     _report(as_json, "restored", copied, redacted(dst_dsn) if dst_dsn else str(dst_home))
 
 
-def _taken(source: Any, head: int, aside: list[int]) -> Iterator[list[Any]]:
+def _aside_lines(
+    name: str, aside: list[int], own: list[int], early: list[int], signed: bool
+) -> list[str]:
+    """What a restore says of the records it did not take, the relay's own told apart from
+    another producer's (atk51-25 F5: the relay's signed early copies were called "another
+    producer's", sending the operator after an intruder)."""
+    from ledger.store.relay_topic import offsets_text
+
+    out = []
+    if early:
+        out.append(
+            f"passed over {len(early)} record(s) of {name} that are the relay's own, sent "
+            "before their turn into the topic made again under it (each position restored "
+            f"where its turn came): offsets {offsets_text(early)}"
+        )
+    if own:
+        out.append(
+            f"set aside {len(own)} record(s) of {name} that carry the relay's signature but "
+            f"are not the log's next one (the relay's own out of order): offsets "
+            f"{offsets_text(own)}"
+        )
+    others = [o for o in aside if o not in set(own)]
+    if others:
+        out.append(
+            f"set aside {len(others)} record(s) of {name} that are not the log's next one "
+            + (
+                "(another producer's: they do not carry the relay's signature"
+                if signed
+                else "(another producer's, or the relay's own out of order: without signing "
+                "keys the two cannot be told apart"
+            )
+            + f"; offsets {offsets_text(others)})"
+        )
+    return out
+
+
+def _taken(
+    source: Any, head: int, aside: list[int], own: list[int] | None = None
+) -> Iterator[list[Any]]:
     """The topic's log up to `head` as a quarantining reader takes it: a record that is not the
     next one (it fails the signature, does not link, claims another position) is set aside and
     its offset added to `aside` (one unsigned record after the tail stopped a restore half-way,
-    atk49-25 F3); a fork, wrong keys, or a run of `max_dead_run` set aside on an unsigned topic
-    stop it."""
+    atk49-25 F3), and to `own` when it carries the relay's signature; a fork, wrong keys, or a
+    run of `max_dead_run` set aside on an unsigned topic stop it."""
     from projections.errors import PoisonRecord
+    from projections.quarantine import AHEAD_SIGNED
     from projections.source import follow
 
     position = 0
@@ -219,6 +257,8 @@ def _taken(source: Any, head: int, aside: list[int]) -> Iterator[list[Any]]:
         except PoisonRecord as p:
             source.skip(p)
             aside.append(p.offset)
+            if own is not None and AHEAD_SIGNED in p.reason:
+                own.append(p.offset)
 
 
 @store.command("where")

@@ -46,7 +46,7 @@ from typing import Any, NamedTuple
 
 from eventsourcing.persistence import ApplicationRecorder, InfrastructureFactory
 from eventsourcing.sqlite import SQLiteApplicationRecorder
-from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+from kafka import KafkaProducer
 from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError
 
 from ledger.store import EVENTS_DB, recorded
@@ -54,6 +54,8 @@ from ledger.store.relay_progress import Kept, Word, beyond, words
 from ledger.store.relay_tail import (
     bookmark,
     first_position,
+    held_at,
+    held_text,
     last_published,
     store_digests,
     tail_windows,
@@ -75,7 +77,9 @@ from ledger.store.relay_topic import (
     producer_sizes,
     raise_record_limit,
     remade,
+    sent_elsewhere,
     start_gone,
+    topic_id_of,
     topic_mark,
     unkept,
 )
@@ -88,7 +92,6 @@ from projections.kafka_wire import (
     SigningKeys,
     client_config,
     patience,
-    reader_config,
     record_headers,
     signing_keys,
 )
@@ -103,6 +106,8 @@ __all__ = [  # the relay's errors and its topic's creation live in relay_topic; 
     "RelayHeld",
     "RelayUnavailable",
     "ensure_topic",
+    "held_at",
+    "held_text",
     "last_published",
     "open_store",
     "read_raw",
@@ -227,51 +232,6 @@ def _commit(producer: Any, timeout_s: float) -> None:
         raise KafkaTimeoutError(f"the broker did not answer the commit in {timeout_s:g} s")
 
 
-def held_at(
-    bootstrap: str,
-    topic: str = TOPIC,
-    config: Mapping[str, Any] | None = None,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
-) -> tuple[int, int] | None:
-    """(last stable offset, end offset) when a transaction is open on the topic (the first is
-    where read_committed readers stop), None when none is. Our own relay's is settled by its
-    `init_transactions`: an open one after that is another producer's."""
-    tp = TopicPartition(topic, PARTITION)
-    ms = int(timeout_s * 1000)
-    ends = []
-    for isolation in ("read_committed", "read_uncommitted"):
-        try:
-            consumer = KafkaConsumer(
-                **reader_config(
-                    bootstrap,
-                    "gpuledger-relay-probe",
-                    connect_timeout_s,
-                    **{**(config or {}), "isolation_level": isolation},
-                )
-            )
-        except KafkaError as e:
-            raise unavailable(bootstrap, e) from e
-        try:
-            ends.append(int(consumer.end_offsets([tp], timeout_ms=ms)[tp]))
-        except KafkaError as e:
-            raise unavailable(bootstrap, e) from e
-        finally:
-            consumer.close()
-    stable, end = ends
-    return (stable, end) if stable < end else None
-
-
-def held_text(topic: str, held: tuple[int, int]) -> str:
-    stable, end = held
-    return (
-        f"another producer holds a transaction open on {topic} at offset {stable} "
-        f"({end - stable:,} offset(s) behind it): readers see nothing after it until the broker "
-        "ends it (within the broker's transaction.max.timeout.ms: a minute with scripts/kafka, "
-        "15 by Kafka's default)"
-    )
-
-
 class Relay:
     """Publishes the store's notification log to Kafka in transactional batches.
 
@@ -336,6 +296,7 @@ class Relay:
         self._admin: Any = None
         self._last_sent: Any = None
         """The future of the last record sent (its offset, once committed)."""
+        self._first_sent: Any = None
         self._refused: RelayError | None = None
         """Why it publishes no more on this topic (`refuse`)."""
         self._remade: str | None = None
@@ -566,10 +527,16 @@ class Relay:
             records = next(pages, [])
         while records:
             fits = self._fitting(records)
-            with self._transaction():
-                self._send(fits)
-                # Read the next batch while the producer's thread ships this one.
-                following = records[len(fits) :] or next(pages, [])
+            try:
+                with self._transaction():
+                    self._send(fits)
+                    # Read the next batch while the producer's thread ships this one.
+                    following = records[len(fits) :] or next(pages, [])
+            except _SentElsewhere:  # not committed: the log again from position 1
+                self._reopen()
+                pages = follow(RawSource(self.recorder), self.position, page=self.batch)
+                records = next(pages, [])
+                continue
             self.position = fits[-1].position
             self._published_end = max(self._published_end, self._sent_end())
             self.kept.advance(self.position)  # after the commit: never ahead of the topic
@@ -631,6 +598,28 @@ class Relay:
             with contextlib.suppress(Exception):
                 admin.close()
 
+    def _check_sent(self) -> None:
+        """After the flush, before the commit: whether the batch went to the topic the relay
+        published to (`sent_elsewhere`: atk51-25 F2). If not, raises _SentElsewhere with the
+        transaction left open (the next producer's init_transactions aborts it: no reader sees
+        it) and the next connect publishes the log from position 1. One metadata request."""
+        if self.mark is None:
+            return
+        try:
+            if self._admin is None:
+                self._admin = open_admin(self.bootstrap, self.config, self.connect_timeout_s)
+            topic_id = topic_id_of(self._admin, self.topic)
+        except KafkaError:
+            self._close_admin()
+            raise
+        offset = getattr(getattr(self._first_sent, "value", None), "offset", None)
+        first = int(offset) if isinstance(offset, int) and offset >= 0 else None
+        why = sent_elsewhere(self.topic, self.mark, topic_id, first, self._published_end)
+        if why:
+            log.warning("relay: %s: the batch sent to it is not committed", why)
+            self._remade, self._stale = why, True
+            raise _SentElsewhere(why)
+
     def _sent_end(self) -> int:
         """The offset after the last record sent, once its transaction committed (0: unknown)."""
         offset = getattr(getattr(self._last_sent, "value", None), "offset", None)
@@ -669,6 +658,7 @@ class Relay:
     def _send(self, records: list[RawRecord]) -> None:
         send, topic = self.producer.send, self.topic
         keys = self.keys
+        self._first_sent = None
         for r in records:
             self._last_sent = send(
                 topic,
@@ -677,6 +667,8 @@ class Relay:
                 headers=record_headers(r.position, r.tag, r.data, keys),
                 partition=PARTITION,
             )
+            if self._first_sent is None:
+                self._first_sent = self._last_sent
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -688,6 +680,7 @@ class Relay:
             producer.begin_transaction()
             yield
             producer.flush(timeout=self.timeout_s)
+            self._check_sent()
             _commit(producer, self.timeout_s)
         except KafkaError as e:
             if _fenced(producer, e):
@@ -769,6 +762,10 @@ class Relay:
         _discard(self.producer)
         self._close_admin()
         self.kept.flush(self.position)
+
+
+class _SentElsewhere(Exception):
+    """The batch flushed went to a topic made again (`Relay._check_sent`): never committed."""
 
 
 def _fenced(producer: Any, e: BaseException) -> bool:

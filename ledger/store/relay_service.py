@@ -40,7 +40,7 @@ from ledger.store.relay import (
     RelayUnavailable,
     open_store,
 )
-from ledger.store.relay_topic import offsets_text
+from ledger.store.relay_topic import TopicRefused, offsets_text
 from ledger.store.snapshots import state_key
 from projections.kafka_wire import (
     DEFAULT_CONNECT_TIMEOUT_S,
@@ -115,7 +115,7 @@ class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
         while it connects (a topic found deleted at start is being written again from position
         1 while the record keeps the last one published), not once it stopped or exited (the
         topic may lose records since), not in a record no service updates."""
-        live = self.state in ("publishing", "stalled", "unavailable")
+        live = self.state in WATCHING
         return live and not (now is not None and self.stale(now))
 
     def behind(self, now: float | None = None, head: int | None = None, unread: str = "") -> str:
@@ -129,14 +129,32 @@ class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
             return f"cannot tell how far behind the store ({unread})"
         head = self.store_head if head is None else head
         lag = max(0, head - self.position)
-        if self.watched(now):
+        kind = lag_kind(lag, self.watched(now))
+        if kind == "exact":
             return f"{lag:,} behind the store"
-        if lag:
+        if kind == "floor":
             return f"at least {lag:,} behind the store"
         return (
             f"cannot tell how far behind the store (its head is {head:,}; the relay is not "
             "watching the topic, which may have lost records since)"
         )
+
+    def report(self, now: float, head: int | None, unread: str = "") -> dict[str, object]:
+        """`relay status --json`: the record, and the lag as the line tells it, from the store's
+        head read now (`head`; None: unread, `unread` says why). The record alone (its own
+        `store_head`, 0 while connecting) was printed, so a script read "0 behind" where the
+        line said "cannot tell" (s51)."""
+        lag = None if head is None else max(0, head - self.position)
+        kind = "unknown" if lag is None else lag_kind(lag, self.watched(now))
+        record: dict[str, object] = msgspec.to_builtins(self)
+        return record | {
+            "head": head,
+            "lag": lag if kind == "exact" else None,
+            "lag_at_least": lag if kind == "floor" else None,
+            "lag_known": kind,
+            "behind": self.behind(now, head, unread),
+            "stale": self.stale(now),
+        }
 
     def line(self, now: float | None = None, head: int | None = None, unread: str = "") -> str:
         """`relay status`'s line; `head`, `unread`: the store's head read now (`behind`)."""
@@ -160,6 +178,25 @@ class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
         if self.remade:
             text += f"; {self.remade}: published again from position 1"
         return text + (f": {self.error}" if self.error else "")
+
+
+LagKind = Literal["exact", "floor", "unknown"]
+
+
+def lag_kind(lag: int, watched: bool) -> LagKind:
+    """Pure: how a lag counted from the relay's last position may be told (`relay status`,
+    `gpuledger status`): `exact` where a live relay watches the topic (publishing, stalled,
+    unavailable); elsewhere (connecting: a topic found deleted is written again from 1 while the
+    position is the last one published; stopped; exited; stale) a `floor` ("at least N") when
+    above 0, and `unknown` where it would be 0 (atk51-25 F3: "0 behind" over a topic being
+    written again)."""
+    if watched:
+        return "exact"
+    return "floor" if lag else "unknown"
+
+
+WATCHING = ("publishing", "stalled", "unavailable")
+"""The states of a relay that watches its topic (`RelayHealth.watched`)."""
 
 
 def health_path(home: Path) -> Path:
@@ -450,11 +487,58 @@ class RelayService:
                 log.error("relay stopped: %s", e.line())
                 self._published = max(self._published, int(str(e.fields.get("published", 0))))
                 self._set("stopped", error=e.line())
+                if isinstance(e, TopicRefused) and self._topic_changed():
+                    continue  # deleted or made again, as the hint says: the log to it anew
                 return
             delay = 0.2
             self._not_ready_since = None
             if not published:
                 self._stop.wait(self.interval_s)
+
+    def _topic_changed(self) -> bool:
+        """After the relay refused its topic (`TopicRefused`: its start gone, settings that lose
+        events): wait until the topic is deleted or made again (another topic id), asking every
+        `held_every_s`; then the relay is made anew (it makes the topic if missing) and publishes
+        the store's log to it from position 1: True. False once the service stops. atk51-25
+        F6: the hint said "delete the topic, and the relay makes it again", yet a stopped relay
+        never looked again: `relay status` said stopped over a topic gone until a restart."""
+        from ledger.store.relay_topic import open_admin, topic_id_of
+
+        admin: Any = None
+        first: str | bool | None = False  # the topic's id at the stop (False: not asked yet)
+        try:
+            while not self._stop.wait(0 if first is False else self.held_every_s):
+                try:
+                    if admin is None:
+                        admin = open_admin(self.bootstrap, None, self.connect_timeout_s)
+                    now = topic_id_of(admin, self.topic)
+                except Exception as e:  # unreachable: asked again
+                    log.debug("relay: cannot ask for topic %s: %s", self.topic, e)
+                    with contextlib.suppress(Exception):
+                        admin.close()
+                    admin = None
+                    continue
+                if first is False and now is not None:
+                    first = now
+                    continue
+                if now is None or (first and now != first):
+                    log.warning(
+                        "relay: topic %s was %s since the relay stopped: publishing the store's "
+                        "log to it from position 1",
+                        self.topic,
+                        "deleted" if now is None else "made again",
+                    )
+                    relay, self.relay = self.relay, None
+                    if relay is not None:
+                        relay.close()
+                    self._remakes = -1  # the next relay's position is the health's (`_position`)
+                    self._set("connecting", again=True)
+                    return True
+            return False
+        finally:
+            if admin is not None:
+                with contextlib.suppress(Exception):
+                    admin.close()
 
     def _quiet(self, e: RelayError) -> bool:
         """Whether `e` is retried without a word: kafka-python's NodeNotReadyError says its own
@@ -579,14 +663,18 @@ class RelayService:
             self._recorder = open_store(self.home)
         return self._recorder
 
-    def _set(self, state: RelayState, error: str = "", head: int | None = None) -> None:
+    def _set(
+        self, state: RelayState, error: str = "", head: int | None = None, again: bool = False
+    ) -> None:
+        """The health replaced and written; `stopped` stays unless `again` (the publishing
+        thread itself goes on: `_topic_changed`)."""
         if state == "publishing" and self._held is not None:  # readers see none of it
             state, error = "stalled", self._held
         with self._lock:
             now = self.clock.now()
             relay = self.relay
             old = self.health
-            if old.state == "stopped" and state != "stopped":
+            if old.state == "stopped" and state != "stopped" and not again:
                 # stopped is for good (the thread returned): the watcher's check, begun while
                 # it was publishing, wrote `publishing` over it with the stop's error (s51)
                 return

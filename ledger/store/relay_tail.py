@@ -79,32 +79,10 @@ def tail_windows(
         raise unavailable(bootstrap, e) from e
 
     def window(start: int, end: int) -> Iterator[Any]:
-        try:
-            consumer.seek(tp, start)
-            if end - start >= REACH:
-                log.info(
-                    "relay: reading the last %d offsets of %s for its last record",
-                    end - start,
-                    topic,
-                )
-            deadline = time.monotonic() + timeout_s
-            # The position only moves forward, past aborted data and markers too, so this
-            # loop ends at `end`; an empty poll means "not yet", never "nothing left".
-            while consumer.position(tp) < end:
-                if time.monotonic() > deadline:
-                    raise RelayUnavailable(
-                        f"reading the end of {topic} (offsets {start:,} to {end:,}, at "
-                        f"{consumer.position(tp):,}): no record came for {timeout_s:g} s",
-                        hint="is the broker overloaded or restarting?",
-                    )
-                got = consumer.poll(timeout_ms=500).get(tp, [])
-                if got:
-                    deadline = time.monotonic() + timeout_s
-                for rec in got:
-                    if rec.offset < end:
-                        yield rec
-        except KafkaError as e:
-            raise unavailable(bootstrap, e) from e
+        if end - start >= REACH:
+            log.info("relay: reading the last %d offsets of %s for its last record", end - start,
+                     topic)  # fmt: skip
+        return polled(consumer, bootstrap, topic, start, end, timeout_s, "the end")
 
     try:
         consumer.assign([tp])
@@ -163,27 +141,50 @@ def first_position(
         consumer.assign([tp])
         ms = int(timeout_s * 1000)
         end = consumer.end_offsets([tp], timeout_ms=ms)[tp]
-        consumer.seek(tp, consumer.beginning_offsets([tp], timeout_ms=ms)[tp])
-        deadline, looked = time.monotonic() + timeout_s, 0
-        while consumer.position(tp) < end and looked < FIRST_LOOK:
+        begin = consumer.beginning_offsets([tp], timeout_ms=ms)[tp]
+        records = polled(consumer, bootstrap, topic, begin, end, timeout_s, "the start")
+        for rec in islice(records, FIRST_LOOK):
+            position = header_position(rec.headers)
+            if position is not None:
+                return position
+        return None
+    except KafkaError as e:
+        raise unavailable(bootstrap, e) from e
+    finally:
+        consumer.close()
+
+
+def polled(
+    consumer: Any, bootstrap: str, topic: str, start: int, end: int, timeout_s: float, part: str
+) -> Iterator[Any]:
+    """The committed records of the topic's partition (assigned to `consumer`) with offsets in
+    [start, end), in order, polled as they are taken (the one poll loop of the tail's windows
+    and of `first_position`: two near-copies before, duplicates D7). read_committed skips
+    aborted records and markers, and the position only moves forward, past them too, so the
+    loop ends at `end`; an empty poll means "not yet", never "nothing left". Raises
+    RelayUnavailable when the broker hands out no record for `timeout_s` (a deadline per poll
+    that brings records, not one for the whole read: four million tiny forged records at the
+    tail outlasted a single 30 s and the relay retried for good, atk46-25 F6). `part`: what is
+    read, for the error ("the end", "the start")."""
+    tp = TopicPartition(topic, PARTITION)
+    try:
+        consumer.seek(tp, start)
+        deadline = time.monotonic() + timeout_s
+        while consumer.position(tp) < end:
             if time.monotonic() > deadline:
                 raise RelayUnavailable(
-                    f"reading the start of {topic}: no record came for {timeout_s:g} s",
+                    f"reading {part} of {topic} (offsets {start:,} to {end:,}, at "
+                    f"{consumer.position(tp):,}): no record came for {timeout_s:g} s",
                     hint="is the broker overloaded or restarting?",
                 )
             got = consumer.poll(timeout_ms=500).get(tp, [])
             if got:
                 deadline = time.monotonic() + timeout_s
             for rec in got:
-                looked += 1
-                position = header_position(rec.headers)
-                if position is not None and rec.offset < end:
-                    return position
-        return None
+                if rec.offset < end:
+                    yield rec
     except KafkaError as e:
         raise unavailable(bootstrap, e) from e
-    finally:
-        consumer.close()
 
 
 def unavailable(bootstrap: str, e: BaseException) -> RelayUnavailable:
@@ -443,3 +444,48 @@ def store_digests(
         for r in records
         if r.position in wanted
     }
+
+
+def held_at(
+    bootstrap: str,
+    topic: str = TOPIC,
+    config: Mapping[str, Any] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+) -> tuple[int, int] | None:
+    """(last stable offset, end offset) when a transaction is open on the topic (the first is
+    where read_committed readers stop), None when none is. Our own relay's is settled by its
+    `init_transactions`: an open one after that is another producer's."""
+    tp = TopicPartition(topic, PARTITION)
+    ms = int(timeout_s * 1000)
+    ends = []
+    for isolation in ("read_committed", "read_uncommitted"):
+        try:
+            consumer = KafkaConsumer(
+                **reader_config(
+                    bootstrap,
+                    "gpuledger-relay-probe",
+                    connect_timeout_s,
+                    **{**(config or {}), "isolation_level": isolation},
+                )
+            )
+        except KafkaError as e:
+            raise unavailable(bootstrap, e) from e
+        try:
+            ends.append(int(consumer.end_offsets([tp], timeout_ms=ms)[tp]))
+        except KafkaError as e:
+            raise unavailable(bootstrap, e) from e
+        finally:
+            consumer.close()
+    stable, end = ends
+    return (stable, end) if stable < end else None
+
+
+def held_text(topic: str, held: tuple[int, int]) -> str:
+    stable, end = held
+    return (
+        f"another producer holds a transaction open on {topic} at offset {stable} "
+        f"({end - stable:,} offset(s) behind it): readers see nothing after it until the broker "
+        "ends it (within the broker's transaction.max.timeout.ms: a minute with scripts/kafka, "
+        "15 by Kafka's default)"
+    )

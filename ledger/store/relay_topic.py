@@ -66,6 +66,14 @@ class RecordTooLarge(RelayUnavailable):
     code = "record_too_large"
 
 
+class TopicRefused(RelayError):
+    """The topic no longer keeps the whole log (its start gone, settings that lose events): the
+    relay stops; a service's stopped relay looks at the topic every few seconds and goes on once
+    it is deleted or made again (`RelayService`, atk51-25 F6)."""
+
+    code = "relay"
+
+
 class RelayFenced(RelayError):
     """Another relay with the same transactional id took over: this one must stop."""
 
@@ -236,7 +244,7 @@ def topic_mark(admin: Any, topic: str, timeout_s: float) -> TopicMark | None:
     return TopicMark(topic_id, int(begin.offset), int(end.offset), settings)
 
 
-def unkept(topic: str, mark: TopicMark) -> RelayError | None:
+def unkept(topic: str, mark: TopicMark) -> TopicRefused | None:
     """Pure: the relay's refusal of a topic whose settings would not keep every event (None: they
     do, or were not asked). A RelayError, not retried: the service says `stopped` with it.
 
@@ -255,9 +263,9 @@ def unkept(topic: str, mark: TopicMark) -> RelayError | None:
     setting = ", ".join(f"{k}={TOPIC_CONFIG[k]}" for k in sorted(wrong))
     line = f"topic {topic} has {shown}: it would not keep every event"
     if mark.end <= mark.begin == 0:
-        return RelayError(line, hint=f"set {setting} on the topic and start the service again")
+        return TopicRefused(line, hint=f"set {setting} on the topic and start the service again")
     if "cleanup.policy" not in wrong and mark.begin == 0:
-        return RelayError(
+        return TopicRefused(
             line + " (its start is still there: first offset 0)",
             hint=f"set {setting} on the topic at once, before the broker deletes by it (at its "
             "next retention check), and start the service again; if the topic's first offset "
@@ -269,7 +277,7 @@ def unkept(topic: str, mark: TopicMark) -> RelayError | None:
             "share: the topic may have lost events already, and setting cleanup.policy=delete "
             "back does not bring them back)"
         )
-    return RelayError(line, hint=START_GONE_HINT)
+    return TopicRefused(line, hint=START_GONE_HINT)
 
 
 def remade(topic: str, before: TopicMark, now: TopicMark | None, published_end: int) -> str | None:
@@ -296,22 +304,56 @@ def remade(topic: str, before: TopicMark, now: TopicMark | None, published_end: 
     return None
 
 
+def topic_id_of(admin: Any, topic: str) -> str | None:
+    """The topic's id as the broker says now ("" when it gives none; None: no such topic): one
+    metadata request, cheap enough for every batch (`Relay`, before each commit)."""
+    (described,) = admin.describe_topics([topic])
+    if described.get("error_code") == UnknownTopicOrPartitionError.errno:
+        return None
+    return str(described.get("topic_id") or "")
+
+
+def sent_elsewhere(
+    topic: str, before: TopicMark, topic_id: str | None, first: int | None, published_end: int
+) -> str | None:
+    """Pure: why the batch the relay has just flushed, not yet committed, did not go to the topic
+    it published to (None: it did). `topic_id`: the topic's id asked after the flush (None: no
+    such topic); `first`: the offset the broker gave the batch's first record (None: unknown);
+    `published_end`: the offset after the relay's last commit. atk51-25 F2: a topic made again
+    under a running relay while events flowed got up to 2 s of them (its next positions) at
+    offset 0 before the relay's check, committed: its "early copies", before the log published
+    again from 1, stopped every default reader for good. Asked before the commit, such a batch is
+    aborted: read_committed readers never see it."""
+    if topic_id is None:
+        return f"topic {topic} no longer exists (deleted)"
+    if before.topic_id and topic_id and topic_id != before.topic_id:
+        return (
+            f"topic {topic} was deleted and made again (topic id {topic_id}, was {before.topic_id})"
+        )
+    if first is not None and first < published_end:
+        return (
+            f"topic {topic} took the relay's next record at offset {first:,}, below the "
+            f"{published_end:,} it published to (made again)"
+        )
+    return None
+
+
 START_GONE_HINT = (
     "publish to a new topic (GPULEDGER_KAFKA_TOPIC or --topic): the relay writes the whole log "
     "there; or delete the topic, and the relay makes it again and writes the whole log to it "
-    "(the service's relay once it starts again: a stopped relay does not look again)"
+    "(a service's stopped relay looks every 5 s)"
 )
 """What to do about a topic whose start is gone: the relay, `store restore --from-kafka` and
 `audit verify --kafka` name the same fix."""
 
 
-def start_gone(topic: str, begin: int) -> RelayError:
+def start_gone(topic: str, begin: int) -> TopicRefused:
     """The relay's refusal of a topic whose first offset is above 0 (Kafka DeleteRecords, or a
     retention: the topic's are -1): readers and restores read a topic from its first offset, so
     it can no longer give them the whole log, and appending the log again cannot put its start
     back (the records left come first: a new reader stopped at them, a restore refused the
     topic for good). A RelayError, not retried: the service says `stopped` with this line."""
-    return RelayError(
+    return TopicRefused(
         f"the start of topic {topic} is gone (first offset {begin:,}: its records before it were "
         "deleted): it no longer holds the whole log, and the relay cannot put it back",
         hint=START_GONE_HINT,

@@ -31,6 +31,7 @@ from ledger.store.snapshots import state_key
 from projections.kafka_wire import KEYS_ENV, header_position, record_headers, signing_keys
 from tests.integration.conftest import delete_topics, read_all
 from tests.integration.test_relay_forgeries import KEYS_TEXT, relay_to, relays_records, run, send
+from tests.integration.test_relay_forgeries import run as invoke  # `run` is a parameter below
 from tests.integration.test_relay_progress import JOB
 from tests.integration.waits import wait_for
 
@@ -165,18 +166,15 @@ def test_a_relay_restarted_while_it_publishes_again_leaves_no_gap(
         monkeypatch.setenv(k, v)
     home = org_ledger.home
     org_ledger.execute_all([JOB] * 3)
-    relay = Relay(open_store(home), kafka_bootstrap, topic=kafka_topic,
-                  transactional_id=transactional_id, check_s=3600.0,
-                  state_key=state_key(home))  # fmt: skip
-    try:
-        relay.publish_pending()
-        remake(kafka_bootstrap, kafka_topic)
-        org_ledger.execute_all([JOB] * 2)
-        assert relay.publish_pending() == 2  # into the topic made again: not noticed
-    finally:
-        relay.close()  # killed before it noticed, or while it published the log again:
+    relay_to(home, kafka_bootstrap, kafka_topic, transactional_id, org_ledger.position)
+    remake(kafka_bootstrap, kafka_topic)
+    org_ledger.execute_all([JOB] * 2)
     head = org_ledger.position
-    for event in read_raw(open_store(home), 0, run):  # ... after `run` of it
+    # P+1, P+2 as a relay before s52 committed them into the topic made again (it now checks
+    # the topic after the flush: `test_a_batch_sent_into_a_topic_made_again_is_not_committed`),
+    # then killed before it noticed, or while it published the log again after `run` of it
+    early = read_raw(open_store(home), head - 2, 2)
+    for event in [*early, *read_raw(open_store(home), 0, run)]:
         send(kafka_bootstrap, kafka_topic, event,
              record_headers(event.position, event.tag, event.data, signing_keys()))  # fmt: skip
     positions = [header_position(r.headers) for r in read_all(kafka_bootstrap, kafka_topic)]
@@ -186,6 +184,62 @@ def test_a_relay_restarted_while_it_publishes_again_leaves_no_gap(
     positions = [header_position(r.headers) for r in read_all(kafka_bootstrap, kafka_topic)]
     assert positions[2:] == list(range(1, head + 1)), positions  # was [P+1, P+2, 1..run]
     out = follow_once(kafka_bootstrap, kafka_topic, tmp_path / "reader", env)
+    assert out.splitlines()[-1].startswith(f"position {head}, {head} events"), out
+    if not signed:
+        return
+    # atk51-25 F2/F5: with keys, P+1 and P+2 are the relay's own (its signature), their turn
+    # comes after them: a default reader stopped at offset 0 for good ("position P+1 does not
+    # follow position 0 ... the topic's start was deleted"), restore called them "another
+    # producer's" and verify "foreign ... DIFFERS", exit 1
+    out = invoke("--home", str(tmp_path / "plain"), "project", "follow", "--kafka",
+              kafka_bootstrap, "--topic", kafka_topic, "--once", env=env)  # fmt: skip
+    assert out.splitlines()[-1].startswith(f"position {head}, {head} events"), out
+    out = invoke("--home", str(home), "audit", "verify", "--kafka", kafka_bootstrap, "--topic",
+              kafka_topic, env=env)  # fmt: skip
+    assert "2 of the relay's own signed records sent before their turn" in out, out
+    out = invoke("store", "restore", "--from-kafka", kafka_bootstrap, "--topic", kafka_topic,
+              "--to", str(tmp_path / "restored"), env=env)  # fmt: skip
+    assert "passed over 2 record(s)" in out and "the relay's own" in out, out
+    assert "another producer" not in out, out
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
+def test_a_batch_sent_into_a_topic_made_again_is_not_committed(
+    signed: bool, org_ledger: Ledger, tmp_path: Path, kafka_bootstrap: str, kafka_topic: str,
+    transactional_id: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """atk51-25 F2: the topic made again under a running relay while events flow: the relay's
+    next batch (up to 2 s of events before its check; here it asks once an hour) went into the
+    new topic and was committed at offset 0 ([P+1, P+2, 1, ...]): a default reader stopped there
+    for good ("position P+1 does not follow position 0"), while the relay said "0 behind". Now
+    the relay asks for the topic's id after the flush, before the commit: the batch is never
+    committed, and the same call publishes the log from position 1. A default reader (no
+    --quarantine) reads the topic whole."""
+    env = {KEYS_ENV: KEYS_TEXT} if signed else {}
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    home = org_ledger.home
+    org_ledger.execute_all([JOB] * 3)
+    relay = Relay(open_store(home), kafka_bootstrap, topic=kafka_topic,
+                  transactional_id=transactional_id, check_s=3600.0,
+                  state_key=state_key(home))  # fmt: skip
+    try:
+        relay.publish_pending()
+        remake(kafka_bootstrap, kafka_topic)
+        org_ledger.execute_all([JOB] * 2)
+        head = org_ledger.position
+        with caplog.at_level(logging.WARNING, logger="gpuledger.relay"):
+            published = relay.publish_pending()
+        assert (published, relay.position) == (head, head)  # was (2, head): P+1, P+2 only
+        assert "made again" in relay.remade_note, relay.remade_note
+    finally:
+        relay.close()
+    said = [r.getMessage() for r in caplog.records if "is not committed" in r.getMessage()]
+    assert len(said) == 1 and "was deleted and made again" in said[0], said
+    positions = [header_position(r.headers) for r in read_all(kafka_bootstrap, kafka_topic)]
+    assert positions == list(range(1, head + 1)), positions  # was [P+1, P+2]
+    out = run("--home", str(tmp_path / "reader"), "project", "follow", "--kafka",
+              kafka_bootstrap, "--topic", kafka_topic, "--once", env=env)  # fmt: skip
     assert out.splitlines()[-1].startswith(f"position {head}, {head} events"), out
 
 
@@ -224,8 +278,18 @@ def test_a_topic_cut_under_a_running_relay_stops_it_naming_the_fix(
     try:
         wait_for("the relay refused", lambda: again.health.state == "stopped", 60,
                  lambda: str(again.health))  # fmt: skip
+        assert said in again.health.error and "stopped relay looks every 5 s" in again.health.error
+        # atk51-25 F6: the fix named ("delete the topic, and the relay makes it again") needed
+        # a restart: the stopped relay never looked again, "stopped" over a topic gone
+        delete_topics(kafka_bootstrap, [kafka_topic])
+        head = org_ledger.position
+        wait_for("the relay writes the whole log to the topic made again",
+                 lambda: again.health.state == "publishing" and again.health.position >= head,
+                 60, lambda: str(again.health))  # fmt: skip
     finally:
-        assert said in again.stop().error
+        again.stop()
+    positions = [header_position(r.headers) for r in read_all(kafka_bootstrap, kafka_topic)]
+    assert positions == list(range(1, head + 1)), positions
 
 
 def test_verify_names_events_the_relay_committed_that_the_topic_lost(

@@ -43,8 +43,27 @@ def test_copies_made_ahead_of_time_are_foreign_and_no_genuine_position_is_blamed
     assert report.chain.ok and report.last_position == 24 and report.copies == 0
     assert lines(report) == [
         f"position {p}: foreign: the copy's record at offset {o} claims position {p} before its "
-        "turn: it does not follow the last one taken before it (readers set it aside)"
+        "turn: it does not follow the last one taken before it (readers set it aside); "
+        "unsigned: the relay's own record sent early (a topic made again under it) and "
+        "another producer's cannot be told apart"
         for o, p in [(15, 18), (16, 19)]
+    ]
+
+
+def test_the_relays_own_signed_records_sent_early_are_counted_not_blamed() -> None:
+    """atk51-25 F2/F5: a topic made again under a running relay before s52 got its next events
+    at offset 0, then the log again from 1 ([25, 26, 1, ..., 26]). With keys they carry the
+    relay's signature and equal the records taken at their turn: readers pass over them, and
+    verify counts them as the relay's own (it called them foreign: "not the relay's"). A signed
+    record ahead whose bytes differ from the one taken is still named."""
+    signed = [r._replace(signed=True) for r in topic(25, 26, *range(1, 27))]
+    report = verify_copy(store(26), signed)
+    assert report.ok and report.early == 2 and report.last_position == 26, lines(report)
+    other = signed[1]._replace(data=STORE[3][1])  # signed, yet not the record at 26
+    report = verify_copy(store(26), [signed[0], other, *signed[2:]])
+    assert report.early == 1 and lines(report) == [
+        "position 26: foreign: the copy's record at offset 1 claims position 26 before its "
+        "turn: it does not follow the last one taken before it (readers set it aside)"
     ]
 
 
@@ -106,8 +125,8 @@ def test_a_copy_whose_start_is_gone_is_named_first() -> None:
         "were deleted (Kafka DeleteRecords, or a retention); no reader or restore can rebuild "
         "the log from this topic, and the relay refuses it: publish to a new topic "
         "(GPULEDGER_KAFKA_TOPIC or --topic): the relay writes the whole log there; or delete the "
-        "topic, and the relay makes it again and writes the whole log to it (the service's "
-        "relay once it starts again: a stopped relay does not look again)"
+        "topic, and the relay makes it again and writes the whole log to it (a service's "
+        "stopped relay looks every 5 s)"
     ]
     later = [r._replace(offset=r.offset + 5) for r in topic(*range(6, 31))]
     got = lines(verify_copy(store(), later, first_offset=lambda: 5))

@@ -200,3 +200,60 @@ def test_a_stopped_relay_stays_stopped_whatever_the_watcher_writes_after(tmp_pat
     service._set("stopped", error="why", head=0)
     service._set("publishing", error="why", head=0)
     assert service.health.state == "stopped" and service.health.error == "why"
+
+
+def test_relay_status_json_carries_the_lag_read_from_the_store(org_ledger: object) -> None:
+    """s51 open item: `relay status --json` printed relay.json as the service wrote it, its own
+    `store_head` (0 while connecting, old once no service updates it): a script read "0 behind"
+    where the line said "cannot tell". It carries the lag the line tells, from the store's head
+    read now: exact only where the relay watches its topic."""
+    import json
+    import time
+
+    from click.testing import CliRunner
+
+    from ledger.cli import cli
+    from ledger.store.application import Ledger
+    from ledger.store.relay_service import health_path
+
+    assert isinstance(org_ledger, Ledger)
+    home = org_ledger.home
+    head = org_ledger.position
+    for state, position, want in [
+        ("publishing", head - 1, {"lag": 1, "lag_at_least": None, "lag_known": "exact"}),
+        ("connecting", head, {"lag": None, "lag_at_least": None, "lag_known": "unknown"}),
+        ("connecting", head - 2, {"lag": None, "lag_at_least": 2, "lag_known": "floor"}),
+    ]:
+        record = RelayHealth(
+            state=state, bootstrap="b", topic="t", position=position, store_head=0,  # type: ignore[arg-type]
+            updated=time.time(),
+        )  # fmt: skip
+        health_path(home).write_bytes(msgspec.json.encode(record))
+        done = CliRunner().invoke(cli, ["--home", str(home), "relay", "status", "--json"])
+        got = json.loads(done.output)
+        assert got["head"] == head and got["store_head"] == 0, got  # the head read now
+        assert {k: got[k] for k in want} == want, got
+        assert got["behind"] in done.output and not got["stale"]
+        line = CliRunner().invoke(cli, ["--home", str(home), "relay", "status"]).output
+        assert got["behind"] in line, (got, line)
+
+
+def test_gpuledger_status_tells_the_relay_lag_by_the_rule_relay_status_follows() -> None:
+    """s51 open item: `gpuledger status` said "relay lag 0 events, connecting" while the relay
+    wrote the whole log again to a topic found deleted (its position the last one published).
+    The lag is exact only where the relay watches its topic, a floor above 0 elsewhere, and
+    unknown where it would be 0."""
+    from ledger.cli.serve import _relay_lag
+    from schemas.api import Health
+
+    def health(state: str, lag: int) -> Health:
+        return Health(
+            status="up", version="v", started_at=0.0, head=100, cycles=0, last_cycle_at=None,
+            last_cycle_s=None, projection_position=100, projection_lag=0,
+            relay_position=100 - lag, relay_lag=lag, relay_state=state,
+        )  # fmt: skip
+
+    assert _relay_lag(health("publishing", 0)) == "0 events"
+    assert _relay_lag(health("unavailable", 3)) == "3 events"
+    assert _relay_lag(health("connecting", 0)).startswith("unknown (")  # was "0 events"
+    assert _relay_lag(health("stopped", 4)).startswith("at least 4 events")

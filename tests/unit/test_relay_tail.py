@@ -476,6 +476,26 @@ def test_a_topic_made_again_or_truncated_under_the_relay_is_named() -> None:
     assert "start of topic" in str(remade(TOPIC, before, TopicMark("id-1", 5, 40), 40))
 
 
+def test_a_batch_flushed_into_a_topic_made_again_is_named_before_its_commit() -> None:
+    """atk51-25 F2: a batch sent into a topic made again under the relay was committed at its
+    offset 0 before the relay's check (its "early copies"). `sent_elsewhere` is asked after the
+    flush: the topic gone, another id, or (a broker without ids) the batch's first record at an
+    offset below the relay's last commit name it; the topic it published to does not."""
+    from ledger.store.relay_topic import TopicMark, sent_elsewhere
+
+    before = TopicMark("id-1", 0, 30)
+    assert sent_elsewhere(TOPIC, before, "id-1", 42, 40) is None
+    assert sent_elsewhere(TOPIC, before, "id-1", None, 40) is None  # offset unknown
+    assert sent_elsewhere(TOPIC, TopicMark("", 0, 30), "", 40, 40) is None
+    assert "no longer exists" in str(sent_elsewhere(TOPIC, before, None, 42, 40))
+    assert "made again (topic id id-2, was id-1)" in str(
+        sent_elsewhere(TOPIC, before, "id-2", 42, 40)
+    )
+    assert "next record at offset 0, below the 40" in str(
+        sent_elsewhere(TOPIC, TopicMark("", 0, 30), "", 0, 40)
+    )
+
+
 def test_a_topic_whose_settings_no_longer_keep_every_event_is_refused_naming_the_fix() -> None:
     """atk51-25 F1/F4: the settings were read only at connect, and the fix named was to set
     them back, which leaves a compacted topic's lost records lost (a new reader stops at the
