@@ -30,7 +30,7 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, FromQuery, QueryParameter
 from litestar.response import Redirect, Stream
 
-from ledger.server import copied, encoding, pooled
+from ledger.server import connections, copied, encoding, pooled
 from ledger.server.fairlane import FairSlot
 from ledger.server.whatifs import REVIEW_S
 from projections import history
@@ -477,11 +477,14 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
         replay at a time."""
         caller = person(request)
         home = handles.ledger.home
-        with pool.admitted(caller.actor, read=True):  # the projection caught up, beside the worker
-            await caught_up()
-        found = await pool.run(
-            caller.actor, lambda con, _limits: history.listed_decisions(con, job_id, REPLAY_LAST)
-        )
+        # one of its person's reads until its decisions are found, not while its replay waits
+        # its turn of the slot (bounded on its own) or runs (atk51-29 F2)
+        with connections.apart(), pool.admitted(caller.actor, read=True):
+            await caught_up()  # the projection caught up, beside the worker
+            found = await pool.compute(
+                lambda con, _limits: history.listed_decisions(con, job_id, REPLAY_LAST)
+            )
+        pool.charge_answer(caller.actor)
 
         async def replayed() -> None:
             todo = [(p, d) for p, d in found if p not in replays]
@@ -672,10 +675,12 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
         caller = person(request)
         ask = whatifs.parse_ask(await request.body())
         limit_s = whatifs.timeout_s()
-        was, budgets, end = await copied.read(  # on the published view, never the worker
-            worker, pool, caller.actor, "the what-if's check",
-            lambda h: whatifs.may_ask(h.ledger.state, h.now(), caller, ask),
-        )  # fmt: skip
+        with connections.apart():  # one of her reads while it runs, not while the what-if does
+            was, budgets, end = await copied.read(  # on the published view, never the worker
+                worker, pool, caller.actor, "the what-if's check",
+                lambda h: whatifs.may_ask(h.ledger.state, h.now(), caller, ask),
+            )  # fmt: skip
+        pool.charge_answer(caller.actor)
 
         if ask.shares == was:  # no change: nothing to simulate, answered at once (atk50-29 F3)
             return _json(whatifs.BudgetWhatIf(account=ask.account, shares=ask.shares, was=was))
@@ -683,7 +688,9 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
         async def whole() -> tuple[Any, Any]:
             await caught_up()  # the projection caught up, beside the worker
             # a period decided by a policy this build has not: refused before the child starts
-            await pool.run(caller.actor, whatifs.policy_known(end))
+            # the what-if's own reads, in its turn of the slot (one at a time server-wide):
+            # none is one of its person's reads or of everyone's (atk51-29 F2)
+            await pool.compute(whatifs.policy_known(end))
             start = whatifs.period_start(end)
 
             def told(done: int, total: int) -> None:
@@ -699,7 +706,7 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             # what happened up to `end`, all of it projected: the log caught up again (a cycle
             # that began before `end` may have appended since)
             await caught_up()
-            return sim, await pool.run(caller.actor, whatifs.actual(start, end))
+            return sim, await pool.compute(whatifs.actual(start, end))
 
         def answer(got: tuple[Any, Any]) -> Any:
             sim, actual = got
