@@ -321,9 +321,12 @@ def _take(
     ordered = (
         sorted(releases) if until is None else sorted(releases, key=lambda x: (_when(x, until), x))
     )
-    for r in ordered:
+    for i, r in enumerate(ordered):
+        if not need:  # the rest as they are
+            kept += ordered[i:]
+            break
         ends, contract, t, g = r
-        if need and t in types and (ends if until is None else _when(r, until)) <= start:
+        if t in types and (ends if until is None else _when(r, until)) <= start:
             take = min(g, need)
             need -= take
             if g - take:
