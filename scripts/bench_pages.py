@@ -21,6 +21,11 @@ dispatcher cycle: each delays it) and their time there, from `/metrics`.
 The job page's replay of the job's decisions (`/ui/api/job/{id}/replay`, loaded after the page,
 off the worker thread) is timed once per size and shown apart: it walks the log in memory.
 
+`--executor record` serves with an executor that places (the default, `none`, places nothing,
+so no page estimates a start); `--blocked` adds held-back work to the home once (2,000 tasks
+`afterok` a pending job, 1,000 `%2`, 300 `singleton`): the queue pages that show or sort them
+estimate the whole queue's starts (atk51-29 F5).
+
     python scripts/bench_pages.py                                 # 10k, 100k, 1M events
     python scripts/bench_pages.py --sizes 10000 --pending 10000 --dir /tmp/gpuledger-pages
 """
