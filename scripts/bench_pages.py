@@ -21,6 +21,11 @@ dispatcher cycle: each delays it) and their time there, from `/metrics`.
 The job page's replay of the job's decisions (`/ui/api/job/{id}/replay`, loaded after the page,
 off the worker thread) is timed once per size and shown apart: it walks the log in memory.
 
+`--executor record` serves with an executor that places (the default, `none`, places nothing,
+so no page estimates a start); `--blocked` adds held-back work to the home once (2,000 tasks
+`afterok` a pending job, 1,000 `%2`, 300 `singleton`): the queue pages that show or sort them
+estimate the whole queue's starts (atk51-29 F5).
+
     python scripts/bench_pages.py                                 # 10k, 100k, 1M events
     python scripts/bench_pages.py --sizes 10000 --pending 10000 --dir /tmp/gpuledger-pages
 """
@@ -84,6 +89,38 @@ def add_pending(home: Path, pending: int) -> dict[str, object]:
     return info
 
 
+def add_blocked(home: Path) -> None:
+    """Held-back work beside the pending (`--blocked`, once per home; atk51-29 F5's mix): an
+    8-GPU job pending, a 2,000-task array `afterok` on it, a 1,000-task array `%2` and a
+    300-task `singleton` array."""
+    from schemas.events import Dependency
+
+    marker = home / "pages-blocked.json"
+    if marker.exists():
+        return
+    ledger = Ledger(home, live=True)
+    try:
+        members = sorted((u, p) for p, us in ledger.state.members.items() for u in us)
+        (u1, p1), (u2, p2) = members[0], members[len(members) // 2]
+        ledger.execute(c.SubmitJob(actor=u1, account=p1, gpus=8, job_name="anchor",
+                                   min_runtime_s=3_600, command=("sleep", "100")))  # fmt: skip
+        anchor = max(ledger.state.jobs)
+        after = (Dependency(kind="afterok", job_ids=(anchor,)),)
+        single = (Dependency(kind="singleton"),)
+        ledger.execute_all([
+            c.SubmitJob(actor=u1, account=p1, gpus=1, array=tuple(range(2_000)), job_name="dep",
+                        dependency=after, command=("true",)),
+            c.SubmitJob(actor=u2, account=p2, gpus=1, array=tuple(range(1_000)), array_limit=2,
+                        job_name="lim", command=("true",)),
+            c.SubmitJob(actor=u2, account=p2, gpus=1, array=tuple(range(300)), job_name="one",
+                        dependency=single, command=("true",)),
+        ])  # fmt: skip
+        ledger.snapshot_state()
+    finally:
+        ledger.close()
+    marker.write_text(json.dumps({"anchor": anchor}))
+
+
 def pages(job: int, position: int, last: int, program: str, project: str) -> dict[str, list[str]]:
     """Each page's endpoints as its script asks them (`last`: the queue's last page's offset;
     the budget review of the programs, of `program` and of `project`'s people)."""
@@ -94,6 +131,7 @@ def pages(job: int, position: int, last: int, program: str, project: str) -> dic
         "queue (last page)": ["/v1/whoami", f"/ui/api/queue?state=queued&offset={last}"],
         "queue (by user, descending)": ["/v1/whoami", "/ui/api/queue?sort=user&descending=true"],
         "queue (one reason)": ["/v1/whoami", "/ui/api/queue?reason=WAIT_RESOURCES"],
+        "queue (held back)": ["/v1/whoami", "/ui/api/queue?reason=WAIT_DEPENDENCY"],
         "preemptions (30 days)": ["/v1/whoami", "/ui/api/preemptions?account=*"],
         "preemptions (whole period)": ["/v1/whoami", "/ui/api/preemptions?account=*&window=all"],
         "finished": ["/v1/whoami", "/ui/api/finished"],
@@ -108,10 +146,14 @@ def pages(job: int, position: int, last: int, program: str, project: str) -> dic
     }
 
 
-def measure(home: Path, pending: int, repeat: int) -> dict[str, Any]:
+def measure(
+    home: Path, pending: int, repeat: int, executor: str = "none", held_back: bool = False
+) -> dict[str, Any]:
     info = add_pending(home, pending)
+    if held_back:
+        add_blocked(home)
     token = str(info["token"])
-    server = Serve(home, home.parent / f"serve-{home.name}.log")
+    server = Serve(home, home.parent / f"serve-{home.name}.log", "--executor", executor)
     try:
         deadline = time.monotonic() + 600
         while json.loads(server.call("GET", "/v1/health")[1])["cycles"] < 1:
@@ -206,16 +248,27 @@ def main() -> None:
     ap.add_argument(
         "--dir", type=Path, default=None, help="cache of the logs (default: a temp dir)"
     )
+    ap.add_argument(
+        "--executor", default="none", choices=("none", "record"),
+        help="serve's executor: with `record` the cycles place jobs and the queue pages "
+        "estimate starts (none: no start is estimated)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--blocked", action="store_true",
+        help="add held-back work once per home: 2,000 `afterok` tasks, 1,000 `%%2`, 300 "
+        "`singleton`",
+    )  # fmt: skip
     args = ap.parse_args()
     root = args.dir or Path(tempfile.mkdtemp(prefix="gpuledger-pages-"))
-    print(f"machine: {machine()}; logs in {root}", flush=True)
+    print(f"machine: {machine()}; logs in {root}; executor {args.executor}"
+          f"{', held-back work added' if args.blocked else ''}", flush=True)  # fmt: skip
     results = []
     for n in (int(x) for x in args.sizes.split(",")):
         home = root / str(n)
         t0 = time.perf_counter()
         prepare(home, ensure_log(home, n))
         print(f"{n:,} events: log ready in {time.perf_counter() - t0:.1f} s", flush=True)
-        r = measure(home, args.pending, args.repeat)
+        r = measure(home, args.pending, args.repeat, args.executor, args.blocked)
         results.append(r)
         print(f"  {r['events']:,} events, {r['pending']:,} pending, load {r['load']:.1f}")
         for name, how in r["pages"].items():

@@ -748,6 +748,20 @@ def release_after_sent(release: Callable[[], None]) -> None:
 
 
 @contextlib.contextmanager
+def apart() -> Iterator[None]:
+    """The reads admitted in the block are released when it ends, not held until the request's
+    answer is sent: for a request whose answer comes only after heavy work that waits its turn
+    (a what-if, a job page's replay: `fairlane.FairSlot`, bounded on its own). Held to the
+    answer, such a request counted as one of its person's reads and of everyone's for minutes:
+    her other tabs were refused 429 meanwhile (atk51-29 F2)."""
+    token = _HELD.set(None)
+    try:
+        yield
+    finally:
+        _HELD.reset(token)
+
+
+@contextlib.contextmanager
 def _holding() -> Iterator[Held]:
     now = Held()
     token = _HELD.set(now)

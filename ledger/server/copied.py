@@ -150,14 +150,14 @@ class CopiedHandles:
         """The shared preview at the copy's position (`ServiceHandles.live_preview`)."""
         from ledger.dispatch import registry
         from ledger.reads import preview as previews
-        from ledger.server.pages import LivePreview
+        from ledger.server.pages import KeptStarts, LivePreview
 
         def compute() -> LivePreview:
             state = self.ledger.state
             policy = registry.build(state.policy)
             live = previews.live(self.ledger, self.store(), policy, self.now(), self.foreign())
             held = previews.held_back(state, live[0], policy)
-            return LivePreview(policy.version, live, self.now(), held)
+            return LivePreview(policy.version, live, self.now(), held, KeptStarts())
 
         if not self._preview:
             got = (

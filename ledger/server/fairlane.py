@@ -214,23 +214,32 @@ class FairLane:
 @dataclass
 class FairSlot:
     """One piece of heavy work at a time server-wide (a what-if, a job page's replay), the
-    people waiting served in turn on the event loop: when one ends, the next to start is the
-    waiting person served longest ago (never: first), not whoever asks first. One person looping
-    them delays another's by the one under way at most (a manager re-asking as soon as hers
-    ended kept every other manager's what-if 429 for good, atk44-25 F2; one person's looped
-    replays queued in front of another's, F3). `per_person`: the most of one person's under
-    way or waiting (past it, 429); `max_waiting`: everyone's waiting (past it, 429)."""
+    people waiting served in turn on the event loop, by rounds: each person's first waiting
+    piece goes in the round under way, in the order they came, and each further piece of
+    theirs (or one asked while theirs holds the slot) a round after their last. One person
+    looping them delays another's by the one under way at most (a manager re-asking as soon as
+    hers ended kept every other manager's what-if 429 for good, atk44-25 F2; one person's looped
+    replays queued in front of another's, F3), and a newcomer never goes before anyone waiting
+    in an earlier round or earlier in the same one: with one piece a person (a what-if), the
+    people waiting go in the order they came, and the number before one only falls (the person
+    served longest ago went first, so a newcomer could go before someone already waiting:
+    "waiting for 1 what-if ahead of yours" became 2, atk51-29 F4). `per_person`: the most of
+    one person's under way or waiting (past it, 429); `max_waiting`: everyone's waiting (past
+    it, 429)."""
 
     what: str
     per_person: int = 1
     max_waiting: int = 16
     busy: bool = False
-    waiting: dict[str, deque[asyncio.Future[None]]] = field(default_factory=dict)
+    waiting: dict[str, deque[tuple[int, int, asyncio.Future[None]]]] = field(default_factory=dict)
+    """Each person's pieces waiting: (round, arrival, its future), in the order they go."""
     held: dict[str, int] = field(default_factory=dict)
     """Each person's under way or waiting."""
-    served: dict[str, int] = field(default_factory=dict)
-    """The turn each person last started at."""
-    turn: int = 0
+    last: dict[str, int] = field(default_factory=dict)
+    """The round of each person's latest piece under way or waiting."""
+    round: int = 0
+    """The round of the piece that last took the slot."""
+    arrived: int = 0
     holder: str | None = None
     """Whose work holds the slot, since `began` (`time.monotonic()`)."""
     began: float = 0.0
@@ -240,13 +249,13 @@ class FairSlot:
         """The slot for the block, in `person`'s turn (TooBusy past `per_person` or
         `max_waiting`)."""
         self.refuse(person)
+        mine = self.last[person] + 1 if person in self.held else self.round
         self.held[person] = self.held.get(person, 0) + 1
+        self.last[person] = max(mine, self.round)
         try:
             if self.busy:
-                await self._wait(person)
+                await self._wait(person, self.last[person])
             self.busy = True
-            self.turn += 1
-            self.served[person] = self.turn
             self.holder, self.began = person, time.monotonic()
             try:
                 yield
@@ -257,6 +266,7 @@ class FairSlot:
             self.held[person] -= 1
             if not self.held[person]:
                 del self.held[person]
+                del self.last[person]
 
     def place(self, person: str) -> tuple[int, float | None]:
         """Where `person`'s work stands: (how many go before it, the one under way counted;
@@ -266,12 +276,8 @@ class FairSlot:
             return 0, time.monotonic() - self.began
         if person not in self.waiting:
             return 0, None
-        mine = self.served.get(person, -1)
-        order = list(self.waiting)
-        ahead = sum(
-            1 for p in order
-            if (self.served.get(p, -1), order.index(p)) < (mine, order.index(person))
-        )  # fmt: skip
+        mine = self.waiting[person][0][:2]
+        ahead = sum(1 for q in self.waiting.values() for w in q if w[:2] < mine)
         return ahead + (1 if self.busy else 0), None
 
     def refuse(self, person: str) -> None:
@@ -283,9 +289,11 @@ class FairSlot:
             raise TooBusy(f"{self.max_waiting} people wait for {self.what}",
                           hint="retry in a while", retry_after=10)  # fmt: skip
 
-    async def _wait(self, person: str) -> None:
+    async def _wait(self, person: str, turn: int) -> None:
         got: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.waiting.setdefault(person, deque()).append(got)
+        self.arrived += 1
+        mine = (turn, self.arrived, got)
+        self.waiting.setdefault(person, deque()).append(mine)
         try:
             await got
         except asyncio.CancelledError:
@@ -293,21 +301,23 @@ class FairSlot:
                 self._next()  # handed the slot as it left: hand it on
             else:
                 queue = self.waiting.get(person)
-                if queue is not None and got in queue:
-                    queue.remove(got)
+                if queue is not None and mine in queue:
+                    queue.remove(mine)
                     if not queue:
                         del self.waiting[person]
             raise
 
     def _next(self) -> None:
-        """Hand the slot to the waiting person served longest ago, or free it."""
+        """Hand the slot to the piece waiting in the earliest round, the first come in it, or
+        free it."""
         while self.waiting:
-            person = min(self.waiting, key=lambda p: self.served.get(p, -1))
+            person = min(self.waiting, key=lambda p: self.waiting[p][0][:2])
             queue = self.waiting[person]
-            got = queue.popleft()
+            turn, _, got = queue.popleft()
             if not queue:
                 del self.waiting[person]
             if not got.done():
+                self.round = max(self.round, turn)
                 got.set_result(None)
                 return
         self.busy = False

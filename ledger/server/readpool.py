@@ -251,6 +251,19 @@ class ReadPool:
         finally:
             connections.release_after_sent(release)
 
+    def charge_answer(self, caller: str) -> None:
+        """The answer of the request under way charged to `caller` once sent (`sent`), for a
+        request whose reads were admitted `connections.apart` (none of them held to it)."""
+        held = connections.held()
+        if held is None:
+            return
+
+        def charge() -> None:
+            if held.sent:
+                self.sent.charge(caller, held.sent, self.clock())
+
+        connections.release_after_sent(charge)
+
     @property
     def under_way(self) -> int:
         """Reads and queries admitted whose answers are not yet sent, everyone's."""

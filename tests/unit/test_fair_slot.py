@@ -168,3 +168,45 @@ def test_a_waiting_person_is_told_how_many_go_before_them() -> None:
         assert slot.place("cy") == (0, None)
 
     asyncio.run(go())
+
+
+def test_the_number_ahead_of_a_waiting_person_never_grows() -> None:
+    """atk51-29 F4: "waiting for 1 what-if ahead of yours" became "2": a manager served longer
+    ago who came later was put ahead of her (she had been served recently). Now the people
+    waiting go in the order they came (each person's first waiting one; a person's further ones,
+    a replay's, after everyone's first: `test_replays_many_of_one_person_wait_behind_anothers_one`),
+    so a newcomer never goes before someone waiting, and her number only falls."""
+    order: list[str] = []
+
+    async def go() -> None:
+        slot = FairSlot("a what-if", per_person=1)
+        gates = {p: asyncio.Event() for p in ("ann", "bob", "cy", "dee")}
+
+        async def work(person: str) -> None:
+            async with slot.hold(person):
+                order.append(person)
+                await gates[person].wait()
+
+        first = asyncio.create_task(work("ann"))  # ann served: her turn is the latest
+        await asyncio.sleep(0)
+        gates["ann"].set()
+        await first
+        tasks = [asyncio.create_task(work("bob"))]  # bob runs
+        await asyncio.sleep(0)
+        tasks.append(asyncio.create_task(work("ann")))  # ann waits behind bob's
+        await asyncio.sleep(0)
+        seen = [slot.place("ann")[0]]
+        for p in ("cy", "dee"):  # never served: came after her
+            tasks.append(asyncio.create_task(work(p)))
+            await asyncio.sleep(0)
+            seen.append(slot.place("ann")[0])
+        for p in ("bob", "ann", "cy", "dee"):
+            gates[p].set()
+            await asyncio.sleep(0.01)
+            seen.append(slot.place("ann")[0])
+        await asyncio.gather(*tasks)
+        assert seen == [1, 1, 1, 0, 0, 0, 0], seen  # was 1, 2, 3: cy and dee put ahead of her
+        assert slot.place("dee") == (0, None)
+
+    asyncio.run(go())
+    assert order == ["ann", "bob", "ann", "cy", "dee"], order
