@@ -22,6 +22,7 @@ from ledger.dispatch.snapshot import (
     Snapshot,
     complete_ranks_kept,
 )
+from schemas.events import GpuSlot
 
 
 def _since(placed_at: float, started_at: float | None, now: float, from_start: bool) -> float:
@@ -337,6 +338,18 @@ def _jobs_walked(
     return kept_pending, kept_running
 
 
+def one_slot_per_node(slots: tuple[GpuSlot, ...]) -> tuple[GpuSlot, ...]:
+    """Pure: `slots` with each node once (its GPUs joined, nodes in first-seen order). The
+    ledger takes a placement that names a node in two slots; the dispatcher's searches count a
+    victim once per slot and would take it twice (s52: hypothesis, `KeyError` in `_preempt`)."""
+    if len(slots) < 2 or len({sl.node for sl in slots}) == len(slots):
+        return slots
+    joined: dict[str, list[int]] = {}
+    for sl in slots:
+        joined.setdefault(sl.node, []).extend(sl.gpu_indices)
+    return tuple(GpuSlot(node=n, gpu_indices=tuple(g)) for n, g in joined.items())
+
+
 def _run_view(
     job: Job,
     made: _Running,
@@ -363,7 +376,7 @@ def _run_view(
             account=spec.account,
             user=spec.user,
             gpus=spec.gpus,
-            slots=job.slots,
+            slots=one_slot_per_node(job.slots),
             placed_at=inputs[0],
             min_runtime_s=spec.min_runtime_s,
             resumable=spec.resumable,
