@@ -319,19 +319,15 @@ def _indexed(state: State, spec: e.JobSubmitted, *, add: bool) -> None:
                 del arrays[spec.array_job_id]
 
 
-def _launched_unheard(state: State, job: Job, why: str) -> bool:
+def _launched_unheard(state: State, job: Job) -> bool:
     """A `placed` job whose launch may run though no start is recorded: node agents launch
     what the ledger placed and report its start later (`up` killed -9 in between: atk51-23
-    F3), stopped by a cancel or a preemption (a `node lost`'s has its own rule:
-    `Node.placed_lost`). Decisions count it only under their rule (`CycleDecided.placed_held`),
-    so a log written before replays as it was decided."""
+    F3), stopped by a cancel, a preemption or a `node lost` (whose return says nothing of the
+    processes: atk52-23 F1; `Node.placed_lost` keeps `node remove` from forgetting it).
+    Decisions count it only under their rule (`CycleDecided.placed_held`), so a log written
+    before replays as it was decided."""
     service = state.service
-    return (
-        job.status == "placed"
-        and why != NODE_LOST
-        and service is not None
-        and service.executor == "agents"
-    )
+    return job.status == "placed" and service is not None and service.executor == "agents"
 
 
 def _stopped(state: State, job: Job, at: float, why: str) -> None:
@@ -339,7 +335,7 @@ def _stopped(state: State, job: Job, at: float, why: str) -> None:
     `_launched_unheard`): its end is awaited (`State.stopped_runs`), and runs stopped more than
     `ENDS_KEPT_S` ago are forgotten."""
     running = job.status == "running" and job.engine
-    if (running or _launched_unheard(state, job, why)) and job.slots:
+    if (running or _launched_unheard(state, job)) and job.slots:
         key = (job.job_id, job.preemptions)
         s, began = job.spec, job.started_at
         past = began is not None and s.time_limit_s is not None and at >= began + s.time_limit_s

@@ -9,7 +9,7 @@ import re
 from collections.abc import Callable
 
 from ledger.core.runs import Stamp, drained_after
-from ledger.core.state import FORGOTTEN_PREFIX, State
+from ledger.core.state import FORGOTTEN_PREFIX, NODE_LOST, State
 from schemas import commands as c
 from schemas import events as e
 from schemas.bounds import NAME_PATTERN
@@ -121,16 +121,18 @@ def _remove_node(state: State, cmd: c.RemoveNode, s: Stamp) -> list[e.AnyEvent]:
     if cmd.force:  # the machine is gone for good: its runs' ends will never come (atk51-23 F2)
         return [e.NodeRemoved(**s.kw(), node=cmd.node, reason=cmd.reason),
                 *(_forgotten(state, job, run, cmd.node, s) for job, run in stopping)]  # fmt: skip
-    runs = [f"job {job} (run {run + 1})" for job, run in stopping]
-    runs += [f"job {job} (run {run + 1}, placed when the node was lost)"
-             for job, run in node.placed_lost]  # fmt: skip
+    lost = {(sr.job_id, sr.run) for sr in state.stopped_runs.values()
+            if sr.placed and sr.why == NODE_LOST}  # fmt: skip
+    lost.update(node.placed_lost)
+    runs = [f"job {job} (run {run + 1}{', placed when the node was lost' * ((job, run) in lost)})"
+            for job, run in sorted({*stopping, *node.placed_lost})]  # fmt: skip
     if runs:  # as `scontrol delete` refuses a node with jobs (atk50b-23 F1, atk51-23 F1)
         raise InvalidTransition(
             f"node {cmd.node!r} still has runs stopping: {', '.join(runs[:10])}; their processes "
             "may hold its GPUs until its agent reports them gone",
             hint="wait for them (`gpuledger node list` shows them stopping; a run placed when "
-            "the node was lost waits for its agent to be back and report it gone, or for "
-            "`gpuledger node return`), or pass --force if the machine is gone for good "
+            "the node was lost waits for its agent to be back and report it gone), or pass "
+            "--force if the machine is gone for good "
             "(nothing then kills what may still run there)",
             node=cmd.node,
         )

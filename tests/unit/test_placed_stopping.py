@@ -14,6 +14,7 @@ for byte, and one recorded now by the new.
 from __future__ import annotations
 
 import msgspec
+import pytest
 
 from ledger.cycle.dispatcher import Dispatcher
 from ledger.cycle.executor import Orders, Start
@@ -28,6 +29,7 @@ from ledger.store.embedded import EmbeddedSource
 from schemas import commands as c
 from schemas import events as e
 from schemas import views as v
+from schemas.errors import LedgerError
 from schemas.policy import FifoConfig
 from tests.unit.test_node_lost_stopping import _decode
 from tests.unit.test_stopping_held import Engine, NoRanks, submit, tick, where
@@ -215,3 +217,34 @@ def test_audit_flags_a_placement_on_a_gpu_its_decision_says_it_held(
         events = [(r.position, _decode(r.data)) for r in source.read(0, 10_000)]
     flagged = [vi for vi in check_history(events) if vi.code == "PLACED_ON_STOPPING_GPU"]
     assert [(vi.job_id, "c-wrong" in vi.message) for vi in flagged] == [(job, True)], flagged
+
+
+def test_a_placed_run_on_a_node_lost_then_returned_holds_its_gpus_until_its_end_is_reported(
+    org_ledger: Ledger, clock: SimClock
+) -> None:
+    """atk52-23 F1: `up` killed -9 right after its agent launched a job, the node marked lost,
+    then returned. The return cleared the placed-lost run: its GPUs read free and the next job
+    was placed on them while its processes lived (and a restarted agent gave them a new grace).
+    Now the loss keeps it as a stopped run (`placed`, `node_lost`), as a cancel does: the return
+    changes nothing of it, only its agent's report ends it."""
+    _on_agents(org_ledger)
+    engine = Unheard()
+    d = Dispatcher(org_ledger, NoRanks(), Fifo(), engine)  # type: ignore[arg-type]
+    a = _placed_on_n1(org_ledger, clock, d)
+    lost_at = clock.now()
+    org_ledger.execute(c.MarkNodeLost(actor="root", node="n1", reason="dead"))
+    org_ledger.execute(c.ReturnNode(actor="root", node="n1"))
+    (sr,) = org_ledger.state.stopped_runs.values()
+    assert (sr.job_id, sr.placed, sr.why, sr.at) == (a, True, "node_lost", lost_at), sr
+    assert stopping_gpus(org_ledger.state) == {"n1": frozenset(range(8))}
+    assert stopping_gpus(org_ledger.state, placed=False) == {}  # decisions recorded before
+    big = submit(org_ledger, 8)
+    tick(clock)
+    d.cycle(clock.now())
+    assert where(org_ledger, big) == (("n2", tuple(range(8))),)  # not beside its processes
+    with pytest.raises(LedgerError):  # the loss's run may live: no remove forgets it
+        org_ledger.execute(c.RemoveNode(actor="root", node="n1"))
+    engine.gone = [a]  # its agent, back, reports its end
+    tick(clock)
+    d.cycle(clock.now())
+    assert org_ledger.state.stopped_runs == {}
