@@ -297,7 +297,10 @@ class Ledger:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise AssertionError(f"`gpuledger up` exited while waiting for {what}")
+                raise AssertionError(
+                    f"`gpuledger up` exited ({self.proc.returncode}) while waiting for {what}\n"
+                    f"{self.service_log()[-3000:]}"
+                )
             if pred():
                 return
             time.sleep(0.3)

@@ -23,6 +23,13 @@ def _job(work: Path, seconds: float) -> str:
             f"echo end $(date +%s.%N) >> {work}/runs")  # fmt: skip
 
 
+def _gated(work: Path) -> str:
+    """As `_job`, but it runs until the test makes `work/go` (at most 60 s): a short job under
+    load ended before the test's `status` calls saw it running (s52: three tests)."""
+    wait = f"for i in $(seq 300); do [ -e {work}/go ] && break; sleep 0.2; done; "
+    return _job(work, 0).replace("sleep 0; ", wait)
+
+
 def _lines(work: Path, word: str) -> list[str]:
     path = work / "runs"
     text = path.read_text() if path.exists() else ""
@@ -79,15 +86,15 @@ def test_a_job_whose_completion_is_still_on_its_way_when_its_node_goes_down_is_c
     work = ledger.work
     cl = ledger.cluster
     ledger.up()
-    # 8 s: its slurmstepd is found through the job's /proc while it lives (3 s was gone before
-    # the `status` calls saw it running in 1 run of 4-6 at load 10)
-    ledger.submit("alice", 1, _job(work, 8), "--resumable", "--min-runtime", "1h")
+    # its slurmstepd is found through the job's /proc while it lives: it ends when let
+    ledger.submit("alice", 1, _gated(work), "--resumable", "--min-runtime", "1h")
     ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
     (linked,) = ledger.of("job.engine_linked.v1", 1)
     slurm_id = linked["engine_job_id"]
     ledger.wait("its start line", lambda: bool(_lines(work, "start")))
     stepd = _slurmstepd(int(_lines(work, "start")[0].split()[2]))
     os.kill(stepd, signal.SIGSTOP)
+    (work / "go").touch()
     try:
         deadline = time.monotonic() + 30
         while not _lines(work, "end") and time.monotonic() < deadline:
@@ -117,10 +124,7 @@ def test_a_job_slurm_ends_node_fail_that_runs_on_and_completes_is_recorded_compl
     work = ledger.work
     cl = ledger.cluster
     ledger.up()
-    # it runs until the test lets it end (at most 60 s): an 8 s job under load had completed
-    # before the in-doubt check below (s52)
-    until_go = f"for i in $(seq 300); do [ -e {work}/go ] && break; sleep 0.2; done; "
-    ledger.submit("bob", 1, _job(work, 0).replace("sleep 0; ", until_go))
+    ledger.submit("bob", 1, _gated(work))  # it ends after the in-doubt check below
     ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
     (linked,) = ledger.of("job.engine_linked.v1", 1)
     os.kill(cl.daemon_pid("slurmd"), signal.SIGKILL)
@@ -307,12 +311,13 @@ def test_a_job_that_completes_as_the_ledger_requeues_it_is_completed_and_never_r
     (it was requeued, preempted and run a second time)."""
     work = ledger.work
     ledger.up()
-    ledger.submit("alice", 1, _job(work, 2), "--resumable", "--min-runtime", "1h")
+    ledger.submit("alice", 1, _gated(work), "--resumable", "--min-runtime", "1h")
     ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
     ledger.wait("its start line", lambda: bool(_lines(work, "start")))
     stepd = _slurmstepd(int(_lines(work, "start")[0].split()[2]))
     record = ledger.home / "jobs" / "checkpoints" / "1.0" / "ended"
     os.kill(stepd, signal.SIGSTOP)
+    (work / "go").touch()
     try:
         ledger.wait("its own end record", record.exists)
         assert record.read_text().split()[::2] == ["0", "0"]  # exit 0, no signal first
