@@ -114,9 +114,11 @@ class Outbox:
     samples: list[a.PartSample] = field(default_factory=list)
     checkpoints: list[a.PartCheckpoint] = field(default_factory=list)
     stopped: list[a.PartStopped] = field(default_factory=list)
+    reaping: list[a.PartReaping] = field(default_factory=list)
 
     def empty(self) -> bool:
-        return not (self.started or self.exited or self.samples or self.checkpoints or self.stopped)
+        return not (self.started or self.exited or self.samples or self.checkpoints or self.stopped
+                    or self.reaping)  # fmt: skip
 
     def report(self, node: str, version: str, running: tuple[a.PartRun, ...]) -> a.Report:
         return a.Report(
@@ -126,6 +128,7 @@ class Outbox:
             samples=tuple(self.samples),
             checkpoints=tuple(self.checkpoints),
             stopped=tuple(self.stopped),
+            reaping=tuple(self.reaping),
             version=version,
             running=running,
         )
@@ -139,6 +142,7 @@ class Outbox:
             samples=self.samples + later.samples,
             checkpoints=self.checkpoints + later.checkpoints,
             stopped=self.stopped + later.stopped,
+            reaping=self.reaping + later.reaping,
         )
 
 
@@ -485,6 +489,11 @@ class NodeAgent:
                     killed=ex.engine_state == "KILLED",
                 )
             )
+        for rp in seen.reaping:
+            self.outbox.reaping.append(
+                a.PartReaping(job_id=rp.job_id, run=rp.run, leader_ended_at=rp.leader_ended_at,
+                              left=rp.left, kill_at=rp.kill_at)
+            )  # fmt: skip
         for ex in seen.exits:
             run = _run_of(ex.engine_job_id)
             self.finished.add((ex.job_id, run))

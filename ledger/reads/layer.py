@@ -153,7 +153,10 @@ def stopping_on(state: State, now: float) -> dict[str, list[int]]:
         for j in held:
             job = state.jobs.get(j)
             limit = None if job is None else job.spec.time_limit_s
-            if job is not None and past_limit(job.status, job.started_at, limit, now):
+            if job is not None and (
+                past_limit(job.status, job.started_at, limit, now)
+                or (job.status == "running" and job.reaping_kill_at is not None)  # F4
+            ):
                 out.setdefault(node, set()).add(j)
     for sr in state.stopped_runs.values():
         for sl in sr.slots:
@@ -289,7 +292,8 @@ def _job_rows(
     read from `store`); a finished job in `stopped` (its record ended while its stopped run
     lives out its grace: job -> its SIGKILL, `stopping.stopping_kills`) `stopping` with that
     SIGKILL, its end not known yet (None), its elapsed time to `now`, as squeue's `CG`, where
-    it showed `finished` at the cancel; its end is its run's real end once recorded."""
+    it showed `finished` at the cancel; its end is its run's real end once recorded. A running
+    job in `stopped` (its command exited leaving processes) is `stopping` with that SIGKILL."""
     from ledger.reads.stopping import past_limit, shown
 
     ending = [r[0] for r in rows if past_limit(r[6], r[17], r[14], now)]
@@ -313,7 +317,7 @@ def _job_rows(
         note = finish_note if status == "finished" else ""
         ended: float | None = finished_at
         kill_at: float | None
-        if stopped and status == "finished" and job_id in stopped:
+        if stopped and status in ("finished", "running") and job_id in stopped:
             status, kill_at, ended, end = "stopping", stopped[job_id], None, now
         else:
             status, kill_at = shown(status, started_at, time_limit_s, grace.get(job_id), now,
