@@ -146,6 +146,13 @@ class Outbox:
         )
 
 
+def refuses_reaping(err: LedgerError, out: Outbox) -> bool:
+    """Pure: a server refused a report of `out` for its `reaping` parts, a field it does not
+    know (older than it): the rest is sent again without them, or nothing would ever be taken
+    again (exits included)."""
+    return bool(out.reaping) and "reaping" in err.line()
+
+
 def _run_of(engine_job_id: str) -> int:
     """Pure: the ledger's run of a supervised run named `<job>.<launch>`."""
     return int(engine_job_id.rsplit(".", 1)[1]) - 1
@@ -200,6 +207,8 @@ class NodeAgent:
         self.report_wake = threading.Event()
         self._out_lock = threading.Lock()
         self._rejoin = False
+        self._no_reaping = False
+        """The server refused a report for its `reaping` (older than it): none sent again."""
         self._kept_lost = False
         """The server answered our registration with the node still lost (an admin's loss):
         no joining again until an admin returns it."""
@@ -489,7 +498,7 @@ class NodeAgent:
                     killed=ex.engine_state == "KILLED",
                 )
             )
-        for rp in seen.reaping:
+        for rp in () if self._no_reaping else seen.reaping:
             self.outbox.reaping.append(
                 a.PartReaping(job_id=rp.job_id, run=rp.run, leader_ended_at=rp.leader_ended_at,
                               left=rp.left, kill_at=rp.kill_at)
@@ -541,6 +550,11 @@ class NodeAgent:
             self._error(err)
             if isinstance(err, (NotAuthenticated, NotAuthorised)):
                 log.error("the server refused this agent: %s", err.line())
+            elif refuses_reaping(err, out):  # an older server: said without them from now on
+                log.warning("the server does not take reaping reports (an older version): "
+                            "sent without them")  # fmt: skip
+                self._no_reaping = True
+                out.reaping = []
             with self._out_lock:  # kept, in order, before what came since
                 self.outbox = out.then(self.outbox)
             return False

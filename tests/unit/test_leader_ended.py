@@ -174,3 +174,19 @@ def test_an_older_server_takes_a_report_without_reaping() -> None:
     assert got.exited == report.exited and got.running == ()
     # the server of this version reads it back the same
     assert msgspec.json.decode(msgspec.json.encode(sent(report)), type=a.Report) == report
+
+
+def test_an_agent_sends_the_rest_again_without_reaping_once_an_older_server_refuses_it() -> None:
+    """An older server refuses the whole report for `reaping`: the agent keeps what it holds,
+    without reaping parts, or its exits would never be taken again."""
+    from ledger.agent.node import Outbox, refuses_reaping
+    from schemas.errors import InvalidCommand
+
+    out = Outbox()
+    out.exited.append(a.PartExited(job_id=1, run=0, exit_code=0))
+    refused = InvalidCommand("Validation failed for POST /v1/agent/report: Object contains "
+                             "unknown field `reaping`")  # fmt: skip
+    assert not refuses_reaping(refused, out)  # it sent none: another refusal
+    out.reaping.append(a.PartReaping(job_id=2, run=0, leader_ended_at=1.0, kill_at=2.0))
+    assert refuses_reaping(refused, out)
+    assert not refuses_reaping(InvalidCommand("job 1 is unknown"), out)
