@@ -164,9 +164,17 @@ def stopping_kills(state: State) -> dict[int, float]:
     """Pure: job -> its SIGKILL at the latest, for the jobs whose record ended while the run
     the ledger stopped lives out its grace (`stopped_shown`): what `jobs` shows `stopping`
     instead of `finished` at the cancel, until its end is recorded (and `finished_at` is that
-    end); and for the running jobs whose command exited leaving processes (`reaping_kill`)."""
-    out = {j: stopped_kill_at(sr, state.grace_s) for j, sr in stopped_shown(state).items()}
-    for j in state.active:  # running, its command exited leaving processes (atk49-23 F4)
+    end)."""
+    return {j: stopped_kill_at(sr, state.grace_s) for j, sr in stopped_shown(state).items()}
+
+
+def reaping_kills(state: State) -> dict[int, float]:
+    """Pure: job -> its SIGKILL at the latest, for the running jobs whose command exited
+    leaving processes (`reaping_kill`): what `jobs` shows `stopping` though its record runs
+    (atk49-23 F4). Apart from `stopping_kills`: a requeued job running again beside its
+    earlier stopped run is not stopping itself."""
+    out = {}
+    for j in state.active:
         if (job := state.jobs.get(j)) is not None and (at := reaping_kill(job, state.grace_s)):
             out[j] = at
     return out

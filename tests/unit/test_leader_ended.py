@@ -26,7 +26,7 @@ from ledger.engines.agent_runs import AgentRun, run_reaping
 from ledger.reads.estimates import estimated_starts
 from ledger.reads.explain import explain_history
 from ledger.reads.preview import _holding_rows
-from ledger.reads.stopping import stopping_kills
+from ledger.reads.stopping import reaping_kills, stopping_kills
 from ledger.reads.viewers import Viewer
 from ledger.wire.client import sent
 from schemas import agent as a
@@ -92,9 +92,10 @@ def test_a_job_whose_command_exited_reads_stopping_and_frees_its_gpus_at_its_sig
     assert rows[1].reason.startswith("its command exited at "), rows[1].reason
     assert "leaving 2 processes: SIGTERM sent, SIGKILL at " in rows[1].reason
     assert (rows[2].state, rows[2].kill_at) == ("running", None)
-    assert stopping_kills(state) == {1: 40.0}  # what `jobs` shows stopping
+    assert reaping_kills(state) == {1: 40.0}  # what `jobs` shows stopping
+    assert stopping_kills(state) == {}  # the stopped runs, apart
     # and so through a server (its reads run on a copy of what they need of the live state)
-    assert stopping_kills(Viewer("u", state).detached().state) == {1: 40.0}
+    assert reaping_kills(Viewer("u", state).detached().state) == {1: 40.0}
     # its GPUs come free at its SIGKILL plus the cycle that places on them
     assert estimated_starts(state, snap, decision, now)[3] == 42.0
     said = explain_history(state.jobs[1], history, {}, now, 30.0)
@@ -106,13 +107,13 @@ def test_a_job_whose_command_exited_reads_stopping_and_frees_its_gpus_at_its_sig
 def test_its_time_limit_cuts_the_reaping_short_and_a_new_run_forgets_it() -> None:
     state, _ = _ledger()
     _run(state, 590.0, _ended(590.0))  # SIGKILL 620; its limit's is 600 + 30
-    assert stopping_kills(state) == {1: 620.0}
+    assert reaping_kills(state) == {1: 620.0}
     other = c.ReportLeaderEnded(actor="@executor", job_id=2, leader_ended_at=591.0, kill_at=700)
     _run(state, 591.0, other)
-    assert stopping_kills(state)[2] == 630.0  # its limit (600) plus the service's grace (30)
+    assert reaping_kills(state)[2] == 630.0  # its limit (600) plus the service's grace (30)
     _run(state, 592.0, c.RequeueJob(actor="root", job_id=1))
     assert state.jobs[1].reaping_kill_at is None
-    assert 1 not in stopping_kills(state)
+    assert 1 not in reaping_kills(state)
 
 
 def test_only_the_executor_reports_it_once_for_the_running_run() -> None:
