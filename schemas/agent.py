@@ -181,6 +181,16 @@ class PartStopped(PartRun, frozen=True, kw_only=True):
     """It outlived its grace and was killed."""
 
 
+class PartReaping(PartRun, frozen=True, kw_only=True):
+    """The part's command (its leader) has exited and left processes, which its supervisor
+    SIGTERMed at `leader_ended_at` and SIGKILLs at `kill_at` at the latest; its exit
+    (`PartExited`) comes once they are gone."""
+
+    leader_ended_at: Epoch
+    left: Count = 0
+    kill_at: Epoch
+
+
 class PartSample(PartRun, frozen=True, kw_only=True):
     gpu_utilisation: Utilisation
     """% per GPU of the part, in the slot's GPU order."""
@@ -200,6 +210,9 @@ class Report(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     samples: Parts[PartSample] = ()
     checkpoints: Parts[PartCheckpoint] = ()
     stopped: Parts[PartStopped] = ()
+    reaping: Parts[PartReaping] = ()
+    """Parts whose command exited leaving processes in their grace (an agent leaves the field
+    out when it has none: an older server refuses a report with a field it does not know)."""
     version: Text = ""
     """The version of the node's list the agent had carried out when it wrote this report."""
     running: Parts[PartRun] | None = None

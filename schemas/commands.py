@@ -357,6 +357,18 @@ class ReportCheckpoint(JobCommand, frozen=True, kw_only=True, tag="job.checkpoin
     """A resumable job checkpointed (its own token, its supervisor, or its owner)."""
 
 
+class ReportLeaderEnded(JobCommand, frozen=True, kw_only=True, tag="job.leader_ended"):
+    """A running job's command (its leader, on every node of its run) has exited, leaving
+    processes its engine is reaping: SIGTERM now, SIGKILL at `kill_at` at the latest (its
+    supervisor's, atk49-23 F4). Only the executor reports it."""
+
+    run: Count = 0
+    leader_ended_at: Epoch
+    left: Count = 0
+    """How many processes its leader left behind (its part's that left the most)."""
+    kill_at: Epoch
+
+
 class IssueToken(Command, frozen=True, kw_only=True, tag="token.issue"):
     """Record a token the edge made: its id and the SHA-256 of its secret (never the secret)."""
 
@@ -413,6 +425,7 @@ AnyCommand = (
     | ConfirmRunEnded
     | SampleUtilisation
     | ReportCheckpoint
+    | ReportLeaderEnded
     | IssueToken
     | RevokeToken
     | ConfigureService

@@ -460,6 +460,18 @@ class CheckpointReported(JobEvent, frozen=True, kw_only=True, tag="job.checkpoin
     """A resumable job saved its progress: work before `at` survives a preemption."""
 
 
+class LeaderEnded(JobEvent, frozen=True, kw_only=True, tag="job.leader_ended.v1"):
+    """A running job's command has exited (on every node of run `run`) and left processes its
+    engine is reaping: SIGTERM at `leader_ended_at`, SIGKILL at `kill_at` at the latest, its
+    end recorded once they are gone (`JobFinished`). Every read shows the job `stopping` from
+    then (Slurm's CG once the batch script has exited: atk49-23 F4). No decision reads it."""
+
+    run: Count = 0
+    leader_ended_at: Epoch
+    left: Count = 0
+    kill_at: Epoch
+
+
 # --- identity -----------------------------------------------------------------------------------
 
 TokenScope = Literal["user", "node", "job"]
@@ -537,6 +549,7 @@ AnyEvent = (
     | JobKillOrdered
     | UtilisationSampled
     | CheckpointReported
+    | LeaderEnded
     | CycleDecided
     | TokenIssued
     | TokenRevoked

@@ -114,9 +114,11 @@ class Outbox:
     samples: list[a.PartSample] = field(default_factory=list)
     checkpoints: list[a.PartCheckpoint] = field(default_factory=list)
     stopped: list[a.PartStopped] = field(default_factory=list)
+    reaping: list[a.PartReaping] = field(default_factory=list)
 
     def empty(self) -> bool:
-        return not (self.started or self.exited or self.samples or self.checkpoints or self.stopped)
+        return not (self.started or self.exited or self.samples or self.checkpoints or self.stopped
+                    or self.reaping)  # fmt: skip
 
     def report(self, node: str, version: str, running: tuple[a.PartRun, ...]) -> a.Report:
         return a.Report(
@@ -126,6 +128,7 @@ class Outbox:
             samples=tuple(self.samples),
             checkpoints=tuple(self.checkpoints),
             stopped=tuple(self.stopped),
+            reaping=tuple(self.reaping),
             version=version,
             running=running,
         )
@@ -139,7 +142,15 @@ class Outbox:
             samples=self.samples + later.samples,
             checkpoints=self.checkpoints + later.checkpoints,
             stopped=self.stopped + later.stopped,
+            reaping=self.reaping + later.reaping,
         )
+
+
+def refuses_reaping(err: LedgerError, out: Outbox) -> bool:
+    """Pure: a server refused a report of `out` for its `reaping` parts, a field it does not
+    know (older than it): the rest is sent again without them, or nothing would ever be taken
+    again (exits included)."""
+    return bool(out.reaping) and "reaping" in err.line()
 
 
 def _run_of(engine_job_id: str) -> int:
@@ -196,6 +207,8 @@ class NodeAgent:
         self.report_wake = threading.Event()
         self._out_lock = threading.Lock()
         self._rejoin = False
+        self._no_reaping = False
+        """The server refused a report for its `reaping` (older than it): none sent again."""
         self._kept_lost = False
         """The server answered our registration with the node still lost (an admin's loss):
         no joining again until an admin returns it."""
@@ -485,6 +498,11 @@ class NodeAgent:
                     killed=ex.engine_state == "KILLED",
                 )
             )
+        for rp in () if self._no_reaping else seen.reaping:
+            self.outbox.reaping.append(
+                a.PartReaping(job_id=rp.job_id, run=rp.run, leader_ended_at=rp.leader_ended_at,
+                              left=rp.left, kill_at=rp.kill_at)
+            )  # fmt: skip
         for ex in seen.exits:
             run = _run_of(ex.engine_job_id)
             self.finished.add((ex.job_id, run))
@@ -532,6 +550,11 @@ class NodeAgent:
             self._error(err)
             if isinstance(err, (NotAuthenticated, NotAuthorised)):
                 log.error("the server refused this agent: %s", err.line())
+            elif refuses_reaping(err, out):  # an older server: said without them from now on
+                log.warning("the server does not take reaping reports (an older version): "
+                            "sent without them")  # fmt: skip
+                self._no_reaping = True
+                out.reaping = []
             with self._out_lock:  # kept, in order, before what came since
                 self.outbox = out.then(self.outbox)
             return False

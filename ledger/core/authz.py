@@ -38,7 +38,9 @@ from schemas import commands as c
 from schemas import events as e
 from schemas.errors import NotAuthorised
 
-_NODE_COMMANDS = (c.StartJob, c.FinishJob, c.SampleUtilisation, c.ReportCheckpoint)
+_NODE_COMMANDS = (
+    c.StartJob, c.FinishJob, c.SampleUtilisation, c.ReportCheckpoint, c.ReportLeaderEnded
+)  # fmt: skip
 
 
 def authorise(state: State, cmd: c.AnyCommand) -> None:
@@ -263,6 +265,8 @@ def _command_rule(state: State, cmd: c.AnyCommand, actor: str) -> None:
             _require_system(state, actor, "report the ends of runs")
         case c.SampleUtilisation():
             _require_system(state, actor, "report utilisation")
+        case c.ReportLeaderEnded():
+            _require_system(state, actor, "report the ends of commands")
         case c.ReportCheckpoint():
             job = state.job(cmd.job_id)
             if not (is_system(actor) or actor == job.spec.user or state.is_admin(actor)):

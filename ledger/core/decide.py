@@ -592,6 +592,18 @@ def _checkpoint(state: State, cmd: c.ReportCheckpoint, s: _Stamp) -> list[e.AnyE
     return [e.CheckpointReported(**s.kw(), job_id=cmd.job_id)]
 
 
+def _leader_ended(state: State, cmd: c.ReportLeaderEnded, s: _Stamp) -> list[e.AnyEvent]:
+    job = state.job(cmd.job_id)
+    if job.status != "running" or job.preemptions != cmd.run:
+        raise InvalidTransition(f"job {cmd.job_id} is {job.status}, not running run {cmd.run}")
+    if job.reaping_kill_at is not None:
+        raise InvalidTransition(f"job {cmd.job_id}'s command has already been reported ended")
+    return [
+        e.LeaderEnded(**s.kw(), job_id=cmd.job_id, run=cmd.run, left=cmd.left,
+                      leader_ended_at=cmd.leader_ended_at, kill_at=cmd.kill_at)
+    ]  # fmt: skip
+
+
 _HEX = re.compile(r"^[0-9a-f]+$")
 
 
@@ -677,6 +689,7 @@ _HANDLERS: dict[type, Callable[[State, c.AnyCommand, _Stamp], list[e.AnyEvent]]]
     c.ConfirmRunEnded: confirm_run_ended,  # type: ignore[dict-item]
     c.SampleUtilisation: _sample,  # type: ignore[dict-item]
     c.ReportCheckpoint: _checkpoint,  # type: ignore[dict-item]
+    c.ReportLeaderEnded: _leader_ended,  # type: ignore[dict-item]
     c.IssueToken: _issue_token,  # type: ignore[dict-item]
     c.RevokeToken: _revoke_token,  # type: ignore[dict-item]
     c.ConfigureService: _configure,  # type: ignore[dict-item]

@@ -177,6 +177,9 @@ def evolve(state: State, event: e.AnyEvent) -> State:
                 placed_at=event.at,
                 checkpoint_at=event.at,
                 service_grace_s=state.grace_s,
+                reaping_kill_at=None,
+                leader_ended_at=None,
+                reaping_left=0,
             )  # fmt: skip  (the grace its run gets: the service's now, atk49-23 F1)
         case e.JobStarted():
             job = state.jobs[event.job_id]
@@ -201,6 +204,9 @@ def evolve(state: State, event: e.AnyEvent) -> State:
                 engine_job_id="",
                 lost_at=None,
                 doubt_until=None,
+                reaping_kill_at=None,
+                leader_ended_at=None,
+                reaping_left=0,
             )
         case e.JobHeld():
             state.jobs[event.job_id] = msgspec.structs.replace(state.jobs[event.job_id], held=True)
@@ -237,6 +243,17 @@ def evolve(state: State, event: e.AnyEvent) -> State:
             held = state.jobs.get(event.job_id)
             if held is not None:  # a live state no longer holds a finished job
                 state.jobs[event.job_id] = msgspec.structs.replace(held, checkpoint_at=event.at)
+        case e.LeaderEnded():
+            ending = state.jobs.get(event.job_id)
+            if (
+                ending is not None
+                and ending.status == "running"
+                and ending.preemptions == event.run
+            ):
+                state.jobs[event.job_id] = msgspec.structs.replace(
+                    ending, reaping_kill_at=event.kill_at, leader_ended_at=event.leader_ended_at,
+                    reaping_left=event.left,
+                )  # fmt: skip
         case e.TokenIssued():
             state.tokens[event.token_id] = Token(
                 token_id=event.token_id,

@@ -84,6 +84,11 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     stop of that run gets without a grace of the job's own, whatever a later start of the
     service records (the agent keeps the grace it launched with: atk49-23 F1); None before a
     placement, or in a snapshot made before it was kept (then the service's current one)."""
+    reaping_kill_at: float | None = None
+    """Its current run's command has exited leaving processes its engine reaps (`LeaderEnded`):
+    their SIGKILL at the latest; every read shows it `stopping` (atk49-23 F4). None otherwise."""
+    leader_ended_at: float | None = None
+    reaping_left: int = 0
 
     @property
     def job_id(self) -> int:

@@ -181,6 +181,18 @@ class Exit:
 
 
 @dataclass(frozen=True)
+class Reaping:
+    """A run's command has exited (on every part) leaving processes its engine reaps: SIGKILL
+    at `kill_at` at the latest (`ReportLeaderEnded`)."""
+
+    job_id: int
+    run: int
+    leader_ended_at: float
+    left: int
+    kill_at: float
+
+
+@dataclass(frozen=True)
 class Start:
     """A run began (every part of it has started)."""
 
@@ -254,6 +266,8 @@ class Observed:
     """Jobs that really have a run in the engine now (launched, not yet reported ended)."""
     stopped: tuple[Exit, ...] = ()
     """Runs the ledger had stopped whose processes are now all gone (`JobRunEnded`)."""
+    reaping: tuple[Reaping, ...] = ()
+    """Runs whose command exited leaving processes in their grace (`ReportLeaderEnded`)."""
     unobserved: frozenset[str] = frozenset()
     """Nodes the engine cannot observe now (slurmctld does not answer, a node's slurmd does
     not respond): the dispatcher decides nothing that depends on them (no placement on them, no

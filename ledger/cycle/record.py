@@ -8,7 +8,8 @@ restart and a stopping service all record here, in this order:
    with its jobs is recorded before their exits, so a run that ended with its node is requeued
    (resumable) rather than failed;
 2. starts, in one batch (a run that began and ended since the last look started first);
-3. checkpoints and utilisation samples, in one batch (each on its own if the batch fails);
+3. checkpoints and utilisation samples, in one batch (each on its own if the batch fails), then
+   the runs whose command exited leaving processes to reap (`ReportLeaderEnded`);
 4. exits, one command each.
 
 Each step reads the ledger as the steps before it left it: what the ledger has moved past (a
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import msgspec
 
 from ledger.core.runs import settle_commands
-from ledger.cycle.executor import Exit, NodeChange, Observed, Sample, Start
+from ledger.cycle.executor import Exit, NodeChange, Observed, Reaping, Sample, Start
 from schemas import commands as c
 from schemas.errors import InvalidTransition, LedgerError, UnknownEntity
 
@@ -132,6 +133,17 @@ def progress_commands(
     return out
 
 
+def reaping_commands(reaping: Sequence[Reaping], jobs: Mapping[int, Job]) -> list[c.AnyCommand]:
+    """Pure: the reaping of running jobs' current runs (`ReportLeaderEnded`, atk49-23 F4)."""
+    return [
+        c.ReportLeaderEnded(actor=EXECUTOR, job_id=rp.job_id, run=rp.run, left=rp.left,
+                            leader_ended_at=rp.leader_ended_at, kill_at=rp.kill_at)
+        for rp in reaping
+        if (job := jobs.get(rp.job_id)) is not None and job.status == "running"
+        and job.preemptions == rp.run
+    ]  # fmt: skip
+
+
 def exit_command(ex: Exit, jobs: Mapping[int, Job], engine: str) -> c.FinishJob | None:
     """Pure: `FinishJob` for the exit of a job the ledger still runs (with the engine's word when
     the engine is named); None when the ledger has moved past it."""
@@ -217,6 +229,7 @@ def record(ledger: Recorder, seen: Observed, engine: str, now: float | None = No
     starts = start_commands(seen.starts, ledger.state.jobs, engine)
     _record_starts(ledger, starts)
     _record_batch(ledger, progress_commands(seen.checkpoints, seen.samples, ledger.state.jobs))
+    _record_batch(ledger, reaping_commands(seen.reaping, ledger.state.jobs))
     finished = 0
     for ex in seen.exits:
         cmd = exit_command(ex, ledger.state.jobs, engine)

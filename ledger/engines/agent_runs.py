@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ledger.cycle.executor import Exit, Launch, Sample, Start
+from ledger.cycle.executor import Exit, Launch, Reaping, Sample, Start
 from schemas import agent as a
 from schemas.events import GpuSlot, RunPart
 
@@ -31,6 +31,8 @@ class AgentRun:
     start_reported: bool = False
     exit_reported: bool = False
     grace_s: float = 30.0
+    reaping: dict[str, a.PartReaping] = field(default_factory=dict)
+    reaping_reported: bool = False
 
     @property
     def name(self) -> str:
@@ -45,6 +47,19 @@ class AgentRun:
         out = Sample(self.job_id, tuple(v for n in self.nodes for v in self.samples[n]))
         self.samples.clear()
         return out
+
+
+def run_reaping(r: AgentRun) -> Reaping | None:
+    """Every part's command has exited (some leaving processes their supervisors reap): the
+    run's reaping, once (its latest SIGKILL); None until then."""
+    if r.reaping_reported or r.exit_reported or not r.start_reported or not r.reaping:
+        return None
+    if any(n not in r.reaping and n not in r.exits for n in r.nodes):
+        return None
+    r.reaping_reported = True
+    said = r.reaping.values()
+    return Reaping(r.job_id, r.run, max(x.leader_ended_at for x in said),
+                   max(x.left for x in said), max(x.kill_at for x in said))  # fmt: skip
 
 
 def part_for(job: Launch, grace: float, master_addr: str, token: str) -> a.Part:

@@ -39,13 +39,14 @@ from ledger.cycle.executor import (
     NodeChange,
     Observed,
     Orders,
+    Reaping,
     Sample,
     Start,
     launch_of,
     output_files,
 )
 from ledger.engines.agent_nodes import refuse_while_held, registered_node, silent_nodes
-from ledger.engines.agent_runs import AgentRun, part_for, run_ended, run_started
+from ledger.engines.agent_runs import AgentRun, part_for, run_ended, run_reaping, run_started
 from ledger.engines.board import Board, kills_by_node
 from ledger.engines.fence import ANY_RUN, Fence, reboot_honoured
 from ledger.store.clock import new_token_secret
@@ -136,6 +137,7 @@ class AgentExecutor:
         self._starts: list[Start] = []
         self._exits: list[Exit] = []
         self._checkpoints: list[int] = []
+        self._reaping: list[Reaping] = []
         self._samples: list[Sample] = []
         self._returns: list[str] = []
         """Lost nodes whose agent registered again, not yet observed."""
@@ -173,8 +175,9 @@ class AgentExecutor:
             running=frozenset(self._runs) | frozenset(self._held),
             stopped=tuple(self._stopped),
             stopping=self.fence.holding(now),
+            reaping=tuple(self._reaping),
         )
-        self._returns, self._starts, self._exits = [], [], []
+        self._returns, self._starts, self._exits, self._reaping = [], [], [], []
         self._checkpoints, self._samples, self._stopped = [], [], []
         self._completed = set()
         return out
@@ -467,6 +470,12 @@ class AgentExecutor:
             r = self._run_of(cp.job_id, cp.run, rep.node)
             if r is not None and r.job_id not in self._checkpoints:
                 self._checkpoints.append(r.job_id)
+        for rp in rep.reaping:
+            r = self._run_of(rp.job_id, rp.run, rep.node)
+            if r is not None:
+                r.reaping[rep.node] = rp
+                if (said := run_reaping(r)) is not None:
+                    self._reaping.append(said)
         for st in rep.stopped:
             name = f"{st.job_id}.{st.run + 1}"
             state = "KILLED" if st.killed else "STOPPED"
@@ -475,8 +484,9 @@ class AgentExecutor:
         if rep.running is not None:
             self._heard_running(rep.node, rep.version, rep.running, now)
         return bool(
-            rep.started or rep.exited or rep.samples or rep.checkpoints or rep.stopped or draining
-        )
+            rep.started or rep.exited or rep.samples or rep.checkpoints or rep.stopped
+            or rep.reaping or draining
+        )  # fmt: skip
 
     def recorded_ends(self, rep: a.Report, now: float) -> tuple[bool, a.Report]:
         """The ends a node's run directories recorded (a supervisor's `exit` file: every end
@@ -659,7 +669,14 @@ class AgentExecutor:
         late word about a run placed before a restart is never foreign)."""
         named = {
             p.job_id
-            for items in (rep.started, rep.exited, rep.samples, rep.checkpoints, rep.stopped)
+            for items in (
+                rep.started,
+                rep.exited,
+                rep.samples,
+                rep.checkpoints,
+                rep.stopped,
+                rep.reaping,
+            )
             for p in items
         }
         out = []

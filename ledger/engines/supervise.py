@@ -32,6 +32,8 @@ record says how many were left and whether they had to be killed. Files it write
                         when the leader wrote it)
     RUNDIR/exit         the part's end, JSON: code, ended_at, leader_ended_at, left, killed,
                         launch_failed (an older supervisor wrote the bare exit code)
+    RUNDIR/reaping      the leader ended leaving processes, JSON: leader_ended_at, left, kill_at
+                        (their SIGKILL at the latest), written before their SIGTERM
     RUNDIR/launch.log   what the supervisor said of a launch that failed (or the leader, with
                         no output file of the user's)
     RUNDIR/watchdog     "PID START" of the part's lease watchdog (`start_watchdog`)
@@ -52,6 +54,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any, NamedTuple
@@ -69,6 +72,8 @@ FENCED_MARK = "fenced"
 """`RUNDIR/fenced`: left by whichever fence (the supervisor's or the watchdog's) signals the
 tree first, before it signals: the exit then says `fenced` whatever the job's exit code (a job
 that exits 0 on SIGTERM, as the signal contract asks, is never taken for a completion)."""
+REAPING = "reaping"
+"""`RUNDIR/reaping` (module doc)."""
 SHELL = "/bin/sh"
 WRAPPER = r"""wd=$1 job_mask=$2
 shift 2
@@ -238,7 +243,9 @@ def run(rundir: Path) -> int:
     returncode, fenced = wait_leader(job, tree, lease, grace_s, rundir / FENCED_MARK)
     code = code_of(returncode)
     leader_ended = time.time()  # the supervisor's own clock, never the job's word (module doc)
-    left, killed = end_of_tree(tree, grace_s)
+    left, killed = end_of_tree(
+        tree, grace_s, lambda n: _write_reaping(rundir, leader_ended, n, leader_ended + grace_s)
+    )
     record = read_record(rundir) or Record()
     _write_exit(
         rundir,
@@ -376,12 +383,17 @@ def watch_lease(tree: Tree, lease: str, grace_s: float, mark: Path | None = None
         time.sleep(FENCE_CHECK_S)
 
 
-def end_of_tree(tree: Tree, grace_s: float) -> tuple[int, bool]:
+def end_of_tree(
+    tree: Tree, grace_s: float, said: Callable[[int], None] | None = None
+) -> tuple[int, bool]:
     """The leader has ended: (processes it left, whether they had to be killed). They get
-    SIGTERM now and SIGKILL after the grace; returns once the tree is empty."""
+    SIGTERM now and SIGKILL after the grace; returns once the tree is empty. `said` is told
+    how many were left before the SIGTERM (`RUNDIR/reaping`)."""
     left = len(tree.pids())
     if not left:
         return 0, False
+    if said is not None:
+        said(left)
     tree.signal(signal.SIGTERM)
     if wait_empty(tree, grace_s):
         return left, False
@@ -389,6 +401,23 @@ def end_of_tree(tree: Tree, grace_s: float) -> tuple[int, bool]:
         tree.kill()
         wait_empty(tree, 1.0)
     return left, True
+
+
+def _write_reaping(rundir: Path, leader_ended_at: float, left: int, kill_at: float) -> None:
+    """`RUNDIR/reaping`: the leader ended at `leader_ended_at` leaving `left` processes, which
+    get SIGKILL at `kill_at` at the latest (its agent reports the job stopping: atk49-23 F4)."""
+    said = {"leader_ended_at": leader_ended_at, "left": left, "kill_at": kill_at}
+    with contextlib.suppress(OSError):
+        write_atomic(rundir / REAPING, json.dumps(said).encode() + b"\n")
+
+
+def read_reaping(rundir: Path) -> tuple[float, int, float] | None:
+    """`RUNDIR/reaping` as (leader_ended_at, left, kill_at), if the supervisor wrote it."""
+    try:
+        said = json.loads((rundir / REAPING).read_bytes())
+        return float(said["leader_ended_at"]), int(said["left"]), float(said["kill_at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def _write_exit(rundir: Path, code: int, ended_at: float, **more: Any) -> None:

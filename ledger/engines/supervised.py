@@ -42,7 +42,7 @@ from typing import IO, TYPE_CHECKING
 
 import msgspec
 
-from ledger.cycle.executor import Exit, Launch, Observed, Orders, Sample, Start
+from ledger.cycle.executor import Exit, Launch, Observed, Orders, Reaping, Sample, Start
 from ledger.engines.accounts import RunAs, account_for, own_log, private_dirs
 from ledger.engines.env import Account, job_env
 from ledger.engines.found import SCOPE_VAR, find_live
@@ -74,7 +74,7 @@ from ledger.engines.runs import (
     run_name,
     stopping_gpus,
 )
-from ledger.engines.supervise import CANNOT_START, Forked
+from ledger.engines.supervise import CANNOT_START, Forked, read_reaping
 from ledger.engines.tree import Containment, Tree
 from schemas.bounds import job_grace
 from schemas.errors import InvalidCommand
@@ -141,6 +141,8 @@ class SupervisedExecutor:
         self._pending: dict[int, Launch] = {}
         self._exits: list[Exit] = []
         self._stopped: list[Exit] = []
+        self._reaped: set[tuple[int, int]] = set()
+        """Runs (job, launch) whose reaping `observe` has told (once each)."""
         self._starts: list[Start] = []
         state_dir.mkdir(parents=True, exist_ok=True)
         self._lock = self._take_lock()
@@ -235,6 +237,7 @@ class SupervisedExecutor:
         starts += self._take_starts()
         stopped, self._stopped = self._stopped, []
         return Observed(
+            reaping=self._reaping(),
             starts=tuple(starts),
             checkpoints=tuple(checkpoints),
             samples=tuple(samples),
@@ -333,6 +336,25 @@ class SupervisedExecutor:
             self._save()
         exits, self._exits = self._exits, []
         return sorted(exits, key=lambda x: x.job_id)
+
+    def _reaping(self) -> tuple[Reaping, ...]:
+        """Runs (not stopped: their stop is the ledger's word) whose every part's leader ended,
+        some leaving processes its supervisor reaps (`RUNDIR/reaping`), once each."""
+        out = []
+        self._reaped &= {(h.job_id, h.launch) for h in self.jobs.values()}
+        for h in self.jobs.values():
+            if (h.stop_reason is not None or not h.start_reported or h.done
+                    or (h.job_id, h.launch) in self._reaped):  # fmt: skip
+                continue
+            said = [None if p.exit_code is not None else read_reaping(Path(p.rundir))
+                    for p in h.parts]  # fmt: skip
+            if any(x is None and p.exit_code is None for x, p in zip(said, h.parts, strict=True)):
+                continue
+            got = [x for x in said if x is not None]
+            self._reaped.add((h.job_id, h.launch))
+            out.append(Reaping(h.job_id, h.launch - 1, max(x[0] for x in got),
+                               max(x[1] for x in got), max(x[2] for x in got)))  # fmt: skip
+        return tuple(out)
 
     def _take_starts(self) -> list[Start]:
         """Jobs every part of which has started since the last call."""

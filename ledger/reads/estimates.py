@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from ledger.reads.stopping import reaping_kill
 from schemas.bounds import job_grace
 
 if TYPE_CHECKING:
@@ -113,6 +114,10 @@ def estimated_starts(
             # cycle, as a stopped run's (`stopping_releases`); it ended "now", a release no
             # start is found at, so the next job was carried to another's limit (atk49-23 F5)
             ends = max(now, ends + job.grace(state.grace_s)) + step
+        if job is not None and (reaped := reaping_kill(job, state.grace_s)) is not None:
+            # its command exited leaving processes: free at their SIGKILL at the latest plus a
+            # cycle, not at its time limit (atk49-23 F4)
+            ends = min(ends, max(now, reaped) + step)
         ends = max(now, ends)
         # preempted once its contract (from its real start) ends, its GPUs come free when its
         # processes have had their grace (atk33 F6)

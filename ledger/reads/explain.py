@@ -12,7 +12,16 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from ledger.core.state import FORGOTTEN_PREFIX
-from ledger.reads.stopping import STOPPING, kill_words, limit_kill_at, past_limit, stopping_note
+from ledger.reads.stopping import (
+    STOPPING,
+    holding_reason,
+    is_stopping,
+    kill_words,
+    limit_kill_at,
+    past_limit,
+    reaping_kill,
+    stopping_note,
+)
 from schemas import events as e
 from schemas.units import key_text, plural, span, times_in, when
 
@@ -294,7 +303,7 @@ def explain_history(
     ended = next((ev for ev in reversed(history) if isinstance(ev, e.JobFinished)), None)
     if job.status == "finished" and ended is not None:
         status = f"finished ({ended.reason.replace('_', ' ')})"
-    elif past_limit(job.status, job.started_at, job.spec.time_limit_s, now):
+    elif is_stopping(job, now):
         status = STOPPING  # as every read shows it (`ledger.reads.stopping`)
     else:
         status = str(job.outcome if job.status == "finished" else job.status)
@@ -338,6 +347,10 @@ def explain_history(
                 out.append(f"{when(start)} started{_recorded(ev.started_at, ev.at)}.{logs}")
             case e.CheckpointReported():
                 out.append(f"{when(ev.at)} reported a checkpoint.")
+            case e.LeaderEnded():
+                out.append(f"{when(ev.leader_ended_at)} its command exited, leaving "
+                           f"{ev.left} process(es) of its run {ev.run + 1}: SIGTERM sent, "
+                           f"SIGKILL at {when(ev.kill_at)} at the latest.")  # fmt: skip
             case e.JobPreempted():
                 # the note describes this job (e.g. "unfunded"): keep it next to the reason, so
                 # it never reads as describing the job it made room for
@@ -388,6 +401,10 @@ def limit_line(job: Job, now: float, default_grace_s: float) -> list[str]:
     after its grace, at most `MAX_GRACE_S`): said, not shown as plain running (atk46-23 F7).
     Its SIGKILL is `stopping.limit_kill_at`, as `jobs` and `queue` show it."""
     limit, start = job.spec.time_limit_s, job.started_at
+    reaped = reaping_kill(job, default_grace_s)
+    if reaped is not None:  # its command exited leaving processes (atk49-23 F4)
+        return [f"It is stopping: {holding_reason(job, reaped, now)}; its GPUs are held until "
+                "its processes are gone."]  # fmt: skip
     if not past_limit(job.status, start, limit, now) or limit is None or start is None:
         return []
     kill = limit_kill_at(start, limit, job.spec.grace_s, job.service_grace(default_grace_s))

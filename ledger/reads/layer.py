@@ -153,7 +153,10 @@ def stopping_on(state: State, now: float) -> dict[str, list[int]]:
         for j in held:
             job = state.jobs.get(j)
             limit = None if job is None else job.spec.time_limit_s
-            if job is not None and past_limit(job.status, job.started_at, limit, now):
+            if job is not None and (
+                past_limit(job.status, job.started_at, limit, now)
+                or (job.status == "running" and job.reaping_kill_at is not None)  # F4
+            ):
                 out.setdefault(node, set()).add(j)
     for sr in state.stopped_runs.values():
         for sl in sr.slots:
@@ -175,6 +178,7 @@ def jobs(
 
     With `f.at` before the log's last event, the jobs as they were then (`jobs_as_of`): those
     submitted later do not exist, the others are as their events up to then made them."""
+    from ledger.reads.stopping import reaping_kills
     from projections.history import jobs_page, known_account, position_at
 
     known_account(store.con, f.account)
@@ -185,7 +189,8 @@ def jobs(
             rows = jobs_as_of(store, f, position, below)
             return _seen(_job_rows(rows, f.at, store), viewer)
     rows = jobs_page(store.con, f, below=below)
-    return _seen(_job_rows(rows, now, store, _stopping(viewer)), viewer)
+    reaping = {} if viewer is None else reaping_kills(viewer.state)
+    return _seen(_job_rows(rows, now, store, _stopping(viewer), reaping), viewer)
 
 
 def _stopping(viewer: Viewer | None) -> dict[int, float]:
@@ -283,13 +288,16 @@ def _job_rows(
     now: float,
     store: Store | None = None,
     stopped: Mapping[int, float] | None = None,
+    reaping: Mapping[int, float] | None = None,
 ) -> list[v.JobRow]:
     """The rows as `jobs` shows them at `now`: a running job past its limit `stopping`, with
     its SIGKILL at the latest (`ledger.reads.stopping`, its own grace, else the service's,
     read from `store`); a finished job in `stopped` (its record ended while its stopped run
     lives out its grace: job -> its SIGKILL, `stopping.stopping_kills`) `stopping` with that
     SIGKILL, its end not known yet (None), its elapsed time to `now`, as squeue's `CG`, where
-    it showed `finished` at the cancel; its end is its run's real end once recorded."""
+    it showed `finished` at the cancel; its end is its run's real end once recorded. A running
+    job in `reaping` (its command exited leaving processes: `stopping.reaping_kills`) is
+    `stopping` with that SIGKILL."""
     from ledger.reads.stopping import past_limit, shown
 
     ending = [r[0] for r in rows if past_limit(r[6], r[17], r[14], now)]
@@ -315,6 +323,8 @@ def _job_rows(
         kill_at: float | None
         if stopped and status == "finished" and job_id in stopped:
             status, kill_at, ended, end = "stopping", stopped[job_id], None, now
+        elif reaping and status == "running" and job_id in reaping:  # atk49-23 F4
+            status, kill_at = "stopping", reaping[job_id]
         else:
             status, kill_at = shown(status, started_at, time_limit_s, grace.get(job_id), now,
                                     service.get(job_id, DEFAULT_GRACE_S))  # fmt: skip

@@ -27,7 +27,7 @@ from ledger.reads.explain import (
 )
 from ledger.reads.keyparts import key_parts as key_parts
 from ledger.reads.layer import Viewer, redact_event, utilisation
-from ledger.reads.stopping import kill_words, past_limit, stopping_note
+from ledger.reads.stopping import is_stopping, kill_words, past_limit, stopping_note
 from schemas import events as e
 from schemas import views as v
 from schemas.errors import InvalidCommand, UnknownEntity
@@ -437,7 +437,7 @@ def _holding_rows(state: State, f: v.QueueFilter, now: float, limit: int) -> lis
     past its time limit, or one whose record ended (cancelled, preempted) while the run the
     ledger stopped has not been reported gone by its engine, is `stopping` with its SIGKILL at
     the latest, as squeue's `CG` (`ledger.reads.stopping`)."""
-    from ledger.reads.stopping import shown, stopped_shown
+    from ledger.reads.stopping import holding_reason, shown, stopped_shown
 
     gone = stopped_shown(state)
     live = {j: job for j, job in state.jobs.items() if job.status in ("placed", "running")}
@@ -459,11 +459,9 @@ def _holding_rows(state: State, f: v.QueueFilter, now: float, limit: int) -> lis
         limit_s = s.time_limit_s
         left = None if ran is None or limit_s is None else max(0.0, limit_s - ran)
         grace = job.service_grace(state.grace_s)  # its placement's (atk49-23 F1)
-        word, kill_at = shown(job.status, job.started_at, limit_s, s.grace_s, now, grace)
-        reason = ""
-        if kill_at is not None and limit_s is not None and job.started_at is not None:
-            reason = (f"reached its time limit at {when(job.started_at + limit_s)}: SIGTERM "
-                      f"sent, {kill_words(kill_at, now)}")  # fmt: skip
+        word, kill_at = shown(job.status, job.started_at, limit_s, s.grace_s, now, grace,
+                              job.reaping_kill_at)  # fmt: skip
+        reason = holding_reason(job, kill_at, now)  # its limit, or its command's exit (F4)
         rows.append(
             v.QueueRow(
                 order=None, job_id=s.job_id, account=s.account, user=s.user, gpus=s.gpus,
@@ -571,7 +569,7 @@ def _history(store: Store, job_id: int) -> list[e.AnyEvent]:
 
 _JOB_EVENTS = (
     e.JobSubmitted, e.JobPlaced, e.JobStarted, e.JobPreempted, e.JobHeld, e.JobReleased,
-    e.JobRequeued, e.JobFinished, e.CheckpointReported,
+    e.JobRequeued, e.JobFinished, e.CheckpointReported, e.LeaderEnded,
 )  # fmt: skip
 
 
@@ -658,7 +656,7 @@ def explain_now(
     is not pending needs no state (`ledger` None)."""
     held = job.held
     status: v.JobStatusWord = "held" if held and job.status == "pending" else job.status
-    if past_limit(job.status, job.started_at, job.spec.time_limit_s, now):
+    if is_stopping(job, now):
         status = "stopping"  # as every read shows it (`ledger.reads.stopping`)
     if job.status != "pending" or ledger is None:
         return Now(status)
@@ -792,6 +790,7 @@ def _history_texts(history: Sequence[e.AnyEvent], told: list[str]) -> list[tuple
     tellable = (
         e.JobSubmitted, e.JobPlaced, e.JobStarted, e.CheckpointReported, e.JobPreempted,
         e.JobRequeued, e.JobHeld, e.JobReleased, e.JobFinished, e.JobRunEnded, e.JobKillOrdered,
+        e.LeaderEnded,
     )  # fmt: skip
     shown = [ev for ev in history if isinstance(ev, tellable)]
     return list(zip(shown, told[1 : 1 + len(shown)], strict=False))

@@ -7,6 +7,10 @@ gone:
 - a running job past its time limit (`past_limit`): SIGTERM at the limit, SIGKILL at the
   limit plus its grace at the latest (`limit_kill_at`). Its ledger status stays `running`
   until its end is recorded; every read shows `stopping`, with `kill_at`;
+- a running job whose command (its leader) has exited leaving processes its engine reaps
+  (`Job.reaping_kill_at`, from `LeaderEnded`: atk49-23 F4): SIGTERM when the command ended,
+  SIGKILL at the reaping's `kill_at` at the latest (its time limit's when earlier); its status
+  stays `running` until its end is recorded (Slurm shows such a job `CG`);
 - a run the ledger stopped (a cancel, a preemption, a requeue: `State.stopped_runs`) whose end
   its engine has not reported: the job's record is already its outcome (`cancelled`), and the
   reads (`queue --state running`, `node list`, `jobs` with that outcome: `stopping_kills`)
@@ -29,7 +33,7 @@ from schemas.bounds import DEFAULT_GRACE_S as DEFAULT_GRACE_S
 from schemas.bounds import job_grace
 
 if TYPE_CHECKING:
-    from ledger.core.state import State, StoppedRun
+    from ledger.core.state import Job, State, StoppedRun
     from ledger.dispatch.engine import Unplaceable
     from ledger.dispatch.snapshot import PendingJob, Snapshot
 
@@ -69,12 +73,55 @@ def shown(
     grace_s: float | None,
     now: float,
     default_s: float,
+    reaping_kill_at: float | None = None,
 ) -> tuple[W | Literal["stopping"], float | None]:
     """Pure: the status a read shows for a job of ledger status `status`, and when it is
-    SIGKILLed at the latest (None unless stopping; `default_s`: the service's grace)."""
+    SIGKILLed at the latest (None unless stopping; `default_s`: the service's grace;
+    `reaping_kill_at`: `Job.reaping_kill_at`, its command exited leaving processes)."""
+    if status == "running" and reaping_kill_at is not None:
+        limit = limit_kill_at(started_at, time_limit_s, grace_s, default_s)
+        return "stopping", reaping_kill_at if limit is None else min(limit, reaping_kill_at)
     if past_limit(status, started_at, time_limit_s, now):
         return "stopping", limit_kill_at(started_at, time_limit_s, grace_s, default_s)
     return status, None
+
+
+def reaping_kill(job: Job, default_s: float) -> float | None:
+    """Pure: a running job whose command exited leaving processes its engine reaps
+    (`LeaderEnded`, atk49-23 F4): their SIGKILL at the latest (their reaping's, or its time
+    limit's when that comes first); None for any other job."""
+    if job.status != "running" or job.reaping_kill_at is None:
+        return None
+    s = job.spec
+    return shown("running", job.started_at, s.time_limit_s, s.grace_s, 0.0,
+                 job.service_grace(default_s), job.reaping_kill_at)[1]  # fmt: skip
+
+
+def is_stopping(job: Job, now: float) -> bool:
+    """Pure: whether a job the ledger holds running is `stopping` at `now` (past its time
+    limit, or its command exited leaving processes to reap)."""
+    return job.status == "running" and (
+        job.reaping_kill_at is not None
+        or past_limit(job.status, job.started_at, job.spec.time_limit_s, now)
+    )
+
+
+def holding_reason(job: Job, kill_at: float | None, now: float) -> str:
+    """Pure: why a running job is `stopping` ("" when it is not): its command exited leaving
+    processes, or it reached its time limit; SIGTERM sent, SIGKILL by `kill_at`."""
+    from schemas.units import when
+
+    if kill_at is None or job.started_at is None:
+        return ""
+    if job.reaping_kill_at is not None and job.leader_ended_at is not None:
+        n, kill = job.reaping_left, kill_words(kill_at, now)
+        return (f"its command exited at {when(job.leader_ended_at)} leaving {n} "
+                f"process{'' if n == 1 else 'es'}: SIGTERM sent, {kill}")  # fmt: skip
+    limit = job.spec.time_limit_s
+    if limit is None:
+        return ""
+    return (f"reached its time limit at {when(job.started_at + limit)}: SIGTERM sent, "
+            f"{kill_words(kill_at, now)}")  # fmt: skip
 
 
 OVERDUE_AFTER_S = 10.0
@@ -119,6 +166,18 @@ def stopping_kills(state: State) -> dict[int, float]:
     instead of `finished` at the cancel, until its end is recorded (and `finished_at` is that
     end)."""
     return {j: stopped_kill_at(sr, state.grace_s) for j, sr in stopped_shown(state).items()}
+
+
+def reaping_kills(state: State) -> dict[int, float]:
+    """Pure: job -> its SIGKILL at the latest, for the running jobs whose command exited
+    leaving processes (`reaping_kill`): what `jobs` shows `stopping` though its record runs
+    (atk49-23 F4). Apart from `stopping_kills`: a requeued job running again beside its
+    earlier stopped run is not stopping itself."""
+    out = {}
+    for j in state.active:
+        if (job := state.jobs.get(j)) is not None and (at := reaping_kill(job, state.grace_s)):
+            out[j] = at
+    return out
 
 
 def stopping_note(

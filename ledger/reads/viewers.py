@@ -57,14 +57,21 @@ class Viewer(NamedTuple):
     def detached(self) -> Viewer:
         """The same viewer over a copy of what `may_see_private` reads (the admins, the
         actor's managed accounts) and of the stopped runs in their grace with the service's
-        settings (what `jobs` shows stopping: `stopping.stopping_kills`): safe to use on
-        another thread while the live state moves."""
+        settings, and the running jobs whose command exited leaving processes (what `jobs`
+        shows stopping: `stopping.stopping_kills`): safe to use on another thread while the
+        live state moves."""
         from ledger.core.state import State
 
         s = self.state
         managed = {self.actor: set(s.managers.get(self.actor, ()))}
+        reaping = {
+            j: job
+            for j in s.active
+            if (job := s.jobs.get(j)) is not None and job.reaping_kill_at is not None
+        }
         copied = State(admins=set(s.admins), managers=managed, service=s.service,
-                       stopped_runs=dict(s.stopped_runs))  # fmt: skip
+                       stopped_runs=dict(s.stopped_runs), jobs=reaping,
+                       active=set(reaping))  # fmt: skip
         return Viewer(self.actor, copied)
 
 

@@ -133,11 +133,12 @@ def round_pause_s(rounds: int) -> float:
     return min(ROUND_PAUSE_S, 0.05 * rounds)
 
 
-def sent(cmd: AnyCommand) -> dict[str, Any]:
+def sent(cmd: AnyCommand | msgspec.Struct) -> dict[str, Any]:
     """Pure: `cmd` as sent to a server: every field left at its default is left out (the server
     fills it in the same), so a newer CLI reaches an older server, whose commands refuse the
     fields they do not know, unless the caller asked for what it added (`node remove` always
-    sent `force`: refused by a server without it)."""
+    sent `force`: refused by a server without it). The node agent sends its reports so too
+    (`Report.reaping`)."""
     out: dict[str, Any] = msgspec.to_builtins(cmd)
     for f in msgspec.structs.fields(cmd):
         if f.default is not msgspec.NODEFAULT:

@@ -1,0 +1,193 @@
+"""A job whose command has exited while processes it left live out their grace (atk49-23 F4):
+its supervisor SIGTERMs them when the command ends and SIGKILLs them after the grace; the
+agent reports it (`Report.reaping`), the server records `LeaderEnded`, and every read shows
+the job `stopping` with that SIGKILL; the queue's estimates count its GPUs free then, not at
+its time limit. Before, it read `running` with no SIGKILL time, and a job waiting for its GPUs
+was estimated at its time limit. Pure: the fold, the reads, the agent executor's gathering and
+what an agent sends an older server."""
+
+from __future__ import annotations
+
+import itertools
+
+import msgspec
+import pytest
+
+from ledger.core.authz import authorise
+from ledger.core.decide import decide
+from ledger.core.evolve import evolve
+from ledger.core.state import State
+from ledger.cycle.executor import Reaping
+from ledger.cycle.inputs import snapshot_from_state
+from ledger.cycle.record import reaping_commands
+from ledger.dispatch.engine import decide as dispatch
+from ledger.dispatch.registry import build
+from ledger.engines.agent_runs import AgentRun, run_reaping
+from ledger.reads.estimates import estimated_starts
+from ledger.reads.explain import explain_history
+from ledger.reads.preview import _holding_rows
+from ledger.reads.stopping import reaping_kills, stopping_kills
+from ledger.reads.viewers import Viewer
+from ledger.wire.client import sent
+from schemas import agent as a
+from schemas import commands as c
+from schemas import events as e
+from schemas import views as v
+from schemas.errors import InvalidTransition, NotAuthorised
+from schemas.policy import FifoConfig
+
+
+def _run(state: State, at: float, *cmds: c.AnyCommand) -> list[e.AnyEvent]:
+    ids = (lambda n: lambda: f"x{at}-{next(n)}")(itertools.count())
+    out = []
+    for cmd in cmds:
+        for ev in decide(state, cmd, at, ids):
+            evolve(state, ev)
+            out.append(ev)
+    return out
+
+
+def _ledger() -> tuple[State, list[e.AnyEvent]]:
+    """n1 has 4 GPUs; job 1 (2 GPUs, 10 min limit, grace 30 s) and job 2 (1 GPU, 10 min) run
+    from t=0; job 3 (3 GPUs) waits."""
+    state = State()
+    history = _run(state, 0.0,
+         c.InitLedger(actor="root", admin="root"),
+         c.OpenAccount(actor="root", path="p", kind="program"),
+         c.OpenAccount(actor="root", path="p/q", kind="project"),
+         c.AddMember(actor="root", user="u", project="p/q"),
+         c.RegisterNode(actor="root", node="n1", gpu_type="h100", gpus=4),
+         c.ConfigureService(actor="root", policy=FifoConfig(), interval_s=2.0, executor="agents"),
+         c.SubmitJob(actor="u", account="p/q", gpus=2, time_limit_s=600, grace_s=30),
+         c.SubmitJob(actor="u", account="p/q", gpus=1, time_limit_s=600))  # fmt: skip
+    decision = dispatch(snapshot_from_state(state, {}, 0.0), build("fifo"), 0.0)
+    body = c.DecisionBody(cycle_id="c0", based_on=state.events, policy_version="x",
+                          placements=tuple(decision.placements))  # fmt: skip
+    history += _run(state, 0.0, c.ApplyDecision(actor="@dispatcher", decision=body))
+    for j in (1, 2):
+        history += _run(state, 0.0, c.StartJob(actor="@executor", job_id=j))
+    history += _run(state, 5.0, c.SubmitJob(actor="u", account="p/q", gpus=3, time_limit_s=60))
+    return state, history
+
+
+def _ended(at: float = 10.0, run: int = 0) -> c.ReportLeaderEnded:
+    return c.ReportLeaderEnded(actor="@executor", job_id=1, run=run, leader_ended_at=at, left=2,
+                               kill_at=at + 30)  # fmt: skip
+
+
+def test_a_job_whose_command_exited_reads_stopping_and_frees_its_gpus_at_its_sigkill() -> None:
+    state, history = _ledger()
+    now = 12.0
+    snap = snapshot_from_state(state, {}, now, hold_stopping=True)
+    decision = dispatch(snap, build("fifo"), now)
+    assert estimated_starts(state, snap, decision, now)[3] == 600.0  # job 1's limit
+    history += _run(state, 10.0, _ended())
+    assert [type(ev) for ev in history[-1:]] == [e.LeaderEnded]
+    job = state.jobs[1]
+    assert (job.status, job.reaping_kill_at, job.leader_ended_at, job.reaping_left) == (
+        "running", 40.0, 10.0, 2
+    )  # fmt: skip
+    rows = {r.job_id: r for r in _holding_rows(state, v.QueueFilter(state="running"), now, 100)}
+    assert (rows[1].state, rows[1].kill_at) == ("stopping", 40.0)
+    assert rows[1].reason.startswith("its command exited at "), rows[1].reason
+    assert "leaving 2 processes: SIGTERM sent, SIGKILL at " in rows[1].reason
+    assert (rows[2].state, rows[2].kill_at) == ("running", None)
+    assert reaping_kills(state) == {1: 40.0}  # what `jobs` shows stopping
+    assert stopping_kills(state) == {}  # the stopped runs, apart
+    # and so through a server (its reads run on a copy of what they need of the live state)
+    assert reaping_kills(Viewer("u", state).detached().state) == {1: 40.0}
+    # its GPUs come free at its SIGKILL plus the cycle that places on them
+    assert estimated_starts(state, snap, decision, now)[3] == 42.0
+    said = explain_history(state.jobs[1], history, {}, now, 30.0)
+    assert said[0].endswith(" is stopping."), said
+    assert any("its command exited, leaving 2 process(es) of its run 1" in s for s in said), said
+    assert said[-1].startswith("It is stopping: its command exited at "), said
+
+
+def test_its_time_limit_cuts_the_reaping_short_and_a_new_run_forgets_it() -> None:
+    state, _ = _ledger()
+    _run(state, 590.0, _ended(590.0))  # SIGKILL 620; its limit's is 600 + 30
+    assert reaping_kills(state) == {1: 620.0}
+    other = c.ReportLeaderEnded(actor="@executor", job_id=2, leader_ended_at=591.0, kill_at=700)
+    _run(state, 591.0, other)
+    assert reaping_kills(state)[2] == 630.0  # its limit (600) plus the service's grace (30)
+    _run(state, 592.0, c.RequeueJob(actor="root", job_id=1))
+    assert state.jobs[1].reaping_kill_at is None
+    assert 1 not in reaping_kills(state)
+
+
+def test_only_the_executor_reports_it_once_for_the_running_run() -> None:
+    state, _ = _ledger()
+    with pytest.raises(InvalidTransition):
+        _run(state, 10.0, _ended(run=1))  # not its run
+    with pytest.raises(NotAuthorised):
+        authorise(state, msgspec.structs.replace(_ended(), actor="u"))
+    with pytest.raises(NotAuthorised):  # a node's token reports only for its own node
+        authorise(state, msgspec.structs.replace(_ended(), actor="@node:n2"))
+    _run(state, 10.0, _ended())
+    with pytest.raises(InvalidTransition):
+        _run(state, 11.0, _ended(11.0))
+    with pytest.raises(InvalidTransition):
+        _run(state, 11.0, c.ReportLeaderEnded(actor="@executor", job_id=3, leader_ended_at=1.0,
+                                              kill_at=2.0))  # fmt: skip
+
+
+def test_recording_takes_the_reaping_of_running_jobs_current_runs_only() -> None:
+    state, _ = _ledger()
+    said = [Reaping(1, 0, 10.0, 2, 40.0), Reaping(2, 1, 10.0, 1, 40.0), Reaping(3, 0, 1, 1, 2)]
+    assert [(x.job_id, x.kill_at) for x in reaping_commands(said, state.jobs)] == [(1, 40.0)]
+
+
+def test_a_gang_run_is_reaping_once_every_part_has_ended_or_is_reaping() -> None:
+    r = AgentRun(job_id=7, run=0, nodes=("n1", "n2"), start_reported=True)
+    r.reaping["n1"] = a.PartReaping(job_id=7, run=0, leader_ended_at=10.0, left=1, kill_at=40.0)
+    assert run_reaping(r) is None  # n2's command still runs
+    r.exits["n2"] = a.PartExited(job_id=7, run=0, exit_code=0)
+    assert run_reaping(r) == Reaping(7, 0, 10.0, 1, 40.0)
+    assert run_reaping(r) is None  # once
+    late = AgentRun(job_id=8, run=0, nodes=("n1", "n2"), start_reported=True)
+    late.reaping["n1"] = a.PartReaping(job_id=8, run=0, leader_ended_at=10.0, left=1, kill_at=40)
+    late.reaping["n2"] = a.PartReaping(job_id=8, run=0, leader_ended_at=12.0, left=3, kill_at=42)
+    assert run_reaping(late) == Reaping(8, 0, 12.0, 3, 42.0)
+
+
+class _OlderReport(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`Report` as a server before `reaping` has it."""
+
+    node: str
+    started: tuple[a.PartStarted, ...] = ()
+    exited: tuple[a.PartExited, ...] = ()
+    samples: tuple[a.PartSample, ...] = ()
+    checkpoints: tuple[a.PartCheckpoint, ...] = ()
+    stopped: tuple[a.PartStopped, ...] = ()
+    version: str = ""
+    running: tuple[a.PartRun, ...] | None = None
+    draining: bool = False
+
+
+def test_an_older_server_takes_a_report_without_reaping() -> None:
+    report = a.Report(node="n1", exited=(a.PartExited(job_id=1, run=0, exit_code=0),),
+                      running=())  # fmt: skip
+    older = msgspec.json.Decoder(_OlderReport)
+    with pytest.raises(msgspec.ValidationError, match="reaping"):
+        older.decode(msgspec.json.encode(report))  # every field, as agents sent it
+    got = older.decode(msgspec.json.encode(sent(report)))
+    assert got.exited == report.exited and got.running == ()
+    # the server of this version reads it back the same
+    assert msgspec.json.decode(msgspec.json.encode(sent(report)), type=a.Report) == report
+
+
+def test_an_agent_sends_the_rest_again_without_reaping_once_an_older_server_refuses_it() -> None:
+    """An older server refuses the whole report for `reaping`: the agent keeps what it holds,
+    without reaping parts, or its exits would never be taken again."""
+    from ledger.agent.node import Outbox, refuses_reaping
+    from schemas.errors import InvalidCommand
+
+    out = Outbox()
+    out.exited.append(a.PartExited(job_id=1, run=0, exit_code=0))
+    refused = InvalidCommand("Validation failed for POST /v1/agent/report: Object contains "
+                             "unknown field `reaping`")  # fmt: skip
+    assert not refuses_reaping(refused, out)  # it sent none: another refusal
+    out.reaping.append(a.PartReaping(job_id=2, run=0, leader_ended_at=1.0, kill_at=2.0))
+    assert refuses_reaping(refused, out)
+    assert not refuses_reaping(InvalidCommand("job 1 is unknown"), out)
