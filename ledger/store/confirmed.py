@@ -21,6 +21,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from eventsourcing.sqlite import SQLiteApplicationRecorder
 from psycopg.sql import SQL, Identifier
 
 from ledger.store.lease import SYNC_WAIT, cancel_quietly
@@ -35,9 +36,9 @@ def confirmed_head(recorder: Any, wait_s: float = CONFIRM_WAIT_S) -> int | None:
     """The log's last position, once a commit made after reading it was confirmed by the
     store's synchronous standby (so every row up to it was); None: a store without that question
     (SQLite). Raises RelayUnavailable when the confirmation does not come."""
-    datastore: Any = getattr(recorder, "datastore", None)
-    if getattr(datastore, "pool", None) is None:
+    if not _postgres(recorder):
         return None
+    datastore: Any = recorder.datastore
     query = SQL(
         "SELECT notification_id FROM {}.{} ORDER BY notification_id DESC LIMIT 1 FOR KEY SHARE"
     ).format(Identifier(datastore.schema), Identifier(recorder.events_table_name))
@@ -80,8 +81,16 @@ def publishable(recorder: Any, after: int) -> int | None:
     """The last position a relay that published up to `after` may publish now: on PostgreSQL,
     the head its synchronous standby confirmed (`confirmed_head`, asked only when the log holds
     something after `after`); None (the head) on SQLite."""
-    if getattr(getattr(recorder, "datastore", None), "pool", None) is None:
+    if not _postgres(recorder):
         return None
     if int(recorder.max_notification_id() or 0) <= after:
         return after
     return confirmed_head(recorder)
+
+
+def _postgres(recorder: Any) -> bool:
+    """Whether `recorder` is a PostgreSQL store's (SQLite's datastore has a pool too)."""
+    if isinstance(recorder, SQLiteApplicationRecorder):
+        return False
+    datastore = getattr(recorder, "datastore", None)
+    return getattr(datastore, "pool", None) is not None and hasattr(datastore, "schema")
