@@ -50,6 +50,7 @@ from kafka import KafkaProducer
 from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError
 
 from ledger.store import EVENTS_DB, recorded
+from ledger.store.confirmed import publishable
 from ledger.store.relay_progress import Kept, Word, beyond, words
 from ledger.store.relay_tail import (
     bookmark,
@@ -518,12 +519,13 @@ class Relay:
             self._reopen()
         self.kept.advance(self.position)  # what an earlier call published, once it is due
         total = 0
-        pages = follow(RawSource(self.recorder), self.position, page=self.batch)
+        until = publishable(self.recorder, self.position)  # PostgreSQL: confirmed rows only
+        pages = follow(RawSource(self.recorder), self.position, until, page=self.batch)
         records = next(pages, [])
         # asked while events wait (an idle relay never waits on the broker: the service's
         # watchers ask then, `RelayService._watch_topic`, and `flag` it)
         if records and time.monotonic() - self._checked >= self.check_s and self._check_topic():
-            pages = follow(RawSource(self.recorder), self.position, page=self.batch)
+            pages = follow(RawSource(self.recorder), self.position, until, page=self.batch)
             records = next(pages, [])
         while records:
             fits = self._fitting(records)
@@ -534,7 +536,7 @@ class Relay:
                     following = records[len(fits) :] or next(pages, [])
             except _SentElsewhere:  # not committed: the log again from position 1
                 self._reopen()
-                pages = follow(RawSource(self.recorder), self.position, page=self.batch)
+                pages = follow(RawSource(self.recorder), self.position, until, page=self.batch)
                 records = next(pages, [])
                 continue
             self.position = fits[-1].position

@@ -93,6 +93,8 @@ class Group:
     members: list[Member]
     args: tuple[str, ...]
     lease: str = LEASE
+    env: dict[str, str] = field(default_factory=dict)
+    """More environment for the servers (`GPULEDGER_KAFKA_TOPIC`, ...)."""
 
     @property
     def urls(self) -> str:
@@ -105,7 +107,7 @@ class Group:
             m.proc = subprocess.Popen(
                 [GPULEDGER, "serve", "--store", m.dsn or self.dsn, "--listen",
                  f"127.0.0.1:{m.port}", "--lease", self.lease, *self.args],
-                env=env_for(m.home), stdout=out, stderr=out,
+                env=env_for(m.home, **self.env), stdout=out, stderr=out,
             )  # fmt: skip
 
         def listening() -> bool:

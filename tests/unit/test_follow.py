@@ -57,6 +57,7 @@ def test_follow_walks_the_range_in_pages(
 
 READERS = {
     "ledger/store/application.py",
+    "ledger/store/confirmed.py",
     "ledger/store/copying.py",
     "ledger/store/embedded.py",
     "ledger/store/mapping.py",

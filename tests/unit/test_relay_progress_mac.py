@@ -181,3 +181,16 @@ def test_keeping_the_progress_beside_a_busy_writer_waits_for_the_lock_never_fail
         stop.set()
         writer.join(30)
     assert read(recorder, TOPIC) == 299
+
+
+def test_a_progress_past_the_store_s_head_is_never_written(org_ledger: Ledger) -> None:
+    """atk52-ha F3: a deposed leader's relay flushed its progress at stop into the promoted
+    store, which had lost the tail it had read: a row past the head, unsigned (no event to sign),
+    that the next relay called edited. Now nothing is written for a position the store does
+    not hold; a true one still is."""
+    head = grown(org_ledger, 3)[-1].position
+    kept = Kept(open_store(org_ledger.home), TOPIC, key=KEY)
+    kept.flush(head + 2)
+    assert read(open_store(org_ledger.home), TOPIC) in (None, 0)
+    kept.flush(head)
+    assert kept.word(head) == Word(head, True)

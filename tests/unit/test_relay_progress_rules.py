@@ -139,9 +139,9 @@ def test_a_new_store_starts_with_the_table_so_no_row_means_nothing_published(
 
 
 def test_the_relay_writes_its_progress_at_most_every_interval_and_when_it_stops(
-    ledger: Ledger,
+    org_ledger: Ledger,
 ) -> None:
-    recorder = open_store(ledger.home)
+    recorder = open_store(org_ledger.home)  # it holds the positions written (no row past them)
     kept = Kept(recorder, "t", every_s=3600)
     assert kept.read() is None  # no table yet
     kept.advance(5)  # the first is due
@@ -154,10 +154,10 @@ def test_the_relay_writes_its_progress_at_most_every_interval_and_when_it_stops(
 
 
 def test_a_progress_the_store_refuses_is_logged_and_publishing_goes_on(
-    ledger: Ledger, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    org_ledger: Ledger, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Behind costs duplicates, never a gap: a failed write never stops the relay."""
-    kept = Kept(open_store(ledger.home), "t", every_s=0)
+    kept = Kept(open_store(org_ledger.home), "t", every_s=0)
 
     def refuse(*_args: Any) -> None:
         raise OSError("disk full")
