@@ -450,3 +450,35 @@ def test_a_stopped_relay_whose_topic_is_made_again_takes_no_record_on_it_as_its_
     out = invoke("--home", str(tmp_path / "plain"), "project", "follow", "--kafka",
                  kafka_bootstrap, "--topic", kafka_topic, "--once", env=env)  # fmt: skip
     assert out.splitlines()[-1].startswith(f"position {head}, {head} events"), out
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="atk52-25 F1 cases (a), (b), (d), open: the relay's progress row does not name the "
+    "topic id (nor the offset) it was committed under, so a relay started on a topic made again "
+    "takes a replayed record of its progress position (signed, or unsigned within the progress) "
+    "as its bookmark; needs the topic id in gpuledger_relay_progress (s52-relayfix report)",
+)
+def test_a_relay_started_on_a_topic_made_again_takes_no_replayed_record_as_its_bookmark(
+    org_ledger: Ledger, kafka_bootstrap: str, kafka_topic: str, transactional_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """atk52-25 F1 case (b): the relay published 1..P (its progress P) and its service stopped;
+    the topic is deleted and made again, and a topic writer puts back saved records 1..k (more
+    than the first tail window) and the relay's signed record P. The restarted relay took P as
+    its bookmark: k+1..P-1 never reached the topic, "publishing, 0 behind"."""
+    monkeypatch.setenv(KEYS_ENV, KEYS_TEXT)
+    home = org_ledger.home
+    org_ledger.execute_all([JOB] * 6)
+    published = org_ledger.position
+    relay_to(home, kafka_bootstrap, kafka_topic, transactional_id, published)
+    remake(kafka_bootstrap, kafka_topic)
+    events = read_raw(open_store(home), 0, published)
+    k = published - 2
+    assert k > 16, published
+    for event in [*events[:k], events[-1]]:
+        send(kafka_bootstrap, kafka_topic, event,
+             record_headers(event.position, event.tag, event.data, signing_keys()))  # fmt: skip
+    relay_to(home, kafka_bootstrap, kafka_topic, transactional_id, published)
+    positions = [header_position(r.headers) for r in read_all(kafka_bootstrap, kafka_topic)]
+    assert positions[k + 1 :] == list(range(1, published + 1)), positions  # was []: a gap
