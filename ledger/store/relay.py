@@ -256,6 +256,7 @@ class Relay:
         progress: int | None = None,
         state_key: bytes | None = None,
         check_s: float = TOPIC_CHECK_S,
+        remade: str | None = None,
     ) -> None:
         self.recorder = recorder
         self.bootstrap = bootstrap
@@ -300,9 +301,10 @@ class Relay:
         self._first_sent: Any = None
         self._refused: RelayError | None = None
         """Why it publishes no more on this topic (`refuse`)."""
-        self._remade: str | None = None
+        self._remade: str | None = remade
         """Why the next connect publishes the store's log from its start (the topic was
-        deleted and made again, or truncated, under the relay)."""
+        deleted and made again, or truncated, under the relay; `remade`: under the relay it
+        replaces, whose service saw it: its first connect reads no bookmark, atk52-25 F1c)."""
         self.remade_note = ""
         """The last time the topic was found made again or truncated: why (`relay status`)."""
         self.remakes = 0

@@ -269,6 +269,8 @@ class RelayService:
         self._remakes = 0
         """The relay's `remakes` last seen: when it grows, its position went back to 1."""
         """A health file of this topic was found: `_published` is this home's progress."""
+        self._remade_why: str | None = None
+        """Why the next relay made publishes from position 1 (`_topic_changed`)."""
         self.health = RelayHealth(
             state="connecting",
             bootstrap=bootstrap,
@@ -532,6 +534,13 @@ class RelayService:
                     if relay is not None:
                         relay.close()
                     self._remakes = -1  # the next relay's position is the health's (`_position`)
+                    # its first connect takes no bookmark: a record found on the new topic is
+                    # none of its own (a replayed copy of the progress's record was, and the
+                    # events before it never reached the topic: atk52-25 F1c)
+                    self._remade_why = (
+                        f"topic {self.topic} was "
+                        f"{'deleted' if now is None else 'made again'} since the relay stopped"
+                    )
                     self._set("connecting", again=True)
                     return True
             return False
@@ -581,7 +590,9 @@ class RelayService:
                     keys=self.keys,
                     progress=self._published if self._progress_known else None,
                     state_key=state_key(self.home),
+                    remade=self._remade_why,
                 )
+                self._remade_why = None
             published = self.relay.publish_pending()
             relay = self.relay
             if self._published > relay.position and self._published > relay.store_head():
