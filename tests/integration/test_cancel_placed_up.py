@@ -13,8 +13,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from ledger.engines.supervised import live_processes
-from tests.integration.test_node_lost_stopping_up import HOSTILE, _alive, _row, _tree, home
+from tests.integration.test_node_lost_stopping_up import (
+    _alive,
+    _row,
+    _tree,
+    home,
+    placed_and_launched,
+)
 from tests.integration.test_up_jobs_survive import Service, cli, jobs, submit, wait_for
 
 __all__ = ["home"]  # the fixture
@@ -22,33 +27,10 @@ __all__ = ["home"]  # the fixture
 GRACE_S = 25
 
 
-def _placed_and_launched(home: Path) -> int:
-    """A job `up`'s agent launched whose start the ledger did not hear (`up` killed -9 at
-    once: a race, retried)."""
-    state = home / "agents" / "local"
-    for attempt in range(1, 4):
-        submit(home, "bob", 1, HOSTILE, "--grace", f"{GRACE_S}s")
-        up = Service(home)
-        deadline = time.time() + 60
-        while not live_processes(state):
-            assert time.time() < deadline, up.log.read_text()[-3000:]
-            time.sleep(0.01)
-        up.proc.kill()
-        up.proc.wait(timeout=30)
-        if jobs(home)[attempt]["status"] == "placed":
-            return attempt
-        cli(home, "cancel", str(attempt))  # its start was heard: again, once its run is gone
-        up = Service(home)
-        wait_for("no run left", lambda: not live_processes(state), timeout=90, home=home)
-        up.proc.kill()
-        up.proc.wait(timeout=30)
-    raise AssertionError("every launch's start was heard before `up` was killed")
-
-
 def test_a_cancel_of_a_placed_launched_job_stops_it_from_the_cancel_and_holds_its_gpu(
     home: Path,
 ) -> None:
-    job = _placed_and_launched(home)
+    job = placed_and_launched(home, GRACE_S)
     procs: list[int] = []
     wait_for("its leader and child", _tree(home, procs), home=home)
     cancelled = time.time()

@@ -135,6 +135,29 @@ def test_an_admins_node_lost_leaves_its_live_run_stopping_holding_dependents_and
 HOSTILE = "trap '' TERM; (trap '' TERM; while :; do sleep 0.2; done) & while :; do sleep 0.2; done"
 
 
+def placed_and_launched(home: Path, grace_s: int) -> int:
+    """A job (HOSTILE, its grace `grace_s`) `up`'s agent launched whose start the ledger did not
+    hear: `up` killed -9 at once (a race, retried); `up` is down after."""
+    state = home / "agents" / "local"
+    for attempt in range(1, 4):
+        submit(home, "bob", 1, HOSTILE, "--grace", f"{grace_s}s")
+        up = Service(home)
+        deadline = time.time() + 60
+        while not live_processes(state):
+            assert time.time() < deadline, up.log.read_text()[-3000:]
+            time.sleep(0.01)
+        up.proc.kill()
+        up.proc.wait(timeout=30)
+        if jobs(home)[attempt]["status"] == "placed":
+            return attempt
+        cli(home, "cancel", str(attempt))  # its start was heard: again, once its run is gone
+        up = Service(home)
+        wait_for("no run left", lambda: not live_processes(state), timeout=90, home=home)
+        up.proc.kill()
+        up.proc.wait(timeout=30)
+    raise AssertionError("every launch's start was heard before `up` was killed")
+
+
 def _tree(home: Path, procs: list[int]) -> Callable[[], bool]:
     """A condition: the only live run's leader and child (both `sh` ignoring TERM) are in
     `procs` (from /proc: its supervisor's wrapper leads the session)."""

@@ -20,7 +20,13 @@ import time
 from pathlib import Path
 
 from ledger.engines.supervised import live_processes
-from tests.integration.test_node_lost_stopping_up import HOSTILE, _alive, _tree, home
+from tests.integration.test_node_lost_stopping_up import (
+    HOSTILE,
+    _alive,
+    _tree,
+    home,
+    placed_and_launched,
+)
 from tests.integration.test_up_jobs_survive import Service, cli, jobs, submit, wait_for
 
 __all__ = ["home"]  # the fixture
@@ -29,26 +35,7 @@ __all__ = ["home"]  # the fixture
 def test_a_node_lost_while_its_launch_was_unheard_is_not_removed_until_the_launch_is_gone(
     home: Path,
 ) -> None:
-    state = home / "agents" / "local"
-    for attempt in range(1, 4):  # `up` killed -9 before the start is heard (a race: retried)
-        submit(home, "bob", 1, HOSTILE, "--grace", "15s")
-        up = Service(home)
-        deadline = time.time() + 60
-        while not live_processes(state):
-            assert time.time() < deadline, up.log.read_text()[-3000:]
-            time.sleep(0.01)
-        up.proc.kill()
-        up.proc.wait(timeout=30)
-        if jobs(home)[attempt]["status"] == "placed":
-            break
-        cli(home, "cancel", str(attempt))  # its start was heard: again, once its run is gone
-        up = Service(home)
-        wait_for("no run left", lambda: not live_processes(state), timeout=60, home=home)
-        up.proc.kill()
-        up.proc.wait(timeout=30)
-    else:
-        raise AssertionError("every launch's start was heard before `up` was killed")
-    job = attempt
+    job = placed_and_launched(home, 15)
     procs: list[int] = []
     wait_for("its leader and child", _tree(home, procs), home=home)
     cli(home, "node", "lost", "local", "--reason", "test")
