@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from importlib import resources
-from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple, get_args
 
 import msgspec
 from litestar import HttpMethod, Request, Response, get, post, route
@@ -31,12 +31,14 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, FromQuery, QueryParameter
 from litestar.response import Redirect, Stream
 
+from ledger.core.jobs import BlockCode
+from ledger.dispatch.waits import WaitCode
 from ledger.server import connections, copied, encoding, pooled
 from ledger.server.fairlane import FairSlot
 from ledger.server.whatifs import REVIEW_S
 from projections import history
 from schemas import views as v
-from schemas.errors import Unavailable, UnknownEntity
+from schemas.errors import InvalidCommand, Unavailable, UnknownEntity
 from schemas.events import FinishReason
 
 if TYPE_CHECKING:
@@ -243,6 +245,11 @@ def _json(value: Any) -> Response[bytes]:
     return Response(msgspec.json.encode(value), media_type="application/json")
 
 
+QUEUE_CODES = ("NEXT_CYCLE", *get_args(WaitCode), *get_args(BlockCode), "HELD", "PLACED",
+               "RUNNING", "STOPPING")  # fmt: skip
+"""The codes a queue row carries (`v.QueueRow.code`): what `reason=` may name."""
+
+
 def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: ReadPool) -> list[Any]:
     """The page routes, the static files and the JSON endpoints of the dashboard (the job's
     decisions to replay are found in `pool`, off the worker thread)."""
@@ -390,6 +397,14 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
         code = reason or None
 
         def read(h: Any) -> QueuePageView:
+            # refused before the position's shared preview is waited for (atk52-29 F5: a
+            # misspelt sort took 4-12 s for its 400, an unknown code gave an empty page)
+            if sort not in previews.QUEUE_SORTS:
+                raise InvalidCommand(f"no such column to sort by: {sort!r}",
+                                     hint=", ".join(previews.QUEUE_SORTS))  # fmt: skip
+            if code is not None and code not in QUEUE_CODES:
+                raise InvalidCommand(f"no such wait code: {code!r}", hint=", ".join(QUEUE_CODES))
+            previews.known_account(h.ledger.state, filt.account)
             got = live_preview(h)
             policy = registry.build(h.ledger.state.policy)
             page = previews.queue_page(

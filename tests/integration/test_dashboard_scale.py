@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Page
 
+from ledger.server.pages import QUEUE_CODES
 from ledger.store.application import Ledger
 from projections.testing.synthetic import append_to_store, pending_submissions
 from tests.integration.dashkit import Dashboard, build, cycled, scrape
@@ -224,6 +225,12 @@ def test_sorting_and_the_filters_are_the_servers(deep: Deep, browser: Browser) -
     )
     assert got[1]["total"] == len(want) > 0
     assert deep.server.request("GET", "/ui/api/queue?sort=nothing", token=deep.root)[0] == 400
+    # an unknown wait code is refused naming those there are, not an empty page (atk52-29 F5)
+    status, body = deep.server.request("GET", "/ui/api/queue?reason=NOPE", token=deep.root)
+    assert status == 400 and "WAIT_RESOURCES" in str(body), (status, body)
+    assert set(counted) <= set(QUEUE_CODES), counted
+    unknown = deep.server.request("GET", "/ui/api/queue?account=no/such", token=deep.root)
+    assert unknown[0] == 404, unknown
 
 
 def test_times_are_in_the_viewers_zone_with_utc_on_hover(deep: Deep, browser: Browser) -> None:
