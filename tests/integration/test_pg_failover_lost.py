@@ -104,18 +104,23 @@ def _lose_the_last_commit(
     return wall
 
 
-def test_a_failover_to_a_standby_without_the_last_commit_leaves_a_gapless_log(
-    tmp_path: Path, lone_pair: Pg
-) -> None:
-    pg = lone_pair
+def _ledger(tmp_path: Path, pg: Pg) -> tuple[Path, dict[str, str]]:
+    """server-0's home on the pair's store (its budget, one 8-GPU node) and alice's CLI env."""
     home = tmp_path / "server-0"
     cli(home, "init", "--admin", "root", "--store", pg.dsn)
     budget = tmp_path / "budget.toml"
     budget.write_text(BUDGET)
     cli(home, "budget", "apply", str(budget), GPULEDGER_USER="root")
     cli(home, "node", "add", "n1", "--gpus", "8", "--gpu-type", "h100", GPULEDGER_USER="root")
-    token = make_token(home, "--user", "alice")
-    env = env_for(home, GPULEDGER_TOKEN=token)
+    return home, env_for(home, GPULEDGER_TOKEN=make_token(home, "--user", "alice"))
+
+
+def test_a_failover_to_a_standby_without_the_last_commit_leaves_a_gapless_log(
+    tmp_path: Path, lone_pair: Pg
+) -> None:
+    pg = lone_pair
+    home, env = _ledger(tmp_path, pg)
+    token = env["GPULEDGER_TOKEN"]
     g: Group = make_group(tmp_path, pg.dsn, 2, "--interval", "0.5s", home=home)
     g.lease = "10s"
     try:
@@ -172,14 +177,8 @@ def test_the_relay_never_publishes_a_commit_the_failover_loses(
     `store restore --from-kafka` was refused, `audit verify --kafka` said DIFFERS. Now the relay
     publishes only rows the standby confirmed: the topic stays a gapless copy of the new log."""
     pg = lone_pair
-    home = tmp_path / "server-0"
-    cli(home, "init", "--admin", "root", "--store", pg.dsn)
-    budget = tmp_path / "budget.toml"
-    budget.write_text(BUDGET)
-    cli(home, "budget", "apply", str(budget), GPULEDGER_USER="root")
-    cli(home, "node", "add", "n1", "--gpus", "8", "--gpu-type", "h100", GPULEDGER_USER="root")
-    token = make_token(home, "--user", "alice")
-    env = env_for(home, GPULEDGER_TOKEN=token)
+    home, env = _ledger(tmp_path, pg)
+    token = env["GPULEDGER_TOKEN"]
     kafka = {"GPULEDGER_KAFKA_TOPIC": kafka_topic,
              "GPULEDGER_KAFKA_TRANSACTIONAL_ID": transactional_id}  # fmt: skip
     g: Group = make_group(tmp_path, pg.dsn, 2, "--interval", "0.5s", "--kafka", kafka_bootstrap,
