@@ -156,6 +156,13 @@ def build(home: Path) -> None:
         for job in list(ledger.state.jobs.values()):
             if job.status == "placed":
                 ledger.execute(c.StartJob(actor="@executor", job_id=job.job_id))
+            if ledger.state.jobs[job.job_id].status == "running":
+                ledger.execute(  # its command exits leaving processes, reaped until the year 3000
+                    c.ReportLeaderEnded(
+                        actor="@executor", job_id=job.job_id, run=job.preemptions,
+                        leader_ended_at=LATE + 2, left=b.INT32_MAX, kill_at=b.YEAR_3000,
+                    )
+                )  # fmt: skip
             if job.status in ("placed", "running"):
                 ledger.execute(
                     c.FinishJob(

@@ -187,6 +187,12 @@ CASES: dict[str, Case] = {
         cmd(job_id=1),
         frozenset({"job", "node", "user", "admin"}),
     ),
+    "job.leader_ended": Case(
+        "POST",
+        "/v1/commands/job.leader_ended",
+        cmd(job_id=1, leader_ended_at=1.0, left=1, kill_at=4.0e9),  # reaped long after the run
+        frozenset({"node", "admin"}),
+    ),
     "job.start": Case(
         "POST",
         "/v1/commands/job.start",
