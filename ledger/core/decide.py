@@ -382,6 +382,10 @@ def _check_slots(
 ) -> None:
     if sum(len(sl.gpu_indices) for sl in slots) != job.spec.gpus:
         raise InvalidCommand(f"placement of job {job.job_id} does not give it {job.spec.gpus} GPUs")
+    named = [sl.node for sl in slots]
+    if len(set(named)) != len(named):  # one slot per node (a log may hold older ones: the
+        twice = next(n for n in named if named.count(n) > 1)  # dispatcher's view joins them)
+        raise InvalidCommand(f"placement of job {job.job_id} names node {twice!r} in two slots")
     for sl in slots:
         node = state.node(sl.node)
         if node.state != "active":

@@ -6,6 +6,9 @@ GPUs in one slot."""
 
 from __future__ import annotations
 
+import msgspec
+import pytest
+
 from ledger.core.decide import decide as apply
 from ledger.core.evolve import evolve
 from ledger.core.state import State
@@ -13,7 +16,8 @@ from ledger.cycle.inputs import one_slot_per_node, snapshot_from_state
 from ledger.dispatch import decide
 from ledger.dispatch.registry import default_config, policy_from_config
 from schemas import commands as c
-from schemas.events import GpuSlot
+from schemas.errors import InvalidCommand
+from schemas.events import GpuSlot, JobPlaced
 from tests.unit.test_domain_properties import T0, _ids, seed_org
 
 
@@ -29,13 +33,18 @@ def _two_slots_on_n1(slots: tuple[GpuSlot, ...]) -> State:
     ids = _ids()
     _run(state, c.SubmitJob(actor="carol", account="ai2/tulu", gpus=4, min_runtime_s=0), T0, ids)
     _run(state, c.SubmitJob(actor="bob", account="ai2/olmo", gpus=4, min_runtime_s=3600), T0, ids)
+    whole = (GpuSlot(node="n1", gpu_indices=(0, 1, 2, 3)),)
     placements = (
-        c.Placement(job_id=1, slots=slots),
+        c.Placement(job_id=1, slots=whole),
         c.Placement(job_id=2, slots=(GpuSlot(node="n2", gpu_indices=(0, 1, 2, 3)),)),
     )
     body = c.DecisionBody(cycle_id="c1", based_on=state.events, policy_version="test",
                           placements=placements, preemptions=())  # fmt: skip
-    _run(state, c.ApplyDecision(actor="@dispatcher", decision=body), T0 + 1, ids)
+    cmd = c.ApplyDecision(actor="@dispatcher", decision=body)
+    for ev in apply(state, cmd, T0 + 1, ids):  # as a log recorded before the ledger refused
+        if isinstance(ev, JobPlaced) and ev.job_id == 1:  # a placement naming n1 twice holds it
+            ev = msgspec.structs.replace(ev, slots=slots)
+        evolve(state, ev)
     _run(state, c.SubmitJob(actor="alice", account="ai2/olmo", gpus=4, min_runtime_s=3600,
                             gpu_type="h100"), T0 + 2, ids)  # fmt: skip
     return state
@@ -52,6 +61,17 @@ def test_a_job_holding_one_node_in_two_slots_is_preempted_once() -> None:
         ]
         assert [p.job_id for p in got[0].preemptions] == [1], (version, got[0])
         assert got[0] == got[1], version
+
+
+def test_the_ledger_refuses_a_placement_naming_one_node_in_two_slots() -> None:
+    state, _ = seed_org()
+    ids = _ids()
+    _run(state, c.SubmitJob(actor="carol", account="ai2/tulu", gpus=4, min_runtime_s=0), T0, ids)
+    split = (GpuSlot(node="n1", gpu_indices=(0, 1)), GpuSlot(node="n1", gpu_indices=(2, 3)))
+    body = c.DecisionBody(cycle_id="c1", based_on=state.events, policy_version="test",
+                          placements=(c.Placement(job_id=1, slots=split),))  # fmt: skip
+    with pytest.raises(InvalidCommand, match="names node 'n1' in two slots"):
+        apply(state, c.ApplyDecision(actor="@dispatcher", decision=body), T0 + 1, ids)
 
 
 def test_one_slot_per_node_joins_a_nodes_gpus_in_first_seen_order() -> None:
