@@ -114,7 +114,7 @@ class Word(NamedTuple):
 def opened(home: Path, store: str | None = None) -> Iterator[Any]:
     """The recorder of the store of `home` (`store`: that PostgreSQL DSN instead), closed after:
     for a command that keeps or reads the progress once (init, store copy and restore)."""
-    from ledger.store.relay import open_store
+    from ledger.store.relay_raw import open_store
 
     recorder = open_store(home, store)
     try:
@@ -173,7 +173,7 @@ def link_at(recorder: Any, position: int) -> str | None:
     """The link to the store's event at `position` ("" for 0; None: the store has none)."""
     if position == 0:
         return ""
-    from ledger.store.relay import read_raw
+    from ledger.store.relay_raw import read_raw
     from projections.chain import link
 
     got = read_raw(recorder, position - 1, 1)
