@@ -94,8 +94,11 @@ def _copy_progress(src_home: Path, src: str | None, dst_home: Path, dst: str | N
     if not kept:
         return
     with relay_progress.opened(dst_home, dst) as recorder:
-        for topic, position, mac in kept:  # each MAC as it is: it names the same events
-            relay_progress.keep(recorder, topic, position, signature=mac)
+        for topic, position, mac, topic_id, offset in kept:  # each MAC as it is: it names the
+            # same events, and the same records of the topic
+            relay_progress.keep(
+                recorder, topic, position, signature=mac, topic_id=topic_id, offset=offset
+            )
 
 
 @store.command("restore")

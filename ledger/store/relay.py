@@ -6,9 +6,9 @@ An edge (network, files). Guarantees, with the reasons (docs/kafka.md has the lo
   carries its log position in a header. The relay keeps no offsets of its own: on start (and
   after every error) it reads the position of its last *committed* record on the topic and
   resumes right after it, so the topic itself is the relay's bookmark. Which records are its own
-  is its signature's word, or (unsigned) its progress's: the highest position a relay of this
-  ledger committed there, kept in the store every server shares (`relay_progress`) and in the
-  service's health file (`<home>/relay.json`, the word of a home upgraded).
+  is its progress's word: the last record a relay of this ledger committed there (its position,
+  the topic's id and its offset), kept in the store every server shares (`relay_progress`), and
+  what follows it as the store's next events (signatures decide nothing alone: atk52-25 F1).
 - *Atomic batches.* Each batch is one Kafka transaction: a relay that dies mid-batch leaves an
   open transaction; the next relay's `init_transactions` aborts it before reading the bookmark,
   so read_committed consumers never see the half batch, and the next relay sends it again.
@@ -48,9 +48,19 @@ from kafka import KafkaProducer
 from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError
 
 from ledger.store.confirmed import publishable
-from ledger.store.relay_progress import Kept, Word, beyond, words
+from ledger.store.relay_progress import (
+    Anchor,
+    Committed,
+    Kept,
+    Word,
+    anchor,
+    beyond,
+    elsewhere,
+    words,
+)
 from ledger.store.relay_raw import RawRecord, RawSource, open_store, read_raw
 from ledger.store.relay_tail import (
+    Found,
     bookmark,
     first_position,
     held_at,
@@ -193,6 +203,8 @@ class Relay:
         nothing: atk47-25 F1 at or below the head)."""
         self.position = 0
         """The log position of the last event known to be committed on the topic."""
+        self._offset: int | None = None
+        """The offset of the relay's record of `position` on the topic (None: none, unknown)."""
         self.skipped: tuple[int, ...] = ()
         """Offsets of foreign records found after our last record when we last connected."""
         self._stale = False
@@ -284,7 +296,9 @@ class Relay:
             why = self._remade
             if why is None and self.mark is not None:
                 why = remade(self.topic, self.mark, mark, self._published_end)
-            last, foreign = (0, []) if why else self._bookmark()
+            if why is None:  # made again while no relay of ours looked (atk52-25 F1 a, b, d)
+                why = elsewhere(self.topic, self.kept.word(self.store_head()), mark.topic_id)
+            found, foreign = (Found(0, None), []) if why else self._bookmark(mark.topic_id)
         except BaseException as e:
             _discard(producer)
             if isinstance(e, KafkaError):
@@ -300,6 +314,7 @@ class Relay:
             self.remakes += 1
         self.mark, self._published_end = mark, mark.end
         self._checked = time.monotonic()
+        last = found.position
         if foreign:
             log.warning(
                 "relay: %d foreign record(s) after position %d on %s skipped (offsets %s): not "
@@ -310,36 +325,41 @@ class Relay:
                 self.topic,
                 offsets_text(foreign),
             )
-        self.position = last
+        self.position, self._offset = last, found.offset
         self.skipped = tuple(foreign)
         return producer
 
-    def _bookmark(self) -> tuple[int, list[int]]:
+    def _committed(self) -> Committed | None:
+        """Where the relay's record of its position is (None: nowhere known), for its progress."""
+        mark, offset = self.mark, self._offset
+        if mark is None or not mark.topic_id or offset is None or not self.position:
+            return None
+        return Committed(mark.topic_id, offset)
+
+    def _bookmark(self, topic_id: str = "") -> tuple[Found, list[int]]:
         """The position of our last committed record on the topic, and the offsets of the
         foreign records after it (written by another producer: skipped, the store being the
         source of truth).
 
         Reads back from the end in growing windows, keeping a digest of each record, never its value
-        (`relay_tail`). Our last record is the one with the highest readable position whose key,
-        tag header and bytes equal the store's at that position (its headers the relay's, each
-        once) and that we vouch for: with keys, it carries our
-        signature (or, unsigned, lies within our progress: a topic signed since); without keys, it
-        claims no position beyond our progress (a topic writer can rebuild the bytes of an event not
-        yet published: atk46-25 F3): the store's (`relay_progress`, shared by every server: a
-        standby's first lead has it too) when its MAC verifies under our state key, else none
-        (the home's relay.json only for a store that keeps none: `relay_progress.words`), or
-        (without keys) it comes right after the best taken so far, from the start of the log
-        (`Scan.follows`: no gap either way). An older record copied to the tail is foreign, and so
-        is anything after ours that the store does not hold (a forged event, however well it links).
-        With signing keys, a record right after ours that continues the chain from it *and* carries
-        our signature is no forgery: the topic holds events this store lacks (a store replaced by an
-        older copy, or another relay with our keys), and the relay refuses the topic. So it does
-        when the whole topic holds none of our records but records that chain (another ledger's
-        topic).
+        (`relay_tail`). Our last record is the one with the highest readable position whose key, tag
+        header and bytes equal the store's at that position (its headers the relay's, each once) and
+        that is the record our progress names (`relay_progress.anchor`: the store's row, shared by
+        every server, when its MAC verifies under our state key and it names this topic id
+        `topic_id` and the record's offset; or the relay's own last commit on this topic, after a
+        reconnect), or comes right after the best taken so far (`Scan.follows`), from that record or
+        from the start of the log: no gap either way. Neither our signature nor a position within
+        our progress makes a record ours: a saved record of the relay's put back onto the topic made
+        again was the bookmark, and the events before it never reached the topic (atk52-25 F1). With
+        no such record known (no row, a row of an earlier version or one that does not verify,
+        another topic id) the whole topic is read from its start. An older record copied to the tail
+        is foreign, and so is anything after ours that the store does not hold (a forged event,
+        however well it links). With signing keys, a record right after ours that continues the
+        chain from it *and* carries our signature is no forgery: the topic holds events this store
+        lacks (a store replaced by an older copy, or another relay with our keys), and the relay
+        refuses the topic. So it does when the whole topic holds none of our records but records
+        that chain (another ledger's topic).
         """
-        windows = tail_windows(
-            self.bootstrap, self.topic, self.config, self.timeout_s, self.connect_timeout_s
-        )
         source = RawSource(self.recorder)
 
         def digests(positions: set[int]) -> Mapping[int, bytes]:
@@ -379,10 +399,25 @@ class Relay:
                 self.topic,
                 kept,
             )
-        progress, floor = words(word, self.progress, head)
-        if progress is not None:
-            progress = max(progress, self.position)
+        _vouch, floor = words(word, self.progress, head)
         floor = max(floor, self.position)
+        start = anchor(word, topic_id, head)
+        mine = self._committed()  # a reconnect on the topic of the relay's last commit
+        if (
+            mine is not None
+            and mine.topic_id == topic_id
+            and self.position <= head
+            and (start is None or start.position < self.position)
+        ):
+            start = Anchor(mine.offset, self.position)
+        windows = tail_windows(
+            self.bootstrap,
+            self.topic,
+            self.config,
+            self.timeout_s,
+            self.connect_timeout_s,
+            from_start=start is None,
+        )
 
         def starts() -> bool:  # no copies of later events at its start (`bookmark`)
             return (
@@ -392,7 +427,7 @@ class Relay:
                 == 1
             )
 
-        return bookmark(windows, digests, self.keys, self._refusal, progress, floor, starts)
+        return bookmark(windows, digests, self.keys, self._refusal, start, floor, starts)
 
     def _refusal(self, position: int, ours: int) -> RelayError:
         """The topic holds another log: say where it disagrees with the store (`position`: the
@@ -429,7 +464,7 @@ class Relay:
             raise self._refused
         if self._stale:
             self._reopen()
-        self.kept.advance(self.position)  # what an earlier call published, once it is due
+        self.kept.advance(self.position, self._committed())  # an earlier call's, once due
         total = 0
         until = publishable(self.recorder, self.position)  # PostgreSQL: confirmed rows only
         pages = follow(RawSource(self.recorder), self.position, until, page=self.batch)
@@ -452,8 +487,10 @@ class Relay:
                 records = next(pages, [])
                 continue
             self.position = fits[-1].position
-            self._published_end = max(self._published_end, self._sent_end())
-            self.kept.advance(self.position)  # after the commit: never ahead of the topic
+            end = self._sent_end()
+            self._offset = end - 1 if end else None
+            self._published_end = max(self._published_end, end)
+            self.kept.advance(self.position, self._committed())  # after the commit, never before
             total += len(fits)
             records = following
         return total
@@ -675,7 +712,7 @@ class Relay:
         """Close the producer; the progress published so far is kept in the store."""
         _discard(self.producer)
         self._close_admin()
-        self.kept.flush(self.position)
+        self.kept.flush(self.position, self._committed())
 
 
 class _SentElsewhere(Exception):
