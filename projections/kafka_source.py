@@ -501,12 +501,31 @@ class KafkaSource:
     def _fork(self, rec: Any, position: int) -> LogForked:
         first = self._offsets_of.get(position)
         at = "" if first is None else f" (offset {first})"
+        said = (
+            f"topic {self.topic} forks at position {position}: the record at offset {rec.offset} "
+            f"claims it too and links to position {position - 1} like the record applied{at}; "
+        )
+        if self.keys is None:
+            said += "one of them was not written by the relay"
+            hint = (
+                "turn on signing (GPULEDGER_KAFKA_SIGNING_KEYS) so a reader tells the relay's "
+                "record, then rebuild this projection; find the producer that wrote the other"
+            )
+        else:  # both verified: it said "turn on signing" to a reader with keys (atk52-ha F2)
+            said += (
+                "both carry the relay's signature: two relays of this ledger published "
+                "different events for it (a deposed leader's relay published a commit that a "
+                "failover to a standby lost, then the new leader's relay its own event there: "
+                "relays before s52, atk52-ha F1), or another producer holds the relay's keys"
+            )
+            hint = (
+                f"the records from offset {rec.offset} on are the later relay's; this topic "
+                "holds two logs: publish to a new topic (the relay writes the whole log there) "
+                "and read or restore from it, or restore the store from the promoted database"
+            )
         return LogForked(
-            f"topic {self.topic} forks at position {position}: the record at offset "
-            f"{rec.offset} claims it too and links to position {position - 1} like the record "
-            f"applied{at}; one of them was not written by the relay",
-            hint="turn on signing (GPULEDGER_KAFKA_SIGNING_KEYS) so a reader tells the relay's "
-            "record, then rebuild this projection; find the producer that wrote the other",
+            said,
+            hint=hint,
             topic=self.topic,
             position=position,
             offset=rec.offset,

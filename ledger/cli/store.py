@@ -94,8 +94,11 @@ def _copy_progress(src_home: Path, src: str | None, dst_home: Path, dst: str | N
     if not kept:
         return
     with relay_progress.opened(dst_home, dst) as recorder:
-        for topic, position, mac in kept:  # each MAC as it is: it names the same events
-            relay_progress.keep(recorder, topic, position, signature=mac)
+        for topic, position, mac, topic_id, offset in kept:  # each MAC as it is: it names the
+            # same events, and the same records of the topic
+            relay_progress.keep(
+                recorder, topic, position, signature=mac, topic_id=topic_id, offset=offset
+            )
 
 
 @store.command("restore")
@@ -130,6 +133,7 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
     from ledger.store.pgread import redacted
     from ledger.store.relay import held_at, held_text
     from ledger.store.relay_topic import START_GONE_HINT
+    from projections.errors import LogForked
     from projections.kafka_source import KafkaSource
     from projections.kafka_wire import TOPIC, connect_timeout, quiet_kafka_logs
     from projections.source import follow
@@ -164,7 +168,12 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
             )
         aside: list[int] = []
         own: list[int] = []  # of `aside`, those the relay signed (keys): positions not there
-        last = sum(len(page) for page in _taken(source, head, aside, own))  # nothing written
+        ahead: dict[int, int] = {}  # of `own`, offset -> the position each claims
+        try:
+            last = sum(len(page) for page in _taken(source, head, aside, own, ahead))  # no write
+        except LogForked as e:  # two logs on the topic (atk52-ha F2): say that nothing is lost
+            raise CopyError(f"{e.message}; nothing was written", hint=e.hint) from e
+        _refuse_past(name, last, ahead, hint)
         if last == 0:  # no record follows position 0: every one set aside
             first = "no record is position 1" + (
                 f", {len(aside):,} set aside from offset {aside[0]:,}" if aside else ""
@@ -235,14 +244,40 @@ def _aside_lines(
     return out
 
 
+def _refuse_past(name: str, last: int, ahead: dict[int, int], hint: str) -> None:
+    """Refuse a topic where a record set aside that carries the relay's signature claims a
+    position past the log read from its start (`last`): the relay published events the topic
+    does not hold in order. atk52-25 F6: a topic with a gap (1..100, then the relay's records
+    from 200 on) restored 1..100, "chain verified", exit 0."""
+    from ledger.store.copying import CopyError
+
+    past = sorted((p, o) for o, p in ahead.items() if p > last)
+    if not past:
+        return
+    position, offset = past[0]
+    lacks = f"; it lacks positions {last + 1} to {position - 1}" if position > last + 1 else ""
+    raise CopyError(
+        f"topic {name} is not a whole copy of the log: the record at offset {offset:,} carries "
+        f"the relay's signature and claims position {position}, past the log read from the "
+        f"topic's start, which ends at position {last}{lacks} ({len(past):,} such record(s)): "
+        "the relay published events the topic does not hold in order; nothing was written",
+        hint=hint,
+    )
+
+
 def _taken(
-    source: Any, head: int, aside: list[int], own: list[int] | None = None
+    source: Any,
+    head: int,
+    aside: list[int],
+    own: list[int] | None = None,
+    ahead: dict[int, int] | None = None,
 ) -> Iterator[list[Any]]:
     """The topic's log up to `head` as a quarantining reader takes it: a record that is not the
     next one (it fails the signature, does not link, claims another position) is set aside and
     its offset added to `aside` (one unsigned record after the tail stopped a restore half-way,
     atk49-25 F3), and to `own` when it carries the relay's signature; a fork, wrong keys, or a
-    run of `max_dead_run` set aside on an unsigned topic stop it."""
+    run of `max_dead_run` set aside on an unsigned topic stop it. `ahead`: the position each
+    record of `own` claims, by offset."""
     from projections.errors import PoisonRecord
     from projections.quarantine import AHEAD_SIGNED
     from projections.source import follow
@@ -259,6 +294,8 @@ def _taken(
             aside.append(p.offset)
             if own is not None and AHEAD_SIGNED in p.reason:
                 own.append(p.offset)
+                if ahead is not None and p.position is not None:
+                    ahead[p.offset] = p.position
 
 
 @store.command("where")

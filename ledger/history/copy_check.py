@@ -398,6 +398,7 @@ def kept_progress(home: Any, topic: str) -> int | None:
             return None
         if key is not None:
             mac = relay_progress.read_mac(recorder, topic)
-            if relay_progress.verdict(recorder, key, topic, got, mac) != "signed":
+            at = relay_progress.read_anchor(recorder, topic)
+            if relay_progress.verdict(recorder, key, topic, got, mac, *at) != "signed":
                 return None
     return got

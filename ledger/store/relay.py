@@ -6,9 +6,9 @@ An edge (network, files). Guarantees, with the reasons (docs/kafka.md has the lo
   carries its log position in a header. The relay keeps no offsets of its own: on start (and
   after every error) it reads the position of its last *committed* record on the topic and
   resumes right after it, so the topic itself is the relay's bookmark. Which records are its own
-  is its signature's word, or (unsigned) its progress's: the highest position a relay of this
-  ledger committed there, kept in the store every server shares (`relay_progress`) and in the
-  service's health file (`<home>/relay.json`, the word of a home upgraded).
+  is its progress's word: the last record a relay of this ledger committed there (its position,
+  the topic's id and its offset), kept in the store every server shares (`relay_progress`), and
+  what follows it as the store's next events (signatures decide nothing alone: atk52-25 F1).
 - *Atomic batches.* Each batch is one Kafka transaction: a relay that dies mid-batch leaves an
   open transaction; the next relay's `init_transactions` aborts it before reading the bookmark,
   so read_committed consumers never see the half batch, and the next relay sends it again.
@@ -41,18 +41,26 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from eventsourcing.persistence import ApplicationRecorder, InfrastructureFactory
-from eventsourcing.sqlite import SQLiteApplicationRecorder
+from eventsourcing.persistence import ApplicationRecorder
 from kafka import KafkaProducer
 from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError
 
-from ledger.store import EVENTS_DB, recorded
 from ledger.store.confirmed import publishable
-from ledger.store.relay_progress import Kept, Word, beyond, words
+from ledger.store.relay_progress import (
+    Anchor,
+    Committed,
+    Kept,
+    Word,
+    anchor,
+    beyond,
+    elsewhere,
+    words,
+)
+from ledger.store.relay_raw import RawRecord, RawSource, open_store, read_raw
 from ledger.store.relay_tail import (
+    Found,
     bookmark,
     first_position,
     held_at,
@@ -98,8 +106,11 @@ from projections.kafka_wire import (
 )
 from projections.source import follow
 
-__all__ = [  # the relay's errors and its topic's creation live in relay_topic; named here too
+__all__ = [  # the relay's errors and its topic's creation live in relay_topic, the store's
+    # records as bytes in relay_raw; named here too
     "DEFAULT_TIMEOUT_S",
+    "RawRecord",
+    "RawSource",
     "RecordTooLarge",
     "Relay",
     "RelayError",
@@ -118,97 +129,6 @@ DEFAULT_TRANSACTIONAL_ID = "gpuledger-relay"
 DEFAULT_BATCH = 5_000
 
 log = logging.getLogger("gpuledger.relay")
-
-
-class RawRecord(NamedTuple):
-    """One stored event as the relay publishes it: bytes untouched, never decoded.
-
-    A NamedTuple: the relay builds one per event, and a frozen dataclass costs twice as much."""
-
-    position: int
-    tag: str
-    data: bytes
-    key: bytes
-
-
-def open_store(home: Path, store: str | None = None) -> ApplicationRecorder:
-    """The event store's recorder, for readers that need bytes, not folded state (the SQLite
-    file of `home`, or the PostgreSQL store it records: `ledger.store.locate`; `store`: that
-    PostgreSQL DSN instead)."""
-    dsn = store or recorded(home)
-    if dsn is not None:
-        from eventsourcing.utils import Environment
-
-        env = Environment("gpuledger", {
-            "PERSISTENCE_MODULE": "ledger.store.postgres:LedgerPostgresFactory",
-            "GPULEDGER_STORE_DSN": dsn,
-        })  # fmt: skip
-        return InfrastructureFactory.construct(env).application_recorder()
-    db = home / EVENTS_DB
-    if not db.exists():
-        raise RelayError(f"no event store at {db}", hint="run `gpuledger init` first")
-    factory = InfrastructureFactory.construct(
-        {"PERSISTENCE_MODULE": "eventsourcing.sqlite", "SQLITE_DBNAME": str(db)}
-    )
-    return factory.application_recorder()
-
-
-class RawSource:
-    """The store's records as the relay publishes them, for `projections.source.follow`."""
-
-    def __init__(self, recorder: ApplicationRecorder) -> None:
-        self.recorder = recorder
-
-    def read(self, after: int, limit: int) -> list[RawRecord]:
-        return read_raw(self.recorder, after, limit)
-
-    def head(self) -> int:
-        return int(self.recorder.max_notification_id() or 0)
-
-
-def read_raw(recorder: ApplicationRecorder, after: int, limit: int) -> list[RawRecord]:
-    """Up to `limit` stored events after position `after`, in log order."""
-    if isinstance(recorder, SQLiteApplicationRecorder):
-        return _read_raw_sqlite(recorder, after, limit)
-    return [
-        RawRecord(n.id, n.topic, n.state, str(n.originator_id).encode())
-        for n in recorder.select_notifications(start=after + 1, limit=limit)
-    ]
-
-
-def _read_raw_sqlite(
-    recorder: SQLiteApplicationRecorder, after: int, limit: int
-) -> list[RawRecord]:
-    """`select_notifications` without a UUID object per row, which took a fifth of the relay's
-    time: the log is one stream, so its id is converted once per call."""
-    keys: dict[str, bytes] = {}
-    out = []
-    with recorder.datastore.transaction(commit=False) as cursor:
-        cursor.execute(
-            f"SELECT rowid, originator_id, topic, state FROM {recorder.events_table_name} "
-            "WHERE rowid>? ORDER BY rowid LIMIT ?",
-            (after, limit),
-        )
-        rows = cursor.fetchall()
-    for position, originator_id, topic, state in rows:
-        key = keys.get(originator_id)
-        if key is None:
-            key = keys[originator_id] = str(recorder.convert_originator_id(originator_id)).encode()
-        if not isinstance(state, bytes):  # a hand-edited row (`audit verify` names it)
-            state = _as_bytes(state)
-        out.append(RawRecord(position, topic, state, key))
-    return out
-
-
-def _as_bytes(value: object) -> bytes:
-    """A stored value as the bytes `audit verify` reads in it: a row rewritten as TEXT (the
-    same bytes) stopped the relay for good with a TypeError from the Kafka client, nothing of
-    the batch published (atk49-25 F5); `audit verify` names the row as stored as text."""
-    if isinstance(value, bytearray | memoryview):
-        return bytes(value)
-    if isinstance(value, str):
-        return value.encode("utf-8", "surrogateescape")
-    return b"" if value is None else str(value).encode()
 
 
 def _commit(producer: Any, timeout_s: float) -> None:
@@ -283,6 +203,8 @@ class Relay:
         nothing: atk47-25 F1 at or below the head)."""
         self.position = 0
         """The log position of the last event known to be committed on the topic."""
+        self._offset: int | None = None
+        """The offset of the relay's record of `position` on the topic (None: none, unknown)."""
         self.skipped: tuple[int, ...] = ()
         """Offsets of foreign records found after our last record when we last connected."""
         self._stale = False
@@ -374,7 +296,9 @@ class Relay:
             why = self._remade
             if why is None and self.mark is not None:
                 why = remade(self.topic, self.mark, mark, self._published_end)
-            last, foreign = (0, []) if why else self._bookmark()
+            if why is None:  # made again while no relay of ours looked (atk52-25 F1 a, b, d)
+                why = elsewhere(self.topic, self.kept.word(self.store_head()), mark.topic_id)
+            found, foreign = (Found(0, None), []) if why else self._bookmark(mark.topic_id)
         except BaseException as e:
             _discard(producer)
             if isinstance(e, KafkaError):
@@ -390,6 +314,7 @@ class Relay:
             self.remakes += 1
         self.mark, self._published_end = mark, mark.end
         self._checked = time.monotonic()
+        last = found.position
         if foreign:
             log.warning(
                 "relay: %d foreign record(s) after position %d on %s skipped (offsets %s): not "
@@ -400,36 +325,41 @@ class Relay:
                 self.topic,
                 offsets_text(foreign),
             )
-        self.position = last
+        self.position, self._offset = last, found.offset
         self.skipped = tuple(foreign)
         return producer
 
-    def _bookmark(self) -> tuple[int, list[int]]:
+    def _committed(self) -> Committed | None:
+        """Where the relay's record of its position is (None: nowhere known), for its progress."""
+        mark, offset = self.mark, self._offset
+        if mark is None or not mark.topic_id or offset is None or not self.position:
+            return None
+        return Committed(mark.topic_id, offset)
+
+    def _bookmark(self, topic_id: str = "") -> tuple[Found, list[int]]:
         """The position of our last committed record on the topic, and the offsets of the
         foreign records after it (written by another producer: skipped, the store being the
         source of truth).
 
         Reads back from the end in growing windows, keeping a digest of each record, never its value
-        (`relay_tail`). Our last record is the one with the highest readable position whose key,
-        tag header and bytes equal the store's at that position (its headers the relay's, each
-        once) and that we vouch for: with keys, it carries our
-        signature (or, unsigned, lies within our progress: a topic signed since); without keys, it
-        claims no position beyond our progress (a topic writer can rebuild the bytes of an event not
-        yet published: atk46-25 F3): the store's (`relay_progress`, shared by every server: a
-        standby's first lead has it too) when its MAC verifies under our state key, else none
-        (the home's relay.json only for a store that keeps none: `relay_progress.words`), or
-        (without keys) it comes right after the best taken so far, from the start of the log
-        (`Scan.follows`: no gap either way). An older record copied to the tail is foreign, and so
-        is anything after ours that the store does not hold (a forged event, however well it links).
-        With signing keys, a record right after ours that continues the chain from it *and* carries
-        our signature is no forgery: the topic holds events this store lacks (a store replaced by an
-        older copy, or another relay with our keys), and the relay refuses the topic. So it does
-        when the whole topic holds none of our records but records that chain (another ledger's
-        topic).
+        (`relay_tail`). Our last record is the one with the highest readable position whose key, tag
+        header and bytes equal the store's at that position (its headers the relay's, each once) and
+        that is the record our progress names (`relay_progress.anchor`: the store's row, shared by
+        every server, when its MAC verifies under our state key and it names this topic id
+        `topic_id` and the record's offset; or the relay's own last commit on this topic, after a
+        reconnect), or comes right after the best taken so far (`Scan.follows`), from that record or
+        from the start of the log: no gap either way. Neither our signature nor a position within
+        our progress makes a record ours: a saved record of the relay's put back onto the topic made
+        again was the bookmark, and the events before it never reached the topic (atk52-25 F1). With
+        no such record known (no row, a row of an earlier version or one that does not verify,
+        another topic id) the whole topic is read from its start. An older record copied to the tail
+        is foreign, and so is anything after ours that the store does not hold (a forged event,
+        however well it links). With signing keys, a record right after ours that continues the
+        chain from it *and* carries our signature is no forgery: the topic holds events this store
+        lacks (a store replaced by an older copy, or another relay with our keys), and the relay
+        refuses the topic. So it does when the whole topic holds none of our records but records
+        that chain (another ledger's topic).
         """
-        windows = tail_windows(
-            self.bootstrap, self.topic, self.config, self.timeout_s, self.connect_timeout_s
-        )
         source = RawSource(self.recorder)
 
         def digests(positions: set[int]) -> Mapping[int, bytes]:
@@ -469,10 +399,25 @@ class Relay:
                 self.topic,
                 kept,
             )
-        progress, floor = words(word, self.progress, head)
-        if progress is not None:
-            progress = max(progress, self.position)
+        _vouch, floor = words(word, self.progress, head)
         floor = max(floor, self.position)
+        start = anchor(word, topic_id, head)
+        mine = self._committed()  # a reconnect on the topic of the relay's last commit
+        if (
+            mine is not None
+            and mine.topic_id == topic_id
+            and self.position <= head
+            and (start is None or start.position < self.position)
+        ):
+            start = Anchor(mine.offset, self.position)
+        windows = tail_windows(
+            self.bootstrap,
+            self.topic,
+            self.config,
+            self.timeout_s,
+            self.connect_timeout_s,
+            from_start=start is None,
+        )
 
         def starts() -> bool:  # no copies of later events at its start (`bookmark`)
             return (
@@ -482,7 +427,7 @@ class Relay:
                 == 1
             )
 
-        return bookmark(windows, digests, self.keys, self._refusal, progress, floor, starts)
+        return bookmark(windows, digests, self.keys, self._refusal, start, floor, starts)
 
     def _refusal(self, position: int, ours: int) -> RelayError:
         """The topic holds another log: say where it disagrees with the store (`position`: the
@@ -519,7 +464,7 @@ class Relay:
             raise self._refused
         if self._stale:
             self._reopen()
-        self.kept.advance(self.position)  # what an earlier call published, once it is due
+        self.kept.advance(self.position, self._committed())  # an earlier call's, once due
         total = 0
         until = publishable(self.recorder, self.position)  # PostgreSQL: confirmed rows only
         pages = follow(RawSource(self.recorder), self.position, until, page=self.batch)
@@ -542,8 +487,10 @@ class Relay:
                 records = next(pages, [])
                 continue
             self.position = fits[-1].position
-            self._published_end = max(self._published_end, self._sent_end())
-            self.kept.advance(self.position)  # after the commit: never ahead of the topic
+            end = self._sent_end()
+            self._offset = end - 1 if end else None
+            self._published_end = max(self._published_end, end)
+            self.kept.advance(self.position, self._committed())  # after the commit, never before
             total += len(fits)
             records = following
         return total
@@ -765,7 +712,7 @@ class Relay:
         """Close the producer; the progress published so far is kept in the store."""
         _discard(self.producer)
         self._close_admin()
-        self.kept.flush(self.position)
+        self.kept.flush(self.position, self._committed())
 
 
 class _SentElsewhere(Exception):

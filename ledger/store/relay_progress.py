@@ -39,7 +39,19 @@ without a shared key file, or stripped by whoever edited it) it cannot check, an
 the relay takes such a row as no vouch all the same, so it can cost a longer read at start,
 never a gap nor a duplicate.
 
-An edge (the store). The rules (`trusted`, `words`, `due`, `mac`) are pure.
+**The record it names** (s53). A row names the topic's id and the offset of the committed
+record of its position (`topic_id`, `record_offset`; in the MAC, v2), and the relay takes that
+one record as the start of its bookmark (`anchor`), never a record by its signature or by a
+position within the progress: a saved record of the relay's put back onto a topic made again
+(signed, or unsigned within the progress) was the bookmark, and the events before it never
+reached the topic (atk52-25 F1 (a), (b), (d)). A row naming another topic id says the topic was
+made again since the relay's last commit (`elsewhere`): the relay publishes the log to it from
+position 1, and the row is replaced at its first write there, whatever its position (only
+forward on one topic id). A row without them (an earlier version's, `store restore`'s) is
+unknown: the relay reads the topic from its start once.
+
+An edge (the store). The rules (`trusted`, `words`, `anchor`, `elsewhere`, `due`, `mac`) are
+pure.
 """
 
 from __future__ import annotations
@@ -70,26 +82,38 @@ progress, which a restart reads back to find one within it; one write per 5,000 
 about a microsecond an event)."""
 
 _SQLITE_TABLE = (
-    f"CREATE TABLE IF NOT EXISTS {TABLE} "
-    "(topic TEXT PRIMARY KEY, position INTEGER NOT NULL, kept_at TEXT NOT NULL, mac TEXT)"
+    f"CREATE TABLE IF NOT EXISTS {TABLE} (topic TEXT PRIMARY KEY, position INTEGER NOT NULL, "
+    "kept_at TEXT NOT NULL, mac TEXT, topic_id TEXT, record_offset INTEGER)"
 )
 _SQLITE_KEEP = (
-    f"INSERT INTO {TABLE} (topic, position, kept_at, mac) VALUES (?, ?, datetime('now'), ?) "
+    f"INSERT INTO {TABLE} (topic, position, kept_at, mac, topic_id, record_offset) "
+    "VALUES (?, ?, datetime('now'), ?, ?, ?) "
     "ON CONFLICT (topic) DO UPDATE SET position = excluded.position, kept_at = excluded.kept_at, "
-    f"mac = excluded.mac WHERE excluded.position > {TABLE}.position"
+    "mac = excluded.mac, topic_id = excluded.topic_id, record_offset = excluded.record_offset "
+    f"WHERE excluded.position > {TABLE}.position "
+    f"OR (excluded.topic_id IS NOT NULL AND excluded.topic_id IS NOT {TABLE}.topic_id)"
 )
 _PG_TABLE = (
-    f"CREATE TABLE IF NOT EXISTS {TABLE} "
-    "(topic text PRIMARY KEY, position bigint NOT NULL, kept_at timestamptz NOT NULL, mac text)"
+    f"CREATE TABLE IF NOT EXISTS {TABLE} (topic text PRIMARY KEY, position bigint NOT NULL, "
+    "kept_at timestamptz NOT NULL, mac text, topic_id text, record_offset bigint)"
 )
 _PG_KEEP = (
-    f"INSERT INTO {TABLE} AS kept (topic, position, kept_at, mac) VALUES (%s, %s, now(), %s) "
+    f"INSERT INTO {TABLE} AS kept (topic, position, kept_at, mac, topic_id, record_offset) "
+    "VALUES (%s, %s, now(), %s, %s, %s) "
     "ON CONFLICT (topic) DO UPDATE SET position = excluded.position, kept_at = now(), "
-    "mac = excluded.mac WHERE excluded.position > kept.position"
+    "mac = excluded.mac, topic_id = excluded.topic_id, record_offset = excluded.record_offset "
+    "WHERE excluded.position > kept.position "
+    "OR (excluded.topic_id IS NOT NULL AND excluded.topic_id IS DISTINCT FROM kept.topic_id)"
 )
-_SQLITE_MAC_COLUMN = f"ALTER TABLE {TABLE} ADD COLUMN mac TEXT"
-_PG_MAC_COLUMN = f"ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS mac text"
-"""A table made by an earlier version has no `mac`: added at the first write."""
+"""Only forward on one topic; a row for another topic (the topic made again: another topic id)
+is replaced whatever its position (the relay publishes the log again from position 1 there)."""
+_COLUMNS = (
+    ("mac", "TEXT", "text"),
+    ("topic_id", "TEXT", "text"),
+    ("record_offset", "INTEGER", "bigint"),
+)
+"""Columns a table made by an earlier version may lack (`mac` before s47, the topic id and the
+offset before s53): added at the first write."""
 
 
 def _pg(sql: str, recorder: Any) -> str:
@@ -108,13 +132,65 @@ class Word(NamedTuple):
     """Its MAC verifies under the relay's state key and names the store's event at `position`
     (True without a key: nothing to check it with; and for 0 and None, which vouch for
     nothing)."""
+    topic_id: str | None = None
+    """Kafka's id of the topic the relay committed `position` to (None: unknown, a row of an
+    earlier version, `store restore`'s, or none)."""
+    offset: int | None = None
+    """The offset of that committed record on that topic (None: unknown)."""
+
+
+class Committed(NamedTuple):
+    """Where the relay committed a record: the topic's id and the record's offset."""
+
+    topic_id: str
+    offset: int
+
+
+class Anchor(NamedTuple):
+    """The one record a relay may take as its bookmark by its progress: its own committed record
+    of `position` at `offset` on the topic whose id the progress names (atk52-25 F1: a record
+    replayed onto a topic made again, signed or within the progress, was taken as the bookmark
+    and the events before it never reached the topic). Anything else on the topic is taken only
+    as the store's next event after one taken (`relay_tail.Scan.follows`)."""
+
+    offset: int
+    position: int
+
+
+def anchor(word: Word, topic_id: str, head: int) -> Anchor | None:
+    """Pure: the record the store's row lets the relay take as its bookmark on the topic whose
+    id is `topic_id` now: the row's, when it verifies, lies within the store's `head` and names
+    this topic id and an offset (None otherwise: the relay reads the topic from its start)."""
+    p = word.position
+    if not p or not word.verified or p > head or word.offset is None:
+        return None
+    if not topic_id or word.topic_id != topic_id:
+        return None
+    return Anchor(word.offset, p)
+
+
+def elsewhere(topic: str, word: Word, topic_id: str) -> str | None:
+    """Pure: why the relay's last commit was to another topic than the one named `topic` now
+    (None: the same, or unknown): the store's row, verified, names another topic id. The topic
+    was deleted and made again since: whatever is on it is none of the relay's records, which
+    publishes the store's log to it from position 1 (a record of the progress position replayed
+    onto it was the bookmark: atk52-25 F1 (a), (b), (d))."""
+    if not word.position or not word.verified or not word.topic_id or not topic_id:
+        return None
+    if word.topic_id == topic_id:
+        return None
+    return (
+        f"topic {topic} was deleted and made again since the relay last committed to it (the "
+        f"store's progress, position {word.position:,}, names topic id {word.topic_id}; the "
+        f"topic's is {topic_id})"
+    )
 
 
 @contextlib.contextmanager
 def opened(home: Path, store: str | None = None) -> Iterator[Any]:
     """The recorder of the store of `home` (`store`: that PostgreSQL DSN instead), closed after:
     for a command that keeps or reads the progress once (init, store copy and restore)."""
-    from ledger.store.relay import open_store
+    from ledger.store.relay_raw import open_store
 
     recorder = open_store(home, store)
     try:
@@ -162,10 +238,24 @@ def key_id(key: bytes) -> str:
     return hashlib.sha256(b"gpuledger.state-key-id\0" + key).hexdigest()[:12]
 
 
-def mac(key: bytes, topic: str, position: int, link: str) -> str:
+def mac(
+    key: bytes,
+    topic: str,
+    position: int,
+    link: str,
+    topic_id: str | None = None,
+    offset: int | None = None,
+) -> str:
     """Pure: the MAC of a progress row, `<key id>:<hex>`: HMAC-SHA256 under the state key of the
-    topic, the position and the link to the store's event there ("" for 0)."""
-    text = f"gpuledger.relay-progress.v1\0{topic}\0{position}\0{link}".encode()
+    topic, the position and the link to the store's event there ("" for 0), and (v2) the topic
+    id and the offset the row names (a row without them: v1, an earlier version's)."""
+    if topic_id is None and offset is None:
+        text = f"gpuledger.relay-progress.v1\0{topic}\0{position}\0{link}".encode()
+    else:
+        text = (
+            f"gpuledger.relay-progress.v2\0{topic}\0{position}\0{link}\0{topic_id or ''}"
+            f"\0{'' if offset is None else offset}"
+        ).encode()
     return f"{key_id(key)}:{hmac.new(key, text, hashlib.sha256).hexdigest()}"
 
 
@@ -173,7 +263,7 @@ def link_at(recorder: Any, position: int) -> str | None:
     """The link to the store's event at `position` ("" for 0; None: the store has none)."""
     if position == 0:
         return ""
-    from ledger.store.relay import read_raw
+    from ledger.store.relay_raw import read_raw
     from projections.chain import link
 
     got = read_raw(recorder, position - 1, 1)
@@ -188,15 +278,25 @@ MAC: an edit); there is none, or it names another key (an earlier version's row,
 server's key: nothing to check it with)."""
 
 
-def verdict(recorder: Any, key: bytes, topic: str, position: int, got: str | None) -> Verdict:
-    """What `got`, the MAC a row for (`topic`, `position`) carries, is under `key`."""
+def verdict(
+    recorder: Any,
+    key: bytes,
+    topic: str,
+    position: int,
+    got: str | None,
+    topic_id: str | None = None,
+    offset: int | None = None,
+) -> Verdict:
+    """What `got`, the MAC a row for (`topic`, `position`, `topic_id`, `offset`) carries, is
+    under `key`."""
     if not got:
         return "unsigned"
     kid, sep, _hex = got.partition(":")
     if sep and kid != key_id(key) and len(kid) == 12:
         return "unsigned"
     at = link_at(recorder, position)
-    ok = at is not None and hmac.compare_digest(mac(key, topic, position, at), got)
+    want = None if at is None else mac(key, topic, position, at, topic_id, offset)
+    ok = want is not None and hmac.compare_digest(want, got)
     return "signed" if ok else "edited"
 
 
@@ -226,7 +326,8 @@ def edits(home: Path, head: int) -> list[str]:
         words = {f"the relay's progress on topic {t} (store)": p for t, p in kept}
         if key is not None:
             for topic, position in kept:
-                got = verdict(recorder, key, topic, position, read_mac(recorder, topic))
+                at = read_anchor(recorder, topic)
+                got = verdict(recorder, key, topic, position, read_mac(recorder, topic), *at)
                 if position <= head and got == "edited":
                     unsigned.append(
                         f"the relay's progress on topic {topic} (store, position {position:,}) "
@@ -325,10 +426,46 @@ def read_mac(recorder: Any, topic: str) -> str | None:
     return None if got is None else str(got)
 
 
-def signed_rows(recorder: Any) -> list[tuple[str, int, str | None]]:
-    """Every (topic, progress, MAC) the store keeps, by topic: what `gpuledger store copy`
-    carries over (the copy holds the same events, so each MAC still names them)."""
-    return [(t, p, read_mac(recorder, t)) for t, p in rows(recorder)]
+def read_anchor(recorder: Any, topic: str) -> tuple[str | None, int | None]:
+    """The topic id and the offset the store's row for `topic` names ((None, None): no row, a
+    row of an earlier version, no such columns)."""
+    query = f"SELECT topic_id, record_offset FROM {TABLE} WHERE topic = "
+    if isinstance(recorder, SQLiteApplicationRecorder):
+        import sqlite3
+
+        from eventsourcing.persistence import OperationalError
+
+        with recorder.datastore.transaction(commit=False) as cursor:
+            try:
+                cursor.execute(query + "?", (topic,))
+            except (sqlite3.OperationalError, OperationalError):
+                return None, None  # no table, or no columns (a table of an earlier version)
+            row = cursor.fetchone()
+        got = None if row is None else (row[0], row[1])
+    elif getattr(getattr(recorder, "datastore", None), "pool", None) is None:
+        return None, None
+    else:
+        import psycopg
+
+        with recorder.datastore.get_connection() as conn:
+            try:
+                found = conn.execute(_pg(query, recorder) + "%s", (topic,)).fetchone()
+            except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn):
+                return None, None
+        if isinstance(found, dict):
+            got = (found["topic_id"], found["record_offset"])
+        else:
+            got = None if found is None else (found[0], found[1])
+    if got is None:
+        return None, None
+    return (None if got[0] is None else str(got[0])), (None if got[1] is None else int(got[1]))
+
+
+def signed_rows(recorder: Any) -> list[tuple[str, int, str | None, str | None, int | None]]:
+    """Every (topic, progress, MAC, topic id, offset) the store keeps, by topic: what `gpuledger
+    store copy` carries over (the copy holds the same events, so each MAC still names them, and
+    the topic holds the same records)."""
+    return [(t, p, read_mac(recorder, t), *read_anchor(recorder, t)) for t, p in rows(recorder)]
 
 
 def rows(recorder: Any) -> list[tuple[str, int]]:
@@ -375,15 +512,19 @@ def keep(
     *,
     repair: bool = False,
     signature: str | None = None,
+    topic_id: str | None = None,
+    offset: int | None = None,
 ) -> None:
-    """Raise the progress the store keeps for `topic` to `position` (never lower it; `repair`:
-    replace a row that does not verify, whatever it says), with its MAC under `key` (or
-    `signature`, a row's MAC copied as it is; none without either): one statement, its own
-    transaction. The table is made on the first write (`topic` None: only that), and a table of
-    an earlier version given its `mac` column."""
+    """Raise the progress the store keeps for `topic` to `position` (never lower it on one
+    topic id; a row naming another is replaced; `repair`: replace a row that does not verify,
+    whatever it says), naming the topic's id and the offset of the committed record of
+    `position` (None: unknown), with its MAC under `key` (or `signature`, a row's MAC copied as
+    it is; none without either): one statement, its own transaction. The table is made on the
+    first write (`topic` None: only that), and a table of an earlier version given its columns."""
     if key is not None and topic is not None:
         at = link_at(recorder, position)
-        signature = None if at is None else mac(key, topic, position, at)
+        signature = None if at is None else mac(key, topic, position, at, topic_id, offset)
+    values = (topic, position, signature, topic_id, offset)
     where = " WHERE excluded.position > "
     if isinstance(recorder, SQLiteApplicationRecorder):
         import sqlite3
@@ -398,15 +539,19 @@ def keep(
             # the write first: a read before it (the schema) would pin a snapshot that a commit
             # meanwhile makes SQLite refuse to upgrade at once ("database is locked", no wait)
             try:
-                cursor.execute(upsert, (topic, position, signature))
+                cursor.execute(upsert, values)
             except (sqlite3.OperationalError, OperationalError) as e:
                 if "no such table" in str(e):
                     cursor.execute(_SQLITE_TABLE)
-                elif "mac" in str(e):
-                    cursor.execute(_SQLITE_MAC_COLUMN)
+                elif "column" in str(e):
+                    cursor.execute(f"PRAGMA table_info({TABLE})")
+                    have = {str(r[1]) for r in cursor.fetchall()}
+                    for name, kind, _pg_kind in _COLUMNS:
+                        if name not in have:
+                            cursor.execute(f"ALTER TABLE {TABLE} ADD COLUMN {name} {kind}")
                 else:
                     raise
-                cursor.execute(upsert, (topic, position, signature))
+                cursor.execute(upsert, values)
         return
     pool = getattr(getattr(recorder, "datastore", None), "pool", None)
     if pool is None:
@@ -417,17 +562,21 @@ def keep(
     with recorder.datastore.get_connection() as conn:
         made = conn.execute(
             "SELECT count(*) AS n FROM information_schema.columns WHERE table_name = %s "
-            "AND column_name = 'mac' AND table_schema = %s",
+            "AND column_name = 'record_offset' AND table_schema = %s",
             (TABLE, getattr(recorder.datastore, "schema", "") or "public"),
         ).fetchone()
         if not (made["n"] if isinstance(made, dict) else made[0]):
             # under the schema's lock: two relays making it at once would clash in the catalog
+            added = "".join(
+                _pg(f"ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS {name} {kind}; ", recorder)
+                for name, _sqlite_kind, kind in _COLUMNS
+            )
             conn.execute(
                 f"BEGIN; SELECT pg_advisory_xact_lock({SCHEMA_LOCK}); "
-                f"{_pg(_PG_TABLE, recorder)}; {_pg(_PG_MAC_COLUMN, recorder)}; COMMIT;"
+                f"{_pg(_PG_TABLE, recorder)}; {added}COMMIT;"
             )
         if topic is not None:
-            conn.execute(_pg(upsert, recorder), (topic, position, signature))
+            conn.execute(_pg(upsert, recorder), values)
 
 
 class Kept:
@@ -444,6 +593,9 @@ class Kept:
         self.key = key
         self.kept = 0
         """The highest position written to (or read from, verified) the store."""
+        self.kept_id: str | None = None
+        """The topic id the row names, as written (or read, verified): a position on another
+        topic (made again) is written whatever `kept` says."""
         self._repair = False
         """The row read does not verify: the next write replaces it, whatever it says."""
         self._at = float("-inf")
@@ -458,26 +610,34 @@ class Kept:
         """The store's word and whether it verifies (`Word`); one that does not (or lies
         beyond the store's `head`) is not taken as written, and is replaced at the next write."""
         got = read(self.recorder, self.topic)
+        topic_id, offset = read_anchor(self.recorder, self.topic) if got else (None, None)
         verified = True
         if got and self.key is not None:
             mac_of = read_mac(self.recorder, self.topic)
-            verified = verdict(self.recorder, self.key, self.topic, got, mac_of) == "signed"
+            said = verdict(self.recorder, self.key, self.topic, got, mac_of, topic_id, offset)
+            verified = said == "signed"
         if got is not None and (head is None or got <= head) and verified:
-            self.kept = max(self.kept, got)
+            if got > self.kept or topic_id != self.kept_id:
+                self.kept, self.kept_id = got, topic_id
         elif got:
             self._repair = True
-        return Word(got, verified)
+        return Word(got, verified, topic_id, offset)
 
-    def advance(self, position: int) -> None:
+    def _kept_on(self, at: Committed | None) -> int:
+        """What was kept on the topic of `at` (0: the row names another topic, or none)."""
+        return self.kept if at is None or at.topic_id == self.kept_id else 0
+
+    def advance(self, position: int, at: Committed | None = None) -> None:
+        """`at`: where the relay's record of `position` was committed (None: unknown)."""
         now = time.monotonic()
-        if due(position, self.kept, now - self._at, self.every_s):
-            self._write(position, now)
+        if due(position, self._kept_on(at), now - self._at, self.every_s):
+            self._write(position, now, at)
 
-    def flush(self, position: int) -> None:
-        if due(position, self.kept, 0.0, every_s=0.0):
-            self._write(position, time.monotonic())
+    def flush(self, position: int, at: Committed | None = None) -> None:
+        if due(position, self._kept_on(at), 0.0, every_s=0.0):
+            self._write(position, time.monotonic(), at)
 
-    def _write(self, position: int, now: float) -> None:
+    def _write(self, position: int, now: float, at: Committed | None = None) -> None:
         self._at = now
         try:
             if link_at(self.recorder, position) is None:  # a deposed leader's relay, closing
@@ -486,7 +646,9 @@ class Kept:
                 log.warning("relay: does not keep its progress (position %d): the store holds "
                             "no event there (a failover lost it?)", position)  # fmt: skip
                 return
-            keep(self.recorder, self.topic, position, self.key, repair=self._repair)
+            keep(self.recorder, self.topic, position, self.key, repair=self._repair,
+                 topic_id=None if at is None else at.topic_id,
+                 offset=None if at is None else at.offset)  # fmt: skip
         except Exception as e:  # behind costs duplicates, never a gap: go on publishing
             (log.debug if self._failing else log.warning)(
                 "relay: cannot keep its progress (position %d) in the store: %s: %s; tried "
@@ -502,4 +664,7 @@ class Kept:
             log.warning("relay: its progress is kept in the store again (position %d)", position)
         self._failing = False
         self._repair = False
-        self.kept = max(self.kept, position)
+        if at is not None and at.topic_id != self.kept_id:
+            self.kept, self.kept_id = position, at.topic_id
+        else:
+            self.kept = max(self.kept, position)

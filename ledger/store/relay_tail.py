@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
+from ledger.store.relay_progress import Anchor
 from ledger.store.relay_topic import DEFAULT_TIMEOUT_S, RelayError, RelayUnavailable
 from projections.chain import START, Tip, prev_hash, rule
 from projections.kafka_wire import (
@@ -61,15 +62,16 @@ def tail_windows(
     config: Mapping[str, Any] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+    from_start: bool = False,
 ) -> Iterator[tuple[bool, Iterator[Any]]]:
     """The last committed records of the topic in growing windows (16, 256, ... offsets from the
-    end), each as (reaches the first offset, its records in offset order, polled as they are
-    taken: read each window to its end before asking for the next); the caller stops when it
-    has seen enough. read_committed skips aborted records and markers, and its end offset stops
-    before any open transaction. Raises RelayUnavailable when the broker hands out no record for
-    `timeout_s` (a deadline per poll that brings records, not one for the whole search: four
-    million tiny forged records at the tail outlasted a single 30 s and the relay retried for
-    good, atk46-25 F6)."""
+    end; `from_start`: only the last, the whole topic), each as (reaches the first offset, its
+    records in offset order, polled as they are taken: read each window to its end before asking for
+    the next); the caller stops when it has seen enough. read_committed skips aborted records and
+    markers, and its end offset stops before any open transaction. Raises RelayUnavailable when the
+    broker hands out no record for `timeout_s` (a deadline per poll that brings records, not one for
+    the whole search: four million tiny forged records at the tail outlasted a single 30 s and the
+    relay retried for good, atk46-25 F6)."""
     tp = TopicPartition(topic, PARTITION)
     try:
         consumer = KafkaConsumer(
@@ -89,7 +91,7 @@ def tail_windows(
         ms = int(timeout_s * 1000)
         end = consumer.end_offsets([tp], timeout_ms=ms)[tp]
         begin = consumer.beginning_offsets([tp], timeout_ms=ms)[tp]
-        back = 16
+        back = end - begin if from_start else 16
         while True:
             start = max(begin, end - back)
             yield start == begin, window(start, end)
@@ -251,6 +253,17 @@ def seen(rec: Any, keys: SigningKeys | None) -> Seen:
     return Seen(rec.offset, position, digest, tip, got, signed)
 
 
+class Found(NamedTuple):
+    """The relay's last record on the topic: its position (0: none) and offset (None: none)."""
+
+    position: int
+    offset: int | None
+
+    @classmethod
+    def of(cls, rec: Seen | None) -> Found:
+        return cls(0, None) if rec is None else cls(rec.position or 0, rec.offset)
+
+
 def continues(rec: Seen, before: Seen | None) -> bool:
     """Pure: whether `rec` is the event after the record `before` in a log (None: the start),
     by its position and its link (its signature is the caller's)."""
@@ -266,13 +279,16 @@ class Scan:
     record, key, tag header and value, equals the store's), `after` (the offsets after it:
     foreign) and the facts a refusal rests on."""
 
-    def __init__(self, signing: bool, progress: int | None = None) -> None:
+    def __init__(self, signing: bool, anchor: Anchor | None = None) -> None:
         self.signing = signing
-        self.progress = progress
-        """The highest position this relay knows it committed (its durable progress; None:
-        unknown). A record equal to the store's event is ours only when it carries our signature
-        or (unsigned) claims no position beyond this: anyone who can write the topic can rebuild
-        a not-yet-published event's bytes (atk46-25 F3)."""
+        self.anchor = anchor
+        """The record this relay knows it committed (its durable progress: the offset and the
+        position the store's row names on this topic id; None: none known). A record equal to
+        the store's event is ours only when it is that one, or the store's next event after one
+        taken (`follows`): anyone who can write the topic can rebuild a not-yet-published
+        event's bytes (atk46-25 F3) or put back a saved record of the relay's, signed or not,
+        onto a topic made again (atk52-25 F1: taken by its signature, or as a position within
+        the progress, the events before it never reached the topic)."""
         self.best: Seen | None = None
         self.after = array("q")
         """Offsets after `best` (every offset while there is none)."""
@@ -299,27 +315,24 @@ class Scan:
         """Offsets after `reach` (every offset while there is none)."""
 
     def vouched(self, rec: Seen, position: int) -> bool:
-        """Whether a record equal to the store's event at `position` may be ours: with keys,
-        signed by our key, nothing else (an unsigned one vouched for "within the progress" was
-        taken from a topic made again holding one unsigned copy of the progress position: every
-        event before it never reached the topic, "0 behind", atk50-25 F2); without keys, within
-        our progress (without a progress: any, the topic's writers being trusted)."""
-        if self.signing or rec.signed:
-            return rec.signed
-        if self.progress is None:
-            return True
-        return position <= self.progress
+        """Whether a record equal to the store's event at `position` is the one our progress
+        names (`anchor`: that offset, that position, on the topic id it names). Nothing else
+        vouches: not our signature (a saved signed record put back onto a topic made again,
+        atk52-25 F1 (b)), not a position within the progress (an unsigned copy, atk50-25 F2,
+        atk52-25 F1 (a))."""
+        got = self.anchor
+        return got is not None and rec.offset == got.offset and position == got.position
 
-    def follows(self, best: Seen | None, position: int) -> bool:
+    def follows(self, best: Seen | None, rec: Seen, position: int) -> bool:
         """Whether a record equal to the store's event at `position` comes right after our last
         one (`best`; None: the start of the log): then every position up to it is on the topic,
         in order, as the store's bytes, whoever sent it, so taking it leaves no gap for any
         reader, and our own records past a progress not yet written are not published again (the
         store's progress is written once a second at most). A rebuilt copy of an event not yet
-        published lies past a gap (atk46-25 F3): never. With keys, only while no signed record
-        of ours is taken (an unsigned prefix from the start of the log: a topic signed since);
-        after one, an unsigned record is never ours (signed readers set it aside)."""
-        if self.signing and best is not None and best.signed:
+        published lies past a gap (atk46-25 F3): never. With keys, after a signed record of ours
+        only a signed one (an unsigned prefix from the start of the log: a topic signed since;
+        signed readers set an unsigned record after a signed one aside)."""
+        if self.signing and best is not None and best.signed and not rec.signed:
             return False
         return position == (0 if best is None else best.position or 0) + 1
 
@@ -340,13 +353,13 @@ class Scan:
             if (
                 equal
                 and position == (0 if reach is None else reach.position or 0) + 1
-                and (self.vouched(rec, position) or self.follows(reach, position))
+                and (self.vouched(rec, position) or self.follows(reach, rec, position))
             ):
                 self.reach, self.reach_after = rec, array("q")
             else:
                 self.reach_after.append(rec.offset)
             best = self.best
-            ours = equal and (self.vouched(rec, position) or self.follows(best, position))
+            ours = equal and (self.vouched(rec, position) or self.follows(best, rec, position))
             if ours and (best is None or position > (best.position or 0)):
                 self.best, self.after, self.continued = rec, array("q"), False
                 continue
@@ -360,14 +373,15 @@ def bookmark(
     digests: Callable[[set[int]], Mapping[int, bytes]],
     keys: SigningKeys | None,
     refusal: Callable[[int, int], RelayError],
-    progress: int | None = None,
+    anchor: Anchor | None = None,
     floor: int | None = None,
     starts: Callable[[], bool] = lambda: True,
-) -> tuple[int, list[int]]:
-    """Our last record's position among the `windows` of the tail (`tail_windows`), and the
-    offsets of the foreign records after it. `digests(positions)` gives the store's digests at
-    those of `positions` it holds; `refusal(position, ours)` the error for a topic that holds
-    another log (`position`: the last one the window names; `ours`: our last record's).
+) -> tuple[Found, list[int]]:
+    """Our last record (its position and offset) among the `windows` of the tail
+    (`tail_windows`), and the offsets of the foreign records after it. `digests(positions)` gives
+    the store's digests at those of `positions` it holds; `refusal(position, ours)` the error for a
+    topic that holds another log (`position`: the last one the window names; `ours`: our last
+    record's).
 
     With signing keys, a record after ours that continues the chain from it *and* carries our
     signature is no forgery: the topic holds events this store lacks, and it is refused. So it
@@ -376,14 +390,14 @@ def bookmark(
     that nothing vouches for, say a relay's that kept no progress, are foreign, published
     again after).
 
-    Our last record is the highest record equal to the store's event that our signature or our
-    `progress` vouches for (`Scan.vouched`), not the first window's: while that is below
-    `progress` (or `floor`, a word that vouches for nothing: `relay_progress.words`), wider
-    windows are read, up to the whole topic, so copies of an old record of ours at the tail do
-    not make the relay publish everything after it again, however many (atk47-25 F3: past
-    65,536 offsets the best found stood). Reading on costs time, never a gap or a duplicate: a
-    progress is written only after a commit, so our record at it is on the topic (unless the
-    topic was made again).
+    Our last record is the highest record equal to the store's event that is the `anchor` (the
+    record our progress names: its offset on this topic id, `Scan.vouched`) or follows it, not the
+    first window's: while that is below the anchor (or `floor`, a word that vouches for nothing:
+    `relay_progress.words`), wider windows are read, up to the whole topic, so copies of an old
+    record of ours at the tail do not make the relay publish everything after it again, however many
+    (atk47-25 F3: past 65,536 offsets the best found stood). Reading on costs time, never a gap or a
+    duplicate: a progress is written only after a commit, so our record at it is on the topic
+    (unless the topic was made again).
 
     A window that reaches the topic's first offset is the whole topic: there our last record is
     where a reader taking our records in offset order stands (`Scan.reach`), not the highest:
@@ -392,12 +406,17 @@ def bookmark(
     as its bookmark and 3..26 never reached the topic. A narrower window's best stands only
     when `starts()`, asked once: the topic's first record is position 1 (so no such copies lie
     at its start); otherwise the whole topic is read (once a topic got them, each restart reads
-    it whole: time, never a gap)."""
-    floor = max(progress or 0, floor or 0)
+    it whole: time, never a gap). Without an anchor (no progress, a row of an earlier version, or
+    one that does not verify) only the whole topic is read: the bookmark is where the store's
+    log, taken from the topic's start, ends (atk52-25 F1: never a record by its signature or its
+    position alone)."""
+    floor = max(0 if anchor is None else anchor.position, floor or 0)
     back = 16
     started: bool | None = None
     for whole, records in windows:
-        scan = Scan(signing=keys is not None, progress=progress)
+        if anchor is None and not whole:
+            continue  # read from the start only (`tail_windows(from_start=True)` skips them)
+        scan = Scan(signing=keys is not None, anchor=anchor)
         taken = (seen(rec, keys) for rec in records)
         while chunk := list(islice(taken, CHUNK)):
             scan.take(chunk, digests({r.position for r in chunk if r.position is not None}))
@@ -406,21 +425,20 @@ def bookmark(
             if scan.continued:
                 raise refusal(scan.last_position, position)
             if whole:
-                reached = scan.reach
-                return (0 if reached is None else reached.position or 0), scan.reach_after.tolist()
+                return Found.of(scan.reach), scan.reach_after.tolist()
             # A wider window holds this one: its best is never lower. Look on while ours is
             # below our floor (copies of an old record of ours at the tail), to the whole topic.
             if position >= floor:
                 if started is None:
                     started = starts()
                 if started:
-                    return position, scan.after.tolist()
+                    return Found.of(scan.best), scan.after.tolist()
         elif whole:
             if scan.chained and not scan.equal:  # another ledger's (ours unvouched: foreign)
                 raise refusal(scan.last_position, 0)
-            return 0, scan.after.tolist()
+            return Found(0, None), scan.after.tolist()
         back *= 16
-    return 0, []  # not reached: the last window is the whole topic
+    return Found(0, None), []  # not reached: the last window is the whole topic
 
 
 def store_digests(

@@ -159,8 +159,11 @@ def test_a_relay_restarted_while_it_publishes_again_leaves_no_gap(
     notices (here: it asks once an hour), then the store's log again from position 1, and is
     restarted after `run` of them (here its records sent as it sends them: the relay's key,
     headers and signature). The restarted relay took its own P+2 as its bookmark: 1..P (or
-    run+1..P) never reached the topic, `relay status` "0 behind". Now it reads the whole topic
-    (its first record is not position 1) and goes on from where a reader stands."""
+    run+1..P) never reached the topic, `relay status` "0 behind". Now its progress names the
+    topic id it last committed to (atk52-25 F1): the old one, so it reads no bookmark and
+    publishes the log again from position 1 (after `run` records of it: duplicates, never a
+    gap; a relay that published the log again keeps its progress for the new topic within a
+    second or 5,000 positions, and a restart after that goes on after its last commit there)."""
     env = {KEYS_ENV: KEYS_TEXT} if signed else {}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -182,7 +185,7 @@ def test_a_relay_restarted_while_it_publishes_again_leaves_no_gap(
     service = relay_to(home, kafka_bootstrap, kafka_topic, transactional_id, head)
     assert service.health.position == head and service.health.lag == 0
     positions = [header_position(r.headers) for r in read_all(kafka_bootstrap, kafka_topic)]
-    assert positions[2:] == list(range(1, head + 1)), positions  # was [P+1, P+2, 1..run]
+    assert positions[2 + run :] == list(range(1, head + 1)), positions  # was [P+1, P+2, 1..run]
     out = follow_once(kafka_bootstrap, kafka_topic, tmp_path / "reader", env)
     assert out.splitlines()[-1].startswith(f"position {head}, {head} events"), out
     if not signed:
@@ -324,7 +327,9 @@ def test_signed_an_unsigned_copy_of_the_progress_on_a_topic_made_again_is_no_boo
     """F2, signing on: the relay published to P (its progress row P); two submits; the topic is
     deleted and made again and a topic writer sends ONE unsigned exact copy of event P. It was
     vouched for "within the progress": the bookmark, 1..P-1 never on the topic, "0 behind". With
-    keys an unsigned record never vouches for the progress: the relay publishes 1..P+2 after it."""
+    keys an unsigned record never vouches for the progress, and the progress names the topic id
+    it was committed to (atk52-25 F1): the relay reads no bookmark on a topic of another id and
+    publishes 1..P+2 after the copy."""
     monkeypatch.setenv(KEYS_ENV, KEYS_TEXT)
     home = org_ledger.home
     org_ledger.execute_all([JOB] * 3)
@@ -337,8 +342,8 @@ def test_signed_an_unsigned_copy_of_the_progress_on_a_topic_made_again_is_no_boo
     copy = send(kafka_bootstrap, kafka_topic, last,
                 record_headers(last.position, last.tag, last.data))  # fmt: skip
     service = relay_to(home, kafka_bootstrap, kafka_topic, transactional_id, head)
-    assert service.health.skipped == (copy,)  # was (): the copy was its bookmark
-    relays_records(kafka_bootstrap, kafka_topic, home, {copy})
+    assert "since the relay last committed to it" in service.health.remade, service.health
+    relays_records(kafka_bootstrap, kafka_topic, home, {copy})  # was: the copy its bookmark
 
 
 def test_a_topic_whose_start_is_gone_is_refused_by_restore_and_named_by_verify(
@@ -452,22 +457,21 @@ def test_a_stopped_relay_whose_topic_is_made_again_takes_no_record_on_it_as_its_
     assert out.splitlines()[-1].startswith(f"position {head}, {head} events"), out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="atk52-25 F1 cases (a), (b), (d), open: the relay's progress row does not name the "
-    "topic id (nor the offset) it was committed under, so a relay started on a topic made again "
-    "takes a replayed record of its progress position (signed, or unsigned within the progress) "
-    "as its bookmark; needs the topic id in gpuledger_relay_progress (s52-relayfix report)",
-)
+@pytest.mark.parametrize("signed", [True, False], ids=["signed-b", "unsigned-a"])
 def test_a_relay_started_on_a_topic_made_again_takes_no_replayed_record_as_its_bookmark(
-    org_ledger: Ledger, kafka_bootstrap: str, kafka_topic: str, transactional_id: str,
-    monkeypatch: pytest.MonkeyPatch,
+    signed: bool, org_ledger: Ledger, tmp_path: Path, kafka_bootstrap: str, kafka_topic: str,
+    transactional_id: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
-    """atk52-25 F1 case (b): the relay published 1..P (its progress P) and its service stopped;
-    the topic is deleted and made again, and a topic writer puts back saved records 1..k (more
-    than the first tail window) and the relay's signed record P. The restarted relay took P as
-    its bookmark: k+1..P-1 never reached the topic, "publishing, 0 behind"."""
-    monkeypatch.setenv(KEYS_ENV, KEYS_TEXT)
+    """atk52-25 F1 cases (b) and (a): the relay published 1..P (its progress P) and its service
+    stopped; the topic is deleted and made again, and a topic writer puts back saved records
+    1..k (more than the first tail window) and the relay's record P (b: signed; a: unsigned,
+    without keys). The restarted relay took P as its bookmark (by its signature; unsigned, as a
+    position within its progress): k+1..P-1 never reached the topic, "publishing, 0 behind". The
+    store's progress names the topic id it was committed under: another one means the topic was
+    made again, and the relay publishes the store's log to it from position 1."""
+    env = {KEYS_ENV: KEYS_TEXT} if signed else {}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
     home = org_ledger.home
     org_ledger.execute_all([JOB] * 6)
     published = org_ledger.position
@@ -479,6 +483,69 @@ def test_a_relay_started_on_a_topic_made_again_takes_no_replayed_record_as_its_b
     for event in [*events[:k], events[-1]]:
         send(kafka_bootstrap, kafka_topic, event,
              record_headers(event.position, event.tag, event.data, signing_keys()))  # fmt: skip
-    relay_to(home, kafka_bootstrap, kafka_topic, transactional_id, published)
+    with caplog.at_level(logging.WARNING, logger="gpuledger.relay"):
+        relay_to(home, kafka_bootstrap, kafka_topic, transactional_id, published)
     positions = [header_position(r.headers) for r in read_all(kafka_bootstrap, kafka_topic)]
     assert positions[k + 1 :] == list(range(1, published + 1)), positions  # was []: a gap
+    said = [r.getMessage() for r in caplog.records if "since the relay last committed" in
+            r.getMessage()]  # fmt: skip
+    assert len(said) == 1 and "from position 1" in said[0], said
+    out = invoke("--home", str(tmp_path / "reader"), "project", "follow", "--kafka",
+                 kafka_bootstrap, "--topic", kafka_topic, "--once", "--quarantine",
+                 env=env)  # fmt: skip
+    assert out.splitlines()[-1].startswith(f"position {published}, "), out
+
+
+@pytest.mark.parametrize("kept", [True, False], ids=["progress-kept", "killed-before-its-write"])
+def test_a_relay_killed_while_it_published_the_log_again_takes_no_replayed_record_after_it(
+    kept: bool, org_ledger: Ledger, tmp_path: Path, kafka_bootstrap: str, kafka_topic: str,
+    transactional_id: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """atk52-25 F1 case (d): the relay published 1..P; the topic is made again and a relay
+    publishes the log to it again from position 1, and is killed after its first batch (1..m),
+    its progress kept for the new topic (or killed before it wrote it: the store's row still
+    names the old topic). A topic writer puts back the relay's saved signed record of P. The
+    relay started again took P as its bookmark by its signature (P at or above its progress):
+    m+1..P-1 never reached the topic, "publishing, 0 behind". Now it takes only the record its
+    progress names (m, at its offset on this topic id) and those that follow it: it publishes
+    m+1..P after the replayed record (or, its row naming the old topic, the log from 1)."""
+    monkeypatch.setenv(KEYS_ENV, KEYS_TEXT)
+    home = org_ledger.home
+    org_ledger.execute_all([JOB] * 6)
+    published = org_ledger.position
+    relay_to(home, kafka_bootstrap, kafka_topic, transactional_id, published)
+    remake(kafka_bootstrap, kafka_topic)
+    m = published - 4
+    assert m > 16, published  # more than the relay's first tail window
+    relay = Relay(open_store(home), kafka_bootstrap, topic=kafka_topic,
+                  transactional_id=transactional_id, batch=m,
+                  state_key=state_key(home), remade="made again (the test)")  # fmt: skip
+    advance = relay.kept.advance
+
+    def killed(position: int, at: object = None) -> None:
+        if position and kept:
+            advance(position, *([at] if at is not None else []))  # type: ignore[arg-type]
+        if position:
+            raise Killed
+
+    monkeypatch.setattr(relay.kept, "advance", killed)
+    with pytest.raises(Killed):
+        relay.publish_pending()
+    relay.producer.close(timeout=1)  # as kill -9: no flush of its progress
+    relay._close_admin()
+    (event,) = read_raw(open_store(home), published - 1, 1)
+    send(kafka_bootstrap, kafka_topic, event,
+         record_headers(event.position, event.tag, event.data, signing_keys()))  # fmt: skip
+    relay_to(home, kafka_bootstrap, kafka_topic, transactional_id, published)
+    positions = [header_position(r.headers) for r in read_all(kafka_bootstrap, kafka_topic)]
+    assert positions[: m + 1] == [*range(1, m + 1), published], positions
+    after = list(range(m + 1 if kept else 1, published + 1))
+    assert positions[m + 1 :] == after, positions  # was []: m+1..P-1 never on the topic
+    out = invoke("--home", str(tmp_path / "reader"), "project", "follow", "--kafka",
+                 kafka_bootstrap, "--topic", kafka_topic, "--once",
+                 env={KEYS_ENV: KEYS_TEXT})  # fmt: skip
+    assert out.splitlines()[-1].startswith(f"position {published}, "), out
+
+
+class Killed(Exception):
+    """The relay killed (the test's stand-in for kill -9 at that point)."""

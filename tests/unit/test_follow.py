@@ -64,6 +64,7 @@ READERS = {
     "ledger/store/pgread.py",
     "ledger/store/postgres.py",
     "ledger/store/relay.py",
+    "ledger/store/relay_raw.py",
 }
 """The store adapters: the only modules that know eventsourcing's tables (they read them)."""
 WRITERS = {"projections/testing/synthetic.py", "scripts/bench_append.py", "scripts/bench_replay.py"}

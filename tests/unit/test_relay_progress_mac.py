@@ -53,9 +53,10 @@ def relay_bookmark(
     relay.recorder = open_store(ledger.home)
     relay.bootstrap, relay.topic, relay.config = "127.0.0.1:9", TOPIC, {}
     relay.timeout_s, relay.connect_timeout_s, relay.keys = 30.0, 3.0, keys
-    relay.progress, relay.position = None, 0
+    relay.progress, relay.position, relay.mark, relay._offset = None, 0, None, None
     relay.kept = Kept(relay.recorder, TOPIC, key=key)
-    return relay._bookmark()
+    last, foreign = relay._bookmark()
+    return last.position, foreign
 
 
 def edit(ledger: Ledger, position: int) -> None:

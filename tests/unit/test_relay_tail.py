@@ -133,31 +133,39 @@ def bookmark(
     topic: list[Spec],
     keys: SigningKeys | None = None,
     progress: int | None = None,
+    offset: int | None = None,
 ) -> tuple[int, list[int]]:
+    """`progress`: the store's row, verified (relay.json vouches for nothing beside a table, and
+    with signing on not without one either: atk49-25 F9; None: the fake store keeps none);
+    `offset`: the offset of the committed record it names, on this topic's id (None: a row of
+    an earlier version, which names none: the topic is read from its start)."""
     monkeypatch.setattr(sys.modules[tail_windows.__module__], "KafkaConsumer", Topic)
     monkeypatch.setattr(Topic, "specs", topic)
     relay = object.__new__(Relay)
     relay.recorder = Recorder(store)  # type: ignore[assignment]
     relay.bootstrap, relay.topic, relay.config = "127.0.0.1:9", TOPIC, {}
     relay.timeout_s, relay.connect_timeout_s, relay.keys = 30.0, 3.0, keys
-    relay.progress, relay.position = None, 0
-    # `progress`: the store's row, verified (relay.json vouches for nothing beside a table, and
-    # with signing on not without one either: atk49-25 F9); None: the fake store keeps none
-    relay.kept = Kept(relay.recorder, TOPIC) if progress is None else Row(progress)
-    last, foreign = relay._bookmark()
+    relay.progress, relay.position, relay.mark, relay._offset = None, 0, None, None
+    relay.kept = Kept(relay.recorder, TOPIC) if progress is None else Row(progress, offset)
+    last, foreign = relay._bookmark(TOPIC_ID)
     return last if isinstance(last, int) else last.position, foreign
 
 
+TOPIC_ID = "topic-id-1"
+
+
 class Row:
-    """The store's progress row as `Kept` reads it: `position`, its MAC verified."""
+    """The store's progress row as `Kept` reads it: `position`, its MAC verified, naming this
+    topic's id and `offset` (None: no offset, a row of an earlier version)."""
 
     key = None
 
-    def __init__(self, position: int) -> None:
+    def __init__(self, position: int, offset: int | None = None) -> None:
         self.position = position
+        self.offset = offset
 
     def word(self, head: int | None = None) -> Word:
-        return Word(self.position, True)
+        return Word(self.position, True, None if self.offset is None else TOPIC_ID, self.offset)
 
 
 def forged(position: int, pad: int = 0) -> Spec:
@@ -173,7 +181,7 @@ def test_thirty_forged_7_mb_records_at_the_tail_are_read_back_holding_a_few_of_t
     Topic.polled = 0
     tracemalloc.start()
     try:
-        got = bookmark(monkeypatch, store, topic)
+        got = bookmark(monkeypatch, store, topic, progress=5, offset=4)
         _now, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -367,11 +375,10 @@ def test_a_progress_beyond_the_store_head_is_no_word(
     store = chain(27)
     topic = ours(store[:24], keys) + ours([store[26]], None)
     assert bookmark(monkeypatch, store, topic, keys, progress=1_000) == (24, [24])
-    # without keys a word up to the head still vouches (an unsigned record within it is the
-    # relay's); with keys an unsigned record never does (atk50-25 F2)
-    assert bookmark(monkeypatch, store, topic, keys, progress=27) == (
-        (27, []) if keys is None else (24, [24])
-    )
+    # a word up to the head vouches for the one record it names, never for a record within it
+    # (atk52-25 F1 (a); with keys an unsigned record never did, atk50-25 F2): the copy is not it
+    assert bookmark(monkeypatch, store, topic, keys, progress=27) == (24, [24])
+    assert bookmark(monkeypatch, store, topic, keys, progress=27, offset=23) == (24, [24])
 
 
 @pytest.mark.parametrize("keys", [None, KEYS], ids=["unsigned", "signed"])
@@ -543,5 +550,6 @@ def test_a_topic_whose_first_record_is_position_1_reads_only_its_tail(
     its end back only as far as its last record (not whole)."""
     store = chain(300)
     Topic.polled = 0
-    assert bookmark(monkeypatch, store, ours(store, KEYS), KEYS, progress=300) == (300, [])
+    got = bookmark(monkeypatch, store, ours(store, KEYS), KEYS, progress=300, offset=299)
+    assert got == (300, [])
     assert Topic.polled < 40  # 16 from the end, and the first record or two

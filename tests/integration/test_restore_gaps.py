@@ -1,0 +1,105 @@
+"""`gpuledger store restore --from-kafka` of a topic that is not one whole log, with signing on
+(docs/kafka.md, docs/ha.md; real broker, real store):
+
+- atk52-25 F6: a topic with a gap (saved records 1..k put back onto a topic made again, then the
+  relay's records from P on: the relay took its replayed record P as its bookmark, atk52-25 F1)
+  restored 1..k and said "chain verified", exit 0. The relay's signed records past the log read
+  say the relay published positions the topic lacks: the restore refuses, writing nothing.
+- atk52-ha F2: a topic forked by a deposed leader's relay (its record of position N, which the
+  promoted store lacks, then the new leader's relay's different event N and the log after it).
+  Such a topic was refused (a fork) but named as an unsigned reader's ("one of them was not
+  written by the relay ... turn on signing"), both records carrying the relay's signature, and
+  without "nothing was written"; now the restore says what it is and what to do. A topic that
+  holds the lost event alone (the new signed relay stopped before publishing its own: the
+  attack's case) restores a log ending in it, and no restore from the topic alone can tell:
+  open, docs/ha.md.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ledger.store import EVENTS_DB
+from ledger.store.application import Ledger
+from ledger.store.clock import SimClock, seeded_ids
+from ledger.store.relay import RawRecord, open_store, read_raw
+from projections.kafka_wire import KEYS_ENV, record_headers, signing_keys
+from schemas import commands as c
+from tests.integration.test_relay_forgeries import KEYS_TEXT, run, send
+from tests.integration.test_relay_progress import JOB
+
+pytestmark = pytest.mark.kafka
+
+ENV = {KEYS_ENV: KEYS_TEXT}
+
+
+def publish(bootstrap: str, topic: str, events: list[RawRecord]) -> None:
+    """`events` on the topic as the relay writes them (its key, headers and signature)."""
+    keys = signing_keys()
+    for event in events:
+        send(bootstrap, topic, event, record_headers(event.position, event.tag, event.data, keys))
+
+
+def nothing_written(dst: Path) -> None:
+    if (dst / EVENTS_DB).exists():
+        import sqlite3
+
+        with sqlite3.connect(dst / EVENTS_DB) as db:
+            assert db.execute("SELECT count(*) FROM stored_events").fetchone() == (0,)
+
+
+def test_a_topic_whose_relay_records_lie_past_a_gap_is_not_restored(
+    org_ledger: Ledger, tmp_path: Path, kafka_bootstrap: str, kafka_topic: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """atk52-25 F6: 1..k, then the relay's signed records from P on (k+1..P-1 never on the
+    topic): was "restored k events, chain verified", exit 0."""
+    monkeypatch.setenv(KEYS_ENV, KEYS_TEXT)
+    org_ledger.execute_all([JOB] * 4)
+    events = read_raw(open_store(org_ledger.home), 0, 1_000)
+    head = len(events)
+    k, p = 10, head - 3
+    publish(kafka_bootstrap, kafka_topic, [*events[:k], *events[p - 1 :]])
+    dst = tmp_path / "restored"
+    out = run("store", "restore", "--from-kafka", kafka_bootstrap, "--topic", kafka_topic,
+              "--to", str(dst), code=1, env=ENV)  # fmt: skip
+    assert f"lacks positions {k + 1} to {p - 1}" in out, out
+    assert f"claims position {p}" in out and "nothing was written" in out, out
+    nothing_written(dst)
+
+
+def test_a_topic_forked_by_a_deposed_leaders_relay_is_not_restored(
+    org_ledger: Ledger, tmp_path: Path, clock: SimClock, kafka_bootstrap: str, kafka_topic: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """atk52-ha F2: the old leader's relay published position N (lost by the failover: the
+    promoted store's N is another event), then the new leader's relay published its N and the
+    log after it: refused, but as an unsigned reader's fork ("turn on signing", "one of them was
+    not written by the relay"); now named as two relays' logs, nothing written."""
+    monkeypatch.setenv(KEYS_ENV, KEYS_TEXT)
+    org_ledger.execute_all([JOB] * 3)
+    shared = org_ledger.position
+    promoted = tmp_path / "promoted"
+    shutil.copytree(org_ledger.home, promoted)
+    org_ledger.execute_all([JOB])  # the old leader's last commit, which the failover lost
+    lost = read_raw(open_store(org_ledger.home), 0, 1_000)
+    other = Ledger(promoted, clock, seeded_ids(99))
+    try:
+        other.execute_all([c.SubmitJob(actor="alice", account="ai2/olmo", gpus=2,
+                                       min_runtime_s=0, duration_s=90)] * 3)  # fmt: skip
+    finally:
+        other.close()
+    kept = read_raw(open_store(promoted), 0, 1_000)
+    n = shared + 1
+    assert lost[n - 1].data != kept[n - 1].data and lost[: n - 1] == kept[: n - 1]
+    publish(kafka_bootstrap, kafka_topic, [*lost[:n], *kept[n - 1 :]])
+    dst = tmp_path / "restored"
+    out = run("store", "restore", "--from-kafka", kafka_bootstrap, "--topic", kafka_topic,
+              "--to", str(dst), code=1, env=ENV)  # fmt: skip
+    assert f"forks at position {n}" in out, out
+    assert "both carry the relay's signature" in out, out  # was "turn on signing"
+    assert "nothing was written" in out and "publish to a new topic" in out, out
+    nothing_written(dst)
