@@ -5,8 +5,8 @@ config names the code that reads it: `FairShareConfig` is "fairshare-1", `FifoCo
 `SlurmConfig` "slurm-1", `LegacyConfig` "legacy-1", `FairShare2Config` "fairshare-2",
 `FairShare3Config` "fairshare-3", `FairShare4Config` "fairshare-4", `FairShare5Config`
 "fairshare-5", and the current versions `FairShare6Config` "fairshare-6", `Slurm2Config`
-"slurm-2", `SlurmLabConfig` "slurm-lab-1" (Slurm as a lab configures it), `Legacy2Config`
-"legacy-2".
+"slurm-2", `SlurmLab2Config` "slurm-lab-2" (Slurm as a lab configures it; `SlurmLabConfig`
+"slurm-lab-1" before its runs ended at their time limits), `Legacy2Config` "legacy-2".
 `AnyPolicyConfig` is their union: decode one with
 `msgspec.json.decode(data, type=AnyPolicyConfig)`. A policy whose behaviour changes gets a new
 version and a new Struct here; an old one stays as long as its decisions must replay.
@@ -383,6 +383,18 @@ class SlurmLabConfig(PolicyConfig, frozen=True, kw_only=True, tag="slurm-lab-1")
     search_budget: Searches = 32
 
 
+class SlurmLab2Config(SlurmLabConfig, frozen=True, kw_only=True, tag="slurm-lab-2"):
+    """`slurm-lab-1` whose runs end at their time limits, as slurmctld ends them (job state
+    TIMEOUT): a job that declared none gets the partition's DefaultTime (`default_time_limit_s`)
+    as its limit when submitted, so no run outlives the limit backfill assumes (slurm-lab-1's
+    ran on past it, and its reservations waited `overdue_s` at a time for ends that did not
+    come: atk52-26 F3)."""
+
+    limit_runs: bool = True
+    """Jobs that declared no time limit get `default_time_limit_s`, and every run ends at its
+    limit (the simulator resubmits what is left: docs/simulation.md)."""
+
+
 class Legacy2Config(PolicyConfig, frozen=True, kw_only=True, tag="legacy-2"):
     """Static priority levels and per-team caps, with one victim search per team and cycle and
     none by jobs beyond their team's cap."""
@@ -409,6 +421,7 @@ AnyPolicyConfig = (
     | FairShare2Config
     | FairShareConfig
     | FifoConfig
+    | SlurmLab2Config
     | SlurmLabConfig
     | Slurm2Config
     | SlurmConfig
@@ -433,6 +446,7 @@ POLICY_CONFIG_TYPES: tuple[type[PolicyConfig], ...] = (
     FairShare2Config,
     FairShareConfig,
     FifoConfig,
+    SlurmLab2Config,
     SlurmLabConfig,
     Slurm2Config,
     SlurmConfig,

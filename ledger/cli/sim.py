@@ -385,7 +385,7 @@ def _print(results: list[RunResult], out: dict[str, Path], as_json: bool) -> Non
         return
     header = [h for _, h in report.COLUMNS]
     rows = [[report.row(r)[k] for k, _ in report.COLUMNS] for r in results]
-    print_table(header, rows, records=True)  # 12 figures a run: a record on a narrow terminal
+    print_table(header, rows, records=True)  # 13 figures a run: a record on a narrow terminal
     for r in results:
         m = r.metrics
         click.echo(

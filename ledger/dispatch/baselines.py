@@ -304,6 +304,22 @@ class SlurmLab(SlurmMultifactor, frozen=True, kw_only=True):
         return now + self._limit(job.time_limit_s) <= until
 
 
+class SlurmLab2(SlurmLab, frozen=True, kw_only=True):
+    """`SlurmLab` whose runs end at their time limits (`schemas.policy.SlurmLab2Config`): a job
+    that declared none is given the partition's DefaultTime when submitted (`job_time_limit_s`),
+    as slurmctld does, and ends there (TIMEOUT). It decides as `SlurmLab`: its backfill's
+    expected ends are now every run's real latest end."""
+
+    version: str = "slurm-lab-2"
+    limit_runs: bool = True
+
+    def job_time_limit_s(self, declared: int | None) -> int | None:
+        """The time limit a job runs under: its own, else DefaultTime (None: no limit)."""
+        if declared is not None or not self.limit_runs:
+            return declared
+        return int(self.default_time_limit_s)
+
+
 QOS_DEBUG, QOS_NORMAL, QOS_SCAVENGER = 0, 1, 2
 
 

@@ -28,6 +28,7 @@ from ledger.dispatch.baselines import (
     LegacyCaps,
     LegacyCaps2,
     SlurmLab,
+    SlurmLab2,
     SlurmMultifactor,
     SlurmMultifactor2,
 )
@@ -63,6 +64,7 @@ from schemas.policy import (
     LegacyConfig,
     Slurm2Config,
     SlurmConfig,
+    SlurmLab2Config,
     SlurmLabConfig,
 )
 
@@ -114,6 +116,7 @@ VERSIONS: dict[str, Registered] = {
         Registered("fifo", FifoConfig, Fifo, ranked=False),
         Registered("slurm", SlurmConfig, SlurmMultifactor, ranked=True),
         Registered("slurm", Slurm2Config, SlurmMultifactor2, ranked=True),
+        Registered("slurm-lab", SlurmLab2Config, SlurmLab2, ranked=True),
         Registered("slurm-lab", SlurmLabConfig, SlurmLab, ranked=True),
         Registered("legacy", Legacy2Config, LegacyCaps2, ranked=False),
         Registered("legacy", LegacyConfig, LegacyCaps, ranked=False),
@@ -125,7 +128,7 @@ CURRENT: dict[str, str] = {
     "fairshare": "fairshare-7",
     "legacy": "legacy-2",
     "slurm": "slurm-2",
-    "slurm-lab": "slurm-lab-1",
+    "slurm-lab": "slurm-lab-2",
     "fifo": "fifo-1",
 }
 """Policy name -> the version it stands for."""

@@ -12,6 +12,9 @@ The executor is pure apart from its own state: no clock (every call takes `now`)
   the loop may resubmit it as a new job).
 - The signal contract: a job for which `on_sigterm(job_id)` is true checkpoints when it is
   stopped (SIGTERM, within the grace period), so a preemption costs it no work.
+- Time limits, where `limit_runs` says so (a lab's Slurm: `slurm-lab-2`): a run ends at its
+  launch's `time_limit_s` after its launch, its work unfinished (`Exit` reason `time_limit`,
+  as Slurm's TIMEOUT); `timed_out[job_id]` keeps the work it had done by then.
 - Restarts cost time: a relaunch (a launch of a job that was preempted, `Launch.run > 0`, or of
   a job in `relaunched`, a resubmission) spends `relaunch_s` restarting before its work goes on.
 """
@@ -47,8 +50,13 @@ class KernelExecutor:
         engine: str = "",
         relaunch_s: float = 0.0,
         relaunched: Callable[[int], bool] = _never,
+        limit_runs: bool = False,
     ) -> None:
         self.engine = engine
+        self.limit_runs = limit_runs
+        """Runs end at their time limits (TIMEOUT); otherwise a job runs until its work is done."""
+        self.timed_out: dict[int, float] = {}
+        """Job -> the work it had done when its last run ended at its time limit."""
         self.relaunch_s = relaunch_s
         """The restart overhead of a relaunch."""
         self.relaunched = relaunched
@@ -67,6 +75,8 @@ class KernelExecutor:
         self._launches = 0
         self._runs: dict[int, int] = {}
         """Running job -> which run of it this is (`Launch.run`)."""
+        self._limited: dict[int, int] = {}
+        """Running job -> the launch that ends at its time limit, its work unfinished."""
         self._stopped: list[Exit] = []
         """Runs stopped since the last `observe`, whose end an engine that names its runs
         reports (`Observed.stopped`): a stop here ends the run at once."""
@@ -123,11 +133,17 @@ class KernelExecutor:
         self._live[job.job_id] = (self._launches, begins, saved)
         self._runs[job.job_id] = job.run
         total = self.work.get(job.job_id, job.duration_s)
-        if total is not None:
-            end = begins + max(0.0, total - saved)
+        end = None if total is None else begins + max(0.0, total - saved)
+        if self.limit_runs and job.time_limit_s is not None:
+            cap = now + job.time_limit_s  # the limit runs from the launch, restart included
+            if end is None or end > cap:
+                end = cap
+                self._limited[job.job_id] = self._launches
+        if end is not None:
             heapq.heappush(self._ends, (end, job.job_id, self._launches))
 
     def _stop(self, job_id: int, now: float) -> None:
+        self._limited.pop(job_id, None)
         if self.on_sigterm(job_id):
             self.checkpoint(job_id, now)
         if self._live.pop(job_id, None) is not None and self.engine:  # its end, as engines say
@@ -143,7 +159,11 @@ class KernelExecutor:
             if live is not None and live[0] == launch:
                 del self._live[job_id]
                 self.saved.pop(job_id, None)
-                out.append(Exit(job_id, 0, at))
+                if self._limited.pop(job_id, None) == launch:
+                    self.timed_out[job_id] = live[2] + max(0.0, at - live[1])
+                    out.append(Exit(job_id, -15, at, "time_limit"))
+                else:
+                    out.append(Exit(job_id, 0, at))
         return out
 
 

@@ -382,9 +382,16 @@ def _under_share(
         for began, w in ch.waits(end):
             lo = max(first, began - WINDOW_S)
             got = cum.between(lo, began) if cum is not None else 0.0
-            if got < share * (began - lo) and (best is None or w > best[0]):
+            if _under(got, share, began - lo) and (best is None or w > best[0]):
                 best = (w, team)
     return (best[0], best[1]) if best else (None, None)
+
+
+def _under(got: float, share: float, span: float) -> bool:
+    """Pure: a team delivered `got` GPU-seconds over `span` seconds is under its share of
+    `share` GPUs; at the run's first instant (no span yet) a team with a share has had none of
+    it (atk52-26 F5: `0 < 0` left out every wait that began then)."""
+    return got < share * span if span > 0 else share > 0
 
 
 class _Cumulative:

@@ -26,6 +26,7 @@ COLUMNS = (
     ("fixed_hourly", "fixed hour by hour"),
     ("teams_95", "teams >= 95%"),
     ("worst", "worst team"),
+    ("queued_p90", "queued per job p90"),
     ("wait", "every wait p50/p90/p99"),
     ("debug_p90", "debug p90"),
     ("jct_p90", "funded JCT p90"),
@@ -33,7 +34,10 @@ COLUMNS = (
     ("lost", "GPU-h lost"),
     ("idle", "idle while funded waited"),
 )
-"""The printed table's columns (the headline measures; report.md has every one)."""
+"""The printed table's columns (the headline measures; report.md has every one). The wait
+target ("all waits p90 <= slurm-lab's") is judged by *queued per job* (each original job's
+waits summed, first and after every requeue): every wait as its own sample lets a policy that
+preempts and requeues often show a shorter p90 than the time its jobs spend waiting."""
 
 
 def _pct(x: float | None) -> str:
@@ -113,6 +117,7 @@ def row(r: RunResult) -> dict[str, str]:
         "fixed_hourly": _pct(m.fixed_hour_by_hour),
         "teams_95": f"{m.teams_at_95}/{m.teams}; {m.fixed_teams_at_95}/{m.teams}",
         "worst": f"{_pct(m.worst_by_period)}; {_pct(m.fixed_worst_by_period)}",
+        "queued_p90": _p(m.queued),
         "wait": "/".join(approx(x) for x in (m.wait.p50_s, m.wait.p90_s, m.wait.p99_s)),
         "debug_p90": approx(m.wait_debug.p90_s),
         "jct_p90": _p(m.jct_funded),
@@ -222,10 +227,10 @@ OWED_NOTE = (
 )
 WAITS: tuple[Cell, ...] = (
     ("policy", lambda m: m.policy),
+    ("queued per job p50/p90/p99", lambda m: _q3(m.queued)),
     ("every wait p50/p90/p99", lambda m: _q3(m.wait)),
     ("waits", lambda m: f"{m.wait.count:,}"),
     ("first wait p90", lambda m: _p(m.wait_first)),
-    ("queued per job p50/p90/p99", lambda m: _q3(m.queued)),
     ("funded queued p90", lambda m: _p(m.queued_funded)),
     ("unfunded wait p90", lambda m: _p(m.wait_unfunded)),
     ("debug p90 (jobs)", lambda m: f"{approx(m.wait_debug.p90_s)} ({m.wait_debug.count})"),
@@ -237,9 +242,11 @@ WAITS: tuple[Cell, ...] = (
     ("never started; not done", lambda m: f"{m.wait.never_started}; {m.censored}"),
 )  # fmt: skip
 WAITS_NOTE = (
-    "Waits: every wait, from submission and from each requeue (or resubmission after a "
-    "preemption) to the next placement, one sample each; *queued per job*: the sum of an "
-    "original job's waits; *first wait*: submission to first placement. Open waits count with "
+    "*Queued per job*: the sum of an original job's waits (first and after each requeue or "
+    "resubmission, open ones up to the end): the wait target's measure. Waits: every wait, "
+    "from submission and from each requeue (or resubmission after a "
+    "preemption) to the next placement, one sample each (a job requeued often is many short "
+    "samples); *first wait*: submission to first placement. Open waits count with "
     "their length so far. *Large*: jobs asking >= 1/8 of their pool. *Longest under share*: "
     "the longest wait of a funded job whose team had been delivered less than its share over "
     "the trailing 7 days when the wait began. *JCT*: submission to completion of the last run "
@@ -390,6 +397,7 @@ def write_plots(results: Sequence[RunResult], out: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(7, 4))
     labels = [r.metrics.policy for r in results]
     series: list[tuple[str, list[float | None]]] = [
+        ("queued per job p90", [_q(r.metrics.queued) for r in results]),
         ("p50", [r.metrics.wait.p50_s for r in results]),
         ("p90", [r.metrics.wait.p90_s for r in results]),
         ("p99", [r.metrics.wait.p99_s for r in results]),
@@ -406,10 +414,14 @@ def write_plots(results: Sequence[RunResult], out: Path) -> list[Path]:
     ax.set_yscale("log")
     ax.set_xticks([i + 0.4 - width / 2 for i in range(n)])
     ax.set_xticklabels(labels)
-    ax.set_ylabel("wait (hours, log; 1 s floor)")
+    ax.set_ylabel("wait (hours, log; 1 s floor; p50-p99: every wait)")
     ax.legend(fontsize=7)
     paths.append(_save(fig, out / "waits.png", plt))
     return paths
+
+
+def _q(q: Quantiles | None) -> float | None:
+    return None if q is None else q.p90_s
 
 
 def _save(fig: Any, path: Path, plt: Any) -> Path:

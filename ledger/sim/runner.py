@@ -175,16 +175,23 @@ class Simulation:
         """Resumable jobs (ledger ids) that checkpoint on SIGTERM."""
         self.resubmitted: set[int] = set()
         """Resubmissions of preempted non-resumable jobs (ledger ids): their launch restarts."""
-        self.executor = KernelExecutor(
-            on_sigterm=self.on_sigterm.__contains__,
-            relaunch_s=config.relaunch_s,
-            relaunched=self.resubmitted.__contains__,
-        )
         self.policy = registry.build(
             config.policy,
             dict(config.knobs),
             gpus=config.cluster.gpus,
             team_fractions=team_fractions(workload.budget),
+        )
+        # a lab's Slurm (`slurm-lab-2`) gives a job that declared no limit the partition's
+        # DefaultTime and ends every run at its limit (TIMEOUT)
+        self._time_limit: Callable[[int | None], int | None] | None = getattr(
+            self.policy, "job_time_limit_s", None
+        )
+        limit_runs = bool(getattr(self.policy, "limit_runs", False))
+        self.executor = KernelExecutor(
+            on_sigterm=self.on_sigterm.__contains__,
+            relaunch_s=config.relaunch_s,
+            relaunched=self.resubmitted.__contains__,
+            limit_runs=limit_runs,
         )
         settings = registry.config_of(self.policy)
         usage = None  # the usage its rank source counts (None: it reads no ranks)
@@ -275,6 +282,17 @@ class Simulation:
         labels = {"trace_id": j.key}
         if resubmit_of is not None:
             labels["resubmit_of"] = str(resubmit_of)
+        if j.time_limit_s is None and self.executor.limit_runs and self._time_limit is not None:
+            # the engine gives it a limit and ends its runs there (the kernel's `limit_runs`);
+            # it is submitted with all its work, and what is left when it times out is
+            # resubmitted (`_track`)
+            limit = self._time_limit(None)
+            return c.SubmitJob(
+                actor=SIM, user=j.user, account=j.account, gpus=j.gpus,
+                min_runtime_s=min(j.min_runtime_s, self.config.min_runtime_cap_s),
+                resumable=j.resumable, priority=j.priority, time_limit_s=limit,
+                duration_s=float(j.duration_s), labels=labels,
+            )  # fmt: skip
         return c.SubmitJob(
             actor=SIM,
             user=j.user,
@@ -476,11 +494,24 @@ class Simulation:
                 j = self._sim_jobs.get(ev.job_id)
                 if ev.outcome == "preempted" and self.config.resubmit and j is not None:
                     self._resubmit.append((j, ev.job_id))
+                done = self.executor.timed_out.pop(ev.job_id, None)
+                if ev.reason == "time_limit" and done is not None and j is not None:
+                    self._timed_out(j, ev.job_id, done)
             case e.NodeDrainRequested() | e.NodeDrained() | e.NodeReturned() | e.NodeLost():
                 nodes = self.ledger.state.nodes.values()
                 self._draining = sum(1 for n in nodes if n.state == "draining")
             case _:
                 pass
+
+    def _timed_out(self, j: SimJob, job_id: int, done: float) -> None:
+        """A run ended at the time limit the engine gave it, its work unfinished: its user
+        resubmits what is left at once, as a lab's users chain jobs (a job script that saves
+        its state at Slurm's warning signal before the limit, so no work is lost: in the
+        baseline's favour); the new job is the original's resubmission, so its waits count in
+        the original's queued time and its completion ends the original's."""
+        left = math.ceil(j.duration_s - done)
+        if left > 0:
+            self._resubmit.append((msgspec.structs.replace(j, duration_s=left), job_id))
 
     def _metrics(self, wall_s: float, cpu_s: float) -> Metrics:
         cfg = self.config

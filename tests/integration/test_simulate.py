@@ -313,6 +313,7 @@ def test_two_job_arrays_at_zero_usage_share_an_idle_cluster_in_the_first_cycle(
     "policy",
     [
         *sorted(POLICY_NAMES),
+        "slurm-lab-1",
         "fairshare-7",
         "fairshare-8",
         "fairshare-9",

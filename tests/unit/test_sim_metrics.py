@@ -3,11 +3,16 @@ relaunch, idle time, occupancy, and owed on both yardsticks, each worked out by 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from ledger.sim import yardstick
+from ledger.core.budget import BudgetFile
+from ledger.sim import report, yardstick
 from ledger.sim.fold import IdleSample, JobFold
 from ledger.sim.metrics import Metrics, capacity_gpu_s, compute, jain, quantile
+from ledger.sim.runner import RunResult, SimConfig
+from ledger.sim.workload import Workload
 from projections import fairshare as fs
 from schemas import events as e
 from schemas.events import GpuSlot
@@ -309,3 +314,64 @@ def test_capacity_follows_drains() -> None:
     for ev in events:
         fold.apply(ev)
     assert capacity_gpu_s(fold, 0, 10 * H) == (8 * 10 + 8 * 7) * H
+
+
+def _result(m: Metrics) -> RunResult:
+    return RunResult(
+        metrics=m, home=Path("runs/t"), config=SimConfig(),
+        workload=Workload("t", (), BudgetFile()), submitted=0, dropped=[], offered_gpu_h=0.0,
+    )  # fmt: skip
+
+
+def test_queued_per_job_sums_every_wait_and_is_the_sweep_tables_wait_measure() -> None:
+    """atk52-26 F1: job 1 (resumable) is requeued twice and waits 1 h after each requeue, then
+    1 h from 9 h to the horizon (10 h; open, so up to it): queued 3 h. Job 2 waits 1 h once.
+    Every wait as its own sample (0 s, 1 h, 1 h, 1 h; 1 h) shows a p90 of 1 h, as if the
+    requeued job waited no longer than job 2: queued per job shows its 3 h, and the printed
+    table and the sweep's show it (p90 of [3 h, 1 h] = 2.8 h)."""
+    events = [
+        node(),
+        submitted(1, 0, 4, resumable=True, work_s=20 * H),
+        placed(1, 0, 4),
+        preempted(1, 2 * H),
+        requeued(1, 2 * H),
+        placed(1, 3 * H, 4),
+        preempted(1, 5 * H),
+        requeued(1, 5 * H),
+        placed(1, 6 * H, 4),
+        preempted(1, 9 * H),
+        requeued(1, 9 * H),
+        submitted(2, H, 8, work_s=H),
+        placed(2, 2 * H, 8),
+        finished(2, 3 * H),
+    ]
+    m = run(events)
+    assert m.wait.count == 5 and m.wait.p90_s == H
+    assert m.queued is not None and m.queued.count == 2
+    assert m.queued.max_s == 3 * H and m.queued.p90_s == pytest.approx(2.8 * H)
+    r = _result(m)
+    assert report.row(r)["queued_p90"] == "2.8h"
+    assert ("queued_p90", "queued per job p90") in report.COLUMNS
+    table = report.sweep_markdown([("w", [r])], "t").splitlines()
+    header = [h.strip() for h in table[2].strip("|").split("|")]
+    cells = [c.strip() for c in table[4].strip("|").split("|")]
+    assert cells[header.index("queued per job p90")] == "2.8h"
+    assert "| queued per job p50/p90/p99 |" in report.markdown([r]).replace("| policy ", "")
+
+
+def test_a_wait_that_begins_at_the_first_instant_is_under_share() -> None:
+    """atk52-26 F5: team b's job is submitted at the run's first instant, when b has had none
+    of its half of the cluster, and waits 4 h behind team a's: the longest wait under share.
+    (Before, a window of no length compared 0 < 0 and left the wait out.)"""
+    events = [
+        node(0, "n1"),
+        submitted(1, 0, 8, work_s=4 * H),
+        submitted(2, 0, 8, account="lab/b", work_s=H),
+        placed(1, 0, 8),
+        finished(1, 4 * H),
+        placed(2, 4 * H, 8),
+        finished(2, 5 * H),
+    ]
+    rows = [fs.TeamHour(t, h * H, 8, 0.5, 0, 0, 0) for t in ("lab/a", "lab/b") for h in range(6)]
+    m = run(events, rows, end=6 * H)
+    assert (m.longest_under_share_s, m.longest_under_share_team) == (4 * H, "lab/b")
