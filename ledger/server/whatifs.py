@@ -8,8 +8,9 @@ between the two; atk49-29 F1), what happened beside them.
   admin): the change is planned as budgets as code plans it and tried on a copy of the state
   through `decide` (`budget.check`, the one authorisation table). Nothing is appended: a
   what-if never writes a budget.
-- **Off the worker**: the simulation runs in a child process at nice 10
-  (`ledger.server.children`); what happened (`team_metrics` of the projection) in the read pool.
+- **Off the worker**: the simulation runs in a child process below the server's priority
+  (`ledger.server.children.lowered`); what happened (`team_metrics` of the projection) in
+  the read pool.
 - **Decided once a minute** of the period (`STEP_S`, `gpuledger whatif --step 1m`), said in
   the answer's notes: the decisions are bounded by the period, not by its events.
 - **Bounded**: one what-if at a time (another meanwhile: 429), stopped at `timeout_s()`
