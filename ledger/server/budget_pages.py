@@ -116,7 +116,8 @@ def routes(kit: Kit) -> list[HTTPRouteHandler]:
     manager's refused (atk44-25 F2)."""
 
     steps: dict[str, tuple[int, int]] = {}
-    """How far each person's what-if under way is: (steps done, steps), as its child tells."""
+    """How far each person's what-if under way is: (work done, its work), as its child tells
+    (`scenario.expected_work`)."""
 
     @post("/ui/api/budget/whatif", include_in_schema=False, status_code=200)
     async def budget_whatif(
@@ -196,8 +197,8 @@ def routes(kit: Kit) -> list[HTTPRouteHandler]:
     @get("/ui/api/budget/whatif/turn", include_in_schema=False)
     async def budget_whatif_turn(request: Request[Any, Any, Any]) -> Response[bytes]:
         """Where the caller's what-if stands, for the page to show while it waits: how many
-        go before it (the one under way counted), how long it has run and how many of its
-        simulation's steps are done (`step` of `steps`, None before its child tells)."""
+        go before it (the one under way counted), how long it has run and how much of its
+        simulation's work is done (`step` of `steps`, None before its child tells)."""
         who = person(request).actor
         ahead, running_s = running.place(who)
         done, total = steps.get(who, (None, None))

@@ -242,8 +242,8 @@ async def simulate(
     """The what-if side over [start, end) in a child process, in a directory of its own under
     `<home>/tmp` that is removed after (whatever happened to the child), or at the server's
     next start (`sweep`) when the server was killed meanwhile. A failure or a timeout is
-    logged (the answer's hint points there). `progress(done, total)`: the simulation's steps
-    (both runs') as the child tells them."""
+    logged (the answer's hint points there). `progress(done, total)`: the simulation's work
+    (both runs', `scenario.expected_work`) as the child tells it."""
     scratch = home / SCRATCH
     scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
     where = Path(tempfile.mkdtemp(prefix="whatif-", dir=scratch))

@@ -87,7 +87,7 @@ function whatifPanel(child) {
 
 const turnText = (t) => (!t || (t.ahead === 0 && t.running_s === null) ? "The what-if is starting…"
   : t.running_s === null ? `Waiting for ${t.ahead} what-if${t.ahead > 1 ? "s" : ""} ahead of yours (one runs at a time)…`
-  : `The what-if is running: ${t.steps ? `step ${t.step.toLocaleString()} of ${t.steps.toLocaleString()} (${Math.floor(100 * t.step / t.steps)}%), ` : ""}${dur(t.running_s)} so far (4 weeks: about a minute on an idle server, minutes on a busy one)…`);
+  : `The what-if is running: ${t.steps ? `${Math.floor(100 * t.step / t.steps)}% of its work done, ` : ""}${dur(t.running_s)} so far (4 weeks: about a minute on an idle server, minutes on a busy one)…`);
 
 async function budgetPage(first) {
   if (first && new URLSearchParams(location.search).has("account")) {  // a bookmarked or sent review
