@@ -92,14 +92,29 @@ class Serve:
     """`gpuledger serve` on 127.0.0.1 (a free port) over `home` with `args`, its output in
     `log` (no GPULEDGER_* variable of the caller's but the home)."""
 
-    def __init__(self, home: Path, log: Path, *args: str) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}
-        env["GPULEDGER_HOME"] = str(home)
+    def __init__(
+        self,
+        home: Path,
+        log: Path,
+        *args: str,
+        nice: int | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        """`nice`: the server's nice level (absolute; below the caller's needs root); `env`:
+        variables added to its environment."""
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("GPULEDGER_")}
+        environ["GPULEDGER_HOME"] = str(home)
+        environ.update(env or {})
         self.log = log
+
+        def lowered() -> None:
+            if nice is not None:
+                os.setpriority(os.PRIO_PROCESS, 0, nice)
+
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(
                 [GPULEDGER, "serve", "--listen", "127.0.0.1:0", *args],
-                env=env, stdout=out, stderr=out,
+                env=environ, stdout=out, stderr=out, preexec_fn=lowered,
             )  # fmt: skip
         deadline = time.monotonic() + 600
         while True:

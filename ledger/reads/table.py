@@ -279,14 +279,14 @@ def _priority(h: Handles, a: QueueArgs) -> list[v.PriorityRow]:
 
 def _explain(h: Handles, a: ExplainArgs) -> v.ExplainView:
     from ledger.dispatch import registry
-    from ledger.reads import preview as previews
+    from ledger.reads import explain_job
 
     policy = registry.build(a.policy or h.ledger.state.policy)
     now, preview = _preview(h, a, policy)
     from ledger.reads import layer as reads
 
     viewer = reads.Viewer(h.viewer, h.ledger.state)
-    return previews.explain(h.ledger, h.store(), a.job_id, policy, now, preview, viewer)
+    return explain_job.explain(h.ledger, h.store(), a.job_id, policy, now, preview, viewer)
 
 
 def _squatters(h: Handles, a: SquattersArgs) -> list[v.SquatterRow]:

@@ -15,7 +15,6 @@ Every figure comes from the read layer (`ledger.reads.layer`), as the CLI's.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 import math
@@ -26,19 +25,18 @@ from importlib import resources
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple, get_args
 
 import msgspec
-from litestar import HttpMethod, Request, Response, get, post, route
+from litestar import HttpMethod, Request, Response, get, route
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import FromPath, FromQuery, QueryParameter
-from litestar.response import Redirect, Stream
+from litestar.response import Redirect
 
 from ledger.core.jobs import BlockCode
 from ledger.dispatch.waits import WaitCode
 from ledger.server import connections, copied, encoding, pooled
 from ledger.server.fairlane import FairSlot
-from ledger.server.whatifs import REVIEW_S
 from projections import history
 from schemas import views as v
-from schemas.errors import InvalidCommand, Unavailable, UnknownEntity
+from schemas.errors import InvalidCommand, Unavailable
 from schemas.events import FinishReason
 
 if TYPE_CHECKING:
@@ -138,29 +136,6 @@ class DecisionsPageView(msgspec.Struct, frozen=True, kw_only=True):
     """Newest first: the next page is `before` the last one's position."""
 
 
-class BudgetChild(msgspec.Struct, frozen=True, kw_only=True):
-    account: str
-    kind: str
-    raw_shares: int
-    norm_shares: float
-    """Of the parent (`shares`)."""
-    usage_gpu_hours: float
-    """Funded GPU-hours over the period (`usage --window 28d`)."""
-    owed_gpu_hours: float
-    delivered_gpu_hours: float
-    by_period: float | None
-    """Over the period (`report delivered --window 28d --team-depth` the children's depth)."""
-
-
-class BudgetView(msgspec.Struct, frozen=True, kw_only=True):
-    account: str
-    """Whose children are reviewed ("": the programs under the root)."""
-    managed: list[str]
-    start: float
-    at: float
-    children: list[BudgetChild]
-
-
 class JobView(msgspec.Struct, frozen=True, kw_only=True):
     job: v.JobRow
     private: bool
@@ -230,6 +205,22 @@ class KeptStarts:
             return self._got
 
 
+class Kit(NamedTuple):
+    """What the page routes share (`routes` makes it; `budget_pages.routes` takes it)."""
+
+    worker: Worker
+    handles: Any
+    person: Callable[[Any], Any]
+    """The caller of a request (`identity`), refused when there is none."""
+    pool: ReadPool
+    kept: Callable[..., Awaitable[Response[bytes]]]
+    """An answer kept per log position, computed in the read pool (`routes`' `kept`)."""
+    caught_up: Callable[[], Awaitable[None]]
+    """The projection caught up to the log's position now, beside the worker."""
+    stopping: Callable[[], bool]
+    """Whether the server is stopping."""
+
+
 def live_preview(handles: Any) -> LivePreview:
     """The shared preview "now" (of the published view: `copied.CopiedHandles`)."""
     preview: LivePreview = handles.live_preview()
@@ -241,7 +232,8 @@ def bucket_for(span_s: float, points: int = 48) -> float:
     return max(1, math.ceil(span_s / points / 3600)) * 3600.0
 
 
-def _json(value: Any) -> Response[bytes]:
+def json_response(value: Any) -> Response[bytes]:
+    """`value` as a JSON answer."""
     return Response(msgspec.json.encode(value), media_type="application/json")
 
 
@@ -254,10 +246,10 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
     """The page routes, the static files and the JSON endpoints of the dashboard (the job's
     decisions to replay are found in `pool`, off the worker thread)."""
     from ledger.dispatch import registry
-    from ledger.reads import hours
+    from ledger.reads import explain_job, hours
     from ledger.reads import layer as reads
     from ledger.reads import preview as previews
-    from ledger.server import children
+    from ledger.server import budget_pages, children
 
     def stopping() -> bool:
         return not worker.accepting
@@ -479,14 +471,14 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             current = None
             if known is not None:
                 policy = registry.build(ledger.state.policy)
-                current = previews.explain_now(
+                current = explain_job.explain_now(
                     ledger, store, known, policy, now, None if preview is None else preview.live
                 )  # fmt: skip
             viewer = reads.Viewer(caller.actor, ledger.state)
             row = reads.job(store, job_id, now, viewer)
             private = not row.redacted
             labels = dict(known.spec.labels) if known is not None and private else {}
-            explain = previews.explain_told(store, job_id, known, current, now, viewer)
+            explain = explain_job.explain_told(store, job_id, known, current, now, viewer)
             view = JobView(job=row, private=private, labels=labels, explain=explain,
                            decisions=reads.decisions(store, limit=200, job_id=job_id))  # fmt: skip
             return ledger.position, now, msgspec.json.encode(view), h.current()
@@ -539,7 +531,7 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             await children.attended_turn(
                 request.receive, stopping, replaying, caller.actor, replayed, "replay"
             )
-        return _json(
+        return json_response(
             [
                 {"position": p, "identical": replays[p].identical, "replay": replays[p]}
                 for p, _d in found
@@ -641,148 +633,7 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
         data = await copied.read(worker, pool, caller.actor, "the preemptions page", read)
         return Response(data, media_type="application/json")
 
-    @get("/ui/api/budget", include_in_schema=False)
-    async def budget(
-        request: Request[Any, Any, Any], account: FromQuery[str | None] = None
-    ) -> Response[bytes]:
-        """A manager's review: each child of `account` (default: the first the caller manages,
-        else the programs) with its shares, usage, owed and delivered over the last 4 weeks."""
-        caller = person(request)
-
-        def read(h: Any) -> BudgetView:
-            from projections.fairshare import UsagePolicy
-
-            ledger = h.ledger
-            store = h.store()
-            managed = sorted(ledger.state.managers.get(caller.actor, ()))
-            chosen = (managed[0] if managed else "") if account is None else account.strip("/")
-            at = float(math.floor(h.now()))  # whole seconds: `--at` of the CLI says it
-            start = at - REVIEW_S
-            rows = reads.shares(store, at, UsagePolicy(window_s=WEEK_S))
-            kids = [r for r in rows if (r.parent or "") == chosen]
-            if chosen and not any(r.account == chosen for r in rows):
-                raise UnknownEntity(f"no open account {chosen!r}", account=chosen)
-            depth = chosen.count("/") + 2 if chosen else 1
-            used = {
-                r.name: r.usage_gpu_hours
-                for r in reads.usage(store, at, "account", UsagePolicy(window_s=REVIEW_S))
-            }
-            # summed per team by the engine (one bucket: the period), not one row per team and
-            # hour in Python: a project's people over 28 days cost ~0.55 s of CPU (atk48-29 F8)
-            view, _ = hours.bucketed_series(store, start, at, depth, REVIEW_S, under=chosen or None)
-            owed = {t.team: t for t in view.teams}
-            return BudgetView(
-                account=chosen,
-                managed=managed,
-                start=start,
-                at=at,
-                children=[
-                    BudgetChild(
-                        account=r.account, kind=r.kind, raw_shares=r.raw_shares,
-                        norm_shares=r.norm_shares, usage_gpu_hours=used.get(r.account, 0.0),
-                        owed_gpu_hours=owed[r.account].owed_gpu_hours if r.account in owed else 0.0,
-                        delivered_gpu_hours=(
-                            owed[r.account].delivered_gpu_hours if r.account in owed else 0.0
-                        ),
-                        by_period=owed[r.account].by_period if r.account in owed else None,
-                    )
-                    for r in kids
-                ],
-            )  # fmt: skip
-
-        return await kept(caller, "shares", ("ui.budget", caller.actor, account), read)
-
-    running = FairSlot("a what-if", per_person=1, max_waiting=16)
-    """One what-if at a time, the managers waiting in turn (one of a person's at a time: her
-    next meanwhile gets 429); a manager re-asking as soon as hers ended kept every other
-    manager's refused (atk44-25 F2)."""
-
-    steps: dict[str, tuple[int, int]] = {}
-    """How far each person's what-if under way is: (steps done, steps), as its child tells."""
-
-    @post("/ui/api/budget/whatif", include_in_schema=False, status_code=200)
-    async def budget_whatif(
-        request: Request[Any, Any, Any], stream: FromQuery[bool] = False
-    ) -> Response[Any]:
-        """The what-if of one child's share change over the last 4 weeks, beside what
-        happened (`ledger.server.whatifs`): for whoever may set its shares; nothing written.
-        `stream=true`: once it is admitted, lines of JSON (`whatifs.streamed`): where it stands
-        and its step as they change (every `whatifs.FRAME_S` at least), then its answer."""
-        from ledger.server import whatifs
-
-        caller = person(request)
-        ask = whatifs.parse_ask(await request.body())
-        limit_s = whatifs.timeout_s()
-        with connections.apart():  # one of her reads while it runs, not while the what-if does
-            was, budgets, end = await copied.read(  # on the published view, never the worker
-                worker, pool, caller.actor, "the what-if's check",
-                lambda h: whatifs.may_ask(h.ledger.state, h.now(), caller, ask),
-            )  # fmt: skip
-        pool.charge_answer(caller.actor)
-
-        if ask.shares == was:  # no change: nothing to simulate, answered at once (atk50-29 F3)
-            return _json(whatifs.BudgetWhatIf(account=ask.account, shares=ask.shares, was=was))
-
-        async def whole() -> tuple[Any, Any]:
-            await caught_up()  # the projection caught up, beside the worker
-            # a period decided by a policy this build has not: refused before the child starts
-            # the what-if's own reads, in its turn of the slot (one at a time server-wide):
-            # none is one of its person's reads or of everyone's (atk51-29 F2)
-            await pool.compute(whatifs.policy_known(end))
-            start = whatifs.period_start(end)
-
-            def told(done: int, total: int) -> None:
-                steps[caller.actor] = (done, total)
-                moved.set()
-
-            try:
-                sim = await whatifs.simulate(
-                    handles.ledger.home, start, end, budgets, limit_s, told
-                )
-            finally:
-                steps.pop(caller.actor, None)
-            # what happened up to `end`, all of it projected: the log caught up again (a cycle
-            # that began before `end` may have appended since)
-            await caught_up()
-            return sim, await pool.compute(whatifs.actual(start, end))
-
-        def answer(got: tuple[Any, Any]) -> Any:
-            sim, actual = got
-            report = whatifs.report(sim, actual)
-            return whatifs.BudgetWhatIf(account=ask.account, shares=ask.shares, was=was,
-                                        report=report)  # fmt: skip
-
-        moved = asyncio.Event()
-        if stream:  # its client's leaving cancels the stream, and with it the what-if
-            running.refuse(caller.actor)  # 429 now, not a line of the stream
-
-            def where() -> dict[str, Any]:
-                ahead, running_s = running.place(caller.actor)
-                done, total = steps.get(caller.actor, (None, None))
-                return {"ahead": ahead, "running_s": running_s, "step": done, "steps": total}
-
-            work = children.attended_turn(
-                children.never, stopping, running, caller.actor, whole, "what-if"
-            )
-            frames = whatifs.streamed(work, where, moved, answer)
-            return Stream(frames, media_type=whatifs.NDJSON, headers=whatifs.STREAM_HEADERS)
-        # all of it, the wait for its turn too, stopped (its child killed) when its client left
-        # or the server stops: its place and the slot free at once (atk49-29 F11, F12; atk50-29 F1)
-        got = await children.attended_turn(
-            request.receive, stopping, running, caller.actor, whole, "what-if"
-        )
-        return _json(answer(got))
-
-    @get("/ui/api/budget/whatif/turn", include_in_schema=False)
-    async def budget_whatif_turn(request: Request[Any, Any, Any]) -> Response[bytes]:
-        """Where the caller's what-if stands, for the page to show while it waits: how many
-        go before it (the one under way counted), how long it has run and how many of its
-        simulation's steps are done (`step` of `steps`, None before its child tells)."""
-        who = person(request).actor
-        ahead, running_s = running.place(who)
-        done, total = steps.get(who, (None, None))
-        return _json({"ahead": ahead, "running_s": running_s, "step": done, "steps": total})
+    kit = Kit(worker, handles, person, pool, kept, caught_up, stopping)
 
     handlers: list[HTTPRouteHandler] = [root, page, teams, queue, finished, job, job_replay, nodes]
-    return [*handlers, decisions, decision, preemptions, budget, budget_whatif, budget_whatif_turn,
-            static]  # fmt: skip
+    return [*handlers, decisions, decision, preemptions, *budget_pages.routes(kit), static]

@@ -1,8 +1,8 @@
 """The job page's replays in a process of their own (docs/security.md, row T6): a replay walks
 the log from its start, in Python; on a thread of the server it would take the interpreter lock
 from the thread that runs the dispatcher and the group commit (the cycle took three times as
-long while one ran). Here it runs in a child process at a lower priority (nice 10), which dies
-with the server (`ledger.server.children`).
+long while one ran). Here it runs in a child process at a lower priority than the server's
+(`ledger.server.children.lowered`), which dies with the server.
 
 `replay(home, decisions)` (the server side, async) sends the decisions to
 `python -m ledger.server.replays` on its stdin and reads the replays back from its stdout, as

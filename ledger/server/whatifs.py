@@ -8,8 +8,9 @@ between the two; atk49-29 F1), what happened beside them.
   admin): the change is planned as budgets as code plans it and tried on a copy of the state
   through `decide` (`budget.check`, the one authorisation table). Nothing is appended: a
   what-if never writes a budget.
-- **Off the worker**: the simulation runs in a child process at nice 10
-  (`ledger.server.children`); what happened (`team_metrics` of the projection) in the read pool.
+- **Off the worker**: the simulation runs in a child process below the server's priority
+  (`ledger.server.children.lowered`); what happened (`team_metrics` of the projection) in
+  the read pool.
 - **Decided once a minute** of the period (`STEP_S`, `gpuledger whatif --step 1m`), said in
   the answer's notes: the decisions are bounded by the period, not by its events.
 - **Bounded**: one what-if at a time (another meanwhile: 429), stopped at `timeout_s()`
@@ -241,8 +242,8 @@ async def simulate(
     """The what-if side over [start, end) in a child process, in a directory of its own under
     `<home>/tmp` that is removed after (whatever happened to the child), or at the server's
     next start (`sweep`) when the server was killed meanwhile. A failure or a timeout is
-    logged (the answer's hint points there). `progress(done, total)`: the simulation's steps
-    (both runs') as the child tells them."""
+    logged (the answer's hint points there). `progress(done, total)`: the simulation's work
+    (both runs', `scenario.expected_work`) as the child tells it."""
     scratch = home / SCRATCH
     scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
     where = Path(tempfile.mkdtemp(prefix="whatif-", dir=scratch))

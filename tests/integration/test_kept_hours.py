@@ -225,7 +225,7 @@ def test_a_whole_period_read_from_the_kept_hours_equals_the_engines_sum(
 def test_one_bucket_of_the_period_gives_the_delivered_reports_teams(
     log_home: Path, tmp_path: Path
 ) -> None:
-    """The Budget review's figures (`pages.budget`: the period summed per team by the engine,
+    """The Budget review's figures (`budget_pages.budget`: the period summed per team by the engine,
     one bucket, the chosen account's teams alone) are `report delivered`'s at every team depth,
     a person's too (it read every person of the tree and built each one's every hour in
     Python: ~0.55 s of CPU for a project's review, atk48-29 F8)."""

@@ -20,7 +20,7 @@ import pytest
 from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks
 from ledger.dispatch.policy import FairShare
 from ledger.history.audit import check
-from ledger.reads import hours
+from ledger.reads import explain_job, hours
 from ledger.reads import layer as reads
 from ledger.reads import preview as previews
 from ledger.sim.kernel import KernelExecutor
@@ -197,7 +197,7 @@ def test_explain_is_structured_with_blocking_jobs_position_and_estimated_start(
     handles: Any,
 ) -> None:
     ledger, store = handles
-    view = previews.explain(ledger, store, 4, FairShare(), T0 + 300)
+    view = explain_job.explain(ledger, store, 4, FairShare(), T0 + 300)
     assert (view.status, view.code, view.position, view.queue_length) == (
         "pending",
         "WAIT_CONTRACT",
@@ -213,7 +213,7 @@ def test_explain_is_structured_with_blocking_jobs_position_and_estimated_start(
 
 def test_explain_of_a_preempted_job_names_the_job_it_made_room_for(handles: Any) -> None:
     ledger, store = handles
-    view = previews.explain(ledger, store, 2, FairShare(), T0 + 300)
+    view = explain_job.explain(ledger, store, 2, FairShare(), T0 + 300)
     text = "\n".join(view.lines)
     # the note "unfunded" is job 2's, never the job it made room for
     assert "job 3 (unfunded)" not in text
@@ -229,8 +229,8 @@ def test_explain_from_a_live_ledger_equals_the_full_fold(handles: Any, job_id: i
     live = Ledger(ledger.home, live=True)
     try:
         assert 1 not in live.state.jobs and 2 not in live.state.jobs  # both finished
-        want = previews.explain(ledger, store, job_id, FairShare(), T0 + 300)
-        assert previews.explain(live, store, job_id, FairShare(), T0 + 300) == want
+        want = explain_job.explain(ledger, store, job_id, FairShare(), T0 + 300)
+        assert explain_job.explain(live, store, job_id, FairShare(), T0 + 300) == want
     finally:
         live.close()
 
@@ -239,10 +239,10 @@ def test_job_from_history_is_the_folded_job(handles: Any) -> None:
     ledger, store = handles
     for job_id in (1, 2, 3):
         assert (
-            previews.job_from_history(job_id, previews._history(store, job_id))
+            explain_job.job_from_history(job_id, explain_job._history(store, job_id))
             == (ledger.state.jobs[job_id])
         )
-    assert previews.job_from_history(99, []) is None
+    assert explain_job.job_from_history(99, []) is None
 
 
 def test_queue_filters_like_squeue_and_estimates_starts(handles: Any) -> None:

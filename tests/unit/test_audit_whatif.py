@@ -230,9 +230,10 @@ def test_budgets_for_a_member_the_period_adds_hold_from_its_addition(tmp_path: P
         again.close()
 
 
-def test_the_progress_counts_submissions_made_of_a_known_total(tmp_path: Path) -> None:
-    """The what-if's bar counts the work, the submissions made of the period's total, not the
-    simulated seconds (atk48-29 F3: 95% in 3 s when the period's last minutes held them all)."""
+def test_the_progress_counts_work_of_a_known_total_not_simulated_seconds(tmp_path: Path) -> None:
+    """The what-if's bar counts the work of a known total, not the simulated seconds (atk48-29
+    F3: 95% in 3 s when the period's last minutes held them all): it moves at each
+    submission, ends at its total, and never goes back."""
     h = History()
     org(h)
     for at in (T0 + 100, T0 + 200, T0 + 4_000):
@@ -240,6 +241,39 @@ def test_the_progress_counts_submissions_made_of_a_known_total(tmp_path: Path) -
     scen = scenario(h.events, T0 + 50, T0 + 5_000)
     told: list[tuple[int, int]] = []
     simulate(scen, tmp_path / "ledger", tick_s=100.0, progress=lambda d, n: told.append((d, n)))
-    assert {n for _, n in told} == {3}
+    (total,) = {n for _, n in told}
     done = [d for d, _ in told]
-    assert done == sorted(done) and done[-1] == 3 and {1, 2} <= set(done), told
+    assert done == sorted(done) and done[-1] == total and len(set(done)) >= 3, told
+
+
+def test_the_progress_weighs_the_decisions_over_the_queue(tmp_path: Path) -> None:
+    """atk52-29 F4: the bar counted the submissions made: 4% for 16 s, then 29%, as a period's
+    submissions came in bursts while most of a what-if's time is its decisions over the queue
+    they make. Now each decision moment weighs the jobs the log had waiting then (and each
+    submission a little): twelve jobs submitted at once on a node that runs four, which the
+    log ran four at a time over three hours, are not most of the work when made."""
+    h = History()
+    org(h)
+    for _ in range(12):
+        h.run(T0 + 100, submit(duration=3_000.0))
+    for wave in range(3):  # four at a time, 2 GPUs each of the node's 8
+        at = T0 + 100 + wave * 3_000
+        for job in range(1 + 4 * wave, 5 + 4 * wave):
+            if wave:
+                h.run(at, c.FinishJob(actor="@executor", job_id=job - 4, exit_code=0))
+            h.run(at, c.ApplyDecision(actor="@dispatcher", decision=c.DecisionBody(
+                cycle_id=f"c{job}", based_on=0, policy_version="fairshare-1",
+                placements=(e.Placement(job_id=job, slots=(e.GpuSlot(
+                    node="n1", gpu_indices=(2 * (job % 4), 2 * (job % 4) + 1)),)),),
+            )))  # fmt: skip
+            h.run(at, c.StartJob(actor="@executor", job_id=job))
+    scen = scenario(h.events, T0 + 50, T0 + 10_000)
+    told: list[tuple[int, int]] = []
+    simulate(scen, tmp_path / "ledger", policy="fairshare", tick_s=600.0, step_s=60.0,
+             progress=lambda d, n: told.append((d, n)))  # fmt: skip
+    (total,) = {n for _, n in told}
+    done = [d for d, _ in told]
+    assert done == sorted(done) and done[-1] == total, told
+    assert done[0] / total < 0.1, told[:3]  # every submission made, most of the work ahead
+    # and it moves on while the queue is decided over, no submission left to make
+    assert len({d for d in done if 0.1 * total < d < 0.9 * total}) >= 5, told

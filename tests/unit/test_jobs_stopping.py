@@ -63,7 +63,7 @@ def test_a_cancelled_job_in_its_grace_is_stopping_until_its_end_is_recorded(w: R
 def test_explain_of_a_cancelled_job_in_its_grace_says_it_is_stopping(w: Recording) -> None:
     """atk49-23 F7: `explain` said "is finished (cancelled)" with no SIGKILL time while `queue`,
     `jobs` and the job page's status said `stopping`; now it says so, with the same SIGKILL."""
-    from ledger.reads.preview import explain_told
+    from ledger.reads.explain_job import explain_told
     from schemas.units import when
 
     _configure(w, 60)

@@ -24,8 +24,9 @@ from ledger.dispatch import decide
 from ledger.dispatch.policy import Fifo
 from ledger.history.replay import replay_decisions
 from ledger.reads.explain import earlier_runs_said, explain_history
+from ledger.reads.explain_job import _history_texts
 from ledger.reads.layer import stopping_on
-from ledger.reads.preview import _history_texts, _holding_rows
+from ledger.reads.preview import _holding_rows
 from ledger.reads.stopping import DEFAULT_GRACE_S
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock

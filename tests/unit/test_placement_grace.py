@@ -13,7 +13,7 @@ from ledger.core.state import State
 from ledger.engines.board import kills_by_node
 from ledger.engines.slurm.stops import grace_in
 from ledger.reads import layer
-from ledger.reads.preview import explain_told
+from ledger.reads.explain_job import explain_told
 from ledger.store.snapshots import folded, same, unfolded
 from projections.projector import Projector
 from projections.source import ListSource, LogRecord

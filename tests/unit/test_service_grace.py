@@ -16,7 +16,8 @@ from ledger.core.state import State
 from ledger.cycle.loop import record_settings
 from ledger.dispatch.policy import FairShare
 from ledger.reads import layer
-from ledger.reads.preview import _holding_rows, explain_told
+from ledger.reads.explain_job import explain_told
+from ledger.reads.preview import _holding_rows
 from ledger.store.snapshots import Folded, unfolded
 from projections.projector import Projector
 from projections.source import ListSource, LogRecord

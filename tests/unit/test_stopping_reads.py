@@ -10,7 +10,8 @@ import pytest
 from ledger.core.state import State
 from ledger.reads import layer
 from ledger.reads.explain import explain_history, run_ended_line
-from ledger.reads.preview import _holding_rows, explain_now
+from ledger.reads.explain_job import explain_now
+from ledger.reads.preview import _holding_rows
 from ledger.reads.stopping import DEFAULT_GRACE_S, limit_kill_at, shown
 from schemas import agent as a
 from schemas import commands as c

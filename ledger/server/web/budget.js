@@ -3,29 +3,46 @@
 
 // --- budget review ------------------------------------------------------------------------
 
-const budgetState = { account: null, whatif: null, shares: null, result: null, running: false, error: null };
+// `run`: the caller's what-if under way ({account, turn}; one of a person's at a time), its
+// result or error kept under its own account (`results`, `errors`): a second child's "what
+// if…" while one ran showed the first's progress under the second's heading and lost its
+// result (atk52-29 F1)
+const budgetState = { account: null, whatif: null, shares: null, children: [], run: null, results: {}, errors: {} };
 
 async function runWhatif(child, shares) {
-  budgetState.running = true; budgetState.error = null; budgetState.result = null; budgetState.turn = null;
+  const account = child.account;
+  budgetState.run = { account, turn: null };
+  delete budgetState.results[account];
+  delete budgetState.errors[account];
   refresh();
   // where it stands (its place in line, then its step), streamed as it moves (atk50-29 F3: it
   // said "running" while it waited; F2: nothing came until the answer, and a proxy gave up)
   // (each line only rewrites that line: a whole redraw per line fetched the page again and
   // replaced its fields under the cursor, atk51-29 F1)
   const said = (turn) => {
-    budgetState.turn = turn;
+    budgetState.run.turn = turn;
     const line = document.getElementById("whatif-running");
-    if (line) line.textContent = turnText(turn);
+    if (line) line.textContent = runningText(line.dataset.panel);
   };
   try {
-    budgetState.result = await streamed("/ui/api/budget/whatif?stream=true", { account: child.account, shares }, said);
+    budgetState.results[account] = await streamed("/ui/api/budget/whatif?stream=true", { account, shares }, said);
   } catch (err) {
-    budgetState.error = err.message;
+    budgetState.errors[account] = err.message;
   }
-  budgetState.running = false;
+  budgetState.run = null;
   const panel = document.getElementById("whatif");  // (a redraw of the panel alone, if someone types)
-  if (panel && editing()) panel.replaceWith(whatifPanel(child));
+  const chosen = budgetState.children.find((c) => c.account === budgetState.whatif);
+  if (panel && chosen && editing()) panel.replaceWith(whatifPanel(chosen));
   else refresh();
+}
+
+// the line of the what-if under way, in the panel of `panel` (an account): its own, or
+// another child's, named
+function runningText(panel) {
+  const run = budgetState.run;
+  if (!run) return "";
+  const text = turnText(run.turn);
+  return run.account === panel ? text : `Your what-if of ${run.account} (one of yours at a time; its result shows under its own "what if…"): ${text}`;
 }
 
 function whatifResult(r) {
@@ -52,24 +69,25 @@ function whatifResult(r) {
 
 function whatifPanel(child) {
   // the what-if of one share change, run by the server (nothing is written: no budget changes)
+  const account = child.account, run = budgetState.run;
   const input = el("input", { id: "whatif-shares", type: "number", min: 0, step: 1, value: budgetState.shares ?? child.raw_shares,
     on: { input: (ev) => { budgetState.shares = ev.target.value; } } });
-  const run = el("button", { type: "button", id: "whatif-run", disabled: budgetState.running,
+  const button = el("button", { type: "button", id: "whatif-run", disabled: run !== null,
     on: { click: () => runWhatif(child, Number(input.value === "" ? NaN : input.value)) } },
-    budgetState.running ? "running…" : "Run what-if");
-  const shown = budgetState.result && budgetState.result.account === child.account ? budgetState.result : null;
-  return el("div", { id: "whatif", class: "card" },
-    el("h3", {}, `What if ${child.account} held other shares?`),
-    el("p", {}, "Shares ", input, ` (now ${child.raw_shares}; its siblings keep theirs) `, run),
+    run && run.account === account ? "running…" : "Run what-if");
+  const shown = budgetState.results[account] ?? null, error = budgetState.errors[account] ?? null;
+  return el("div", { id: "whatif", class: "card", "data-account": account },
+    el("h3", {}, `What if ${account} held other shares?`),
+    el("p", {}, "Shares ", input, ` (now ${child.raw_shares}; its siblings keep theirs) `, button),
     el("p", { class: "muted" }, "The server re-simulates the last 4 weeks' submissions (at most) twice, with and without the change (twice the time), and compares per team; what happened is beside them. Nothing is changed."),
-    budgetState.error ? el("p", { class: "err", id: "whatif-error" }, budgetState.error) : null,
-    budgetState.running ? el("p", { id: "whatif-running", class: "muted" }, turnText(budgetState.turn)) : null,
-    shown ? whatifResult(shown) : null);
+    error ? el("p", { class: "err", id: "whatif-error" }, error) : null,
+    run ? el("p", { id: "whatif-running", class: "muted", "data-for": run.account, "data-panel": account }, runningText(account)) : null,
+    shown && !(run && run.account === account) ? whatifResult(shown) : null);
 }
 
 const turnText = (t) => (!t || (t.ahead === 0 && t.running_s === null) ? "The what-if is starting…"
   : t.running_s === null ? `Waiting for ${t.ahead} what-if${t.ahead > 1 ? "s" : ""} ahead of yours (one runs at a time)…`
-  : `The what-if is running: ${t.steps ? `step ${t.step.toLocaleString()} of ${t.steps.toLocaleString()} (${Math.floor(100 * t.step / t.steps)}%), ` : ""}${dur(t.running_s)} so far (4 weeks: about a minute on an idle server, minutes on a busy one)…`);
+  : `The what-if is running: ${t.steps ? `${Math.floor(100 * t.step / t.steps)}% of its work done, ` : ""}${dur(t.running_s)} so far (4 weeks: about a minute on an idle server, minutes on a busy one)…`);
 
 async function budgetPage(first) {
   if (first && new URLSearchParams(location.search).has("account")) {  // a bookmarked or sent review
@@ -79,6 +97,7 @@ async function budgetPage(first) {
   if (budgetState.account !== null) q.set("account", budgetState.account);
   const data = await api(`/ui/api/budget?${q}`);
   if (budgetState.account === null) budgetState.account = data.account;
+  budgetState.children = data.children;
   toUrl(new URLSearchParams(data.account ? { account: data.account } : {}));
   const input = el("input", { id: "b-account", list: "b-managed", value: data.account,
     placeholder: "account (empty: the programs)",
@@ -92,7 +111,7 @@ async function budgetPage(first) {
     td(num(c.delivered_gpu_hours, 1), { class: "num", "data-col": "delivered" }),
     td(pct(c.by_period), { class: "num", "data-col": "by_period", title: c.owed_gpu_hours > 0 // the uncapped ratio (atk49-29 F6)
       ? `${(100 * c.delivered_gpu_hours / c.owed_gpu_hours).toFixed(1)}% uncapped (delivered / owed)` : null }),
-    td(el("button", { type: "button", class: "whatif", on: { click: () => { budgetState.whatif = c.account; budgetState.shares = null; budgetState.result = null; budgetState.error = null; refresh(); } } }, "what if…"))));
+    td(el("button", { type: "button", class: "whatif", on: { click: () => { budgetState.whatif = c.account; budgetState.shares = null; refresh(); } } }, "what if…"))));
   const chosen = data.children.find((c) => c.account === budgetState.whatif);
   main(el("h1", {}, `Budget review: ${data.account || "the programs"}`),
     el("div", { class: "filters" }, input, el("datalist", { id: "b-managed" }, data.managed.map((a) => el("option", { value: a })))),
