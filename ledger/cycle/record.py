@@ -137,7 +137,8 @@ def reaping_commands(reaping: Sequence[Reaping], jobs: Mapping[int, Job]) -> lis
     """Pure: the reaping of running jobs' current runs (`ReportLeaderEnded`, atk49-23 F4)."""
     return [
         c.ReportLeaderEnded(actor=EXECUTOR, job_id=rp.job_id, run=rp.run, left=rp.left,
-                            leader_ended_at=rp.leader_ended_at, kill_at=rp.kill_at)
+                            leader_ended_at=rp.leader_ended_at, kill_at=rp.kill_at,
+                            exit_code=rp.exit_code)
         for rp in reaping
         if (job := jobs.get(rp.job_id)) is not None and job.status == "running"
         and job.preemptions == rp.run
