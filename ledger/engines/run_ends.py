@@ -9,6 +9,7 @@ orphaned trees."""
 from __future__ import annotations
 
 import logging
+import math
 import signal
 from pathlib import Path
 
@@ -67,7 +68,10 @@ def orphaned(p: Part, now: float | None, grace_s: float, containment: Containmen
             p.left_since = now
             tree.signal(signal.SIGTERM)
             return True
-        if now >= p.left_since + grace_s:
+        # the SIGKILL its supervisor set before it died (`RUNDIR/reaping`), never a new grace
+        # from its death (atk52-23 F7: a supervisor killed -9 in that grace restarted it)
+        said = read_reaping(rundir)
+        if now >= min(p.left_since + grace_s, said.kill_at if said else math.inf):
             tree.kill()
         return False
     record = read_record(rundir)

@@ -10,6 +10,8 @@ the grace) and no second launch ever started (each launch writes its number to a
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -113,6 +115,7 @@ def test_a_cancel_after_the_command_exited_0_leaves_the_job_completed_and_kills_
     said = cli(home, "cancel", "1", actor="bob")
     cancelled = time.time()
     assert said.returncode == 0, said.stderr
+    assert "had completed (its command exited 0)" in said.stdout, said.stdout
     # what it left is killed at once (the cancel cuts their grace), not at `kill_at`
     while any(_alive(p) for p in left):
         assert time.time() < min(kill_at, cancelled + 6), "its leftovers outlived the cancel"
@@ -121,4 +124,26 @@ def test_a_cancel_after_the_command_exited_0_leaves_the_job_completed_and_kills_
     wait_for("its afterok dependent completed", lambda: jobs(home)[2].get("outcome")
              == "completed", timeout=30, home=home)  # fmt: skip
     assert "cancelled by bob" in cli(home, "explain", "1").stdout
+    assert up.proc.poll() is None
+
+
+def test_a_supervisor_killed_in_its_leftovers_grace_gives_them_no_new_grace(
+    home: Path, runs: Path
+) -> None:
+    """atk52-23 F7: the per-job supervisor killed with -9 while the processes a command left
+    live out their grace: the agent takes its part over (`run_ends.orphaned`) and SIGKILLs them
+    at the SIGKILL the supervisor had set (`RUNDIR/reaping`), which every read shows, not a
+    whole grace after the supervisor's death (the old code: `kill -9` time + the grace)."""
+    submit(home, "bob", 1, _left(runs), "--grace", f"{GRACE_S}s")
+    up = Service(home)
+    left, kill_at = _reaping(home, 1)
+    (rundir,) = (home / "agents").glob("*/runs/1.1/0")
+    supervisor = int((rundir / "supervisor").read_text().split()[0])
+    while time.time() < kill_at - GRACE_S / 2:  # well into the grace
+        time.sleep(0.3)
+    os.kill(supervisor, signal.SIGKILL)
+    while any(_alive(p) for p in left):
+        assert time.time() < kill_at + 4, "its leftovers got a new grace"
+        time.sleep(0.3)
+    _completed_once(home, 1, runs)  # its command's exit 0 stands
     assert up.proc.poll() is None
