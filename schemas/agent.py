@@ -189,6 +189,9 @@ class PartReaping(PartRun, frozen=True, kw_only=True):
     leader_ended_at: Epoch
     left: Count = 0
     kill_at: Epoch
+    exit_code: ExitCode | None = None
+    """Its command's exit code (None: not said; an agent leaves it out then, and an older
+    server refuses it: the agent then sends reaping no more)."""
 
 
 class PartSample(PartRun, frozen=True, kw_only=True):

@@ -367,6 +367,8 @@ class ReportLeaderEnded(JobCommand, frozen=True, kw_only=True, tag="job.leader_e
     left: Count = 0
     """How many processes its leader left behind (its part's that left the most)."""
     kill_at: Epoch
+    exit_code: ExitCode | None = None
+    """Its command's exit code (`LeaderEnded.exit_code`); None: not said."""
 
 
 class IssueToken(Command, frozen=True, kw_only=True, tag="token.issue"):

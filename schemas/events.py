@@ -464,12 +464,18 @@ class LeaderEnded(JobEvent, frozen=True, kw_only=True, tag="job.leader_ended.v1"
     """A running job's command has exited (on every node of run `run`) and left processes its
     engine is reaping: SIGTERM at `leader_ended_at`, SIGKILL at `kill_at` at the latest, its
     end recorded once they are gone (`JobFinished`). Every read shows the job `stopping` from
-    then (Slurm's CG once the batch script has exited: atk49-23 F4). No decision reads it."""
+    then (Slurm's CG once the batch script has exited: atk49-23 F4). A cancel reads its
+    `exit_code` (below); nothing else decides by it."""
 
     run: Count = 0
     leader_ended_at: Epoch
     left: Count = 0
     kill_at: Epoch
+    exit_code: ExitCode | None = None
+    """Its command's exit code (a gang's: its first non-zero part's). 0: the job completed
+    (its command exited 0 before any stop): a cancel then records it `completed`, as Slurm
+    keeps a job COMPLETED whose batch script ended (atk52-23 F2). None: not said (every record
+    made before it), and a cancel ends the job `cancelled`, as it always did."""
 
 
 # --- identity -----------------------------------------------------------------------------------

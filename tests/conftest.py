@@ -67,6 +67,7 @@ SLURM_SECONDS: dict[str, float] = {
     "test_slurm_nodefail": 561,
     "test_slurm_nodefail_kill": 330,
     "test_slurm_opening": 202,
+    "test_slurm_reaping": 30,
     "test_slurm_records": 162,
     "test_slurm_stepd": 44,
     "test_slurm_stops": 460,

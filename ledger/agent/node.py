@@ -40,7 +40,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -489,6 +489,9 @@ class NodeAgent:
                 )
             )
         for ex in seen.stopped:
+            if ex.by_itself:  # its command ended before the stop: told as its exit (F2)
+                self._queue(Observed(exits=(replace(ex, engine_state=""),)))
+                continue
             self.outbox.stopped.append(
                 a.PartStopped(
                     job_id=ex.job_id,
@@ -501,7 +504,7 @@ class NodeAgent:
         for rp in () if self._no_reaping else seen.reaping:
             self.outbox.reaping.append(
                 a.PartReaping(job_id=rp.job_id, run=rp.run, leader_ended_at=rp.leader_ended_at,
-                              left=rp.left, kill_at=rp.kill_at)
+                              left=rp.left, kill_at=rp.kill_at, exit_code=rp.exit_code)
             )  # fmt: skip
         for ex in seen.exits:
             run = _run_of(ex.engine_job_id)

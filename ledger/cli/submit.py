@@ -661,8 +661,9 @@ def cancel(ctx: Ctx, job_ids: tuple[str, ...]) -> None:
                 f"jobs {', '.join(map(str, killed))} were")  # fmt: skip
             click.echo(f"{what} stopping: {_killed(ctx)} (position {appended.position})")
             continue
-        # a job past its time limit ends `time_limit`: it timed out, the cancel cut its grace
-        ended = [ev.job_id for ev in ends if ev.reason in ("cancelled", "time_limit")]
+        # a job past its time limit ends `time_limit`: it timed out, the cancel cut its grace;
+        # one whose command had exited 0 ends `completed`: the cancel cut its leftovers' grace
+        ended = [ev.job_id for ev in ends if ev.reason in ("cancelled", "time_limit", "completed")]
         done.update(ended)
         what = f"job {ended[0]}" if len(ended) == 1 else f"jobs {', '.join(map(str, ended))}"
         click.echo(f"cancelled {what} (position {appended.position})")
@@ -673,6 +674,10 @@ def cancel(ctx: Ctx, job_ids: tuple[str, ...]) -> None:
         if timed:
             click.echo(f"  {', '.join(map(str, timed))} had passed its time limit: recorded "
                        f"time_limit, {_killed(ctx)}")  # fmt: skip
+        done_ = [ev.job_id for ev in ends if ev.reason == "completed"]
+        if done_:  # atk52-23 F2
+            click.echo(f"  {', '.join(map(str, done_))} had completed (its command exited 0): "
+                       f"recorded completed; the processes it left: {_killed(ctx)}")  # fmt: skip
         never = [ev.job_id for ev in ends if ev.reason == "dependency_never_satisfied"]
         if never:
             click.echo(f"  and so {', '.join(map(str, never))} can never run (their dependency)")

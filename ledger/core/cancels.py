@@ -29,7 +29,7 @@ def cancel(state: State, cmd: c.CancelJob, s: Stamp) -> list[e.AnyEvent]:
     nodes: list[str] = []
     for job_id in sorted(tasks):
         job = state.jobs[job_id]
-        out.append(_timed_out(job, s) or e.JobFinished(
+        out.append(_completed(job, s) or _timed_out(job, s) or e.JobFinished(
             **s.kw(), job_id=job_id, outcome="cancelled", reason="cancelled"))  # fmt: skip
         out += _earlier_runs_killed(state, job_id, s)
         nodes += [sl.node for sl in job.slots]
@@ -59,6 +59,27 @@ def _timed_out(job: Job, s: Stamp) -> e.JobFinished | None:
     note = f"its time limit passed at {when(began + limit)}; cancelled by {s.actor} in its grace"
     return e.JobFinished(**s.kw(), job_id=job.job_id, outcome="failed", reason="time_limit",
                          note=note[:1000])  # fmt: skip
+
+
+def _completed(job: Job, s: Stamp) -> e.JobFinished | None:
+    """Pure: the end of a running job cancelled after its command exited 0 (`LeaderEnded`
+    with `exit_code` 0, on every part), while the processes it left live out their grace: it
+    completed, so it ends `completed` (exit 0), as Slurm keeps COMPLETED a job whose batch
+    script ended, and its `afterok` dependents run; the cancel only cuts the leftovers' grace
+    (killed at once: `StoppedRun.kill`, as `evolve` stops the run of a user's `completed`
+    end). Before, it was recorded `cancelled` (atk52-23 F2). Its command ended before its time
+    limit (its engine then no longer stops it there): a limit that passed since does not make
+    it `time_limit`. A `LeaderEnded` without `exit_code` (every record made before it) leaves
+    the cancel as it was. None otherwise."""
+    ended, began, limit = job.leader_ended_at, job.started_at, job.spec.time_limit_s
+    if job.status != "running" or job.leader_exit_code != 0 or ended is None:
+        return None
+    if began is not None and limit is not None and ended >= began + limit:
+        return None  # its command ended past its limit: the limit's (`_timed_out`)
+    note = (f"its command exited 0 at {when(ended)}; cancelled by {s.actor} while "
+            "the processes it left were being stopped")  # fmt: skip
+    return e.JobFinished(**s.kw(), job_id=job.job_id, outcome="completed", exit_code=0,
+                         reason="completed", note=note[:1000])  # fmt: skip
 
 
 def stopping_of(state: State, cmd: c.CancelJob) -> list[StoppedRun]:

@@ -604,7 +604,8 @@ def _leader_ended(state: State, cmd: c.ReportLeaderEnded, s: _Stamp) -> list[e.A
         raise InvalidTransition(f"job {cmd.job_id}'s command has already been reported ended")
     return [
         e.LeaderEnded(**s.kw(), job_id=cmd.job_id, run=cmd.run, left=cmd.left,
-                      leader_ended_at=cmd.leader_ended_at, kill_at=cmd.kill_at)
+                      leader_ended_at=cmd.leader_ended_at, kill_at=cmd.kill_at,
+                      exit_code=cmd.exit_code)
     ]  # fmt: skip
 
 

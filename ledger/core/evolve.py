@@ -180,6 +180,7 @@ def evolve(state: State, event: e.AnyEvent) -> State:
                 reaping_kill_at=None,
                 leader_ended_at=None,
                 reaping_left=0,
+                leader_exit_code=None,
             )  # fmt: skip  (the grace its run gets: the service's now, atk49-23 F1)
         case e.JobStarted():
             job = state.jobs[event.job_id]
@@ -207,6 +208,7 @@ def evolve(state: State, event: e.AnyEvent) -> State:
                 reaping_kill_at=None,
                 leader_ended_at=None,
                 reaping_left=0,
+                leader_exit_code=None,
             )
         case e.JobHeld():
             state.jobs[event.job_id] = msgspec.structs.replace(state.jobs[event.job_id], held=True)
@@ -220,10 +222,11 @@ def evolve(state: State, event: e.AnyEvent) -> State:
             job = state.jobs[event.job_id]
             if event.ended_at is None and (
                 event.reason in ("cancelled", "preempted")
-                or (event.reason == "time_limit" and not is_system(event.actor))
-            ):  # the ledger's stop, not the run's end (a cancel past its limit: `cancels`)
-                _stopped(state, job, event.at, "cancelled" if event.reason == "time_limit"
-                         else event.reason)  # fmt: skip
+                or (event.reason in ("time_limit", "completed") and not is_system(event.actor))
+            ):  # the ledger's stop, not the run's end (a cancel past its limit, or after its
+                # command exited 0: `cancels`; engines, which record ends, are system actors)
+                _stopped(state, job, event.at, "cancelled" if event.reason != "preempted"
+                         else event.reason, at_once=event.reason == "completed")  # fmt: skip
             _release(state, job)
             state.finished += 1
             state.active.discard(event.job_id)
@@ -252,7 +255,7 @@ def evolve(state: State, event: e.AnyEvent) -> State:
             ):
                 state.jobs[event.job_id] = msgspec.structs.replace(
                     ending, reaping_kill_at=event.kill_at, leader_ended_at=event.leader_ended_at,
-                    reaping_left=event.left,
+                    reaping_left=event.left, leader_exit_code=event.exit_code,
                 )  # fmt: skip
         case e.TokenIssued():
             state.tokens[event.token_id] = Token(
@@ -347,10 +350,11 @@ def _launched_unheard(state: State, job: Job) -> bool:
     return job.status == "placed" and service is not None and service.executor == "agents"
 
 
-def _stopped(state: State, job: Job, at: float, why: str) -> None:
+def _stopped(state: State, job: Job, at: float, why: str, at_once: bool = False) -> None:
     """The ledger stops the job's running run (or its placed run whose launch may run:
     `_launched_unheard`): its end is awaited (`State.stopped_runs`), and runs stopped more than
-    `ENDS_KEPT_S` ago are forgotten."""
+    `ENDS_KEPT_S` ago are forgotten. Killed at once when it is past its time limit, or
+    `at_once` (a cancel of a job whose command had exited 0: what is left of it)."""
     running = job.status == "running" and job.engine
     if (running or _launched_unheard(state, job)) and job.slots:
         key = (job.job_id, job.preemptions)
@@ -362,7 +366,7 @@ def _stopped(state: State, job: Job, at: float, why: str) -> None:
             slots=job.slots,
             at=at,
             grace_s=s.grace_s,
-            kill=past,
+            kill=past or at_once,
             why=why,
             user=s.user,
             job_name=s.job_name,

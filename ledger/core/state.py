@@ -89,6 +89,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     their SIGKILL at the latest; every read shows it `stopping` (atk49-23 F4). None otherwise."""
     leader_ended_at: float | None = None
     reaping_left: int = 0
+    leader_exit_code: int | None = None
+    """Its current run's command's exit code as its `LeaderEnded` said (None: not said): 0
+    makes a cancel record its completion (`cancels.cancel`, atk52-23 F2)."""
 
     @property
     def job_id(self) -> int:

@@ -28,7 +28,7 @@ engine: the service reconciles from facts, never guesses), `shutdown` and, for a
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
@@ -190,6 +190,17 @@ class Reaping:
     leader_ended_at: float
     left: int
     kill_at: float
+    exit_code: int | None = None
+    """Its command's exit code (a gang's: `command_code`); None: not said."""
+
+
+def command_code(codes: Iterable[int | None]) -> int | None:
+    """Pure: a run's command's exit code from its parts' (`Reaping.exit_code`): the first
+    non-zero, else 0; None when a part's is not known."""
+    known = list(codes)
+    if any(c is None for c in known):
+        return None
+    return next((c for c in known if c), 0)
 
 
 @dataclass(frozen=True)

@@ -134,13 +134,15 @@ def progress_commands(
 
 
 def reaping_commands(reaping: Sequence[Reaping], jobs: Mapping[int, Job]) -> list[c.AnyCommand]:
-    """Pure: the reaping of running jobs' current runs (`ReportLeaderEnded`, atk49-23 F4)."""
+    """Pure: the reaping of running jobs' current runs (`ReportLeaderEnded`, atk49-23 F4), not
+    yet recorded (an engine restarted reports it again)."""
     return [
         c.ReportLeaderEnded(actor=EXECUTOR, job_id=rp.job_id, run=rp.run, left=rp.left,
-                            leader_ended_at=rp.leader_ended_at, kill_at=rp.kill_at)
+                            leader_ended_at=rp.leader_ended_at, kill_at=rp.kill_at,
+                            exit_code=rp.exit_code)
         for rp in reaping
         if (job := jobs.get(rp.job_id)) is not None and job.status == "running"
-        and job.preemptions == rp.run
+        and job.preemptions == rp.run and job.reaping_kill_at is None
     ]  # fmt: skip
 
 

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ledger.cycle.executor import Exit, Launch, Reaping, Sample, Start
+from ledger.cycle.executor import Exit, Launch, Reaping, Sample, Start, command_code
 from schemas import agent as a
 from schemas.events import GpuSlot, RunPart
 
@@ -58,8 +58,10 @@ def run_reaping(r: AgentRun) -> Reaping | None:
         return None
     r.reaping_reported = True
     said = r.reaping.values()
+    code = command_code(r.reaping[n].exit_code if n in r.reaping else r.exits[n].exit_code
+                        for n in r.nodes)  # fmt: skip
     return Reaping(r.job_id, r.run, max(x.leader_ended_at for x in said),
-                   max(x.left for x in said), max(x.kill_at for x in said))  # fmt: skip
+                   max(x.left for x in said), max(x.kill_at for x in said), code)  # fmt: skip
 
 
 def part_for(job: Launch, grace: float, master_addr: str, token: str) -> a.Part:

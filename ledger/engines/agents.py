@@ -111,6 +111,10 @@ class AgentExecutor:
         """Launches waiting until no earlier run of their job may be alive (`Fence`)."""
         self._stopped: list[Exit] = []
         """Ends of stopped runs the agents reported, for the record (`JobRunEnded`)."""
+        self._partly_running: set[tuple[int, int]] = set()
+        """Gang runs (job, run) stopped while a part's command still ran (neither ended nor
+        reaping, `AgentRun.reaping`): a part's exit told by itself is not the run's, which
+        did not complete (atk52-23 F2: a part whose command had ended is told so)."""
         self._completed: set[int] = set()
         """Jobs a stopped run of which exited 0 by itself (`Exit.by_itself`): their held next
         launch is not released in the `observe` that hands that end over: the ledger records
@@ -532,7 +536,9 @@ class AgentExecutor:
                 state = "FENCED" if x.reason == "node_failure" else "EXITED"
                 at = now if x.ended_at is None else x.ended_at
                 name = f"{x.job_id}.{x.run + 1}"
-                itself = x.reason == "exited"  # its agent had no stop for it: by itself
+                # its agent had no stop for it, and every other part's command had ended
+                itself = x.reason == "exited" and (x.job_id, x.run) not in self._partly_running
+                self._partly_running.discard((x.job_id, x.run))  # its first end is the run's
                 self._stopped.append(Exit(x.job_id, x.exit_code, at, x.reason, name, state,
                                           by_itself=itself))  # fmt: skip
                 if itself and x.exit_code == 0:  # it may complete the job: the ledger says
@@ -615,6 +621,9 @@ class AgentExecutor:
         for node in r.nodes:
             self._parts.get(node, {}).pop(job_id, None)
             self._publish(node)
+        nodes = set(r.nodes)
+        if len(nodes) > 1 and any(n not in r.reaping and n not in r.exits for n in nodes):
+            self._partly_running.add((job_id, r.run))
         # a part that reported its own end is gone already
         alive = [n for n in dict.fromkeys(r.nodes) if n not in r.exits]
         versions = {n: self.board.number(n) for n in alive}

@@ -9,6 +9,7 @@ orphaned trees."""
 from __future__ import annotations
 
 import logging
+import math
 import signal
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from ledger.engines.runs import (
     recorded_end,
     run_name,
 )
-from ledger.engines.supervise import read_record, record_says_started
+from ledger.engines.supervise import read_reaping, read_record, record_says_started
 from ledger.engines.tree import Containment, Tree
 from schemas.commands import RunEnd
 from schemas.events import RunPart
@@ -45,6 +46,7 @@ def take_end(p: Part, end: PartEnd | None) -> bool:
         return False
     p.exit_code, p.ended_at, p.note = end.code, end.ended_at, end.note()
     p.launch_failed, p.fenced = bool(end.launch_failed), end.fenced
+    p.leader_ended_at = end.leader_ended_at
     return True
 
 
@@ -66,7 +68,10 @@ def orphaned(p: Part, now: float | None, grace_s: float, containment: Containmen
             p.left_since = now
             tree.signal(signal.SIGTERM)
             return True
-        if now >= p.left_since + grace_s:
+        # the SIGKILL its supervisor set before it died (`RUNDIR/reaping`), never a new grace
+        # from its death (atk52-23 F7: a supervisor killed -9 in that grace restarted it)
+        said = read_reaping(rundir)
+        if now >= min(p.left_since + grace_s, said.kill_at if said else math.inf):
             tree.kill()
         return False
     record = read_record(rundir)
@@ -76,6 +81,7 @@ def orphaned(p: Part, now: float | None, grace_s: float, containment: Containmen
         return True
     p.exit_code, p.launch_failed, p.note = record.code, bool(record.failed), record.failed
     p.ended_at = record.ended_at if p.left_since is None else now
+    p.leader_ended_at = record.ended_at
     if p.left_since is not None:
         p.note = "processes its leader left behind were stopped after its supervisor died"
     log.info("part %s of %s: its supervisor died; its leader recorded %s", p.rank,
@@ -143,6 +149,32 @@ def exit_of(h: Handle, now: float) -> Exit:
     return Exit(
         h.job_id, int(code or 0), max(ended) if ended else now, reason,
         run_name(h.job_id, h.launch), note=note,
+    )  # fmt: skip
+
+
+def ended_first(h: Handle) -> bool:
+    """A run the ledger stopped whose every part's command (its leader) had ended before the
+    stop reached it (`Handle.stop_at`): only processes the command left were still being
+    reaped, so the run ended by itself (`Exit.by_itself`; with exit 0 it completes its job:
+    `ledger.core.runs.completed_meanwhile`). Before, such a run was told as stopped, and a
+    preempted resumable job whose command had exited 0 ran again (atk52-23 F2)."""
+    return h.stop_at is not None and all(
+        p.leader_ended_at is not None and p.leader_ended_at <= h.stop_at
+        and not (p.fenced or p.launch_failed or p.lost)
+        for p in h.parts
+    )  # fmt: skip
+
+
+def commands_ended(h: Handle) -> bool:
+    """Every part's command (its leader) has ended: the part has ended, or its supervisor
+    reaps what the command left (`RUNDIR/reaping`), or, its supervisor dead, does it for it
+    (`Part.left_since`). Such a run is past its command: a time limit no longer stops it (its
+    leftovers get their SIGKILL at the command's end plus the grace, before the limit's), so a
+    command that exited 0 before its limit ends `completed`, not `time_limit` (atk52-23 F2)."""
+    return all(
+        p.exit_code is not None or p.left_since is not None
+        or read_reaping(Path(p.rundir)) is not None
+        for p in h.parts
     )  # fmt: skip
 
 

@@ -58,6 +58,10 @@ class Part(msgspec.Struct, kw_only=True):
     left_since: float | None = None
     """Its supervisor is gone and its leader ended with processes left: since when (they get
     the grace, then SIGKILL, as the supervisor would have done)."""
+    leader_ended_at: float | None = None
+    """When its command (the leader) ended, as its supervisor's clock (`PartEnd`) or the
+    leader's record says; None: not known (a part an older supervisor ended). A part whose
+    command ended before the ledger's stop reached it ended by itself (`run_ends.ended_first`)."""
 
 
 class Handle(msgspec.Struct, kw_only=True):

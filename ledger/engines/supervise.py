@@ -33,7 +33,8 @@ record says how many were left and whether they had to be killed. Files it write
     RUNDIR/exit         the part's end, JSON: code, ended_at, leader_ended_at, left, killed,
                         launch_failed (an older supervisor wrote the bare exit code)
     RUNDIR/reaping      the leader ended leaving processes, JSON: leader_ended_at, left, kill_at
-                        (their SIGKILL at the latest), written before their SIGTERM
+                        (their SIGKILL at the latest), code (the leader's), written before
+                        their SIGTERM
     RUNDIR/launch.log   what the supervisor said of a launch that failed (or the leader, with
                         no output file of the user's)
     RUNDIR/watchdog     "PID START" of the part's lease watchdog (`start_watchdog`)
@@ -244,8 +245,9 @@ def run(rundir: Path) -> int:
     code = code_of(returncode)
     leader_ended = time.time()  # the supervisor's own clock, never the job's word (module doc)
     left, killed = end_of_tree(
-        tree, grace_s, lambda n: _write_reaping(rundir, leader_ended, n, leader_ended + grace_s)
-    )
+        tree, grace_s,
+        lambda n: _write_reaping(rundir, leader_ended, n, leader_ended + grace_s, code),
+    )  # fmt: skip
     record = read_record(rundir) or Record()
     _write_exit(
         rundir,
@@ -403,20 +405,35 @@ def end_of_tree(
     return left, True
 
 
-def _write_reaping(rundir: Path, leader_ended_at: float, left: int, kill_at: float) -> None:
-    """`RUNDIR/reaping`: the leader ended at `leader_ended_at` leaving `left` processes, which
-    get SIGKILL at `kill_at` at the latest (its agent reports the job stopping: atk49-23 F4)."""
-    said = {"leader_ended_at": leader_ended_at, "left": left, "kill_at": kill_at}
+def _write_reaping(
+    rundir: Path, leader_ended_at: float, left: int, kill_at: float, code: int
+) -> None:
+    """`RUNDIR/reaping`: the leader ended at `leader_ended_at` with `code` leaving `left`
+    processes, which get SIGKILL at `kill_at` at the latest (its agent reports the job
+    stopping: atk49-23 F4; and a command that exited 0 completed: atk52-23 F2)."""
+    said = {"leader_ended_at": leader_ended_at, "left": left, "kill_at": kill_at, "code": code}
     with contextlib.suppress(OSError):
         write_atomic(rundir / REAPING, json.dumps(said).encode() + b"\n")
 
 
-def read_reaping(rundir: Path) -> tuple[float, int, float] | None:
-    """`RUNDIR/reaping` as (leader_ended_at, left, kill_at), if the supervisor wrote it."""
+class Reaped(NamedTuple):
+    """`RUNDIR/reaping` (module doc); `code`: the leader's exit code (None: an older supervisor
+    wrote it)."""
+
+    leader_ended_at: float
+    left: int
+    kill_at: float
+    code: int | None = None
+
+
+def read_reaping(rundir: Path) -> Reaped | None:
+    """`RUNDIR/reaping`, if the supervisor wrote it."""
     try:
         said = json.loads((rundir / REAPING).read_bytes())
-        return float(said["leader_ended_at"]), int(said["left"]), float(said["kill_at"])
-    except (OSError, ValueError, KeyError, TypeError):
+        code = said.get("code")
+        return Reaped(float(said["leader_ended_at"]), int(said["left"]), float(said["kill_at"]),
+                      None if code is None else int(code))  # fmt: skip
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 

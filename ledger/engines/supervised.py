@@ -42,7 +42,16 @@ from typing import IO, TYPE_CHECKING
 
 import msgspec
 
-from ledger.cycle.executor import Exit, Launch, Observed, Orders, Reaping, Sample, Start
+from ledger.cycle.executor import (
+    Exit,
+    Launch,
+    Observed,
+    Orders,
+    Reaping,
+    Sample,
+    Start,
+    command_code,
+)
 from ledger.engines.accounts import RunAs, account_for, own_log, private_dirs
 from ledger.engines.env import Account, job_env
 from ledger.engines.found import SCOPE_VAR, find_live
@@ -50,6 +59,8 @@ from ledger.engines.gpu_util import UtilSource
 from ledger.engines.proc import alive, write_atomic
 from ledger.engines.run_ends import (
     all_started,
+    commands_ended,
+    ended_first,
     ended_run,
     exit_of,
     launched_before,
@@ -352,8 +363,11 @@ class SupervisedExecutor:
                 continue
             got = [x for x in said if x is not None]
             self._reaped.add((h.job_id, h.launch))
-            out.append(Reaping(h.job_id, h.launch - 1, max(x[0] for x in got),
-                               max(x[1] for x in got), max(x[2] for x in got)))  # fmt: skip
+            code = command_code(p.exit_code if x is None else x.code
+                                for x, p in zip(said, h.parts, strict=True))  # fmt: skip
+            out.append(Reaping(h.job_id, h.launch - 1, max(x.leader_ended_at for x in got),
+                               max(x.left for x in got), max(x.kill_at for x in got),
+                               code))  # fmt: skip
         return tuple(out)
 
     def _take_starts(self) -> list[Start]:
@@ -592,6 +606,7 @@ class SupervisedExecutor:
             h.stop_reason is None
             and h.time_limit_s is not None
             and now >= limit_from(h) + h.time_limit_s
+            and not commands_ended(h)  # only leftovers of a command that ended: not stopped
         ):
             log.info("job %s reached its time limit (%gs): stopping it", h.job_id, h.time_limit_s)
             # its grace from the limit, as every read says, not from now: a run found past its
@@ -616,7 +631,8 @@ class SupervisedExecutor:
                 self._exits.append(end)
             else:  # a run the ledger stopped is gone: said as such (`JobRunEnded`)
                 state = "KILLED" if h.killed else "STOPPED"
-                self._stopped.append(dataclasses.replace(end, engine_state=state))
+                itself = ended_first(h)  # its command had ended before the stop (F2)
+                self._stopped.append(dataclasses.replace(end, engine_state=state, by_itself=itself))
             changed = True
         return changed
 

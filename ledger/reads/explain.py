@@ -272,9 +272,10 @@ def _kill_line(ev: e.JobKillOrdered, last_end: e.JobFinished | None) -> str:
 
 
 def _a_cancel(end: e.JobFinished) -> bool:
-    """Pure: the job's end was a cancel (one past its time limit too: `cancels`)."""
+    """Pure: the job's end was a cancel (one past its time limit, or after its command exited
+    0, too: `cancels`)."""
     return end.reason == "cancelled" or (
-        end.reason == "time_limit" and not end.actor.startswith("@")
+        end.reason in ("time_limit", "completed") and not end.actor.startswith("@")
     )
 
 

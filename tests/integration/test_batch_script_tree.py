@@ -147,3 +147,42 @@ def test_a_program_of_the_jobs_own_named_slurmstepd_in_a_group_below_the_step_is
     own = own_end(tmp_path)
     assert own is not None and (own.exit_code, own.left) == (0, 1), own
     esc.rmdir()
+
+
+def test_a_stop_that_comes_after_the_command_exited_0_is_not_its_signal(
+    tmp_path: Path, step: Path
+) -> None:
+    """atk52-23 F2 on Slurm: the command exits 0 leaving a child that ignores SIGTERM, and the
+    stop's SIGTERM reaches the batch shell while the script reaps that child. The command
+    ended before the stop: its end record says unsignalled (`OwnEnd.signalled` False), so the
+    executor counts the run ended by itself (`stops.ended_by_itself`: a preempted resumable job
+    completes, never runs again). Before, the signal noted in the reap made it signalled."""
+    kid = tmp_path / "kid"
+    job = Launch(5, (GpuSlot(node="n1", gpu_indices=(0,)),),
+                 ("bash", "-c", f"( trap '' TERM; exec sleep 60 ) & echo $! > {kid}; exit 0"),
+                 None, "alice", "ai2/olmo")  # fmt: skip
+    marks = {m: str(tmp_path / m) for m in ("launched", "ended", "signalled", "stopping", "alive")}
+    script = tmp_path / "batch"
+    script.write_text(batch_script(job, launched_file=marks["launched"],
+                                   ended_file=marks["ended"], signalled_file=marks["signalled"],
+                                   stopping_file=marks["stopping"], alive_file=marks["alive"],
+                                   after_term_s=13, own_end_s=11))  # fmt: skip
+    shell = subprocess.Popen(
+        ["bash", "-c", f"echo $$ > {step / 'cgroup.procs'}; exec bash \"$0\"", str(script)],
+        env={**os.environ, "SLURM_JOB_ID": str(JOB)}, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 10
+        while not (kid.exists() and kid.read_text().strip()) and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # its command has exited: the script reaps the child (2 s grace)
+        assert _alive(int(kid.read_text())) and not (tmp_path / "ended").exists()
+        shell.send_signal(signal.SIGTERM)  # the stop, as Slurm's or the executor's reaches it
+        shell.wait(timeout=30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            shell.kill()
+    own = own_end(tmp_path)
+    assert own is not None and (own.exit_code, own.left) == (0, 1), own
+    assert not own.signalled, own  # the old script: signalled, so the run was requeued
+    assert (tmp_path / "signalled").exists()  # the signal itself is still noted

@@ -220,3 +220,30 @@ def test_an_agents_exit_of_a_run_it_was_not_stopping_is_by_itself(org_ledger: ob
     ex.receive(a.Report(node="n1", exited=(gone,)), 11.0)
     (x,) = ex.observe(11.0, dict(org_ledger.state.nodes)).stopped
     assert x.by_itself and x.exit_code == 0
+
+
+@pytest.mark.parametrize(("reaping_on", "itself"), [(("n1",), False), (("n1", "n2"), True)])
+def test_a_gang_parts_exit_is_by_itself_only_if_every_parts_command_had_ended(
+    org_ledger: object, reaping_on: tuple[str, ...], itself: bool
+) -> None:
+    """atk52-23 F2: a part whose command had ended before the stop is told as an exit by itself
+    (`PartExited`); for a gang run that is the run's only if every part's command had ended
+    (reaping or exited) when the ledger stopped it: a part still running then did not
+    complete, and its job is not taken for completed."""
+    from ledger.cycle.executor import Orders
+    from ledger.engines.agent_runs import AgentRun
+    from ledger.engines.agents import AgentExecutor
+    from ledger.store.application import Ledger
+    from schemas import agent as a
+
+    assert isinstance(org_ledger, Ledger)
+    ex = AgentExecutor(org_ledger, node_lost_after_s=60.0, grace_s=30.0)
+    r = AgentRun(job_id=5, run=0, nodes=("n1", "n2"), start_reported=True)
+    for n in reaping_on:
+        r.reaping[n] = a.PartReaping(job_id=5, run=0, leader_ended_at=9.0, kill_at=39.0)
+    ex._runs[5] = r
+    ex.carry_out(Orders(stops=(5,)), 10.0)
+    gone = a.PartExited(job_id=5, run=0, exit_code=0, ended_at=12.0)
+    ex.receive(a.Report(node="n1", exited=(gone,)), 12.0)
+    (x,) = ex.observe(12.0, dict(org_ledger.state.nodes)).stopped
+    assert x.by_itself is itself

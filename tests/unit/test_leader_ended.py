@@ -191,3 +191,64 @@ def test_an_agent_sends_the_rest_again_without_reaping_once_an_older_server_refu
     out.reaping.append(a.PartReaping(job_id=2, run=0, leader_ended_at=1.0, kill_at=2.0))
     assert refuses_reaping(refused, out)
     assert not refuses_reaping(InvalidCommand("job 1 is unknown"), out)
+
+
+@pytest.mark.parametrize(
+    ("code", "want"), [(0, "completed"), (3, "cancelled"), (None, "cancelled")]
+)
+def test_a_cancel_after_the_command_exited_0_records_the_jobs_completion(
+    code: int | None, want: str
+) -> None:
+    """atk52-23 F2: a cancel while the processes a command left live out their grace, the
+    command having exited 0 (`LeaderEnded.exit_code`), ends the job `completed` (exit 0), the
+    leftovers killed at once; exited non-zero, or a record made before the field (None), the
+    cancel ends it `cancelled`, as before, with the usual grace."""
+    state, _ = _ledger()
+    state.jobs[1] = msgspec.structs.replace(state.jobs[1], engine="local", engine_job_id="1.1")
+    _run(state, 10.0, msgspec.structs.replace(_ended(), exit_code=code))
+    [end] = [ev for ev in _run(state, 12.0, c.CancelJob(actor="u", job_id=1))
+             if isinstance(ev, e.JobFinished)]  # fmt: skip
+    assert (end.outcome, end.reason) == (want, want), end
+    assert end.exit_code == (0 if want == "completed" else None)
+    stopped = state.stopped_runs[(1, 0)]
+    assert stopped.kill is (want == "completed"), stopped
+    assert stopped.why == "cancelled"
+    # its run's end (told by itself: its command ended before the stop) changes nothing more
+    tail = _run(state, 20.0, c.ConfirmRunEnded(actor="@executor", job_id=1, engine="local",
+                                               engine_job_id="1.1", run=0, ended_at=19.0,
+                                               exit_code=0, by_itself=True))  # fmt: skip
+    assert [type(ev) for ev in tail] == [e.JobRunEnded], tail
+    assert state.jobs[1].outcome == want
+
+
+def test_the_gathered_reaping_says_the_commands_exit_code_of_every_part() -> None:
+    """A gang run's reaping says its command's code only when every part said one: the first
+    non-zero, else 0 (`command_code`)."""
+    r = AgentRun(job_id=1, run=0, nodes=("n1", "n2"), start_reported=True)
+    r.reaping["n1"] = a.PartReaping(job_id=1, run=0, leader_ended_at=5.0, kill_at=35.0,
+                                    exit_code=0)  # fmt: skip
+    r.exits["n2"] = a.PartExited(job_id=1, run=0, exit_code=0)
+    said = run_reaping(r)
+    assert said is not None and said.exit_code == 0
+    r2 = AgentRun(job_id=1, run=0, nodes=("n1", "n2"), start_reported=True)
+    r2.reaping["n1"] = a.PartReaping(job_id=1, run=0, leader_ended_at=5.0, kill_at=35.0)
+    r2.exits["n2"] = a.PartExited(job_id=1, run=0, exit_code=0)
+    said2 = run_reaping(r2)
+    assert said2 is not None and said2.exit_code is None
+    [cmd] = reaping_commands([said], _ledger()[0].jobs)
+    assert isinstance(cmd, c.ReportLeaderEnded) and cmd.exit_code == 0
+
+
+def test_a_cancel_past_the_limit_of_a_job_whose_command_exited_0_before_it_is_a_completion() -> (
+    None
+):
+    """Its command exited 0 before its time limit (the engine then stops it no more at the
+    limit): a cancel after the limit records its completion, not `time_limit`; one whose command
+    ended after its limit is the limit's (`_timed_out`), as before."""
+    for ended_at, want in ((590.0, "completed"), (601.0, "time_limit")):
+        state, _ = _ledger()
+        state.jobs[1] = msgspec.structs.replace(state.jobs[1], engine="local", engine_job_id="1.1")
+        _run(state, ended_at, msgspec.structs.replace(_ended(ended_at), exit_code=0))
+        [end] = [ev for ev in _run(state, 605.0, c.CancelJob(actor="u", job_id=1))
+                 if isinstance(ev, e.JobFinished)]  # fmt: skip
+        assert end.reason == want, (ended_at, end)

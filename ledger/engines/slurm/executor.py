@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ledger.core.state import Node, StoppedRun
-from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, Start
+from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, Reaping, Start
 from ledger.engines.accounts import RunAs, own_log, own_umask
 from ledger.engines.job_paths import Refused
 from ledger.engines.slurm import tracked
@@ -38,6 +38,7 @@ from ledger.engines.slurm.launching import (
     mark_time,
     never_ran,
     node_fail_end,
+    reaping_said,
     run_script,
 )
 from ledger.engines.slurm.leaked_runs import holding, unplace_leaked
@@ -456,6 +457,7 @@ class SlurmExecutor:
         changes, exits, unseen = self._own_ends_first(changes, exits, unseen, now)
         return replace(  # the runs as last known (`_blind`), and what this read saw
             self._blind(nodes),
+            reaping=self._reaping(now),
             stopped=tuple(stopped),
             nodes=tuple(changes),
             starts=tuple(starts),
@@ -464,6 +466,22 @@ class SlurmExecutor:
             unobserved=unseen,
             unobserved_why="",  # it answers (settling, at most): no outage to name
         )
+
+    def _reaping(self, now: float) -> tuple[Reaping, ...]:
+        """Started runs not stopped at their limit whose batch script has begun to end what
+        their command left (its `reaping` mark, `script_tree.REAPING_MARK`): Slurm lists the
+        job RUNNING meanwhile, and the ledger shows it `stopping` with that SIGKILL, as on the
+        node agents (`ReportLeaderEnded`). Once per run; stopped runs' are the ledger's stop."""
+        out = []
+        for r in self._runs.values():
+            if not r.started or r.limited or r.reaping_told or r.started_at is None:
+                continue
+            run_dir = self._checkpoint_file(r.job_id, r.run).parent
+            said = reaping_said(run_dir, r.started_at, now, self._grace_of(r))
+            if said is not None:
+                r.reaping_told = True
+                out.append(replace(said, job_id=r.job_id, run=r.run))
+        return tuple(out)
 
     def _own_ends_first(
         self, changes: list[NodeChange], exits: list[Exit], unseen: frozenset[str], now: float

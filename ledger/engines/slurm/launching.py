@@ -25,7 +25,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ledger.cycle.executor import Exit, Launch
+from ledger.cycle.executor import Exit, Launch, Reaping
 from ledger.engines.slurm.command_check import (
     REFUSED_COMMAND,
     REFUSED_OPENINGS,
@@ -45,6 +45,7 @@ from ledger.engines.slurm.ends import (
 from ledger.engines.slurm.relaunch import RELAUNCHED
 from ledger.engines.slurm.script import TAKEN_BACK_EXIT, batch_script
 from ledger.engines.slurm.script_cluster import OTHER_CLUSTER_EXIT, OTHER_CLUSTER_WHY, cluster_lines
+from ledger.engines.slurm.script_tree import REAPING_MARK
 from ledger.engines.slurm.stops import Stopping, forgotten_end
 from ledger.engines.slurm.words import (
     NEVER_STARTS,
@@ -87,7 +88,7 @@ TAKEN_BACK = "taken-back"
 batch script, should Slurm start it all the same, ends before anything of the job's
 (`script.taken_back_lines`)."""
 MARKS = (LAUNCHED, CANNOT_ENTER, CANNOT_START, END_RECORD, SIGNALLED, STOPPING, CANNOT_OPEN, ALIVE,
-         WRONG_GPUS, RELAUNCHED, TAKEN_BACK, REFUSED_COMMAND)  # fmt: skip
+         WRONG_GPUS, RELAUNCHED, TAKEN_BACK, REFUSED_COMMAND, REAPING_MARK)  # fmt: skip
 
 
 def run_script(
@@ -182,6 +183,29 @@ def own_end(run_dir: Path) -> OwnEnd | None:
         return None
     finally:
         os.close(fd)
+
+
+def reaping_said(run_dir: Path, started_at: float, now: float, grace_s: float) -> Reaping | None:
+    """What the run's `REAPING_MARK` says (`script_tree`): its command ended leaving processes
+    its batch script SIGTERMed, SIGKILL at `kill_at` at the latest; None when there is none
+    (yet) or it does not read. The mark is the job user's: its times are kept inside the run
+    (not before `started_at` nor after `now`) and its SIGKILL within the job's grace (and a
+    second) of that end; a code it did not say (-1) is None."""
+    try:  # never follows a link, never waits on a FIFO: the directory is the job user's
+        fd = os.open(run_dir / REAPING_MARK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        code, ended_us, left, kill_us = (int(w) for w in os.read(fd, 200).split()[:4])
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd)
+    ended = max(started_at, min(ended_us / 1e6, now))
+    kill_at = max(ended, min(kill_us / 1e6, ended + grace_s + 1))
+    return Reaping(0, 0, ended, max(0, min(left, 2**31 - 1)), kill_at, code if code >= 0 else None)
 
 
 def tree_said(run_dir: Path) -> str:

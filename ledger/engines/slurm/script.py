@@ -75,7 +75,9 @@ def batch_script(
     the command gets them itself; each one touches `signalled_file`), then ends what the
     command left in the step's cgroup, as slurmstepd would (`script_tree`: SIGTERM, SIGKILL
     after the job's grace, beating until none lives), and only then writes the run's end
-    record, `<code> <epoch> <signalled: 0 or 1>`, followed by ` <left> <killed: 0 or 1>` when
+    record, `<code> <epoch> <signalled: 0 or 1>` (a signal before the command ended: one that
+    comes while the script ends what it left does not count, atk52-23 F2: a job whose command
+    exited 0 then completed, as on the node agents), followed by ` <left> <killed: 0 or 1>` when
     the command left processes, and exits with its code: how it really
     ended when Slurm ends it NODE_FAIL (`ends`). A signal from before the launch mark until the
     command's wait begins ends the script at once, noted too: a run with the `launched` mark
@@ -186,15 +188,17 @@ def batch_script(
             if alive_file
             else [WAIT]
         ),
-        # what the command left in the step's cgroup ends before the record (`script_tree`)
+        # what the command left in the step's cgroup ends before the record (`script_tree`);
+        # a signal in that reap came after the command ended: not one before it (atk52-23 F2)
         *reap_lines(reap_grace_s(after_term_s, own_end_s), ended_file, bool(alive_file)),
+        "gpuledger_first=$gpuledger_signalled",
         "gpuledger_reap",
         # no code: the child was killed before its command ended (a signal at its start)
         f"{{ read -r gpuledger_rc < {code}; }} 2>/dev/null || gpuledger_rc=${{gpuledger_end:-143}}",
         'case "$gpuledger_rc" in "" | *[!0-9]*) gpuledger_rc=143 ;; esac',
         'gpuledger_tree=; [ "$gpuledger_left" = 0 ] ||'
         ' gpuledger_tree=" $gpuledger_left $gpuledger_killed"',
-        f'{{ echo "$gpuledger_rc $EPOCHREALTIME $gpuledger_signalled$gpuledger_tree" > {part} &&'
+        f'{{ echo "$gpuledger_rc $EPOCHREALTIME $gpuledger_first$gpuledger_tree" > {part} &&'
         f" mv -f -- {part} {end}; }} 2>/dev/null",
         'exit "$gpuledger_rc"',
     ]

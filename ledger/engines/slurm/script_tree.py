@@ -15,9 +15,17 @@ Pure: words out."""
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 
 from ledger.engines.slurm.ends import BEAT_EVERY_S, UNBEATEN_S
+
+REAPING_MARK = "reaping"
+"""Beside the end record: `<code> <ended> <left> <kill_at>` (times in microseconds since the
+epoch; code -1: none), written before the SIGTERM to what the command left (`reap_lines`): the
+executor reports the job stopping from it (`ReportLeaderEnded`, as the node agents' supervisor's
+`RUNDIR/reaping`). The job user's word, as every mark: it can only make that user's own job
+read stopping, its SIGKILL kept within its grace (`launching.reaping_said`)."""
 
 REAP_POLL_S = 0.2
 """How often the script looks at its cgroup while processes its command left live: the end it
@@ -83,6 +91,17 @@ def reap_lines(grace_s: int, ended_file: str, beating: bool) -> list[str]:
         'echo "gpuledger: its command ended leaving $gpuledger_left processes of its job:'
         f' SIGTERM, SIGKILL after {grace_s} s" >&2'
     )
+    mark: list[str] = []
+    if ended_file:  # what the executor reads (`REAPING_MARK`), before the SIGTERM
+        code = shlex.quote(ended_file + ".code")
+        at = posixpath.join(posixpath.dirname(ended_file), REAPING_MARK)
+        there, part = shlex.quote(at), shlex.quote(at + ".part")
+        mark = [
+            f"  local c=; {{ read -r c < {code}; }} 2>/dev/null;"
+            ' case $c in "" | *[!0-9]*) c=-1 ;; esac',
+            f'  {{ echo "$c $t $gpuledger_left $k" > {part} &&'
+            f" mv -f -- {part} {there}; }} 2>/dev/null",
+        ]
     return [
         _GROUP,
         _LIVE,
@@ -92,9 +111,10 @@ def reap_lines(grace_s: int, ended_file: str, beating: bool) -> list[str]:
         "  shopt -s globstar nullglob",
         '  gpuledger_live; gpuledger_left=${#gpuledger_l[@]}; [ "$gpuledger_left" = 0 ] &&'
         " return 0",
-        f'  {said}; kill -TERM "${{gpuledger_l[@]}}" 2>/dev/null',
         # times in microseconds (EPOCHREALTIME's digits: its point is the locale's)
         f"  local t=${{EPOCHREALTIME//[!0-9]/}} k b=$EPOCHSECONDS; k=$((t + {grace_s} * 1000000))",
+        *mark,
+        f'  {said}; kill -TERM "${{gpuledger_l[@]}}" 2>/dev/null',
         "  while :; do",
         '    [ -n "${gpuledger_ends-}" ] && [ $((gpuledger_ends * 1000000)) -lt "$k" ] &&'
         f" k=$((gpuledger_ends * 1000000));{forged}",

@@ -170,6 +170,9 @@ class Run:
     adopted: bool = False
     """Adopted after a restart of the service before it was recorded started: a hold in
     CONFIGURING may have gone unseen, so its `launched` mark says when it started (`real_start`)."""
+    reaping_told: bool = False
+    """Its `reaping` mark was reported (`SlurmExecutor._reaping`): once per run here (after a
+    restart again, which the ledger's `reaping_commands` drops when it holds it)."""
 
     def real_start(self, slurm_start: float | None, end: float | None = None) -> float | None:
         """When its command started, from Slurm's StartTime and what the reads saw, no later

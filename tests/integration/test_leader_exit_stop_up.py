@@ -1,0 +1,149 @@
+"""atk52-23 F2 from outside, through `gpuledger up` and its real agent: a job whose command exits
+0 after a second, leaving a child that ignores SIGTERM (its supervisor reaps it: SIGTERM, the
+job's grace, SIGKILL), and then, in that grace, a stop of the ledger's arrives. The command
+completed before the stop: the job ends `completed` (exit 0) and never runs again. Before, a
+preempted resumable job was requeued (and ran again once its node could take it), a cancel
+recorded `cancelled`, and a time limit that passed in the grace recorded `time_limit`.
+
+Every case is checked from /proc too: the child is gone by its SIGKILL (the command's end plus
+the grace) and no second launch ever started (each launch writes its number to a file)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_node_lost_stopping_up import _alive, _row, _session, home
+from tests.integration.test_up_jobs_survive import Service, cli, jobs, procs, submit, wait_for
+from tests.integration.userkit import shared_dir
+
+__all__ = ["home"]  # the fixture
+
+GRACE_S = 20
+
+
+@pytest.fixture
+def runs() -> Iterator[Path]:
+    """The file each launch writes its number to (the jobs run as nobody: `up --run-as service`)."""
+    with shared_dir() as top:
+        f = top / "runs"
+        f.touch()
+        f.chmod(0o666)
+        yield f
+
+
+def _left(runs: Path) -> str:
+    """The command: it notes its launch, leaves a child that ignores SIGTERM, exits 0."""
+    return (f"echo $GPULEDGER_LAUNCH >> {runs}; (trap '' TERM; while :; do sleep 0.2; done) &"
+            " sleep 1; exit 0")  # fmt: skip
+
+
+def _reaping(home: Path, job: int) -> tuple[list[int], float]:
+    """Once the job's command has ended (it reads `stopping`): its live leftovers (/proc) and
+    their SIGKILL time."""
+    wait_for(f"job {job}'s command ended", lambda: "its command exited"
+             in str(_row(home, job).get("reason", "")), timeout=60, home=home)  # fmt: skip
+    kill_at = float(_row(home, job)["kill_at"])  # type: ignore[arg-type]
+    left = [p for lp in procs(home) for p in _session(lp.pid) if _alive(p)]
+    assert left, "its child was already gone"
+    return left, kill_at
+
+
+def _gone_by(left: list[int], kill_at: float) -> None:
+    while any(_alive(p) for p in left):
+        assert time.time() < kill_at + 5, "its leftovers outlived their SIGKILL"
+        time.sleep(0.3)
+
+
+def _completed_once(home: Path, job: int, runs: Path) -> None:
+    wait_for(f"job {job} finished", lambda: jobs(home)[job]["status"] == "finished",
+             timeout=30, home=home)  # fmt: skip
+    got = jobs(home)[job]
+    assert (got["outcome"], got["finish_reason"], got["exit_code"]) == (
+        "completed", "completed", 0), got  # fmt: skip
+    time.sleep(3)  # cycles pass: nothing runs it again
+    assert runs.read_text().split() == ["1"], runs.read_text()
+    assert jobs(home)[job]["status"] == "finished", jobs(home)[job]
+
+
+def test_a_resumable_job_preempted_after_its_command_exited_0_is_completed_not_run_again(
+    home: Path, runs: Path
+) -> None:
+    submit(home, "bob", 1, _left(runs), "--resumable", "--min-runtime", "0",
+           "--grace", f"{GRACE_S}s")  # fmt: skip
+    up = Service(home)
+    left, kill_at = _reaping(home, 1)
+    # maintenance: its contract (none: unfunded) is over, so it is preempted at once, requeued
+    cli(home, "node", "drain", "local", "--reason", "maintenance")
+    wait_for("job 1 preempted", lambda: jobs(home)[1]["status"] != "running"
+             or jobs(home)[1].get("finish_reason") is not None, home=home)  # fmt: skip
+    _gone_by(left, kill_at)
+    _completed_once(home, 1, runs)
+    cli(home, "node", "return", "local")  # the old code: it ran again here, launch 2
+    time.sleep(3)
+    assert runs.read_text().split() == ["1"], runs.read_text()
+    assert up.proc.poll() is None
+
+
+def test_a_time_limit_that_passes_after_the_command_exited_0_leaves_the_job_completed(
+    home: Path, runs: Path
+) -> None:
+    submit(home, "bob", 1, _left(runs), "-t", "4s", "--grace", f"{GRACE_S}s")
+    up = Service(home)
+    left, kill_at = _reaping(home, 1)
+    started = float(jobs(home)[1]["started_at"])
+    while time.time() < started + 5:  # its limit passes while its leftovers are reaped
+        time.sleep(0.3)
+    assert any(_alive(p) for p in left), "its leftovers died before its limit"
+    _gone_by(left, kill_at)
+    _completed_once(home, 1, runs)  # the old code: failed, time_limit
+    assert up.proc.poll() is None
+
+
+def test_a_cancel_after_the_command_exited_0_leaves_the_job_completed_and_kills_its_leftovers(
+    home: Path, runs: Path
+) -> None:
+    submit(home, "bob", 1, _left(runs), "--grace", f"{GRACE_S}s")
+    submit(home, "bob", 1, "true", "-d", "afterok:1")  # job 2: runs only if job 1 completed
+    up = Service(home)
+    left, kill_at = _reaping(home, 1)
+    said = cli(home, "cancel", "1", actor="bob")
+    cancelled = time.time()
+    assert said.returncode == 0, said.stderr
+    assert "had completed (its command exited 0)" in said.stdout, said.stdout
+    # what it left is killed at once (the cancel cuts their grace), not at `kill_at`
+    while any(_alive(p) for p in left):
+        assert time.time() < min(kill_at, cancelled + 6), "its leftovers outlived the cancel"
+        time.sleep(0.3)
+    _completed_once(home, 1, runs)  # the old code: cancelled
+    wait_for("its afterok dependent completed", lambda: jobs(home)[2].get("outcome")
+             == "completed", timeout=30, home=home)  # fmt: skip
+    assert "cancelled by bob" in cli(home, "explain", "1").stdout
+    assert up.proc.poll() is None
+
+
+def test_a_supervisor_killed_in_its_leftovers_grace_gives_them_no_new_grace(
+    home: Path, runs: Path
+) -> None:
+    """atk52-23 F7: the per-job supervisor killed with -9 while the processes a command left
+    live out their grace: the agent takes its part over (`run_ends.orphaned`) and SIGKILLs them
+    at the SIGKILL the supervisor had set (`RUNDIR/reaping`), which every read shows, not a
+    whole grace after the supervisor's death (the old code: `kill -9` time + the grace)."""
+    submit(home, "bob", 1, _left(runs), "--grace", f"{GRACE_S}s")
+    up = Service(home)
+    left, kill_at = _reaping(home, 1)
+    (rundir,) = (home / "agents").glob("*/runs/1.1/0")
+    supervisor = int((rundir / "supervisor").read_text().split()[0])
+    while time.time() < kill_at - GRACE_S / 2:  # well into the grace
+        time.sleep(0.3)
+    os.kill(supervisor, signal.SIGKILL)
+    while any(_alive(p) for p in left):
+        assert time.time() < kill_at + 4, "its leftovers got a new grace"
+        time.sleep(0.3)
+    _completed_once(home, 1, runs)  # its command's exit 0 stands
+    assert up.proc.poll() is None

@@ -1,0 +1,62 @@
+"""Slurm as the engine, a job whose command exits 0 leaving a child that ignores SIGTERM: its batch
+script ends that child (SIGTERM, the job's grace, SIGKILL) while Slurm lists the job RUNNING.
+The script's `reaping` mark (`script_tree.REAPING_MARK`) makes the ledger show it `stopping`
+with that SIGKILL, as on the node agents (`job.leader_ended.v1`); before, it read `running`
+with no SIGKILL time until its end. A cancel in that grace then finds a job whose command
+completed: it ends `completed` (exit 0) and the child is killed at once (atk52-23 F2). Real
+Slurm (scripts/slurm/slurm), the child's life read from /proc."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+from typing import Any
+
+from tests.integration import test_slurm as base
+from tests.integration.test_slurm import Ledger
+from tests.integration.test_slurm_trees import alive, pids
+
+cluster, slurm, ledger = base.cluster, base.slurm, base.ledger  # the Slurm suite's fixtures
+
+GRACE_S = 30
+
+
+def _row(ledger: Ledger, job: int) -> dict[str, Any]:
+    rows = json.loads(ledger.cli("queue", "--state", "running", "--json"))
+    return next((r for r in rows if r["job_id"] == job), {})
+
+
+def test_a_job_whose_command_exited_reads_stopping_and_a_cancel_then_leaves_it_completed(
+    ledger: Ledger,
+) -> None:
+    ledger.up()
+    kid = "( trap '' TERM; while :; do sleep 0.2; done ) & echo kid=$!; sleep 1; exit 0"
+    ledger.submit("alice", 1, kid, "--grace", f"{GRACE_S}s")
+    ledger.wait("job 1's command to end", lambda: "its command exited"
+                in str(_row(ledger, 1).get("reason", "")), timeout=120)  # fmt: skip
+    (child,) = pids(ledger.log_of(1), "kid")
+    try:
+        row = _row(ledger, 1)  # the old code: `running`, no kill_at, until the job's end
+        assert row["state"] == "stopping", row
+        began = float(ledger.jobs()[1]["started_at"])
+        kill_at = float(row["kill_at"])
+        assert began < kill_at <= time.time() + GRACE_S + 2, (row, began)
+        assert alive(child), "its child was gone already"
+        assert "RUNNING" in ledger.cluster.run("squeue", "-h", "-o", "%T")
+        ledger.cli("cancel", "1", actor="alice")
+        cancelled = time.time()
+        while alive(child):  # killed at once, not at kill_at
+            assert time.time() < min(kill_at, cancelled + 15), "its child outlived the cancel"
+            time.sleep(0.3)
+        ledger.wait("job 1 finished", lambda: ledger.jobs()[1]["status"] == "finished", 90)
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(child, signal.SIGKILL)
+    got = ledger.jobs()[1]
+    assert (got["outcome"], got["finish_reason"], got["exit_code"]) == (
+        "completed", "completed", 0), got  # fmt: skip
+    (ended,) = ledger.of("job.leader_ended.v1", 1)
+    assert ended["exit_code"] == 0 and ended["left"] >= 1, ended
