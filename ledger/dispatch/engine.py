@@ -190,6 +190,8 @@ class _Cycle:
         self.frees = Frees(now, self.index, policy.expected_end, kept_slots)
         """When the running jobs free their GPUs, for the cycle's reservations (`_hold_for`),
         from the last cycle's slots on active nodes of the jobs that did not change."""
+        self.pool_gpus: dict[tuple[PoolKey, ...], int] = {}
+        """GPUs of a pool set's active nodes but the reserved ones (`_whole_ever`)."""
         self.epoch = 0
         """Counts every change of the cycle's state other than the index's GPUs (those count in
         `FreeIndex.moves`): a search spent, the reserve or the held nodes hidden or shown, a
@@ -553,33 +555,77 @@ class _Cycle:
         now, index = self.now, self.index
         pools = index.pools_for(job.gpu_type, job.cluster)
         keys = {p.key for p in pools}
-        eligible: set[int] = set()
         group = self.policy.victim_group(job, self.snapshot)
-        if self.policy.may_preempt(job) and group is not None:
-            # the group's victims, as its searches read them (`_plan`, ready): one answer per
-            # group and constraint set in a cycle (`Policy.victim_group`)
-            memo = (group, job.gpu_type, job.cluster, True)
-            found = self.victims.get(memo)
-            if found is None:
+        preempts = self.policy.may_preempt(job) and group is not None
+        # the policy may say itself which jobs free their GPUs for this reservation at their
+        # contracts' ends (None: those it may preempt, as below; older policies: never asked)
+        takes: Callable[[PendingJob, RunningJob, Snapshot], bool | None] | None = getattr(
+            self.policy, "hold_takes", None
+        )
+        skip = set(self.reserved)
+        memo = (group, job.gpu_type, job.cluster, True)
+        found = self.victims.get(memo) if preempts else None
+        eligible: set[int] | None = None
+        if found is not None:  # the group's victims, as its searches read them this cycle
+            eligible = {v.job.job_id for v in found.live(self.live if self.preempted else None)}
+        # `soonest` finds none when the nodes it could ever have whole hold too few GPUs: known
+        # without timing every node, and without asking of every job whether `job` may preempt
+        # it when the group has no answer yet (most of a long queue's reservations, measured)
+        if (
+            gang
+            and takes is None
+            and window == math.inf
+            and self._whole_ever(job, pools, keys, preempts, skip, eligible) < job.gpus
+        ):
+            return
+        if eligible is None:
+            eligible = set()
+            if preempts:
+                # the group's victims, as its searches read them (`_plan`, ready): one answer
+                # per group and constraint set in a cycle (`Policy.victim_group`)
                 candidates = self._candidates(pools, ready=True)
                 found = self.victims[memo] = Replay(
                     self.policy.victims(job, candidates, self.snapshot, now)
                 )
-            eligible = {v.job.job_id for v in found.live(self.live if self.preempted else None)}
-        # the policy may say itself which jobs free their GPUs for this reservation at their
-        # contracts' ends (None: those it may preempt, as above; older policies: never asked)
-        takes: Callable[[PendingJob, RunningJob, Snapshot], bool | None] | None = getattr(
-            self.policy, "hold_takes", None
-        )
+                eligible = {v.job.job_id for v in found.live(self.live if self.preempted else None)}
         said = None if takes is None else (lambda r: takes(job, r, self.snapshot))
         on = self.frees.on(self.live.values(), eligible, said, keys, gang)
-        hold = soonest(job, gang, index, pools, on, set(self.reserved), now, window)
+        hold = soonest(job, gang, index, pools, on, skip, now, window)
         if hold is None:
             return
         self.epoch += 1
         self.hold = hold
         if hold.until > now:
             self.wake.append(hold.until)
+
+    def _whole_ever(
+        self, job: PendingJob, pools: list[Pool], keys: set[PoolKey], preempts: bool,
+        skip: set[str], eligible: set[int] | None,
+    ) -> int:  # fmt: skip
+        """The GPUs of the nodes of `pools` (but `skip`) that a gang reservation for `job`
+        could ever have whole: those no running job holds for ever (`Frees.never`: timed at its
+        contract's end when `job` may preempt it (`preempts`: it may preempt some), else when
+        expected). `soonest` takes exactly these nodes, soonest first, so a gang job asking
+        more gets no reservation. `eligible`: the jobs `job` may preempt, when its group's
+        victims are known this cycle; else only the jobs whose time may be infinite are asked
+        about (`Policy.victims` is a filter of its candidates one by one)."""
+        size = self.index.size
+        pool_keys = tuple(p.key for p in pools)
+        total = self.pool_gpus.get(pool_keys)
+        if total is None:  # the reserved nodes (`skip`) are the same all cycle
+            total = self.pool_gpus[pool_keys] = sum(
+                size[n] for p in pools for n in p.nodes if n not in skip
+            )
+        live = self.live
+        ready, expected = self.frees.infinite(live)
+        if eligible is None:
+            eligible = set()
+            if preempts and (ready or expected):
+                asked = [live[i] for i in sorted(ready | expected) if i in live]
+                eligible = {v.job.job_id for v in self.policy.victims(job, asked, self.snapshot,
+                                                                      self.now)}  # fmt: skip
+        never = self.frees.never(live, eligible, keys)
+        return total - sum(size[n] for n in never if n not in skip)
 
     def _start_held(self, job: PendingJob, gang: bool, hold: Hold) -> tuple[GpuSlot, ...] | None:
         """Start `job` on its reservation's nodes by preempting every job left there, when all

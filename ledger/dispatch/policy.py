@@ -69,7 +69,10 @@ class Policy(Protocol):
         """Lazily, in the order of `candidates` (by `victim_key`), those `job` may preempt, with
         reason, note and `cost = victim_key(...)`. `decide()` reads only as far as it needs.
         Contracts are not the policy's concern: `decide()` offers only jobs past their contract
-        (and asks about jobs inside it only to estimate when a waiting job could get room)."""
+        (and asks about jobs inside it only to estimate when a waiting job could get room).
+        A filter of the candidates one by one: whether a candidate is offered, and as what,
+        depends on it alone, not on the others (a reservation asks only about the jobs that
+        would keep its nodes for ever: `engine._Cycle._whole_ever`)."""
         ...
 
     @property

@@ -57,6 +57,8 @@ class Frees:
         self.rows: dict[int, _Row] = {}
         self.slots: dict[int, tuple[RunningJob, _Slots]] = {}
         self.last = last[1] if last is not None and last[0] is index.pool_of else {}
+        self.infinity: tuple[set[int], set[int]] | None = None
+        """What `infinite` worked out this cycle."""
 
     def _row(self, r: RunningJob) -> _Row:
         now = self.now
@@ -83,6 +85,44 @@ class Frees:
         if not self.slots:
             return last
         return (self.index.pool_of, self.slots)
+
+    def infinite(self, live: Mapping[int, RunningJob]) -> tuple[set[int], set[int]]:
+        """The jobs of `live` (job id -> view) whose time at their contract's end, and whose
+        expected time, is infinite: worked out once per cycle, as `on` times them (the jobs
+        leave `live` only, inside a cycle)."""
+        inf = self.infinity
+        if inf is None:
+            ready: set[int] = set()
+            expected: set[int] = set()
+            rows = self.rows
+            for r in live.values():
+                row = rows.get(r.job_id) or self._row(r)
+                if row[1] == math.inf:
+                    ready.add(row[0])
+                if row[2] == math.inf:
+                    expected.add(row[0])
+            inf = self.infinity = (ready, expected)
+        return inf
+
+    def never(
+        self, live: Mapping[int, RunningJob], eligible: Set[int], keys: Set[tuple[str, str]]
+    ) -> set[str]:
+        """The active nodes of the pools `keys` that a job of `live` never frees, timed as `on`
+        times it for a gang job (at its contract's end when `eligible`, else when expected; no
+        `takes`): a node `on` times at infinity, never whole for a gang reservation
+        (`soonest`). `eligible` need only say which of the jobs `infinite` names are."""
+        ready, expected = self.infinite(live)
+        blocking = expected - eligible
+        if ready:
+            blocking |= ready & eligible
+        out: set[str] = set()
+        rows = self.rows
+        for job_id in blocking:
+            if job_id in live:
+                for node, pool, _ in rows[job_id][3]:
+                    if pool in keys:
+                        out.add(node)
+        return out
 
     def on(
         self,
