@@ -65,8 +65,8 @@ _KEY_PARTS["fairshare-14"] = _KEY_PARTS["fairshare-5"]  # fairshare-7's order (n
 _KEY_PARTS["fairshare-16"] = (
     *_KEY_PARTS["fairshare-3"][:2],
     (
-        "unfunded_fresh",
-        "1: an unfunded job that never ran (jobs that ran and were preempted first)",
+        "unfunded_step",
+        "1: an unfunded job that ran and was preempted (with requeued_first: one that never ran)",
     ),
     *_KEY_PARTS["fairshare-3"][2:],
 )

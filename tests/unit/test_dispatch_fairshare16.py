@@ -71,7 +71,10 @@ def test_a_requeued_unfunded_job_goes_before_fresh_ones_when_told() -> None:
     turned = FairShare16(requeued_first=True)
     assert [j.job_id for _, j in turned.order(snap)] == [3, 1, 2]
     key = next(k for k, j in turned.order(snap) if j.job_id == 2)
-    assert key_parts("fairshare-16", key)[2].name == "unfunded_fresh"
+    part = key_parts("fairshare-16", key)[2]
+    assert (
+        part.name == "unfunded_step" and "with requeued_first: one that never ran" in part.meaning
+    )
 
 
 def test_a_free_tier_job_placed_a_moment_ago_is_given_grace() -> None:
