@@ -336,6 +336,30 @@ class FairShare14Config(FairShare13Config, frozen=True, kw_only=True, tag="fairs
     times, each cycle with one budget)."""
 
 
+class FairShare16Config(FairShare7Config, frozen=True, kw_only=True, tag="fairshare-16"):
+    """`fairshare-7` with the free tier's takebacks priced and bounded (docs/dispatch.md,
+    docs/simulation.md "fairshare-16"; `fairshare-15` was an unmerged branch's, skipped)."""
+
+    takeback_price_s: NonNegative = 3600.0
+    """An unfunded victim costs, beside the work it loses, its GPUs x this for every time it was
+    taken back before: among the free tier, plans take the jobs taken back fewest times first."""
+    takeback_limit: Searches = 0
+    """An unfunded job taken back this many times is no victim of funded non-debug work (0: no
+    bound)."""
+    takeback_grace_s: NonNegative = 0.0
+    """An unfunded job placed less than this long ago is no victim of funded non-debug work."""
+    funded_takeback_price_s: NonNegative = 1800.0
+    """A funded fairness victim costs, when a plan is weighed against its gain, its GPUs x this
+    for every time it was taken back before (beside its lost work and restart overhead)."""
+    takeback_spread: bool = True
+    """On: the free tier's jobs taken back fewest times are taken first (the takebacks spread
+    over many jobs); off: those taken back most (up to 16), so the takebacks stay with few jobs
+    and the rest run undisturbed."""
+    requeued_first: bool = False
+    """Unfunded jobs that ran and were preempted go before those that never ran (`requeued_last`
+    turned round; off: `fairshare-7`'s order)."""
+
+
 class Slurm2Config(PolicyConfig, frozen=True, kw_only=True, tag="slurm-2"):
     """Slurm's multifactor priority as configured by default: no preemption unless
     `preempt_unfunded` (PreemptType=preempt/partition_prio with a scavenger partition)."""
@@ -406,7 +430,8 @@ class Legacy2Config(PolicyConfig, frozen=True, kw_only=True, tag="legacy-2"):
 
 
 AnyPolicyConfig = (
-    FairShare14Config
+    FairShare16Config
+    | FairShare14Config
     | FairShare13Config
     | FairShare12Config
     | FairShare11Config
@@ -431,6 +456,7 @@ AnyPolicyConfig = (
 """Any registered policy version's config (tagged by `version`)."""
 
 POLICY_CONFIG_TYPES: tuple[type[PolicyConfig], ...] = (
+    FairShare16Config,
     FairShare14Config,
     FairShare13Config,
     FairShare12Config,

@@ -384,6 +384,7 @@ def _run_view(
             debug=spec.debug,
             low_util_since=inputs[1],
             time_limit_s=spec.time_limit_s,
+            runs=job.preemptions,
         )
     kept[job_id] = (job, inputs, run)
 

@@ -229,9 +229,9 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
         classes = classes_kept(snapshot.pending, _class_of, kept, snapshot.delta)
         ranks, depth, lane = snapshot.ranks, self.team_depth, self.debug_lane
         places = team_places(snapshot, depth) if self.whole_tree else {}
-        fresh_first = self.fresh_first
+        fresh_first, ran_first = self.fresh_first, self.ran_first
         # a class's head reads the ranks and team places: while they are the same, it is too
-        read = (ranks, places, depth, lane, fresh_first)
+        read = (ranks, places, depth, lane, fresh_first, ran_first)
         last = kept.heads
         known: dict[Hashable, tuple[int, ...]] = {}
         if last is not None and last[0] == read:
@@ -263,7 +263,7 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
                 head = (
                     0 if lane and funded and debug else 1,
                     0 if funded else 1,
-                    0 if funded or fresh else 1,
+                    0 if funded or fresh != ran_first else 1,
                     pair[0],
                     -priority,
                     pair[1],
@@ -291,7 +291,7 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
         group by (submit time, job id)."""
         ranks, depth, lane = snapshot.ranks, self.team_depth, self.debug_lane
         places = team_places(snapshot, depth) if self.whole_tree else {}
-        fresh_first = self.fresh_first
+        fresh_first, ran_first = self.fresh_first, self.ran_first
         cache: dict[tuple[str, str], tuple[int, int]] = {}
         groups: dict[tuple[int, ...], list[PendingJob]] = {}
         for j in snapshot.pending:
@@ -306,7 +306,7 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
                 pair = cache[who] = (team, leaf)
             head: tuple[int, ...]
             if fresh_first:  # after funded-before-unfunded: 1 for an unfunded job that ran
-                fresh = 0 if funded or j.runs == 0 else 1
+                fresh = 0 if funded or (j.runs == 0) != ran_first else 1
                 head = (0 if lane and funded and j.debug else 1, 0 if funded else 1, fresh,
                         pair[0], -j.priority, pair[1])  # fmt: skip
             else:
@@ -331,6 +331,12 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
         """Whether unfunded jobs that never ran go before unfunded jobs that ran and were
         preempted (`fairshare-5`)."""
         return self.version not in ("fairshare-2", "fairshare-3", "fairshare-4")
+
+    @property
+    def ran_first(self) -> bool:
+        """With `fresh_first`, the step turned round (`fairshare-16`'s `requeued_first`): unfunded
+        jobs that ran and were preempted go *before* those that never ran."""
+        return False
 
     # --- preemption -------------------------------------------------------------------------
 

@@ -84,7 +84,7 @@ class FairShare7(FairShare2, frozen=True, kw_only=True):
             return None
         funded = [v for v in victims if v.reason == "fairness" and v.job.min_runtime_s > 0]
         work = sum(v.cost[1] for v in funded)
-        restarts = sum(v.job.gpus for v in funded) * self.relaunch_cost_s
+        restarts = sum(self.restart_cost(v.job) for v in funded)
         horizon = self.gain_horizon_s + self.gain_aging * max(0.0, now - job.submitted_at)
         gain = job.gpus * horizon
         if work + restarts <= gain:
@@ -95,6 +95,10 @@ class FairShare7(FairShare2, frozen=True, kw_only=True):
             f"{_gpu_h(restarts)} of restarts, more than the {_gpu_h(gain)} gained "
             f"({job.gpus} GPUs x {horizon:g} s)"
         )
+
+    def restart_cost(self, job: RunningJob) -> float:
+        """GPU-seconds of restart overhead `weigh` counts for the funded victim `job`."""
+        return job.gpus * self.relaunch_cost_s
 
     def holds_for(self, job: PendingJob, snapshot: Snapshot) -> bool:
         if job.min_runtime_s <= 0 or self.hold_share <= 0:

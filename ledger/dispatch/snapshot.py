@@ -60,6 +60,9 @@ class RunningJob(msgspec.Struct, frozen=True, kw_only=True):
     """Since when the job has used its GPUs below the squat threshold, or None."""
     time_limit_s: int | None = None
     """The wall time it declared (None: none; a reservation cannot count on it ending)."""
+    runs: int = 0
+    """How many times the job was placed and preempted before this run (0: its first run);
+    `fairshare-16` prices taking it back again by it."""
 
     @property
     def funded(self) -> bool:

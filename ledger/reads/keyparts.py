@@ -62,6 +62,14 @@ _KEY_PARTS["fairshare-11"] = _KEY_PARTS["fairshare-5"]  # fairshare-7's order (n
 _KEY_PARTS["fairshare-12"] = _KEY_PARTS["fairshare-5"]  # fairshare-7's order (no lift)
 _KEY_PARTS["fairshare-13"] = _KEY_PARTS["fairshare-5"]  # fairshare-7's order (no lift)
 _KEY_PARTS["fairshare-14"] = _KEY_PARTS["fairshare-5"]  # fairshare-7's order (no lift)
+_KEY_PARTS["fairshare-16"] = (
+    *_KEY_PARTS["fairshare-3"][:2],
+    (
+        "unfunded_step",
+        "1: an unfunded job that ran and was preempted (with requeued_first: one that never ran)",
+    ),
+    *_KEY_PARTS["fairshare-3"][2:],
+)
 _KEY_PARTS["slurm-lab-1"] = (
     ("qos", "0 debug, 1 normal (funded), 2 scavenger (unfunded)"),
     *_KEY_PARTS["slurm"][1:],

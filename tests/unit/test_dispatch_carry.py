@@ -111,7 +111,8 @@ def _old_order(policy: FairShare2, snap: Snapshot) -> list[tuple[SortKey, Pendin
         team = places.get(name, len(places) + rank) if places else rank
         leaf = snap.ranks.get(f"{j.account}/{j.user}", rank)
         funded = j.min_runtime_s > 0
-        fresh = (0 if funded or j.runs == 0 else 1,) if policy.fresh_first else ()
+        ran = policy.ran_first  # fairshare-16's requeued_first: the step turned round
+        fresh = (0 if funded or (j.runs == 0) != ran else 1,) if policy.fresh_first else ()
         head = (0 if policy.debug_lane and funded and j.debug else 1, 0 if funded else 1,
                 *fresh, team, -j.priority, leaf)  # fmt: skip
         keyed.append(((*head, j.submitted_at, j.job_id), j))

@@ -25,7 +25,7 @@ from ledger.cycle.inputs import snapshot_from_state, snapshot_kept
 from ledger.dispatch import decide, fairshare2
 from ledger.dispatch.engine import decide_carried
 from ledger.dispatch.fairshare2 import FairShare2
-from ledger.dispatch.registry import default_config, policy_from_config
+from ledger.dispatch.registry import build
 from schemas import commands as c
 from schemas import events as e
 from schemas.errors import LedgerError
@@ -92,7 +92,8 @@ def _check(script: list[Step], version: str) -> tuple[int, int]:
     """Run `script`; after every accepted command compare the kept order with a fresh one.
     Returns the number of comparisons with a non-empty queue, and of those whose classes were
     made from the snapshot's `delta` alone (no view compared)."""
-    policy = policy_from_config(default_config(version))
+    name, _, knob = version.partition("+")  # "fairshare-16+requeued_first": that setting on
+    policy = build(name, {knob: "true"} if knob else None)
     assert isinstance(policy, FairShare2)
     state, _ = seed_org()
     now, ids = T0, _ids()
@@ -132,7 +133,10 @@ def _check(script: list[Step], version: str) -> tuple[int, int]:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(scripts, st.sampled_from(["fairshare-7", "fairshare-3", "fairshare-2"]))
+@given(
+    scripts,
+    st.sampled_from(["fairshare-7", "fairshare-3", "fairshare-2", "fairshare-16+requeued_first"]),
+)
 def test_the_kept_order_is_the_fresh_order_after_any_events(
     script: list[Step], version: str
 ) -> None:
