@@ -365,10 +365,10 @@ def expected_work(scen: Scenario, step_s: float) -> list[int]:
     element k + 1 the work through the moment `start + k * step_s` (element 0: none). The work of a
     decision grows with the jobs waiting (most of a what-if's time is its decisions over the
     queue), so each moment weighs `WORK_PER_DECISION` plus the jobs the log had waiting then
-    (each from its submission to its first placement, `Submission.placed_at`), and each
-    submission `WORK_PER_SUBMISSION`. The progress of a what-if told by its submissions alone
-    raced ahead while they came and stood still while the queue they made was decided over
-    (4% for 16 s, then 29%: atk52-29 F4)."""
+    (each from its submission to its first placement, `Submission.placed_at`, or its cancel),
+    and each submission `WORK_PER_SUBMISSION`. The progress of a what-if told by its
+    submissions alone raced ahead while they came and stood still while the queue they made
+    was decided over (4% for 16 s, then 29%: atk52-29 F4)."""
     n = max(1, math.ceil((scen.end - scen.start) / step_s))
     waiting = [0] * (n + 2)
     made = [0] * (n + 2)
@@ -378,7 +378,9 @@ def expected_work(scen: Scenario, step_s: float) -> list[int]:
 
     for s in scen.submissions:
         made[moment(s.at)] += 1
-        until = scen.end if s.placed_at is None else min(s.placed_at, scen.end)
+        # waiting to its first placement, or its cancel if it never ran (a job cancelled while
+        # pending waited until then: atk53-29 F1), or the period's end
+        until = min(t for t in (s.placed_at, s.cancel_at, scen.end) if t is not None)
         if until > s.at:
             waiting[moment(s.at)] += 1
             waiting[moment(until)] -= 1

@@ -667,6 +667,10 @@ def test_a_streamed_what_if_says_its_place_and_its_step_then_its_answer(
     stepped = [t for t in turns if t["steps"]]
     assert stepped and all(0 <= t["step"] <= t["steps"] for t in stepped), turns
     assert [t["step"] for t in stepped] == sorted(t["step"] for t in stepped)
+    # never all of its work before its answer, and its figure kept to the end (atk53-29 F5:
+    # 100% while the read of what happened ran, then a line with no figure)
+    assert all(t["step"] < t["steps"] for t in stepped), stepped[-3:]
+    assert all(t["steps"] for t in turns[turns.index(stepped[0]) :]), turns[-3:]
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(frames)]
     assert max(gaps) < 2.0 + 2.0, gaps  # FRAME_S and a loaded machine's slack
     last = frames[-1][1]["result"]

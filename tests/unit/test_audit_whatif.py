@@ -15,7 +15,14 @@ from ledger.core.evolve import evolve
 from ledger.core.state import State
 from ledger.cycle.executor import Launch, Orders, Start
 from ledger.sim.kernel import KernelExecutor
-from ledger.sim.scenario import scenario, setup_commands, team_fractions
+from ledger.sim.scenario import (
+    Scenario,
+    Submission,
+    expected_work,
+    scenario,
+    setup_commands,
+    team_fractions,
+)
 from ledger.sim.whatif import simulate
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock, seeded_ids
@@ -277,3 +284,19 @@ def test_the_progress_weighs_the_decisions_over_the_queue(tmp_path: Path) -> Non
     assert done[0] / total < 0.1, told[:3]  # every submission made, most of the work ahead
     # and it moves on while the queue is decided over, no submission left to make
     assert len({d for d in done if 0.1 * total < d < 0.9 * total}) >= 5, told
+
+
+def test_a_job_cancelled_while_pending_weighs_only_until_its_cancel() -> None:
+    """atk53-29 F1: a 3,000-task array cancelled a minute after its submission was counted
+    waiting to the period's end: the bar read 7% after 38% of the work. Its jobs weigh the
+    decisions only until their cancel."""
+    spec = e.JobSubmitted(event_id="x", at=0.0, actor="alice", job_id=1, user="alice",
+                          account="ai2/olmo", gpus=1, min_runtime_s=0)  # fmt: skip
+    many = [
+        Submission(at=T0 + 60, original=i, spec=spec, duration_s=None, cancel_at=T0 + 120)
+        for i in range(3_000)
+    ]
+    scen = Scenario(start=T0, end=T0 + 6_000, state=State(), submissions=many)
+    work = expected_work(scen, 60.0)
+    # after the cancel every moment weighs none of them: the rest of the period costs nothing
+    assert work[3] == work[-1], (work[:5], work[-1])
