@@ -24,7 +24,9 @@ Definitions (each metric says which one it is):
   its original job's. `wait` is the distribution of every wait; `queued` gives each original
   job's total time waiting (the sum of its waits); `wait_first` the first waits alone (what
   earlier reports called the wait). A wait still open at the end counts with its length so far
-  (a lower bound), and jobs never placed are counted apart (`never_started`).
+  (a lower bound), and jobs never placed are counted apart (`never_started`). A job killed by a
+  preemption and not resubmitted (`--no-resubmit`) waits from its kill to the end: its work is
+  still owed.
 - *job completion time* (JCT): from an original job's submission to the end of its last run
   that completed it; *slowdown*: JCT / its work, the work at least 10 s (bounded slowdown). Jobs
   not done at the end count with their time so far (a lower bound; `censored`).
@@ -255,12 +257,18 @@ class _Chain:
     rows: list[JobRow]
 
     def waits(self, end: float) -> list[tuple[float, float]]:
-        """Every wait of the chain, open ones up to `end`."""
+        """Every wait of the chain, open ones up to `end`; a chain whose last job was killed by
+        a preemption and not resubmitted (`--no-resubmit`) waits from the kill to `end`: its
+        work is still owed (atk53-26 F2: killing jobs ended their queued time and flattered the
+        policy that killed them)."""
         out = []
         for j in self.rows:
             out += j.waits
             if j.queued_since is not None and j.queued_since < end:
                 out.append((j.queued_since, end - j.queued_since))
+        last = self.rows[-1]
+        if last.outcome == "preempted" and last.finished_at is not None and last.finished_at < end:
+            out.append((last.finished_at, end - last.finished_at))
         return out
 
     def done_at(self) -> float | None:

@@ -375,3 +375,25 @@ def test_a_wait_that_begins_at_the_first_instant_is_under_share() -> None:
     rows = [fs.TeamHour(t, h * H, 8, 0.5, 0, 0, 0) for t in ("lab/a", "lab/b") for h in range(6)]
     m = run(events, rows, end=6 * H)
     assert (m.longest_under_share_s, m.longest_under_share_team) == (4 * H, "lab/b")
+
+
+def test_a_job_killed_and_not_resubmitted_waits_to_the_horizon() -> None:
+    """atk53-26 F2 (`--no-resubmit`): job 1 (not resumable) runs 0-2 h and is killed by a
+    preemption; nobody resubmits it, so its work is still owed: it waits from the kill to the
+    horizon (10 h), 8 h queued, in every wait and the longest wait under share (team a had 4
+    of its 8 GPUs). Before, its queued time ended at its placement (0 s)."""
+    events = [
+        node(),
+        submitted(1, 0, 4, work_s=5 * H),
+        placed(1, 0, 4),
+        preempted(1, 2 * H),
+        finished(1, 2 * H, "preempted"),
+    ]
+    rows = [fs.TeamHour(t, h * H, 8, 0.5, 0, 0, 0) for t in ("lab/a", "lab/b") for h in range(10)]
+    m = run(events, rows, capacity=16)
+    assert m.queued is not None and m.queued.max_s == 8 * H
+    assert m.queued_funded is not None and m.queued_funded.max_s == 8 * H
+    assert m.wait.count == 2 and m.wait.max_s == 8 * H
+    assert m.queued.never_started == 0  # it ran
+    assert m.censored == 1 and m.jobs_completed == 0
+    assert (m.longest_under_share_s, m.longest_under_share_team) == (8 * H, "lab/a")
