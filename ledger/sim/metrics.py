@@ -34,7 +34,8 @@ Definitions (each metric says which one it is):
   or the cluster); their queued time (every wait) is `queued_large`.
 - *longest wait under share*: the longest single wait of a funded job whose team, when the wait
   began, had been delivered less than its allocated fraction of the capacity over the trailing
-  7 days (the fair-share window).
+  7 days (the fair-share window); at the run's first instant (no window yet), held less than it
+  at that instant.
 - *preemption loss*: per preemption, GPUs x the work since the last checkpoint (resumable jobs:
   the last `CheckpointReported` or placement) or since placement (others; at most the grace for
   jobs that checkpoint on SIGTERM); and per relaunch (a placement of a job that was preempted,
@@ -390,16 +391,18 @@ def _under_share(
         for began, w in ch.waits(end):
             lo = max(first, began - WINDOW_S)
             got = cum.between(lo, began) if cum is not None else 0.0
-            if _under(got, share, began - lo) and (best is None or w > best[0]):
+            holds_now = cum.rate(began) if cum is not None else 0
+            if _under(got, share, began - lo, holds_now) and (best is None or w > best[0]):
                 best = (w, team)
     return (best[0], best[1]) if best else (None, None)
 
 
-def _under(got: float, share: float, span: float) -> bool:
+def _under(got: float, share: float, span: float, holding: float) -> bool:
     """Pure: a team delivered `got` GPU-seconds over `span` seconds is under its share of
-    `share` GPUs; at the run's first instant (no span yet) a team with a share has had none of
-    it (atk52-26 F5: `0 < 0` left out every wait that began then)."""
-    return got < share * span if span > 0 else share > 0
+    `share` GPUs; at the run's first instant (no span yet) it is under when what it holds at
+    that instant (`holding` GPUs) is below its share (atk52-26 F5: `0 < 0` left out every wait
+    that began then; atk53-26 F3: a team holding the whole cluster then is not under)."""
+    return got < share * span if span > 0 else holding < share
 
 
 class _Cumulative:
@@ -427,6 +430,11 @@ class _Cumulative:
         if k < 0:
             return 0.0
         return self.totals[k] + self.rates[k] * (t - self.times[k])
+
+    def rate(self, t: float) -> int:
+        """The GPUs held at `t` (holds beginning at `t` included)."""
+        k = bisect.bisect_right(self.times, t) - 1
+        return self.rates[k] if k >= 0 else 0
 
     def between(self, a: float, b: float) -> float:
         return self.at(b) - self.at(a)

@@ -397,3 +397,26 @@ def test_a_job_killed_and_not_resubmitted_waits_to_the_horizon() -> None:
     assert m.queued.never_started == 0  # it ran
     assert m.censored == 1 and m.jobs_completed == 0
     assert (m.longest_under_share_s, m.longest_under_share_team) == (8 * H, "lab/a")
+
+
+def test_a_team_holding_the_cluster_at_the_first_instant_is_not_under_share() -> None:
+    """atk53-26 F3: team a (half the cluster) takes both nodes at the run's first instant and
+    its third job, submitted then, waits 4 h: a held all of it, so it was not under its share
+    (as when the third is submitted a second later). Before, the first instant counted every
+    team with a share as under it, whatever it held."""
+    events = [
+        node(0, "n1"),
+        node(0, "n2"),
+        submitted(1, 0, 8, work_s=4 * H),
+        submitted(2, 0, 8, work_s=4 * H),
+        submitted(3, 0, 8, work_s=H),
+        placed(1, 0, 8),
+        placed(2, 0, 8),
+        finished(1, 4 * H),
+        placed(3, 4 * H, 8),
+        finished(2, 4 * H),
+        finished(3, 5 * H),
+    ]
+    rows = [fs.TeamHour(t, h * H, 16, 0.5, 0, 0, 0) for t in ("lab/a", "lab/b") for h in range(6)]
+    m = run(events, rows, end=6 * H, capacity=16)
+    assert (m.longest_under_share_s, m.longest_under_share_team) == (None, None)
