@@ -40,7 +40,8 @@ Definitions (each metric says which one it is):
   the last `CheckpointReported` or placement) or since placement (others; at most the grace for
   jobs that checkpoint on SIGTERM); and per relaunch (a placement of a job that was preempted,
   or of the resubmission of one) the restart overhead (`relaunch_s`, GPUs x that long, at most
-  the time it held the GPUs): kind `relaunch`.
+  the time it held the GPUs; a run still going at the end pays what it has by then): kind
+  `relaunch`.
 - *idle while funded work waited*: GPU-hours free on delivering nodes while at least one funded
   job was pending (from events: capacity less the GPUs held), and where, from what each cycle
   left free (`IdleSample`): on nodes kept for debug work (`reserve`), on nodes held for a
@@ -539,7 +540,7 @@ def compute(
     jct, jct_funded, slowdown, censored = _completion(chains, end)
     longest, longest_team = _under_share(chains, fold, alloc, capacity_gpus, end)
     # 4. preemptions and relaunches
-    losses = [x for x in fold.losses if start <= x.at < end]
+    losses = [x for x in fold.losses if start <= x.at < end] + fold.running_losses(end)
     pre = [x for x in losses if x.kind != "relaunch"]
     lost_s = sum(x.gpus * x.lost_s for x in losses)
     lost_funded_s = sum(x.gpus * x.lost_s for x in losses if x.funded)

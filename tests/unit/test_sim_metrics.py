@@ -420,3 +420,23 @@ def test_a_team_holding_the_cluster_at_the_first_instant_is_not_under_share() ->
     rows = [fs.TeamHour(t, h * H, 16, 0.5, 0, 0, 0) for t in ("lab/a", "lab/b") for h in range(6)]
     m = run(events, rows, end=6 * H, capacity=16)
     assert (m.longest_under_share_s, m.longest_under_share_team) == (None, None)
+
+
+def test_the_restart_of_a_run_still_going_at_the_end_is_lost() -> None:
+    """atk53-26 F4: job 1 (resumable) is preempted at 1 h and placed again at 2 h, and still
+    runs at the horizon (3 h): its relaunch paid its 10-minute restart, lost like any other
+    (4 GPUs x 10 min). Before, a restart was charged only when its run ended."""
+    events = [
+        node(),
+        submitted(1, 0, 4, resumable=True, work_s=10 * H),
+        placed(1, 0, 4),
+        preempted(1, H),
+        requeued(1, H),
+        placed(1, 2 * H, 4),
+    ]
+    m = run(events, end=3 * H, relaunch_s=600.0)
+    assert m.lost_by_kind["relaunch"] == pytest.approx(4 * 600 / H)
+    assert m.lost_funded_gpu_h == pytest.approx(4.0 + 4 * 600 / H)
+    # a horizon inside the restart: what it paid by then
+    m = run(events, end=2 * H + 120, relaunch_s=600.0)
+    assert m.lost_by_kind["relaunch"] == pytest.approx(4 * 120 / H)
