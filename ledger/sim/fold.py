@@ -218,6 +218,16 @@ class JobFold:
         self.losses.append(Loss(ev.at, j.job_id, j.gpus, lost, ev.reason, j.funded, kind))
         self._ended(j, ev.at)
 
+    def running_losses(self, end: float) -> list[Loss]:
+        """The restart overheads paid by `end` by runs still going then (a relaunch's restart is
+        lost whether or not its run has ended; atk53-26 F4). Pure: the fold is not changed."""
+        out = []
+        for j in self.jobs.values():
+            paid = self._overhead(j, end) if j.placed_at is not None and j.placed_at < end else 0.0
+            if paid > 0:
+                out.append(Loss(end, j.job_id, j.gpus, paid, "relaunch", j.funded, "relaunch"))
+        return out
+
     @property
     def preemptions(self) -> list[Loss]:
         """The losses of preemptions (not of relaunches)."""

@@ -24,7 +24,9 @@ Definitions (each metric says which one it is):
   its original job's. `wait` is the distribution of every wait; `queued` gives each original
   job's total time waiting (the sum of its waits); `wait_first` the first waits alone (what
   earlier reports called the wait). A wait still open at the end counts with its length so far
-  (a lower bound), and jobs never placed are counted apart (`never_started`).
+  (a lower bound), and jobs never placed are counted apart (`never_started`). A job killed by a
+  preemption and not resubmitted (`--no-resubmit`) waits from its kill to the end: its work is
+  still owed.
 - *job completion time* (JCT): from an original job's submission to the end of its last run
   that completed it; *slowdown*: JCT / its work, the work at least 10 s (bounded slowdown). Jobs
   not done at the end count with their time so far (a lower bound; `censored`).
@@ -32,12 +34,14 @@ Definitions (each metric says which one it is):
   or the cluster); their queued time (every wait) is `queued_large`.
 - *longest wait under share*: the longest single wait of a funded job whose team, when the wait
   began, had been delivered less than its allocated fraction of the capacity over the trailing
-  7 days (the fair-share window).
+  7 days (the fair-share window); at the run's first instant (no window yet), held less than it
+  at that instant.
 - *preemption loss*: per preemption, GPUs x the work since the last checkpoint (resumable jobs:
   the last `CheckpointReported` or placement) or since placement (others; at most the grace for
   jobs that checkpoint on SIGTERM); and per relaunch (a placement of a job that was preempted,
   or of the resubmission of one) the restart overhead (`relaunch_s`, GPUs x that long, at most
-  the time it held the GPUs): kind `relaunch`.
+  the time it held the GPUs; a run still going at the end pays what it has by then): kind
+  `relaunch`.
 - *idle while funded work waited*: GPU-hours free on delivering nodes while at least one funded
   job was pending (from events: capacity less the GPUs held), and where, from what each cycle
   left free (`IdleSample`): on nodes kept for debug work (`reserve`), on nodes held for a
@@ -255,12 +259,18 @@ class _Chain:
     rows: list[JobRow]
 
     def waits(self, end: float) -> list[tuple[float, float]]:
-        """Every wait of the chain, open ones up to `end`."""
+        """Every wait of the chain, open ones up to `end`; a chain whose last job was killed by
+        a preemption and not resubmitted (`--no-resubmit`) waits from the kill to `end`: its
+        work is still owed (atk53-26 F2: killing jobs ended their queued time and flattered the
+        policy that killed them)."""
         out = []
         for j in self.rows:
             out += j.waits
             if j.queued_since is not None and j.queued_since < end:
                 out.append((j.queued_since, end - j.queued_since))
+        last = self.rows[-1]
+        if last.outcome == "preempted" and last.finished_at is not None and last.finished_at < end:
+            out.append((last.finished_at, end - last.finished_at))
         return out
 
     def done_at(self) -> float | None:
@@ -382,16 +392,18 @@ def _under_share(
         for began, w in ch.waits(end):
             lo = max(first, began - WINDOW_S)
             got = cum.between(lo, began) if cum is not None else 0.0
-            if _under(got, share, began - lo) and (best is None or w > best[0]):
+            holds_now = cum.rate(began) if cum is not None else 0
+            if _under(got, share, began - lo, holds_now) and (best is None or w > best[0]):
                 best = (w, team)
     return (best[0], best[1]) if best else (None, None)
 
 
-def _under(got: float, share: float, span: float) -> bool:
+def _under(got: float, share: float, span: float, holding: float) -> bool:
     """Pure: a team delivered `got` GPU-seconds over `span` seconds is under its share of
-    `share` GPUs; at the run's first instant (no span yet) a team with a share has had none of
-    it (atk52-26 F5: `0 < 0` left out every wait that began then)."""
-    return got < share * span if span > 0 else share > 0
+    `share` GPUs; at the run's first instant (no span yet) it is under when what it holds at
+    that instant (`holding` GPUs) is below its share (atk52-26 F5: `0 < 0` left out every wait
+    that began then; atk53-26 F3: a team holding the whole cluster then is not under)."""
+    return got < share * span if span > 0 else holding < share
 
 
 class _Cumulative:
@@ -419,6 +431,11 @@ class _Cumulative:
         if k < 0:
             return 0.0
         return self.totals[k] + self.rates[k] * (t - self.times[k])
+
+    def rate(self, t: float) -> int:
+        """The GPUs held at `t` (holds beginning at `t` included)."""
+        k = bisect.bisect_right(self.times, t) - 1
+        return self.rates[k] if k >= 0 else 0
 
     def between(self, a: float, b: float) -> float:
         return self.at(b) - self.at(a)
@@ -523,7 +540,7 @@ def compute(
     jct, jct_funded, slowdown, censored = _completion(chains, end)
     longest, longest_team = _under_share(chains, fold, alloc, capacity_gpus, end)
     # 4. preemptions and relaunches
-    losses = [x for x in fold.losses if start <= x.at < end]
+    losses = [x for x in fold.losses if start <= x.at < end] + fold.running_losses(end)
     pre = [x for x in losses if x.kind != "relaunch"]
     lost_s = sum(x.gpus * x.lost_s for x in losses)
     lost_funded_s = sum(x.gpus * x.lost_s for x in losses if x.funded)

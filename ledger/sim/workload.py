@@ -221,6 +221,15 @@ def parse_trace(data: bytes, name: str = "trace") -> Trace:
         )
         if job.gpus < 1 or job.duration_s < 0 or job.submit_time_s < 0:
             raise InvalidCommand(f"{where}: gpus >= 1, duration_s >= 0, submit_time_s >= 0")
+        # what a submission would refuse is refused here, before any run (atk53-26 F6: a time
+        # limit of 0 stopped a run when its clock reached the row, with no line named)
+        if job.time_limit_s is not None and not 1 <= job.time_limit_s <= TEN_YEARS_S:
+            raise InvalidCommand(
+                f"{where}: time_limit_s must be 1 to {TEN_YEARS_S} seconds (or empty: no "
+                f"limit), got {job.time_limit_s}"
+            )
+        if job.min_runtime_s is not None and job.min_runtime_s < 0:
+            raise InvalidCommand(f"{where}: min_runtime_s must be >= 0, got {job.min_runtime_s}")
         jobs.append(job)
     return Trace(jobs=tuple(jobs), columns=frozenset(c for c in OPTIONAL if c in columns))
 

@@ -375,3 +375,68 @@ def test_a_wait_that_begins_at_the_first_instant_is_under_share() -> None:
     rows = [fs.TeamHour(t, h * H, 8, 0.5, 0, 0, 0) for t in ("lab/a", "lab/b") for h in range(6)]
     m = run(events, rows, end=6 * H)
     assert (m.longest_under_share_s, m.longest_under_share_team) == (4 * H, "lab/b")
+
+
+def test_a_job_killed_and_not_resubmitted_waits_to_the_horizon() -> None:
+    """atk53-26 F2 (`--no-resubmit`): job 1 (not resumable) runs 0-2 h and is killed by a
+    preemption; nobody resubmits it, so its work is still owed: it waits from the kill to the
+    horizon (10 h), 8 h queued, in every wait and the longest wait under share (team a had 4
+    of its 8 GPUs). Before, its queued time ended at its placement (0 s)."""
+    events = [
+        node(),
+        submitted(1, 0, 4, work_s=5 * H),
+        placed(1, 0, 4),
+        preempted(1, 2 * H),
+        finished(1, 2 * H, "preempted"),
+    ]
+    rows = [fs.TeamHour(t, h * H, 8, 0.5, 0, 0, 0) for t in ("lab/a", "lab/b") for h in range(10)]
+    m = run(events, rows, capacity=16)
+    assert m.queued is not None and m.queued.max_s == 8 * H
+    assert m.queued_funded is not None and m.queued_funded.max_s == 8 * H
+    assert m.wait.count == 2 and m.wait.max_s == 8 * H
+    assert m.queued.never_started == 0  # it ran
+    assert m.censored == 1 and m.jobs_completed == 0
+    assert (m.longest_under_share_s, m.longest_under_share_team) == (8 * H, "lab/a")
+
+
+def test_a_team_holding_the_cluster_at_the_first_instant_is_not_under_share() -> None:
+    """atk53-26 F3: team a (half the cluster) takes both nodes at the run's first instant and
+    its third job, submitted then, waits 4 h: a held all of it, so it was not under its share
+    (as when the third is submitted a second later). Before, the first instant counted every
+    team with a share as under it, whatever it held."""
+    events = [
+        node(0, "n1"),
+        node(0, "n2"),
+        submitted(1, 0, 8, work_s=4 * H),
+        submitted(2, 0, 8, work_s=4 * H),
+        submitted(3, 0, 8, work_s=H),
+        placed(1, 0, 8),
+        placed(2, 0, 8),
+        finished(1, 4 * H),
+        placed(3, 4 * H, 8),
+        finished(2, 4 * H),
+        finished(3, 5 * H),
+    ]
+    rows = [fs.TeamHour(t, h * H, 16, 0.5, 0, 0, 0) for t in ("lab/a", "lab/b") for h in range(6)]
+    m = run(events, rows, end=6 * H, capacity=16)
+    assert (m.longest_under_share_s, m.longest_under_share_team) == (None, None)
+
+
+def test_the_restart_of_a_run_still_going_at_the_end_is_lost() -> None:
+    """atk53-26 F4: job 1 (resumable) is preempted at 1 h and placed again at 2 h, and still
+    runs at the horizon (3 h): its relaunch paid its 10-minute restart, lost like any other
+    (4 GPUs x 10 min). Before, a restart was charged only when its run ended."""
+    events = [
+        node(),
+        submitted(1, 0, 4, resumable=True, work_s=10 * H),
+        placed(1, 0, 4),
+        preempted(1, H),
+        requeued(1, H),
+        placed(1, 2 * H, 4),
+    ]
+    m = run(events, end=3 * H, relaunch_s=600.0)
+    assert m.lost_by_kind["relaunch"] == pytest.approx(4 * 600 / H)
+    assert m.lost_funded_gpu_h == pytest.approx(4.0 + 4 * 600 / H)
+    # a horizon inside the restart: what it paid by then
+    m = run(events, end=2 * H + 120, relaunch_s=600.0)
+    assert m.lost_by_kind["relaunch"] == pytest.approx(4 * 120 / H)

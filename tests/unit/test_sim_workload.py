@@ -103,6 +103,16 @@ def test_trace_gzip_and_optional_columns_as_given() -> None:
         ),
         ("zero gpus", f"{HEADER}\n1,,,0,1,0,unknown\n", "line 2: gpus >= 1"),
         ("bad resumable", f"{HEADER},resumable\n1,,,0,1,1,unknown,maybe\n", "resumable must be"),
+        (  # atk53-26 F6: refused only when the simulated clock reached it, with no line
+            "zero time limit",
+            f"{HEADER},time_limit_s\n1,,,0,1,1,unknown,60\n2,,,80000,1,1,unknown,0\n",
+            "line 3: time_limit_s must be 1 to 315360000 seconds (or empty: no limit), got 0",
+        ),
+        (
+            "negative contract",
+            f"{HEADER},min_runtime_s\n1,,,0,1,1,unknown,-5\n",
+            "line 2: min_runtime_s must be >= 0, got -5",
+        ),
         (
             "bad priority",
             f"{HEADER},priority\n1,,,0,1,1,unknown,urgent\n",
