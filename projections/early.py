@@ -30,8 +30,11 @@ from projections.kafka_wire import SigningKeys, envelope
 
 log = logging.getLogger("gpuledger.kafka_source")
 
-EARLY = "the relay's own record, sent before its turn"
-"""How a reader names an early copy (logs, `store restore`'s line)."""
+EARLY = "a copy of a record the relay signed, found before its turn"
+"""How a reader names an early copy (logs, `store restore`'s line): what is known of it, not
+why it is there (a topic made again under the relay before it noticed, or a topic writer who
+put back saved records: atk53-25 F3, the first alone told the operator the cause was
+harmless)."""
 
 
 class EarlyCopies:
@@ -78,8 +81,9 @@ class EarlyCopies:
         if not self.passed or self.passed[-1] < rec.offset:
             if not self.passed or self.passed[-1] + 1 < rec.offset:
                 log.warning(
-                    "topic %s: offset %d holds %s (position %d; the topic was made again under "
-                    "the relay before it noticed): passed over, position %d follows at offset %d",
+                    "topic %s: offset %d holds %s (position %d; a topic made again under the "
+                    "relay, or someone replaying saved records): passed over, position %d "
+                    "follows at offset %d",
                     self.topic, rec.offset, EARLY, position, tip.position + 1, self._found,
                 )  # fmt: skip
             self.passed.append(rec.offset)

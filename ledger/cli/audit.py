@@ -599,8 +599,9 @@ def _print_copy(topic: str, copy: CopyReport) -> None:
     )
     if copy.early:  # atk51-25 F5: the relay's own, not another producer's
         copies += (
-            f"; {copy.early:,} of the relay's own signed records sent before their turn (into "
-            "the topic made again under it), which readers pass over"
+            f"; {copy.early:,} copies of records the relay signed, found before their turn (a "
+            "topic made again under the relay, or someone replaying saved records), which "
+            "readers pass over"
         )
     if copy.ok:
         behind = f", {copy.behind:,} events behind the store" if copy.behind else ""

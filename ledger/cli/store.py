@@ -219,14 +219,16 @@ def _aside_lines(
     out = []
     if early:
         out.append(
-            f"passed over {len(early)} record(s) of {name} that are the relay's own, sent "
-            "before their turn into the topic made again under it (each position restored "
-            f"where its turn came): offsets {offsets_text(early)}"
+            f"passed over {len(early)} record(s) of {name} that are copies of records the "
+            "relay signed, found before their turn (a topic made again under the relay, or "
+            "someone replaying saved records; each position restored where its turn came): "
+            f"offsets {offsets_text(early)}"
         )
     if own:
         out.append(
             f"set aside {len(own)} record(s) of {name} that carry the relay's signature but "
-            f"are not the log's next one (the relay's own out of order): offsets "
+            f"are not the log's next one (copies of the relay's records out of their turn: a "
+            f"topic made again under it, or someone replaying saved records): offsets "
             f"{offsets_text(own)}"
         )
     others = [o for o in aside if o not in set(own)]

@@ -60,9 +60,9 @@ class CopyReport(msgspec.Struct, frozen=True, kw_only=True):
     copies: int = 0
     """Exact copies of records taken before them (readers pass over them): not problems."""
     early: int = 0
-    """The relay's own signed records sent before their turn, each the exact record taken
-    later at its position (a topic made again under a relay before s52 noticed: readers pass
-    over them, `projections.early`): not problems."""
+    """Copies of records the relay signed, found before their turn, each the exact record taken
+    later at its position (a topic made again under a relay before s52 noticed, or someone
+    replaying saved records: readers pass over them, `projections.early`): not problems."""
     more: int = 0
     """Problems found beyond the `problems` shown (a list is cut, and says so)."""
 
@@ -139,6 +139,22 @@ class _Walk:
             self.foreign(rec, f"the copy's record at offset {rec.offset} has no position header")
         elif position == self.last + 1:
             mine = self.store_at(position)
+            if mine is not None and mine.tag is not None and rec.tag != mine.tag and rec.signed:
+                # the relay signed this record, its tag header with it: the store's row is what
+                # changed since it was published (atk53-25 F3: "it is not the relay's" blamed
+                # the genuine record); readers take it, so does the walk
+                self.problems.append(
+                    ChainProblem(
+                        position=position,
+                        kind="mismatch",
+                        detail=f"the copy's record at offset {rec.offset} carries the relay's "
+                        f"signature over tag header {rec.tag!r}; the store's event there is "
+                        f"{mine.tag!r}: the store's row differs from what the relay published "
+                        "(an edited store? `gpuledger audit verify` checks the store's chain)",
+                    )
+                )
+                self.take(rec, position)
+                return
             if mine is not None and mine.tag is not None and rec.tag != mine.tag:
                 # the store's bytes under another tag header: a reader that took it stops at
                 # the next position, the relay's record for this one coming after it (atk49-25
@@ -208,8 +224,8 @@ class _Walk:
                         + (
                             ""
                             if o in self.signed_ahead
-                            else "; unsigned: the relay's own record sent early (a topic "
-                            "made again under it) and another producer's cannot be told apart"
+                            else "; unsigned: a copy of the relay's record out of its turn "
+                            "and another producer's cannot be told apart"
                         ),
                     )
                 )

@@ -66,6 +66,7 @@ from ledger.store.relay_tail import (
     held_at,
     held_text,
     last_published,
+    marked,
     store_digests,
     tail_windows,
     unavailable,
@@ -410,6 +411,24 @@ class Relay:
             and (start is None or start.position < self.position)
         ):
             start = Anchor(mine.offset, self.position)
+        if start is not None and not marked(
+            self.bootstrap,
+            start.offset,
+            self.topic,
+            self.config,
+            self.timeout_s,
+            self.connect_timeout_s,
+        ):
+            log.warning(
+                "relay: the record its progress names on %s (position %d, offset %d) is not "
+                "followed by a commit marker: not taken as its own (a record put there outside "
+                "a transaction after the broker lost the end of the topic?); the topic is read "
+                "from its start",
+                self.topic,
+                start.position,
+                start.offset,
+            )
+            start = None
         windows = tail_windows(
             self.bootstrap,
             self.topic,

@@ -46,9 +46,14 @@ position within the progress: a saved record of the relay's put back onto a topi
 (signed, or unsigned within the progress) was the bookmark, and the events before it never
 reached the topic (atk52-25 F1 (a), (b), (d)). A row naming another topic id says the topic was
 made again since the relay's last commit (`elsewhere`): the relay publishes the log to it from
-position 1, and the row is replaced at its first write there, whatever its position (only
-forward on one topic id). A row without them (an earlier version's, `store restore`'s) is
-unknown: the relay reads the topic from its start once.
+position 1, and the row is replaced at its first write there, whatever its position. On one
+topic id it only goes forward: a higher position, or a later commit (a higher offset) whatever
+its position: after the broker lost the end of the topic the relay publishes positions at or
+below the row's again, and the row kept naming an offset that no longer held its record, every
+restart reading the whole topic (atk53-25 F2). The relay takes the record the row names only
+when a commit marker follows it (`relay_tail.marked`, atk53-25 F1). A row without them (an
+earlier version's, `store restore`'s) is unknown: the relay reads the topic from its start
+once.
 
 An edge (the store). The rules (`trusted`, `words`, `anchor`, `elsewhere`, `due`, `mac`) are
 pure.
@@ -91,7 +96,9 @@ _SQLITE_KEEP = (
     "ON CONFLICT (topic) DO UPDATE SET position = excluded.position, kept_at = excluded.kept_at, "
     "mac = excluded.mac, topic_id = excluded.topic_id, record_offset = excluded.record_offset "
     f"WHERE excluded.position > {TABLE}.position "
-    f"OR (excluded.topic_id IS NOT NULL AND excluded.topic_id IS NOT {TABLE}.topic_id)"
+    f"OR (excluded.topic_id IS NOT NULL AND excluded.topic_id IS NOT {TABLE}.topic_id) "
+    f"OR (excluded.record_offset IS NOT NULL AND ({TABLE}.record_offset IS NULL "
+    f"OR excluded.record_offset > {TABLE}.record_offset))"
 )
 _PG_TABLE = (
     f"CREATE TABLE IF NOT EXISTS {TABLE} (topic text PRIMARY KEY, position bigint NOT NULL, "
@@ -103,10 +110,16 @@ _PG_KEEP = (
     "ON CONFLICT (topic) DO UPDATE SET position = excluded.position, kept_at = now(), "
     "mac = excluded.mac, topic_id = excluded.topic_id, record_offset = excluded.record_offset "
     "WHERE excluded.position > kept.position "
-    "OR (excluded.topic_id IS NOT NULL AND excluded.topic_id IS DISTINCT FROM kept.topic_id)"
+    "OR (excluded.topic_id IS NOT NULL AND excluded.topic_id IS DISTINCT FROM kept.topic_id) "
+    "OR (excluded.record_offset IS NOT NULL AND (kept.record_offset IS NULL "
+    "OR excluded.record_offset > kept.record_offset))"
 )
-"""Only forward on one topic; a row for another topic (the topic made again: another topic id)
-is replaced whatever its position (the relay publishes the log again from position 1 there)."""
+"""Only forward on one topic: a higher position, or a later commit (a higher offset: the relay
+published positions at or below the row's again after the broker lost the end of the topic,
+atk53-25 F2; the row named an offset that no longer held its record, and every restart read the
+whole topic); a row for another topic (the topic made again: another topic id) is replaced
+whatever its position (the relay publishes the log again from position 1 there). A late flush of
+a deposed leader's relay (an earlier commit: a lower offset) never replaces a later one's."""
 _COLUMNS = (
     ("mac", "TEXT", "text"),
     ("topic_id", "TEXT", "text"),
@@ -353,12 +366,26 @@ def edits(home: Path, head: int) -> list[str]:
 
 
 def due(
-    position: int, kept: int, since_s: float, every_s: float = EVERY_S, every_n: int = EVERY_N
+    position: int,
+    kept: int,
+    since_s: float,
+    every_s: float = EVERY_S,
+    every_n: int = EVERY_N,
+    offset: int | None = None,
+    kept_offset: int | None = None,
 ) -> bool:
-    """Pure: whether a relay at `position` writes its progress, `kept` being the last it wrote
-    (or read) and `since_s` the seconds since it last wrote: only forward, once every `every_s`
-    or sooner once `every_n` positions past `kept` (a stopping relay passes `every_s=0`)."""
-    return position > kept and (since_s >= every_s or position - kept >= every_n)
+    """Pure: whether a relay at `position` (its record at `offset`, None: unknown) writes its
+    progress, `kept` (at `kept_offset`) being the last it wrote (or read) on this topic id and
+    `since_s` the seconds since it last wrote: only forward (a higher position, or a later
+    commit: a higher offset, or one where the row named none), once every `every_s` or sooner
+    once `every_n` positions past `kept` (a stopping relay passes `every_s=0`). A relay that
+    publishes positions at or below the row's again (the broker lost the end of the topic: the
+    same topic id, a lower end) rewrites it: else it named an offset that no longer held its
+    record, and every restart read the whole topic (atk53-25 F2)."""
+    later = offset is not None and position > 0 and (kept_offset is None or offset > kept_offset)
+    if not (position > kept or later):
+        return False
+    return since_s >= every_s or position - kept >= every_n
 
 
 def read(recorder: Any, topic: str) -> int | None:
@@ -596,6 +623,9 @@ class Kept:
         self.kept_id: str | None = None
         """The topic id the row names, as written (or read, verified): a position on another
         topic (made again) is written whatever `kept` says."""
+        self.kept_offset: int | None = None
+        """The offset the row names, as written (or read, verified): a later commit on that
+        topic id is written whatever `kept` says (atk53-25 F2)."""
         self._repair = False
         """The row read does not verify: the next write replaces it, whatever it says."""
         self._at = float("-inf")
@@ -617,24 +647,34 @@ class Kept:
             said = verdict(self.recorder, self.key, self.topic, got, mac_of, topic_id, offset)
             verified = said == "signed"
         if got is not None and (head is None or got <= head) and verified:
-            if got > self.kept or topic_id != self.kept_id:
-                self.kept, self.kept_id = got, topic_id
+            if got > self.kept or topic_id != self.kept_id or offset != self.kept_offset:
+                self.kept, self.kept_id, self.kept_offset = got, topic_id, offset
         elif got:
             self._repair = True
         return Word(got, verified, topic_id, offset)
 
-    def _kept_on(self, at: Committed | None) -> int:
-        """What was kept on the topic of `at` (0: the row names another topic, or none)."""
-        return self.kept if at is None or at.topic_id == self.kept_id else 0
+    def _kept_on(self, at: Committed | None) -> tuple[int, int | None]:
+        """What was kept on the topic of `at`, and at which offset (0: the row names another
+        topic, or none)."""
+        if at is None:
+            return self.kept, None
+        if at.topic_id != self.kept_id:
+            return 0, None
+        return self.kept, self.kept_offset
+
+    def _due(self, position: int, at: Committed | None, since_s: float, every_s: float) -> bool:
+        kept, kept_offset = self._kept_on(at)
+        offset = None if at is None else at.offset
+        return due(position, kept, since_s, every_s, offset=offset, kept_offset=kept_offset)
 
     def advance(self, position: int, at: Committed | None = None) -> None:
         """`at`: where the relay's record of `position` was committed (None: unknown)."""
         now = time.monotonic()
-        if due(position, self._kept_on(at), now - self._at, self.every_s):
+        if self._due(position, at, now - self._at, self.every_s):
             self._write(position, now, at)
 
     def flush(self, position: int, at: Committed | None = None) -> None:
-        if due(position, self._kept_on(at), 0.0, every_s=0.0):
+        if self._due(position, at, 0.0, 0.0):
             self._write(position, time.monotonic(), at)
 
     def _write(self, position: int, now: float, at: Committed | None = None) -> None:
@@ -664,7 +704,9 @@ class Kept:
             log.warning("relay: its progress is kept in the store again (position %d)", position)
         self._failing = False
         self._repair = False
-        if at is not None and at.topic_id != self.kept_id:
-            self.kept, self.kept_id = position, at.topic_id
+        if at is not None and (
+            at.topic_id != self.kept_id or self.kept_offset is None or at.offset > self.kept_offset
+        ):  # another topic id, or a later commit on it (`due`): the row names this one now
+            self.kept, self.kept_id, self.kept_offset = position, at.topic_id, at.offset
         else:
             self.kept = max(self.kept, position)

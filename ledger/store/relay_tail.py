@@ -156,6 +156,48 @@ def first_position(
         consumer.close()
 
 
+def marked(
+    bootstrap: str,
+    offset: int,
+    topic: str = TOPIC,
+    config: Mapping[str, Any] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+) -> bool:
+    """Whether the offset after `offset` holds no record at all, committed, aborted or open, and
+    lies within the topic: a control record, the marker of the transaction the record at
+    `offset` ended, as the relay's last record of a batch (what its progress names) is followed
+    by its commit. A saved record of the relay's that a topic writer put at that offset after
+    the broker lost the end of the topic (its data restored from an older copy: the same topic
+    id) was taken as the bookmark, and the events between the topic's new end and it never
+    reached the topic, "publishing, 0 behind" (atk53-25 F1): a record sent outside a
+    transaction is followed by the topic's end or by the next record, never by a marker. Read
+    uncommitted, so an aborted record there counts too. A record of the relay's whose commit
+    another producer's record preceded is refused as well: the topic is read from its start
+    (time, never a gap). Only a transactional producer can put a marker after its record: the
+    remaining limit (docs/kafka.md)."""
+    tp = TopicPartition(topic, PARTITION)
+    extra = {**(config or {}), "isolation_level": "read_uncommitted"}
+    try:
+        consumer = KafkaConsumer(
+            **reader_config(bootstrap, "gpuledger-relay-probe", connect_timeout_s, **extra)
+        )
+    except KafkaError as e:
+        raise unavailable(bootstrap, e) from e
+    try:
+        consumer.assign([tp])
+        end = consumer.end_offsets([tp], timeout_ms=int(timeout_s * 1000))[tp]
+        if end <= offset + 1:
+            return False
+        part = "the record after its progress"
+        records = polled(consumer, bootstrap, topic, offset, offset + 2, timeout_s, part)
+        return all(rec.offset != offset + 1 for rec in records)
+    except KafkaError as e:
+        raise unavailable(bootstrap, e) from e
+    finally:
+        consumer.close()
+
+
 def polled(
     consumer: Any, bootstrap: str, topic: str, start: int, end: int, timeout_s: float, part: str
 ) -> Iterator[Any]:

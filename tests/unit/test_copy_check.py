@@ -44,8 +44,8 @@ def test_copies_made_ahead_of_time_are_foreign_and_no_genuine_position_is_blamed
     assert lines(report) == [
         f"position {p}: foreign: the copy's record at offset {o} claims position {p} before its "
         "turn: it does not follow the last one taken before it (readers set it aside); "
-        "unsigned: the relay's own record sent early (a topic made again under it) and "
-        "another producer's cannot be told apart"
+        "unsigned: a copy of the relay's record out of its turn and another producer's "
+        "cannot be told apart"
         for o, p in [(15, 18), (16, 19)]
     ]
 
@@ -149,3 +149,45 @@ def test_a_copy_that_ends_below_the_relays_progress_lost_events_it_is_not_behind
     # at or below the copy's end the progress says nothing; a relay past it is catching up
     assert verify_copy(store(), topic(*range(1, 21)), progress=20).ok
     assert verify_copy(store(), topic(*range(1, 21)), progress=None).behind == 10
+
+
+def test_a_signed_record_under_a_tag_the_store_no_longer_holds_blames_the_store() -> None:
+    """atk53-25 F3: after a stored event's tag was edited, verify with keys said the genuine
+    record the relay signed (its tag header under the signature) "is not the relay's". The
+    store's row is what changed: named a mismatch of the store's, the record taken as readers
+    take it; an unsigned one under another tag is still foreign (atk49-25 F1)."""
+    records = [r._replace(signed=True) for r in topic(*range(1, 31))]
+    edited = [*store(22), store()[22]._replace(tag="job.cancelled.v1"), *store()[23:]]
+    report = verify_copy(edited, records)
+    assert report.chain.ok and report.last_position == 30, lines(report)
+    assert lines(report) == [
+        f"position 23: mismatch: the copy's record at offset 22 carries the relay's signature "
+        f"over tag header {TAG!r}; the store's event there is 'job.cancelled.v1': the store's "
+        "row differs from what the relay published (an edited store? `gpuledger audit verify` "
+        "checks the store's chain)"
+    ]  # was "foreign: ... it is not the relay's"
+
+
+def test_copies_of_signed_records_found_early_are_named_by_what_is_known() -> None:
+    """atk53-25 F3: restore, readers and verify called signed records put back by a topic
+    writer "the relay's own, sent before their turn into the topic made again under it",
+    telling the operator the cause was harmless. They name what is known: copies of records
+    the relay signed, out of their turn, and both causes."""
+    from ledger.cli.audit import _print_copy
+    from ledger.cli.store import _aside_lines
+    from projections.early import EARLY
+
+    said = " ".join(_aside_lines("t", [4, 5], [5], [3], signed=True))
+    assert "copies of records the relay signed, found before their turn" in said
+    assert "copies of the relay's records out of their turn" in said
+    assert "someone replaying saved records" in said and "the relay's own" not in said
+    assert EARLY == "a copy of a record the relay signed, found before its turn"
+    signed = [r._replace(signed=True) for r in topic(25, 26, *range(1, 27))]
+    import click.testing
+
+    runner = click.testing.CliRunner()
+    with runner.isolation() as (out, _err, *_rest):
+        _print_copy("t", verify_copy(store(26), signed))
+    text = out.getvalue().decode()
+    assert "2 copies of records the relay signed, found before their turn" in text, text
+    assert "someone replaying saved records" in text and "relay's own" not in text, text

@@ -1,0 +1,88 @@
+"""The broker lost the end of the relay's topic (its data restored from an older copy, an unclean
+election, a power loss of its only replica: the same topic id, a lower end), and a topic writer
+put a saved record of the relay's at the offset its progress names (atk53-25 F1). Real broker,
+real store: the store's row is written as the relay wrote it before the loss (the position, the
+topic id and the offset, signed under the state key), the loss itself is left out (the attacker's
+scripts restored the broker's data directory; the row is what the relay reads of it)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+from ledger.store.application import Ledger
+from ledger.store.relay import open_store, read_raw
+from ledger.store.relay_progress import keep, read_anchor
+from ledger.store.snapshots import state_key
+from projections.kafka_wire import KEYS_ENV, header_position, record_headers, signing_keys
+from tests.integration.conftest import read_all
+from tests.integration.test_relay_forgeries import KEYS_TEXT, relay_to, run
+from tests.integration.test_relay_progress import JOB
+from tests.integration.test_relay_remade import topic_id
+
+pytestmark = pytest.mark.kafka
+
+
+def end_offset(bootstrap: str, topic: str) -> int:
+    tp = TopicPartition(topic, 0)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, client_id="gpuledger-test-end")
+    try:
+        return int(consumer.end_offsets([tp])[tp])
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize("signed", [True, False], ids=["signed", "unsigned"])
+def test_a_saved_record_at_the_offset_the_progress_names_is_not_the_bookmark(
+    signed: bool, org_ledger: Ledger, tmp_path: Path, kafka_bootstrap: str, kafka_topic: str,
+    transactional_id: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """The relay published 1..k; the topic's end is where the broker's restored copy ends. Its
+    progress names its record of P at offset O (committed before the loss). A topic writer fills
+    the offsets up to O with junk and puts the relay's record of P at O, outside a transaction.
+    The restarted relay took it as its bookmark (the row names it): k+1..P-1 never reached the
+    topic, "publishing, 0 behind", and readers stopped at the gap. Now a record the row names
+    must be followed by a commit marker (the relay's last record of a batch is): the relay reads
+    the topic from its start and publishes k+1..P after the junk."""
+    env = {KEYS_ENV: KEYS_TEXT} if signed else {}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    home = org_ledger.home
+    org_ledger.execute_all([JOB] * 3)
+    k = org_ledger.position
+    relay_to(home, kafka_bootstrap, kafka_topic, transactional_id, k)
+    org_ledger.execute_all([JOB] * 6)
+    head = org_ledger.position
+    at = end_offset(kafka_bootstrap, kafka_topic) + 6  # where the relay's record of P sat
+    (event,) = read_raw(open_store(home), head - 1, 1)
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    try:
+        sent = -1
+        while sent < at - 1:  # junk up to the offset the row names
+            sent = producer.send(kafka_topic, value=b"{}", key=event.key, partition=0)
+            sent = int(sent.get(timeout=60).offset)
+        headers = record_headers(event.position, event.tag, event.data, signing_keys())
+        got = producer.send(kafka_topic, value=event.data, key=event.key, headers=headers,
+                            partition=0)  # fmt: skip
+        assert int(got.get(timeout=60).offset) == at
+    finally:
+        producer.close()
+    recorder = open_store(home)
+    keep(recorder, kafka_topic, head, state_key(home), repair=True,
+         topic_id=topic_id(kafka_bootstrap, kafka_topic), offset=at)  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="gpuledger.relay"):
+        relay_to(home, kafka_bootstrap, kafka_topic, transactional_id, head)
+    positions = [header_position(r.headers) for r in read_all(kafka_bootstrap, kafka_topic)]
+    assert positions[: k + 1] == [*range(1, k + 1), None], positions
+    assert positions[-(head - k) :] == list(range(k + 1, head + 1)), positions  # was: ..., P
+    said = [r.getMessage() for r in caplog.records if "commit marker" in r.getMessage()]
+    assert len(said) == 1 and f"offset {at}" in said[0], said
+    row = read_anchor(open_store(home), kafka_topic)
+    assert row[1] is not None and row[1] > at  # the row names the relay's record of P now
+    out = run("--home", str(tmp_path / "reader"), "project", "follow", "--kafka",
+              kafka_bootstrap, "--topic", kafka_topic, "--once", "--quarantine",
+              env=env)  # fmt: skip
+    assert out.splitlines()[-1].startswith(f"position {head}, "), out
