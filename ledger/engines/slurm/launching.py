@@ -161,25 +161,37 @@ def own_end(run_dir: Path) -> OwnEnd | None:
     """The run's own end record (`END_RECORD`), None when there is none (yet) or it does not read.
     The job's user can write it: it is asked only when Slurm ended the run NODE_FAIL, and its
     time is kept inside the run (`ends.node_fail_ending`)."""
-    try:  # never follows a link, never waits on a FIFO: the directory is the job user's
-        fd = os.open(run_dir / END_RECORD, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
+    said = _users_file(run_dir / END_RECORD, 100)
+    if said is None:
         return None
+    data, written = said
+    words = data.decode("ascii", errors="replace").split()
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        words = os.read(fd, 100).decode("ascii", errors="replace").split()
         code, at = (
             (int(words[0]), float(words[1].replace(",", ".")))
             if len(words) in (3, 5)
             else (0, math.nan)
         )
-        written = os.fstat(fd).st_ctime
         left, killed = (int(words[3]), words[4] == "1") if len(words) == 5 else (0, False)
-        if not math.isfinite(at):
-            return None
-        return OwnEnd(code, at, words[2] == "1", written, left, killed)
-    except (OSError, ValueError):
+    except ValueError:
+        return None
+    if not math.isfinite(at):
+        return None
+    return OwnEnd(code, at, words[2] == "1", written, left, killed)
+
+
+def _users_file(path: Path, size: int) -> tuple[bytes, float] | None:
+    """The first `size` bytes of a file the job's user can write, and its ctime; None when it
+    is not there, not a regular file or does not read. Never follows a link, never waits on a
+    FIFO: the run's directory is the job user's."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        return (os.read(fd, size), st.st_ctime) if stat.S_ISREG(st.st_mode) else None
+    except OSError:
         return None
     finally:
         os.close(fd)
@@ -191,18 +203,13 @@ def reaping_said(run_dir: Path, started_at: float, now: float, grace_s: float) -
     (yet) or it does not read. The mark is the job user's: its times are kept inside the run
     (not before `started_at` nor after `now`) and its SIGKILL within the job's grace (and a
     second) of that end; a code it did not say (-1) is None."""
-    try:  # never follows a link, never waits on a FIFO: the directory is the job user's
-        fd = os.open(run_dir / REAPING_MARK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
+    said = _users_file(run_dir / REAPING_MARK, 200)
+    if said is None:
         return None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        code, ended_us, left, kill_us = (int(w) for w in os.read(fd, 200).split()[:4])
-    except (OSError, ValueError):
+        code, ended_us, left, kill_us = (int(w) for w in said[0].split()[:4])
+    except ValueError:
         return None
-    finally:
-        os.close(fd)
     ended = max(started_at, min(ended_us / 1e6, now))
     kill_at = max(ended, min(kill_us / 1e6, ended + grace_s + 1))
     return Reaping(0, 0, ended, max(0, min(left, 2**31 - 1)), kill_at, code if code >= 0 else None)
