@@ -147,3 +147,36 @@ def test_a_supervisor_killed_in_its_leftovers_grace_gives_them_no_new_grace(
         time.sleep(0.3)
     _completed_once(home, 1, runs)  # its command's exit 0 stands
     assert up.proc.poll() is None
+
+
+def test_leftovers_whose_supervisor_and_up_were_killed_are_not_adopted_as_a_running_job(
+    home: Path, runs: Path
+) -> None:
+    """atk53-23 F1: the supervisor and `up` both killed -9 while what a command (exit 0) left
+    lives out its grace, and `up` started again after that grace's SIGKILL: the agent found the
+    leftovers by their processes, made their run directory anew (`spec.json` `found`, `job` a
+    leftover's pid), adopted them as a running job and never killed them. They are SIGKILLed at
+    once (their SIGKILL is past), the run directory stays the one the supervisor made, and the
+    job ends `completed`, its end once they are gone."""
+    submit(home, "bob", 1, _left(runs), "--grace", f"{GRACE_S}s")
+    up = Service(home)
+    left, kill_at = _reaping(home, 1)
+    (rundir,) = (home / "agents").glob("*/runs/1.1/0")
+    spec, job = (rundir / "spec.json").read_bytes(), (rundir / "job").read_bytes()
+    supervisor = int((rundir / "supervisor").read_text().split()[0])
+    os.kill(supervisor, signal.SIGKILL)
+    up.proc.kill()
+    up.proc.wait(timeout=30)
+    while time.time() < kill_at + 1:  # `up` comes back after their SIGKILL time
+        time.sleep(0.3)
+    assert any(_alive(p) for p in left), "its leftovers died with nobody to kill them"
+    up = Service(home)
+    back = time.time()
+    while any(_alive(p) for p in left):
+        assert time.time() < back + 8, "its leftovers outlived their SIGKILL"
+        time.sleep(0.3)
+    assert (rundir / "spec.json").read_bytes() == spec
+    assert (rundir / "job").read_bytes() == job
+    _completed_once(home, 1, runs)
+    assert float(jobs(home)[1]["finished_at"]) >= back - 1, jobs(home)[1]
+    assert up.proc.poll() is None
