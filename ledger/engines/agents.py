@@ -25,6 +25,7 @@ running their jobs), and counts each node with work as heard from at that moment
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -115,6 +116,10 @@ class AgentExecutor:
         """Gang runs (job, run) stopped while a part's command still ran (neither ended nor
         reaping, `AgentRun.reaping`): a part's exit told by itself is not the run's, which
         did not complete (atk52-23 F2: a part whose command had ended is told so)."""
+        self._ending: dict[tuple[int, str], tuple[Exit, set[str]]] = {}
+        """(job, run name) -> the end of a stopped gang run a part of which another node may
+        still run (`Fence.blocking`), and the nodes whose parts reported their end: recorded
+        once no other node may (`_end_stopped`, atk53-23 F2)."""
         self._completed: set[int] = set()
         """Jobs a stopped run of which exited 0 by itself (`Exit.by_itself`): their held next
         launch is not released in the `observe` that hands that end over: the ledger records
@@ -169,6 +174,8 @@ class AgentExecutor:
             self.last_seen.pop(node, None)  # it counts again once its agent returns
             self._first_look.pop(node, None)
             self.fence.lost(node, now)
+        for x, _ in list(self._ending.values()):  # their blocking nodes may have let them go
+            self._end_stopped(x, None, now)
         self._release(now)
         out = Observed(
             nodes=tuple(changes),
@@ -484,7 +491,8 @@ class AgentExecutor:
             name = f"{st.job_id}.{st.run + 1}"
             state = "KILLED" if st.killed else "STOPPED"
             at = now if st.ended_at is None else st.ended_at
-            self._stopped.append(Exit(st.job_id, st.exit_code or 0, at, "exited", name, state))
+            self._end_stopped(Exit(st.job_id, st.exit_code or 0, at, "exited", name, state),
+                              rep.node, now)  # fmt: skip
         if rep.running is not None:
             self._heard_running(rep.node, rep.version, rep.running, now)
         return bool(
@@ -539,15 +547,32 @@ class AgentExecutor:
                 # its agent had no stop for it, and every other part's command had ended
                 itself = x.reason == "exited" and (x.job_id, x.run) not in self._partly_running
                 self._partly_running.discard((x.job_id, x.run))  # its first end is the run's
-                self._stopped.append(Exit(x.job_id, x.exit_code, at, x.reason, name, state,
-                                          by_itself=itself))  # fmt: skip
-                if itself and x.exit_code == 0:  # it may complete the job: the ledger says
-                    self._completed.add(x.job_id)  # first (no next launch meanwhile)
+                self._end_stopped(Exit(x.job_id, x.exit_code, at, x.reason, name, state,
+                                       by_itself=itself), node, now)  # fmt: skip
             if r is not None:
                 if x.reason != "launch_failed":
                     r.started.setdefault(node, a.PartStarted(job_id=x.job_id, run=x.run))
                 r.exits[node] = x
                 self._maybe_exited(r, now)
+
+    def _end_stopped(self, x: Exit, node: str | None, now: float) -> None:
+        """A stopped run's part on `node` is gone: the run's end (its first part's, at its last
+        part's end) is recorded once no other node may still run a part of it (`Fence`), so
+        its GPUs are never freed while a part's processes live on. Before, the first part's
+        end was the run's: a gang part that had exited 0 leaving processes was still in its
+        grace on one node when the next gang was placed there (atk53-23 F2)."""
+        key = (x.job_id, x.engine_job_id)
+        first, gone = self._ending.pop(key, (None, set()))
+        if first is not None:
+            x = dataclasses.replace(first, at=max(first.at, x.at))
+        if node is not None:
+            gone.add(node)
+        if set(self.fence.blocking(x.job_id, now)) - gone:
+            self._ending[key] = (x, gone)
+            return
+        self._stopped.append(x)
+        if x.by_itself and x.exit_code == 0:  # it may complete the job: the ledger says
+            self._completed.add(x.job_id)  # first (no next launch meanwhile)
 
     def _heard_running(
         self, node: str, version: str, running: tuple[a.PartRun, ...], now: float

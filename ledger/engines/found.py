@@ -12,8 +12,10 @@ the machine (`find_live`):
    `GPULEDGER_LAUNCH`, `RANK` and the state directory's scope (`GPULEDGER_SCOPE`, or, for a
    process that cleared its environment, its cgroup under `gpuledger/<scope>/`). A part found
    only this way gets its run directory back: the one its leader still holds open (the record,
-   descriptor 9, which follows a moved directory), else a new one with the spec read from the
-   process (its environment, GPUs and group) and its session leader as the job.
+   descriptor 9, which follows a moved directory), else the one of its name its supervisor made
+   (its leader ended, what it left lives on: never made anew over it), else a new one with the
+   spec read from the process (its environment, GPUs and group) and its session leader as the
+   job.
    **Only what the agent made is believed** (atk36-23 F6, F3): any OS user can start a process
    with those variables (the scope is in every job's own environment), naming another user's
    job with a later launch, and this scan then stopped the real run as an older launch. Where
@@ -177,7 +179,7 @@ def _from_processes(
         groups = {k: mine for k, pids in groups.items() if (mine := _made_here(k, pids))}
     found: dict[tuple[int, int], list[Part]] = {}
     for (job_id, launch, rank), pids in sorted(groups.items()):
-        rundir = _held_rundir(pids)
+        rundir = _held_rundir(pids) or _made_rundir(state_dir, job_id, launch, rank)
         spec = _read_spec(rundir) if rundir is not None else None
         if rundir is None or spec is None:
             rundir, spec = _new_rundir(
@@ -234,6 +236,15 @@ def _held_rundir(pids: list[int]) -> Path | None:
             if target.name == "record" and target.parent.is_dir():
                 return target.parent
     return None
+
+
+def _made_rundir(state_dir: Path, job_id: int, launch: int, rank: int) -> Path | None:
+    """The part's run directory its supervisor made, when it is still there with its spec: its
+    leader may be gone while processes it left live on, holding no record (atk53-23 F1: a new
+    run directory was made over it, a leftover named its job, and the leftovers were adopted as
+    a running part and never killed)."""
+    rundir = state_dir / "runs" / run_name(job_id, launch) / str(rank)
+    return rundir if (rundir / "spec.json").is_file() else None
 
 
 def _new_rundir(

@@ -147,3 +147,72 @@ def test_a_supervisor_killed_in_its_leftovers_grace_gives_them_no_new_grace(
         time.sleep(0.3)
     _completed_once(home, 1, runs)  # its command's exit 0 stands
     assert up.proc.poll() is None
+
+
+def test_leftovers_whose_supervisor_and_up_were_killed_are_not_adopted_as_a_running_job(
+    home: Path, runs: Path
+) -> None:
+    """atk53-23 F1: the supervisor and `up` both killed -9 while what a command (exit 0) left
+    lives out its grace, and `up` started again after that grace's SIGKILL: the agent found the
+    leftovers by their processes, made their run directory anew (`spec.json` `found`, `job` a
+    leftover's pid), adopted them as a running job and never killed them. They are SIGKILLed at
+    once (their SIGKILL is past), the run directory stays the one the supervisor made, and the
+    job ends `completed`, its end once they are gone."""
+    submit(home, "bob", 1, _left(runs), "--grace", f"{GRACE_S}s")
+    up = Service(home)
+    left, kill_at = _reaping(home, 1)
+    (rundir,) = (home / "agents").glob("*/runs/1.1/0")
+    spec, job = (rundir / "spec.json").read_bytes(), (rundir / "job").read_bytes()
+    supervisor = int((rundir / "supervisor").read_text().split()[0])
+    os.kill(supervisor, signal.SIGKILL)
+    up.proc.kill()
+    up.proc.wait(timeout=30)
+    while time.time() < kill_at + 1:  # `up` comes back after their SIGKILL time
+        time.sleep(0.3)
+    assert any(_alive(p) for p in left), "its leftovers died with nobody to kill them"
+    up = Service(home)
+    back = time.time()
+    while any(_alive(p) for p in left):
+        assert time.time() < back + 8, "its leftovers outlived their SIGKILL"
+        time.sleep(0.3)
+    assert (rundir / "spec.json").read_bytes() == spec
+    assert (rundir / "job").read_bytes() == job
+    _completed_once(home, 1, runs)
+    assert float(jobs(home)[1]["finished_at"]) >= back - 1, jobs(home)[1]
+    assert up.proc.poll() is None
+
+
+def test_a_cancelled_gang_run_ends_only_once_every_parts_leftovers_are_gone(
+    home: Path, runs: Path
+) -> None:
+    """atk53-23 F2: a gang run over two nodes whose rank 0 exits 0 leaving a child that ignores
+    SIGTERM while rank 1 runs on, then cancelled: rank 1 ends at once, rank 0's child lives on
+    until its SIGKILL. The ledger recorded the run ended (its GPUs free, a next gang placed on
+    that node) as soon as rank 1 was gone; it ends only once every part's processes are."""
+    cli(home, "node", "add", "a", "--gpus", "2", "--gpu-type", "sim")
+    cli(home, "node", "add", "b", "--gpus", "2", "--gpu-type", "sim")
+    left = runs.with_name("left")
+    left.touch()
+    left.chmod(0o666)
+    child = f"sh -c 'trap \"\" TERM; echo $$ > {left}; while :; do sleep 0.2; done'"
+    submit(home, "bob", 4, f'if [ "$NODE_RANK" = 0 ]; then {child} & sleep 1; exit 0; fi;'
+           " exec sleep 600", "--grace", f"{GRACE_S}s")  # fmt: skip
+    up = Service(home)
+    wait_for("rank 0's child", lambda: left.read_text().strip() != "", home=home)
+    pid = int(left.read_text())
+    time.sleep(3)  # rank 0's command has exited; rank 1 runs on
+    assert _alive(pid) and jobs(home)[1]["status"] == "running", jobs(home)[1]
+    cli(home, "cancel", "1", actor="bob")
+    cancelled = time.time()
+    while True:
+        got = jobs(home)[1]
+        if not _alive(pid):
+            break
+        assert got.get("finished_at") is None, f"its run ended while rank 0's child lived: {got}"
+        assert time.time() < cancelled + GRACE_S + 10, "rank 0's child outlived its SIGKILL"
+        time.sleep(0.5)
+    gone = time.time()
+    wait_for("job 1 finished", lambda: jobs(home)[1].get("finished_at") is not None,
+             timeout=30, home=home)  # fmt: skip
+    assert float(jobs(home)[1]["finished_at"]) >= gone - 2, jobs(home)[1]
+    assert up.proc.poll() is None

@@ -244,6 +244,40 @@ def test_a_gang_parts_exit_is_by_itself_only_if_every_parts_command_had_ended(
     ex._runs[5] = r
     ex.carry_out(Orders(stops=(5,)), 10.0)
     gone = a.PartExited(job_id=5, run=0, exit_code=0, ended_at=12.0)
+    listed = f"{ex.board.epoch}.{ex.board.number('n1')}"
+    ex.receive(a.Report(node="n1", exited=(gone,), version=listed, running=()), 12.0)
+    # n2 may still run its part: the run has not ended yet (atk53-23 F2)
+    assert ex.observe(12.0, dict(org_ledger.state.nodes)).stopped == ()
+    listed = f"{ex.board.epoch}.{ex.board.number('n2')}"
+    last = a.PartExited(job_id=5, run=0, exit_code=0, ended_at=14.0)
+    ex.receive(a.Report(node="n2", exited=(last,), version=listed, running=()), 14.0)
+    (x,) = ex.observe(14.0, dict(org_ledger.state.nodes)).stopped
+    assert x.by_itself is itself  # the first part's end, told at its last part's
+    assert x.at == 14.0
+
+
+def test_a_stopped_gang_runs_end_waits_for_its_other_nodes_list_to_drop_it(
+    org_ledger: object,
+) -> None:
+    """atk53-23 F2: one part's end of a stopped gang run is recorded only once the other node
+    says it no longer has its part (its list, with no exit of its own: its end is the first's)."""
+    from ledger.cycle.executor import Orders
+    from ledger.engines.agent_runs import AgentRun
+    from ledger.engines.agents import AgentExecutor
+    from ledger.store.application import Ledger
+    from schemas import agent as a
+
+    assert isinstance(org_ledger, Ledger)
+    ex = AgentExecutor(org_ledger, node_lost_after_s=60.0, grace_s=30.0)
+    ex._runs[5] = AgentRun(job_id=5, run=0, nodes=("n1", "n2"), start_reported=True)
+    ex.carry_out(Orders(stops=(5,)), 10.0)
+    gone = a.PartExited(job_id=5, run=0, exit_code=0, ended_at=12.0)
     ex.receive(a.Report(node="n1", exited=(gone,)), 12.0)
-    (x,) = ex.observe(12.0, dict(org_ledger.state.nodes)).stopped
-    assert x.by_itself is itself
+    assert ex.observe(12.0, dict(org_ledger.state.nodes)).stopped == ()  # n2's part lives on
+    still = (a.PartRun(job_id=5, run=0),)
+    listed = f"{ex.board.epoch}.{ex.board.number('n2')}"
+    ex.receive(a.Report(node="n2", version=listed, running=still), 13.0)
+    assert ex.observe(13.0, dict(org_ledger.state.nodes)).stopped == ()
+    ex.receive(a.Report(node="n2", version=listed, running=()), 20.0)
+    (x,) = ex.observe(20.0, dict(org_ledger.state.nodes)).stopped
+    assert (x.job_id, x.at) == (5, 12.0)
