@@ -198,6 +198,10 @@ def test_the_first_cancel_of_a_requeued_node_lost_job_kills_its_earlier_run(home
              if r["event"]["type"] == "job.kill_ordered.v1"]  # fmt: skip
     assert [k["event"]["job_id"] for k in kills] == [1], kills
     assert jobs(home)[1]["outcome"] == "cancelled"
+    # the agent says the run gone on its next beat after its processes died (a loaded machine:
+    # seconds); until then the run is honestly still stopping and a cancel kills it "now"
+    wait_for("its run's end recorded", lambda: "(stopping:" not in
+             cli(home, "node", "list").stdout, timeout=60, home=home)  # fmt: skip
     again = cli(home, "cancel", "1", actor="bob", ok=False)
     assert again.returncode != 0, again.stdout  # nothing left to kill: refused in one line
     assert up.proc.poll() is None

@@ -154,7 +154,7 @@ def test_long_commands_show_progress_with_a_known_total_on_a_terminal_only(
         "audit verify": (("audit", "verify"), f"{head}/{head}"),
         "replay": (("replay", "--all"), f"{decided}/{decided}"),
         # counted in the work it does (atk48-29 F3): the window's submissions, each replayed
-        "whatif": (("whatif", "--from", start, "--to", end), r"(\d+)/\1\b.*submissions"),
+        "whatif": (("whatif", "--from", start, "--to", end), r"(\d[\d,]*)/\1\b.*submissions"),
     }
     for name, (args, total) in runs.items():
         code, _out, terminal = on_a_terminal(home, *args)
