@@ -541,15 +541,15 @@ class ServiceHandles:
             return got
         self.asked["live-preview"] = time.monotonic()  # the worker computes it ahead when idle
 
-        def run(h: copied.CopiedHandles) -> tuple[int, float, bytes, bool]:
+        def run(h: copied.CopiedHandles) -> tuple[int, float, bytes, bool, Any]:
             data = msgspec.json.encode(spec.run(h, args))
-            return h.ledger.position, h.now(), data, h.current()
+            return h.ledger.position, h.now(), data, h.current(), h.basis()
 
-        position, now, data, current = await copied.read(
+        position, now, data, current, basis = await copied.read(
             worker, pool, viewer, f"the {name} read", run, cache=self.cache
         )
-        if current:
-            self.cache.put(name, args, position, now, data, key)
+        if current:  # one read from the shared preview lives as long as it (`ReadCache`)
+            self.cache.put(name, args, position, now, data, key, basis=basis)
         return data
 
     @property

@@ -9,7 +9,13 @@ appends get one computation:
 - a read "now" is answered from an answer computed at the same position that became ready at
   most `fresh_s` earlier (it says the state as of then: a queue preview at 10k pending costs
   ~0.3 s, the dispatcher's cycle is 2 s by default). Ready, not begun: on a loaded machine a
-  preview may take longer than `fresh_s`, and the read that waited for it takes it.
+  preview may take longer than `fresh_s`, and the read that waited for it takes it;
+- an answer built on a shared value (a queue page, `queue`, a job's page on the shared preview:
+  its `basis`) is kept exactly as long as that value is the one `shared` gives: once a newer
+  preview is taken, no read answers from the older one. Kept for `fresh_s` from its own
+  readiness, an answer outlived the preview it was read from: a queue page read after another
+  read at the same position showed an older moment than it (the queue's order moves with the
+  clock: two reads of one position disagreed, s54-suite).
 Any append moves the position and so retires every entry.
 """
 
@@ -18,7 +24,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from ledger.server.fairlane import shared_work
 
@@ -31,6 +37,15 @@ CLOCKED = frozenset(
 """Reads whose answer depends on the moment unless `at` names it (`nodes`: the GPUs foreign
 work holds, as the service last observed its engine, which moves without an append;
 `metrics`: what a scrape reads of the ledger, its window figures of the moment)."""
+
+
+class Basis(NamedTuple):
+    """The shared value an answer was built on: its name and the moment it was asked at."""
+
+    name: str
+    moment: float
+
+
 FRESH_S = 2.0
 MAX_ENTRIES = 256
 FLIGHT_WAIT_S = 10.0
@@ -45,8 +60,11 @@ class ReadCache:
     """When an answer became ready (None: the moment it was asked at)."""
     hits: int = 0
     misses: int = 0
-    _entries: dict[tuple[str, Any, str], tuple[int, float, bytes]] = field(default_factory=dict)
-    _shared: dict[str, tuple[int, float, Any]] = field(default_factory=dict)
+    _entries: dict[tuple[str, Any, str], tuple[int, float, bytes, Basis | None]] = field(
+        default_factory=dict
+    )
+    _shared: dict[str, tuple[int, float, Any, float]] = field(default_factory=dict)
+    """Name -> the position, when it became ready, the value and the moment it was asked at."""
     _flights: dict[str, tuple[int, threading.Event]] = field(default_factory=dict)
     """The shared values being computed now (`shared`), by name: the position and its end."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -79,9 +97,11 @@ class ReadCache:
         with self._lock:
             got = self._entries.get((name, args, viewer))
             if got is not None:
-                at_position, computed_at, data = got
-                if at_position == position and (
-                    not clocked or 0 <= now - computed_at <= self.fresh_s
+                at_position, computed_at, data, basis = got
+                if (
+                    at_position == position
+                    and (not clocked or 0 <= now - computed_at <= self.fresh_s)
+                    and (basis is None or self._gives(basis, position, now))
                 ):
                     self.hits += 1
                     return data
@@ -89,16 +109,29 @@ class ReadCache:
             return None
 
     def put(
-        self, name: str, args: Any, position: int, now: float, data: bytes, viewer: str = ""
+        self,
+        name: str,
+        args: Any,
+        position: int,
+        now: float,
+        data: bytes,
+        viewer: str = "",
+        basis: Basis | None = None,
     ) -> None:
-        """Keep an answer computed elsewhere (the read pool) at `position`, asked at `now`."""
+        """Keep an answer computed elsewhere (the read pool) at `position`, asked at `now`;
+        `basis`: the shared value it was built on (kept only as long as `shared` gives that)."""
         now = self._ready(now)
         with self._lock:
             if len(self._entries) >= self.max_entries:
                 self._entries = {k: x for k, x in self._entries.items() if x[0] == position}
                 if len(self._entries) >= self.max_entries:
                     self._entries.clear()
-            self._entries[(name, args, viewer)] = (position, now, data)
+            self._entries[(name, args, viewer)] = (position, now, data, basis)
+
+    def _gives(self, basis: Basis, position: int, now: float) -> bool:
+        """Whether `shared(name, position, now, ...)` would give the value `basis` names."""
+        got = self._shared.get(basis.name)
+        return got is not None and got[3] == basis.moment and self.holds(basis.name, position, now)
 
     def recent(self, name: str, position: int, now: float, compute: Callable[[], T]) -> T:
         """A value of the moment rather than of the log (sums over a window, as /metrics
@@ -170,7 +203,7 @@ class ReadCache:
         self.misses += 1
         try:
             value = compute()
-            self._shared[name] = (position, self._ready(now), value)
+            self._shared[name] = (position, self._ready(now), value, now)
             return value
         finally:
             with self._lock:

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ledger.server import pooled
+from ledger.server.cache import Basis
 
 if TYPE_CHECKING:
     import duckdb
@@ -59,6 +60,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+PREVIEW = "live-preview"
+"""The shared preview's name in the `ReadCache`."""
 REST = 3.0
 """After a catch-up for reads that took t, the next begins `REST` times t later at the earliest
 (see above); a read that finds the projection behind otherwise starts one at once."""
@@ -163,10 +166,15 @@ class CopiedHandles:
             got = (
                 compute()
                 if self.cache is None or not self.current()  # kept only once it is the log's
-                else self.cache.shared("live-preview", self.ledger.position, self.now(), compute)
+                else self.cache.shared(PREVIEW, self.ledger.position, self.now(), compute)
             )
             self._preview.append(got)
         return self._preview[0]
+
+    def basis(self) -> Basis | None:
+        """The shared preview this read used (None: none): what its answer, once kept, is kept
+        as long as (`ReadCache.put`)."""
+        return Basis(PREVIEW, self._preview[0].now) if self._preview else None
 
 
 @dataclass(frozen=True)

@@ -716,8 +716,8 @@ def route(
     the page benchmark waited 0.3-1.3 s for 0.03 s of work)."""
     from ledger.server import copied
 
-    def read(h: Any) -> tuple[Figures, bool]:  # in the read pool
-        return read_figures(h, metrics.tallies, h.copy.extra), h.current()
+    def read(h: Any) -> tuple[Figures, bool, Any]:  # in the read pool
+        return read_figures(h, metrics.tallies, h.copy.extra), h.current(), h.basis()
 
     @get("/metrics", include_in_schema=False)
     async def scrape(request: Request[Any, Any, Any]) -> Response[bytes]:
@@ -730,13 +730,13 @@ def route(
             taken = service_figures(worker.service, worker.ha, view)
             figures = msgspec.structs.replace(msgspec.msgpack.decode(kept, type=Figures), **taken)
         else:
-            figures, current = await copied.read(
+            figures, current, basis = await copied.read(
                 worker, pool, caller.actor, "the metrics scrape", read, cache=handles.cache,
                 extra=lambda view: service_figures(worker.service, worker.ha, view),
             )  # fmt: skip
             if current:  # kept per position like the pages (`ReadCache`)
                 data = msgspec.msgpack.encode(figures)
-                handles.cache.put("metrics", None, figures.head, view.moment, data)
+                handles.cache.put("metrics", None, figures.head, view.moment, data, basis=basis)
         # Litestar adds the charset of a text/* type itself: the exposition format's type bare
         bare = metrics.content_type.replace("; charset=utf-8", "")
         return Response(metrics.render(figures), media_type=bare)

@@ -315,8 +315,10 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
         if got is not None:
             return Response(got, media_type="application/json")
 
-        def run(h: Any) -> tuple[int, float, bytes, bool]:
-            return h.ledger.position, h.now(), msgspec.json.encode(fn(h)), h.current()
+        def run(h: Any) -> tuple[int, float, bytes, bool, Any]:
+            data = msgspec.json.encode(fn(h))
+            basis = h.basis() if isinstance(h, copied.CopiedHandles) else None  # the preview's
+            return h.ledger.position, h.now(), data, h.current(), basis
 
         what = f"the {name} page"
         if live:
@@ -326,9 +328,9 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             got_live = copied.projected_read(
                 worker, pool, caller.actor, what, run, moment=handles.now()
             )
-        position, now, data, current = await got_live
-        if current:
-            cache.put(name, key, position, now, data)
+        position, now, data, current, basis = await got_live
+        if current:  # an answer read from the shared preview lives as long as it (`ReadCache`)
+            cache.put(name, key, position, now, data, basis=basis)
         return Response(data, media_type="application/json")
 
     @get("/ui/api/teams", include_in_schema=False)
@@ -460,7 +462,7 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
         if got is not None:
             return Response(got, media_type="application/json")
 
-        def read(h: copied.CopiedHandles) -> tuple[int, float, bytes, bool]:  # in the pool
+        def read(h: copied.CopiedHandles) -> tuple[int, float, bytes, bool, Any]:  # in the pool
             ledger, store = h.ledger, h.store()
             known = ledger.state.jobs.get(job_id)
             # only a pending job's explanation looks at the queue: the shared preview then
@@ -481,14 +483,14 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             explain = explain_job.explain_told(store, job_id, known, current, now, viewer)
             view = JobView(job=row, private=private, labels=labels, explain=explain,
                            decisions=reads.decisions(store, limit=200, job_id=job_id))  # fmt: skip
-            return ledger.position, now, msgspec.json.encode(view), h.current()
+            return ledger.position, now, msgspec.json.encode(view), h.current(), h.basis()
 
         handles.asked["live-preview"] = time.monotonic()  # computed ahead when idle
-        position, now, data, current = await copied.read(
+        position, now, data, current, basis = await copied.read(
             worker, pool, caller.actor, "the job page", read, cache=handles.cache
         )
         if current:
-            handles.cache.put("explain", key, position, now, data)
+            handles.cache.put("explain", key, position, now, data, basis=basis)
         return Response(data, media_type="application/json")
 
     replaying = FairSlot("a replay", per_person=16, max_waiting=64)

@@ -7,6 +7,7 @@ window."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import subprocess
@@ -665,3 +666,27 @@ def test_queue_positions_past_1000_and_sibling_accounts_are_readable(
         head, cut, tail = text.partition("…")
         assert text == title or (cut and title.startswith(head) and title.endswith(tail)), text
     ctx.close()
+
+
+def test_no_read_of_the_queue_shows_an_older_moment_than_one_asked_before_it(deep: Deep) -> None:
+    """The queue's order moves with the clock at one log position (usage, users' ranks): a
+    read asked after another must not show an older moment. `queue`'s whole answer, kept 2 s
+    from when it was built, outlived the preview it was built on: the page read between took a
+    newer preview, and `queue` read after it the older order (the browser's walk then saw its
+    second page disagree with the CLI's order at three workers, s54-suite). The file's last: its
+    ~100 reads in 12 s spend the reader's minute of reads (429 for the tests after it)."""
+
+    def moment(path: str) -> float:
+        body = deep.server.read(path, deep.root)
+        if isinstance(body, dict):  # a page: the moment of the preview it was read from
+            return float(body["at"])
+        row = next(r for r in body if r["state"] == "pending")
+        return float(row["submitted_at"] + row["waiting_s"])
+
+    seen: list[tuple[str, float]] = []
+    end = time.monotonic() + 12  # before the fix: 5 reads went back in 20 s, at load 3
+    while time.monotonic() < end:
+        for path in ("/v1/queue?limit=100000", "/ui/api/queue?limit=100&offset=100"):
+            seen.append((path, moment(path)))
+    went_back = [(a, b) for a, b in itertools.pairwise(seen) if b[1] < a[1] - 1e-3]
+    assert went_back == [], (went_back, len(seen))

@@ -94,3 +94,42 @@ def test_a_shared_value_under_way_is_waited_for_not_computed_again_beside_it() -
     assert got == ["preview at 7", "preview at 7"] and computed == ["slow"]
     # another position is computed, not waited for
     assert cache.shared("p", 8, 100.0, lambda: "preview at 8") == "preview at 8"
+
+
+def test_an_answer_read_from_the_shared_preview_is_kept_no_longer_than_that_preview() -> None:
+    """A queue answer built on a preview became ready after it and was kept 2 s from then: once
+    a newer preview answered another read at the same position, the kept answer still gave the
+    older one's order (the queue's order moves with the clock: the dashboard's second page and
+    `queue` read just after it disagreed at three workers, s54-suite)."""
+    from ledger.server.cache import Basis
+
+    t = [100.0]
+    cache = ReadCache(fresh_s=2.0, clock=lambda: t[0])
+    queue = READS["queue"].parse({"limit": 100_000})
+    assert cache.shared("p", 10, 100.0, lambda: "order at 100") == "order at 100"
+    t[0] = 101.5  # the whole queue's rows took 1.5 s to build on it
+    cache.put("queue", queue, 10, 100.0, b"rows at 100", basis=Basis("p", 100.0))
+    t[0] = 101.9
+    assert cache.get("queue", queue, 10, 101.9) == b"rows at 100"  # the preview is still held
+    t[0] = 102.2  # the preview is 2.2 s old: the next read takes a newer one ...
+    assert cache.shared("p", 10, 102.2, lambda: "order at 102.2") == "order at 102.2"
+    t[0] = 102.4  # ... and no read after it answers from the older one
+    assert cache.get("queue", queue, 10, 102.4) is None
+    cache.put("queue", queue, 10, 102.4, b"rows at 102.2", basis=Basis("p", 102.2))
+    assert cache.get("queue", queue, 10, 102.5) == b"rows at 102.2"
+    assert cache.get("queue", queue, 11, 102.5) is None  # an append retires it, as any answer
+
+
+def test_an_answer_on_an_expired_preview_is_not_kept_past_it() -> None:
+    """Nothing newer taken yet: an answer on a preview past `fresh_s` is not given either (the
+    read computes the preview again, and its answer on it)."""
+    from ledger.server.cache import Basis
+
+    t = [100.0]
+    cache = ReadCache(fresh_s=2.0, clock=lambda: t[0])
+    cache.shared("p", 10, 100.0, lambda: "order at 100")
+    t[0] = 101.8
+    cache.put("queue", "args", 10, 100.0, b"rows at 100", basis=Basis("p", 100.0))
+    assert cache.get("queue", "args", 10, 102.1) is None  # the preview's 2 s are over
+    cache.put("jobs", "args", 10, 101.8, b"no preview")
+    assert cache.get("jobs", "args", 10, 102.1) == b"no preview"  # 2 s from its own readiness
