@@ -153,6 +153,22 @@ PG_OUTAGE = "test_pg_outage_"
 standby (`pg_outage_pair`, each test on a fresh database of it): one group, on one worker."""
 
 
+REST_SECONDS = {
+    "pg_outage": 1196,
+    "integration/test_dashboard_scale": 579,
+    "integration/test_node_agents": 492,
+    "integration/test_server_schema": 479,
+    "integration/test_server": 411,
+    "integration/test_sbatch_like": 402,
+}
+"""The rest part's longest groups and their seconds, their tests' own times (the files: the whole
+suite on four workers, 2026-12-04, load 12-15; the PostgreSQL outage group's 20 tests as
+scripts/test runs them, alone, 2026-12-06, load 14-30: docs/benchmarks.md). The rest takes
+them first, longest first, then the other files in their order: the outage group, one pair on
+one worker (~12 min in the last CI's timings), was taken halfway through the files
+(`test_pg_*`), where on three workers it would end minutes after the others."""
+
+
 PART = "GPULEDGER_TEST_PART"
 """`slurm`: only the Slurm files (`SLURM_GROUPS`); `rest`: all but them; unset: all.
 `scripts/test` runs the two parts side by side, each with its own workers."""
@@ -167,16 +183,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     cluster: a group's files share one cluster, so they run on one worker; the PostgreSQL outage
     files are one group too, they share one PostgreSQL pair.
 
-    The Slurm groups come first, the others in file order (the integration files, then the
-    unit ones): `scripts/test` passes `--no-loadscope-reorder`, so a worker takes the groups in
-    this order, and xdist hands each worker one group to start with: each worker starts with one
-    Slurm group (the Slurm files wait on Slurm's clocks, KillWait and SlurmdTimeout, far more
-    than they use the CPU: one group took ~18-21 of the suite's minutes on one worker) and takes
-    the other files as it ends. xdist's own order (the groups with the
-    most tests first) started the Slurm tests halfway and left files of one long test, such as
-    test_pg_outage_*.py, to the end, each one a tail that one worker ran alone. With `PART` set,
-    only that part's tests run (scripts/test: the Slurm groups on four workers of their own,
-    beside the rest on two)."""
+    The Slurm groups come first, then the rest's longest groups (`REST_SECONDS`), the others in
+    file order (the integration files, then the unit ones): `scripts/test` passes
+    `--no-loadscope-reorder`, so a worker takes the groups in this order, and xdist hands each
+    worker one group to start with: each worker starts with one Slurm group (the Slurm files
+    wait on Slurm's clocks, KillWait and SlurmdTimeout, far more than they use the CPU: one
+    group took ~18-21 of the suite's minutes on one worker) and takes the other files as it
+    ends. xdist's own order (the groups with the most tests first) started the Slurm tests
+    halfway and left files of one long test, such as test_pg_outage_*.py, to the end, each one a
+    tail that one worker ran alone. With `PART` set, only that part's tests run (scripts/test:
+    the Slurm groups on four workers of their own, beside the rest on three; the rest's longest
+    groups first: `REST_SECONDS`)."""
     slurm: dict[str, list[pytest.Item]] = {g: [] for g in SLURM_GROUPS}
     rest: list[pytest.Item] = []
     for item in items:
@@ -192,6 +209,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             rest.append(item)
         item.add_marker(pytest.mark.xdist_group(group))
     ordered = [i for group in slurm.values() for i in group]
+    rest = longest_first(rest)
     part = os.environ.get(PART, "")
     if part not in ("", "slurm", "rest"):
         raise pytest.UsageError(f"{PART}={part!r}: give slurm, rest or nothing")
@@ -202,6 +220,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = kept
     else:
         items[:] = ordered + rest
+
+
+def longest_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """Pure: `items` with the groups of `REST_SECONDS` first, longest first (a stable sort: each
+    group's tests in their order, the other groups in theirs)."""
+    rank = {g: i for i, g in enumerate(sorted(REST_SECONDS, key=lambda g: -REST_SECONDS[g]))}
+
+    def place(item: pytest.Item) -> int:
+        mark = item.get_closest_marker("xdist_group")
+        return rank.get(str(mark.args[0]) if mark and mark.args else "", len(rank))
+
+    return sorted(items, key=place)
 
 
 settings.register_profile("suite", deadline=None)

@@ -93,7 +93,7 @@ def test_the_slurm_groups_are_taken_first_and_the_postgresql_outage_files_are_on
     Slurm group was the run's tail), then the other files in their order. xdist's own order
     (the groups with the most tests first) would take the unit file of 10 tests first and the
     one-test files last. The PostgreSQL outage files are one group (they share one pair:
-    `pg_outage_pair`)."""
+    `pg_outage_pair`), the first of the rest (`REST_SECONDS`: the longest)."""
     assert "--no-loadscope-reorder" in (REPO / "scripts" / "test").read_text()
     tree = tmp_path / "tests" / "integration"
     tree.mkdir(parents=True)
@@ -121,7 +121,9 @@ def test_the_slurm_groups_are_taken_first_and_the_postgresql_outage_files_are_on
     ran = re.findall(r"^\[gw0\] .*PASSED (\S+)", run.stdout, re.M)
     assert len(ran) == 22, run.stdout
     groups = list(dict.fromkeys(t.split("@", 1)[1] for t in ran))
-    assert groups == ["slurm-a", "slurm-b", "integration/test_aaa", "pg_outage",
+    # the rest's longest groups first (`REST_SECONDS`): the PostgreSQL outage group, taken
+    # halfway through the files, was a tail one worker ran alone (s54-suite)
+    assert groups == ["slurm-a", "slurm-b", "pg_outage", "integration/test_aaa",
                       "integration/test_zzz", "unit/test_many"], ran  # fmt: skip
 
 
