@@ -13,6 +13,7 @@ import os
 import signal
 import sqlite3
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ import pytest
 
 from ledger.store import EVENTS_DB
 from tests.integration import test_slurm as base
+from tests.integration.slurmd_steps import held_steps, orphans, tasks
 from tests.integration.test_slurm import Cluster, Ledger, status
 
 cluster, slurm, ledger = base.cluster, base.slurm, base.ledger  # the Slurm suite's fixtures
@@ -312,3 +314,87 @@ def test_a_run_no_read_saw_start_that_exits_0_in_the_outage_is_completed(
     assert ended["reason"] != "cancelled" and real - 1.0 <= ended["ended_at"] <= real + 1.5, ended
     (started,) = ledger.of("job.started.v1", 1)
     assert began - 2.0 <= started["started_at"] <= began + 1.0, (started, began)
+
+
+def _orphan_held(cl: Cluster) -> tuple[str, int] | None:
+    """A job slurmctld forgot while slurmd runs it: submitted with slurmctld's job list frozen
+    (`chattr +i` job_state), slurmctld killed -9 once slurmd holds the job's step, and back.
+    Once the node registers, slurmctld finds the orphan (its log says so) and sends slurmd its
+    abort, which slurmd takes at once or a second or more later (CI, loaded): slurmd is
+    stopped at slurmctld's "Orphan" line. The orphan's id and slurmd's pid (stopped), or None
+    when slurmd took the abort first (the orphan's processes gone; slurmd continued)."""
+    job_state = Path(cl.conf).parent / "state" / "job_state"
+    subprocess.run(["chattr", "+i", str(job_state)], check=True, timeout=30)
+    try:
+        orphan = cl.run("sbatch", "--parsable", "-p", cl.partition, "-o", "/dev/null",
+                        "--wrap", "sleep 300").strip()  # fmt: skip
+        deadline = time.monotonic() + 60
+        while orphan not in held_steps(cl.conf, cl.node):
+            assert time.monotonic() < deadline, f"slurmd never held {orphan}: {cl.jobs()}"
+            time.sleep(0.1)
+        pid = cl.daemon_pid("slurmctld")
+        os.kill(pid, signal.SIGKILL)
+        while Path(f"/proc/{pid}").exists():
+            time.sleep(0.05)
+    finally:
+        subprocess.run(["chattr", "-i", str(job_state)], check=True, timeout=30)
+    slurmd, said = cl.daemon_pid("slurmd"), ""
+    with open(Path(cl.conf).parent / "log" / "slurmctld.log") as log:
+        log.seek(0, os.SEEK_END)
+        back = threading.Thread(target=cl.up)
+        back.start()
+        deadline = time.monotonic() + 90
+        while f"Orphan StepId={orphan}." not in said:  # read every 2 ms: slurmd may take the
+            assert time.monotonic() < deadline, said  # abort within 20 ms of the line
+            said += log.read()
+            time.sleep(0.002)
+        os.kill(slurmd, signal.SIGSTOP)
+    back.join()
+    if tasks(cl.conf, cl.node, orphan):
+        return orphan, slurmd
+    os.kill(slurmd, signal.SIGCONT)
+    deadline = time.monotonic() + 60  # the orphan gone before its id is handed out again
+    while held_steps(cl.conf, cl.node):
+        assert time.monotonic() < deadline, held_steps(cl.conf, cl.node)
+        time.sleep(0.1)
+    cl.clean()
+    return None
+
+
+def test_a_step_slurmctld_forgot_is_ended_by_the_clean_up_and_its_id_runs_again(
+    slurm: Cluster,
+) -> None:
+    """The suite's own clean-up (CI: test_slurm_faults' first launch, after this file on the
+    same cluster, refused "Duplicate jobid", the node drained, its jobs waiting for ever):
+    slurmctld killed -9 before it saved a submission (its job list frozen, `chattr +i`) comes
+    back without the job and hands its id out again, while slurmd still runs the job under
+    slurmstepd; slurmctld aborts that orphan only once the node registers, and slurmd takes the
+    abort a second or more later (held back here, `_orphan_held`, to the clean-up's end).
+    `Cluster.clean` ends it: slurmd holds no step slurmctld does not know, and the next
+    submissions, up to and with the reused id, run on a node that stays up. On the code before,
+    `clean` looked at slurmctld's view alone and returned with the orphan's step held."""
+    for _ in range(5):  # slurmd took slurmctld's abort before it was stopped: again
+        if (held := _orphan_held(slurm)) is not None:
+            break
+    else:
+        raise AssertionError("slurmd took slurmctld's orphan abort at once 5 times in a row")
+    orphan, slurmd = held
+    try:
+        slurm.clean()
+        left = orphans(slurm.conf, slurm.node)
+    finally:
+        os.kill(slurmd, signal.SIGCONT)
+    assert left == {}, f"slurmd still holds steps slurmctld does not know: {left}"
+    ran = []
+    while not ran or int(ran[-1]) < int(orphan):  # ids the state lost come again, in order
+        sid = slurm.run("sbatch", "--parsable", "-p", slurm.partition, "-o", "/dev/null",
+                        "--wrap", "true").strip()  # fmt: skip
+        ran.append(sid)
+        assert len(ran) <= 20, f"slurmctld did not hand {orphan} out again: {ran}"
+    assert orphan in ran, (orphan, ran)  # the forgotten id, handed out again
+    deadline = time.monotonic() + 60
+    while any(slurm.jobs().get(sid, {}).get("state") != "COMPLETED" for sid in ran):
+        assert time.monotonic() < deadline, (ran, slurm.jobs(), slurm.run("sinfo", "-N", "-R"))
+        time.sleep(0.2)
+    node = slurm.run("sinfo", "-h", "-N", "-n", slurm.node, "-o", "%T|%E")
+    assert "drain" not in node, node
