@@ -70,6 +70,27 @@ def _reaping_child(ledger: Ledger, job: int) -> int:
     return child
 
 
+def test_a_time_limit_that_passes_while_the_batch_script_reaps_leaves_the_job_completed(
+    ledger: Ledger,
+) -> None:
+    """atk53-23 F4: the command exits 0 after a second leaving a child, and the job's time limit
+    (4 s) passes while its batch script reaps that child: the limit stops nothing more (the
+    child's SIGKILL, at the command's end plus the grace, comes before the limit's) and the job
+    ends `completed`, exit 0, as on the node agents. The old code: `time_limit`."""
+    ledger.up()
+    kid = "( trap '' TERM; while :; do sleep 0.2; done ) & echo kid=$!; sleep 1; exit 0"
+    ledger.submit("alice", 1, kid, "-t", "4s", "--grace", "15s")
+    child = _reaping_child(ledger, 1)
+    try:
+        ledger.wait("job 1 finished", lambda: ledger.jobs()[1]["status"] == "finished", 120)
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(child, signal.SIGKILL)
+    got = ledger.jobs()[1]
+    assert (got["outcome"], got["finish_reason"], got["exit_code"]) == (
+        "completed", "completed", 0), got  # fmt: skip
+
+
 def test_a_requeue_after_the_command_exited_3_fails_the_job_not_run_again(
     ledger: Ledger,
 ) -> None:
