@@ -117,6 +117,27 @@ def ended_meanwhile(job: Job, cmd: c.ConfirmRunEnded) -> bool:
     )
 
 
+LIMITING_EXECUTORS = frozenset({"agents", "local", "slurm"})
+"""The engines that stop a job at its time limit (`service.configured`'s executor)."""
+
+
+def limits_stop(state: State) -> bool:
+    """Pure: the service records running an engine that stops jobs at their time limits
+    (`LIMITING_EXECUTORS`). A ledger with no such record (the simulator's, whose kernel lets
+    runs outlive their limits unless its policy says otherwise) or another engine is not taken
+    to: a running job past its limit there is no job in its limit's grace."""
+    return state.service is not None and state.service.executor in LIMITING_EXECUTORS
+
+
+def limit_passed(job: Job, now: float) -> float | None:
+    """Pure: when the time limit of a running job passed, counted from its start, if it has:
+    the job is in that limit's grace, its engine stopping it; None otherwise."""
+    began, limit = job.started_at, job.spec.time_limit_s
+    if job.status != "running" or began is None or limit is None or now < began + limit:
+        return None
+    return began + limit
+
+
 def drained_after(
     state: State, freed_nodes: Iterable[str], leaving: set[int], s: Stamp
 ) -> list[e.AnyEvent]:

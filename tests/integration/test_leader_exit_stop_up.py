@@ -116,6 +116,28 @@ def test_a_resumable_job_preempted_after_its_command_failed_by_itself_fails_not_
     assert up.proc.poll() is None
 
 
+def test_a_resumable_job_preempted_in_its_time_limits_grace_ends_time_limit_not_run_again(
+    home: Path, runs: Path
+) -> None:
+    """atk53-23 F5: past its time limit, in that limit's grace (its command ignores SIGTERM), a
+    resumable job is preempted: it timed out, `time_limit`, and never runs again; the
+    preemption only cuts its grace. Before, it was recorded `preempted` and run again."""
+    submit(home, "bob", 1, f"echo $GPULEDGER_LAUNCH >> {runs}; trap '' TERM;"
+           " while :; do sleep 0.2; done", "--resumable", "--min-runtime", "0", "-t", "3s",
+           "--grace", f"{GRACE_S}s")  # fmt: skip
+    up = Service(home)
+    wait_for("job 1 past its limit", lambda: _row(home, 1).get("state") == "stopping",
+             timeout=60, home=home)  # fmt: skip
+    cli(home, "preempt", "1", "--reason", "maintenance")
+    wait_for("job 1 finished", lambda: jobs(home)[1]["status"] == "finished", timeout=30,
+             home=home)  # fmt: skip
+    got = jobs(home)[1]
+    assert (got["outcome"], got["finish_reason"]) == ("failed", "time_limit"), got
+    time.sleep(4)  # cycles pass: nothing runs it again
+    assert runs.read_text().split() == ["1"], runs.read_text()
+    assert up.proc.poll() is None
+
+
 def test_a_time_limit_that_passes_after_the_command_exited_0_leaves_the_job_completed(
     home: Path, runs: Path
 ) -> None:
