@@ -226,6 +226,9 @@ _JOBS = """WITH page AS (  -- the page first: newest first, over the given filte
 ), iv AS (  -- its last placement: the GPUs it holds, or held in its last run, and that run's
             -- real end when the ledger stopped it (its processes outlive the stop by a grace)
     SELECT job_id, arg_max(slots, start_position) AS slots,
+           -- the GPUs of its last run that started: where a finished job ran (its placement
+           -- after a requeue may never have launched: atk53-23 F7)
+           arg_max(slots, start_position) FILTER (WHERE run_start_at IS NOT NULL) AS ran_slots,
            arg_max(start_at, start_position) AS start_at,
            arg_max(run_end_at, start_position) AS run_end_at,
            arg_max(run_start_at, start_position) AS run_start_at
@@ -250,7 +253,9 @@ SELECT j.job_id, j.account, j.user_name, j.gpus, j.gpu_type, j.cluster,
                  OR j.engine_reason = 'node_failure' AND iv.run_end_at IS NOT NULL)
             THEN iv.run_end_at ELSE j.finished_at END AS finished_at,
        j.placements, j.preemptions,
-       CASE WHEN j.status = 'pending' THEN [] ELSE coalesce(iv.slots, []) END AS slots,
+       CASE WHEN j.status = 'pending' THEN []
+            WHEN j.status = 'finished' THEN coalesce(iv.ran_slots, iv.slots, [])
+            ELSE coalesce(iv.slots, []) END AS slots,
        j.command, j.logs,
        -- a v1 end said only `failed`; the engine's word then says a time limit or a lost node
        CASE WHEN j.finish_reason = 'failed' AND j.engine_reason = 'time_limit' THEN 'time_limit'
@@ -285,7 +290,8 @@ def jobs_page(
     no process started; for a run the ledger stopped while placed whose command ran, its own
     start as its engine reported it, from which it was charged); `finished_at` its end, or its
     last run's real end when the ledger stopped it and its processes outlived the stop (their
-    grace); `slots` the GPUs it holds or its last run held; `logs` are those of its last
+    grace); `slots` the GPUs it holds or its last run held (a finished job: its last run that
+    started, not a placement after it that never launched); `logs` are those of its last
     start; `finish_reason` the ledger's word on why it ended. `since`/`until` select the jobs
     alive at some moment of [since, until].
 

@@ -343,6 +343,10 @@ class ConfirmRunEnded(JobCommand, frozen=True, kw_only=True, tag="job.run_ended"
     (its own end record, unsignalled; an agent's exit of a run it was not stopping): with
     exit code 0 the job completed, never to be run again (`runs.confirm_run_ended`). False:
     not known (and every report made before the field)."""
+    exit_decides: bool = False
+    """The reporter's rule (s54, atk53-23 F3): the exit of a run that ended by itself, whatever
+    its code, is its job's outcome: a non-zero one (or a signal of its own) fails the job, which
+    is not run again. False in every report made before the field: only exit 0 completed it."""
     started_at: Epoch | None = None
     """When the run really started, where the ledger recorded no start of it (stopped while
     placed, before the engine saw it start, though its command ran: atk44s F3); None when

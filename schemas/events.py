@@ -435,6 +435,10 @@ class JobRunEnded(_RunEnded, frozen=True, kw_only=True, tag="job.run_ended.v2"):
     together they bound every run, which the audit checks (no GPU held by two live runs, no
     job with two live runs)."""
 
+    exit_decides: bool = False
+    """Recorded under the rule that its exit, whatever its code, is its job's outcome when it
+    ended by itself (`ConfirmRunEnded.exit_decides`, s54): a non-zero one then fails the job
+    (`job.finished.v2` `failed`). False in every record made before: only exit 0 ended it."""
     started_at: Epoch | None = None
     """When the run really started, where no `JobStarted` recorded it (the ledger stopped it
     while placed, before any read saw it start, and its command ran: Slurm's launch mark,

@@ -7,7 +7,7 @@ Pure: state and commands in, events out; `now` is a parameter (in the stamp).
 
 from __future__ import annotations
 
-from ledger.core.runs import Stamp, drained_after
+from ledger.core.runs import Stamp, drained_after, limit_passed
 from ledger.core.state import Job, State, StoppedRun
 from schemas import commands as c
 from schemas import events as e
@@ -53,10 +53,10 @@ def _timed_out(job: Job, s: Stamp) -> e.JobFinished | None:
     `time_limit`, as it would have at its SIGKILL, and the cancel only cuts the grace (its
     run is killed at once: `StoppedRun.kill`; atk47-23 F11: it was recorded `cancelled`, and
     `jobs --status TO` and an `afternotok` dependency missed it). None otherwise."""
-    began, limit = job.started_at, job.spec.time_limit_s
-    if job.status != "running" or began is None or limit is None or s.now < began + limit:
+    passed = limit_passed(job, s.now)
+    if passed is None:
         return None
-    note = f"its time limit passed at {when(began + limit)}; cancelled by {s.actor} in its grace"
+    note = f"its time limit passed at {when(passed)}; cancelled by {s.actor} in its grace"
     return e.JobFinished(**s.kw(), job_id=job.job_id, outcome="failed", reason="time_limit",
                          note=note[:1000])  # fmt: skip
 

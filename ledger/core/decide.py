@@ -20,7 +20,7 @@ from ledger.core.cancels import cancel
 from ledger.core.conflicts import command_keys, event_keys
 from ledger.core.nodes import NODE_HANDLERS
 from ledger.core.nodes import name as _name
-from ledger.core.runs import between, confirm_run_ended
+from ledger.core.runs import between, confirm_run_ended, limit_passed, limits_stop
 from ledger.core.runs import drained_after as _drained_after
 from ledger.core.state import DRAINED_NOTE, Account, Job, State
 from schemas import commands as c
@@ -33,6 +33,7 @@ from schemas.errors import (
     NotAuthorised,
     UnknownEntity,
 )
+from schemas.units import when
 
 __all__ = ["command_keys", "decide", "decide_parts", "event_keys"]
 
@@ -342,8 +343,11 @@ def _requeue(state: State, cmd: c.RequeueJob, s: _Stamp) -> list[e.AnyEvent]:
 
 
 def _preemption_events(
-    job: Job, p: c.Preemption, cycle_id: str | None, s: _Stamp
+    job: Job, p: c.Preemption, cycle_id: str | None, s: _Stamp, limits: bool = False
 ) -> list[e.AnyEvent]:
+    """The events of a preemption: requeued when resumable, else finished `preempted`; a job
+    in its time limit's grace (`limits`: its engine stops jobs there, `runs.limits_stop`) timed
+    out, `time_limit` (atk53-23 F5)."""
     out: list[e.AnyEvent] = [
         e.JobPreempted(
             **s.kw(),
@@ -354,7 +358,13 @@ def _preemption_events(
             note=p.note,
         )
     ]
-    if job.spec.resumable:
+    if limits and (passed := limit_passed(job, s.now)) is not None:
+        # in its limit's grace: it timed out, as at its SIGKILL; the preemption only cuts the
+        # grace (atk53-23 F5: it was `preempted`, a resumable one requeued to run again)
+        note = f"its time limit passed at {when(passed)}; preempted ({p.reason}) in its grace"
+        out.append(e.JobFinished(**s.kw(), job_id=job.job_id, outcome="failed",
+                                 reason="time_limit", note=note[:1000]))  # fmt: skip
+    elif job.spec.resumable:
         out.append(e.JobRequeued(**s.kw(), job_id=job.job_id))
     else:
         out.append(
@@ -441,7 +451,7 @@ def _apply_decision(state: State, cmd: c.ApplyDecision, s: _Stamp) -> list[e.Any
         for sl in job.slots:
             touched.append(sl.node)
             taken.difference_update((sl.node, i) for i in sl.gpu_indices)
-        out += _preemption_events(job, p, d.cycle_id, s)
+        out += _preemption_events(job, p, d.cycle_id, s, limits_stop(state))
     # 2. placements claim free GPUs on active nodes
     placed: set[int] = set()
     for pl in d.placements:
@@ -482,7 +492,7 @@ def _preempt(state: State, cmd: c.PreemptJob, s: _Stamp) -> list[e.AnyEvent]:
     if job.status not in ("placed", "running"):
         raise InvalidTransition(f"job {job.job_id} is {job.status}, not running")
     p = c.Preemption(job_id=job.job_id, reason=cmd.reason, note=cmd.note)
-    out = _preemption_events(job, p, None, s)
+    out = _preemption_events(job, p, None, s, limits_stop(state))
     return out + _drained_after(state, (sl.node for sl in job.slots), {job.job_id}, s)
 
 
@@ -557,7 +567,7 @@ def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
         ]
     if cmd.reason == "drained" and job.spec.resumable:  # requeued: a maintenance preemption
         p = c.Preemption(job_id=cmd.job_id, reason="maintenance", note=DRAINED_NOTE)
-        out = _preemption_events(job, p, None, s)
+        out = _preemption_events(job, p, None, s, limits_stop(state))
     if cmd.engine and cmd.reason not in ("launch_failed", "drained"):
         out.append(
             e.JobEngineEnded(

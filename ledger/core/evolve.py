@@ -377,6 +377,7 @@ def _stopped(state: State, job: Job, at: float, why: str, at_once: bool = False)
             submitted_at=s.at,
             started_at=began,
             service_grace_s=job.service_grace_s,
+            reaping_kill_at=job.reaping_kill_at if running else None,
             placed=not running,
         )  # fmt: skip  (past its limit, in its grace: killed at once, as scancel)
     cut = at - ENDS_KEPT_S

@@ -63,15 +63,25 @@ def confirm_run_ended(state: State, cmd: c.ConfirmRunEnded, s: Stamp) -> list[e.
             note=cmd.note,
             by_itself=cmd.by_itself,
             started_at=_own_start(state, cmd, s.now),
+            exit_decides=cmd.exit_decides,
         )
     ]
-    if job is not None and completed_meanwhile(job, cmd):
+    if job is not None and ended_meanwhile(job, cmd):
         at = None if cmd.ended_at is None else min(cmd.ended_at, s.now)
-        done = e.JobFinished(**s.kw(), job_id=job.job_id, outcome="completed", exit_code=0,
-                             reason="completed", note=COMPLETED_MEANWHILE, ended_at=at)  # fmt: skip
-        ended.append(done)
+        ended.append(_its_outcome(job, cmd.exit_code or 0, at, s))
         ended += drained_after(state, (sl.node for sl in job.slots), {job.job_id}, s)
     return ended
+
+
+def _its_outcome(job: Job, code: int, at: float | None, s: Stamp) -> e.JobFinished:
+    """Pure: the job's end by its stopped run's own exit (`ended_meanwhile`): completed for
+    exit 0, else failed with its code."""
+    if code == 0:
+        return e.JobFinished(**s.kw(), job_id=job.job_id, outcome="completed", exit_code=0,
+                             reason="completed", note=COMPLETED_MEANWHILE, ended_at=at)  # fmt: skip
+    return e.JobFinished(**s.kw(), job_id=job.job_id, outcome="failed", exit_code=code,
+                         reason="failed", note=FAILED_MEANWHILE.format(code=code),
+                         ended_at=at)  # fmt: skip
 
 
 def _own_start(state: State, cmd: c.ConfirmRunEnded, now: float) -> float | None:
@@ -86,22 +96,46 @@ def _own_start(state: State, cmd: c.ConfirmRunEnded, now: float) -> float | None
 
 
 COMPLETED_MEANWHILE = "its run completed by itself (exit 0) before the stop reached it"
+FAILED_MEANWHILE = "its run ended by itself (exit {code}) before the stop reached it"
 
 
-def completed_meanwhile(job: Job, cmd: c.ConfirmRunEnded) -> bool:
-    """Pure: a stopped run's end completes its job (atk38-24 F3): its command ended by itself,
-    exit 0, before the stop's signal reached it (`by_itself`, the engine's word), and it is
-    the run the ledger requeued last, no later run having started since (the job waits, or
-    is placed again). Every engine reports so; without `by_itself` (older reports, logs
+def ended_meanwhile(job: Job, cmd: c.ConfirmRunEnded) -> bool:
+    """Pure: a stopped run's end is its job's outcome (atk38-24 F3, atk53-23 F3): its command
+    ended by itself before the stop's signal reached it (`by_itself`, the engine's word), and
+    it is the run the ledger requeued last, no later run having started since (the job waits,
+    or is placed again). Exit 0 completes the job; another code (a signal of its own) fails
+    it, under the rule the report names (`exit_decides`, s54: before it such a job was
+    requeued and ran its whole command again). Without `by_itself` (older reports, logs
     written before) the run's end is only recorded, as it always was. A job the preemption
     finished (not resumable) or a cancel ended stays as recorded: it is not run again."""
     return (
         cmd.by_itself
-        and cmd.exit_code == 0
+        and (cmd.exit_code == 0 or (cmd.exit_decides and cmd.exit_code is not None))
         and job.active
         and job.status != "running"
         and cmd.run == job.preemptions - 1
     )
+
+
+LIMITING_EXECUTORS = frozenset({"agents", "local", "slurm"})
+"""The engines that stop a job at its time limit (`service.configured`'s executor)."""
+
+
+def limits_stop(state: State) -> bool:
+    """Pure: the service records running an engine that stops jobs at their time limits
+    (`LIMITING_EXECUTORS`). A ledger with no such record (the simulator's, whose kernel lets
+    runs outlive their limits unless its policy says otherwise) or another engine is not taken
+    to: a running job past its limit there is no job in its limit's grace."""
+    return state.service is not None and state.service.executor in LIMITING_EXECUTORS
+
+
+def limit_passed(job: Job, now: float) -> float | None:
+    """Pure: when the time limit of a running job passed, counted from its start, if it has:
+    the job is in that limit's grace, its engine stopping it; None otherwise."""
+    began, limit = job.started_at, job.spec.time_limit_s
+    if job.status != "running" or began is None or limit is None or now < began + limit:
+        return None
+    return began + limit
 
 
 def drained_after(

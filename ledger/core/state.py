@@ -158,6 +158,11 @@ class StoppedRun(msgspec.Struct, frozen=True, kw_only=True):
     service_grace_s: float | None = None
     """Its job's `Job.service_grace_s` when it was stopped: the service's grace when the run
     was placed (None: unknown, then the service's current one)."""
+    reaping_kill_at: float | None = None
+    """Its command had exited leaving processes its engine was reaping when the ledger stopped
+    it (`Job.reaping_kill_at`): their SIGKILL at the latest, which the stop does not move later
+    (atk53-23 F6: the reads showed a whole new grace from a cancel, though they died at this
+    one); None otherwise, and in a snapshot made before it was kept."""
     placed: bool = False
     """Stopped while its job was `placed` (no start recorded) on node agents, whose launch may
     have run unheard (`up` killed -9 right after it): its processes may live, as a running
@@ -178,10 +183,13 @@ class StoppedRun(msgspec.Struct, frozen=True, kw_only=True):
         """Pure: when its processes get SIGKILL at the latest: its stop plus its grace (the
         job's own, else `default_grace_s`), counted from the stop the log recorded, so a
         restart of the service or of an agent between the stop and its SIGTERM gives no new
-        grace (atk47-23 F3); when a second cancel cut the grace (`kill`), that cancel's time
+        grace (atk47-23 F3), and never after the SIGKILL of a reaping the stop found
+        (`reaping_kill_at`); when a second cancel cut the grace (`kill`), that cancel's time
         (`killed_at`; the stop itself in a state made before it was kept), never after the
         grace's end."""
         end = self.at + self.grace(default_grace_s)
+        if self.reaping_kill_at is not None:  # what its command left dies at its reaping's
+            end = min(end, max(self.at, self.reaping_kill_at))
         if not self.kill:
             return end
         return self.at if self.killed_at is None else min(end, self.killed_at)

@@ -187,6 +187,7 @@ def stopped_commands(stopped: Sequence[Exit], engine: str) -> list[c.AnyCommand]
             killed=x.engine_state == "KILLED",
             note=x.note[:1000],
             by_itself=x.by_itself,
+            exit_decides=True,  # its exit, whatever its code (`runs.ended_meanwhile`)
             started_at=x.started_at,
         )
         for x in stopped
@@ -197,7 +198,8 @@ def overtaken_command(ex: Exit, state: State, engine: str) -> c.ConfirmRunEnded 
     """Pure: the end of a run the ledger stopped (requeued, preempted) after the engine saw it
     end but before it was told to stop it: an exit of a job the ledger has moved past, recorded
     as the stopped run's end (`stopped_commands`), ended by itself when it exited (no stop
-    reached it: `ConfirmRunEnded.by_itself`, so exit 0 completes the job: atk38-24 F3). None
+    reached it: `ConfirmRunEnded.by_itself`, so its exit is the job's outcome: atk38-24 F3,
+    atk53-23 F3). None
     when it is no run the ledger awaits the end of."""
     if not engine:
         return None

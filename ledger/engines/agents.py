@@ -121,9 +121,10 @@ class AgentExecutor:
         still run (`Fence.blocking`), and the nodes whose parts reported their end: recorded
         once no other node may (`_end_stopped`, atk53-23 F2)."""
         self._completed: set[int] = set()
-        """Jobs a stopped run of which exited 0 by itself (`Exit.by_itself`): their held next
+        """Jobs a stopped run of which ended by itself (`Exit.by_itself`): their held next
         launch is not released in the `observe` that hands that end over: the ledger records
-        it first, and may complete the job, which then runs no more (atk38-24 F3)."""
+        it first, and may end the job by that exit, which then runs no more (atk38-24 F3,
+        atk53-23 F3: whatever its code)."""
         self._ran_on: dict[int, set[str]] = {}
         """Job -> the nodes its runs were put on (since this server started, or found in the
         log by `foreign`): what each node's reports may be about (docs/security.md, row T12)."""
@@ -571,8 +572,8 @@ class AgentExecutor:
             self._ending[key] = (x, gone)
             return
         self._stopped.append(x)
-        if x.by_itself and x.exit_code == 0:  # it may complete the job: the ledger says
-            self._completed.add(x.job_id)  # first (no next launch meanwhile)
+        if x.by_itself:  # its exit may end the job (`runs.ended_meanwhile`): the ledger
+            self._completed.add(x.job_id)  # says first (no next launch meanwhile)
 
     def _heard_running(
         self, node: str, version: str, running: tuple[a.PartRun, ...], now: float

@@ -155,8 +155,8 @@ def exit_of(h: Handle, now: float) -> Exit:
 def ended_first(h: Handle) -> bool:
     """A run the ledger stopped whose every part's command (its leader) had ended before the
     stop reached it (`Handle.stop_at`): only processes the command left were still being
-    reaped, so the run ended by itself (`Exit.by_itself`; with exit 0 it completes its job:
-    `ledger.core.runs.completed_meanwhile`). Before, such a run was told as stopped, and a
+    reaped, so the run ended by itself (`Exit.by_itself`; its exit is its job's outcome:
+    `ledger.core.runs.ended_meanwhile`). Before, such a run was told as stopped, and a
     preempted resumable job whose command had exited 0 ran again (atk52-23 F2)."""
     return h.stop_at is not None and all(
         p.leader_ended_at is not None and p.leader_ended_at <= h.stop_at

@@ -444,7 +444,12 @@ def _contract_at(job: Job, history: Sequence[e.AnyEvent], preempted: e.JobPreemp
         return "it held no contract"
     if job.spec.min_runtime_s == 0:
         return "it was unfunded (no contract)"
-    ends = placed[-1].at + job.spec.min_runtime_s
+    # from its real start once known, as the ledger counts it (`Job.contract_ends_at`; it was
+    # counted from its placement here: atk53-23 F5)
+    began = max((ev.started_at if ev.started_at is not None else ev.at for ev in history
+                 if isinstance(ev, e.JobStarted) and placed[-1].at <= ev.at <= preempted.at),
+                default=placed[-1].at)  # fmt: skip
+    ends = max(placed[-1].at, began) + job.spec.min_runtime_s
     if preempted.at >= ends:
         return f"its contract had expired at {when(ends)}"
     from ledger.core.state import DRAINED_NOTE, is_system

@@ -128,7 +128,7 @@ def build(home: Path) -> None:
             c.ConfirmRunEnded(
                 actor="@executor", job_id=1, engine="e" * 63, engine_job_id="9" * 63,
                 run=ledger.state.jobs[1].preemptions - 1, ended_at=LATE, exit_code=-(2**31),
-                killed=True, note=TEXT,
+                killed=True, note=TEXT, exit_decides=True,
             )
         )  # fmt: skip
         d.cycle(LATE)

@@ -3,7 +3,8 @@
 job's grace, SIGKILL), and then, in that grace, a stop of the ledger's arrives. The command
 completed before the stop: the job ends `completed` (exit 0) and never runs again. Before, a
 preempted resumable job was requeued (and ran again once its node could take it), a cancel
-recorded `cancelled`, and a time limit that passed in the grace recorded `time_limit`.
+recorded `cancelled`, and a time limit that passed in the grace recorded `time_limit`. A
+command that failed (atk53-23 F3) ends its job `failed` with its code, never run again.
 
 Every case is checked from /proc too: the child is gone by its SIGKILL (the command's end plus
 the grace) and no second launch ever started (each launch writes its number to a file)."""
@@ -86,6 +87,53 @@ def test_a_resumable_job_preempted_after_its_command_exited_0_is_completed_not_r
     _completed_once(home, 1, runs)
     cli(home, "node", "return", "local")  # the old code: it ran again here, launch 2
     time.sleep(3)
+    assert runs.read_text().split() == ["1"], runs.read_text()
+    assert up.proc.poll() is None
+
+
+@pytest.mark.parametrize(("end", "code"), [("exit 3", 3), ("kill -KILL $$", None)])
+def test_a_resumable_job_preempted_after_its_command_failed_by_itself_fails_not_run_again(
+    home: Path, runs: Path, end: str, code: int | None
+) -> None:
+    """atk53-23 F3: the command exits 3 (or dies by a signal of its own) leaving a child, and a
+    preemption comes in that child's grace: its exit is its outcome, `failed` with its code,
+    and it never runs again. Before, it was requeued and ran its whole command a second time."""
+    submit(home, "bob", 1, _left(runs).replace("exit 0", end), "--resumable",
+           "--min-runtime", "0", "--grace", f"{GRACE_S}s")  # fmt: skip
+    up = Service(home)
+    left, kill_at = _reaping(home, 1)
+    cli(home, "node", "drain", "local", "--reason", "maintenance")
+    _gone_by(left, kill_at)
+    wait_for("job 1 finished", lambda: jobs(home)[1]["status"] == "finished", timeout=30,
+             home=home)  # fmt: skip
+    got = jobs(home)[1]
+    assert (got["outcome"], got["finish_reason"]) == ("failed", "failed"), got
+    assert got["exit_code"] == code if code is not None else got["exit_code"] != 0, got
+    cli(home, "node", "return", "local")  # the old code: it ran again here, launch 2
+    time.sleep(3)
+    assert runs.read_text().split() == ["1"], runs.read_text()
+    assert jobs(home)[1]["status"] == "finished", jobs(home)[1]
+    assert up.proc.poll() is None
+
+
+def test_a_resumable_job_preempted_in_its_time_limits_grace_ends_time_limit_not_run_again(
+    home: Path, runs: Path
+) -> None:
+    """atk53-23 F5: past its time limit, in that limit's grace (its command ignores SIGTERM), a
+    resumable job is preempted: it timed out, `time_limit`, and never runs again; the
+    preemption only cuts its grace. Before, it was recorded `preempted` and run again."""
+    submit(home, "bob", 1, f"echo $GPULEDGER_LAUNCH >> {runs}; trap '' TERM;"
+           " while :; do sleep 0.2; done", "--resumable", "--min-runtime", "0", "-t", "3s",
+           "--grace", f"{GRACE_S}s")  # fmt: skip
+    up = Service(home)
+    wait_for("job 1 past its limit", lambda: _row(home, 1).get("state") == "stopping",
+             timeout=60, home=home)  # fmt: skip
+    cli(home, "preempt", "1", "--reason", "maintenance")
+    wait_for("job 1 finished", lambda: jobs(home)[1]["status"] == "finished", timeout=30,
+             home=home)  # fmt: skip
+    got = jobs(home)[1]
+    assert (got["outcome"], got["finish_reason"]) == ("failed", "time_limit"), got
+    time.sleep(4)  # cycles pass: nothing runs it again
     assert runs.read_text().split() == ["1"], runs.read_text()
     assert up.proc.poll() is None
 

@@ -60,3 +60,57 @@ def test_a_job_whose_command_exited_reads_stopping_and_a_cancel_then_leaves_it_c
         "completed", "completed", 0), got  # fmt: skip
     (ended,) = ledger.of("job.leader_ended.v1", 1)
     assert ended["exit_code"] == 0 and ended["left"] >= 1, ended
+
+
+def _reaping_child(ledger: Ledger, job: int) -> int:
+    ledger.wait(f"job {job}'s command to end", lambda: "its command exited"
+                in str(_row(ledger, job).get("reason", "")), timeout=120)  # fmt: skip
+    (child,) = pids(ledger.log_of(job), "kid")
+    assert alive(child), "its child was gone already"
+    return child
+
+
+def test_a_time_limit_that_passes_while_the_batch_script_reaps_leaves_the_job_completed(
+    ledger: Ledger,
+) -> None:
+    """atk53-23 F4: the command exits 0 after a second leaving a child, and the job's time limit
+    (4 s) passes while its batch script reaps that child: the limit stops nothing more (the
+    child's SIGKILL, at the command's end plus the grace, comes before the limit's) and the job
+    ends `completed`, exit 0, as on the node agents. The old code: `time_limit`."""
+    ledger.up()
+    kid = "( trap '' TERM; while :; do sleep 0.2; done ) & echo kid=$!; sleep 1; exit 0"
+    ledger.submit("alice", 1, kid, "-t", "4s", "--grace", "15s")
+    child = _reaping_child(ledger, 1)
+    try:
+        ledger.wait("job 1 finished", lambda: ledger.jobs()[1]["status"] == "finished", 120)
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(child, signal.SIGKILL)
+    got = ledger.jobs()[1]
+    assert (got["outcome"], got["finish_reason"], got["exit_code"]) == (
+        "completed", "completed", 0), got  # fmt: skip
+
+
+def test_a_requeue_after_the_command_exited_3_fails_the_job_not_run_again(
+    ledger: Ledger,
+) -> None:
+    """atk53-23 F3 on Slurm: the command exits 3 leaving a child; a requeue comes in that
+    child's grace: its exit is its outcome, `failed` exit 3, and it never runs again. The old
+    code requeued it and ran its whole command a second time."""
+    ledger.up()
+    kid = ("echo ran >> runs-1; ( trap '' TERM; while :; do sleep 0.2; done ) & echo kid=$!;"
+           " sleep 1; exit 3")  # fmt: skip
+    ledger.submit("alice", 1, kid, "--resumable", "--min-runtime", "0", "--grace", f"{GRACE_S}s")
+    child = _reaping_child(ledger, 1)
+    try:
+        ledger.cli("requeue", "1")
+        ledger.wait("job 1 finished", lambda: ledger.jobs()[1]["status"] == "finished", 120)
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(child, signal.SIGKILL)
+    got = ledger.jobs()[1]
+    assert (got["outcome"], got["finish_reason"], got["exit_code"]) == (
+        "failed", "failed", 3), got  # fmt: skip
+    time.sleep(3)  # reads pass: nothing runs it again
+    assert (ledger.work / "runs-1").read_text().split() == ["ran"]
+    assert len(ledger.of("job.engine_linked.v1", 1)) == 1

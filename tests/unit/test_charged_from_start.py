@@ -432,6 +432,7 @@ def _projected(tmp_path: Path, events: list[e.AnyEvent], batch: int | None = Non
         if v1 and isinstance(ev, e.JobRunEnded):
             fields = msgspec.structs.asdict(ev)
             assert fields.pop("started_at") is None
+            assert fields.pop("exit_decides") is False  # v2's since s54
             ev = e.JobRunEndedV1(**fields)  # type: ignore[assignment]
         records.append(LogRecord(pos, e.tag_of(type(ev)), codec.encode(ev)))  # type: ignore[arg-type]
     with Store(tmp_path / f"p{len(list(tmp_path.iterdir()))}.duckdb") as store:

@@ -1,7 +1,7 @@
 """A job that completes by itself just as the ledger stops it is recorded completed, never run
 again (atk38-24 F3: a Slurm job exiting 0 between the dispatcher's read and its `scancel` was
 recorded preempted, requeued and ran its whole command a second time). One core rule
-(`runs.completed_meanwhile`) for every engine: the stopped run's end says its command ended by
+(`runs.ended_meanwhile`) for every engine: the stopped run's end says its command ended by
 itself (`ConfirmRunEnded.by_itself`: Slurm's own end record unsignalled, an agent's exit of a
 run it was not stopping), exit 0, and no later run has started. Logs written before (no
 `by_itself`) fold and decide as they did."""
@@ -66,10 +66,12 @@ def _requeued(org_state: State) -> tuple[_Domain, int]:
     return do, sub.job_id
 
 
-def _end(job: int, *, by_itself: bool, code: int = 0, run: int = 0) -> c.ConfirmRunEnded:
+def _end(
+    job: int, *, by_itself: bool, code: int = 0, run: int = 0, rule: bool = False
+) -> c.ConfirmRunEnded:
     return c.ConfirmRunEnded(actor="@executor", job_id=job, engine="slurm", engine_job_id="70",
                              run=run, ended_at=2001.5, exit_code=code,
-                             by_itself=by_itself)  # fmt: skip
+                             by_itself=by_itself, exit_decides=rule)  # fmt: skip
 
 
 @pytest.mark.parametrize("placed_again", [False, True])
@@ -90,17 +92,46 @@ def test_a_stopped_run_that_completed_by_itself_completes_its_job(
 
 
 @pytest.mark.parametrize(
-    ("case", "by_itself", "code"),
-    [("its end unknown (older engines, logs before)", False, 0),
-     ("it ended by itself but failed", True, 1)],
+    ("case", "by_itself", "code", "rule"),
+    [("its end unknown (older engines, logs before)", False, 0, False),
+     ("its end unknown, failed, under the rule", False, 3, True),
+     ("it ended by itself but failed, reported before the rule (s54)", True, 1, False)],
 )  # fmt: skip
 def test_otherwise_a_stopped_runs_end_is_only_recorded(
-    org_state: State, case: str, by_itself: bool, code: int
+    org_state: State, case: str, by_itself: bool, code: int, rule: bool
 ) -> None:
     do, job = _requeued(org_state)
-    events = do(_end(job, by_itself=by_itself, code=code))
+    events = do(_end(job, by_itself=by_itself, code=code, rule=rule))
     assert [type(ev) for ev in events] == [e.JobRunEnded], case
     assert org_state.jobs[job].status == "pending"
+
+
+@pytest.mark.parametrize("placed_again", [False, True])
+@pytest.mark.parametrize(("case", "code"), [("exit 3", 3), ("a signal of its own", -9)])
+def test_a_stopped_run_that_failed_by_itself_fails_its_job_under_the_rule(
+    org_state: State, placed_again: bool, case: str, code: int
+) -> None:
+    """atk53-23 F3: a command that exited non-zero (or by a signal of its own) before a requeue
+    reached it was requeued and ran its whole command again; its exit is its outcome (the
+    report's rule, `exit_decides`): the job fails with that code, never to run again."""
+    do, job = _requeued(org_state)
+    if placed_again:
+        do.place(job, 1)
+    events = do(_end(job, by_itself=True, code=code, rule=True))
+    assert [type(ev) for ev in events] == [e.JobRunEnded, e.JobFinished], case
+    run_end, fin = events
+    assert isinstance(run_end, e.JobRunEnded) and run_end.exit_decides
+    assert isinstance(fin, e.JobFinished)
+    assert (fin.outcome, fin.reason, fin.exit_code, fin.ended_at) == (
+        "failed", "failed", code, 2001.5)  # fmt: skip
+    assert f"exit {code}" in fin.note
+    assert job not in org_state.active and org_state.holders == {}
+
+
+def test_every_stopped_runs_end_the_executors_report_is_under_the_rule() -> None:
+    x = Exit(1, 3, 2001.5, "exited", "70", "COMPLETED", run=0, by_itself=True)
+    (cmd,) = stopped_commands([x], "slurm")
+    assert isinstance(cmd, c.ConfirmRunEnded) and cmd.exit_decides and cmd.by_itself
 
 
 def test_a_job_whose_next_run_started_is_not_completed_by_an_old_runs_end(
@@ -139,7 +170,8 @@ def _job(state: str, code: str = "0:0") -> str:
       "COMPLETED", False),
      ("no record; the TERM found it ended, COMPLETED", None, True, "COMPLETED", True),
      ("no record; the TERM reached it", None, False, "COMPLETED", False),
-     ("no record; the TERM found it ended, FAILED", None, True, "FAILED", False)],
+     ("no record; the TERM found it ended, FAILED (atk53-23 F3)", None, True, "FAILED", True),
+     ("no record; the TERM reached it, FAILED", None, False, "FAILED", False)],
 )  # fmt: skip
 def test_whether_a_stopped_run_ended_by_itself(
     case: str, own: OwnEnd | None, refused: bool, state: str, want: bool

@@ -135,8 +135,8 @@ class SlurmExecutor:
         self._stopped: list[Exit] = []
         """Ends of runs the ledger stopped (cancel, requeue, preemption): `JobRunEnded`."""
         self._completed: set[int] = set()
-        """Jobs a stopped run of which ended by itself, exit 0 (`ended_by_itself`): the ledger
-        may record them completed (atk38-24 F3), so their next run is not submitted in the
+        """Jobs a stopped run of which ended by itself (`ended_by_itself`): the ledger may end
+        them by that exit (atk38-24 F3, atk53-23 F3), so their next run is not submitted in the
         `observe` that reports it (the `carry_out` after it stops the run if so)."""
         self.job_grace: Callable[[int], float | None] = no_grace
         """A job's own grace by id (the ledger's) where its run's comment says none."""

@@ -18,6 +18,7 @@ from ledger.engines.slurm.launching import (
     ended_by_record,
     never_ran_reason,
     never_starts,
+    reaping_said,
     run_end,
     tree_said,
 )
@@ -114,7 +115,7 @@ def read_own_runs(ex: SlurmExecutor, now: float) -> None:
                         "Slurm lists it running: stopping that", job_id, r.slurm_id, when(own[1]))  # fmt: skip  # noqa: E501
             ex._exits.append(Exit(job_id, own[0], own[1], "time_limit" if r.limited else "exited", r.slurm_id, "COMPLETED" if own[0] == 0 else "FAILED", "; ".join(filter(None, (ENDED_UNSEEN, own[2]))), run=r.run))  # fmt: skip  # noqa: E501
             ex._signal(r.slurm_id, now, 0.0)  # nothing of it runs: `scancel` (F3)
-        elif j.holding and ex._past_limit(r, now):
+        elif j.holding and ex._past_limit(r, now) and not reaped_past_limit(ex, r, now):
             r.limited, r.stop_sent_at = True, now
             if ex.may_act():  # kept before its SIGTERM: a restart says `time_limit` (F2)
                 tracked.note_limited(ex.log_dir, j.slurm_id)
@@ -123,6 +124,30 @@ def read_own_runs(ex: SlurmExecutor, now: float) -> None:
                      job_id, r.slurm_id, limit)  # fmt: skip
             at = r.started_at + limit if r.started_at and limit is not None else now
             ex._signal(r.slurm_id, now, ex._grace_of(r), since=at)  # grace from the limit
+
+
+REAP_MARGIN_S = 10.0
+"""How long past the SIGKILL its batch script set for what a command left (`REAPING_MARK`) a run
+still listed is let be before its time limit stops it after all."""
+
+
+def reaped_past_limit(ex: SlurmExecutor, r: Run, now: float) -> bool:
+    """Its command ended before its time limit and its batch script reaps what it left (the
+    `reaping` mark): the limit stops nothing more (their SIGKILL, at the command's end plus the
+    grace, comes before the limit's), so the run ends with its command's exit, `completed` for
+    0, as on the node agents (`run_ends.commands_ended`). Before, it was stopped and recorded
+    `time_limit` (atk53-23 F4). The mark is the job user's word: past its SIGKILL (and a
+    margin) a run Slurm still lists is stopped at its limit as any other."""
+    limit = ex._limit_of(r)
+    if r.started_at is None or limit is None:
+        return False
+    run_dir = ex._checkpoint_file(r.job_id, r.run).parent
+    said = reaping_said(run_dir, r.started_at, now, ex._grace_of(r))
+    return (
+        said is not None
+        and said.leader_ended_at <= r.started_at + limit
+        and now < said.kill_at + REAP_MARGIN_S
+    )
 
 
 def ended_unseen(ex: SlurmExecutor, r: Run, now: float) -> tuple[int, float, str] | None:

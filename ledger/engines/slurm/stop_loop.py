@@ -113,7 +113,7 @@ def carry_stops(ex: SlurmExecutor, now: float) -> None:
                 # start (the ledger keeps it only for such a run: atk44s F3)
                 launched = None if first else mark_time(run_dir, LAUNCHED, now)
                 ex._stopped.append(stopped_end(st, j, now, seen, failed, itself, (ex._away, ex.settle_s), (own, beat), first, launched))  # fmt: skip  # noqa: E501
-                if itself and j.exit_code == 0:  # it may complete its job (F3)
+                if itself:  # its exit may end its job (F3; atk53-23 F3: any code)
                     ex._completed.add(st.run[0])
         elif not st.cancelled and now - st.since >= st.grace_s and ex.cluster.confirm(now):
             kill(ex, slurm_id, st, now, None if j is None else j.tag(ex.ledger_id))  # (F3)

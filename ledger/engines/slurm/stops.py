@@ -92,13 +92,15 @@ def ended_by_itself(own: OwnEnd | None, j: SlurmJob, term_refused: bool) -> bool
     """Pure: whether a stopped run's command ended by itself, before the stop's signal reached
     it (atk38-24 F3: a job that completed just as the ledger preempted it was requeued and run
     again): its own end record says so (no signal came first); without one (a compute node
-    that does not share the service's directory), Slurm ended it COMPLETED, exit 0, and the
-    stop's SIGTERM found it ended already. A job that catches SIGTERM, saves and exits 0 also
-    ends COMPLETED 0:0, signalled: it is requeued. The record is the job user's word: a forged
-    one can only end that user's own job `completed` rather than requeued."""
+    that does not share the service's directory), Slurm ended it COMPLETED, exit 0, or FAILED
+    (its exit is its outcome then too: atk53-23 F3), and the stop's SIGTERM found it ended
+    already. A job that catches SIGTERM, saves and exits 0 also ends COMPLETED 0:0, signalled:
+    it is requeued. The record is the job user's word: a forged one can only end that user's
+    own job by an exit of its choosing rather than requeued."""
     if own is not None:
         return not own.signalled
-    return term_refused and j.state == "COMPLETED" and j.exit_code == 0
+    own_exit = (j.state == "COMPLETED" and j.exit_code == 0) or j.state == "FAILED"
+    return term_refused and own_exit
 
 
 def node_failed(st: Stopping, j: SlurmJob | None) -> bool:
