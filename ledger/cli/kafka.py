@@ -21,7 +21,7 @@ from ledger.cli._common import Ctx, pass_ctx
 from ledger.cli.output import log_level_option, setup_logging
 from ledger.cli.views import projection_group
 from ledger.store.relay import RelayError
-from ledger.store.relay_service import read_health
+from ledger.store.relay_health import read_health
 from projections.errors import ProjectionMismatch, TopicGap
 from projections.kafka_follow import follow as follow_topic
 from projections.kafka_source import KafkaSource

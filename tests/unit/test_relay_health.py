@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import msgspec
 
-from ledger.store.relay_service import SKIPPED_SHOWN, RelayHealth, RelayService
+from ledger.store.relay_health import SKIPPED_SHOWN, RelayHealth
+from ledger.store.relay_service import RelayService
 
 
 def test_a_record_from_the_future_is_as_stale_as_an_old_one() -> None:
@@ -175,7 +176,7 @@ def test_relay_status_counts_the_lag_against_the_stores_head_read_now(org_ledger
 
     from ledger.cli import cli
     from ledger.store.application import Ledger
-    from ledger.store.relay_service import health_path
+    from ledger.store.relay_health import health_path
 
     assert isinstance(org_ledger, Ledger)
     home = org_ledger.home
@@ -214,7 +215,7 @@ def test_relay_status_json_carries_the_lag_read_from_the_store(org_ledger: objec
 
     from ledger.cli import cli
     from ledger.store.application import Ledger
-    from ledger.store.relay_service import health_path
+    from ledger.store.relay_health import health_path
 
     assert isinstance(org_ledger, Ledger)
     home = org_ledger.home
