@@ -10,7 +10,8 @@ interval from what it sees itself, not from what the publishing thread last said
 head (its own read-only connection), the last position committed on the topic, a send or commit
 that has not come back for `stall_s` (`stalled`, with the lag), a broker that stops answering
 while there is nothing to send (`unavailable`: it asks the broker for its API versions, so
-a hung broker that still accepts connections counts), and a stopped service (`exited`).
+a hung broker that still accepts connections counts), and a stopped service (`exited`). A
+relay `stopped` by an error or `connecting` is rewritten as it stands (atk52-25 F3).
 `relay status` calls health older than a few intervals stale.
 
 An edge (threads, the network, a file).
@@ -196,7 +197,13 @@ class RelayService:
 
     def _check(self, head: int) -> None:
         state = self.health.state
-        if state in ("stopped", "exited", "connecting"):
+        if state == "exited":
+            return
+        if state in ("stopped", "connecting"):
+            # rewritten as it stands (its time, the store's head): a live service whose relay
+            # stopped, or connects (a 52k-event republish), was called one no service updates
+            # (atk52-25 F3); the state is kept unless the publishing thread changed it since
+            self._set(state, error=self.health.error, head=head, expect=state)
             return
         held = self._held
         if state in ("publishing", "stalled") and held != self._held_shown:
@@ -240,21 +247,28 @@ class RelayService:
                 self._probed_down = False
                 self._set("publishing", head=head)
                 return
-        self._set(state, error=self.health.error, head=head)
+        self._set(state, error=self.health.error, head=head, expect=state)
 
     def _watch_held(self) -> None:
-        """Every `held_every_s`, in a thread of its own (a hung broker blocks the question, never
-        the watcher): whether another producer holds a transaction open on the topic. The relay
-        publishes past it, but no reader sees anything after it."""
+        """In a thread of its own (a hung broker blocks these questions, never the watcher):
+        every `check_s`, whether the topic is still the one the relay published to
+        (`_watch_topic`), asked whatever the publishing thread does; every `held_every_s`,
+        between publish rounds, whether another producer holds a transaction open on the topic
+        (the relay publishes past it, but no reader sees anything after it). atk52-25 F2: the
+        topic was asked only with the held question, every 5 s and skipped whenever a publish
+        round ran (an idle relay runs one every `interval_s`), so for 8-20 s after the topic was
+        made again under an idle relay every status said "publishing, 0 behind"."""
         from ledger.store.relay import held_at, held_text
 
         seen: int | None = None  # the last stable offset of an open transaction seen last time
         run = HeldRun()
         admin: Any = None
-        while not self._stop.wait(self.held_every_s):
-            if self._busy_since is not None:
-                continue  # our own transaction may be the open one: ask when we hold none
+        due = time.monotonic() + self.held_every_s
+        while not self._stop.wait(self.check_s):
             admin = self._watch_topic(admin)
+            if time.monotonic() < due or self._busy_since is not None:
+                continue  # our own transaction may be the open one: ask when we hold none
+            due = time.monotonic() + self.held_every_s
             try:
                 held = held_at(
                     self.bootstrap, self.topic, None, self.connect_timeout_s, self.connect_timeout_s
@@ -276,15 +290,17 @@ class RelayService:
                 admin.close()
 
     def _watch_topic(self, admin: Any) -> Any:
-        """While nothing is sent (the relay asks itself while events wait): whether the topic is
-        still the one the relay published to; if not, the relay is told (`Relay.flag`) and its
-        next round publishes the log again from position 1 (atk50-25 F1: deleted while idle,
-        `relay status` said "publishing, 0 behind"). Returns the admin client to reuse."""
+        """Whether the topic is still the one the relay published to (the relay asks itself
+        too, while events wait); if not, the relay is told (`Relay.flag`) and its next round
+        publishes the log again from position 1 (atk50-25 F1: deleted while idle, `relay
+        status` said "publishing, 0 behind"). Safe while a round publishes: the relay's mark is
+        read before the broker's word and it is flagged only if no commit moved it since.
+        Returns the admin client to reuse."""
         from ledger.store.relay_topic import open_admin, remade, topic_mark, unkept
 
         relay = self.relay
-        if relay is None:
-            return admin
+        if relay is None or self.health.state in ("stopped", "exited"):
+            return admin  # a stopped relay's topic is `_topic_changed`'s to watch
         mark, end = relay.published_mark  # before the broker's word: both only grow
         if mark is None:
             return admin
@@ -531,16 +547,24 @@ class RelayService:
         return self._recorder
 
     def _set(
-        self, state: RelayState, error: str = "", head: int | None = None, again: bool = False
+        self,
+        state: RelayState,
+        error: str = "",
+        head: int | None = None,
+        again: bool = False,
+        expect: RelayState | None = None,
     ) -> None:
         """The health replaced and written; `stopped` stays unless `again` (the publishing
-        thread itself goes on: `_topic_changed`)."""
+        thread itself goes on: `_topic_changed`). `expect`: only if the state is still that
+        one (the watcher's rewrite of what it read, never over a state set since)."""
         if state == "publishing" and self._held is not None:  # readers see none of it
             state, error = "stalled", self._held
         with self._lock:
             now = self.clock.now()
             relay = self.relay
             old = self.health
+            if expect is not None and old.state != expect:
+                return
             if old.state == "stopped" and state != "stopped" and not again:
                 # stopped is for good (the thread returned): the watcher's check, begun while
                 # it was publishing, wrote `publishing` over it with the stop's error (s51)
