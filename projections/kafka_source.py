@@ -51,13 +51,13 @@ from __future__ import annotations
 import collections
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from kafka import KafkaConsumer, TopicPartition
 from kafka.errors import KafkaError
 
-from projections.chain import START, Tip, link, names
+from projections.chain import START, Tip, link
 from projections.early import EarlyCopies
 from projections.errors import (
     LogForked,
@@ -67,6 +67,7 @@ from projections.errors import (
     SourceUnavailable,
     wrong_keys,
 )
+from projections.kafka_resume import RECENT, first_anchored, fork_error, head_of
 from projections.kafka_wire import (
     PARTITION,
     TOPIC,
@@ -86,9 +87,6 @@ DEFAULT_TIMEOUT_S = 30.0
 MAX_DEAD_RUN = 20
 """A quarantining reader of an unsigned topic stops once it has set aside this many records in a
 row (with signing keys a record that fails the signature is never the relay's: no stop)."""
-_RECENT = 256
-"""How many of the last accepted records a reader remembers, to name a second record for one of
-their positions (a fork, or a copy)."""
 _CLOSE = 5_000
 """head() fetches with the reading consumer when it is at most this many offsets behind."""
 
@@ -158,7 +156,7 @@ class KafkaSource:
         """The last record set aside for its signature alone (see `_refused`)."""
         self._holding = False  # records chained under a key id it lacks set aside (`_refused`)
         self._recent: dict[int, Tip] = {}
-        """The last accepted records by position (`_RECENT` of them) and their offsets:"""
+        """The last accepted records by position (`RECENT` of them) and their offsets:"""
         self._offsets_of: dict[int, int] = {}
         self._recall: Any = None  # a cursor of the projection this source feeds (`recall_from`)
         self.early = EarlyCopies(topic, self.keys)
@@ -404,8 +402,8 @@ class KafkaSource:
     def _remember(self, tip: Tip, offset: int) -> None:
         self._recent[tip.position] = tip
         self._offsets_of[tip.position] = offset
-        if len(self._recent) > 2 * _RECENT:  # keep the newest
-            for p in sorted(self._recent)[:-_RECENT]:
+        if len(self._recent) > 2 * RECENT:  # keep the newest
+            for p in sorted(self._recent)[:-RECENT]:
                 del self._recent[p]
                 self._offsets_of.pop(p, None)
 
@@ -499,36 +497,8 @@ class KafkaSource:
         return self._poison(rec, position, tag, problem)
 
     def _fork(self, rec: Any, position: int) -> LogForked:
-        first = self._offsets_of.get(position)
-        at = "" if first is None else f" (offset {first})"
-        said = (
-            f"topic {self.topic} forks at position {position}: the record at offset {rec.offset} "
-            f"claims it too and links to position {position - 1} like the record applied{at}; "
-        )
-        if self.keys is None:
-            said += "one of them was not written by the relay"
-            hint = (
-                "turn on signing (GPULEDGER_KAFKA_SIGNING_KEYS) so a reader tells the relay's "
-                "record, then rebuild this projection; find the producer that wrote the other"
-            )
-        else:  # both verified: it said "turn on signing" to a reader with keys (atk52-ha F2)
-            said += (
-                "both carry the relay's signature: two relays of this ledger published "
-                "different events for it (a deposed leader's relay published a commit that a "
-                "failover to a standby lost, then the new leader's relay its own event there: "
-                "relays before s52, atk52-ha F1), or another producer holds the relay's keys"
-            )
-            hint = (
-                f"the records from offset {rec.offset} on are the later relay's; this topic "
-                "holds two logs: publish to a new topic (the relay writes the whole log there) "
-                "and read or restore from it, or restore the store from the promoted database"
-            )
-        return LogForked(
-            said,
-            hint=hint,
-            topic=self.topic,
-            position=position,
-            offset=rec.offset,
+        return fork_error(
+            self.topic, position, rec.offset, self._offsets_of.get(position), self.keys is not None
         )
 
     def _offset_after(self, after: int) -> tuple[int, Tip]:
@@ -570,7 +540,7 @@ class KafkaSource:
     def _anchored_in(self, start: int, end: int, after: int, want: str) -> tuple[int, Tip] | None:
         """The offset right after the first record at position `after` that the link `want`
         names, reading from `start` (None: no such record before `end`). The records it links
-        back to (up to `_RECENT`) are remembered too, so a second record for one of their
+        back to (up to `RECENT`) are remembered too, so a second record for one of their
         positions is named a fork after a restart as before it."""
         found = first_anchored(self._scan(start, end, 5_000), after, want)
         if found is None:
@@ -662,7 +632,7 @@ class KafkaSource:
         every committed record before `end` is then either at or before `_after` or buffered."""
         if self._after is None or self._consumer.position(self.tp) < end:
             return None
-        return _head_of((header_position(r.headers) for r in self._buffer), self._after)
+        return head_of((header_position(r.headers) for r in self._buffer), self._after)
 
     def _last_position(self, end: int) -> int:
         """The largest position among the last committed records before `end` (0: none)."""
@@ -681,7 +651,7 @@ class KafkaSource:
                     got = probe.poll(timeout_ms=500).get(self.tp, [])
                     window += [header_position(rec.headers) for rec in got if rec.offset < end]
                     self._check_deadline(deadline, "reading the end of")
-                best = _head_of(window, 0)
+                best = head_of(window, 0)
                 if best or start == begin:
                     return best
                 back *= 16
@@ -757,44 +727,3 @@ class KafkaSource:
             hint="is the broker up? (`scripts/kafka/kafka status`)",
             topic=self.topic,
         )
-
-
-def _head_of(positions: Iterable[int | None], after: int) -> int:
-    """Pure: the head of a log whose records up to position `after` are followed by records
-    carrying `positions` (None: none readable): the largest, or one past it when the last one
-    is not the one that carries it (poison at the tail: a reader reading to the head meets it)."""
-    best = after
-    last: int | None = after
-    for last in positions:
-        if last is not None and last > best:
-            best = last
-    return best if last == best else best + 1
-
-
-def first_anchored(
-    records: Iterable[Any], after: int, want: str
-) -> tuple[Any, list[tuple[Tip, int]]] | None:
-    """Pure: the first record, in the order given (offsets), at position `after` whose link
-    the anchor `want` names, with the records before it that it links back to, newest first (up
-    to `_RECENT`, as (tip, offset)); None when there is none. Later records that the anchor
-    names too are exact copies (the same bytes, so the same link): never the resume point."""
-    seen: dict[int, list[tuple[Tip, int, bytes]]] = {}
-    for rec in records:
-        position, tag, _problem = envelope(rec.headers, rec.value, None)
-        if position is None or tag is None or rec.value is None:
-            continue
-        if after - _RECENT <= position < after and len(seen.get(position, ())) < 8:
-            seen.setdefault(position, []).append(
-                (Tip.of(position, tag, rec.value), rec.offset, rec.value)
-            )
-        if position == after and names(want, position, tag, rec.value):
-            linked: list[tuple[Tip, int]] = []
-            data = rec.value
-            for p in range(after - 1, max(0, after - _RECENT), -1):
-                chained = [c for c in seen.get(p, ()) if c[0].problem(data) is None]
-                if not chained:
-                    break
-                linked.append((chained[-1][0], chained[-1][1]))
-                data = chained[-1][2]
-            return rec, linked
-    return None

@@ -12,6 +12,15 @@ whole store twice, each time to a fresh one-partition topic:
 - relay: `Relay.publish_pending()`: reads the store in batches and commits one Kafka
   transaction per batch.
 
+`--pg-barrier ROUNDS` measures instead what the PostgreSQL barrier commit costs a relay round
+(`ledger/store/confirmed.py`: before it publishes, the relay makes one commit that locks the
+log's last row, so it publishes only rows a synchronous standby confirmed): a store in a private
+PostgreSQL (or $GPULEDGER_PG_DSN's server), `--per-round` submissions appended before each
+round (not measured), then one `publish_pending()` timed, alternately with the barrier and
+without it (the round as SQLite runs it); the barrier commit alone is timed too.
+
+    python scripts/bench_relay.py --pg-barrier 200 --per-round 10
+
 Goal: relay >= 50% of raw. Prints events/s of both, the ratio per round and the median, and
 which CRC32C implementation kafka-python uses (the pure-Python fallback caps batching at
 ~18k records/s; the `crc32c` C extension is installed with `kafka-python[crc32c]`).
@@ -61,9 +70,14 @@ def crc32c_implementation() -> str:
     return "pure Python kafka.record._crc32c (slow: pip install 'kafka-python[crc32c]')"
 
 
-def build_store(home: Path, events: int) -> int:
-    """A ledger where alice submits `events` jobs, appended in batches of 5,000."""
-    ledger = Ledger(home, SimClock(1_000.0), seeded_ids(1))
+def build_store(home: Path, events: int, store: str | None = None) -> int:
+    """A ledger where alice submits `events` jobs, appended in batches of 5,000 (`store`: a
+    PostgreSQL DSN; default the SQLite file in `home`)."""
+    if store is not None:
+        from ledger.store.creating import NewLedger
+
+        NewLedger(home, store=store).close()  # its tables
+    ledger = Ledger(home, SimClock(1_000.0), seeded_ids(1), store=store)
     ledger.execute(c.InitLedger(actor="root", admin="root"))
     ledger.execute_all(
         [
@@ -147,6 +161,61 @@ def relay_round(bootstrap: str, topic: str, home: Path, batch: int, want: int) -
     return took[0]
 
 
+def pg_barrier(bootstrap: str, rounds: int, per_round: int) -> None:
+    """What the barrier commit costs a relay round on PostgreSQL (see the module docstring)."""
+    from bench_pg import database
+    from benchkit import postgres
+
+    from ledger.store import confirmed, locate
+    from ledger.store import relay as relay_module
+
+    job = c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1, min_runtime_s=0, duration_s=60)
+    with postgres() as admin, tempfile.TemporaryDirectory(prefix="gpuledger-bench-bar-") as tmp:
+        dsn = database(admin, f"bench_barrier_{uuid.uuid4().hex[:8]}")
+        home = Path(tmp)
+        locate.remember(home, dsn)
+        build_store(home, 1_000, store=dsn)
+        ledger = Ledger(home, SimClock(2_000.0), seeded_ids(2), store=dsn)
+        recorder = open_store(home)
+        topic = f"bench-barrier-{uuid.uuid4().hex[:8]}"
+        relay = Relay(recorder, bootstrap, topic=topic, transactional_id=f"bench-{topic}")
+        real = relay_module.publishable
+        took: dict[str, list[float]] = {"barrier": [], "none": [], "commit": []}
+        try:
+            relay.publish_pending()  # the store so far, and the producer's first connect
+            for i in range(2 * rounds):
+                ledger.execute_all([job] * per_round)
+                barrier = i % 2 == 0
+                relay_module.publishable = real if barrier else (lambda _r, _a: None)  # type: ignore[assignment]
+                t0 = time.perf_counter()
+                published = relay.publish_pending()
+                took["barrier" if barrier else "none"].append(time.perf_counter() - t0)
+                if published != per_round:
+                    sys.exit(f"error: a round published {published}, not {per_round}")
+                t0 = time.perf_counter()
+                confirmed.confirmed_head(recorder)
+                took["commit"].append(time.perf_counter() - t0)
+        finally:
+            relay_module.publishable = real
+            relay.close()
+            ledger.close()
+            delete_topics(bootstrap, [topic])
+
+    def ms(xs: list[float]) -> str:
+        q = statistics.quantiles(xs, n=20)
+        return f"median {statistics.median(xs) * 1e3:6.2f} ms, p95 {q[18] * 1e3:6.2f} ms"
+
+    print(f"PostgreSQL relay rounds of {per_round} events, {rounds} each way (no standby):")
+    print(f"  round with the barrier     {ms(took['barrier'])}")
+    print(f"  round without it           {ms(took['none'])}")
+    print(f"  the barrier commit alone   {ms(took['commit'])}")
+    extra = statistics.median(took["barrier"]) - statistics.median(took["none"])
+    print(
+        f"  cost per round (medians)   {extra * 1e3:+.2f} ms, "
+        f"{extra / per_round * 1e6:+.0f} us/event"
+    )
+
+
 def delete_topics(bootstrap: str, topics: list[str]) -> None:
     with contextlib.suppress(Exception):
         admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="gpuledger-bench")
@@ -162,9 +231,21 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="events per transaction")
     ap.add_argument("--repeat", type=int, default=3, help="counted rounds of raw + relay")
     ap.add_argument("--bootstrap", default=os.environ.get("GPULEDGER_KAFKA", "").strip() or None)
+    ap.add_argument(
+        "--pg-barrier",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="time PostgreSQL relay rounds with and without the barrier commit",
+    )
+    ap.add_argument("--per-round", type=int, default=10, help="events per --pg-barrier round")
     args = ap.parse_args()
 
     print(f"machine: {machine()}")
+    if args.pg_barrier:
+        with broker(args.bootstrap) as bootstrap:
+            pg_barrier(bootstrap, args.pg_barrier, args.per_round)
+        return
     print(f"kafka-python {version('kafka-python')}; CRC32C: {crc32c_implementation()}")
     with (
         tempfile.TemporaryDirectory(prefix="gpuledger-bench-relay-") as tmp,

@@ -21,7 +21,7 @@ from ledger.cli._common import Ctx, pass_ctx
 from ledger.cli.output import log_level_option, setup_logging
 from ledger.cli.views import projection_group
 from ledger.store.relay import RelayError
-from ledger.store.relay_service import read_health
+from ledger.store.relay_health import read_health
 from projections.errors import ProjectionMismatch, TopicGap
 from projections.kafka_follow import follow as follow_topic
 from projections.kafka_source import KafkaSource
@@ -170,6 +170,14 @@ def relay_status(ctx: Ctx, as_json: bool) -> None:
     from ledger.store.clock import SystemClock
 
     health = read_health(ctx.home)
+    if health is None or health.state == "exited":
+        # a standby runs no relay (or ran one once it led): the server's health names the
+        # leader's, as the leader reported it to the store (atk52-ha F4: nothing)
+        told = _servers_relay(ctx)
+        if told is not None:
+            line, ok = told
+            click.echo(line)
+            sys.exit(0 if ok else 1)
     if health is None:
         raise RelayError(
             f"no relay has run in {ctx.home}",
@@ -183,6 +191,26 @@ def relay_status(ctx: Ctx, as_json: bool) -> None:
         click.echo(health.line(now, head, unread))
     if health.state != "publishing" or health.stale(now):
         sys.exit(1)
+
+
+def _servers_relay(ctx: Ctx) -> tuple[str, bool] | None:
+    """`relay status` from the server of this home, when it serves one and its health names a
+    relay this home's record does not (a standby tells the leader's): the line, and whether it
+    publishes. None: no server answers, or it names no relay (the home's record is the word)."""
+    from schemas.api import Health
+
+    try:
+        remote = ctx.remote
+        h = None if remote is None else remote.get("health", type=Health)
+    except Exception:
+        return None
+    if h is None or h.relay_state is None or h.role != "standby":
+        return None
+    line = (
+        f"relay {h.relay_state}: position {h.relay_position or 0:,}, "
+        f"lag {h.relay_lag or 0:,} behind this standby's log"
+    )
+    return line + (f" ({h.relay_error})" if h.relay_error else ""), h.relay_state == "publishing"
 
 
 def _store_head(home: Path) -> tuple[int | None, str]:

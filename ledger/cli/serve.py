@@ -357,10 +357,10 @@ def serve(
 
 
 def _relay_lag(h: Health) -> str:
-    """The relay's lag as `relay status` tells it (`relay_service.lag_kind`): exact only where
+    """The relay's lag as `relay status` tells it (`relay_health.lag_kind`): exact only where
     the relay watches its topic; "lag 0 events, connecting" was shown while it wrote the log
     again to a topic found deleted (s51)."""
-    from ledger.store.relay_service import WATCHING, lag_kind
+    from ledger.store.relay_health import WATCHING, lag_kind
 
     lag = int(h.relay_lag or 0)
     kind = lag_kind(lag, h.relay_state in WATCHING)

@@ -7,6 +7,7 @@ destination back and compare it with the source, event by event, byte for byte.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,7 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
         + START_GONE_HINT
     )
     try:
+        topic_id = _topic_id(bootstrap, name)  # before the read: the topic the log came from
         # a topic truncated (DeleteRecords) or made again restored nothing, or the part after
         # the cut, and said "chain verified, read back equal", exit 0 (atk50-25 F3)
         begin = source.first_offset()
@@ -185,6 +187,7 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
         copied = write_log(_taken(source, head, []), dst_home, dst_dsn, resume="restore")
         with locate.open_source(dst_home, dst_dsn or "sqlite") as written:
             differs = same_log(_taken(source, head, []), follow(written))
+        where = source.where(copied.head)  # the record restored last, as the last pass read it
     finally:
         source.close()
     if differs is not None:
@@ -203,9 +206,50 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
     # signed with the key of the home it was restored for (a data directory named by --to, or
     # --home's for a PostgreSQL store: its servers' homes, sharing GPULEDGER_STATE_KEY_FILE)
     key = state_key(dst_home) if dst_dsn is None else state_key(ctx.home, create=False)
+    at = _restored_anchor(bootstrap, name, topic_id, None if where is None else where.offset)
     with relay_progress.opened(dst_home, dst_dsn) as recorder:
-        relay_progress.keep(recorder, name, copied.head, key)
+        topic_id, offset = at if at is not None else (None, None)
+        relay_progress.keep(recorder, name, copied.head, key, topic_id=topic_id, offset=offset)
     _report(as_json, "restored", copied, redacted(dst_dsn) if dst_dsn else str(dst_home))
+
+
+def _topic_id(bootstrap: str, topic: str) -> str | None:
+    """The topic's Kafka id now (None: unknown, or no such topic)."""
+    from ledger.store.relay_topic import open_admin, topic_id_of
+    from projections.kafka_wire import connect_timeout
+
+    try:
+        admin = open_admin(bootstrap, None, connect_timeout())
+    except Exception:
+        return None
+    try:
+        return topic_id_of(admin, topic) or None
+    except Exception:
+        return None
+    finally:
+        with contextlib.suppress(Exception):
+            admin.close()
+
+
+def _restored_anchor(
+    bootstrap: str, topic: str, topic_id: str | None, offset: int | None
+) -> tuple[str, int] | None:
+    """The topic id and offset a restore's progress row names: the record of its last position,
+    when it passes the checks the relay makes of its bookmark (the topic still the one read, by
+    its id; the record followed by a commit marker, `relay_tail.marked`), so the next relay
+    takes it (checking it again, with the store's bytes) rather than reading the whole topic
+    from its start, which a row without them made it do. None: the row names neither."""
+    from ledger.store.relay_tail import marked
+    from projections.kafka_wire import connect_timeout
+
+    if topic_id is None or offset is None or _topic_id(bootstrap, topic) != topic_id:
+        return None
+    try:
+        if not marked(bootstrap, offset, topic, connect_timeout_s=connect_timeout()):
+            return None
+    except Exception:
+        return None
+    return topic_id, offset
 
 
 def _aside_lines(

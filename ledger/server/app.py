@@ -298,6 +298,8 @@ def _build(
         head = ledger.position
         relay = svc.relay_position()
         relay_state, relay_error = svc.relay_state()
+        if relay is None and worker.ha is not None:  # a standby: the leader's relay
+            relay, relay_state, relay_error = _leaders_relay(worker.ha)
         st = svc.stats
         return api.Health(
             status="up" if worker.accepting else "stopping",
@@ -460,6 +462,18 @@ def _build(
 
 PAGE_SHELLS = frozenset({"/", "/ui/{page:str}"})
 """Routes whose query string is the browser script's (the dashboard's page shells)."""
+
+
+def _leaders_relay(ha: Any) -> tuple[int | None, str | None, str | None]:
+    """(position, state, error) of the leader's relay as it last reported it to the store, for
+    a server that runs none (a standby): it said "no Kafka" while the leader's relay published
+    or had stopped (atk52-ha F4). The error names whose relay it is and how old the word is."""
+    got = ha.leader_relay()
+    if got is None:
+        return None, None, None
+    word, ago = got
+    said = f"the leader's relay ({ha.leader_address()}), as it reported {ago:.0f} s ago"
+    return word.position, word.state, f"{said}: {word.error}" if word.error else said
 
 
 def _roles(worker: Worker, head: int) -> dict[str, Any]:

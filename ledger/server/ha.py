@@ -42,7 +42,7 @@ from ledger.server.peers import (
     server_states,
 )
 from ledger.server.store_seen import store_trouble
-from ledger.store.lease import Holder, Lease, Member, NotCommitting, dead_here
+from ledger.store.lease import Holder, Lease, Member, NotCommitting, RelayWord, dead_here
 from schemas import api
 
 log = logging.getLogger("gpuledger.ha")
@@ -95,6 +95,9 @@ class Leadership:
     members: list[Member] = field(default_factory=list)
     position: Callable[[], int] = lambda: 0
     """The log position this server has folded (reported for its lag)."""
+    relay: Callable[[], RelayWord | None] = lambda: None
+    """This server's relay's health (None: it runs none), reported with its position: a
+    standby tells the leader's from it (atk52-ha F4: "no Kafka" from every standby)."""
     unreachable: str | None = None
     """Why the store does not answer the lease, when it does not (health, status)."""
     refused: str | None = None
@@ -374,7 +377,7 @@ class Leadership:
             sent = time.monotonic()
             kept = sent - self.kept_at if self.kept_at else None
             role = self.role if self.refused is None or self.acting() else REFUSED_ROLE
-            self.lease.report(role, self.position(), kept)
+            self.lease.report(role, self.position(), kept, self.relay())
             self.reported_at = sent
         finally:
             self._reporting = False
@@ -412,6 +415,15 @@ class Leadership:
         holder = self.leader.address if self.leader is not None else ""
         return no_taker(self.members, holder, self._older_at, api.SILENT_S)
 
+    def leader_relay(self) -> tuple[RelayWord, float] | None:
+        """The leader's relay as the leader last reported it to the store, and how long ago
+        (None: no leader now, or it reported none): what a standby's health tells."""
+        leader = self.leader_address()
+        for m in self.members:
+            if m.address == leader and m.role == "leader" and m.relay is not None:
+                return m.relay, m.seen_s_ago
+        return None
+
     def servers(self, head: int) -> list[api.ServerState]:
         """Every server on the store that reported lately, with its lag behind `head`
         (`peers.server_states`)."""
@@ -423,6 +435,14 @@ WAITS = (
     "with 503, and takes the lease once PostgreSQL commits again)"
 )
 """The one line a server says when the store commits none of its writes (docs/ha.md)."""
+
+
+def relay_word(state: tuple[str | None, str | None], position: int | None) -> RelayWord | None:
+    """Pure: a service's relay health ((state, error), position) as a server reports it (None:
+    it runs no relay)."""
+    if state[0] is None or position is None:
+        return None
+    return RelayWord(state[0], position, state[1] or "")
 
 
 def resolved(host: str, port: int) -> list[str]:

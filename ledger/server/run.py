@@ -50,7 +50,7 @@ from ledger.engines.supervised import SupervisedExecutor, handled_jobs
 from ledger.server import identity, whatifs
 from ledger.server.app import create_asgi
 from ledger.server.connections import Limits, fit_files, limits_from_env
-from ledger.server.ha import Leadership
+from ledger.server.ha import Leadership, relay_word
 from ledger.server.ha_front import HAFront
 from ledger.server.leadstart import _leadership
 from ledger.server.leadstart import _runs_left as _runs_left
@@ -386,6 +386,7 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         worker.ha = ha
         worker.promote, worker.demote = _roles(ha, service, config, actor, cluster, abandoned)
         ha.position = lambda: ledger.position
+        ha.relay = lambda: relay_word(service.relay_state(), service.relay_position())
         ha.notify = worker.nudge
         # behind the connections' front (each request's caller claims its connection, one
         # without a valid token is metered), forwarding only writes of tokens it knows

@@ -102,6 +102,18 @@ class Member:
     role: str
     position: int
     seen_s_ago: float
+    relay: RelayWord | None = None
+    """Its relay's health as it last reported (None: it runs none, or is of an earlier
+    version): what a standby tells of the leader's relay (atk52-ha F4)."""
+
+
+@dataclass(frozen=True)
+class RelayWord:
+    """A server's relay as it reports it to the store: state, position on the topic, error."""
+
+    state: str
+    position: int
+    error: str = ""
 
 
 SYNC_WAIT = "canceling wait for synchronous replication"
@@ -547,21 +559,35 @@ class Lease:
         node settings)."""
         return None if self.node is None else sum(self.node)
 
-    def report(self, role: str, position: int, kept_ago_s: float | None = None) -> None:
+    def report(
+        self,
+        role: str,
+        position: int,
+        kept_ago_s: float | None = None,
+        relay: RelayWord | None = None,
+    ) -> None:
         """Say where this server is (its role and the log position it has folded) and, with
         `kept_ago_s`, that it kept a node's lease that long ago (kept as the latest such time,
         in the database's clock: the commit comes after the keep, so it never says too early),
-        and how long a node lease its keeps grant (`node_lease_s`)."""
+        how long a node lease its keeps grant (`node_lease_s`), and its relay's health
+        (`relay`; None: it runs none)."""
+        state, at, error = (
+            (None, None, None) if relay is None else (relay.state, relay.position, relay.error)
+        )
         self._run(
             "INSERT INTO {servers} AS s (holder, address, role, position, seen_at, "
-            "kept_at, node_lease_s) VALUES (%s, %s, %s, %s, now(), "
-            "now() - make_interval(secs => %s), %s) ON CONFLICT (holder) "
+            "kept_at, node_lease_s, relay_state, relay_position, relay_error) VALUES (%s, %s, "
+            "%s, %s, now(), now() - make_interval(secs => %s), %s, %s, %s, %s) "
+            "ON CONFLICT (holder) "
             "DO UPDATE SET address = excluded.address, role = excluded.role, "
             "position = excluded.position, seen_at = now(), "
             "kept_at = GREATEST(s.kept_at, excluded.kept_at), "
-            "node_lease_s = excluded.node_lease_s RETURNING 1",
-            (self.holder, self.address, role, position, kept_ago_s, self.node_lease_s),
-        )
+            "node_lease_s = excluded.node_lease_s, relay_state = excluded.relay_state, "
+            "relay_position = excluded.relay_position, relay_error = excluded.relay_error "
+            "RETURNING 1",
+            (self.holder, self.address, role, position, kept_ago_s, self.node_lease_s, state,
+             at, error),
+        )  # fmt: skip
 
     def keep_bound(self, stale_s: float, keep_s: float) -> float | None:
         """Seconds from now until which some server may still keep a node's lease (negative:
@@ -596,12 +622,17 @@ class Lease:
     def members(self, within_s: float = 60.0) -> list[Member]:
         """The servers that reported in the last `within_s` seconds."""
         rows = self._run(
-            "SELECT holder, address, role, position, extract(epoch FROM now() - seen_at) "
+            "SELECT holder, address, role, position, extract(epoch FROM now() - seen_at), "
+            "relay_state, relay_position, relay_error "
             "FROM {servers} WHERE seen_at > now() - make_interval(secs => %s) "
             "AND role <> 'stopped' ORDER BY address",
             (within_s,),
         )
-        return [Member(h, a, r, int(p), float(s)) for h, a, r, p, s in rows]
+        return [
+            Member(h, a, r, int(p), float(s),
+                   None if rs is None else RelayWord(str(rs), int(rp or 0), str(re or "")))
+            for h, a, r, p, s, rs, rp, re in rows
+        ]  # fmt: skip
 
     def retire(self, dead: Callable[[str], bool]) -> list[str]:
         """Servers that reported at this server's address and are `dead` (a process gone, e.g.

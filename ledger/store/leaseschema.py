@@ -89,6 +89,9 @@ CREATE TABLE IF NOT EXISTS {servers} (
 );
 ALTER TABLE {servers} ADD COLUMN IF NOT EXISTS kept_at timestamptz;
 ALTER TABLE {servers} ADD COLUMN IF NOT EXISTS node_lease_s double precision;
+ALTER TABLE {servers} ADD COLUMN IF NOT EXISTS relay_state text;
+ALTER TABLE {servers} ADD COLUMN IF NOT EXISTS relay_position bigint;
+ALTER TABLE {servers} ADD COLUMN IF NOT EXISTS relay_error text;
 CREATE OR REPLACE FUNCTION {fence}(want bigint) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM 1 FROM {leader} WHERE id = 1 AND epoch = want FOR SHARE;

@@ -329,7 +329,7 @@ def edits(home: Path, head: int) -> list[str]:
     events, by a relay that signs it (`audit verify` names them; the relay takes none of them
     as a vouch, `words`)."""
     from ledger.store.relay import RelayError
-    from ledger.store.relay_service import read_health
+    from ledger.store.relay_health import read_health
     from ledger.store.snapshots import state_key
 
     key = state_key(home, create=False)

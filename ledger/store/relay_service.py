@@ -10,7 +10,8 @@ interval from what it sees itself, not from what the publishing thread last said
 head (its own read-only connection), the last position committed on the topic, a send or commit
 that has not come back for `stall_s` (`stalled`, with the lag), a broker that stops answering
 while there is nothing to send (`unavailable`: it asks the broker for its API versions, so
-a hung broker that still accepts connections counts), and a stopped service (`exited`).
+a hung broker that still accepts connections counts), and a stopped service (`exited`). A
+relay `stopped` by an error or `connecting` is rewritten as it stands (atk52-25 F3).
 `relay status` calls health older than a few intervals stale.
 
 An edge (threads, the network, a file).
@@ -20,11 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any
 
 import msgspec
 from eventsourcing.persistence import ApplicationRecorder
@@ -40,7 +40,17 @@ from ledger.store.relay import (
     RelayUnavailable,
     open_store,
 )
-from ledger.store.relay_topic import TopicRefused, offsets_text
+from ledger.store.relay_health import (
+    DEFAULT_CHECK_S,
+    SKIPPED_SHOWN,
+    HeldRun,
+    RelayHealth,
+    RelayState,
+    _previous,
+    health_path,
+    write_durably,
+)
+from ledger.store.relay_topic import TopicRefused
 from ledger.store.snapshots import state_key
 from projections.kafka_wire import (
     DEFAULT_CONNECT_TIMEOUT_S,
@@ -52,7 +62,6 @@ from projections.kafka_wire import (
 )
 
 DEFAULT_FLUSH_S = 10.0
-HEALTH_FILE = "relay.json"
 
 log = logging.getLogger("gpuledger.relay")
 
@@ -61,158 +70,6 @@ def flush_timeout() -> float:
     """GPULEDGER_KAFKA_FLUSH_TIMEOUT (seconds): how long a stopping service may wait to publish
     its last events; default DEFAULT_FLUSH_S."""
     return env_seconds("GPULEDGER_KAFKA_FLUSH_TIMEOUT", DEFAULT_FLUSH_S)
-
-
-RelayState = Literal["connecting", "publishing", "stalled", "unavailable", "stopped", "exited"]
-"""`stalled`: a send or commit has not come back for `stall_s` while events wait; `stopped`:
-an error retrying cannot fix; `exited`: the service stopped (after its flush)."""
-DEFAULT_CHECK_S = 1.0
-SKIPPED_SHOWN = 10
-"""Foreign offsets relay.json names (the rest a count): `RelayHealth.skipped`."""
-
-
-class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
-    """What the relay of a running service is doing: `<home>/relay.json`, rewritten when its
-    state changes and about once a second while it publishes."""
-
-    state: RelayState
-    bootstrap: str
-    topic: str
-    position: int = 0
-    """The last log position committed on the topic."""
-    store_head: int = 0
-    """The store's head when this was written."""
-    error: str = ""
-    """Why publishing stopped (state `unavailable`: retried; `stopped`: not retried)."""
-    skipped: tuple[int, ...] = ()
-    """Offsets of the first foreign records found after the relay's last record (skipped), at
-    most `SKIPPED_SHOWN` of them: every one kept made relay.json 2.1 MB for 300,000 junk
-    records, rewritten every few seconds (atk49-25 F7)."""
-    foreign: int = 0
-    """How many foreign records were skipped in all (0: as many as `skipped` names)."""
-    remade: str = ""
-    """The last time the relay found its topic deleted and made again (or truncated) under it:
-    why; it published the store's log again from position 1 then (atk50-25 F1)."""
-    since: float = 0.0
-    """Wall-clock time the state began."""
-    updated: float = 0.0
-    check_s: float = DEFAULT_CHECK_S
-    """How often the service rewrites this record: older than a few of these, it is stale."""
-
-    @property
-    def lag(self) -> int:
-        return max(0, self.store_head - self.position)
-
-    def stale(self, now: float) -> bool:
-        """Whether a running service should have rewritten this record by `now`."""
-        late = 3 * self.check_s + 2
-        # a record from the future (an edit, or a clock stepped back since it was written) is
-        # no word either: it said `publishing`, exit 0, with no service (atk49-25 F10)
-        return self.state != "exited" and abs(now - self.updated) > late
-
-    def watched(self, now: float | None = None) -> bool:
-        """Whether a live relay watches the topic, so that its position is the topic's: not
-        while it connects (a topic found deleted at start is being written again from position
-        1 while the record keeps the last one published), not once it stopped or exited (the
-        topic may lose records since), not in a record no service updates."""
-        live = self.state in WATCHING
-        return live and not (now is not None and self.stale(now))
-
-    def behind(self, now: float | None = None, head: int | None = None, unread: str = "") -> str:
-        """How far the topic is behind the store, in words: `head` is the store's head read
-        now (None: the record's own `store_head`). atk51-25 F3: "0 behind the store" was said
-        from the record's head (0 while it connects, old in a record no service updates), over
-        events never on the topic; where the position is not the topic's for sure (`watched`),
-        the lag is a floor ("at least"), and none is claimed where it would be 0. `unread`: why
-        the store's head could not be read now (no lag is claimed then either)."""
-        if unread:
-            return f"cannot tell how far behind the store ({unread})"
-        head = self.store_head if head is None else head
-        lag = max(0, head - self.position)
-        kind = lag_kind(lag, self.watched(now))
-        if kind == "exact":
-            return f"{lag:,} behind the store"
-        if kind == "floor":
-            return f"at least {lag:,} behind the store"
-        return (
-            f"cannot tell how far behind the store (its head is {head:,}; the relay is not "
-            "watching the topic, which may have lost records since)"
-        )
-
-    def report(self, now: float, head: int | None, unread: str = "") -> dict[str, object]:
-        """`relay status --json`: the record, and the lag as the line tells it, from the store's
-        head read now (`head`; None: unread, `unread` says why). The record alone (its own
-        `store_head`, 0 while connecting) was printed, so a script read "0 behind" where the
-        line said "cannot tell" (s51)."""
-        lag = None if head is None else max(0, head - self.position)
-        kind = "unknown" if lag is None else lag_kind(lag, self.watched(now))
-        record: dict[str, object] = msgspec.to_builtins(self)
-        return record | {
-            "head": head,
-            "lag": lag if kind == "exact" else None,
-            "lag_at_least": lag if kind == "floor" else None,
-            "lag_known": kind,
-            "behind": self.behind(now, head, unread),
-            "stale": self.stale(now),
-        }
-
-    def line(self, now: float | None = None, head: int | None = None, unread: str = "") -> str:
-        """`relay status`'s line; `head`, `unread`: the store's head read now (`behind`)."""
-        state = str(self.state)
-        if now is not None and self.stale(now):
-            if self.updated > now:
-                ahead = f"{self.updated - now:,.0f} s ahead of this host's clock"
-                state = f"{state} (written {ahead}: no service updates it)"
-            else:
-                state = f"{state} (as of {now - self.updated:,.0f} s ago: no service updates it)"
-        text = (
-            f"relay {state}: {self.topic} at {self.bootstrap}, position {self.position:,}, "
-            f"{self.behind(now, head, unread)}"
-        )
-        if self.skipped:
-            count = max(self.foreign, len(self.skipped))
-            shown = offsets_text(self.skipped)
-            if count > len(self.skipped):
-                shown += f", ... ({count - len(self.skipped):,} more)"
-            text += f", {count:,} foreign record(s) skipped (offsets {shown})"
-        if self.remade:
-            text += f"; {self.remade}: published again from position 1"
-        return text + (f": {self.error}" if self.error else "")
-
-
-LagKind = Literal["exact", "floor", "unknown"]
-
-
-def lag_kind(lag: int, watched: bool) -> LagKind:
-    """Pure: how a lag counted from the relay's last position may be told (`relay status`,
-    `gpuledger status`): `exact` where a live relay watches the topic (publishing, stalled,
-    unavailable); elsewhere (connecting: a topic found deleted is written again from 1 while the
-    position is the last one published; stopped; exited; stale) a `floor` ("at least N") when
-    above 0, and `unknown` where it would be 0 (atk51-25 F3: "0 behind" over a topic being
-    written again)."""
-    if watched:
-        return "exact"
-    return "floor" if lag else "unknown"
-
-
-WATCHING = ("publishing", "stalled", "unavailable")
-"""The states of a relay that watches its topic (`RelayHealth.watched`)."""
-
-
-def health_path(home: Path) -> Path:
-    return home / HEALTH_FILE
-
-
-def read_health(home: Path) -> RelayHealth | None:
-    """The health the service's relay last wrote (None: no relay ran in this home)."""
-    try:
-        return msgspec.json.decode(health_path(home).read_bytes(), type=RelayHealth)
-    except FileNotFoundError:
-        return None
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
-        raise RelayError(
-            f"cannot read {health_path(home)}: {e}", hint="the service rewrites it; try again"
-        ) from e
 
 
 class RelayService:
@@ -340,7 +197,13 @@ class RelayService:
 
     def _check(self, head: int) -> None:
         state = self.health.state
-        if state in ("stopped", "exited", "connecting"):
+        if state == "exited":
+            return
+        if state in ("stopped", "connecting"):
+            # rewritten as it stands (its time, the store's head): a live service whose relay
+            # stopped, or connects (a 52k-event republish), was called one no service updates
+            # (atk52-25 F3); the state is kept unless the publishing thread changed it since
+            self._set(state, error=self.health.error, head=head, expect=state)
             return
         held = self._held
         if state in ("publishing", "stalled") and held != self._held_shown:
@@ -384,21 +247,28 @@ class RelayService:
                 self._probed_down = False
                 self._set("publishing", head=head)
                 return
-        self._set(state, error=self.health.error, head=head)
+        self._set(state, error=self.health.error, head=head, expect=state)
 
     def _watch_held(self) -> None:
-        """Every `held_every_s`, in a thread of its own (a hung broker blocks the question, never
-        the watcher): whether another producer holds a transaction open on the topic. The relay
-        publishes past it, but no reader sees anything after it."""
+        """In a thread of its own (a hung broker blocks these questions, never the watcher):
+        every `check_s`, whether the topic is still the one the relay published to
+        (`_watch_topic`), asked whatever the publishing thread does; every `held_every_s`,
+        between publish rounds, whether another producer holds a transaction open on the topic
+        (the relay publishes past it, but no reader sees anything after it). atk52-25 F2: the
+        topic was asked only with the held question, every 5 s and skipped whenever a publish
+        round ran (an idle relay runs one every `interval_s`), so for 8-20 s after the topic was
+        made again under an idle relay every status said "publishing, 0 behind"."""
         from ledger.store.relay import held_at, held_text
 
         seen: int | None = None  # the last stable offset of an open transaction seen last time
         run = HeldRun()
         admin: Any = None
-        while not self._stop.wait(self.held_every_s):
-            if self._busy_since is not None:
-                continue  # our own transaction may be the open one: ask when we hold none
+        due = time.monotonic() + self.held_every_s
+        while not self._stop.wait(self.check_s):
             admin = self._watch_topic(admin)
+            if time.monotonic() < due or self._busy_since is not None:
+                continue  # our own transaction may be the open one: ask when we hold none
+            due = time.monotonic() + self.held_every_s
             try:
                 held = held_at(
                     self.bootstrap, self.topic, None, self.connect_timeout_s, self.connect_timeout_s
@@ -420,15 +290,17 @@ class RelayService:
                 admin.close()
 
     def _watch_topic(self, admin: Any) -> Any:
-        """While nothing is sent (the relay asks itself while events wait): whether the topic is
-        still the one the relay published to; if not, the relay is told (`Relay.flag`) and its
-        next round publishes the log again from position 1 (atk50-25 F1: deleted while idle,
-        `relay status` said "publishing, 0 behind"). Returns the admin client to reuse."""
+        """Whether the topic is still the one the relay published to (the relay asks itself
+        too, while events wait); if not, the relay is told (`Relay.flag`) and its next round
+        publishes the log again from position 1 (atk50-25 F1: deleted while idle, `relay
+        status` said "publishing, 0 behind"). Safe while a round publishes: the relay's mark is
+        read before the broker's word and it is flagged only if no commit moved it since.
+        Returns the admin client to reuse."""
         from ledger.store.relay_topic import open_admin, remade, topic_mark, unkept
 
         relay = self.relay
-        if relay is None:
-            return admin
+        if relay is None or self.health.state in ("stopped", "exited"):
+            return admin  # a stopped relay's topic is `_topic_changed`'s to watch
         mark, end = relay.published_mark  # before the broker's word: both only grow
         if mark is None:
             return admin
@@ -675,16 +547,24 @@ class RelayService:
         return self._recorder
 
     def _set(
-        self, state: RelayState, error: str = "", head: int | None = None, again: bool = False
+        self,
+        state: RelayState,
+        error: str = "",
+        head: int | None = None,
+        again: bool = False,
+        expect: RelayState | None = None,
     ) -> None:
         """The health replaced and written; `stopped` stays unless `again` (the publishing
-        thread itself goes on: `_topic_changed`)."""
+        thread itself goes on: `_topic_changed`). `expect`: only if the state is still that
+        one (the watcher's rewrite of what it read, never over a state set since)."""
         if state == "publishing" and self._held is not None:  # readers see none of it
             state, error = "stalled", self._held
         with self._lock:
             now = self.clock.now()
             relay = self.relay
             old = self.health
+            if expect is not None and old.state != expect:
+                return
             if old.state == "stopped" and state != "stopped" and not again:
                 # stopped is for good (the thread returned): the watcher's check, begun while
                 # it was publishing, wrote `publishing` over it with the stop's error (s51)
@@ -717,36 +597,6 @@ class RelayService:
             log.debug("relay: cannot write %s: %s", path, e)
 
 
-class HeldRun(NamedTuple):
-    """Foreign transactions that held the topic's last stable offset back one after another,
-    with no moment free between them (as `RelayService._watch_held` saw them). The broker's cap
-    (`transaction.max.timeout.ms`) is per transaction: a writer opening a new one before the
-    last ends keeps every reader behind for as long as it likes (atk47-25 F9: 35-60 s behind
-    for 100 s, while `relay status` named one transaction)."""
-
-    offsets: tuple[int, ...] = ()
-    """The last stable offset each one held, in order."""
-    since: float = 0.0
-    """When the first was seen (monotonic)."""
-
-    def seen(self, offset: int, at: float) -> HeldRun:
-        """Pure: the run after an open transaction at `offset` was seen (first seen `at`)."""
-        if self.offsets and self.offsets[-1] == offset:
-            return self
-        return HeldRun((*self.offsets, offset), self.since if self.offsets else at)
-
-    def text(self, now: float) -> str:
-        """Pure: what the status adds once more than one held the readers in a row."""
-        if len(self.offsets) < 2:
-            return ""
-        return (
-            f"; {len(self.offsets)} transactions in a row (offsets "
-            f"{', '.join(map(str, self.offsets[-5:]))}) have held readers back for "
-            f"{now - self.since:,.0f} s: the broker's cap is per transaction, so only ACLs "
-            "that give no other principal Write on transactional ids stop it"
-        )
-
-
 def _not_ready(e: BaseException) -> bool:
     """Whether kafka-python's NodeNotReadyError is behind `e` (its cause, or named in it: a
     producer in an error state says so only in its message)."""
@@ -758,36 +608,6 @@ def _not_ready(e: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
-
-
-def write_durably(tmp: Path, path: Path, data: bytes) -> None:
-    """`data` as the file `path`, through `tmp`, surviving a crash of the machine: the file is
-    synced before it replaces the old one (else a crash could leave the name on an empty file)
-    and the directory after (else the replacement could be lost). The health carries the
-    relay's progress (a home's word from before the store kept it)."""
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def _previous(home: Path, topic: str) -> int | None:
-    """The position the last service's relay left committed on `topic` (`<home>/relay.json`),
-    this home's word on the relay's progress (the store keeps the ledger's: a home upgraded
-    from before it did brings this); None: unknown (no readable health of this topic)."""
-    try:
-        health = read_health(home)
-    except RelayError:
-        return None
-    if health is None or health.topic != topic:
-        return None
-    return health.position
 
 
 def _quiet_head(relay: Relay) -> int:

@@ -42,7 +42,8 @@ from ledger.store.relay import (
     ensure_topic,
     open_store,
 )
-from ledger.store.relay_service import RelayService, read_health
+from ledger.store.relay_health import read_health
+from ledger.store.relay_service import RelayService
 from projections.errors import PoisonRecord
 from projections.kafka_source import KafkaSource
 from projections.kafka_wire import (

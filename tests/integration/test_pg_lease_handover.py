@@ -249,3 +249,35 @@ def test_two_roles_one_with_a_schema_of_its_own_name_share_one_lease(pg_store: s
             con.execute(f"DROP SCHEMA {role} CASCADE")
             con.execute(f"DROP OWNED BY {role}")
             con.execute(f"DROP ROLE {role}")
+
+
+def test_a_standby_tells_the_leaders_relay_as_the_leader_reported_it(pg_store: str) -> None:
+    """atk52-ha F4: relay health was read only from the leader: a standby's health said "no
+    Kafka" (no relay lag, no state) whether the leader's relay published or had stopped. Each
+    server reports its relay with its position; a standby's health tells the leader's."""
+    from ledger.server.app import _leaders_relay
+
+    lease.setup(pg_store)
+    leader = Leadership(lease.Lease(pg_store, "lead", "http://lead", LEASE_S))
+    leader.notify = lambda: _worker_that_leads(leader)
+    leader.relay = lambda: lease.RelayWord("stopped", 12, "fenced by another relay")
+    standby = Leadership(lease.Lease(pg_store, "stand", "http://stand", LEASE_S))
+    leader.start()
+    try:
+        waits.wait_for("the leader to lead", lambda: leader.leading, 10)
+        standby.start()
+        waits.wait_for("the standby to see the leader's relay",
+                       lambda: standby.leader_relay() is not None, 10)  # fmt: skip
+        got = standby.leader_relay()
+        assert got is not None and got[0] == lease.RelayWord(
+            "stopped", 12, "fenced by another relay"
+        )
+        position, state, error = _leaders_relay(standby)
+        assert (position, state) == (12, "stopped"), (position, state, error)
+        assert error is not None and error.startswith("the leader's relay (http://lead)")
+        assert error.endswith(": fenced by another relay"), error
+        assert standby.relay() is None  # the standby runs none: its own row says none
+        assert [m.relay for m in standby.members if m.holder == "stand"] in ([None], [])
+    finally:
+        standby.stop()
+        leader.stop()

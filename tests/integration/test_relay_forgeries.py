@@ -25,7 +25,8 @@ from ledger.cli import cli
 from ledger.store import EVENTS_DB, relay_progress
 from ledger.store.application import Ledger
 from ledger.store.relay import RawRecord, Relay, ensure_topic, open_store, read_raw
-from ledger.store.relay_service import RelayService, health_path
+from ledger.store.relay_health import health_path
+from ledger.store.relay_service import RelayService
 from projections.kafka_wire import (
     KEYS_ENV,
     POSITION_HEADER,

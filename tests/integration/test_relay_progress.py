@@ -17,7 +17,8 @@ from ledger.store import locate, relay_progress
 from ledger.store.application import Ledger
 from ledger.store.creating import NewLedger
 from ledger.store.relay import RawRecord, ensure_topic, open_store, read_raw
-from ledger.store.relay_service import RelayService, health_path
+from ledger.store.relay_health import health_path
+from ledger.store.relay_service import RelayService
 from projections.kafka_source import KafkaSource
 from projections.kafka_wire import header_position, record_headers
 from projections.projector import Projector

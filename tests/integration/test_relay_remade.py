@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -144,6 +145,38 @@ def test_a_topic_made_again_under_a_running_relay_gets_the_whole_log_again(
     assert positions[-head:] == list(range(1, head + 1)), positions  # was [P+1, P+2] at most
     out = follow_once(kafka_bootstrap, kafka_topic, tmp_path / "reader", env)  # was 0 events
     assert out.splitlines()[-1].startswith(f"position {head}, {head} events"), out
+
+
+def test_a_topic_made_again_under_an_idle_relay_whose_rounds_run_is_seen_within_seconds(
+    org_ledger: Ledger, kafka_bootstrap: str, kafka_topic: str, transactional_id: str,
+) -> None:  # fmt: skip
+    """atk52-25 F2: the service's watcher asked whether the topic was made again only every 5 s,
+    and skipped the question whenever a publish round ran; an idle relay runs one every
+    `interval_s` (with PostgreSQL each round commits), so after a remake every status said
+    "publishing, 0 behind" for 8-20 s. Here every round takes 2 s and the next follows at once
+    (a round is always running): the remake was never seen; now it is within seconds."""
+    service = at_head(org_ledger, kafka_bootstrap, kafka_topic, transactional_id)
+    head = org_ledger.position
+    real = service._publish_once
+
+    def slow_round() -> int:
+        published = real()
+        service._stop.wait(2.0)  # a slow round (a busy store): `_busy_since` is set all along
+        return published
+
+    service._publish_once = slow_round  # type: ignore[method-assign]
+    service.interval_s = 0.0
+    try:
+        time.sleep(3.0)  # every round is the slow one now
+        remake(kafka_bootstrap, kafka_topic)
+        wait_for("the remake seen", lambda: bool(service.health.remade), 15,
+                 lambda: str(service.health))  # fmt: skip
+        wait_for("the log published again", lambda: service.health.position >= head, 60,
+                 lambda: str(service.health))  # fmt: skip
+    finally:
+        service.stop()
+    positions = [header_position(r.headers) for r in read_all(kafka_bootstrap, kafka_topic)]
+    assert positions == list(range(1, head + 1)), positions
 
 
 @pytest.mark.parametrize(

@@ -103,3 +103,52 @@ def test_a_topic_forked_by_a_deposed_leaders_relay_is_not_restored(
     assert "both carry the relay's signature" in out, out  # was "turn on signing"
     assert "nothing was written" in out and "publish to a new topic" in out, out
     nothing_written(dst)
+
+
+def test_a_restore_names_the_topic_and_the_record_it_restored_last_in_its_progress_row(
+    org_ledger: Ledger, tmp_path: Path, kafka_bootstrap: str, kafka_topic: str,
+    transactional_id: str,
+) -> None:  # fmt: skip
+    """s53 open item (issue 25): a restore wrote its progress row without the topic's id and the
+    offset of its last record, so the next relay, finding no record it may take as its bookmark,
+    read the whole topic from its start. The row names both now, when the record passes the
+    relay's own checks (followed by a commit marker: the relay's transactions); records sent
+    outside a transaction get a row without them, as before."""
+    from ledger.store.relay import Relay
+    from ledger.store.relay_progress import read, read_anchor
+    from tests.integration.conftest import delete_topics, read_all
+    from tests.integration.test_relay_remade import topic_id
+
+    org_ledger.execute_all([JOB] * 2)
+    head = org_ledger.position
+    relay = Relay(open_store(org_ledger.home), kafka_bootstrap, topic=kafka_topic,
+                  transactional_id=transactional_id)  # fmt: skip
+    try:
+        assert relay.publish_pending() == head
+    finally:
+        relay.close()
+    last = read_all(kafka_bootstrap, kafka_topic)[-1].offset
+    dst = tmp_path / "restored"
+    out = run("store", "restore", "--from-kafka", kafka_bootstrap, "--topic", kafka_topic,
+              "--to", str(dst))  # fmt: skip
+    assert f"restored {head} events" in out, out
+    store = open_store(dst)
+    assert read(store, kafka_topic) == head
+    assert read_anchor(store, kafka_topic) == (topic_id(kafka_bootstrap, kafka_topic), last)
+    # the next relay takes that record as its bookmark: nothing published again
+    relay = Relay(store, kafka_bootstrap, topic=kafka_topic, transactional_id=transactional_id)
+    try:
+        assert relay.publish_pending() == 0 and relay.position == head
+    finally:
+        relay.close()
+    assert len(read_all(kafka_bootstrap, kafka_topic)) == head
+    # a topic whose records were sent outside a transaction: no commit marker follows them
+    loose = f"{kafka_topic}-loose"
+    try:
+        publish(kafka_bootstrap, loose, read_raw(open_store(org_ledger.home), 0, 1_000))
+        run("store", "restore", "--from-kafka", kafka_bootstrap, "--topic", loose,
+            "--to", str(tmp_path / "loose"))  # fmt: skip
+    finally:
+        delete_topics(kafka_bootstrap, [loose])
+    kept = open_store(tmp_path / "loose")
+    assert read(kept, loose) == head and read_anchor(kept, loose) == (None, None)

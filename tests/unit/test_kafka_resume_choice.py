@@ -15,7 +15,8 @@ import pytest
 from kafka import TopicPartition
 
 from projections.chain import link
-from projections.kafka_source import KafkaSource, first_anchored
+from projections.kafka_resume import first_anchored
+from projections.kafka_source import KafkaSource
 from projections.kafka_wire import POSITION_HEADER, TAG_HEADER, record_headers
 
 TAG = "job.submitted.v2"

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import msgspec
 
-from ledger.store.relay_service import SKIPPED_SHOWN, RelayHealth, RelayService
+from ledger.store.relay_health import SKIPPED_SHOWN, RelayHealth
+from ledger.store.relay_service import RelayService
 
 
 def test_a_record_from_the_future_is_as_stale_as_an_old_one() -> None:
@@ -175,7 +176,7 @@ def test_relay_status_counts_the_lag_against_the_stores_head_read_now(org_ledger
 
     from ledger.cli import cli
     from ledger.store.application import Ledger
-    from ledger.store.relay_service import health_path
+    from ledger.store.relay_health import health_path
 
     assert isinstance(org_ledger, Ledger)
     home = org_ledger.home
@@ -214,7 +215,7 @@ def test_relay_status_json_carries_the_lag_read_from_the_store(org_ledger: objec
 
     from ledger.cli import cli
     from ledger.store.application import Ledger
-    from ledger.store.relay_service import health_path
+    from ledger.store.relay_health import health_path
 
     assert isinstance(org_ledger, Ledger)
     home = org_ledger.home
@@ -257,3 +258,46 @@ def test_gpuledger_status_tells_the_relay_lag_by_the_rule_relay_status_follows()
     assert _relay_lag(health("unavailable", 3)) == "3 events"
     assert _relay_lag(health("connecting", 0)).startswith("unknown (")  # was "0 events"
     assert _relay_lag(health("stopped", 4)).startswith("at least 4 events")
+
+
+def test_a_live_service_rewrites_the_health_of_a_stopped_or_connecting_relay(
+    tmp_path: object,
+) -> None:
+    """atk52-25 F3: the watcher rewrote relay.json only while the relay published: a live
+    service whose relay had stopped (or connected, through a 52k-event republish) left it to go
+    stale, and `relay status` called it one no service updates. It is rewritten each check with
+    its state and error kept (a stopped relay still reads stopped, never healthy), and never
+    over a state the publishing thread set since the watcher read it."""
+    from pathlib import Path
+
+    from ledger.store.relay_health import health_path, read_health
+
+    assert isinstance(tmp_path, Path)
+    clock = _Clock(1_000_000.0)
+    for state in ("stopped", "connecting"):
+        service = RelayService(tmp_path, "127.0.0.1:9", topic="t")
+        service.clock = clock  # type: ignore[assignment]
+        service._set(state, error="why", head=3, again=True)  # type: ignore[arg-type]
+        since = service.health.since
+        clock.t += 60
+        service._check(head=5)
+        written = read_health(tmp_path)
+        assert written is not None and written == service.health
+        assert written.state == state and written.error == "why", written
+        assert written.updated == clock.t and written.store_head == 5, written  # was 60 s old
+        assert written.since == since  # the state's start kept
+        assert not written.stale(clock.t) and "no service updates it" not in written.line(clock.t)
+        health_path(tmp_path).unlink()
+    # the watcher read `connecting`, then the publishing thread said `publishing`: kept
+    service = RelayService(tmp_path, "127.0.0.1:9", topic="t")
+    service._set("publishing", head=5)
+    service._set("connecting", head=5, expect="connecting")
+    assert service.health.state == "publishing"
+
+
+class _Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def now(self) -> float:
+        return self.t

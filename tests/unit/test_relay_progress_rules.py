@@ -179,7 +179,8 @@ def test_the_health_file_is_synced_before_it_replaces_the_old_one_and_its_direct
 ) -> None:
     """relay.json is a home's word on the relay's progress: written through a temporary file,
     synced, renamed, the directory synced (it was not synced at all)."""
-    from ledger.store.relay_service import RelayService, health_path, read_health
+    from ledger.store.relay_health import health_path, read_health
+    from ledger.store.relay_service import RelayService
 
     synced: list[str] = []
     real = os.fsync

@@ -293,7 +293,7 @@ def test_copies_of_an_old_record_at_the_tail_do_not_move_the_bookmark_back(
 
 
 def test_the_service_takes_its_progress_from_the_health_it_left(tmp_path: Any) -> None:
-    from ledger.store.relay_service import RelayHealth, _previous, health_path
+    from ledger.store.relay_health import RelayHealth, _previous, health_path
 
     assert _previous(tmp_path, TOPIC) is None
     health = RelayHealth(state="exited", bootstrap="127.0.0.1:9", topic=TOPIC, position=84)

@@ -23,7 +23,8 @@ import msgspec
 import pytest
 
 from ledger.store.application import Ledger
-from ledger.store.relay_service import RelayHealth, RelayService, health_path, read_health
+from ledger.store.relay_health import RelayHealth, health_path, read_health
+from ledger.store.relay_service import RelayService
 from schemas import commands as c
 from tests.integration.waits import wait_for
 

@@ -1,0 +1,44 @@
+"""atk52-ha F4: the relay runs on the leader only, and its health was read from the leader
+alone: a standby's health and `status` said "no Kafka" and its `relay status` "no relay has run"
+whether the leader's relay published or had stopped. Real servers on one PostgreSQL store, a
+real broker: a standby tells the leader's relay as the leader last reported it to the store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.integration import waits
+from tests.integration.hakit import make_group
+from tests.integration.serverkit import cli
+
+
+def test_a_standby_tells_the_leaders_relay(
+    tmp_path: Path, pg_store: str, kafka_bootstrap: str, kafka_topic: str, transactional_id: str
+) -> None:
+    home = tmp_path / "server-0"
+    cli(home, "init", "--admin", "root", "--store", pg_store)
+    g = make_group(tmp_path, pg_store, 2, "--kafka", kafka_bootstrap, home=home)
+    g.env = {"GPULEDGER_KAFKA_TOPIC": kafka_topic,
+             "GPULEDGER_KAFKA_TRANSACTIONAL_ID": transactional_id}  # fmt: skip
+    try:
+        for m in g.members:
+            g.start(m)
+        leader = g.leader(timeout=60)
+        (standby,) = [m for m in g.members if m is not leader]
+
+        def told() -> dict[str, Any] | None:
+            h = standby.health() or {}
+            return h if h.get("relay_state") == "publishing" else None
+
+        h = waits.wait_for("the standby to tell the leader's relay", told, 60, g.why)
+        assert h is not None and h["role"] == "standby" and h["relay_position"] >= 1, h  # was None: "no Kafka"
+        assert str(h["relay_error"]).startswith(f"the leader's relay ({leader.url})"), h
+        status = cli(standby.home, "status", GPULEDGER_URL=standby.url)
+        assert "publishing: the leader's relay" in status.stdout, status.stdout
+        said = cli(standby.home, "relay", "status", GPULEDGER_URL=standby.url, ok=False)
+        assert said.returncode == 0, (said.stdout, said.stderr)  # was 1, "no relay has run"
+        assert said.stdout.startswith("relay publishing: position "), said.stdout
+        assert f"(the leader's relay ({leader.url})" in said.stdout, said.stdout
+    finally:
+        g.stop()
