@@ -367,6 +367,9 @@ class FairShare17Config(FairShare16Config, frozen=True, kw_only=True, tag="fairs
 
     takeback_price_s: NonNegative = 0.0
     funded_takeback_price_s: NonNegative = 0.0
+    takeback_limit: Searches = 3
+    """An unfunded job taken back this many times is no victim of funded non-debug work (0: no
+    bound)."""
     free_order: Literal["oldest", "smallest", "team"] = "oldest"
     """"oldest": unfunded jobs go by submit time alone after every funded job (a requeue keeps
     its submit time); "smallest": by GPUs asked (fewest first), then by submit time; "team":

@@ -24,8 +24,11 @@ What changes, each a setting of its own so the tables can turn it off:
   seconds since it was submitted, so the plans of least cost take back the jobs submitted last
   (the tail of the free tier's order), and the oldest run on. (Unfunded victims cost nothing when
   a plan is weighed against its gain, as before: the price only orders them.)
-- **A bound on a free-tier job's takebacks** (`takeback_limit`, `fairshare-16`'s rule; 0 here
-  by default: measured, docs/simulation.md).
+- **A bound on a free-tier job's takebacks** (`takeback_limit`, `fairshare-16`'s rule, 3 here;
+  0: none): an unfunded job taken back this many times keeps its GPUs against funded non-debug
+  work until it ends. With the order above the free tier's oldest jobs finish instead of being
+  restarted again and again; without it the order alone lengthened the waits (measured,
+  docs/simulation.md).
 - **A waiting debug job keeps a node** (`debug_hold`, on): a debug-lane job that cannot be placed
   (nor by preempting what its lane may) gets the cycle's reservation: the node whose jobs'
   contracts end soonest (every running job counted as freeing there at its contract's end, so
@@ -55,6 +58,7 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
     version: str = "fairshare-17"
     takeback_price_s: float = 0.0
     funded_takeback_price_s: float = 0.0
+    takeback_limit: int = 3
     free_order: FreeOrder = "oldest"
     free_age_price: float = 1.0
     debug_hold: bool = True

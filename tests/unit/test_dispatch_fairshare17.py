@@ -22,6 +22,7 @@ def test_fairshare_17_round_trips_with_its_settings() -> None:
         True,
     )
     assert (seventeen.takeback_price_s, seventeen.funded_takeback_price_s) == (0.0, 0.0)
+    assert seventeen.takeback_limit == 3
     odd = FairShare17(free_order="team", free_age_price=0.5, debug_hold=False, takeback_limit=2)
     assert policy_from_config(config_of(odd)) == odd
     assert not FairShare7().free_oldest and not FairShare16().free_oldest
