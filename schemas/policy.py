@@ -360,6 +360,28 @@ class FairShare16Config(FairShare7Config, frozen=True, kw_only=True, tag="fairsh
     turned round; off: `fairshare-7`'s order)."""
 
 
+class FairShare17Config(FairShare16Config, frozen=True, kw_only=True, tag="fairshare-17"):
+    """`fairshare-16` with its prices off by default, the free tier oldest first and taken back
+    from its newest arrivals, and a node kept for a waiting debug job (docs/dispatch.md,
+    docs/simulation.md "fairshare-17")."""
+
+    takeback_price_s: NonNegative = 0.0
+    funded_takeback_price_s: NonNegative = 0.0
+    takeback_limit: Searches = 3
+    """An unfunded job taken back this many times is no victim of funded non-debug work (0: no
+    bound)."""
+    free_order: Literal["oldest", "smallest", "team"] = "oldest"
+    """"oldest": unfunded jobs go by submit time alone after every funded job (a requeue keeps
+    its submit time); "smallest": by GPUs asked (fewest first), then by submit time; "team":
+    `fairshare-7`'s order (team, priority, user, `requeued_last`)."""
+    free_age_price: NonNegative = 1.0
+    """An unfunded victim costs, beside the work it loses, its GPUs x this x the seconds since it
+    was submitted: funded work takes back the free tier's newest arrivals first (0: off)."""
+    debug_hold: bool = True
+    """A debug-lane job that cannot be placed reserves the node whose jobs' contracts end
+    soonest; no funded non-debug job is placed on its free GPUs meanwhile."""
+
+
 class Slurm2Config(PolicyConfig, frozen=True, kw_only=True, tag="slurm-2"):
     """Slurm's multifactor priority as configured by default: no preemption unless
     `preempt_unfunded` (PreemptType=preempt/partition_prio with a scavenger partition)."""
@@ -430,7 +452,8 @@ class Legacy2Config(PolicyConfig, frozen=True, kw_only=True, tag="legacy-2"):
 
 
 AnyPolicyConfig = (
-    FairShare16Config
+    FairShare17Config
+    | FairShare16Config
     | FairShare14Config
     | FairShare13Config
     | FairShare12Config
@@ -456,6 +479,7 @@ AnyPolicyConfig = (
 """Any registered policy version's config (tagged by `version`)."""
 
 POLICY_CONFIG_TYPES: tuple[type[PolicyConfig], ...] = (
+    FairShare17Config,
     FairShare16Config,
     FairShare14Config,
     FairShare13Config,

@@ -385,6 +385,7 @@ def _run_view(
             low_util_since=inputs[1],
             time_limit_s=spec.time_limit_s,
             runs=job.preemptions,
+            submitted_at=spec.at,
         )
     kept[job_id] = (job, inputs, run)
 

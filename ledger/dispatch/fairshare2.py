@@ -170,6 +170,11 @@ def _gpu_h(gpu_s: float) -> str:
     return f"{gpu_s / 3600:.2f} GPU-h"
 
 
+FREE_HEAD: tuple[int, ...] = (1, 1)
+"""The one key head of every unfunded job when the free tier goes by submit time alone
+(`FairShare2.free_oldest`): after every funded job's (their second part is 0), one group."""
+
+
 class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
     """Fair share between teams without churn (see the module docstring)."""
 
@@ -229,7 +234,7 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
         classes = classes_kept(snapshot.pending, _class_of, kept, snapshot.delta)
         ranks, depth, lane = snapshot.ranks, self.team_depth, self.debug_lane
         places = team_places(snapshot, depth) if self.whole_tree else {}
-        fresh_first, ran_first = self.fresh_first, self.ran_first
+        fresh_first, ran_first, oldest = self.fresh_first, self.ran_first, self.free_oldest
         # a class's head reads the ranks and team places: while they are the same, it is too
         read = (ranks, places, depth, lane, fresh_first, ran_first)
         last = kept.heads
@@ -250,6 +255,14 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
                     found.append(members)
                 continue
             account, user, debug, funded, fresh, priority = cast("_Class", c)
+            if oldest and not funded:  # the free tier by submit time alone (`fairshare-17`)
+                heads_of[c] = FREE_HEAD
+                found = heads.get(FREE_HEAD)
+                if found is None:
+                    heads[FREE_HEAD] = [members]
+                else:
+                    found.append(members)
+                continue
             who = (account, user)
             pair = cache.get(who)
             if pair is None:
@@ -291,11 +304,18 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
         group by (submit time, job id)."""
         ranks, depth, lane = snapshot.ranks, self.team_depth, self.debug_lane
         places = team_places(snapshot, depth) if self.whole_tree else {}
-        fresh_first, ran_first = self.fresh_first, self.ran_first
+        fresh_first, ran_first, oldest = self.fresh_first, self.ran_first, self.free_oldest
         cache: dict[tuple[str, str], tuple[int, int]] = {}
         groups: dict[tuple[int, ...], list[PendingJob]] = {}
         for j in snapshot.pending:
             funded = j.min_runtime_s > 0
+            if oldest and not funded:  # the free tier by submit time alone (`fairshare-17`)
+                group = groups.get(FREE_HEAD)
+                if group is None:
+                    groups[FREE_HEAD] = [j]
+                else:
+                    group.append(j)
+                continue
             who = (j.account, j.user)
             pair = cache.get(who)
             if pair is None:
@@ -336,6 +356,12 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
     def ran_first(self) -> bool:
         """With `fresh_first`, the step turned round (`fairshare-16`'s `requeued_first`): unfunded
         jobs that ran and were preempted go *before* those that never ran."""
+        return False
+
+    @property
+    def free_oldest(self) -> bool:
+        """Whether unfunded jobs go by submit time alone, after every funded job (`fairshare-17`'s
+        `free_order` "oldest": no team, priority, user rank or ran-before step among them)."""
         return False
 
     # --- preemption -------------------------------------------------------------------------

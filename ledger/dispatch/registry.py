@@ -42,6 +42,7 @@ from ledger.dispatch.fairshare12 import FairShare12
 from ledger.dispatch.fairshare13 import FairShare13
 from ledger.dispatch.fairshare14 import FairShare14
 from ledger.dispatch.fairshare16 import FairShare16
+from ledger.dispatch.fairshare17 import FairShare17
 from ledger.dispatch.policy import FairShare, Fifo, Policy
 from schemas.errors import InvalidCommand, UnknownEntity
 from schemas.policy import (
@@ -60,6 +61,7 @@ from schemas.policy import (
     FairShare13Config,
     FairShare14Config,
     FairShare16Config,
+    FairShare17Config,
     FairShareConfig,
     FifoConfig,
     Legacy2Config,
@@ -101,6 +103,7 @@ def _fields(config: AnyPolicyConfig) -> dict[str, Any]:
 VERSIONS: dict[str, Registered] = {
     r.version: r
     for r in (
+        Registered("fairshare", FairShare17Config, FairShare17, ranked=True),
         Registered("fairshare", FairShare16Config, FairShare16, ranked=True),
         Registered("fairshare", FairShare14Config, FairShare14, ranked=True),
         Registered("fairshare", FairShare13Config, FairShare13, ranked=True),

@@ -63,6 +63,9 @@ class RunningJob(msgspec.Struct, frozen=True, kw_only=True):
     runs: int = 0
     """How many times the job was placed and preempted before this run (0: its first run);
     `fairshare-16` prices taking it back again by it."""
+    submitted_at: float = 0.0
+    """When the job was submitted (a requeue keeps it; a resubmission is a new job):
+    `fairshare-17` takes the free tier's newest arrivals back first."""
 
     @property
     def funded(self) -> bool:

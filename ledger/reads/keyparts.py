@@ -70,6 +70,7 @@ _KEY_PARTS["fairshare-16"] = (
     ),
     *_KEY_PARTS["fairshare-3"][2:],
 )
+_KEY_PARTS["fairshare-17"] = _KEY_PARTS["fairshare-16"]  # funded jobs' keys; unfunded: (1, 1)
 _KEY_PARTS["slurm-lab-1"] = (
     ("qos", "0 debug, 1 normal (funded), 2 scavenger (unfunded)"),
     *_KEY_PARTS["slurm"][1:],

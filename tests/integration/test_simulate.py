@@ -325,6 +325,8 @@ def test_two_job_arrays_at_zero_usage_share_an_idle_cluster_in_the_first_cycle(
         "fairshare-12",
         "fairshare-13",
         "fairshare-14",
+        "fairshare-16",
+        "fairshare-17",
     ],
 )
 def test_every_simulated_decision_of_every_policy_replays_identically(

@@ -15,7 +15,7 @@ import pytest
 from ledger.cycle import dispatcher
 from ledger.dispatch import fairshare2
 from ledger.dispatch.engine import decide_carried
-from ledger.dispatch.fairshare2 import FairShare2, team_of, team_places
+from ledger.dispatch.fairshare2 import FREE_HEAD, FairShare2, team_of, team_places
 from ledger.dispatch.ordering import SortKey
 from ledger.dispatch.placement import FreeIndex
 from ledger.dispatch.policy import declared_end
@@ -111,6 +111,9 @@ def _old_order(policy: FairShare2, snap: Snapshot) -> list[tuple[SortKey, Pendin
         team = places.get(name, len(places) + rank) if places else rank
         leaf = snap.ranks.get(f"{j.account}/{j.user}", rank)
         funded = j.min_runtime_s > 0
+        if policy.free_oldest and not funded:  # fairshare-17: the free tier by submit time
+            keyed.append(((*FREE_HEAD, j.submitted_at, j.job_id), j))
+            continue
         ran = policy.ran_first  # fairshare-16's requeued_first: the step turned round
         fresh = (0 if funded or (j.runs == 0) != ran else 1,) if policy.fresh_first else ()
         head = (0 if policy.debug_lane and funded and j.debug else 1, 0 if funded else 1,
@@ -133,7 +136,7 @@ def _job(rng: random.Random, job_id: int) -> PendingJob:
 
 
 @pytest.mark.parametrize("keep_from", [0, 60])
-@pytest.mark.parametrize("version", ["fairshare-7", "fairshare-3", "fairshare-2"])
+@pytest.mark.parametrize("version", ["fairshare-7", "fairshare-3", "fairshare-2", "fairshare-17"])
 def test_a_kept_order_is_the_order_made_afresh(
     version: str, keep_from: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:

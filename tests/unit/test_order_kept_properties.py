@@ -135,7 +135,9 @@ def _check(script: list[Step], version: str) -> tuple[int, int]:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     scripts,
-    st.sampled_from(["fairshare-7", "fairshare-3", "fairshare-2", "fairshare-16+requeued_first"]),
+    st.sampled_from(
+        ["fairshare-7", "fairshare-3", "fairshare-2", "fairshare-16+requeued_first", "fairshare-17"]
+    ),
 )
 def test_the_kept_order_is_the_fresh_order_after_any_events(
     script: list[Step], version: str
