@@ -214,16 +214,17 @@ async def attended_turn(
     person: str,
     work: Callable[[], Awaitable[T]],
     what: str,
+    about: Any = None,
 ) -> T:
     """`work()` in `person`'s turn of `slot` (a `fairlane.FairSlot`), the wait for the turn
     attended too: a request whose client leaves while it waits leaves the line at once (its
     place and its person's count freed), as one leaving while its work runs does. Waited
     unattended, an abandoned what-if kept its person's only what-if slot until every what-if
     ahead of it had run: her next question was refused 429 "a what-if of yours is under way"
-    for 199 s (atk50-29 F1)."""
+    for 199 s (atk50-29 F1). `about`: what the work is about (`FairSlot.asked`)."""
 
     async def turn() -> T:
-        async with slot.hold(person):
+        async with slot.hold(person, about):
             return await work()
 
     return await attended(receive, stopping, turn(), what)
