@@ -332,8 +332,12 @@ class _Cycle:
                     fact[3] if fact is not None else holds_for(job, snapshot)
                 ):
                     self._hold_for(job, gang)
-                elif seen_key is not None and epoch == self.epoch and moves == index.moves:
-                    seen[seen_key] = (epoch, moves, wait)  # it changed nothing on its way
+                # it changed nothing on its way (a reservation tried and not made included: the
+                # next job of its traits would find none either, `_hold_for` reading of a job
+                # only its traits; asked again by each of a long queue's large jobs, it was
+                # most of a what-if's time at 9,000 pending, atk53-29 F2)
+                if seen_key is not None and epoch == self.epoch and moves == index.moves:
+                    seen[seen_key] = (epoch, moves, wait)
             if run is not None and run[1] == at and (run[2] is wait or run[2] == wait):
                 run[1] = at + 1
             else:

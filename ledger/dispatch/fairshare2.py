@@ -386,7 +386,9 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
 
     def job_traits(self, job: PendingJob, snapshot: Snapshot) -> Hashable:
         """Everything `may_preempt`, `victim_group`, `budget_of` and `holds_for` read of a job:
-        `decide()` asks them once per traits in a cycle (a speed-up; the same answers)."""
+        `decide()` asks them once per traits in a cycle (a speed-up; the same answers), and
+        tries a reservation once per traits while nothing moves (`hold_takes` reads more of a
+        job only for the reserved one, which later versions' traits tell apart)."""
         return (job.account, job.debug, job.min_runtime_s > 0, job.gpus, job.gpu_type, job.cluster)
 
     @property

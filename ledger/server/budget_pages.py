@@ -179,6 +179,7 @@ def routes(kit: Kit) -> list[HTTPRouteHandler]:
             return whatifs.BudgetWhatIf(account=ask.account, shares=ask.shares, was=was,
                                         report=report)  # fmt: skip
 
+        asked = {"account": ask.account, "shares": ask.shares}  # for her other tabs
         moved = asyncio.Event()
         if stream:  # its client's leaving cancels the stream, and with it the what-if
             running.refuse(caller.actor)  # 429 now, not a line of the stream
@@ -189,14 +190,14 @@ def routes(kit: Kit) -> list[HTTPRouteHandler]:
                 return {"ahead": ahead, "running_s": running_s, "step": done, "steps": total}
 
             work = children.attended_turn(
-                children.never, stopping, running, caller.actor, whole, "what-if"
+                children.never, stopping, running, caller.actor, whole, "what-if", asked
             )
             frames = whatifs.streamed(work, where, moved, answer)
             return Stream(frames, media_type=whatifs.NDJSON, headers=whatifs.STREAM_HEADERS)
         # all of it, the wait for its turn too, stopped (its child killed) when its client left
         # or the server stops: its place and the slot free at once (atk49-29 F11, F12; atk50-29 F1)
         got = await children.attended_turn(
-            request.receive, stopping, running, caller.actor, whole, "what-if"
+            request.receive, stopping, running, caller.actor, whole, "what-if", asked
         )
         return json_response(answer(got))
 
@@ -204,10 +205,14 @@ def routes(kit: Kit) -> list[HTTPRouteHandler]:
     async def budget_whatif_turn(request: Request[Any, Any, Any]) -> Response[bytes]:
         """Where the caller's what-if stands, for the page to show while it waits: how many
         go before it (the one under way counted), how long it has run and how much of its
-        simulation's work is done (`step` of `steps`, None before its child tells)."""
+        simulation's work is done (`step` of `steps`, None before its child tells), and which
+        (`account`, `shares`; None: none under way or waiting): another tab of hers shows it
+        and waits for its end (atk53-29 F6)."""
         who = person(request).actor
         ahead, running_s = running.place(who)
         done, total = steps.get(who, (None, None))
-        return json_response({"ahead": ahead, "running_s": running_s, "step": done, "steps": total})
+        asked = running.asked(who) or {"account": None, "shares": None}
+        return json_response({"ahead": ahead, "running_s": running_s, "step": done,
+                              "steps": total, **asked})  # fmt: skip
 
     return [budget, budget_whatif, budget_whatif_turn]

@@ -2,7 +2,9 @@
 page's what-ifs): a walk of the log or a simulation in Python would take the interpreter lock
 from the thread that runs the dispatcher and the group commit. The child always runs at a lower
 priority than the server (`lowered`: 10 steps nicer, and below every nice level when the server
-runs at nice 10 or more), dies with the server, and is killed at its time limit.
+runs at nice 10 or more), dies with the server, and is killed at its time limit. The server's
+priority is its lowest thread's (`server_priority`): a renice of its main thread alone leaves
+the threads that do its work where they were (atk53-29 F4).
 
 `run(module, payload, timeout_s)` (the server side, async) starts `python -m MODULE`, sends it
 `payload` on its stdin and returns its stdout; `enter(parent)` is the child's first step.
@@ -27,20 +29,65 @@ STEPS = 10
 """A child runs this many nice levels below the server (`lowered`)."""
 
 
-def lowered(server_nice: int) -> tuple[int, bool]:
+def lowered(server_nice: int, server_idle: bool = False) -> tuple[int, bool]:
     """Pure: the nice level of a child of a server running at `server_nice`, `STEPS` above it
     (at most 19), and whether it is also `SCHED_IDLE` (below every nice level: it runs on what
-    nothing else wants): when the cap leaves it fewer than `STEPS` levels below the server.
+    nothing else wants): when the cap leaves it fewer than `STEPS` levels below the server, or
+    when the server runs `SCHED_IDLE` itself (`server_idle`; then at nice 19 too: no class is
+    below `SCHED_IDLE`, so the child is the server's equal at best, which `_lowering` logs).
     At nice 10 whatever the server's, a child beside a server at nice 19 was the server's
     equal, and others' reads were ~3x slower while it ran (atk52-29 F2)."""
+    if server_idle:
+        return 19, True
     nice = min(19, server_nice + STEPS)
     return nice, nice - server_nice < STEPS
+
+
+IDLE = getattr(os, "SCHED_IDLE", 5)
+
+
+def server_priority(pid: int) -> tuple[int, bool]:
+    """The lowest priority of any thread of process `pid`: the highest nice level among them,
+    and whether any runs `SCHED_IDLE` (from `/proc/PID/task/*/stat`; the process's own where
+    that cannot be read). Nice levels and scheduling classes are per thread on Linux: `renice
+    -p PID` changes the main thread alone, and the child was set below it while nine of the
+    server's threads stayed at 19, below the child at 10 (atk53-29 F4); a server under
+    `SCHED_IDLE` had a child under `SCHED_OTHER`-derived rules read from its nice alone (F3)."""
+    nices: list[int] = []
+    idle = False
+    with contextlib.suppress(OSError):
+        for task in os.scandir(f"/proc/{pid}/task"):
+            try:
+                with open(os.path.join(task.path, "stat"), "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except OSError:  # a thread that ended meanwhile
+                continue
+            nices.append(int(fields[16]))  # field 19 of proc(5): nice
+            idle = idle or int(fields[38]) == IDLE  # field 41: policy
+    if not nices:
+        nices.append(os.getpriority(os.PRIO_PROCESS, pid))
+        with contextlib.suppress(OSError, AttributeError):
+            idle = os.sched_getscheduler(pid) == IDLE
+    return max(nices), idle
+
+
+_told_idle: list[bool] = []
 
 
 def _lowering() -> tuple[str, ...]:
     """The command that starts a child at its priority (`lowered` of the server's now), its
     imports included (`enter` lowers it too, whether these started it or not)."""
-    _, idle = lowered(os.nice(0))
+    server_nice, server_idle = server_priority(os.getpid())
+    if server_idle and not _told_idle:
+        _told_idle.append(True)
+        import logging
+
+        logging.getLogger("gpuledger.server").warning(
+            "the server runs under SCHED_IDLE: its what-if and replay children cannot run below "
+            "it (no class is lower) and share the CPU with it as equals; run it under `nice -n "
+            "19` instead, and its children run under SCHED_IDLE, below it"
+        )
+    _, idle = lowered(server_nice, server_idle)
     prefix: tuple[str, ...] = ("nice", "-n", str(STEPS)) if shutil.which("nice") else ()
     if idle and shutil.which("chrt"):
         prefix = ("chrt", "--idle", "0", *prefix)
@@ -167,16 +214,17 @@ async def attended_turn(
     person: str,
     work: Callable[[], Awaitable[T]],
     what: str,
+    about: Any = None,
 ) -> T:
     """`work()` in `person`'s turn of `slot` (a `fairlane.FairSlot`), the wait for the turn
     attended too: a request whose client leaves while it waits leaves the line at once (its
     place and its person's count freed), as one leaving while its work runs does. Waited
     unattended, an abandoned what-if kept its person's only what-if slot until every what-if
     ahead of it had run: her next question was refused 429 "a what-if of yours is under way"
-    for 199 s (atk50-29 F1)."""
+    for 199 s (atk50-29 F1). `about`: what the work is about (`FairSlot.asked`)."""
 
     async def turn() -> T:
-        async with slot.hold(person):
+        async with slot.hold(person, about):
             return await work()
 
     return await attended(receive, stopping, turn(), what)
@@ -204,7 +252,7 @@ def enter(parent: int) -> None:
 
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: dies with the server
     with contextlib.suppress(OSError):
-        nice, idle = lowered(os.getpriority(os.PRIO_PROCESS, parent))
+        nice, idle = lowered(*server_priority(parent))
         os.nice(max(0, nice - os.nice(0)))
         if idle:  # a process may always lower itself to SCHED_IDLE
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))

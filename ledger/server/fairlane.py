@@ -243,14 +243,17 @@ class FairSlot:
     holder: str | None = None
     """Whose work holds the slot, since `began` (`time.monotonic()`)."""
     began: float = 0.0
+    about: dict[str, Any] = field(default_factory=dict)
+    """What each person's latest piece under way or waiting is about (`hold`'s `about`)."""
 
     @contextlib.asynccontextmanager
-    async def hold(self, person: str) -> AsyncIterator[None]:
+    async def hold(self, person: str, about: Any = None) -> AsyncIterator[None]:
         """The slot for the block, in `person`'s turn (TooBusy past `per_person` or
-        `max_waiting`)."""
+        `max_waiting`). `about`: what the piece is about, for `asked` while it waits or runs."""
         self.refuse(person)
         mine = self.last[person] + 1 if person in self.held else self.round
         self.held[person] = self.held.get(person, 0) + 1
+        self.about[person] = about
         self.last[person] = max(mine, self.round)
         try:
             if self.busy:
@@ -267,6 +270,12 @@ class FairSlot:
             if not self.held[person]:
                 del self.held[person]
                 del self.last[person]
+                del self.about[person]
+
+    def asked(self, person: str) -> Any:
+        """What `person`'s piece under way or waiting is about (None: none): another tab of
+        hers knows of the what-if one asked (atk53-29 F6: it did not, and its Run said 429)."""
+        return self.about.get(person)
 
     def place(self, person: str) -> tuple[int, float | None]:
         """Where `person`'s work stands: (how many go before it, the one under way counted;

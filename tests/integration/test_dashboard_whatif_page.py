@@ -66,3 +66,48 @@ def test_another_childs_what_if_meanwhile_names_the_one_running_and_keeps_its_re
     assert first in page.locator("#whatif h3").inner_text()
     assert page.locator("#whatif-result").get_attribute("data-shares") == "7"
     assert page.locator("#whatif-error").count() == 0 and errors == [], errors
+
+
+def test_a_second_tab_shows_the_what_if_the_first_asked_and_waits_for_its_end(
+    reviewed: Reviewed, browser: Browser
+) -> None:
+    """atk53-29 F6: a second tab of the same person knew nothing of the what-if her first tab
+    asked: no line said one ran, and its Run answered 429 "a what-if of yours is under way".
+    Now it shows hers where it stands (`GET /ui/api/budget/whatif/turn` names its account and
+    shares), its Run waits for its end, and then it says the result shows in the first tab."""
+    r = reviewed
+    kids = children(r)
+    first, second = sorted(kids)[:2]
+    now = kids[first]["raw_shares"]  # (a change of nothing is answered at once: no child)
+    root_asks, hers = {"account": first, "shares": now + 2}, str(now + 3)
+    ahead: list[tuple[int, Any]] = []  # root's runs first: boss's waits its turn, then runs
+    root = threading.Thread(target=lambda: ahead.append(ask(r, r.tokens["root"], root_asks)))
+    root.start()
+    _until_child(r)
+    one, errors_one = watched(signed_in(browser, r.tokens["boss"]))
+    one.goto(r.server.url + "/ui/budget")
+    one.wait_for_selector("#budget tbody tr")
+    one.locator(f'#budget tbody tr[data-account="{first}"] button.whatif').click()
+    one.fill("#whatif-shares", hers)
+    one.click("#whatif-run")
+    one.wait_for_selector("#whatif-running")
+    two, errors_two = watched(signed_in(browser, r.tokens["boss"]))
+    two.goto(r.server.url + "/ui/budget")
+    two.wait_for_selector("#budget tbody tr")
+    two.locator(f'#budget tbody tr[data-account="{second}"] button.whatif').click()
+    two.wait_for_selector("#whatif-running", timeout=10_000)  # before: never shown
+    line = two.locator("#whatif-running").inner_text()
+    assert first in line and f"shares {hers}" in line and "another tab" in line, line
+    assert two.locator("#whatif-run").is_disabled()
+    two.wait_for_selector("#whatif-elsewhere", timeout=SLOW_S * 1000)  # hers ended
+    assert first in two.locator("#whatif-elsewhere").inner_text()
+    assert two.locator("#whatif-running").count() == 0
+    assert not two.locator("#whatif-run").is_disabled()
+    one.wait_for_selector("#whatif-result", timeout=SLOW_S * 1000)  # the first tab has it
+    assert one.locator("#whatif-result").get_attribute("data-shares") == hers
+    root.join(SLOW_S)
+    assert [s for s, _ in ahead] == [200], ahead
+    assert two.locator("#whatif-error").count() == 0 and errors_one == errors_two == [], (
+        errors_one,
+        errors_two,
+    )

@@ -9,16 +9,29 @@ import sys
 
 import pytest
 
-from ledger.server.children import STEPS, lowered
+from ledger.server.children import STEPS, lowered, server_priority
 
 SERVER = """
-import asyncio, os, sys
+import asyncio, os, sys, threading
 from ledger.server import children
 os.setpriority(os.PRIO_PROCESS, 0, int(sys.argv[1]))
+if len(sys.argv) > 2 and sys.argv[2] == "idle":
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+ready, done = threading.Event(), threading.Event()
+def worker(nice):
+    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    ready.set()
+    done.wait()
+for nice in sys.argv[3:]:  # threads of its own at other levels (a partial renice)
+    ready.clear()
+    threading.Thread(target=worker, args=(int(nice),), daemon=True).start()
+    ready.wait()
 said = asyncio.run(children.run("tests.unit.child_probe", str(os.getpid()).encode(), 60))
+done.set()
 print(os.getpriority(os.PRIO_PROCESS, 0), said.decode().strip())
 """
-"""A stand-in server at the nice level it is given, starting one child as the server does."""
+"""A stand-in server at the nice level it is given (`idle`: under `SCHED_IDLE`; then the nice
+levels of threads of its own), starting one child as the server does."""
 
 
 @pytest.mark.parametrize(
@@ -53,3 +66,37 @@ def test_the_child_of_a_server_runs_below_it(server_nice: int) -> None:
     idle = policy == os.SCHED_IDLE
     assert child > server or idle, (server, child, policy)  # below the server, always
     assert (child, idle) == lowered(server_nice), (server, child, policy)
+
+
+def stand_in(server_nice: int, *more: str) -> tuple[int, int, bool]:
+    """The stand-in server's nice level, its child's, and whether the child ran `SCHED_IDLE`."""
+    assert os.geteuid() == 0 or server_nice >= os.getpriority(os.PRIO_PROCESS, 0), (
+        f"a stand-in server at nice {server_nice} needs root or a test run at nice <= it"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", SERVER, str(server_nice), *more],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout.split()  # fmt: skip
+    return int(out[0]), int(out[1]), int(out[2]) == os.SCHED_IDLE
+
+
+def test_the_child_runs_below_the_servers_lowest_thread() -> None:
+    """atk53-29 F4: after `renice -n 0 -p SERVER` of a server started at nice 19 (the main
+    thread alone reniced; its nine other threads stayed at 19) the child ran at nice 10, above
+    the threads that do the server's work. Its priority is now based on the lowest of the
+    server's threads."""
+    assert server_priority(os.getpid())[0] == os.getpriority(os.PRIO_PROCESS, 0)
+    server, child, idle = stand_in(0, "other", "19", "5")
+    assert server == 0
+    assert (child, idle) == (19, True) == lowered(19)  # before: (10, False)
+
+
+def test_the_child_of_a_server_under_sched_idle_runs_under_it_at_nice_19() -> None:
+    """atk53-29 F3: the rule read the server's nice alone, so a server under `SCHED_IDLE` at
+    nice 0 had a child at nice 10 (`SCHED_IDLE` only by inheritance). The rule reads the class
+    too: the child runs under `SCHED_IDLE` at nice 19; no class is below it, so the child is
+    the server's equal at best, which the server logs once (docs/dashboard.md says so)."""
+    assert lowered(0, server_idle=True) == (19, True)
+    server, child, idle = stand_in(0, "idle")
+    assert server == 0
+    assert (child, idle) == (19, True)  # before: (10, True)

@@ -210,3 +210,33 @@ def test_the_number_ahead_of_a_waiting_person_never_grows() -> None:
 
     asyncio.run(go())
     assert order == ["ann", "bob", "ann", "cy", "dee"], order
+
+
+def test_what_a_persons_piece_is_about_is_known_while_it_waits_or_runs() -> None:
+    """atk53-29 F6: a second tab of hers knew nothing of the what-if her first tab asked. The
+    slot keeps what each person's piece is about (`asked`) while it waits or runs, and a
+    refused second piece of hers (429) leaves the first's."""
+
+    async def go() -> None:
+        slot = FairSlot("a what-if", per_person=1)
+        gate = asyncio.Event()
+
+        async def work(person: str, about: object) -> None:
+            async with slot.hold(person, about):
+                await gate.wait()
+
+        ann = asyncio.create_task(work("ann", {"account": "p/a", "shares": 3}))
+        await asyncio.sleep(0)
+        bob = asyncio.create_task(work("bob", {"account": "p/b", "shares": 5}))  # waits
+        await asyncio.sleep(0)
+        with pytest.raises(TooBusy):
+            async with slot.hold("ann", {"account": "p/c", "shares": 9}):
+                pass
+        assert slot.asked("ann") == {"account": "p/a", "shares": 3}
+        assert slot.asked("bob") == {"account": "p/b", "shares": 5}
+        assert slot.asked("cat") is None
+        gate.set()
+        await asyncio.gather(ann, bob)
+        assert slot.asked("ann") is None and slot.asked("bob") is None
+
+    asyncio.run(go())

@@ -7,11 +7,13 @@
 // result or error kept under its own account (`results`, `errors`): a second child's "what
 // if…" while one ran showed the first's progress under the second's heading and lost its
 // result (atk52-29 F1)
-const budgetState = { account: null, whatif: null, shares: null, children: [], run: null, results: {}, errors: {} };
+// (`run.elsewhere`: one asked in another tab of hers, `watchOtherTabs`; `ended`: the last such)
+const budgetState = { account: null, whatif: null, shares: null, children: [], run: null, results: {}, errors: {}, watching: false, ended: null };
 
 async function runWhatif(child, shares) {
   const account = child.account;
   budgetState.run = { account, turn: null };
+  budgetState.ended = null;
   delete budgetState.results[account];
   delete budgetState.errors[account];
   refresh();
@@ -30,10 +32,44 @@ async function runWhatif(child, shares) {
     budgetState.errors[account] = err.message;
   }
   budgetState.run = null;
+  redrawPanel();
+}
+
+function redrawPanel() {
   const panel = document.getElementById("whatif");  // (a redraw of the panel alone, if someone types)
   const chosen = budgetState.children.find((c) => c.account === budgetState.whatif);
   if (panel && chosen && editing()) panel.replaceWith(whatifPanel(chosen));
   else refresh();
+}
+
+// a what-if of hers asked in another tab: this one shows it where it stands and its Run waits
+// for its end, as for one of its own (atk53-29 F6: this tab knew nothing of it, and its Run
+// answered 429 "a what-if of yours is under way"); its result shows in the tab that asked it
+const WATCH_MS = 2000;
+async function watchOtherTabs() {
+  if (budgetState.run !== null || budgetState.watching) return;
+  budgetState.watching = true;
+  try {
+    for (;;) {
+      const t = await api("/ui/api/budget/whatif/turn");
+      if (t.account === null || !document.getElementById("budget")) break;
+      const first = budgetState.run === null;
+      if (!first && !budgetState.run.elsewhere) return;  // (this tab's own: it says where it stands)
+      budgetState.run = { account: t.account, shares: t.shares, turn: t, elsewhere: true };
+      delete budgetState.ended;
+      const line = document.getElementById("whatif-running");
+      if (first || !line) redrawPanel();
+      else line.textContent = runningText(line.dataset.panel);
+      await new Promise((done) => setTimeout(done, WATCH_MS));
+    }
+  } finally {
+    budgetState.watching = false;
+  }
+  if (budgetState.run !== null && budgetState.run.elsewhere) {
+    budgetState.ended = budgetState.run;
+    budgetState.run = null;
+    if (document.getElementById("budget")) redrawPanel();
+  }
 }
 
 // the line of the what-if under way, in the panel of `panel` (an account): its own, or
@@ -42,6 +78,7 @@ function runningText(panel) {
   const run = budgetState.run;
   if (!run) return "";
   const text = turnText(run.turn);
+  if (run.elsewhere) return `Your what-if of ${run.account} (shares ${run.shares}), asked in another tab (one of yours at a time; its result shows there): ${text}`;
   return run.account === panel ? text : `Your what-if of ${run.account} (one of yours at a time; its result shows under its own "what if…"): ${text}`;
 }
 
@@ -81,6 +118,7 @@ function whatifPanel(child) {
     el("p", {}, "Shares ", input, ` (now ${child.raw_shares}; its siblings keep theirs) `, button),
     el("p", { class: "muted" }, "The server re-simulates the last 4 weeks' submissions (at most) twice, with and without the change (twice the time), and compares per team; what happened is beside them. Nothing is changed."),
     error ? el("p", { class: "err", id: "whatif-error" }, error) : null,
+    budgetState.ended ? el("p", { id: "whatif-elsewhere", class: "muted" }, `Your what-if of ${budgetState.ended.account} (shares ${budgetState.ended.shares}), asked in another tab, has ended: its result shows in that tab.`) : null,
     run ? el("p", { id: "whatif-running", class: "muted", "data-for": run.account, "data-panel": account }, runningText(account)) : null,
     shown && !(run && run.account === account) ? whatifResult(shown) : null);
 }
@@ -121,4 +159,5 @@ async function budgetPage(first) {
     table(["account", "kind", "RawShares", "NormShares", "usage GPU-h", "owed GPU-h", "delivered GPU-h", "delivered/owed (by period, capped at 100%)", ""],
       rows, { id: "budget" }),
     chosen ? whatifPanel(chosen) : null);
+  watchOtherTabs();  // (not awaited: it watches while the page shows)
 }
