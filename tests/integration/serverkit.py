@@ -100,8 +100,9 @@ class Server:
         body: Any = None,
         token: str | None = None,
         headers: dict[str, str] | None = None,
+        timeout: float = 60,
     ) -> tuple[int, Any]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         headers = {"Content-Type": "application/json", **(headers or {})}
         if token is not None:
             headers["Authorization"] = token if token.startswith("Bearer") else f"Bearer {token}"
