@@ -169,8 +169,9 @@ PG_OUTAGE_SECONDS: dict[str, float] = {
     "test_pg_outage_stop": 57,
 }
 """Each outage file's seconds, its tests' own times with set-up and tear-down, as scripts/test
-runs them (docs/benchmarks.md, "The PostgreSQL outage files on two pairs"): the split balances
-on them. An outage file missing here fails the collection: measure it and add it."""
+runs them (2026-12-06, load 10-27; docs/benchmarks.md, "The PostgreSQL outage files on two
+pairs"): the split balances on them. An outage file missing here fails the collection: measure
+it and add it."""
 
 PG_OUTAGE_GROUPS = split_files(PG_OUTAGE_SECONDS, ("pg_outage-a", "pg_outage-b"))
 """The outage group of every outage file: two groups, so two workers and two pairs (the one
