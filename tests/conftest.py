@@ -91,13 +91,11 @@ SLURM_CONF_OF = {
 cluster per group, each with its own data dir, ports, munge and node name, and exports each)."""
 
 
-def split_slurm_files(
-    seconds: dict[str, float], names: tuple[str, ...] = tuple(SLURM_CONF_OF)
-) -> dict[str, list[str]]:
-    """Pure: the Slurm files in one group per name (a cluster each: `SLURM_CONF_OF`), of near-equal
-    seconds: the longest file first, each to the group with fewer seconds so far (ties: the first
-    group; files of equal seconds by name). The groups differ by at most the longest file's
-    seconds."""
+def split_files(seconds: dict[str, float], names: tuple[str, ...]) -> dict[str, list[str]]:
+    """Pure: the files in one group per name, of near-equal seconds: the longest file first, each
+    to the group with fewer seconds so far (ties: the first group; files of equal seconds by
+    name). The groups differ by at most the longest file's seconds. (The Slurm files over their
+    clusters, `SLURM_CONF_OF`; the PostgreSQL outage files over their pairs, `PG_OUTAGE_GROUPS`.)"""
     groups: dict[str, list[str]] = {g: [] for g in names}
     total = dict.fromkeys(names, 0.0)
     for name in sorted(seconds, key=lambda n: (-seconds[n], n)):
@@ -107,7 +105,7 @@ def split_slurm_files(
     return {g: sorted(files) for g, files in groups.items()}
 
 
-SLURM_GROUPS = split_slurm_files(SLURM_SECONDS)
+SLURM_GROUPS = split_files(SLURM_SECONDS, tuple(SLURM_CONF_OF))
 """The Slurm group of every Slurm file: "slurm-a" on one cluster, "slurm-b" on another, ..."""
 
 
@@ -149,12 +147,54 @@ def slurm_conf(group: str, environ: Mapping[str, str]) -> str:
 
 
 PG_OUTAGE = "test_pg_outage_"
-"""The test files (`tests/integration/test_pg_outage_*.py`) that share one PostgreSQL primary and
-standby (`pg_outage_pair`, each test on a fresh database of it): one group, on one worker."""
+"""The test files (`tests/integration/test_pg_outage_*.py`) that stop, freeze and kill a
+PostgreSQL primary and its synchronous standby (`pg_outage_pair`, each test on a fresh database
+of it). The pair is a session fixture: each xdist worker starts its own, on free ports in a
+directory of its own, so the files split into groups (`PG_OUTAGE_GROUPS`), each on one worker
+with that worker's pair: one group's outage never reaches another's."""
+
+PG_OUTAGE_SECONDS: dict[str, float] = {
+    "test_pg_outage_agents": 162,
+    "test_pg_outage_frozen": 180,
+    "test_pg_outage_hung": 116,
+    "test_pg_outage_hung_cli": 87,
+    "test_pg_outage_in_doubt": 156,
+    "test_pg_outage_jobs": 107,
+    "test_pg_outage_lead": 238,
+    "test_pg_outage_new_settings": 105,
+    "test_pg_outage_primary_stopped": 12,
+    "test_pg_outage_schema_lock": 17,
+    "test_pg_outage_sessions": 60,
+    "test_pg_outage_start": 78,
+    "test_pg_outage_stop": 57,
+}
+"""Each outage file's seconds, its tests' own times with set-up and tear-down, as scripts/test
+runs them (2026-12-06, load 10-27; docs/benchmarks.md, "The PostgreSQL outage files on two
+pairs"): the split balances on them. An outage file missing here fails the collection: measure
+it and add it."""
+
+PG_OUTAGE_GROUPS = split_files(PG_OUTAGE_SECONDS, ("pg_outage-a", "pg_outage-b"))
+"""The outage group of every outage file: two groups, so two workers and two pairs (the one
+group, ~1,200 s at load 14-30 and ~12 min in CI, was the rest's longest serial chain)."""
+
+
+def pg_outage_group(path: Path) -> str | None:
+    """The outage group of a test file, None for a file that is not an outage file; an outage
+    file in no group (not in `PG_OUTAGE_SECONDS`) is an error."""
+    if path.parent.name != "integration" or not path.name.startswith(PG_OUTAGE):
+        return None
+    for group, names in PG_OUTAGE_GROUPS.items():
+        if path.stem in names:
+            return group
+    raise pytest.UsageError(
+        f"{path.name} is a PostgreSQL outage test file in no outage group: measure it alone "
+        "(`scripts/test FILE --durations=0`) and add its seconds to PG_OUTAGE_SECONDS in "
+        "tests/conftest.py"
+    )
 
 
 REST_SECONDS = {
-    "pg_outage": 1196,
+    **{g: sum(PG_OUTAGE_SECONDS[f] for f in files) for g, files in PG_OUTAGE_GROUPS.items()},
     "integration/test_dashboard_scale": 579,
     "integration/test_node_agents": 492,
     "integration/test_server_schema": 479,
@@ -162,11 +202,11 @@ REST_SECONDS = {
     "integration/test_sbatch_like": 402,
 }
 """The rest part's longest groups and their seconds, their tests' own times (the files: the whole
-suite on four workers, 2026-12-04, load 12-15; the PostgreSQL outage group's 20 tests as
-scripts/test runs them, alone, 2026-12-06, load 14-30: docs/benchmarks.md). The rest takes
-them first, longest first, then the other files in their order: the outage group, one pair on
-one worker (~12 min in the last CI's timings), was taken halfway through the files
-(`test_pg_*`), where on three workers it would end minutes after the others."""
+suite on four workers, 2026-12-04, load 12-15; the PostgreSQL outage groups: `PG_OUTAGE_SECONDS`).
+The rest takes them first, longest first, then the other files in their order: the outage
+files, then one group on one worker (~12 min in the last CI's timings), were taken halfway
+through the files (`test_pg_*`), where on three workers they would end minutes after the
+others."""
 
 
 PART = "GPULEDGER_TEST_PART"
@@ -181,7 +221,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     fixtures (a server, a ledger) are made once, and a test may build on the one before it.
     The Slurm files are groups "slurm-a", "slurm-b", ... (`SLURM_GROUPS`), each on its own
     cluster: a group's files share one cluster, so they run on one worker; the PostgreSQL outage
-    files are one group too, they share one PostgreSQL pair.
+    files are groups too (`PG_OUTAGE_GROUPS`), each on one worker and its pair.
 
     The Slurm groups come first, then the rest's longest groups (`REST_SECONDS`), the others in
     file order (the integration files, then the unit ones): `scripts/test` passes
@@ -201,8 +241,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if in_slurm is not None:
             group = in_slurm
             slurm[group].append(item)
-        elif item.path.parent.name == "integration" and item.path.name.startswith(PG_OUTAGE):
-            group = "pg_outage"  # one PostgreSQL pair for them all (pgoutkit.py)
+        elif (outage := pg_outage_group(item.path)) is not None:
+            group = outage  # the pair of the worker that runs the group (pgoutkit.py)
             rest.append(item)
         else:
             group = f"{item.path.parent.name}/{item.path.stem}"

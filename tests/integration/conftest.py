@@ -243,9 +243,10 @@ def own_broker(tmp_path: Path) -> Iterator[Broker]:
 
 @pytest.fixture(scope="session")
 def pg_outage_pair() -> Iterator[Any]:
-    """One primary with its synchronous standby for every test_pg_outage_*.py test (they are one
-    xdist group: `tests/conftest.py`), each on a fresh database of it (`pgoutkit.pg_pair`):
-    starting a pair took 7-25 s per test."""
+    """One primary with its synchronous standby, on free ports in a directory of its own, for
+    every test_pg_outage_*.py test this worker runs (its outage groups, `PG_OUTAGE_GROUPS` in
+    `tests/conftest.py`: another worker's group has a pair of its own), each on a fresh database
+    of it (`pgoutkit.pg_pair`): starting a pair took 7-25 s per test."""
     from tests.integration.test_pg_failover import own_pair
 
     with own_pair() as pg:

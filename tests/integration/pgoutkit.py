@@ -1,9 +1,11 @@
 """What the PostgreSQL outage tests (test_pg_outage_*.py) share: one primary with its synchronous
-standby for all of them, a fresh database of it for each test, and the world of the agents'
-tests (a ledger on that database, two servers, real agents, jobs that write their pids).
+standby per worker, a fresh database of it for each test, and the world of the agents' tests (a
+ledger on that database, two servers, real agents, jobs that write their pids).
 
-The pair is started once (`pg_outage_pair`, tests/integration/conftest.py: the outage files are
-one xdist group, so one worker runs them all) instead of once per test: each test starts from a
+The pair is started once per worker (`pg_outage_pair`, tests/integration/conftest.py, a session
+fixture) instead of once per test: the outage files are xdist groups (`PG_OUTAGE_GROUPS`,
+tests/conftest.py), each on one worker, so a group's tests take turns on its worker's pair and
+two groups on two workers each stop and freeze a pair of their own. Each test starts from a
 clean state all the same, the pair up with its standby streaming (`fresh_pg`) and a database no
 other test wrote to."""
 

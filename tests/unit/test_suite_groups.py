@@ -17,16 +17,21 @@ import pytest
 
 from tests.conftest import (
     PART,
+    PG_OUTAGE_GROUPS,
+    PG_OUTAGE_SECONDS,
+    REST_SECONDS,
     SLURM_CONF_OF,
     SLURM_GROUPS,
     SLURM_SECONDS,
     slurm_conf,
-    split_slurm_files,
+    split_files,
 )
 
 REPO = Path(__file__).resolve().parents[2]
 A, B = SLURM_GROUPS["slurm-a"][0], SLURM_GROUPS["slurm-b"][0]
 """A Slurm file of each group."""
+PG_A, PG_B = PG_OUTAGE_GROUPS["pg_outage-a"][0], PG_OUTAGE_GROUPS["pg_outage-b"][0]
+"""A PostgreSQL outage file of each group."""
 
 TESTS = "".join(f"def test_{i}():\n    time.sleep(0.2)\n\n\n" for i in range(4))
 
@@ -85,25 +90,21 @@ def test_no_two_test_files_share_a_name() -> None:
     assert [n for n, k in names.items() if k > 1] == []
 
 
-def test_the_slurm_groups_are_taken_first_and_the_postgresql_outage_files_are_one_group(
+def test_the_slurm_groups_are_taken_first_then_the_postgresql_outage_groups(
     tmp_path: Path,
 ) -> None:
     """`scripts/test` passes `--no-loadscope-reorder`: a worker takes the groups in the order the
     hook gives them, the two Slurm groups first (the longest groups: taken halfway, the one
     Slurm group was the run's tail), then the other files in their order. xdist's own order
     (the groups with the most tests first) would take the unit file of 10 tests first and the
-    one-test files last. The PostgreSQL outage files are one group (they share one pair:
-    `pg_outage_pair`), the first of the rest (`REST_SECONDS`: the longest)."""
+    one-test files last. The PostgreSQL outage files are two groups (`PG_OUTAGE_GROUPS`, each on
+    its worker's pair: `pg_outage_pair`), the first of the rest (`REST_SECONDS`: the longest)."""
     assert "--no-loadscope-reorder" in (REPO / "scripts" / "test").read_text()
     tree = tmp_path / "tests" / "integration"
     tree.mkdir(parents=True)
-    (tmp_path / "conftest.py").write_text(
-        "import sys\n"
-        f"sys.path.insert(0, {str(REPO)!r})\n"
-        "from tests.conftest import pytest_collection_modifyitems  # noqa: F401\n"
-    )
+    _hooked(tmp_path)
     one = "def test_0():\n    pass\n"
-    for name in ("test_aaa", "test_pg_outage_a", "test_pg_outage_b", "test_zzz"):
+    for name in ("test_aaa", PG_B, PG_A, "test_zzz"):
         (tree / f"{name}.py").write_text(one)
     for name in (B, A):
         (tree / f"{name}.py").write_text(TESTS.replace("time.sleep(0.2)", "pass"))
@@ -123,8 +124,79 @@ def test_the_slurm_groups_are_taken_first_and_the_postgresql_outage_files_are_on
     groups = list(dict.fromkeys(t.split("@", 1)[1] for t in ran))
     # the rest's longest groups first (`REST_SECONDS`): the PostgreSQL outage group, taken
     # halfway through the files, was a tail one worker ran alone (s54-suite)
-    assert groups == ["slurm-a", "slurm-b", "pg_outage", "integration/test_aaa",
+    outage = sorted(PG_OUTAGE_GROUPS, key=lambda g: -REST_SECONDS[g])
+    assert groups == ["slurm-a", "slurm-b", *outage, "integration/test_aaa",
                       "integration/test_zzz", "unit/test_many"], ran  # fmt: skip
+
+
+def test_the_postgresql_outage_groups_start_on_two_workers_each_with_its_own_pair(
+    tmp_path: Path,
+) -> None:
+    """Each outage group runs on one worker, the two on different workers (each takes one
+    first), and a session fixture (as `pg_outage_pair`) is made once per worker: each group's
+    tests share one pair, never the other group's (s54-pgsplit: they were one group, ~20 min of
+    one worker at load)."""
+    tree = tmp_path / "tests" / "integration"
+    tree.mkdir(parents=True)
+    _hooked(tmp_path)
+    (tree / "conftest.py").write_text(
+        "import uuid\nimport pytest\n\n\n@pytest.fixture(scope='session')\n"
+        "def pair():\n    return uuid.uuid4().hex\n"
+    )
+    seen = tmp_path / "seen"
+    files = [*PG_OUTAGE_GROUPS["pg_outage-a"][:2], *PG_OUTAGE_GROUPS["pg_outage-b"][:2]]
+    for name in files:
+        (tree / f"{name}.py").write_text(
+            "import time\n\n\n" + "".join(
+                f"def test_{i}(pair):\n    time.sleep(0.2)\n"
+                f"    with open({str(seen)!r}, 'a') as f:\n"
+                f"        f.write(f'{name} {{pair}}\\n')\n\n\n"
+                for i in range(2)
+            )
+        )  # fmt: skip
+    (tree / "test_other.py").write_text("def test_0():\n    pass\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2",
+         "--dist", "loadgroup", "--no-loadscope-reorder", "-v", "--rootdir", str(tmp_path),
+         str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300, env=_environ("rest"),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    ran = re.findall(r"^\[(gw\d)\] .*PASSED (\S+)", run.stdout, re.M)
+    assert len(ran) == 9, run.stdout
+    on = {g: {w for w, t in ran if t.endswith(f"@{g}")} for g in PG_OUTAGE_GROUPS}
+    assert all(len(w) == 1 for w in on.values()) and len(set.union(*on.values())) == 2, ran
+    pairs: dict[str, set[str]] = {g: set() for g in PG_OUTAGE_GROUPS}
+    for line in seen.read_text().splitlines():
+        name, pair = line.split()
+        pairs[next(g for g, fs in PG_OUTAGE_GROUPS.items() if name in fs)].add(pair)
+    # one pair for each group's tests, another for the other group's
+    assert all(len(p) == 1 for p in pairs.values()) and len(set.union(*pairs.values())) == 2
+
+
+def test_every_postgresql_outage_file_is_in_exactly_one_group_and_the_groups_balance() -> None:
+    files = {p.stem for p in (REPO / "tests" / "integration").glob("test_pg_outage_*.py")}
+    assert set(PG_OUTAGE_SECONDS) == files
+    assert all(s > 0 for s in PG_OUTAGE_SECONDS.values()), PG_OUTAGE_SECONDS
+    grouped = [f for names in PG_OUTAGE_GROUPS.values() for f in names]
+    assert sorted(grouped) == sorted(files)  # each file once
+    sums = [sum(PG_OUTAGE_SECONDS[f] for f in names) for names in PG_OUTAGE_GROUPS.values()]
+    assert max(sums) - min(sums) <= max(PG_OUTAGE_SECONDS.values()), sums
+    assert {g: REST_SECONDS[g] for g in PG_OUTAGE_GROUPS} == dict(
+        zip(PG_OUTAGE_GROUPS, sums, strict=True)
+    )
+
+
+def test_an_outage_file_in_no_group_fails_the_collection(tmp_path: Path) -> None:
+    tree = tmp_path / "tests" / "integration"
+    tree.mkdir(parents=True)
+    _hooked(tmp_path)
+    (tree / "test_pg_outage_unmeasured.py").write_text("def test_0():\n    pass\n")
+    run = _nested(tmp_path, "")
+    assert run.returncode != 0 and "passed" not in run.stdout, run.stdout
+    assert "test_pg_outage_unmeasured.py is a PostgreSQL outage test file in no outage group" in (
+        run.stdout + run.stderr
+    )
 
 
 def test_every_slurm_file_is_in_exactly_one_group_and_the_groups_balance() -> None:
@@ -161,13 +233,13 @@ def test_every_slurm_file_is_in_exactly_one_group_and_the_groups_balance() -> No
 def test_the_split_puts_each_file_with_the_lighter_group_longest_first(
     seconds: dict[str, float], want_a: list[str], want_b: list[str]
 ) -> None:
-    got = split_slurm_files(seconds, ("slurm-a", "slurm-b"))
+    got = split_files(seconds, ("slurm-a", "slurm-b"))
     assert got == {"slurm-a": want_a, "slurm-b": want_b}
 
 
 def test_the_split_spreads_over_every_cluster() -> None:
     seconds = {"x": 9, "y": 5, "z": 4, "w": 3, "v": 1}
-    got = split_slurm_files(seconds, ("a", "b", "c"))
+    got = split_files(seconds, ("a", "b", "c"))
     assert got == {"a": ["x"], "b": ["v", "y"], "c": ["w", "z"]}
 
 
