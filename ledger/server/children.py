@@ -28,6 +28,19 @@ T = TypeVar("T")
 STEPS = 10
 """A child runs this many nice levels below the server (`lowered`)."""
 
+READER = b"gpuledger-reads"
+"""The OS name (`comm`, 15 bytes at most) of the read pool's threads, which lower themselves to
+serve reads below the service (`mark_reader`): not the server's working level, so
+`server_priority` passes them by (they made every child `SCHED_IDLE` at 19: atk54-29 F1)."""
+
+
+def mark_reader() -> None:
+    """Name the calling thread `READER` (Linux `PR_SET_NAME`; elsewhere nothing)."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(READER))  # PR_SET_NAME: this thread's
+
 
 def lowered(server_nice: int, server_idle: bool = False) -> tuple[int, bool]:
     """Pure: the nice level of a child of a server running at `server_nice`, `STEPS` above it
@@ -59,9 +72,12 @@ def server_priority(pid: int) -> tuple[int, bool]:
         for task in os.scandir(f"/proc/{pid}/task"):
             try:
                 with open(os.path.join(task.path, "stat"), "rb") as f:
-                    fields = f.read().rsplit(b")", 1)[1].split()
+                    stat = f.read()
+                fields = stat.rsplit(b")", 1)[1].split()
             except OSError:  # a thread that ended meanwhile
                 continue
+            if stat.split(b" (", 1)[1].rsplit(b")", 1)[0] == READER:
+                continue  # a reader lowered on purpose (`READER`)
             nices.append(int(fields[16]))  # field 19 of proc(5): nice
             idle = idle or int(fields[38]) == IDLE  # field 41: policy
     if not nices:

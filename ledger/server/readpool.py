@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ledger.history.tables import Limits
-from ledger.server import connections, meters
+from ledger.server import children, connections, meters
 from ledger.server.fairlane import FairLane, Turns
 from schemas.errors import TooBusy
 
@@ -197,6 +197,7 @@ class ReadPool:
         return await asyncio.get_running_loop().run_in_executor(self._projecting, fn)
 
     def _lower_priority(self) -> None:
+        children.mark_reader()  # not the server's level for its children (`children.READER`)
         with contextlib.suppress(OSError):  # Linux: a thread's nice value is its own
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
 
