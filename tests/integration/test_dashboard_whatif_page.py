@@ -111,3 +111,38 @@ def test_a_second_tab_shows_the_what_if_the_first_asked_and_waits_for_its_end(
         errors_one,
         errors_two,
     )
+
+
+def test_a_tab_open_before_her_what_if_starts_shows_it_at_once_and_a_failure_as_one(
+    reviewed: Reviewed, browser: Browser
+) -> None:
+    """atk54-29 F3: a tab of hers already on the Budget page learnt of the what-if another tab
+    of the same browser started only at its next 30 s redraw (its Run answered 429 meanwhile);
+    F4: when that what-if failed, the tab said its result showed in the other tab. Tabs of one
+    browser now hear a start and an end at once (a BroadcastChannel), and the end says how."""
+    r = reviewed
+    kids = children(r)
+    first, second = sorted(kids)[:2]
+    ctx = signed_in(browser, r.tokens["boss"])
+    two, errors_two = watched(ctx)  # open first, its panel on another child
+    two.goto(r.server.url + "/ui/budget")
+    two.wait_for_selector("#budget tbody tr")
+    two.locator(f'#budget tbody tr[data-account="{second}"] button.whatif').click()
+    one, errors_one = watched(ctx)
+    one.goto(r.server.url + "/ui/budget")
+    one.wait_for_selector("#budget tbody tr")
+    one.locator(f'#budget tbody tr[data-account="{first}"] button.whatif').click()
+    one.fill("#whatif-shares", str(kids[first]["raw_shares"] + 4))
+    one.click("#whatif-run")
+    one.wait_for_selector("#whatif-running")
+    two.wait_for_selector("#whatif-running", timeout=8_000)  # before: up to 30 s
+    assert "another tab" in two.locator("#whatif-running").inner_text()
+    assert two.locator("#whatif-run").is_disabled()
+    two.wait_for_selector("#whatif-elsewhere", timeout=SLOW_S * 1000)
+    one.wait_for_selector("#whatif-result, #whatif-error", timeout=SLOW_S * 1000)
+    ended = two.locator("#whatif-elsewhere").inner_text()
+    if one.locator("#whatif-error").count():
+        assert "it failed" in ended, ended
+    else:
+        assert "its result shows" in ended and "error" not in ended, ended
+    assert errors_one == errors_two == [], (errors_one, errors_two)

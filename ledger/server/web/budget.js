@@ -10,6 +10,19 @@
 // (`run.elsewhere`: one asked in another tab of hers, `watchOtherTabs`; `ended`: the last such)
 const budgetState = { account: null, whatif: null, shares: null, children: [], run: null, results: {}, errors: {}, watching: false, ended: null };
 
+// her other tabs of this browser hear at once that a what-if of hers starts or ends (they
+// learnt of it at their next 30 s redraw: atk54-29 F3; and said its result showed in this tab
+// when it had failed: F4); another browser learns at its next redraw, or when its Run is
+// answered "under way" (it then shows hers rather than an error)
+const tabs = "BroadcastChannel" in window ? new BroadcastChannel("gpuledger-whatif") : null;
+if (tabs) {
+  tabs.onmessage = (m) => {
+    if (!document.getElementById("budget")) return;
+    if (m.data.started) watchOtherTabs();
+    else if (m.data.ended) budgetState.endedWell = m.data.ok;
+  };
+}
+
 async function runWhatif(child, shares) {
   const account = child.account;
   budgetState.run = { account, turn: null };
@@ -22,6 +35,7 @@ async function runWhatif(child, shares) {
   // (each line only rewrites that line: a whole redraw per line fetched the page again and
   // replaced its fields under the cursor, atk51-29 F1)
   const said = (turn) => {
+    if (tabs && budgetState.run.turn === null) tabs.postMessage({ started: account });  // (the server has it now)
     budgetState.run.turn = turn;
     const line = document.getElementById("whatif-running");
     if (line) line.textContent = runningText(line.dataset.panel);
@@ -29,8 +43,14 @@ async function runWhatif(child, shares) {
   try {
     budgetState.results[account] = await streamed("/ui/api/budget/whatif?stream=true", { account, shares }, said);
   } catch (err) {
+    if (/under way/.test(err.message)) {  // one of hers asked elsewhere (another browser)
+      budgetState.run = null;
+      watchOtherTabs();
+      return;
+    }
     budgetState.errors[account] = err.message;
   }
+  if (tabs) tabs.postMessage({ ended: account, ok: !(account in budgetState.errors) });
   budgetState.run = null;
   redrawPanel();
 }
@@ -66,7 +86,8 @@ async function watchOtherTabs() {
     budgetState.watching = false;
   }
   if (budgetState.run !== null && budgetState.run.elsewhere) {
-    budgetState.ended = budgetState.run;
+    budgetState.ended = { ...budgetState.run, ok: budgetState.endedWell };
+    budgetState.endedWell = undefined;
     budgetState.run = null;
     if (document.getElementById("budget")) redrawPanel();
   }
@@ -118,7 +139,7 @@ function whatifPanel(child) {
     el("p", {}, "Shares ", input, ` (now ${child.raw_shares}; its siblings keep theirs) `, button),
     el("p", { class: "muted" }, "The server re-simulates the last 4 weeks' submissions (at most) twice, with and without the change (twice the time), and compares per team; what happened is beside them. Nothing is changed."),
     error ? el("p", { class: "err", id: "whatif-error" }, error) : null,
-    budgetState.ended ? el("p", { id: "whatif-elsewhere", class: "muted" }, `Your what-if of ${budgetState.ended.account} (shares ${budgetState.ended.shares}), asked in another tab, has ended: its result shows in that tab.`) : null,
+    budgetState.ended ? el("p", { id: "whatif-elsewhere", class: "muted" }, `Your what-if of ${budgetState.ended.account} (shares ${budgetState.ended.shares}), asked in another tab, has ended: ${budgetState.ended.ok === false ? "it failed; its error" : budgetState.ended.ok ? "its result" : "its result (or its error)"} shows in that tab.`) : null,
     run ? el("p", { id: "whatif-running", class: "muted", "data-for": run.account, "data-panel": account }, runningText(account)) : null,
     shown && !(run && run.account === account) ? whatifResult(shown) : null);
 }
