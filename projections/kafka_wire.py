@@ -71,7 +71,9 @@ TOPIC_CONFIG = {
     "retention.ms": "-1",  # the broker default deletes events after 7 days
     "retention.bytes": "-1",
     "cleanup.policy": "delete",  # never compact: every record has the same key (the stream id)
-    "message.timestamp.type": "CreateTime",
+    # the broker stamps each batch with its clock at the append, which no producer chooses: the
+    # relay keeps its last record's time in its signed progress (`relay_tail.stamped`)
+    "message.timestamp.type": "LogAppendTime",
     "max.message.bytes": str(RECORD_MAX_BYTES),
     # Replication factor and min.insync.replicas come from the broker's defaults, so acks=all
     # means what the cluster's operators set (1 on the development broker).

@@ -95,11 +95,12 @@ def _copy_progress(src_home: Path, src: str | None, dst_home: Path, dst: str | N
     if not kept:
         return
     with relay_progress.opened(dst_home, dst) as recorder:
-        for topic, position, mac, topic_id, offset in kept:  # each MAC as it is: it names the
-            # same events, and the same records of the topic
+        for topic, position, mac, topic_id, offset, stamp in kept:  # each MAC as it is: it
+            # names the same events, and the same records of the topic (and their append times)
             relay_progress.keep(
-                recorder, topic, position, signature=mac, topic_id=topic_id, offset=offset
-            )
+                recorder, topic, position, signature=mac, topic_id=topic_id, offset=offset,
+                stamp=stamp,
+            )  # fmt: skip
 
 
 @store.command("restore")
@@ -236,16 +237,16 @@ def _restored_anchor(
 ) -> tuple[str, int] | None:
     """The topic id and offset a restore's progress row names: the record of its last position,
     when it passes the checks the relay makes of its bookmark (the topic still the one read, by
-    its id; the record followed by a commit marker, `relay_tail.marked`), so the next relay
+    its id; the record followed by a commit marker, `relay_tail.not_taken`), so the next relay
     takes it (checking it again, with the store's bytes) rather than reading the whole topic
     from its start, which a row without them made it do. None: the row names neither."""
-    from ledger.store.relay_tail import marked
+    from ledger.store.relay_tail import not_taken
     from projections.kafka_wire import connect_timeout
 
     if topic_id is None or offset is None or _topic_id(bootstrap, topic) != topic_id:
         return None
     try:
-        if not marked(bootstrap, offset, topic, connect_timeout_s=connect_timeout()):
+        if not_taken(bootstrap, offset, topic, connect_timeout_s=connect_timeout()) is not None:
             return None
     except Exception:
         return None

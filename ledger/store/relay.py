@@ -30,8 +30,8 @@ An edge (network, files). Guarantees, with the reasons (docs/kafka.md has the lo
   every committed event (bounded).
 
 The topic, the record headers and the client settings are `projections.kafka_wire`'s, which every
-reader shares. Record timestamps are the wall clock at publish time (Kafka 4 rejects timestamps
-more than an hour in the future; simulations run far ahead); the event time is in the payload.
+reader shares. Record timestamps are the broker's append time (`LogAppendTime`: the progress
+keeps its last record's, `relay_tail.stamped`), never the event time, which is in the payload.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ from ledger.store.relay_tail import (
     held_at,
     held_text,
     last_published,
-    marked,
+    not_taken,
     store_digests,
     tail_windows,
     unavailable,
@@ -81,6 +81,7 @@ from ledger.store.relay_topic import (
     RelayUnavailable,
     TopicMark,
     batch_bytes,
+    create_time_text,
     ensure_topic,
     offsets_text,
     open_admin,
@@ -206,6 +207,8 @@ class Relay:
         """The log position of the last event known to be committed on the topic."""
         self._offset: int | None = None
         """The offset of the relay's record of `position` on the topic (None: none, unknown)."""
+        self._stamp: int | None = None
+        """The time the broker appended that record (None: unknown, a `CreateTime` topic)."""
         self.skipped: tuple[int, ...] = ()
         """Offsets of foreign records found after our last record when we last connected."""
         self._stale = False
@@ -313,6 +316,8 @@ class Relay:
             )
             self.remade_note, self._remade = why, None
             self.remakes += 1
+        if not mark.appended and (self.mark is None or self.mark.appended):
+            log.warning("%s", create_time_text(self.topic))  # once, and again after a change
         self.mark, self._published_end = mark, mark.end
         self._checked = time.monotonic()
         last = found.position
@@ -326,7 +331,7 @@ class Relay:
                 self.topic,
                 offsets_text(foreign),
             )
-        self.position, self._offset = last, found.offset
+        self.position, self._offset, self._stamp = last, found.offset, found.stamp
         self.skipped = tuple(foreign)
         return producer
 
@@ -335,7 +340,7 @@ class Relay:
         mark, offset = self.mark, self._offset
         if mark is None or not mark.topic_id or offset is None or not self.position:
             return None
-        return Committed(mark.topic_id, offset)
+        return Committed(mark.topic_id, offset, self._stamp if mark.appended else None)
 
     def _bookmark(self, topic_id: str = "") -> tuple[Found, list[int]]:
         """The position of our last committed record on the topic, and the offsets of the
@@ -410,23 +415,19 @@ class Relay:
             and self.position <= head
             and (start is None or start.position < self.position)
         ):
-            start = Anchor(mine.offset, self.position)
-        if start is not None and not marked(
-            self.bootstrap,
-            start.offset,
-            self.topic,
-            self.config,
-            self.timeout_s,
-            self.connect_timeout_s,
-        ):
+            start = Anchor(mine.offset, self.position, mine.stamp)
+        why = None if start is None else not_taken(
+            self.bootstrap, start.offset, self.topic, self.config, self.timeout_s,
+            self.connect_timeout_s, start.stamp,
+        )  # fmt: skip
+        if start is not None and why is not None:
             log.warning(
-                "relay: the record its progress names on %s (position %d, offset %d) is not "
-                "followed by a commit marker: not taken as its own (a record put there outside "
-                "a transaction after the broker lost the end of the topic?); the topic is read "
-                "from its start",
+                "relay: the record its progress names on %s (position %d, offset %d) %s: not "
+                "taken as its own; the topic is read from its start",
                 self.topic,
                 start.position,
                 start.offset,
+                why,
             )
             start = None
         windows = tail_windows(
@@ -508,6 +509,7 @@ class Relay:
             self.position = fits[-1].position
             end = self._sent_end()
             self._offset = end - 1 if end else None
+            self._stamp = self._sent_stamp()
             self._published_end = max(self._published_end, end)
             self.kept.advance(self.position, self._committed())  # after the commit, never before
             total += len(fits)
@@ -594,6 +596,13 @@ class Relay:
         """The offset after the last record sent, once its transaction committed (0: unknown)."""
         offset = getattr(getattr(self._last_sent, "value", None), "offset", None)
         return int(offset) + 1 if isinstance(offset, int) and offset >= 0 else 0
+
+    def _sent_stamp(self) -> int | None:
+        """The time the broker appended the last record sent, once committed (None: unknown;
+        on a `CreateTime` topic kafka-python reports the producer's time: never taken)."""
+        stamp = getattr(getattr(self._last_sent, "value", None), "timestamp", None)
+        ok = self.mark is not None and self.mark.appended and isinstance(stamp, int)
+        return int(stamp) if ok and stamp is not None and stamp >= 0 else None
 
     def _fitting(self, records: list[RawRecord], tried: bool = False) -> list[RawRecord]:
         """The records before the first the topic would refuse for its size (the broker fails

@@ -51,9 +51,13 @@ topic id it only goes forward: a higher position, or a later commit (a higher of
 its position: after the broker lost the end of the topic the relay publishes positions at or
 below the row's again, and the row kept naming an offset that no longer held its record, every
 restart reading the whole topic (atk53-25 F2). The relay takes the record the row names only
-when a commit marker follows it (`relay_tail.marked`, atk53-25 F1). A row without them (an
-earlier version's, `store restore`'s) is unknown: the relay reads the topic from its start
-once.
+when a commit marker follows it and it carries the time the broker appended the relay's
+record, which the row keeps too (`append_ms`, in the MAC: v3; the topic is `LogAppendTime`, so
+the broker stamps it, not a producer): after the broker lost the end of the topic a saved record
+put back at that offset, by a transactional writer too (a marker after it), reads with a later
+time (`relay_tail.not_taken`, atk53-25 F1). A row without a time (v2, an earlier version's or a
+`CreateTime` topic's) keeps the marker check alone; one without an id and offset (an earlier
+version's, `store restore`'s) is unknown: the relay reads the topic from its start once.
 
 An edge (the store). The rules (`trusted`, `words`, `anchor`, `elsewhere`, `due`, `mac`) are
 pure.
@@ -88,13 +92,14 @@ about a microsecond an event)."""
 
 _SQLITE_TABLE = (
     f"CREATE TABLE IF NOT EXISTS {TABLE} (topic TEXT PRIMARY KEY, position INTEGER NOT NULL, "
-    "kept_at TEXT NOT NULL, mac TEXT, topic_id TEXT, record_offset INTEGER)"
+    "kept_at TEXT NOT NULL, mac TEXT, topic_id TEXT, record_offset INTEGER, append_ms INTEGER)"
 )
 _SQLITE_KEEP = (
-    f"INSERT INTO {TABLE} (topic, position, kept_at, mac, topic_id, record_offset) "
-    "VALUES (?, ?, datetime('now'), ?, ?, ?) "
+    f"INSERT INTO {TABLE} (topic, position, kept_at, mac, topic_id, record_offset, append_ms) "
+    "VALUES (?, ?, datetime('now'), ?, ?, ?, ?) "
     "ON CONFLICT (topic) DO UPDATE SET position = excluded.position, kept_at = excluded.kept_at, "
-    "mac = excluded.mac, topic_id = excluded.topic_id, record_offset = excluded.record_offset "
+    "mac = excluded.mac, topic_id = excluded.topic_id, record_offset = excluded.record_offset, "
+    "append_ms = excluded.append_ms "
     f"WHERE excluded.position > {TABLE}.position "
     f"OR (excluded.topic_id IS NOT NULL AND excluded.topic_id IS NOT {TABLE}.topic_id) "
     f"OR (excluded.record_offset IS NOT NULL AND ({TABLE}.record_offset IS NULL "
@@ -102,13 +107,14 @@ _SQLITE_KEEP = (
 )
 _PG_TABLE = (
     f"CREATE TABLE IF NOT EXISTS {TABLE} (topic text PRIMARY KEY, position bigint NOT NULL, "
-    "kept_at timestamptz NOT NULL, mac text, topic_id text, record_offset bigint)"
+    "kept_at timestamptz NOT NULL, mac text, topic_id text, record_offset bigint, append_ms bigint)"
 )
 _PG_KEEP = (
-    f"INSERT INTO {TABLE} AS kept (topic, position, kept_at, mac, topic_id, record_offset) "
-    "VALUES (%s, %s, now(), %s, %s, %s) "
+    f"INSERT INTO {TABLE} AS kept (topic, position, kept_at, mac, topic_id, record_offset, "
+    "append_ms) VALUES (%s, %s, now(), %s, %s, %s, %s) "
     "ON CONFLICT (topic) DO UPDATE SET position = excluded.position, kept_at = now(), "
-    "mac = excluded.mac, topic_id = excluded.topic_id, record_offset = excluded.record_offset "
+    "mac = excluded.mac, topic_id = excluded.topic_id, record_offset = excluded.record_offset, "
+    "append_ms = excluded.append_ms "
     "WHERE excluded.position > kept.position "
     "OR (excluded.topic_id IS NOT NULL AND excluded.topic_id IS DISTINCT FROM kept.topic_id) "
     "OR (excluded.record_offset IS NOT NULL AND (kept.record_offset IS NULL "
@@ -124,9 +130,10 @@ _COLUMNS = (
     ("mac", "TEXT", "text"),
     ("topic_id", "TEXT", "text"),
     ("record_offset", "INTEGER", "bigint"),
+    ("append_ms", "INTEGER", "bigint"),
 )
 """Columns a table made by an earlier version may lack (`mac` before s47, the topic id and the
-offset before s53): added at the first write."""
+offset before s53, the append time before s54): added at the first write."""
 
 
 def _pg(sql: str, recorder: Any) -> str:
@@ -150,13 +157,18 @@ class Word(NamedTuple):
     earlier version, `store restore`'s, or none)."""
     offset: int | None = None
     """The offset of that committed record on that topic (None: unknown)."""
+    stamp: int | None = None
+    """The time the broker appended that record (ms since the epoch, the topic being
+    `LogAppendTime`; None: unknown, a row of an earlier version or of a `CreateTime` topic)."""
 
 
 class Committed(NamedTuple):
-    """Where the relay committed a record: the topic's id and the record's offset."""
+    """Where the relay committed a record: the topic's id, the record's offset and the time the
+    broker appended it (None: unknown, a `CreateTime` topic)."""
 
     topic_id: str
     offset: int
+    stamp: int | None = None
 
 
 class Anchor(NamedTuple):
@@ -168,6 +180,8 @@ class Anchor(NamedTuple):
 
     offset: int
     position: int
+    stamp: int | None = None
+    """The append time the record must read with (`relay_tail.stamped`; None: not checked)."""
 
 
 def anchor(word: Word, topic_id: str, head: int) -> Anchor | None:
@@ -179,7 +193,7 @@ def anchor(word: Word, topic_id: str, head: int) -> Anchor | None:
         return None
     if not topic_id or word.topic_id != topic_id:
         return None
-    return Anchor(word.offset, p)
+    return Anchor(word.offset, p, word.stamp)
 
 
 def elsewhere(topic: str, word: Word, topic_id: str) -> str | None:
@@ -258,12 +272,20 @@ def mac(
     link: str,
     topic_id: str | None = None,
     offset: int | None = None,
+    stamp: int | None = None,
 ) -> str:
     """Pure: the MAC of a progress row, `<key id>:<hex>`: HMAC-SHA256 under the state key of the
     topic, the position and the link to the store's event there ("" for 0), and (v2) the topic
-    id and the offset the row names (a row without them: v1, an earlier version's)."""
-    if topic_id is None and offset is None:
+    id and the offset the row names (a row without them: v1, an earlier version's), and (v3)
+    the time the broker appended that record (a row without it: v2, an earlier version's or a
+    `CreateTime` topic's)."""
+    if topic_id is None and offset is None and stamp is None:
         text = f"gpuledger.relay-progress.v1\0{topic}\0{position}\0{link}".encode()
+    elif stamp is not None:
+        text = (
+            f"gpuledger.relay-progress.v3\0{topic}\0{position}\0{link}\0{topic_id or ''}"
+            f"\0{'' if offset is None else offset}\0{stamp}"
+        ).encode()
     else:
         text = (
             f"gpuledger.relay-progress.v2\0{topic}\0{position}\0{link}\0{topic_id or ''}"
@@ -299,16 +321,17 @@ def verdict(
     got: str | None,
     topic_id: str | None = None,
     offset: int | None = None,
+    stamp: int | None = None,
 ) -> Verdict:
-    """What `got`, the MAC a row for (`topic`, `position`, `topic_id`, `offset`) carries, is
-    under `key`."""
+    """What `got`, the MAC a row for (`topic`, `position`, `topic_id`, `offset`, `stamp`)
+    carries, is under `key`."""
     if not got:
         return "unsigned"
     kid, sep, _hex = got.partition(":")
     if sep and kid != key_id(key) and len(kid) == 12:
         return "unsigned"
     at = link_at(recorder, position)
-    want = None if at is None else mac(key, topic, position, at, topic_id, offset)
+    want = None if at is None else mac(key, topic, position, at, topic_id, offset, stamp)
     ok = want is not None and hmac.compare_digest(want, got)
     return "signed" if ok else "edited"
 
@@ -453,10 +476,10 @@ def read_mac(recorder: Any, topic: str) -> str | None:
     return None if got is None else str(got)
 
 
-def read_anchor(recorder: Any, topic: str) -> tuple[str | None, int | None]:
-    """The topic id and the offset the store's row for `topic` names ((None, None): no row, a
-    row of an earlier version, no such columns)."""
-    query = f"SELECT topic_id, record_offset FROM {TABLE} WHERE topic = "
+def read_anchor(recorder: Any, topic: str) -> tuple[str | None, int | None, int | None]:
+    """The topic id, the offset and the append time the store's row for `topic` names (None
+    each: no row, a row of an earlier version, no such column: a table made before it)."""
+    query = f"SELECT * FROM {TABLE} WHERE topic = "
     if isinstance(recorder, SQLiteApplicationRecorder):
         import sqlite3
 
@@ -466,32 +489,39 @@ def read_anchor(recorder: Any, topic: str) -> tuple[str | None, int | None]:
             try:
                 cursor.execute(query + "?", (topic,))
             except (sqlite3.OperationalError, OperationalError):
-                return None, None  # no table, or no columns (a table of an earlier version)
-            row = cursor.fetchone()
-        got = None if row is None else (row[0], row[1])
+                return None, None, None  # no table
+            row = cursor.fetchone()  # a sqlite3.Row: its columns by name
+        got = {} if row is None else dict(zip(row.keys(), tuple(row), strict=True))
     elif getattr(getattr(recorder, "datastore", None), "pool", None) is None:
-        return None, None
+        return None, None, None
     else:
         import psycopg
 
         with recorder.datastore.get_connection() as conn:
             try:
-                found = conn.execute(_pg(query, recorder) + "%s", (topic,)).fetchone()
-            except (psycopg.errors.UndefinedTable, psycopg.errors.UndefinedColumn):
-                return None, None
-        if isinstance(found, dict):
-            got = (found["topic_id"], found["record_offset"])
+                cur = conn.execute(_pg(query, recorder) + "%s", (topic,))
+            except psycopg.errors.UndefinedTable:
+                return None, None, None
+            found = cur.fetchone()
+            names = [d.name for d in cur.description or ()]
+        if found is None:
+            got = {}
         else:
-            got = None if found is None else (found[0], found[1])
-    if got is None:
-        return None, None
-    return (None if got[0] is None else str(got[0])), (None if got[1] is None else int(got[1]))
+            got = dict(found) if isinstance(found, dict) else dict(zip(names, found, strict=False))
+    topic_id, offset, stamp = (got.get(k) for k in ("topic_id", "record_offset", "append_ms"))
+    return (
+        None if topic_id is None else str(topic_id),
+        None if offset is None else int(offset),
+        None if stamp is None else int(stamp),
+    )
 
 
-def signed_rows(recorder: Any) -> list[tuple[str, int, str | None, str | None, int | None]]:
-    """Every (topic, progress, MAC, topic id, offset) the store keeps, by topic: what `gpuledger
-    store copy` carries over (the copy holds the same events, so each MAC still names them, and
-    the topic holds the same records)."""
+def signed_rows(
+    recorder: Any,
+) -> list[tuple[str, int, str | None, str | None, int | None, int | None]]:
+    """Every (topic, progress, MAC, topic id, offset, append time) the store keeps, by topic:
+    what `gpuledger store copy` carries over (the copy holds the same events, so each MAC still
+    names them, and the topic holds the same records)."""
     return [(t, p, read_mac(recorder, t), *read_anchor(recorder, t)) for t, p in rows(recorder)]
 
 
@@ -541,17 +571,19 @@ def keep(
     signature: str | None = None,
     topic_id: str | None = None,
     offset: int | None = None,
+    stamp: int | None = None,
 ) -> None:
     """Raise the progress the store keeps for `topic` to `position` (never lower it on one
     topic id; a row naming another is replaced; `repair`: replace a row that does not verify,
-    whatever it says), naming the topic's id and the offset of the committed record of
-    `position` (None: unknown), with its MAC under `key` (or `signature`, a row's MAC copied as
-    it is; none without either): one statement, its own transaction. The table is made on the
+    whatever it says), naming the topic's id, the offset of the committed record of `position`
+    and the time the broker appended it (None: unknown), with its MAC under `key` (or
+    `signature`, a row's MAC copied as it is; none without either): one statement, its own
+    transaction. The table is made on the
     first write (`topic` None: only that), and a table of an earlier version given its columns."""
     if key is not None and topic is not None:
         at = link_at(recorder, position)
-        signature = None if at is None else mac(key, topic, position, at, topic_id, offset)
-    values = (topic, position, signature, topic_id, offset)
+        signature = None if at is None else mac(key, topic, position, at, topic_id, offset, stamp)
+    values = (topic, position, signature, topic_id, offset, stamp)
     where = " WHERE excluded.position > "
     if isinstance(recorder, SQLiteApplicationRecorder):
         import sqlite3
@@ -589,7 +621,7 @@ def keep(
     with recorder.datastore.get_connection() as conn:
         made = conn.execute(
             "SELECT count(*) AS n FROM information_schema.columns WHERE table_name = %s "
-            "AND column_name = 'record_offset' AND table_schema = %s",
+            "AND column_name = 'append_ms' AND table_schema = %s",
             (TABLE, getattr(recorder.datastore, "schema", "") or "public"),
         ).fetchone()
         if not (made["n"] if isinstance(made, dict) else made[0]):
@@ -640,18 +672,20 @@ class Kept:
         """The store's word and whether it verifies (`Word`); one that does not (or lies
         beyond the store's `head`) is not taken as written, and is replaced at the next write."""
         got = read(self.recorder, self.topic)
-        topic_id, offset = read_anchor(self.recorder, self.topic) if got else (None, None)
+        topic_id, offset, stamp = read_anchor(self.recorder, self.topic) if got else (None,) * 3
         verified = True
         if got and self.key is not None:
             mac_of = read_mac(self.recorder, self.topic)
-            said = verdict(self.recorder, self.key, self.topic, got, mac_of, topic_id, offset)
+            said = verdict(
+                self.recorder, self.key, self.topic, got, mac_of, topic_id, offset, stamp
+            )
             verified = said == "signed"
         if got is not None and (head is None or got <= head) and verified:
             if got > self.kept or topic_id != self.kept_id or offset != self.kept_offset:
                 self.kept, self.kept_id, self.kept_offset = got, topic_id, offset
         elif got:
             self._repair = True
-        return Word(got, verified, topic_id, offset)
+        return Word(got, verified, topic_id, offset, stamp)
 
     def _kept_on(self, at: Committed | None) -> tuple[int, int | None]:
         """What was kept on the topic of `at`, and at which offset (0: the row names another
@@ -688,7 +722,8 @@ class Kept:
                 return
             keep(self.recorder, self.topic, position, self.key, repair=self._repair,
                  topic_id=None if at is None else at.topic_id,
-                 offset=None if at is None else at.offset)  # fmt: skip
+                 offset=None if at is None else at.offset,
+                 stamp=None if at is None else at.stamp)  # fmt: skip
         except Exception as e:  # behind costs duplicates, never a gap: go on publishing
             (log.debug if self._failing else log.warning)(
                 "relay: cannot keep its progress (position %d) in the store: %s: %s; tried "

@@ -156,28 +156,67 @@ def first_position(
         consumer.close()
 
 
-def marked(
+LOG_APPEND_TIME = 1
+"""A record's timestamp type when the broker stamped it with its clock at the append (the topic's
+`message.timestamp.type=LogAppendTime`); 0 is `CreateTime`, the producer's."""
+
+
+def stamped(record: Any, stamp: int | None) -> str | None:
+    """Pure: why `record` (a ConsumerRecord, None: no record at that offset) is not the one the
+    relay committed with the broker's append time `stamp` (None: the row names none, a row of
+    an earlier version or of a `CreateTime` topic: nothing to check). On a `LogAppendTime`
+    topic the broker, not the producer, stamps every batch it appends, so no topic writer can
+    make a record read as appended at a time it chose: a saved record of the relay's put back
+    at the offset its progress names after the broker lost the end of the topic is appended
+    later, by a transactional writer too (a commit marker after it), and was the bookmark
+    (atk53-25 F1)."""
+    if stamp is None:
+        return None
+    if record is None:
+        return "holds no record"
+    kind = getattr(record, "timestamp_type", None)
+    if kind != LOG_APPEND_TIME:
+        return (
+            f"carries no append time (its timestamp type is {kind}, CreateTime: the topic's "
+            "setting changed, or it was written again)"
+        )
+    if record.timestamp != stamp:
+        return (
+            f"was appended at {record.timestamp} ms, not at the {stamp} ms the relay's record "
+            "was (written again after the broker lost the end of the topic?)"
+        )
+    return None
+
+
+def not_taken(
     bootstrap: str,
     offset: int,
     topic: str = TOPIC,
     config: Mapping[str, Any] | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
-) -> bool:
-    """Whether the offset after `offset` holds no record at all, committed, aborted or open, and
-    lies within the topic: a control record, the marker of the transaction the record at
-    `offset` ended, as the relay's last record of a batch (what its progress names) is followed
-    by its commit. A saved record of the relay's that a topic writer put at that offset after
-    the broker lost the end of the topic (its data restored from an older copy: the same topic
-    id) was taken as the bookmark, and the events between the topic's new end and it never
-    reached the topic, "publishing, 0 behind" (atk53-25 F1): a record sent outside a
-    transaction is followed by the topic's end or by the next record, never by a marker. Read
-    uncommitted, so an aborted record there counts too. A record of the relay's whose commit
-    another producer's record preceded is refused as well: the topic is read from its start
-    (time, never a gap). Only a transactional producer can put a marker after its record: the
-    remaining limit (docs/kafka.md)."""
+    stamp: int | None = None,
+) -> str | None:
+    """Why the record at `offset` is not the relay's record its progress names (None: it may
+    be, the store's bytes decide). The offset after it must hold no record at all, committed,
+    aborted or open, and lie within the topic: a control record, the marker of the transaction
+    the record at `offset` ended, as the relay's last record of a batch (what its progress
+    names) is followed by its commit. A saved record of the relay's that a topic writer put at
+    that offset after the broker lost the end of the topic (its data restored from an older
+    copy: the same topic id) was taken as the bookmark, and the events between the topic's new
+    end and it never reached the topic, "publishing, 0 behind" (atk53-25 F1): a record sent
+    outside a transaction is followed by the topic's end or by the next record, never by a
+    marker. Read uncommitted, so an aborted record there counts too. A record of the relay's
+    whose commit another producer's record preceded is refused as well: the topic is read from
+    its start (time, never a gap). A transactional producer can put a marker after its record:
+    with `stamp` (the append time the progress names) the record must carry it too
+    (`stamped`); without, that is the remaining limit (docs/kafka.md)."""
     tp = TopicPartition(topic, PARTITION)
     extra = {**(config or {}), "isolation_level": "read_uncommitted"}
+    unmarked = (
+        "is not followed by a commit marker (a record put there outside a transaction after "
+        "the broker lost the end of the topic?)"
+    )
     try:
         consumer = KafkaConsumer(
             **reader_config(bootstrap, "gpuledger-relay-probe", connect_timeout_s, **extra)
@@ -188,10 +227,12 @@ def marked(
         consumer.assign([tp])
         end = consumer.end_offsets([tp], timeout_ms=int(timeout_s * 1000))[tp]
         if end <= offset + 1:
-            return False
+            return unmarked
         part = "the record after its progress"
-        records = polled(consumer, bootstrap, topic, offset, offset + 2, timeout_s, part)
-        return all(rec.offset != offset + 1 for rec in records)
+        records = list(polled(consumer, bootstrap, topic, offset, offset + 2, timeout_s, part))
+        if any(rec.offset == offset + 1 for rec in records):
+            return unmarked
+        return stamped(next((r for r in records if r.offset == offset), None), stamp)
     except KafkaError as e:
         raise unavailable(bootstrap, e) from e
     finally:
@@ -260,6 +301,8 @@ class Seen(NamedTuple):
     kept, whatever its length) or None (none readable)."""
     signed: bool
     """Signed by one of our keys (False without keys)."""
+    stamp: int | None = None
+    """The broker's append time (`LogAppendTime`; None: the producer's time, `CreateTime`)."""
 
 
 UNLIKE = b"not a stored event"
@@ -282,7 +325,7 @@ def seen(rec: Any, keys: SigningKeys | None) -> Seen:
     value: bytes | None = rec.value
     position, tag, _problem = envelope(rec.headers, value, None)
     if value is None:
-        return Seen(rec.offset, position, None, None, None, False)
+        return Seen(rec.offset, position, None, None, None, False, appended(rec))
     if tag is not None and relay_shaped(rec.headers):
         digest = identity(getattr(rec, "key", None), tag, value)
     else:
@@ -292,18 +335,27 @@ def seen(rec: Any, keys: SigningKeys | None) -> Seen:
         got = "?"
     tip = Tip.of(position, tag, value) if position is not None and tag is not None else None
     signed = keys is not None and keys.problem(rec.headers, value, position, tag) is None
-    return Seen(rec.offset, position, digest, tip, got, signed)
+    return Seen(rec.offset, position, digest, tip, got, signed, appended(rec))
+
+
+def appended(rec: Any) -> int | None:
+    """Pure: the time the broker appended `rec` (None: it carries the producer's time)."""
+    if getattr(rec, "timestamp_type", None) != LOG_APPEND_TIME:
+        return None
+    return int(rec.timestamp)
 
 
 class Found(NamedTuple):
-    """The relay's last record on the topic: its position (0: none) and offset (None: none)."""
+    """The relay's last record on the topic: its position (0: none), offset (None: none) and
+    the broker's append time (None: none, a `CreateTime` record)."""
 
     position: int
     offset: int | None
+    stamp: int | None = None
 
     @classmethod
     def of(cls, rec: Seen | None) -> Found:
-        return cls(0, None) if rec is None else cls(rec.position or 0, rec.offset)
+        return cls(0, None) if rec is None else cls(rec.position or 0, rec.offset, rec.stamp)
 
 
 def continues(rec: Seen, before: Seen | None) -> bool:

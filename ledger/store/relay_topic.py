@@ -204,6 +204,21 @@ TOPIC_CHECK_S = 2.0
 """How often a running relay asks whether its topic is still the one it published to."""
 
 
+TIMESTAMP_TYPE = "message.timestamp.type"
+
+
+def create_time_text(topic: str) -> str:
+    """Pure: the relay's one warning on a topic whose records carry the producer's time."""
+    return (
+        f"relay: topic {topic} has {TIMESTAMP_TYPE}=CreateTime (made before the relay set "
+        "LogAppendTime, or changed since): its progress keeps no append time, so a record "
+        "written again at the offset it names after the broker lost the end of the topic "
+        "passes for its own when a transactional writer put it there (docs/kafka.md); set "
+        f"`kafka-configs --alter --entity-type topics --entity-name {topic} --add-config "
+        f"{TIMESTAMP_TYPE}=LogAppendTime`"
+    )
+
+
 class TopicMark(NamedTuple):
     """What a relay knows of its topic: Kafka's topic id and its partition's first and end
     offsets. A topic deleted and made again has another id; one truncated (DeleteRecords) a
@@ -214,6 +229,9 @@ class TopicMark(NamedTuple):
     end: int
     settings: tuple[tuple[str, str], ...] = ()
     """The topic's REQUIRED_CONFIG settings as the broker gave them (empty: not asked)."""
+    appended: bool = False
+    """The broker stamps its records with the append time (`message.timestamp.type=
+    LogAppendTime`): the relay's sends report it, and its progress keeps it."""
 
 
 def open_admin(bootstrap: str, config: Mapping[str, Any] | None, timeout_s: float) -> Any:
@@ -235,13 +253,15 @@ def topic_mark(admin: Any, topic: str, timeout_s: float) -> TopicMark | None:
     try:
         begin = admin.list_partition_offsets({tp: OffsetSpec.EARLIEST}, timeout_ms=ms)[tp]
         end = admin.list_partition_offsets({tp: OffsetSpec.LATEST}, timeout_ms=ms)[tp]
-        resource = ConfigResource(ConfigResourceType.TOPIC, topic, list(REQUIRED_CONFIG))
+        keys = [*REQUIRED_CONFIG, TIMESTAMP_TYPE]
+        resource = ConfigResource(ConfigResourceType.TOPIC, topic, keys)
         found = admin.describe_configs([resource], config_filter="all")["topic"][topic]
     except UnknownTopicOrPartitionError:
         return None
     settings = tuple((k, str(found[k]["value"])) for k in REQUIRED_CONFIG if k in found)
     topic_id = str(described.get("topic_id") or "")
-    return TopicMark(topic_id, int(begin.offset), int(end.offset), settings)
+    appended = str(found.get(TIMESTAMP_TYPE, {}).get("value")) == "LogAppendTime"
+    return TopicMark(topic_id, int(begin.offset), int(end.offset), settings, appended)
 
 
 def unkept(topic: str, mark: TopicMark) -> TopicRefused | None:

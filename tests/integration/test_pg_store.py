@@ -74,7 +74,9 @@ def test_copy_sqlite_to_postgresql_and_back_is_byte_for_byte(tmp_path: Path, pg_
 
     src, back = tmp_path / "src", tmp_path / "back"
     n = small_ledger(src)
-    relay_progress.keep(open_store(src), "gpuledger.events", n - 1)  # the relay's, carried over
+    key, topic, stamp = b"k" * 32, "gpuledger.events", 1_765_000_000_000
+    relay_progress.keep(open_store(src), topic, n - 1, key, topic_id="X", offset=n - 2,
+                        stamp=stamp)  # fmt: skip  # the relay's, carried over (v3: append time)
     out = run("store", "copy", str(src), pg_store)
     assert f"copied {n} events (positions 1-{n})" in out and "chain verified" in out
     password = pg_store.split("@")[0].split("//")[1].partition(":")[2]
@@ -83,6 +85,10 @@ def test_copy_sqlite_to_postgresql_and_back_is_byte_for_byte(tmp_path: Path, pg_
     run("store", "copy", pg_store, str(back))
     assert sqlite_rows(back) == sqlite_rows(src)
     assert relay_progress.rows(open_store(back)) == [("gpuledger.events", n - 1)]
+    for store in (open_store(tmp_path, pg_store), open_store(back)):  # the time and its MAC
+        assert relay_progress.read_anchor(store, topic) == ("X", n - 2, stamp)
+        word = relay_progress.Kept(store, topic, key=key).word(n)
+        assert word == relay_progress.Word(n - 1, True, "X", n - 2, stamp), word
     # the copy is a ledger: it opens, folds to the same state and takes writes
     a, b = Ledger(src, live=True), NewLedger(tmp_path / "pg", store=pg_store, live=True)
     try:
@@ -170,6 +176,10 @@ def test_restore_from_kafka_rebuilds_the_lost_store_byte_for_byte(
         assert relay.publish_pending() == n
     finally:
         relay.close()
+    from ledger.store.relay_progress import read_anchor
+
+    _id, _offset, stamp = read_anchor(open_store(home), kafka_topic)  # the broker's append time
+    assert stamp is not None and stamp > 1_700_000_000_000, stamp
     lost = pg_rows(pg_store)
     assert len(lost) == n
     fresh_database(pg_admin_dsn(), pg_store.rsplit("/", 1)[1].split("?")[0])  # the disaster

@@ -134,7 +134,7 @@ def test_a_restore_names_the_topic_and_the_record_it_restored_last_in_its_progre
     assert f"restored {head} events" in out, out
     store = open_store(dst)
     assert read(store, kafka_topic) == head
-    assert read_anchor(store, kafka_topic) == (topic_id(kafka_bootstrap, kafka_topic), last)
+    assert read_anchor(store, kafka_topic) == (topic_id(kafka_bootstrap, kafka_topic), last, None)
     # the next relay takes that record as its bookmark: nothing published again
     relay = Relay(store, kafka_bootstrap, topic=kafka_topic, transactional_id=transactional_id)
     try:
@@ -151,4 +151,4 @@ def test_a_restore_names_the_topic_and_the_record_it_restored_last_in_its_progre
     finally:
         delete_topics(kafka_bootstrap, [loose])
     kept = open_store(tmp_path / "loose")
-    assert read(kept, loose) == head and read_anchor(kept, loose) == (None, None)
+    assert read(kept, loose) == head and read_anchor(kept, loose) == (None, None, None)

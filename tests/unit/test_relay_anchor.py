@@ -131,7 +131,7 @@ def test_the_progress_names_the_topic_id_and_offset_and_another_topic_replaces_i
     head = records[-1].position
     recorder = open_store(org_ledger.home)
     keep(recorder, TOPIC, head, KEY, topic_id="old", offset=head - 1)
-    assert read_anchor(recorder, TOPIC) == ("old", head - 1)
+    assert read_anchor(recorder, TOPIC) == ("old", head - 1, None)
     kept = Kept(recorder, TOPIC, key=KEY)
     assert kept.word(head) == Word(head, True, "old", head - 1)
     kept.flush(3, Committed("new", 2))

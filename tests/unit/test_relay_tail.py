@@ -52,6 +52,9 @@ class Rec(NamedTuple):
     value: bytes | None
     key: bytes | None = b"o"
     """The relay's key: the stream's id (`Recorder`'s "o")."""
+    timestamp: int = 0
+    timestamp_type: int = 0
+    """1: the broker's append time (`LogAppendTime`); 0: the producer's (`CreateTime`)."""
 
 
 class Spec(NamedTuple):
@@ -61,6 +64,8 @@ class Spec(NamedTuple):
     headers: list[tuple[str, bytes]]
     make: Callable[[], bytes | None]
     key: bytes | None = b"o"
+    stamp: int | None = None
+    """The time the broker appended it (a `LogAppendTime` topic; None: `CreateTime`)."""
 
 
 def ours(records: list[tuple[int, bytes]], keys: SigningKeys | None) -> list[Spec]:
@@ -98,7 +103,14 @@ class Topic:
 
         offsets = range(self.at, min(self.at + 2, len(self.specs)))
         got = [
-            Rec(o, self.specs[o].headers, self.specs[o].make(), self.specs[o].key)
+            Rec(
+                o,
+                self.specs[o].headers,
+                self.specs[o].make(),
+                self.specs[o].key,
+                self.specs[o].stamp or 0,
+                0 if self.specs[o].stamp is None else 1,
+            )
             for o in offsets
             if self.specs[o] is not MARKER
         ]
@@ -113,7 +125,7 @@ class Topic:
 TOPIC = "t"
 MARKER = Spec([], lambda: None)
 """A transaction's commit marker: an offset no consumer is handed (the relay's last record of a
-batch is followed by one, `relay_tail.marked`)."""
+batch is followed by one, `relay_tail.not_taken`)."""
 
 
 class Recorder:
@@ -140,6 +152,7 @@ def bookmark(
     keys: SigningKeys | None = None,
     progress: int | None = None,
     offset: int | None = None,
+    stamp: int | None = None,
 ) -> tuple[int, list[int]]:
     """`progress`: the store's row, verified (relay.json vouches for nothing beside a table, and
     with signing on not without one either: atk49-25 F9; None: the fake store keeps none);
@@ -152,7 +165,7 @@ def bookmark(
     relay.bootstrap, relay.topic, relay.config = "127.0.0.1:9", TOPIC, {}
     relay.timeout_s, relay.connect_timeout_s, relay.keys = 30.0, 3.0, keys
     relay.progress, relay.position, relay.mark, relay._offset = None, 0, None, None
-    relay.kept = Kept(relay.recorder, TOPIC) if progress is None else Row(progress, offset)
+    relay.kept = Kept(relay.recorder, TOPIC) if progress is None else Row(progress, offset, stamp)
     last, foreign = relay._bookmark(TOPIC_ID)
     return last if isinstance(last, int) else last.position, foreign
 
@@ -166,12 +179,14 @@ class Row:
 
     key = None
 
-    def __init__(self, position: int, offset: int | None = None) -> None:
+    def __init__(self, position: int, offset: int | None = None, stamp: int | None = None) -> None:
         self.position = position
         self.offset = offset
+        self.stamp = stamp
 
     def word(self, head: int | None = None) -> Word:
-        return Word(self.position, True, None if self.offset is None else TOPIC_ID, self.offset)
+        topic_id = None if self.offset is None else TOPIC_ID
+        return Word(self.position, True, topic_id, self.offset, self.stamp)
 
 
 def forged(position: int, pad: int = 0) -> Spec:
