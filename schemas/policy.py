@@ -368,8 +368,14 @@ class FairShare17Config(FairShare16Config, frozen=True, kw_only=True, tag="fairs
     takeback_price_s: NonNegative = 0.0
     funded_takeback_price_s: NonNegative = 0.0
     takeback_limit: Searches = 3
-    """An unfunded job taken back this many times is no victim of funded non-debug work (0: no
-    bound)."""
+    """An unfunded job that another team's funded non-debug work took back this many times is no
+    victim of funded non-debug work (0: no bound), within `takeback_keep_s` and
+    `takeback_keep_share`."""
+    takeback_keep_s: NonNegative = 21_600.0
+    """`takeback_limit` keeps a run this long after it was placed, then it is a victim again."""
+    takeback_keep_share: NonNegative = 0.125
+    """The runs `takeback_limit` keeps hold at most this share of the cluster's active GPUs
+    (oldest submission first)."""
     free_order: Literal["oldest", "smallest", "team"] = "oldest"
     """"oldest": unfunded jobs go by submit time alone after every funded job (a requeue keeps
     its submit time); "smallest": by GPUs asked (fewest first), then by submit time; "team":
@@ -378,8 +384,11 @@ class FairShare17Config(FairShare16Config, frozen=True, kw_only=True, tag="fairs
     """An unfunded victim costs, beside the work it loses, its GPUs x this x the seconds since it
     was submitted: funded work takes back the free tier's newest arrivals first (0: off)."""
     debug_hold: bool = True
-    """A debug-lane job that cannot be placed reserves the node whose jobs' contracts end
-    soonest; no funded non-debug job is placed on its free GPUs meanwhile."""
+    """A debug-lane job that cannot be placed reserves the node it can have soonest (a job it
+    may preempt frees at its contract's end, any other at its declared limit's end, never
+    without one); no funded non-debug job is placed on its free GPUs meanwhile."""
+    debug_hold_window_s: NonNegative = 3_600.0
+    """No such reservation when that node frees later than this from now (0: any time)."""
 
 
 class Slurm2Config(PolicyConfig, frozen=True, kw_only=True, tag="slurm-2"):

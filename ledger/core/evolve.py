@@ -201,6 +201,7 @@ def evolve(state: State, event: e.AnyEvent) -> State:
                 placed_at=None,
                 started_at=None,
                 preemptions=job.preemptions + 1,
+                takebacks=_takebacks(state, job, event),
                 engine="",
                 engine_job_id="",
                 lost_at=None,
@@ -348,6 +349,15 @@ def _launched_unheard(state: State, job: Job) -> bool:
     before replays as it was decided."""
     service = state.service
     return job.status == "placed" and service is not None and service.executor == "agents"
+
+
+def _takebacks(state: State, job: Job, event: e.JobPreempted) -> tuple[tuple[str, float], ...]:
+    """An unfunded job's takebacks by funded non-debug work, this one added when it is one
+    (`Job.takebacks`)."""
+    by = state.jobs.get(event.for_job) if event.for_job is not None else None
+    if job.funded or by is None or not by.funded or by.spec.debug:
+        return job.takebacks
+    return (*job.takebacks, (by.spec.account, event.at))
 
 
 def _stopped(state: State, job: Job, at: float, why: str, at_once: bool = False) -> None:

@@ -69,6 +69,10 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     outcome: e.FinishOutcome | None = None
     exit_code: int | None = None
     preemptions: int = 0
+    takebacks: tuple[tuple[str, float], ...] = ()
+    """An unfunded job's preemptions for a funded non-debug job: (that job's account, when), in
+    order (`fairshare-17` counts those of another team's work); () for a funded job, and in a
+    snapshot made before it was kept (s54)."""
     logs: tuple[str, ...] = ()
     held: bool = False
     """A held pending job is not scheduled until released."""

@@ -386,6 +386,7 @@ def _run_view(
             time_limit_s=spec.time_limit_s,
             runs=job.preemptions,
             submitted_at=spec.at,
+            takebacks=job.takebacks,
         )
     kept[job_id] = (job, inputs, run)
 

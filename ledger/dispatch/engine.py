@@ -238,6 +238,7 @@ class _Cycle:
         starts: Callable[[PendingJob, Snapshot], bool] | None = getattr(policy, "hold_starts", None)
         """Whether the reserved job may preempt the jobs left on its nodes once all are past
         their contracts (`_start_held`); older policies: never."""
+        window_for: Callable[[PendingJob], float] | None = getattr(policy, "hold_window_for", None)
         early = getattr(policy, "hold_before", None)
         first = early(snapshot) if early is not None else None
         if first is not None:  # a reservation every job but its own respects (`hold_before`)
@@ -330,8 +331,8 @@ class _Cycle:
                     wake.append(wait.until)
                 if self.hold is None and (
                     fact[3] if fact is not None else holds_for(job, snapshot)
-                ):
-                    self._hold_for(job, gang)
+                ):  # within the policy's window for this job (`hold_window_for`; older: any time)
+                    self._hold_for(job, gang, math.inf if window_for is None else window_for(job))
                 # it changed nothing on its way (a reservation tried and not made included: the
                 # next job of its traits would find none either, `_hold_for` reading of a job
                 # only its traits; asked again by each of a long queue's large jobs, it was

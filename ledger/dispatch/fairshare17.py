@@ -24,29 +24,39 @@ What changes, each a setting of its own so the tables can turn it off:
   seconds since it was submitted, so the plans of least cost take back the jobs submitted last
   (the tail of the free tier's order), and the oldest run on. (Unfunded victims cost nothing when
   a plan is weighed against its gain, as before: the price only orders them.)
-- **A bound on a free-tier job's takebacks** (`takeback_limit`, `fairshare-16`'s rule, 3 here;
-  0: none): an unfunded job taken back this many times keeps its GPUs against funded non-debug
-  work until it ends. With the order above the free tier's oldest jobs finish instead of being
-  restarted again and again; without it the order alone lengthened the waits (measured,
-  docs/simulation.md).
+- **A bound on a free-tier job's takebacks** (`takeback_limit`, 3 here; 0: none): an unfunded
+  job that funded non-debug work of *another* team took back this many times keeps its GPUs
+  against funded non-debug work, within two bounds so that no tenant can lock funded work out
+  (atk54-26 F1: counted per preemption of any kind, and for ever, 32 jobs of one user held the
+  whole cluster for 20 days). Only takebacks for another team's funded job count (`Job.takebacks`;
+  not its own team's, not a debug job's: a tenant cannot earn it with its own waves). It lapses:
+  a run is kept for `takeback_keep_s` (6 h) after it was placed, then it is a victim like any
+  other (and kept again for as long after its next placement). And the kept runs hold at most
+  `takeback_keep_share` (0.125) of the cluster's GPUs: the free tier's oldest submissions first
+  (then job id), the rest are victims like any other.
 - **A waiting debug job keeps a node** (`debug_hold`, on): a debug-lane job that cannot be placed
-  (nor by preempting what its lane may) gets the cycle's reservation: the node whose jobs'
-  contracts end soonest (every running job counted as freeing there at its contract's end, so
-  funded non-resumable jobs it may not preempt too; ties by node name). It preempts nothing
-  there that its lane may not: while the reservation lasts no funded non-debug job is placed
-  on that node's free GPUs (only unfunded jobs, which it may preempt, and jobs whose declared
-  limit ends before the contracts do), so the GPUs a funded job frees there are kept for it.
+  (nor by preempting what its lane may) gets the cycle's reservation: the node it can have
+  soonest, a running job freeing there at its contract's end when the debug job may preempt it,
+  else at its declared limit's end, never without one (atk54-26 F2: counting every running job
+  as freeing at its contract's end, a node of funded non-resumable jobs with no limit was kept
+  for their whole life, 7 GPUs idle for 30 h); none when that node frees later than
+  `debug_hold_window_s` (1 h) from now. It preempts nothing there that its lane may not: while
+  the reservation lasts no funded non-debug job is placed on that node's free GPUs (only
+  unfunded jobs, which it may preempt, and jobs whose declared limit ends before the node
+  frees), so the GPUs a funded job frees there are kept for it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Literal
 
-from ledger.dispatch.fairshare2 import FREE_HEAD
+from ledger.dispatch.fairshare2 import FREE_HEAD, team_of
+from ledger.dispatch.fairshare7 import FairShare7
 from ledger.dispatch.fairshare16 import FairShare16
 from ledger.dispatch.ordering import KeptClasses, Ordered, SortKey
-from ledger.dispatch.preemption import CLASS_UNFUNDED
+from ledger.dispatch.preemption import CLASS_UNFUNDED, Victim
 from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot
 
 FreeOrder = Literal["oldest", "smallest", "team"]
@@ -62,6 +72,9 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
     free_order: FreeOrder = "oldest"
     free_age_price: float = 1.0
     debug_hold: bool = True
+    takeback_keep_s: float = 21_600.0
+    takeback_keep_share: float = 0.125
+    debug_hold_window_s: float = 3_600.0
 
     @property
     def free_oldest(self) -> bool:
@@ -98,16 +111,73 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
             lost += job.gpus * self.free_age_price * max(0.0, now - job.submitted_at)
         return (klass, lost)
 
+    def taken_back(self, job: RunningJob) -> int:
+        """How many times funded non-debug work of another team took `job` back."""
+        team = team_of(job.account, self.team_depth)
+        return sum(1 for by, _ in job.takebacks if team_of(by, self.team_depth) != team)
+
+    def kept_runs(self, snapshot: Snapshot, now: float) -> frozenset[int]:
+        """The unfunded runs `takeback_limit` keeps from funded non-debug work now: taken back
+        `takeback_limit` times by another team's funded work, placed less than
+        `takeback_keep_s` ago, oldest submission first (then job id) while their GPUs stay
+        within `takeback_keep_share` of the cluster's active GPUs."""
+        memo = snapshot.memo
+        limit = self.takeback_limit
+        key = ("fairshare-17 kept", now, limit, self.takeback_keep_s, self.takeback_keep_share,
+               self.team_depth)  # fmt: skip
+        found: frozenset[int] | None = memo.get(key)
+        if found is not None:
+            return found
+        room = self.takeback_keep_share * sum(n.gpus for n in snapshot.nodes if n.state == "active")
+        out: set[int] = set()
+        if limit > 0:
+            due = sorted(
+                (r.submitted_at, r.job_id, r.gpus)
+                for r in snapshot.running
+                if r.min_runtime_s <= 0
+                and now - r.placed_at < self.takeback_keep_s
+                and len(r.takebacks) >= limit
+                and self.taken_back(r) >= limit
+            )
+            for _, job_id, gpus in due:
+                if gpus > room:
+                    break
+                room -= gpus
+                out.add(job_id)
+        memo[key] = kept = frozenset(out)
+        return kept
+
+    def victims(
+        self, job: PendingJob, candidates: Iterable[RunningJob], snapshot: Snapshot, now: float
+    ) -> Iterator[Victim]:
+        """`fairshare-7`'s victims, but for funded non-debug work the runs `kept_runs` keeps (and
+        `takeback_grace_s`'s, as `fairshare-16`)."""
+        found = FairShare7.victims(self, job, candidates, snapshot, now)
+        grace = self.takeback_grace_s
+        if self.lane(job) or (self.takeback_limit <= 0 and grace <= 0):
+            yield from found
+            return
+        kept = self.kept_runs(snapshot, now)
+        for v in found:
+            r = v.job
+            if r.min_runtime_s <= 0 and (r.job_id in kept or now - r.placed_at < grace):
+                continue
+            yield v
+
+    def hold_window_for(self, job: PendingJob) -> float:
+        """How far ahead `job`'s reservation may free (`engine._hold_for`'s window; inf: any
+        time): `debug_hold_window_s` for a debug-lane job's."""
+        if self.debug_hold and self.lane(job) and self.debug_hold_window_s > 0:
+            return self.debug_hold_window_s
+        return math.inf
+
     def holds_for(self, job: PendingJob, snapshot: Snapshot) -> bool:
         if self.debug_hold and self.lane(job):
             return True
         return super().holds_for(job, snapshot)
 
     def hold_takes(self, job: PendingJob, running: RunningJob, snapshot: Snapshot) -> bool | None:
-        """For a debug-lane job's reservation (`engine._hold_for`): every running job counts as
-        freeing its GPUs at its contract's end (a job it may not preempt is not preempted: this
-        reservation has no `hold_starts`, it only keeps the node); None for any other job's
-        (`fairshare-7`'s rule)."""
-        if self.debug_hold and self.lane(job):
-            return True
+        """For a debug-lane job's reservation: None, the engine's rule (a job it may preempt
+        frees at its contract's end, any other at its declared limit's end, never without one);
+        None for any other job's too (`fairshare-7`'s rule)."""
         return None

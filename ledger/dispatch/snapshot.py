@@ -66,6 +66,9 @@ class RunningJob(msgspec.Struct, frozen=True, kw_only=True):
     submitted_at: float = 0.0
     """When the job was submitted (a requeue keeps it; a resubmission is a new job):
     `fairshare-17` takes the free tier's newest arrivals back first."""
+    takebacks: tuple[tuple[str, float], ...] = ()
+    """Its preemptions for funded non-debug jobs: (that job's account, when) (`Job.takebacks`);
+    `fairshare-17` counts those of another team's work."""
 
     @property
     def funded(self) -> bool:

@@ -61,11 +61,13 @@ def test_funded_work_takes_back_the_free_tiers_newest_arrival() -> None:
 
 
 def test_a_waiting_debug_job_keeps_the_node_a_funded_job_frees() -> None:
-    # n1: a funded non-resumable job past its contract on 6 GPUs, 2 free; n2: one on all 8.
-    # A debug job asking 4 may preempt neither. fairshare-7 places the funded 2-GPU job 2 on
-    # n1's free GPUs; fairshare-17 keeps n1 for the debug job (its jobs' contracts end soonest,
-    # ties by name), so job 2 waits and the GPUs n1's job frees go to the debug job
+    # n1: a funded non-resumable job past its contract on 6 GPUs whose declared limit ends in
+    # 30 min, 2 free; n2: one on all 8 with none. A debug job asking 4 may preempt neither.
+    # fairshare-7 places the funded 2-GPU job 2 on n1's free GPUs; fairshare-17 keeps n1 for
+    # the debug job (it frees within the window; n2 never), so job 2 waits and the GPUs n1's
+    # job frees go to the debug job (no limit: no node kept, test_dispatch_fairshare17_bounds)
     blocker = run(10, {"n1": range(6)}, "lab/b", resumable=False)
+    blocker = msgspec.structs.replace(blocker, time_limit_s=9_000)  # placed 2 h ago
     full = run(11, {"n2": range(8)}, "lab/b", resumable=False)
     debug, small = pend(1, 4, debug=True), pend(2, 2, "lab/c")
     snap = world([node("n1"), node("n2")], [blocker, full], [debug, small])
