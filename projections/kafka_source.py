@@ -70,6 +70,7 @@ from projections.errors import (
 from projections.kafka_resume import RECENT, first_anchored, fork_error, head_of
 from projections.kafka_wire import (
     PARTITION,
+    SIGNATURE_HEADER,
     TOPIC,
     SigningKeys,
     client_config,
@@ -161,6 +162,10 @@ class KafkaSource:
         self._recall: Any = None  # a cursor of the projection this source feeds (`recall_from`)
         self.early = EarlyCopies(topic, self.keys)
         """The relay's own records sent before their turn, passed over (`projections.early`)."""
+        self.signed_seen = 0
+        """Without keys: records handed out that carry a signature header (`gpuledger.sig`),
+        none of them verified. A keyless restore of such a topic took a topic writer's unsigned
+        record as the log's next one, "chain verified" (atk54-25 F5): it refuses on this."""
 
     # --- the EventSource protocol -----------------------------------------------------------------
 
@@ -204,6 +209,8 @@ class KafkaSource:
                 raise self._refused(rec, position, tag, problem, tip)
             buffer.popleft()
             assert position is not None and tag is not None
+            if self.keys is None and signature_carried(rec.headers):
+                self.signed_seen += 1
             out.append(LogRecord(position, tag, rec.value))
             offsets[position] = rec.offset
             previous, tip = position, tip.after(position, tag, rec.value)
@@ -727,3 +734,8 @@ class KafkaSource:
             hint="is the broker up? (`scripts/kafka/kafka status`)",
             topic=self.topic,
         )
+
+
+def signature_carried(headers: Any) -> bool:
+    """Pure: whether a record's headers hold the relay's signature header (verified or not)."""
+    return any(name == SIGNATURE_HEADER for name, _value in headers or ())

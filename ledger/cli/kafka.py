@@ -13,6 +13,7 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import click
 import msgspec
@@ -21,7 +22,7 @@ from ledger.cli._common import Ctx, pass_ctx
 from ledger.cli.output import log_level_option, setup_logging
 from ledger.cli.views import projection_group
 from ledger.store.relay import RelayError
-from ledger.store.relay_health import read_health
+from ledger.store.relay_health import RELAY_STALE, read_health
 from projections.errors import ProjectionMismatch, TopicGap
 from projections.kafka_follow import follow as follow_topic
 from projections.kafka_source import KafkaSource
@@ -170,20 +171,21 @@ def relay_status(ctx: Ctx, as_json: bool) -> None:
     from ledger.store.clock import SystemClock
 
     health = read_health(ctx.home)
-    if health is None or health.state == "exited":
-        # a standby runs no relay (or ran one once it led): the server's health names the
-        # leader's, as the leader reported it to the store (atk52-ha F4: nothing)
+    now = SystemClock().now()
+    if health is None or health.state == "exited" or health.stale(now):
+        # a standby runs no relay (or ran one once it led, and was killed -9 since: its record
+        # left as it was, atk54-25 F3): the server's health names the leader's, as the leader
+        # reported it to the store (atk52-ha F4: nothing)
         told = _servers_relay(ctx)
         if told is not None:
-            line, ok = told
-            click.echo(line)
+            line, ok, report = told
+            click.echo(msgspec.json.encode(report).decode() if as_json else line)  # F4
             sys.exit(0 if ok else 1)
     if health is None:
         raise RelayError(
             f"no relay has run in {ctx.home}",
             hint="start the service with `gpuledger up --kafka HOST:PORT`",
         )
-    now = SystemClock().now()
     head, unread = _store_head(ctx.home)
     if as_json:  # the lag read as the line reads it, not the record's own head
         click.echo(msgspec.json.encode(health.report(now, head, unread)).decode())
@@ -193,10 +195,11 @@ def relay_status(ctx: Ctx, as_json: bool) -> None:
         sys.exit(1)
 
 
-def _servers_relay(ctx: Ctx) -> tuple[str, bool] | None:
+def _servers_relay(ctx: Ctx) -> tuple[str, bool, dict[str, Any]] | None:
     """`relay status` from the server of this home, when it serves one and its health names a
-    relay this home's record does not (a standby tells the leader's): the line, and whether it
-    publishes. None: no server answers, or it names no relay (the home's record is the word)."""
+    relay this home's record does not (a standby tells the leader's): the line, whether it
+    publishes, and the same as `--json` prints it. None: no server answers, or it names no relay
+    (the home's record is the word)."""
     from schemas.api import Health
 
     try:
@@ -210,7 +213,16 @@ def _servers_relay(ctx: Ctx) -> tuple[str, bool] | None:
         f"relay {h.relay_state}: position {h.relay_position or 0:,}, "
         f"lag {h.relay_lag or 0:,} behind this standby's log"
     )
-    return line + (f" ({h.relay_error})" if h.relay_error else ""), h.relay_state == "publishing"
+    report = {
+        "state": h.relay_state,
+        "position": h.relay_position or 0,
+        "lag": h.relay_lag or 0,
+        "error": h.relay_error or "",
+        "told_by": "standby",
+        "stale": h.relay_state == RELAY_STALE,
+    }
+    ok = h.relay_state == "publishing"
+    return line + (f" ({h.relay_error})" if h.relay_error else ""), ok, report
 
 
 def _store_head(home: Path) -> tuple[int | None, str]:

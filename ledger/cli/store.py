@@ -119,9 +119,22 @@ def _copy_progress(src_home: Path, src: str | None, dst_home: Path, dst: str | N
     default=None,
     help="The empty store to rebuild: a PostgreSQL DSN or a data directory (default: --home).",
 )
+@click.option(
+    "--accept-unsigned",
+    is_flag=True,
+    help="Without signing keys, restore a topic whose records carry the relay's signature "
+    "anyway (none verified: a topic writer's record can take a position).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_ctx
-def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_json: bool) -> None:
+def restore(
+    ctx: Ctx,
+    bootstrap: str,
+    topic: str | None,
+    dst: str | None,
+    accept_unsigned: bool,
+    as_json: bool,
+) -> None:
     """Rebuild a lost store from the Kafka topic the relay wrote: every record checked (position,
     hash chain, and signature when GPULEDGER_KAFKA_SIGNING_KEYS is set) and written as it was.
     Records that are not the log's next one (foreign: another producer's) are set aside, as a
@@ -129,7 +142,8 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
     whole before anything is written, so a restore that stops writes nothing; run again after a
     restore that was killed while it wrote, it compares what is there with the topic and writes
     the rest. Refused while another producer holds a transaction open on the topic (the relay's
-    committed records behind it are unseen)."""
+    committed records behind it are unseen), and without signing keys when the topic's records
+    carry the relay's signature (unless --accept-unsigned)."""
     from ledger.store import locate, recorded
     from ledger.store.copying import CopyError, same_log, write_log
     from ledger.store.pgread import redacted
@@ -177,6 +191,8 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
         except LogForked as e:  # two logs on the topic (atk52-ha F2): say that nothing is lost
             raise CopyError(f"{e.message}; nothing was written", hint=e.hint) from e
         _refuse_past(name, last, ahead, hint)
+        if source.keys is None and source.signed_seen and not accept_unsigned:
+            raise CopyError(_UNVERIFIED.format(name, source.signed_seen), hint=_UNVERIFIED_HINT)
         if last == 0:  # no record follows position 0: every one set aside
             first = "no record is position 1" + (
                 f", {len(aside):,} set aside from offset {aside[0]:,}" if aside else ""
@@ -212,6 +228,19 @@ def restore(ctx: Ctx, bootstrap: str, topic: str | None, dst: str | None, as_jso
         topic_id, offset = at if at is not None else (None, None)
         relay_progress.keep(recorder, name, copied.head, key, topic_id=topic_id, offset=offset)
     _report(as_json, "restored", copied, redacted(dst_dsn) if dst_dsn else str(dst_home))
+
+
+_UNVERIFIED = (
+    "the records of topic {} carry the relay's signature ({:,} of those read), and no signing "
+    "keys are set: a topic writer's unsigned record would be restored as the log's own; "
+    "nothing was written"
+)
+_UNVERIFIED_HINT = (
+    "set GPULEDGER_KAFKA_SIGNING_KEYS to the relay's keys (or --accept-unsigned to restore "
+    "with no signature checked)"
+)
+"""atk54-25 F5: a keyless restore of a signed topic took a topic writer's unsigned record that
+linked to the last as event N+1, "chain verified", and a keyed relay published after it."""
 
 
 def _topic_id(bootstrap: str, topic: str) -> str | None:

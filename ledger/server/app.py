@@ -43,6 +43,7 @@ from ledger.server.ha_front import POSITION_HEADER
 from ledger.server.readpool import ReadPool, limits_from_env, sent_from_env
 from ledger.server.store_seen import stale_s
 from ledger.server.worker import Worker
+from ledger.store.relay_health import RELAY_STALE
 from ledger.store.requests import valid_key
 from ledger.wire import OUTCOME_HEADER
 from schemas import api
@@ -472,6 +473,12 @@ def _leaders_relay(ha: Any) -> tuple[int | None, str | None, str | None]:
     if got is None:
         return None, None, None
     word, ago = got
+    if ago > ha.relay_word_s:  # dead, paused or cut off: no newer word (atk54-25 F1)
+        said = (
+            f"the leader's relay ({ha.leader_address()}) said {word.state} {ago:.0f} s ago, "
+            "no report since: its server is down, paused or cut off from the store"
+        )
+        return word.position, RELAY_STALE, f"{said}: {word.error}" if word.error else said
     said = f"the leader's relay ({ha.leader_address()}), as it reported {ago:.0f} s ago"
     return word.position, word.state, f"{said}: {word.error}" if word.error else said
 

@@ -135,6 +135,8 @@ class Leadership:
     """monotonic time this server sent its last report that the store took (0: none yet)."""
     kept_at: float = 0.0
     """monotonic time this server last kept a node's lease (`HAFront`; 0: never)."""
+    _members_read_at: float = 0.0
+    """monotonic time `members` was last read (their ages are as of then)."""
     _bound: float | None = None
     """The store's `keep_bound` as last read (None: no server ever kept or went silent)."""
     _bound_read_at: float = 0.0
@@ -383,6 +385,7 @@ class Leadership:
             self._reporting = False
         self._uncommitted = None
         self.members = self.lease.members()
+        self._members_read_at = time.monotonic()
         clash = others_at(self.members, self.lease.address, self.lease.holder, api.SILENT_S,
                           self._address_key)  # fmt: skip
         same = same_address_words(self.lease.address, clash) if clash else None
@@ -417,12 +420,20 @@ class Leadership:
 
     def leader_relay(self) -> tuple[RelayWord, float] | None:
         """The leader's relay as the leader last reported it to the store, and how long ago
-        (None: no leader now, or it reported none): what a standby's health tells."""
+        (None: no leader now, or it reported none): what a standby's health tells. The age
+        counts on from the last read of the servers while the store does not answer (it stood
+        still at the last read's: atk54-25 F2)."""
         leader = self.leader_address()
+        since = time.monotonic() - self._members_read_at if self._members_read_at else 0.0
         for m in self.members:
             if m.address == leader and m.role == "leader" and m.relay is not None:
-                return m.relay, m.seen_s_ago
+                return m.relay, m.seen_s_ago + max(0.0, since)
         return None
+
+    @property
+    def relay_word_s(self) -> float:
+        """How old the leader's word on its relay may be before a standby calls it stale."""
+        return relay_word_s(self.lease.lease_s)
 
     def servers(self, head: int) -> list[api.ServerState]:
         """Every server on the store that reported lately, with its lag behind `head`
@@ -443,6 +454,19 @@ def relay_word(state: tuple[str | None, str | None], position: int | None) -> Re
     if state[0] is None or position is None:
         return None
     return RelayWord(state[0], position, state[1] or "")
+
+
+RELAY_WORD_MARGIN_S = 3.0
+"""How late past its interval a leader's report may come before its word on its relay is stale
+(about what a home's own relay.json gets: `relay_health`)."""
+
+
+def relay_word_s(lease_s: float) -> float:
+    """Pure: the age past which a leader's report of its relay is stale: its reporting interval
+    (a third of the lease, a second at least) plus `RELAY_WORD_MARGIN_S`. A standby said
+    "publishing", exit 0, for 28-29 s after the leader was killed -9 or paused with a 30 s lease
+    (atk54-25 F1): the word had no age limit."""
+    return max(1.0, lease_s / 3) + RELAY_WORD_MARGIN_S
 
 
 def resolved(host: str, port: int) -> list[str]:

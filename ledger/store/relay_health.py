@@ -23,6 +23,9 @@ RelayState = Literal["connecting", "publishing", "stalled", "unavailable", "stop
 """`stalled`: a send or commit has not come back for `stall_s` while events wait; `stopped`:
 an error retrying cannot fix; `exited`: the service stopped (after its flush)."""
 DEFAULT_CHECK_S = 1.0
+RELAY_STALE = "stale"
+"""The relay state a standby's health tells when the leader's last report of its relay is older
+than its reporting interval allows (`ledger.server.ha.relay_word_s`)."""
 SKIPPED_SHOWN = 10
 """Foreign offsets relay.json names (the rest a count): `RelayHealth.skipped`."""
 

@@ -5,6 +5,8 @@ real broker: a standby tells the leader's relay as the leader last reported it t
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,5 +43,48 @@ def test_a_standby_tells_the_leaders_relay(
         assert said.returncode == 0, (said.stdout, said.stderr)  # was 1, "no relay has run"
         assert said.stdout.startswith("relay publishing: position "), said.stdout
         assert f"(the leader's relay ({leader.url})" in said.stdout, said.stdout
+    finally:
+        g.stop()
+
+
+def test_a_standby_calls_a_dead_leaders_word_on_its_relay_stale(
+    tmp_path: Path, pg_store: str, kafka_bootstrap: str, kafka_topic: str, transactional_id: str
+) -> None:
+    """atk54-25 F1, F4: the leader killed -9 (lease 30 s), the standby's health said
+    relay_state "publishing" and its `relay status` exit 0 for 28-29 s, until it took the lease:
+    the leader's last report had no age limit. It reports every third of the lease: past that
+    and 3 s the word is stale (exit 1), well before the standby takes over; `--json` prints
+    JSON (it printed the line)."""
+    home = tmp_path / "server-0"
+    cli(home, "init", "--admin", "root", "--store", pg_store)
+    g = make_group(tmp_path, pg_store, 2, "--kafka", kafka_bootstrap, home=home)
+    g.lease = "30s"
+    g.env = {"GPULEDGER_KAFKA_TOPIC": kafka_topic,
+             "GPULEDGER_KAFKA_TRANSACTIONAL_ID": transactional_id}  # fmt: skip
+    try:
+        for m in g.members:
+            g.start(m)
+        leader = g.leader(timeout=60)
+        (standby,) = [m for m in g.members if m is not leader]
+
+        def state() -> str | None:
+            h = standby.health() or {}
+            assert h.get("role") in (None, "standby"), h  # took over: too late to tell
+            return h.get("relay_state")
+
+        waits.wait_for("the standby to tell the leader's relay",
+                       lambda: state() == "publishing", 60, g.why)  # fmt: skip
+        said = cli(standby.home, "relay", "status", "--json", GPULEDGER_URL=standby.url, ok=False)
+        assert said.returncode == 0, (said.stdout, said.stderr)
+        assert json.loads(said.stdout)["state"] == "publishing", said.stdout  # was the line
+        leader.kill()
+        killed = time.monotonic()
+        waits.wait_for("the standby to call the word stale",
+                       lambda: state() == "stale", 25, g.why)  # fmt: skip
+        assert time.monotonic() - killed < 25  # a third of the lease + 3 s after its last report
+        said = cli(standby.home, "relay", "status", GPULEDGER_URL=standby.url, ok=False)
+        assert said.returncode == 1, (said.stdout, said.stderr)  # was 0, "publishing"
+        assert said.stdout.startswith("relay stale: position "), said.stdout
+        assert f"the leader's relay ({leader.url}) said publishing " in said.stdout, said.stdout
     finally:
         g.stop()

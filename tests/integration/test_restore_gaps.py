@@ -152,3 +152,37 @@ def test_a_restore_names_the_topic_and_the_record_it_restored_last_in_its_progre
         delete_topics(kafka_bootstrap, [loose])
     kept = open_store(tmp_path / "loose")
     assert read(kept, loose) == head and read_anchor(kept, loose) == (None, None, None)
+
+
+def test_a_keyless_restore_of_a_signed_topic_refuses_unless_told(
+    org_ledger: Ledger, tmp_path: Path, kafka_bootstrap: str, kafka_topic: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """atk54-25 F5 (a): the relay's signed records, then a topic writer's unsigned record that
+    links to the last (here the store's own last event, unsigned: the same shape). A restore
+    without keys took it as the log's next event, "chain verified", exit 0, and wrote the row
+    naming it. Now it refuses in one line, nothing written; --accept-unsigned restores."""
+    monkeypatch.setenv(KEYS_ENV, KEYS_TEXT)
+    org_ledger.execute_all([JOB] * 2)
+    events = read_raw(open_store(org_ledger.home), 0, 1_000)
+    head = len(events)
+    publish(kafka_bootstrap, kafka_topic, events[:-1])
+    last = events[-1]
+    send(
+        kafka_bootstrap, kafka_topic, last, record_headers(last.position, last.tag, last.data, None)
+    )
+    monkeypatch.delenv(KEYS_ENV)
+    dst = tmp_path / "restored"
+    out = run("store", "restore", "--from-kafka", kafka_bootstrap, "--topic", kafka_topic,
+              "--to", str(dst), code=1)  # fmt: skip
+    assert "carry the relay's signature" in out and "nothing was written" in out, out
+    assert "GPULEDGER_KAFKA_SIGNING_KEYS" in out, out
+    nothing_written(dst)
+    out = run("store", "restore", "--from-kafka", kafka_bootstrap, "--topic", kafka_topic,
+              "--to", str(dst), "--accept-unsigned")  # fmt: skip
+    assert f"restored {head} events" in out, out
+    # with the keys the unsigned record is set aside, as before
+    keyed = tmp_path / "keyed"
+    out = run("store", "restore", "--from-kafka", kafka_bootstrap, "--topic", kafka_topic,
+              "--to", str(keyed), env=ENV)  # fmt: skip
+    assert f"restored {head - 1} events" in out, out

@@ -182,3 +182,18 @@ def test_a_later_commit_is_due_whatever_its_position(
     position: int, kept: int, offset: int | None, kept_offset: int | None, want: bool
 ) -> None:
     assert due(position, kept, 5.0, offset=offset, kept_offset=kept_offset) is want
+
+
+def test_with_keys_an_unsigned_record_the_progress_names_is_not_the_bookmark(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """atk54-25 F5 (b): a topic writer appended an unsigned event 21 linked to the relay's
+    signed 20; a keyless restore took it and its row named it (21 at offset 21). A relay with
+    keys took it as its bookmark and signed 22 linked to the forgery. The row's record must
+    carry our signature when the relay signs: the bookmark is 20, the forgery foreign."""
+    store = chain(21)
+    topic = [*ours(store[:20], KEYS), MARKER, *ours(store[20:], None), MARKER]
+    assert bookmark(monkeypatch, store, topic, KEYS, progress=21, offset=21) == (20, [21])
+    # unsigned throughout (no keys): the row's record stays the bookmark
+    plain = [*ours(store[:20], None), MARKER, *ours(store[20:], None), MARKER]
+    assert bookmark(monkeypatch, store, plain, None, progress=21, offset=21) == (21, [])
