@@ -425,3 +425,36 @@ def test_a_reaping_mark_after_the_stops_signal_is_no_exit_by_itself(tmp_path: Pa
     (tmp_path / SIGNALLED).touch()  # its ctime: before the command's end
     assert reaped_before(tmp_path, t, t + 20, t + 50, 30.0) is None
 
+
+def test_a_preemption_in_a_time_limits_grace_kills_at_once_and_reports_the_end(
+    tmp_path: Path,
+) -> None:
+    """atk54-23 F2: the executor stops a run at its time limit (SIGTERM, the job's 60 s grace);
+    8 s later the ledger preempts it, past its limit: SIGKILL at once (`StoppedRun.kill`), as
+    the reads say, and the run's end, once Slurm ends it, is reported (the GPU freed). The old
+    code kept the limit's stop, which names no run: no SIGKILL until the limit's grace ended,
+    and no end reported at all (the job `stopping`, its GPU held, until a restart)."""
+    from ledger.core.state import StoppedRun
+    from ledger.cycle.executor import Launch, Orders
+
+    (j,) = parse_jobs(_job("RUNNING"))
+    assert j.start_time is not None
+    t0 = j.start_time
+    ex = _SlurmSignals("gpuledger", LID, tmp_path)
+    ex.sent = []
+    go = Launch(job_id=1, slots=(SLOT,), command=("true",), duration_s=None, user="",
+                account="ai2/olmo", run=0, time_limit_s=60, grace_s=60.0)  # fmt: skip
+    ex._runs = {1: Run(1, 0, go, slurm_id="70", started=True, started_at=t0)}
+    ex.jobs = _job("RUNNING")
+    ex.observe(t0 + 61.0, {})  # its limit: SIGTERM, 60 s of grace
+    assert ex._runs[1].limited and ex._stopping["70"].run is None
+    stopped = StoppedRun(job_id=1, run=0, slots=(SLOT,), at=t0 + 69.0, grace_s=60, kill=True)
+    ex.stopped_runs = lambda: {(1, 0): stopped}
+    ex.carry_out(Orders(stops=(1,)), t0 + 69.0)  # preempted in the limit's grace
+    ex.sent.clear()
+    ex.observe(t0 + 70.0, {})
+    assert [a for a in ex.sent if a[0] == "scancel" and "--signal=KILL" in a], ex.sent
+    ex.jobs = _job("FAILED", "0:9")
+    (x,) = ex.observe(t0 + 72.0, {}).stopped
+    assert (x.job_id, x.run) == (1, 0), x
+    assert "70" not in ex._stopping
