@@ -194,21 +194,43 @@ def stopped_commands(stopped: Sequence[Exit], engine: str) -> list[c.AnyCommand]
     ]
 
 
-def overtaken_command(ex: Exit, state: State, engine: str) -> c.ConfirmRunEnded | None:
+def overtaken_command(
+    ex: Exit, state: State, engine: str, starts: Sequence[Start] = ()
+) -> c.ConfirmRunEnded | None:
     """Pure: the end of a run the ledger stopped (requeued, preempted) after the engine saw it
     end but before it was told to stop it: an exit of a job the ledger has moved past, recorded
     as the stopped run's end (`stopped_commands`), ended by itself when it exited (no stop
     reached it: `ConfirmRunEnded.by_itself`, so its exit is the job's outcome: atk38-24 F3,
-    atk53-23 F3). None
-    when it is no run the ledger awaits the end of."""
+    atk53-23 F3). Also the exit by itself of a run requeued while `placed` (no start recorded,
+    so no `State.stopped_runs` of it on Slurm), the job's last run and still waiting or placed
+    again: its command did run and end (its start among `starts`, the same observation), so
+    its exit is its job's outcome and it is charged (atk54-23 F1: the exit was dropped and the
+    job ran its whole command again). None when it is no run the ledger awaits the end of."""
     if not engine:
         return None
     run = _run_of(ex.engine_job_id) if ex.run is None else ex.run
-    if (ex.job_id, run) not in state.stopped_runs:
-        return None
     itself = ex.reason == "exited"
+    if (ex.job_id, run) not in state.stopped_runs and not (
+        itself and _requeued_placed(state, ex.job_id, run)
+    ):
+        return None
+    began = next((s.started_at for s in starts if (s.job_id, s.run) == (ex.job_id, run)), None)
+    if ex.started_at is None and began is not None:
+        ex = replace(ex, started_at=min(began, ex.at))
     (cmd,) = stopped_commands([replace(ex, run=run, by_itself=itself)], engine)
     return cmd if isinstance(cmd, c.ConfirmRunEnded) else None
+
+
+def _requeued_placed(state: State, job_id: int, run: int) -> bool:
+    """Pure: `run` is the last run of a job requeued since, which waits or is placed again (not
+    running: no later run started), and whose end is not recorded."""
+    job = state.jobs.get(job_id)
+    return (
+        job is not None
+        and job.status in ("pending", "placed")
+        and run == job.preemptions - 1
+        and (job_id, run) not in state.run_ends
+    )
 
 
 def _run_of(engine_job_id: str) -> int:
@@ -238,7 +260,8 @@ def record(ledger: Recorder, seen: Observed, engine: str, now: float | None = No
     for ex in seen.exits:
         cmd = exit_command(ex, ledger.state.jobs, engine)
         if cmd is None:  # the ledger moved past it: a run it stopped meanwhile, maybe
-            _record_batch(ledger, [x] if (x := overtaken_command(ex, ledger.state, engine)) else [])
+            x = overtaken_command(ex, ledger.state, engine, seen.starts)
+            _record_batch(ledger, [x] if x else [])
             continue
         finished += _record_exit(ledger, cmd)
     _record_batch(ledger, stopped_commands(seen.stopped, engine))

@@ -226,16 +226,17 @@ class Ledger:
                  actor=actor)  # fmt: skip
 
     def up(self, run_as: str = "service", nodes: bool = True,
-           files: tuple[int, int] | None = None, **env: str) -> None:  # fmt: skip
+           files: tuple[int, int] | None = None, interval: str = "0.2s",
+           **env: str) -> None:  # fmt: skip
         """`gpuledger up --executor slurm`, with `env` added to its own environment (and
-        `files`: its soft and hard open-files limits); waits until the partition's nodes are
-        registered (`nodes`), else until it answers."""
+        `files`: its soft and hard open-files limits; `interval`: its cycle's); waits until the
+        partition's nodes are registered (`nodes`), else until it answers."""
         self.starts += 1
         log = open(self.home.parent / f"up-{self.starts}.log", "wb")  # noqa: SIM115
         self._logs.append(log)
         self.proc = subprocess.Popen(
             [GPULEDGER, "up", "--executor", "slurm", "--partition", self.cluster.partition,
-             "--interval", "0.2s", "--grace", "2s", "--log-level", "INFO", "--run-as", run_as],
+             "--interval", interval, "--grace", "2s", "--log-level", "INFO", "--run-as", run_as],
             env=self.env("root") | env, stdout=log, stderr=subprocess.STDOUT,
             preexec_fn=None if files is None else functools.partial(
                 resource.setrlimit, resource.RLIMIT_NOFILE, files),

@@ -114,3 +114,30 @@ def test_a_requeue_after_the_command_exited_3_fails_the_job_not_run_again(
     time.sleep(3)  # reads pass: nothing runs it again
     assert (ledger.work / "runs-1").read_text().split() == ["ran"]
     assert len(ledger.of("job.engine_linked.v1", 1)) == 1
+
+
+def test_a_requeue_before_the_start_was_seen_of_a_command_that_exited_0_completes_the_job(
+    ledger: Ledger,
+) -> None:
+    """atk54-23 F1: a resumable job's command exits 0 at once leaving a child, and an admin
+    requeues it after its placement but before the executor's read saw its Slurm job start (a
+    cycle every 15 s here; 4-9 s under load in the attack). The next read finds that Slurm job
+    ended and reports its start and its exit together: its exit is the job's outcome,
+    `completed`, and the job never runs again. The old code dropped both (the job was pending),
+    placed it again and ran its whole command a second time."""
+    ledger.up(interval="15s")
+    kid = ("echo ran >> runs-1; ( trap '' TERM; while :; do sleep 0.2; done ) & echo kid=$!;"
+           " sleep 0.2; exit 0")  # fmt: skip
+    ledger.submit("alice", 1, kid, "--resumable", "--min-runtime", "0", "--grace", "1s")
+    ledger.wait("job 1 in Slurm", lambda: "gpuledger" in ledger.cluster.run(
+        "squeue", "-h", "-o", "%j"), timeout=60)  # fmt: skip
+    ledger.cli("requeue", "1")
+    assert ledger.jobs()[1]["status"] == "pending"  # before any read saw it start
+    ledger.wait("job 1 finished", lambda: ledger.jobs()[1]["status"] == "finished", 120)
+    time.sleep(20)  # a cycle passes: nothing runs it again
+    got = ledger.jobs()[1]
+    assert (got["outcome"], got["finish_reason"], got["exit_code"]) == (
+        "completed", "completed", 0), got  # fmt: skip
+    assert (ledger.work / "runs-1").read_text().split() == ["ran"]
+    (ended,) = ledger.of("job.run_ended.v2", 1)
+    assert ended["run"] == 0 and ended["by_itself"] and ended["started_at"], ended

@@ -343,3 +343,27 @@ def test_a_cancel_never_carried_out_before_a_kill_9_is_killed_at_its_kill_at(
     (end,) = ledger.of("job.run_ended.v2", 1)
     assert end["ended_at"] >= last - 1.0, (end, last)
     assert ledger.jobs()[1]["finished_at"] >= last - 1.0
+
+
+def test_a_preemption_in_a_time_limits_grace_kills_at_once_and_records_the_end(
+    ledger: Ledger,
+) -> None:
+    """atk54-23 F2: `-t 4s --grace 60s`, SIGTERM ignored; preempted 5 s into the limit's grace:
+    killed at once, as the reads say (`time_limit`, the SIGKILL due), and the run's end recorded
+    once Slurm ends it, its GPU free. The old code kept the limit's stop alone: the SIGKILL at
+    the grace's end (a minute on), and no end recorded (the job `stopping`) until a restart."""
+    work = ledger.work
+    ledger.up()
+    ledger.submit("alice", 1, _stubborn(work), "--resumable", "--min-runtime", "0",
+                  "-t", "4s", "--grace", "60s")  # fmt: skip
+    ledger.wait("its limit's SIGTERM", lambda: bool(_times(work / "term")), 120)
+    time.sleep(5)
+    ledger.cli("preempt", "1", "--reason", "in its limit's grace")
+    preempted = time.time()
+    last = _until_quiet(work / "alive")
+    assert last - preempted <= 15.0, (last, preempted)  # at once (the reads' word), not 55 s on
+    ledger.wait("the run's end", lambda: bool(ledger.of("job.run_ended.v2", 1)), 40)
+    ledger.wait("nothing stopping", lambda: not json.loads(
+        ledger.cli("queue", "--state", "running", "--json")), 30)  # fmt: skip
+    row = ledger.jobs()[1]
+    assert (row["status"], row["finish_reason"]) == ("finished", "time_limit"), row

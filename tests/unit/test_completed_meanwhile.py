@@ -16,7 +16,7 @@ import pytest
 from ledger.core.decide import decide
 from ledger.core.evolve import evolve
 from ledger.core.state import State
-from ledger.cycle.executor import Exit
+from ledger.cycle.executor import Exit, Start
 from ledger.cycle.record import overtaken_command, stopped_commands
 from ledger.engines.slurm import SlurmExecutor
 from ledger.engines.slurm.ends import OwnEnd
@@ -241,6 +241,54 @@ def test_an_exit_the_ledger_moved_past_is_the_stopped_runs_end(org_state: State)
     assert overtaken_command(x, org_state, "slurm") is None  # recorded: awaited no more
 
 
+@pytest.mark.parametrize(("code", "placed_again"), [(0, False), (0, True), (3, True)])
+def test_an_exit_of_a_run_requeued_while_placed_is_its_jobs_outcome(
+    org_state: State, code: int, placed_again: bool
+) -> None:
+    """atk54-23 F1: on Slurm a requeue landed after the placement but before the executor saw
+    the run start (its command had exited 0 or 3, its batch script reaping a leftover); the
+    next read reported the start and the exit together, the ledger (job pending, no stopped run
+    kept for a placed one) dropped both, placed the job again and it ran its whole command a
+    second time. Now that exit is the run's end, by itself, charged from its start: the job
+    completes (fails with its code), never runs again."""
+    do = _Domain(org_state)
+    (sub,) = [ev for ev in do(c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1,
+                                          min_runtime_s=0, resumable=True))
+              if isinstance(ev, e.JobSubmitted)]  # fmt: skip
+    job = sub.job_id
+    do.place(job)
+    do(c.RequeueJob(actor="root", job_id=job))
+    assert (job, 0) not in org_state.stopped_runs  # placed: no start recorded
+    if placed_again:
+        do.place(job, 1)
+    x = Exit(job, code, 2001.5, "exited", "70", "COMPLETED" if code == 0 else "FAILED", run=0)
+    began = Start(job, "70", 0, started_at=2000.5)
+    cmd = overtaken_command(x, org_state, "slurm", (began,))
+    assert cmd is not None and cmd.by_itself and cmd.run == 0 and cmd.started_at == 2000.5
+    evs = do(cmd)
+    assert [type(ev) for ev in evs] == [e.JobRunEnded, e.JobFinished]
+    done = evs[1]
+    assert isinstance(done, e.JobFinished)
+    assert (done.outcome, done.exit_code) == (("completed", 0) if code == 0 else ("failed", 3))
+    assert overtaken_command(x, org_state, "slurm", (began,)) is None  # recorded once
+
+
+def test_a_stops_end_of_a_run_requeued_while_placed_is_not_its_outcome(org_state: State) -> None:
+    """The same run ended by the stop (not `exited`): only the run's end is the ledger's, and
+    none of a run the ledger has started a later run since."""
+    do = _Domain(org_state)
+    (sub,) = [ev for ev in do(c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1,
+                                          min_runtime_s=0, resumable=True))
+              if isinstance(ev, e.JobSubmitted)]  # fmt: skip
+    job = sub.job_id
+    do.place(job)
+    do(c.RequeueJob(actor="root", job_id=job))
+    assert overtaken_command(Exit(job, 143, 2001.5, "cancelled", "70", run=0), org_state, "slurm") is None  # fmt: skip  # noqa: E501
+    do.place(job, 1)
+    do.start(job, 1)
+    assert overtaken_command(Exit(job, 0, 2001.5, "exited", "70", run=0), org_state, "slurm") is None  # fmt: skip  # noqa: E501
+
+
 def test_an_agents_exit_of_a_run_it_was_not_stopping_is_by_itself(org_ledger: object) -> None:
     from ledger.engines.agents import AgentExecutor
     from ledger.store.application import Ledger
@@ -313,3 +361,100 @@ def test_a_stopped_gang_runs_end_waits_for_its_other_nodes_list_to_drop_it(
     ex.receive(a.Report(node="n2", version=listed, running=()), 20.0)
     (x,) = ex.observe(20.0, dict(org_ledger.state.nodes)).stopped
     assert (x.job_id, x.at) == (5, 12.0)
+
+
+class _SlurmSignals(_Slurm):
+    """As `_Slurm`, but Slurm takes every scancel (the batch script still ran: it reaped)."""
+
+    def _run(self, args: list[str], stdin: str | None = None, env: object = None) -> str:
+        if args[0] == "scancel":
+            self.sent.append(args)
+            return ""
+        return super()._run(args, stdin, env)
+
+
+def test_a_stopped_run_killed_while_its_script_reaped_ended_by_itself_with_its_code(
+    tmp_path: Path,
+) -> None:
+    """atk54-23 F1 (job 28): the command exited 3 leaving a child that ignores SIGTERM; a
+    requeue's SIGTERM came after that exit, while the batch script reaped the child; the
+    stop's SIGKILL came before the script wrote its end record. Its `reaping` mark says the
+    command ended by itself, exit 3: the run's end is by itself with that code (its job fails
+    with it, never runs again). The old code: exit 137, `killed after its grace`, not by
+    itself, and the job ran its whole command again."""
+    from ledger.cycle.executor import Launch, Orders
+    from ledger.engines.slurm.script_tree import REAPING_MARK
+
+    (j,) = parse_jobs(_job("RUNNING"))
+    assert j.start_time is not None
+    t0 = j.start_time
+    ex = _SlurmSignals("gpuledger", LID, tmp_path)
+    ex.sent = []
+    ex._runs = {1: Run(1, 0, None, slurm_id="70", started=True, started_at=t0)}
+    ex.jobs = _job("RUNNING")
+    ex.observe(t0 + 1.0, {})
+    run_dir = ex._checkpoint_file(1, 0).parent
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ended_us, kill_us = int((t0 + 1.5) * 1e6), int((t0 + 31.5) * 1e6)
+    (run_dir / REAPING_MARK).write_text(f"3 {ended_us} 1 {kill_us}\n")
+    nxt = Launch(job_id=1, slots=(e.GpuSlot(node="vm", gpu_indices=(0,)),), command=("true",),
+                 duration_s=None, user="", account="ai2/olmo", run=1)  # fmt: skip
+    ex.carry_out(Orders(launches=(nxt,)), t0 + 2.0)  # requeued after that exit: run 0 stops
+    assert not ex._stopping["70"].term_refused
+    ex.jobs = _job("FAILED", "0:9")  # killed after its grace: no end record
+    seen = ex.observe(t0 + 8.0, {})
+    (x,) = seen.stopped
+    assert (x.job_id, x.run, x.exit_code, x.by_itself) == (1, 0, 3, True), x
+    assert not [a for a in ex.sent if a[0] == "sbatch"]  # held for the ledger's word
+
+
+def test_a_reaping_mark_after_the_stops_signal_is_no_exit_by_itself(tmp_path: Path) -> None:
+    """The mark says the command ended after the stop's SIGTERM (`since`), or after a signal
+    its script noted (the `signalled` mark's ctime): its exit may be the stop's, so the run's
+    end is not by itself."""
+    import time
+
+    from ledger.engines.slurm.launching import SIGNALLED, reaped_before
+    from ledger.engines.slurm.script_tree import REAPING_MARK
+
+    t = time.time()
+    (tmp_path / REAPING_MARK).write_text(f"3 {int((t + 10) * 1e6)} 1 {int((t + 40) * 1e6)}\n")
+    assert reaped_before(tmp_path, t, t + 5, t + 50, 30.0) is None  # after the stop's TERM
+    own = reaped_before(tmp_path, t, t + 20, t + 50, 30.0)
+    assert own is not None and (own.exit_code, own.signalled, own.left) == (3, False, 1)
+    (tmp_path / SIGNALLED).touch()  # its ctime: before the command's end
+    assert reaped_before(tmp_path, t, t + 20, t + 50, 30.0) is None
+
+
+def test_a_preemption_in_a_time_limits_grace_kills_at_once_and_reports_the_end(
+    tmp_path: Path,
+) -> None:
+    """atk54-23 F2: the executor stops a run at its time limit (SIGTERM, the job's 60 s grace);
+    8 s later the ledger preempts it, past its limit: SIGKILL at once (`StoppedRun.kill`), as
+    the reads say, and the run's end, once Slurm ends it, is reported (the GPU freed). The old
+    code kept the limit's stop, which names no run: no SIGKILL until the limit's grace ended,
+    and no end reported at all (the job `stopping`, its GPU held, until a restart)."""
+    from ledger.core.state import StoppedRun
+    from ledger.cycle.executor import Launch, Orders
+
+    (j,) = parse_jobs(_job("RUNNING"))
+    assert j.start_time is not None
+    t0 = j.start_time
+    ex = _SlurmSignals("gpuledger", LID, tmp_path)
+    ex.sent = []
+    go = Launch(job_id=1, slots=(SLOT,), command=("true",), duration_s=None, user="",
+                account="ai2/olmo", run=0, time_limit_s=60, grace_s=60.0)  # fmt: skip
+    ex._runs = {1: Run(1, 0, go, slurm_id="70", started=True, started_at=t0)}
+    ex.jobs = _job("RUNNING")
+    ex.observe(t0 + 61.0, {})  # its limit: SIGTERM, 60 s of grace
+    assert ex._runs[1].limited and ex._stopping["70"].run is None
+    stopped = StoppedRun(job_id=1, run=0, slots=(SLOT,), at=t0 + 69.0, grace_s=60, kill=True)
+    ex.stopped_runs = lambda: {(1, 0): stopped}
+    ex.carry_out(Orders(stops=(1,)), t0 + 69.0)  # preempted in the limit's grace
+    ex.sent.clear()
+    ex.observe(t0 + 70.0, {})
+    assert [a for a in ex.sent if a[0] == "scancel" and "--signal=KILL" in a], ex.sent
+    ex.jobs = _job("FAILED", "0:9")
+    (x,) = ex.observe(t0 + 72.0, {}).stopped
+    assert (x.job_id, x.run) == (1, 0), x
+    assert "70" not in ex._stopping

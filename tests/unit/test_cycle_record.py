@@ -219,3 +219,23 @@ def test_starts_are_one_batch_that_fails_loudly(ledger: FakeLedger) -> None:
     ledger.refuse = lambda cmd: isinstance(cmd, c.StartJob)
     with pytest.raises(LedgerError):
         record(ledger, Observed(starts=(Start(2),)), "")
+
+
+def test_an_exit_with_its_start_of_a_run_requeued_while_placed_ends_the_job(
+    ledger: FakeLedger,
+) -> None:
+    """atk54-23 F1: a requeue lands between the placement and the engine's first word of the
+    run, whose command has exited 0 by itself meanwhile: the start and the exit seen together
+    are the run's end, by itself, charged from its start, and the job completes (before: both
+    dropped, the job placed again ran its whole command a second time)."""
+    ledger.execute(c.RequeueJob(actor="root", job_id=2))
+    assert ledger.state.jobs[2].status == "pending"
+    seen = Observed(
+        starts=(Start(2, "88", 0, started_at=T0 - 5),),
+        exits=(Exit(2, 0, T0 - 1, "exited", "88", "COMPLETED", run=0),),
+    )
+    record(ledger, seen, "slurm")
+    job = ledger.state.jobs[2]
+    assert (job.status, job.outcome, job.exit_code) == ("finished", "completed", 0)
+    (ended,) = [ev for ev in ledger.events if isinstance(ev, e.JobRunEnded)]
+    assert (ended.run, ended.by_itself, ended.started_at) == (0, True, T0 - 5)

@@ -563,6 +563,9 @@ class SlurmExecutor:
         seen = next((r.seen_running_at for r in self._runs.values() if r.slurm_id == slurm_id), None)  # fmt: skip  # noqa: E501
         stopping = self._stopping.setdefault(slurm_id, Stopping(begun, grace_s=grace, run=run,
                                                                 seen_running_at=seen))  # fmt: skip
+        if stopping.run is None and run is not None:  # its limit's stop, now the ledger's too:
+            stopping.run = run  # its SIGKILL and end as the ledger's stop's (atk54-23 F2)
+            note_stop(self.log_dir, slurm_id, stopping.since)
         if other or not self.cluster.confirm(now):
             return  # not signalled: missing, or not confirmed (after the grace: `_read_runs`)
         tag = (job.tag(self.ledger_id) if job is not None else None) or run  # its name (F1)

@@ -215,6 +215,27 @@ def reaping_said(run_dir: Path, started_at: float, now: float, grace_s: float) -
     return Reaping(0, 0, ended, max(0, min(left, 2**31 - 1)), kill_at, code if code >= 0 else None)
 
 
+def reaped_before(
+    run_dir: Path, started_at: float, since: float, now: float, grace_s: float
+) -> OwnEnd | None:
+    """A stopped run's own end when it has no end record (`own_end`) but its `REAPING_MARK`:
+    its command ended by itself, with the code the mark says, before the stop's signal
+    (`since`) and before any signal its script noted (`signalled_at`), and the stop's SIGKILL
+    came while its batch script still reaped what it left (so it never wrote its record). Its
+    end is Slurm's (`at` is `now`: `own_finish` keeps it no later than that), its leftovers
+    killed. Before, such a run was recorded `killed after its grace`, exit 137, not by itself,
+    and a resumable job ran its whole command again (atk54-23 F1, job 28). The mark is the job
+    user's word, as the record is: a forged one can only end that user's own job by an exit of
+    its choosing rather than requeued. None when the mark does not say so."""
+    said = reaping_said(run_dir, started_at, now, grace_s)
+    if said is None or said.exit_code is None or said.leader_ended_at >= since:
+        return None
+    sig = signalled_at(run_dir)
+    if sig is not None and sig <= said.leader_ended_at:
+        return None  # a signal came first: its exit may be the stop's
+    return OwnEnd(said.exit_code, now, signalled=False, left=said.left, killed=True)
+
+
 def tree_said(run_dir: Path) -> str:
     """What the run's own end record says of the processes its command left in its step's
     cgroup (`OwnEnd.tree_note`), "" when nothing or no record: the note of its end."""

@@ -16,6 +16,7 @@ from ledger.engines.slurm.launching import (
     forgotten_stop,
     last_beat,
     mark_time,
+    reaped_before,
     signalled_at,
     stop_marks,
 )
@@ -108,6 +109,8 @@ def carry_stops(ex: SlurmExecutor, now: float) -> None:
             if j is not None and st.run is not None and j.started:  # its processes' end
                 run_dir = ex._checkpoint_file(*st.run).parent
                 own, beat, first = stop_marks(run_dir, now)  # (`first`: never ran, F10)
+                if own is None and failed is None:  # killed reaping its leftovers (atk54-23 F1)
+                    own = reaped_before(run_dir, j.start_time or 0.0, st.since, now, st.grace_s)
                 itself = failed is None and ended_by_itself(own, j, st.term_refused)
                 # its launch mark: its own start, for a run stopped before any read saw it
                 # start (the ledger keeps it only for such a run: atk44s F3)
