@@ -109,18 +109,24 @@ SLURM_GROUPS = split_files(SLURM_SECONDS, tuple(SLURM_CONF_OF))
 """The Slurm group of every Slurm file: "slurm-a" on one cluster, "slurm-b" on another, ..."""
 
 
+def _group_of(path: Path, prefix: str, groups: dict[str, list[str]], unmeasured: str) -> str | None:
+    """The group (of `groups`) of an integration test file whose name starts with `prefix`,
+    None for any other file; such a file in no group is an error saying `unmeasured`."""
+    if path.parent.name != "integration" or not path.name.startswith(prefix):
+        return None
+    for group, names in groups.items():
+        if path.stem in names:
+            return group
+    raise pytest.UsageError(f"{path.name} is {unmeasured}")
+
+
 def slurm_group(path: Path) -> str | None:
     """The Slurm group of a test file, None for a file that is not one of the Slurm files; a
     Slurm file in no group (not in `SLURM_SECONDS`) is an error."""
-    if path.parent.name != "integration" or not path.name.startswith(SLURM_FILES):
-        return None
-    for group, names in SLURM_GROUPS.items():
-        if path.stem in names:
-            return group
-    raise pytest.UsageError(
-        f"{path.name} is a Slurm test file in no Slurm group: measure it alone "
-        "(`pytest --durations=0`) and add its seconds to SLURM_SECONDS in tests/conftest.py"
-    )
+    return _group_of(path, SLURM_FILES, SLURM_GROUPS,
+                     "a Slurm test file in no Slurm group: measure it alone (`pytest "
+                     "--durations=0`) and add its seconds to SLURM_SECONDS in "
+                     "tests/conftest.py")  # fmt: skip
 
 
 def slurm_conf(group: str, environ: Mapping[str, str]) -> str:
@@ -181,16 +187,10 @@ group, ~1,200 s at load 14-30 and ~12 min in CI, was the rest's longest serial c
 def pg_outage_group(path: Path) -> str | None:
     """The outage group of a test file, None for a file that is not an outage file; an outage
     file in no group (not in `PG_OUTAGE_SECONDS`) is an error."""
-    if path.parent.name != "integration" or not path.name.startswith(PG_OUTAGE):
-        return None
-    for group, names in PG_OUTAGE_GROUPS.items():
-        if path.stem in names:
-            return group
-    raise pytest.UsageError(
-        f"{path.name} is a PostgreSQL outage test file in no outage group: measure it alone "
-        "(`scripts/test FILE --durations=0`) and add its seconds to PG_OUTAGE_SECONDS in "
-        "tests/conftest.py"
-    )
+    return _group_of(path, PG_OUTAGE, PG_OUTAGE_GROUPS,
+                     "a PostgreSQL outage test file in no outage group: measure it alone "
+                     "(`scripts/test FILE --durations=0`) and add its seconds to "
+                     "PG_OUTAGE_SECONDS in tests/conftest.py")  # fmt: skip
 
 
 REST_SECONDS = {

@@ -248,20 +248,12 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
             was = known.get(c)
             if was is not None:
                 heads_of[c] = was
-                found = heads.get(was)
-                if found is None:
-                    heads[was] = [members]
-                else:
-                    found.append(members)
+                heads.setdefault(was, []).append(members)
                 continue
             account, user, debug, funded, fresh, priority = cast("_Class", c)
             if oldest and not funded:  # the free tier by submit time alone (`fairshare-17`)
                 heads_of[c] = FREE_HEAD
-                found = heads.get(FREE_HEAD)
-                if found is None:
-                    heads[FREE_HEAD] = [members]
-                else:
-                    found.append(members)
+                heads.setdefault(FREE_HEAD, []).append(members)
                 continue
             who = (account, user)
             pair = cache.get(who)
@@ -285,11 +277,7 @@ class FairShare2(msgspec.Struct, frozen=True, kw_only=True):
                 head = (0 if lane and funded and debug else 1, 0 if funded else 1, pair[0],
                         -priority, pair[1])  # fmt: skip
             heads_of[c] = head
-            found = heads.get(head)
-            if found is None:
-                heads[head] = [members]
-            else:
-                found.append(members)
+            heads.setdefault(head, []).append(members)
         out: list[tuple[tuple[int, ...], Sequence[PendingJob]]] = []
         for head in sorted(heads):
             parts = heads[head]
