@@ -52,13 +52,32 @@ _JOB_EVENTS = (
 )  # fmt: skip
 
 
-def job_from_history(job_id: int, history: Iterable[e.AnyEvent]) -> Job | None:
-    """Pure: a job as the full fold holds it, from its own events alone (a live state keeps no
-    finished jobs; their history is in the projection); None when it was never submitted."""
+def _preemptors(store: Store, history: Iterable[e.AnyEvent]) -> list[e.AnyEvent]:
+    """The submissions of the jobs its preemptions made room for: whose account and funding
+    its takebacks name (`Job.takebacks`)."""
+    from projections.history import events_of
+
+    ids = {
+        ev.for_job for ev in history if isinstance(ev, e.JobPreempted) and ev.for_job is not None
+    }
+    return (
+        [ev for _, ev in events_of(store.con, [e.JobSubmitted], job_ids=sorted(ids))] if ids else []
+    )
+
+
+def job_from_history(
+    job_id: int, history: Iterable[e.AnyEvent], preemptors: Iterable[e.AnyEvent] = ()
+) -> Job | None:
+    """Pure: a job as the full fold holds it, from its own events and the submissions of the
+    jobs it was preempted for (`_preemptors`) alone (a live state keeps no finished jobs; their
+    history is in the projection); None when it was never submitted."""
     from ledger.core.evolve import evolve
     from ledger.core.state import State
 
     scratch = State()
+    for ev in preemptors:
+        if isinstance(ev, e.JobSubmitted) and ev.job_id != job_id:
+            evolve(scratch, ev)
     for ev in history:
         if isinstance(ev, _JOB_EVENTS) and ev.job_id == job_id:
             if not isinstance(ev, e.JobSubmitted) and job_id not in scratch.jobs:
@@ -197,7 +216,7 @@ def explain_told(
     lives out its grace in the live state (`live`, else the viewer's) is told `stopping`, with
     its SIGKILL at the latest, as `queue` and `jobs` show it (atk49-23 F7)."""
     history = _history(store, job_id)
-    job = job or job_from_history(job_id, history)
+    job = job or job_from_history(job_id, history, _preemptors(store, history))
     if job is None:
         raise UnknownEntity(f"no job {job_id}", hint="see `gpuledger jobs`", job_id=job_id)
     if current is None:

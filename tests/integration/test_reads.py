@@ -236,12 +236,16 @@ def test_explain_from_a_live_ledger_equals_the_full_fold(handles: Any, job_id: i
 
 
 def test_job_from_history_is_the_folded_job(handles: Any) -> None:
+    """With the submissions of the jobs it was preempted for: job 2's takeback names job 3's
+    account (`Job.takebacks`)."""
     ledger, store = handles
     for job_id in (1, 2, 3):
+        history = explain_job._history(store, job_id)
         assert (
-            explain_job.job_from_history(job_id, explain_job._history(store, job_id))
+            explain_job.job_from_history(job_id, history, explain_job._preemptors(store, history))
             == (ledger.state.jobs[job_id])
         )
+    assert ledger.state.jobs[2].takebacks
     assert explain_job.job_from_history(99, []) is None
 
 
