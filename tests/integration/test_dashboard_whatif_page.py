@@ -4,11 +4,16 @@ the result stays with the child it was asked for."""
 
 from __future__ import annotations
 
+import contextlib
+import http.client
+import os
+import signal
 import threading
 from typing import Any
 
-from playwright.sync_api import Browser
+from playwright.sync_api import Browser, Page
 
+from tests.integration.serverkit import start_server
 from tests.integration.test_dashboard import browser, signed_in, watched
 from tests.integration.test_dashboard_whatif import (
     SLOW_S,
@@ -146,3 +151,124 @@ def test_a_tab_open_before_her_what_if_starts_shows_it_at_once_and_a_failure_as_
     else:
         assert "its result shows" in ended and "error" not in ended, ended
     assert errors_one == errors_two == [], (errors_one, errors_two)
+
+
+def _held_ahead(r: Reviewed, account: str) -> tuple[threading.Thread, list[int]]:
+    """Root's what-if of `account` running, its child held (SIGSTOP): boss's next waits in line
+    for as long as the test needs (the test history's what-if takes seconds)."""
+    ahead: list[Any] = []
+
+    def asking() -> None:  # (a killed server answers nothing)
+        with contextlib.suppress(OSError, http.client.HTTPException):
+            ahead.append(ask(r, r.tokens["root"], {"account": account, "shares": 3}))
+
+    root = threading.Thread(target=asking, daemon=True)
+    root.start()
+    held = _until_child(r)
+    for p in held:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGSTOP)
+    return root, held
+
+
+def _go_on(held: list[int]) -> None:
+    for p in held:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGCONT)
+
+
+def _budget(browser: Browser, r: Reviewed, account: str) -> tuple[Page, list[str]]:
+    """Boss's Budget page in a browser of its own, the what-if panel of `account` open."""
+    page, errors = watched(signed_in(browser, r.tokens["boss"]))
+    page.goto(r.server.url + "/ui/budget")
+    page.wait_for_selector("#budget tbody tr")
+    page.locator(f'#budget tbody tr[data-account="{account}"] button.whatif').click()
+    return page, errors
+
+
+def test_another_browser_of_hers_learns_of_her_what_if_within_seconds(
+    reviewed: Reviewed, browser: Browser
+) -> None:
+    """atk54-29 F3: another browser of the same person (her laptop and her desktop) learnt of
+    the what-if she asked only at its next 30 s redraw of the Budget page, or when its Run was
+    refused. Now the page asks where hers stands every few seconds while it is in view (the
+    turn route: her own what-if alone)."""
+    r = reviewed
+    kids = children(r)
+    first, second = sorted(kids)[:2]
+    two, errors_two = _budget(browser, r, second)  # open before hers is asked
+    two.wait_for_selector("#whatif")
+    root, held = _held_ahead(r, first)
+    try:
+        two.wait_for_timeout(4_000)  # more than a look at her turn: root's is none of hers
+        assert two.locator("#whatif-running").count() == 0
+        one, errors_one = _budget(browser, r, first)
+        one.fill("#whatif-shares", str(kids[first]["raw_shares"] + 5))
+        one.click("#whatif-run")
+        one.wait_for_selector("#whatif-running")
+        two.wait_for_selector("#whatif-running", timeout=8_000)  # before: up to 30 s
+        assert first in two.locator("#whatif-running").inner_text()
+        assert two.locator("#whatif-run").is_disabled()
+    finally:
+        _go_on(held)
+    two.wait_for_selector("#whatif-elsewhere", timeout=SLOW_S * 1000)
+    assert not two.locator("#whatif-run").is_disabled()
+    one.wait_for_selector("#whatif-result", timeout=SLOW_S * 1000)
+    root.join(SLOW_S)
+    assert errors_one == errors_two == [], (errors_one, errors_two)
+
+
+def test_a_server_killed_mid_what_if_says_it_lost_hers_in_every_tab_and_gives_run_back(
+    reviewed: Reviewed, browser: Browser
+) -> None:
+    """atk54-29 F5: after kill -9 of the server, every tab of hers said her what-if ran on,
+    its Run disabled, for good: the asking tab's stream broke (no error shown: its redraw
+    failed against the gone server), the others' look at its turn failed. Now each says in
+    one line that it was lost with the server, and Run is back. (The asking tab, a second tab
+    of its browser, another browser; the server is then started again for the next tests.)"""
+    r = reviewed
+    kids = children(r)
+    first, second = sorted(kids)[:2]
+    root, held = _held_ahead(r, first)
+    try:
+        one, errors_one = _budget(browser, r, first)
+        one.fill("#whatif-shares", str(kids[first]["raw_shares"] + 6))
+        one.click("#whatif-run")
+        one.wait_for_selector("#whatif-running")
+        one.wait_for_function(  # the server has it: its place in line streamed
+            "/Waiting for 1 what-if/.test(document.querySelector('#whatif-running').textContent)"
+        )
+        three = one.context.new_page()
+        errors_three: list[str] = []
+        three.on("console", lambda m: errors_three.append(m.text) if m.type == "error" else None)
+        three.on("pageerror", lambda err: errors_three.append(str(err)))
+        three.goto(r.server.url + "/ui/budget")
+        three.wait_for_selector("#budget tbody tr")
+        three.locator(f'#budget tbody tr[data-account="{second}"] button.whatif').click()
+        two, errors_two = _budget(browser, r, second)
+        for page in (one, two, three):
+            page.wait_for_selector("#whatif-running", timeout=10_000)
+            assert page.locator("#whatif-run").is_disabled()
+        r.server.stop(signal.SIGKILL)
+    finally:
+        _go_on(held)
+    try:
+        for page in (one, two, three):  # before: "running", Run disabled, minutes later
+            page.wait_for_selector("#whatif-lost", timeout=15_000)
+            line = page.locator("#whatif-lost").inner_text()
+            assert first in line and "lost" in line and "\n" not in line, line
+            assert page.locator("#whatif-running").count() == 0
+            assert not page.locator("#whatif-run").is_disabled()
+        root.join(60)
+    finally:  # (the next tests' server)
+        r.server = start_server(
+            r.dash.home, log_name="serve-after-page-kill.log",
+            env={"GPULEDGER_WHATIF_TIMEOUT": str(SLOW_S)},
+        )  # fmt: skip
+    # the server gone, the pages' reads failed (logged by the browser), nothing else
+    unexpected = [
+        e
+        for e in errors_one + errors_two + errors_three
+        if not e.startswith("Failed to load resource")
+    ]
+    assert unexpected == [], unexpected

@@ -7,26 +7,30 @@
 // result or error kept under its own account (`results`, `errors`): a second child's "what
 // if…" while one ran showed the first's progress under the second's heading and lost its
 // result (atk52-29 F1)
-// (`run.elsewhere`: one asked in another tab of hers, `watchOtherTabs`; `ended`: the last such)
-const budgetState = { account: null, whatif: null, shares: null, children: [], run: null, results: {}, errors: {}, watching: false, ended: null };
+// (`run.elsewhere`: one asked in another tab or browser of hers, `watchTurn`; `ended`: the last such)
+// (`lost`: hers whose server stopped answering before its end, {account, shares})
+const budgetState = { account: null, whatif: null, shares: null, children: [], run: null, results: {}, errors: {}, ended: null, lost: null };
 
 // her other tabs of this browser hear at once that a what-if of hers starts or ends (they
 // learnt of it at their next 30 s redraw: atk54-29 F3; and said its result showed in this tab
-// when it had failed: F4); another browser learns at its next redraw, or when its Run is
-// answered "under way" (it then shows hers rather than an error)
+// when it had failed: F4, or went on saying it ran after the server was gone: F5); another
+// browser learns within a few seconds (`watchTurn`), or at once when its Run is answered
+// "under way" (it then shows hers rather than an error)
 const tabs = "BroadcastChannel" in window ? new BroadcastChannel("gpuledger-whatif") : null;
 if (tabs) {
   tabs.onmessage = (m) => {
     if (!document.getElementById("budget")) return;
-    if (m.data.started) watchOtherTabs();
+    if (m.data.started) watchSoon(0);
+    else if (m.data.lost && budgetState.run?.elsewhere) lostWith(budgetState.run);
     else if (m.data.ended) budgetState.endedWell = m.data.ok;
   };
 }
 
 async function runWhatif(child, shares) {
   const account = child.account;
-  budgetState.run = { account, turn: null };
-  budgetState.ended = null;
+  budgetState.run = { account, shares, turn: null };
+  budgetState.ended = budgetState.lost = null;
+  budgetState.epoch += 1;  // (a look at the turn asked before this is stale)
   delete budgetState.results[account];
   delete budgetState.errors[account];
   refresh();
@@ -43,55 +47,102 @@ async function runWhatif(child, shares) {
   try {
     budgetState.results[account] = await streamed("/ui/api/budget/whatif?stream=true", { account, shares }, said);
   } catch (err) {
+    budgetState.epoch += 1;
     if (/under way/.test(err.message)) {  // one of hers asked elsewhere (another browser)
       budgetState.run = null;
-      watchOtherTabs();
+      watchSoon(0);
       return;
     }
-    budgetState.errors[account] = err.message;
+    // the stream broke once the server had it (killed, restarted, a proxy's cut: the server
+    // ends a what-if whose client left): lost, said so, and Run is back (atk54-29 F5: the tab
+    // said "running" for good, its redraw failing against a server that was gone)
+    if (budgetState.run.turn !== null && (err instanceof TypeError || /cut before its end/.test(err.message))) {
+      lostWith(budgetState.run);
+      if (tabs) tabs.postMessage({ ended: account, lost: true });
+      watchSoon(0);  // (a server that answers again and still has it: shown)
+      return;
+    }
+    budgetState.errors[account] = err instanceof TypeError ? `the server did not answer (${err.message}): try again once it is back` : err.message;
   }
+  budgetState.epoch += 1;
   if (tabs) tabs.postMessage({ ended: account, ok: !(account in budgetState.errors) });
   budgetState.run = null;
   redrawPanel();
 }
 
-function redrawPanel() {
-  const panel = document.getElementById("whatif");  // (a redraw of the panel alone, if someone types)
-  const chosen = budgetState.children.find((c) => c.account === budgetState.whatif);
-  if (panel && chosen && editing()) panel.replaceWith(whatifPanel(chosen));
-  else refresh();
+// her what-if (asked here or elsewhere) went with a server that stopped answering
+function lostWith(run) {
+  budgetState.lost = { account: run.account, shares: run.shares };
+  budgetState.run = null;
+  redrawPanel();
 }
 
-// a what-if of hers asked in another tab: this one shows it where it stands and its Run waits
-// for its end, as for one of its own (atk53-29 F6: this tab knew nothing of it, and its Run
-// answered 429 "a what-if of yours is under way"); its result shows in the tab that asked it
-const WATCH_MS = 2000;
-async function watchOtherTabs() {
-  if (budgetState.run !== null || budgetState.watching) return;
-  budgetState.watching = true;
-  try {
-    for (;;) {
+// the panel redrawn from what the tab holds (a server gone cannot stop it: its Run comes back),
+// then the whole page asked again unless someone types
+function redrawPanel() {
+  const panel = document.getElementById("whatif");
+  const chosen = budgetState.children.find((c) => c.account === budgetState.whatif);
+  if (panel && chosen) panel.replaceWith(whatifPanel(chosen));
+  if (!editing()) refresh();
+}
+
+// a what-if of hers asked in another tab or browser: this one shows it where it stands and its
+// Run waits for its end, as for one of its own (atk53-29 F6: this tab knew nothing of it, and
+// its Run answered 429 "a what-if of yours is under way"); its result shows in the tab that
+// asked it. While the Budget page is in view the tab asks where hers stands every few seconds
+// (the turn route names the caller's own what-if alone): another browser learnt of it only at
+// its next 30 s redraw or at its Run (atk54-29 F3); a server that stopped answering ends it as
+// lost (F5), and one that answers again and still has it shows it again.
+const WATCH_MS = 2000;  // while one of hers is shown
+const IDLE_MS = 3000;  // while none is
+let watchTimer = null, watchBusy = false, watchAgain = false;
+budgetState.epoch = 0;
+
+function watchSoon(ms) {
+  clearTimeout(watchTimer);
+  watchTimer = setTimeout(watchTurn, ms);
+}
+
+async function watchTurn() {
+  clearTimeout(watchTimer);
+  if (PAGE !== "budget" || document.visibilityState !== "visible") return;  // (`visibilitychange` asks again)
+  if (watchBusy) { watchAgain = true; return; }
+  const mine = budgetState.run !== null && !budgetState.run.elsewhere;  // (its stream says where it stands)
+  if (!mine) {
+    const epoch = budgetState.epoch;
+    watchBusy = true;
+    try {
       const t = await api("/ui/api/budget/whatif/turn");
-      if (t.account === null || !document.getElementById("budget")) break;
-      const first = budgetState.run === null;
-      if (!first && !budgetState.run.elsewhere) return;  // (this tab's own: it says where it stands)
-      budgetState.run = { account: t.account, shares: t.shares, turn: t, elsewhere: true };
-      delete budgetState.ended;
-      const line = document.getElementById("whatif-running");
-      if (first || !line) redrawPanel();
-      else line.textContent = runningText(line.dataset.panel);
-      await new Promise((done) => setTimeout(done, WATCH_MS));
+      if (epoch === budgetState.epoch) seen(t);
+    } catch (err) {
+      if (epoch === budgetState.epoch && budgetState.run?.elsewhere) lostWith(budgetState.run);
+    } finally {
+      watchBusy = false;
     }
-  } finally {
-    budgetState.watching = false;
   }
-  if (budgetState.run !== null && budgetState.run.elsewhere) {
-    budgetState.ended = { ...budgetState.run, ok: budgetState.endedWell };
+  if (watchAgain) { watchAgain = false; watchSoon(0); }
+  else watchSoon(budgetState.run !== null ? WATCH_MS : IDLE_MS);
+}
+
+// what the turn route says of her what-if: shown, or ended
+function seen(t) {
+  const run = budgetState.run;
+  if (run !== null && !run.elsewhere) return;  // (this tab's own began meanwhile)
+  if (t.account !== null) {
+    budgetState.run = { account: t.account, shares: t.shares, turn: t, elsewhere: true };
+    budgetState.ended = budgetState.lost = null;
+    const line = document.getElementById("whatif-running");
+    if (run === null || !line || line.dataset.for !== t.account) redrawPanel();
+    else line.textContent = runningText(line.dataset.panel);
+  } else if (run !== null) {
+    budgetState.ended = { ...run, ok: budgetState.endedWell };
     budgetState.endedWell = undefined;
     budgetState.run = null;
-    if (document.getElementById("budget")) redrawPanel();
+    redrawPanel();
   }
 }
+
+document.addEventListener("visibilitychange", () => { if (document.visibilityState === "visible") watchSoon(0); });
 
 // the line of the what-if under way, in the panel of `panel` (an account): its own, or
 // another child's, named
@@ -139,6 +190,7 @@ function whatifPanel(child) {
     el("p", {}, "Shares ", input, ` (now ${child.raw_shares}; its siblings keep theirs) `, button),
     el("p", { class: "muted" }, "The server re-simulates the last 4 weeks' submissions (at most) twice, with and without the change (twice the time), and compares per team; what happened is beside them. Nothing is changed."),
     error ? el("p", { class: "err", id: "whatif-error" }, error) : null,
+    budgetState.lost ? el("p", { id: "whatif-lost", class: "err" }, `Your what-if of ${budgetState.lost.account} (shares ${budgetState.lost.shares}) was lost: the server stopped answering before its end (a what-if ends with its server). Run it again once the server is back.`) : null,
     budgetState.ended ? el("p", { id: "whatif-elsewhere", class: "muted" }, `Your what-if of ${budgetState.ended.account} (shares ${budgetState.ended.shares}), asked in another tab, has ended: ${budgetState.ended.ok === false ? "it failed; its error" : budgetState.ended.ok ? "its result" : "its result (or its error)"} shows in that tab.`) : null,
     run ? el("p", { id: "whatif-running", class: "muted", "data-for": run.account, "data-panel": account }, runningText(account)) : null,
     shown && !(run && run.account === account) ? whatifResult(shown) : null);
@@ -180,5 +232,5 @@ async function budgetPage(first) {
     table(["account", "kind", "RawShares", "NormShares", "usage GPU-h", "owed GPU-h", "delivered GPU-h", "delivered/owed (by period, capped at 100%)", ""],
       rows, { id: "budget" }),
     chosen ? whatifPanel(chosen) : null);
-  watchOtherTabs();  // (not awaited: it watches while the page shows)
+  if (first) watchSoon(0);  // (then every few seconds while the page is in view: `watchTurn`)
 }
