@@ -162,6 +162,9 @@ class KafkaSource:
         self._recall: Any = None  # a cursor of the projection this source feeds (`recall_from`)
         self.early = EarlyCopies(topic, self.keys)
         """The relay's own records sent before their turn, passed over (`projections.early`)."""
+        self.copies: set[int] = set()
+        """Offsets of the exact copies of records applied already that reads passed over (a
+        restore names them: it said nothing of the relay's replayed records, atk54-25 F7)."""
         self.signed_seen = 0
         """Without keys: records handed out that carry a signature header (`gpuledger.sig`),
         none of them verified. A keyless restore of such a topic took a topic writer's unsigned
@@ -197,12 +200,15 @@ class KafkaSource:
             position, tag, problem = envelope(rec.headers, rec.value, previous)
             if problem is None:
                 problem = self._foreign(rec, tip, position, tag)
-            if problem is not None and (
-                self._applied_copy(rec, position, tag, tip)
-                or self.early.early(rec, position, tag, tip, self._scan_all, self._end)
+            if problem is not None and self._applied_copy(rec, position, tag, tip):
+                buffer.popleft()  # a copy of a record applied already: no news
+                self.copies.add(rec.offset)
+                continue
+            if problem is not None and self.early.early(
+                rec, position, tag, tip, self._scan_all, self._end
             ):
-                buffer.popleft()  # a copy of a record applied already, or the relay's own
-                continue  # sent before its turn, its turn to come (`projections.early`)
+                buffer.popleft()  # the relay's own sent before its turn, its turn to come
+                continue  # (`projections.early`)
             if problem is not None:
                 if out:
                     break

@@ -213,10 +213,12 @@ def _servers_relay(ctx: Ctx) -> tuple[str, bool, dict[str, Any]] | None:
         f"relay {h.relay_state}: position {h.relay_position or 0:,}, "
         f"lag {h.relay_lag or 0:,} behind this standby's log"
     )
+    if h.relay_position is None:  # told no position (a leader of an earlier version): no "0"
+        line = f"relay {h.relay_state}: position and lag unknown"
     report = {
         "state": h.relay_state,
-        "position": h.relay_position or 0,
-        "lag": h.relay_lag or 0,
+        "position": h.relay_position,
+        "lag": h.relay_lag,
         "error": h.relay_error or "",
         "told_by": "standby",
         "stale": h.relay_state == RELAY_STALE,

@@ -395,6 +395,8 @@ def status(ctx: Ctx, as_json: bool) -> None:
         else f"{format_time(h.last_cycle_at)} ({(h.last_cycle_s or 0) * 1000:.0f} ms)"
     )
     relay = "no Kafka" if h.relay_lag is None else f"{_relay_lag(h)}, {h.relay_state}"
+    if h.relay_lag is None and h.relay_state is not None:  # a standby told no position
+        relay = f"unknown, {h.relay_state}"
     if h.relay_error:
         relay += f": {h.relay_error}"
     click.echo(f"{h.status}: gpu-ledger {h.version} at {ctx.remote.url}")

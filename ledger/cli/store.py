@@ -8,7 +8,7 @@ destination back and compare it with the source, event by event, byte for byte.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -213,8 +213,9 @@ def restore(
         raise CopyError(f"the topic read {last} events, then {copied.head}", hint="retry")
     if not as_json:
         for line in _aside_lines(
-            name, aside, own, sorted(set(source.early.passed)), source.keys is not None
-        ):
+            name, aside, own, sorted(set(source.early.passed)), source.keys is not None,
+            sorted(source.copies),
+        ):  # fmt: skip
             click.echo(line, err=True)
     # every event of the store is on the topic: the relay's progress there (docs/kafka.md)
     from ledger.store import relay_progress
@@ -225,9 +226,39 @@ def restore(
     key = state_key(dst_home) if dst_dsn is None else state_key(ctx.home, create=False)
     at = _restored_anchor(bootstrap, name, topic_id, None if where is None else where.offset)
     with relay_progress.opened(dst_home, dst_dsn) as recorder:
-        topic_id, offset = at if at is not None else (None, None)
-        relay_progress.keep(recorder, name, copied.head, key, topic_id=topic_id, offset=offset)
+        topic_id, offset, stamp = at if at is not None else (None, None, None)
+        relay_progress.keep(
+            recorder, name, copied.head, key, topic_id=topic_id, offset=offset, stamp=stamp
+        )
+    if not as_json:
+        click.echo(_progress_line(name, copied.head, at), err=True)
     _report(as_json, "restored", copied, redacted(dst_dsn) if dst_dsn else str(dst_home))
+
+
+def _progress_line(name: str, head: int, at: tuple[str, int, int | None] | None) -> str:
+    """What a restore's progress row says of the topic, plainly: what it names, and what is not
+    known (a `CreateTime` topic's records carry no append time: the row names none, and the next
+    relay checks that record by its commit marker alone; stop 54: a restore's row named no time
+    even on a `LogAppendTime` topic, and nothing said so)."""
+    from schemas.units import when
+
+    said = f"the relay's progress on {name}: position {head:,}"
+    if at is None:
+        return (
+            f"{said}; no record of the topic named (its last record is not followed by a commit "
+            "marker, or the topic changed while it was read): the next relay reads the topic "
+            "from its start to find its place"
+        )
+    topic_id, offset, stamp = at
+    said += f", the record at offset {offset:,} (topic id {topic_id})"
+    if stamp is not None:
+        return f"{said}, appended by the broker at {when(stamp / 1000)} ({stamp} ms)"
+    return (
+        f"{said}; its append time is not known: the topic stamps its records with the producer's "
+        f"time (message.timestamp.type=CreateTime), so the row names none and the next relay "
+        "checks that record by its commit marker alone (set message.timestamp.type="
+        "LogAppendTime on the topic: docs/kafka.md)"
+    )
 
 
 _UNVERIFIED = (
@@ -263,34 +294,52 @@ def _topic_id(bootstrap: str, topic: str) -> str | None:
 
 def _restored_anchor(
     bootstrap: str, topic: str, topic_id: str | None, offset: int | None
-) -> tuple[str, int] | None:
-    """The topic id and offset a restore's progress row names: the record of its last position,
-    when it passes the checks the relay makes of its bookmark (the topic still the one read, by
-    its id; the record followed by a commit marker, `relay_tail.not_taken`), so the next relay
-    takes it (checking it again, with the store's bytes) rather than reading the whole topic
-    from its start, which a row without them made it do. None: the row names neither."""
-    from ledger.store.relay_tail import not_taken
+) -> tuple[str, int, int | None] | None:
+    """The topic id, offset and append time a restore's progress row names: the record of its
+    last position, when it passes the checks the relay makes of its bookmark (the topic still
+    the one read, by its id; the record followed by a commit marker, `relay_tail.marked`), so
+    the next relay takes it (checking it again, with the store's bytes and that time) rather
+    than reading the whole topic from its start, which a row without them made it do. The time
+    is None on a `CreateTime` topic (its records carry the producer's). None: the row names
+    none of them."""
+    from ledger.store.relay_tail import appended, marked
     from projections.kafka_wire import connect_timeout
 
     if topic_id is None or offset is None or _topic_id(bootstrap, topic) != topic_id:
         return None
     try:
-        if not_taken(bootstrap, offset, topic, connect_timeout_s=connect_timeout()) is not None:
-            return None
+        why, record = marked(bootstrap, offset, topic, connect_timeout_s=connect_timeout())
     except Exception:
         return None
-    return topic_id, offset
+    if why is not None or record is None:
+        return None
+    return topic_id, offset, appended(record)  # the broker's time (None: CreateTime's)
 
 
 def _aside_lines(
-    name: str, aside: list[int], own: list[int], early: list[int], signed: bool
+    name: str,
+    aside: list[int],
+    own: list[int],
+    early: list[int],
+    signed: bool,
+    copies: Sequence[int] = (),
 ) -> list[str]:
     """What a restore says of the records it did not take, the relay's own told apart from
     another producer's (atk51-25 F5: the relay's signed early copies were called "another
-    producer's", sending the operator after an intruder)."""
+    producer's", sending the operator after an intruder), and the exact copies of records it
+    restored that it passed over (atk54-25 F7: it said nothing of them; `audit verify --kafka`
+    named them)."""
     from ledger.store.relay_topic import offsets_text
 
     out = []
+    if copies:
+        out.append(
+            f"passed over {len(copies):,} record(s) of {name} that are exact copies of records "
+            "restored already (same position, bytes"
+            + (" and a good signature" if signed else "")
+            + "; a relay that published a batch twice, or someone replaying saved records): "
+            f"nothing in them is new; offsets {offsets_text(copies)}"
+        )
     if early:
         out.append(
             f"passed over {len(early)} record(s) of {name} that are copies of records the "

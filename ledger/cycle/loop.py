@@ -309,7 +309,8 @@ class ServiceLoop:
         if self.relay is None:
             return None, None
         health = self.relay.health
-        return health.state, health.error or None
+        # a republish's progress where no error is (atk54-25 F6: it said nothing of it)
+        return health.state, health.error or health.republishing or None
 
     # --- internals -----------------------------------------------------------------------------
 

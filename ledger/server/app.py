@@ -43,7 +43,7 @@ from ledger.server.ha_front import POSITION_HEADER
 from ledger.server.readpool import ReadPool, limits_from_env, sent_from_env
 from ledger.server.store_seen import stale_s
 from ledger.server.worker import Worker
-from ledger.store.relay_health import RELAY_STALE
+from ledger.store.relay_health import RELAY_STALE, RELAY_UNREPORTED, unreported_words
 from ledger.store.requests import valid_key
 from ledger.wire import OUTCOME_HEADER
 from schemas import api
@@ -300,7 +300,7 @@ def _build(
         relay = svc.relay_position()
         relay_state, relay_error = svc.relay_state()
         if relay is None and worker.ha is not None:  # a standby: the leader's relay
-            relay, relay_state, relay_error = _leaders_relay(worker.ha)
+            relay, relay_state, relay_error = _leaders_relay(worker.ha, svc.kafka)
         st = svc.stats
         return api.Health(
             status="up" if worker.accepting else "stopping",
@@ -465,11 +465,16 @@ PAGE_SHELLS = frozenset({"/", "/ui/{page:str}"})
 """Routes whose query string is the browser script's (the dashboard's page shells)."""
 
 
-def _leaders_relay(ha: Any) -> tuple[int | None, str | None, str | None]:
+def _leaders_relay(ha: Any, kafka: str | None = None) -> tuple[int | None, str | None, str | None]:
     """(position, state, error) of the leader's relay as it last reported it to the store, for
     a server that runs none (a standby): it said "no Kafka" while the leader's relay published
-    or had stopped (atk52-ha F4). The error names whose relay it is and how old the word is."""
+    or had stopped (atk52-ha F4). The error names whose relay it is and how old the word is.
+    `kafka`: this server's bootstrap (None: it relays to none when it leads); with one, a
+    leader of an earlier version, which reports nothing of its relay, is `unreported` (it said
+    "no relay has run" in a rolling upgrade), with no position."""
     got = ha.leader_relay()
+    if got is None and kafka and ha.leader_of_earlier_version():
+        return None, RELAY_UNREPORTED, unreported_words(ha.leader_address(), kafka)
     if got is None:
         return None, None, None
     word, ago = got

@@ -430,6 +430,14 @@ class Leadership:
                 return m.relay, m.seen_s_ago + max(0.0, since)
         return None
 
+    def leader_of_earlier_version(self) -> bool:
+        """Whether the leader's last report says nothing of its relay: a server of an earlier
+        version (this one reports an empty state when it runs none: `Member.relay_told`)."""
+        leader = self.leader_address()
+        return any(
+            m.address == leader and m.role == "leader" and not m.relay_told for m in self.members
+        )
+
     @property
     def relay_word_s(self) -> float:
         """How old the leader's word on its relay may be before a standby calls it stale."""

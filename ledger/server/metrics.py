@@ -61,6 +61,8 @@ class Figures(msgspec.Struct, frozen=True, kw_only=True):
     projection_position: int
     projection_lag_s: float
     relay_lag: int | None
+    """Events not yet on the topic (None: no relay; a standby's: the leader's as it last
+    reported it, None once that word is stale)."""
     queue_by_code: dict[str, int]
     queue_by_team: dict[str, int]
     placements: dict[str, int]
@@ -72,6 +74,8 @@ class Figures(msgspec.Struct, frozen=True, kw_only=True):
     """Nodes the engine cannot observe now (outage mode)."""
     engine_open: bool = True
     """False while the executor waits for its engine to answer (`LoopStats.engine_away`)."""
+    relay_report_age_s: float | None = None
+    """A standby's: how long ago the leader reported the relay lag it tells (None: not told)."""
     role: str = "single"
     """This server's role: `single` (its own store), `leader` or `standby` (a shared store)."""
     epoch: int = 0
@@ -192,6 +196,13 @@ def families(f: Figures) -> list[Metric]:
             "Events in the log not yet published to Kafka.",
             [],
             [([], f.relay_lag)],
+        )
+    if f.relay_report_age_s is not None:
+        gauge(
+            "gpuledger_relay_report_age_seconds",
+            "A standby's: seconds since the leader reported the relay lag it tells.",
+            [],
+            [([], f.relay_report_age_s)],
         )
     gauge(
         "gpuledger_node_heartbeat_age_seconds",
@@ -400,9 +411,11 @@ def service_figures(service: Any, ha: Any, view: Any) -> dict[str, Any]:
     head = view.ledger.position
     clock = view.moment
     relay = service.relay_position()
+    told = _leaders_relay_lag(ha, head) if relay is None else None
     return {
         "cycles": service.stats.cycles,
         "relay_lag": None if relay is None else max(0, head - relay),
+        **(told or {}),
         "heartbeat_ages": {
             node: max(0.0, clock - at) for node, at in service.executor.heard_from().items()
         },
@@ -410,6 +423,18 @@ def service_figures(service: Any, ha: Any, view: Any) -> dict[str, Any]:
         "engine_open": service.stats.engine_away is None,
         **_roles(ha, head),
     }
+
+
+def _leaders_relay_lag(ha: Any, head: int) -> dict[str, Any] | None:
+    """A standby's relay figures: the leader's relay's lag against this server's log, as the
+    leader last reported its position, and the report's age; None while the word is stale (a
+    dead or paused leader's: `ha.relay_word_s`, as health tells it) or there is none. A standby's
+    /metrics had no relay lag at all (stop 54: open)."""
+    got = None if ha is None else ha.leader_relay()
+    if got is None or got[1] > ha.relay_word_s:
+        return None
+    word, ago = got
+    return {"relay_lag": max(0, head - word.position), "relay_report_age_s": round(ago, 3)}
 
 
 def projection_lag_s(view: Any, projected: int) -> float:

@@ -105,6 +105,10 @@ class Member:
     relay: RelayWord | None = None
     """Its relay's health as it last reported (None: it runs none, or is of an earlier
     version): what a standby tells of the leader's relay (atk52-ha F4)."""
+    relay_told: bool = True
+    """Whether its row says anything of its relay: a server of this version always does (an
+    empty state: it runs none); False: one of an earlier version, which does not report it (a
+    standby said "no relay has run" under such a leader in a rolling upgrade)."""
 
 
 @dataclass(frozen=True)
@@ -570,9 +574,9 @@ class Lease:
         `kept_ago_s`, that it kept a node's lease that long ago (kept as the latest such time,
         in the database's clock: the commit comes after the keep, so it never says too early),
         how long a node lease its keeps grant (`node_lease_s`), and its relay's health
-        (`relay`; None: it runs none)."""
+        (`relay`; None: it runs none, reported as an empty state: `Member.relay_told`)."""
         state, at, error = (
-            (None, None, None) if relay is None else (relay.state, relay.position, relay.error)
+            ("", None, None) if relay is None else (relay.state, relay.position, relay.error)
         )
         self._run(
             "INSERT INTO {servers} AS s (holder, address, role, position, seen_at, "
@@ -630,7 +634,8 @@ class Lease:
         )
         return [
             Member(h, a, r, int(p), float(s),
-                   None if rs is None else RelayWord(str(rs), int(rp or 0), str(re or "")))
+                   RelayWord(str(rs), int(rp or 0), str(re or "")) if rs else None,
+                   relay_told=rs is not None)
             for h, a, r, p, s, rs, rp, re in rows
         ]  # fmt: skip
 

@@ -26,6 +26,21 @@ DEFAULT_CHECK_S = 1.0
 RELAY_STALE = "stale"
 """The relay state a standby's health tells when the leader's last report of its relay is older
 than its reporting interval allows (`ledger.server.ha.relay_word_s`)."""
+RELAY_UNREPORTED = "unreported"
+"""The relay state a standby's health tells when the leader, of an earlier version (a rolling
+upgrade), reports nothing of its relay to the store."""
+
+
+def unreported_words(leader: str, kafka: str) -> str:
+    """Pure: what a standby says of the relay of a leader of an earlier version."""
+    return (
+        f"the leader ({leader}) runs an earlier version, which does not report its relay to "
+        f"the store (a rolling upgrade; this server relays to Kafka at {kafka} when it leads): "
+        f"its position and lag are not known here; the leader's own health tells them "
+        f"({leader}/v1/health)"
+    )
+
+
 SKIPPED_SHOWN = 10
 """Foreign offsets relay.json names (the rest a count): `RelayHealth.skipped`."""
 
@@ -52,6 +67,16 @@ class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
     remade: str = ""
     """The last time the relay found its topic deleted and made again (or truncated) under it:
     why; it published the store's log again from position 1 then (atk50-25 F1)."""
+    again_to: int = 0
+    """While the relay publishes the store's log again from position 1 (its topic deleted, made
+    again or truncated under it: `remade`), the store's head when it began, until its position
+    reaches it (0: it does not). atk54-25 F6: health said "unavailable" with the old error for
+    16 s while the relay published the log again from 5,000 to 45,000."""
+    appended: bool | None = None
+    """Whether the topic stamps its records with the broker's append time (`LogAppendTime`, as
+    the relay makes it), as read at the relay's last connect; False: the producer's time
+    (`CreateTime`): the relay's progress names no time, and its bookmark is checked by its
+    commit marker alone (`relay status` said nothing of it, stop 54); None: not known yet."""
     since: float = 0.0
     """Wall-clock time the state began."""
     updated: float = 0.0
@@ -61,6 +86,17 @@ class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def lag(self) -> int:
         return max(0, self.store_head - self.position)
+
+    @property
+    def republishing(self) -> str:
+        """While it publishes the log again from position 1, that and how far (else "")."""
+        if not self.again_to or self.position >= self.again_to:
+            return ""
+        why = f" ({self.remade})" if self.remade else ""
+        return (
+            f"publishing the store's log again from position 1{why}: position "
+            f"{self.position:,} of {self.again_to:,}"
+        )
 
     def stale(self, now: float) -> bool:
         """Whether a running service should have rewritten this record by `now`."""
@@ -134,7 +170,15 @@ class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
             if count > len(self.skipped):
                 shown += f", ... ({count - len(self.skipped):,} more)"
             text += f", {count:,} foreign record(s) skipped (offsets {shown})"
-        if self.remade:
+        if self.appended is False:
+            text += (
+                f"; topic {self.topic} keeps no append time (message.timestamp.type=CreateTime): "
+                "the relay's progress names no time, and its last record is checked by its "
+                "commit marker alone"
+            )
+        if self.republishing:
+            text += f"; {self.republishing}"
+        elif self.remade:
             text += f"; {self.remade}: published again from position 1"
         return text + (f": {self.error}" if self.error else "")
 

@@ -62,6 +62,9 @@ from projections.kafka_wire import (
 )
 
 DEFAULT_FLUSH_S = 10.0
+MARK_EVERY_S = 10.0
+"""How often a service's watcher asks for its topic's offsets and settings (three requests more)
+while the topic's id, asked every check, is the one the relay published to."""
 
 log = logging.getLogger("gpuledger.relay")
 
@@ -99,6 +102,7 @@ class RelayService:
         keys: SigningKeys | None = None,
         check_s: float = DEFAULT_CHECK_S,
         stall_s: float | None = None,
+        mark_every_s: float = MARK_EVERY_S,
     ) -> None:
         self.home = home
         self.bootstrap = bootstrap
@@ -112,6 +116,10 @@ class RelayService:
         self.stall_s = max(2 * check_s, 2.0) if stall_s is None else stall_s
         """A send or commit out this long while events wait is `stalled`."""
         self.keys = keys if keys is not None else signing_keys()
+        self.mark_every_s = mark_every_s
+        """How often the watcher asks for the topic's offsets and settings while its id stays
+        the one the relay published to (`_watch_topic`)."""
+        self._marked_at = 0.0
         self.relay: Relay | None = None
         self._recorder: ApplicationRecorder | None = None
         self.clock = SystemClock()
@@ -128,6 +136,9 @@ class RelayService:
         """A health file of this topic was found: `_published` is this home's progress."""
         self._remade_why: str | None = None
         """Why the next relay made publishes from position 1 (`_topic_changed`)."""
+        self._again_to = 0
+        """The store's head when the relay began to publish the log again from position 1,
+        until it reaches it (`RelayHealth.again_to`)."""
         self.health = RelayHealth(
             state="connecting",
             bootstrap=bootstrap,
@@ -199,6 +210,13 @@ class RelayService:
         state = self.health.state
         if state == "exited":
             return
+        if state in ("unavailable", "connecting") and self._moving():
+            # a round that (re)connected and publishes: the log again from position 1 after a
+            # remake, a backlog after an outage; it says so when it returns, which took 16 s
+            # of "unavailable" with the old error over 40,000 events (atk54-25 F6)
+            self._probed_down = False
+            self._set("publishing", head=head, expect=state)
+            return
         if state in ("stopped", "connecting"):
             # rewritten as it stands (its time, the store's head): a live service whose relay
             # stopped, or connects (a 52k-event republish), was called one no service updates
@@ -249,6 +267,14 @@ class RelayService:
                 return
         self._set(state, error=self.health.error, head=head, expect=state)
 
+    def _moving(self) -> bool:
+        """Whether the round under way commits to the topic: the relay's position moved since
+        the health's (or went back to 1 to publish the log again, `Relay.remakes`)."""
+        relay = self.relay
+        if relay is None or self._busy_since is None or relay.position <= 0:
+            return False
+        return relay.remakes != self._remakes or relay.position > self._published
+
     def _watch_held(self) -> None:
         """In a thread of its own (a hung broker blocks these questions, never the watcher):
         every `check_s`, whether the topic is still the one the relay published to
@@ -295,8 +321,13 @@ class RelayService:
         publishes the log again from position 1 (atk50-25 F1: deleted while idle, `relay
         status` said "publishing, 0 behind"). Safe while a round publishes: the relay's mark is
         read before the broker's word and it is flagged only if no commit moved it since.
-        Returns the admin client to reuse."""
-        from ledger.store.relay_topic import open_admin, remade, topic_mark, unkept
+        Returns the admin client to reuse.
+
+        Each check asks one metadata request (the topic's id: deleted or made again); the
+        offsets and settings (a start cut, compaction or a retention set under it: three
+        requests more) only every `mark_every_s`, or at once when the id changed. Every check
+        asked for all four (stop 54: four admin requests a second per running relay)."""
+        from ledger.store.relay_topic import open_admin, remade, topic_id_of, topic_mark, unkept
 
         relay = self.relay
         if relay is None or self.health.state in ("stopped", "exited"):
@@ -307,7 +338,11 @@ class RelayService:
         try:
             if admin is None:
                 admin = open_admin(self.bootstrap, None, self.connect_timeout_s)
+            due = time.monotonic() - self._marked_at >= self.mark_every_s
+            if mark.topic_id and not due and topic_id_of(admin, self.topic) == mark.topic_id:
+                return admin  # the same topic: its offsets and settings at the next full check
             now = topic_mark(admin, self.topic, self.timeout_s)
+            self._marked_at = time.monotonic()
             why = remade(self.topic, mark, now, end)
         except Exception as e:  # unreachable: the watcher's probe says so
             log.debug("relay: cannot ask for topic %s: %s", self.topic, e)
@@ -322,12 +357,17 @@ class RelayService:
             relay.flag(why)
         return admin
 
-    def _position(self) -> int:
+    def _position(self, head: int | None = None) -> int:
+        """The last position committed on the topic; `head`: the store's now, the target of a
+        republish that began (`_again_to`)."""
         relay = self.relay
         if relay is not None:
             if relay.remakes != self._remakes:  # the topic made again: published from 1 anew
                 self._remakes, self._published = relay.remakes, relay.position
+                self._again_to = head if head is not None else _quiet_head(relay)
             self._published = max(self._published, relay.position)
+        if self._published >= self._again_to:
+            self._again_to = 0
         return self._published
 
     # --- the thread -------------------------------------------------------------------------------
@@ -575,12 +615,14 @@ class RelayService:
                 state=state,
                 bootstrap=self.bootstrap,
                 topic=self.topic,
-                position=self._position(),
+                position=self._position(head),
                 store_head=head,
+                again_to=self._again_to,
                 error=error,
                 skipped=relay.skipped[:SKIPPED_SHOWN] if relay is not None else old.skipped,
                 foreign=len(relay.skipped) if relay is not None else old.foreign,
                 remade=relay.remade_note if relay is not None else old.remade,
+                appended=_appended(relay, old.appended),
                 since=old.since if state == old.state else now,
                 updated=now,
                 check_s=self.check_s,
@@ -608,6 +650,13 @@ def _not_ready(e: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def _appended(relay: Relay | None, known: bool | None) -> bool | None:
+    """Whether the relay's topic stamps the broker's append time, as its last connect read it
+    (`known`: the health's word, while no relay is connected)."""
+    mark = None if relay is None else relay.mark
+    return known if mark is None else mark.appended
 
 
 def _quiet_head(relay: Relay) -> int:

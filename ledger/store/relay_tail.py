@@ -211,6 +211,21 @@ def not_taken(
     its start (time, never a gap). A transactional producer can put a marker after its record:
     with `stamp` (the append time the progress names) the record must carry it too
     (`stamped`); without, that is the remaining limit (docs/kafka.md)."""
+    why, record = marked(bootstrap, offset, topic, config, timeout_s, connect_timeout_s)
+    return why if why is not None else stamped(record, stamp)
+
+
+def marked(
+    bootstrap: str,
+    offset: int,
+    topic: str = TOPIC,
+    config: Mapping[str, Any] | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+) -> tuple[str | None, Any]:
+    """`not_taken`'s commit-marker check: (why the record at `offset` is not followed by a
+    commit marker, None: it is; the record, None: none read). `store restore` keeps the
+    record's append time (`appended`) in its progress row."""
     tp = TopicPartition(topic, PARTITION)
     extra = {**(config or {}), "isolation_level": "read_uncommitted"}
     unmarked = (
@@ -227,12 +242,12 @@ def not_taken(
         consumer.assign([tp])
         end = consumer.end_offsets([tp], timeout_ms=int(timeout_s * 1000))[tp]
         if end <= offset + 1:
-            return unmarked
+            return unmarked, None
         part = "the record after its progress"
         records = list(polled(consumer, bootstrap, topic, offset, offset + 2, timeout_s, part))
         if any(rec.offset == offset + 1 for rec in records):
-            return unmarked
-        return stamped(next((r for r in records if r.offset == offset), None), stamp)
+            return unmarked, None
+        return None, next((r for r in records if r.offset == offset), None)
     except KafkaError as e:
         raise unavailable(bootstrap, e) from e
     finally:

@@ -10,9 +10,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from tests.integration import waits
 from tests.integration.hakit import make_group
-from tests.integration.serverkit import cli
+from tests.integration.serverkit import cli, make_token
 
 
 def test_a_standby_tells_the_leaders_relay(
@@ -20,6 +22,7 @@ def test_a_standby_tells_the_leaders_relay(
 ) -> None:
     home = tmp_path / "server-0"
     cli(home, "init", "--admin", "root", "--store", pg_store)
+    token = make_token(home)
     g = make_group(tmp_path, pg_store, 2, "--kafka", kafka_bootstrap, home=home)
     g.env = {"GPULEDGER_KAFKA_TOPIC": kafka_topic,
              "GPULEDGER_KAFKA_TRANSACTIONAL_ID": transactional_id}  # fmt: skip
@@ -43,8 +46,27 @@ def test_a_standby_tells_the_leaders_relay(
         assert said.returncode == 0, (said.stdout, said.stderr)  # was 1, "no relay has run"
         assert said.stdout.startswith("relay publishing: position "), said.stdout
         assert f"(the leader's relay ({leader.url})" in said.stdout, said.stdout
+        # the standby's /metrics: the leader's lag under the leader's name, and the word's age
+        # (stop 54: no relay lag on a standby's /metrics at all)
+        samples = scrape(standby.server(), token)
+        assert samples.get("gpuledger_relay_lag_events", -1) >= 0, samples
+        assert 0 <= samples["gpuledger_relay_report_age_seconds"] < 15, samples
+        assert "gpuledger_relay_report_age_seconds" not in scrape(leader.server(), token)
     finally:
         g.stop()
+
+
+def scrape(server: Any, token: str) -> dict[str, float]:
+    """The unlabelled samples of a server's /metrics."""
+    status, text = server.request("GET", "/metrics", token=token)
+    assert status == 200, text
+    raw = text.decode() if isinstance(text, bytes) else str(text)
+    return {
+        s.name: s.value
+        for fam in text_string_to_metric_families(raw)
+        for s in fam.samples
+        if not s.labels
+    }
 
 
 def test_a_standby_calls_a_dead_leaders_word_on_its_relay_stale(

@@ -110,6 +110,62 @@ def test_a_keep_granting_a_longer_node_lease_is_counted_by_its_length(pg_store: 
         new.close()
 
 
+class EarlierLease(lease.Lease):
+    """A server of the version before its relay was reported (commit 58109486^): its report
+    statement, copied from `ledger/store/lease.py` there, says nothing of a relay."""
+
+    def report(self, role: str, position: int, kept_ago_s: float | None = None,
+               relay: lease.RelayWord | None = None) -> None:  # fmt: skip
+        self._run(
+            "INSERT INTO {servers} AS s (holder, address, role, position, seen_at, "
+            "kept_at, node_lease_s) VALUES (%s, %s, %s, %s, now(), "
+            "now() - make_interval(secs => %s), %s) ON CONFLICT (holder) "
+            "DO UPDATE SET address = excluded.address, role = excluded.role, "
+            "position = excluded.position, seen_at = now(), "
+            "kept_at = GREATEST(s.kept_at, excluded.kept_at), "
+            "node_lease_s = excluded.node_lease_s RETURNING 1",
+            (self.holder, self.address, role, position, kept_ago_s, self.node_lease_s),
+        )
+
+
+@pytest.mark.parametrize("earlier", [True, False], ids=["earlier-leader", "leader-without-relay"])
+def test_a_standby_under_a_leader_of_an_earlier_version_says_its_relay_is_unreported(
+    pg_store: str, earlier: bool
+) -> None:
+    """Stop 54 (open): in a rolling upgrade a standby of this version under a leader of the
+    earlier one, which does not report its relay, said "no relay has run" (`relay status`) and
+    "no Kafka" (`status`), as of a leader that runs none. This version always reports (an empty
+    state when it runs none): a leader that says nothing is of an earlier version, and a standby
+    started with --kafka says so, with no position or lag (none known); under a leader of this
+    version that runs no relay it still says none."""
+    from ledger.server.app import _leaders_relay
+
+    lease.setup(pg_store)
+    kind = EarlierLease if earlier else lease.Lease
+    leader = Leadership(kind(pg_store, "lead", "http://lead", LEASE_S))
+    leader.notify = lambda: _worker_that_leads(leader)
+    standby = Leadership(lease.Lease(pg_store, "stand", "http://stand", LEASE_S))
+    leader.start()
+    try:
+        waits.wait_for("the leader to lead", lambda: leader.leading, 10)
+        standby.start()
+        waits.wait_for("the standby to read the leader's report",
+                       lambda: any(m.role == "leader" for m in standby.members), 10)  # fmt: skip
+        position, state, error = _leaders_relay(standby, "127.0.0.1:9092")
+        if not earlier:
+            assert (position, state, error) == (None, None, None)
+            return
+        assert (position, state) == (None, "unreported"), (position, state, error)  # was None
+        assert error is not None and error.startswith(
+            "the leader (http://lead) runs an earlier version, which does not report its relay"
+        ), error
+        assert "http://lead/v1/health" in error, error
+        assert _leaders_relay(standby) == (None, None, None)  # a standby that relays to none
+    finally:
+        standby.stop()
+        leader.stop()
+
+
 def test_a_server_retires_its_dead_predecessor_at_its_address(pg_store: str) -> None:
     """A server restarted after a kill -9 (or a stop while the store was away) left a silent
     row, which would make every leader wait `KEEP_WITHOUT_STORE_S` before counting a node lost:

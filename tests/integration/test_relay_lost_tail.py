@@ -15,7 +15,9 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
 from ledger.store.application import Ledger
 from ledger.store.relay import open_store, read_raw
+from ledger.store.relay_health import read_health
 from ledger.store.relay_progress import keep, read_anchor
+from ledger.store.relay_service import RelayService
 from ledger.store.relay_tail import LOG_APPEND_TIME, not_taken
 from ledger.store.relay_topic import TIMESTAMP_TYPE
 from ledger.store.snapshots import state_key
@@ -30,6 +32,7 @@ from tests.integration.conftest import read_all, unique_name
 from tests.integration.test_relay_forgeries import KEYS_TEXT, relay_to, run
 from tests.integration.test_relay_progress import JOB
 from tests.integration.test_relay_remade import topic_id
+from tests.integration.waits import wait_for
 
 pytestmark = pytest.mark.kafka
 
@@ -159,12 +162,14 @@ def test_a_saved_record_a_transactional_writer_commits_at_the_offset_is_not_the_
 
 
 def test_a_create_time_topic_is_warned_of_once_and_its_row_names_no_time(
-    org_ledger: Ledger, kafka_bootstrap: str, kafka_topic: str, transactional_id: str,
-    caplog: pytest.LogCaptureFixture,
+    org_ledger: Ledger, tmp_path: Path, kafka_bootstrap: str, kafka_topic: str,
+    transactional_id: str, caplog: pytest.LogCaptureFixture,
 ) -> None:  # fmt: skip
     """A topic made before the relay set `LogAppendTime` (CreateTime): one warning naming the
     setting and the command that sets it, the relay publishes (the commit-marker check alone),
-    and its row names no append time (its sends report the producer's time there)."""
+    and its row names no append time (its sends report the producer's time there). A restore
+    of it, and `relay status` over it, say that no append time is known and what follows (they
+    said nothing of it, stop 54)."""
     from kafka.admin import KafkaAdminClient, NewTopic
 
     admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="gpuledger-test")
@@ -186,3 +191,25 @@ def test_a_create_time_topic_is_warned_of_once_and_its_row_names_no_time(
     assert positions == list(range(1, org_ledger.position + 1)), positions
     _id, offset, stamp = read_anchor(open_store(org_ledger.home), kafka_topic)
     assert offset is not None and stamp is None
+    dst = tmp_path / "restored"
+    out = run("store", "restore", "--from-kafka", kafka_bootstrap, "--topic", kafka_topic,
+              "--to", str(dst))  # fmt: skip
+    said = f"the record at offset {offset:,} (topic id {_id}); its append time is not known"
+    assert said in out and "(message.timestamp.type=CreateTime)" in out, out  # was nothing
+    assert "1970" not in out and read_anchor(open_store(dst), kafka_topic)[2] is None, out
+    service = RelayService(dst, kafka_bootstrap, topic=kafka_topic,
+                           transactional_id=transactional_id).start()  # fmt: skip
+    try:
+
+        def connected() -> bool:  # relay.json as `relay status` reads it (written after)
+            health = read_health(dst)
+            return (
+                health is not None and health.state == "publishing" and health.appended is not None
+            )
+
+        wait_for("the relay connected", connected, 60, lambda: str(service.health))
+        line = run("--home", str(dst), "relay", "status")
+    finally:
+        service.stop()
+    assert service.health.appended is False, service.health
+    assert "keeps no append time (message.timestamp.type=CreateTime)" in line, line

@@ -582,3 +582,100 @@ def test_a_relay_killed_while_it_published_the_log_again_takes_no_replayed_recor
 
 class Killed(Exception):
     """The relay killed (the test's stand-in for kill -9 at that point)."""
+
+
+def test_a_relay_publishing_its_log_again_says_so_with_its_progress(
+    org_ledger: Ledger, kafka_bootstrap: str, kafka_topic: str, transactional_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """atk54-25 F6: after its topic was deleted, the relay published the store's log again
+    from position 1 in one long round, and its health said "unavailable" (or "connecting")
+    with the old error all along (16 s, 5,000 -> 45,000), as the round had not returned. Here
+    the relay stops on a topic whose start is cut, the topic is deleted, and the relay
+    publishes the log again two events a transaction, slowly: within its check interval the
+    health says `publishing`, what it is doing and how far ("position P of H")."""
+    service = at_head(org_ledger, kafka_bootstrap, kafka_topic, transactional_id)
+    real_fitting, real_send = Relay._fitting, Relay._send
+
+    def two(self: Relay, records: list, tried: bool = False) -> list:  # type: ignore[type-arg]
+        return real_fitting(self, records, tried)[:2]
+
+    def slow(self: Relay, records: list) -> None:  # type: ignore[type-arg]
+        time.sleep(0.15)
+        real_send(self, records)
+
+    seen: list[tuple[str, int, int, str]] = []
+    try:
+        org_ledger.execute_all([JOB] * 30)
+        head = org_ledger.position
+        wait_for("the relay at the head", lambda: service.health.position >= head, 60,
+                 lambda: str(service.health))  # fmt: skip
+        monkeypatch.setattr(Relay, "_fitting", two)
+        monkeypatch.setattr(Relay, "_send", slow)
+        cut(kafka_bootstrap, kafka_topic, 5)
+        org_ledger.execute_all([JOB] * 2)
+        head = org_ledger.position
+        wait_for("the relay stopped", lambda: service.health.state == "stopped", 60,
+                 lambda: str(service.health))  # fmt: skip
+        delete_topics(kafka_bootstrap, [kafka_topic])
+
+        def done() -> bool:
+            h = service.health
+            seen.append((h.state, h.position, h.again_to, h.line()))
+            return h.state == "publishing" and h.position >= head
+
+        wait_for("the log published again", done, 120, lambda: str(service.health))
+    finally:
+        service.stop()
+    during = [s for s in seen if 0 < s[1] < head and s[0] != "stopped"]
+    assert during, seen
+    told = [s for s in during if s[0] == "publishing"]
+    assert told, during  # was "connecting" all along: "at least N behind", no word of it
+    _, position, again_to, line = told[-1]
+    assert again_to == head, told[-1]
+    said = f"publishing the store's log again from position 1 (topic {kafka_topic}"
+    assert said in line and f": position {position:,} of {head:,}" in line, line
+    assert service.health.again_to == 0 and not service.health.republishing, service.health
+
+
+def test_an_idle_relays_topic_check_asks_the_broker_one_request_a_check(
+    org_ledger: Ledger, kafka_bootstrap: str, kafka_topic: str, transactional_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Stop 54: the service's watcher asked for the topic's metadata, its first and end offsets
+    and its settings every second (each a request or two to the broker) for every running relay.
+    It asks for the topic's id each check, the rest every `mark_every_s` (10 s) or when the id
+    changed: the requests its admin client sends are counted over 10 s of an idle relay (at
+    least 40 before), and a topic made again is still seen within seconds."""
+    from ledger.store import relay_topic
+
+    sent: list[str] = []
+    real = relay_topic.open_admin
+
+    def counted(*args: object, **kwargs: object) -> object:
+        admin = real(*args, **kwargs)  # type: ignore[arg-type]
+        send = admin._manager.send
+
+        async def counting(request: object, *a: object, **k: object) -> object:
+            sent.append(type(request).__name__)
+            return await send(request, *a, **k)
+
+        admin._manager.send = counting
+        return admin
+
+    monkeypatch.setattr(relay_topic, "open_admin", counted)
+    service = at_head(org_ledger, kafka_bootstrap, kafka_topic, transactional_id)
+    try:
+        time.sleep(3.0)  # the watcher's client made, its first full check asked
+        first = len(sent)
+        time.sleep(10.0)
+        asked = sent[first:]
+        remake(kafka_bootstrap, kafka_topic)
+        made = time.monotonic()
+        wait_for("the remake seen", lambda: bool(service.health.remade), 15,
+                 lambda: str(service.health))  # fmt: skip
+        seen_s = time.monotonic() - made
+    finally:
+        service.stop()
+    assert 5 <= len(asked) <= 20, asked  # ten checks, one of them full; was 40 and more
+    assert seen_s < 5, seen_s

@@ -127,14 +127,18 @@ def test_a_restore_names_the_topic_and_the_record_it_restored_last_in_its_progre
         assert relay.publish_pending() == head
     finally:
         relay.close()
-    last = read_all(kafka_bootstrap, kafka_topic)[-1].offset
+    record = read_all(kafka_bootstrap, kafka_topic)[-1]
+    last, stamp = record.offset, record.timestamp
+    assert record.timestamp_type == 1  # LogAppendTime: the broker's clock
     dst = tmp_path / "restored"
     out = run("store", "restore", "--from-kafka", kafka_bootstrap, "--topic", kafka_topic,
               "--to", str(dst))  # fmt: skip
     assert f"restored {head} events" in out, out
+    assert "appended by the broker at " in out and f"({stamp} ms)" in out, out
     store = open_store(dst)
     assert read(store, kafka_topic) == head
-    assert read_anchor(store, kafka_topic) == (topic_id(kafka_bootstrap, kafka_topic), last, None)
+    # the append time too (None before: the next relay checked the commit marker alone)
+    assert read_anchor(store, kafka_topic) == (topic_id(kafka_bootstrap, kafka_topic), last, stamp)
     # the next relay takes that record as its bookmark: nothing published again
     relay = Relay(store, kafka_bootstrap, topic=kafka_topic, transactional_id=transactional_id)
     try:
@@ -186,3 +190,30 @@ def test_a_keyless_restore_of_a_signed_topic_refuses_unless_told(
     out = run("store", "restore", "--from-kafka", kafka_bootstrap, "--topic", kafka_topic,
               "--to", str(keyed), env=ENV)  # fmt: skip
     assert f"restored {head - 1} events" in out, out
+
+
+def test_a_keyed_restore_names_the_replayed_copies_it_passes_over(
+    org_ledger: Ledger, tmp_path: Path, kafka_bootstrap: str, kafka_topic: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """atk54-25 F7: the relay's signed records, copies of three of them replayed at the tail
+    (someone replaying saved records), then the relay's next ones. A keyed restore passed over
+    the copies, as readers do (nothing in them is new), and said nothing of them, while `audit
+    verify --kafka` named them: it names them now, with their offsets."""
+    from tests.integration.conftest import read_all
+
+    monkeypatch.setenv(KEYS_ENV, KEYS_TEXT)
+    org_ledger.execute_all([JOB] * 3)
+    events = read_raw(open_store(org_ledger.home), 0, 1_000)
+    head = len(events)
+    publish(kafka_bootstrap, kafka_topic, events[:-2])
+    publish(kafka_bootstrap, kafka_topic, events[-5:-2])  # the same records, signed, again
+    offsets = [r.offset for r in read_all(kafka_bootstrap, kafka_topic)][-3:]
+    publish(kafka_bootstrap, kafka_topic, events[-2:])
+    dst = tmp_path / "restored"
+    out = run("store", "restore", "--from-kafka", kafka_bootstrap, "--topic", kafka_topic,
+              "--to", str(dst), env=ENV)  # fmt: skip
+    assert f"restored {head} events" in out, out
+    said = f"passed over 3 record(s) of {kafka_topic} that are exact copies of records restored"
+    assert said in out and "and a good signature" in out, out  # was nothing
+    assert f"offsets {', '.join(map(str, offsets))}" in out, out

@@ -30,7 +30,7 @@ def test_the_health_names_a_few_foreign_offsets_and_counts_the_rest(tmp_path: ob
     assert isinstance(tmp_path, Path)
     service = RelayService(tmp_path, "127.0.0.1:9", topic="t")
     relay = SimpleNamespace(
-        skipped=tuple(range(100, 300_100)), position=5, remakes=0, remade_note=""
+        skipped=tuple(range(100, 300_100)), position=5, remakes=0, remade_note="", mark=None
     )
     relay.store_head = lambda: 5
     service.relay = relay  # type: ignore[assignment]
@@ -125,6 +125,7 @@ def test_a_send_the_clients_connection_was_not_ready_for_is_retried_without_a_wo
             remakes=0,
             remade_note="",
             skipped=(),
+            mark=None,
         )
         thread = threading.Thread(target=service._publish_until_stopped)
         thread.start()
