@@ -11,7 +11,8 @@
 --   b_started    JobStarted: position, logs, started_at
 --   b_engine_ended JobEngineEnded: position, reason
 --   b_engine_linked JobEngineLinked: position, engine_job_id
---   b_run_ended  JobRunEnded: position, job_id, run, ended_at, event_at, started_at, exit_code
+--   b_run_ended  JobRunEnded: position, job_id, run, ended_at, event_at, started_at, exit_code,
+--                by_itself
 --   b_cycles     CycleDecided rows
 --
 -- and, read back from the batch's rows of `events` once they are inserted (temp tables below):
@@ -291,13 +292,16 @@ FROM (
 ) c
 WHERE job_intervals.start_position = c.start_position;
 
--- name: jobs_fenced_exit
+-- name: jobs_run_exit
 -- needs: b_run_ended
 -- A job its lost node's fence ended (`node_lost`, exit -1: no word from its node) shows its run's
 -- real exit code once the returning node reports that run's end (atk46-23 F5), as its end time
--- (`jobs` reads the run's real end). The report that ended the job's last interval counts (the
--- first, `intervals_run_ended`, above); the outcome and `finish_reason` stay the fence's: the
--- ledger acted on them (dependents judged, the job not run again).
+-- (`jobs` reads the run's real end). A job cancelled with no exit code (the cancel came before
+-- its command's exit was recorded) shows the code its command exited with by itself, before
+-- the cancel's SIGTERM reached it (`by_itself`), once its run's end is reported (atk54-23 F4:
+-- the command's own code was lost). The report that ended the job's last interval counts (the
+-- first, `intervals_run_ended`, above); the outcome and `finish_reason` stay the ledger's: it
+-- acted on them (dependents judged, the job not run again).
 UPDATE jobs SET exit_code = c.exit_code
 FROM (
     SELECT r.job_id, arg_min(r.exit_code, r.position) AS exit_code
@@ -305,7 +309,9 @@ FROM (
     JOIN jobs j ON j.job_id = r.job_id
     JOIN job_intervals i ON i.job_id = r.job_id AND i.run_end_position = r.position
     WHERE r.run IS NOT NULL AND r.exit_code IS NOT NULL AND r.run = j.placements - 1
-      AND j.status = 'finished' AND j.engine_reason = 'node_failure'
+      AND j.status = 'finished'
+      AND (j.engine_reason = 'node_failure'
+           OR j.finish_reason = 'cancelled' AND j.exit_code IS NULL AND r.by_itself)
     GROUP BY r.job_id
 ) c
 WHERE jobs.job_id = c.job_id;

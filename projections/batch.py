@@ -147,6 +147,7 @@ SCHEMAS: dict[str, pa.Schema] = {
             ("event_at", pa.float64()),
             ("started_at", pa.float64()),
             ("exit_code", pa.int32()),
+            ("by_itself", pa.bool_()),
         ]
     ),
     "b_engine_ended": pa.schema(
@@ -693,7 +694,8 @@ def _run_ended(groups: dict[type, Group]) -> pa.Table:
     earlier than its release): `JobRunEnded` names its run; `JobEngineEnded` (run NULL) is the
     end of the job's current run, recorded with its release. A `JobRunEnded` may also say when
     its run started where no `JobStarted` did (`started_at`: `intervals_run_ended`), and its
-    exit code (a fenced job's real one: `jobs_fenced_exit`)."""
+    exit code and whether its command ended by itself (a fenced job's real code, a cancelled
+    job's own: `jobs_run_exit`)."""
     g = groups.get(e.JobRunEnded, _EMPTY_GROUP)
     x = groups.get(e.JobEngineEnded, _EMPTY_GROUP)
     # a fence's end is no run's real end: its node's report is (`events.FENCED_STATE`)
@@ -710,6 +712,7 @@ def _run_ended(groups: dict[type, Group]) -> pa.Table:
             "event_at": [ev.at for ev in evs],
             "started_at": [ev.started_at for ev in g.events] + [None] * len(x_events),
             "exit_code": [ev.exit_code for ev in g.events] + [None] * len(x_events),
+            "by_itself": [ev.by_itself for ev in g.events] + [False] * len(x_events),
         },
     )
 

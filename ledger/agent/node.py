@@ -489,6 +489,11 @@ class NodeAgent:
                 )
             )
         for ex in seen.stopped:
+            if ex.started_at is not None:  # its start, which its end then says (atk52-23 F4)
+                run = _run_of(ex.engine_job_id)
+                self.outbox.started.append(
+                    a.PartStarted(job_id=ex.job_id, run=run, started_at=ex.started_at)
+                )
             if ex.by_itself:  # its command ended before the stop: told as its exit (F2)
                 self._queue(Observed(exits=(replace(ex, engine_state=""),)))
                 continue

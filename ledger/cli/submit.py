@@ -678,6 +678,10 @@ def cancel(ctx: Ctx, job_ids: tuple[str, ...]) -> None:
         if done_:  # atk52-23 F2
             click.echo(f"  {', '.join(map(str, done_))} had completed (its command exited 0): "
                        f"recorded completed; the processes it left: {_killed(ctx)}")  # fmt: skip
+        for ev in ends:  # its command had exited non-zero: its code kept (atk54-23 F4)
+            if ev.reason == "cancelled" and ev.exit_code is not None:
+                click.echo(f"  {ev.job_id}'s command had exited {ev.exit_code}: recorded "
+                           f"cancelled with exit code {ev.exit_code}")  # fmt: skip
         never = [ev.job_id for ev in ends if ev.reason == "dependency_never_satisfied"]
         if never:
             click.echo(f"  and so {', '.join(map(str, never))} can never run (their dependency)")

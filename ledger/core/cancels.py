@@ -29,8 +29,7 @@ def cancel(state: State, cmd: c.CancelJob, s: Stamp) -> list[e.AnyEvent]:
     nodes: list[str] = []
     for job_id in sorted(tasks):
         job = state.jobs[job_id]
-        out.append(_completed(job, s) or _timed_out(job, s) or e.JobFinished(
-            **s.kw(), job_id=job_id, outcome="cancelled", reason="cancelled"))  # fmt: skip
+        out.append(_completed(job, s) or _timed_out(job, s) or _cancelled(job, s))
         out += _earlier_runs_killed(state, job_id, s)
         nodes += [sl.node for sl in job.slots]
     return out + drained_after(state, nodes, tasks, s)
@@ -80,6 +79,22 @@ def _completed(job: Job, s: Stamp) -> e.JobFinished | None:
             "the processes it left were being stopped")  # fmt: skip
     return e.JobFinished(**s.kw(), job_id=job.job_id, outcome="completed", exit_code=0,
                          reason="completed", note=note[:1000])  # fmt: skip
+
+
+def _cancelled(job: Job, s: Stamp) -> e.JobFinished:
+    """Pure: a job's end by a cancel, `cancelled`; a running job whose command had exited
+    non-zero (`LeaderEnded` with its `exit_code`) while the processes it left live out their
+    grace keeps that code (`exit_code`, and a note of when), as `sacct` shows a job's exit
+    code: its outcome stays `cancelled`, as docs/agent.md says (atk54-23 F4: it was recorded
+    with no exit code, the command's own code lost)."""
+    code, ended = job.leader_exit_code, job.leader_ended_at
+    if job.status != "running" or code is None or ended is None:
+        return e.JobFinished(**s.kw(), job_id=job.job_id, outcome="cancelled",
+                             reason="cancelled")  # fmt: skip
+    note = (f"its command exited {code} at {when(ended)}; cancelled by {s.actor} while "
+            "the processes it left were being stopped")  # fmt: skip
+    return e.JobFinished(**s.kw(), job_id=job.job_id, outcome="cancelled", exit_code=code,
+                         reason="cancelled", note=note[:1000])  # fmt: skip
 
 
 def stopping_of(state: State, cmd: c.CancelJob) -> list[StoppedRun]:

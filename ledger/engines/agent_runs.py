@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ledger.cycle.executor import Exit, Launch, Reaping, Sample, Start, command_code
 from schemas import agent as a
@@ -147,3 +147,37 @@ def run_ended(
 
 def _gpus_on(slots: tuple[GpuSlot, ...], node: str) -> tuple[int, ...]:
     return next((sl.gpu_indices for sl in slots if sl.node == node), ())
+
+
+def reported_jobs(rep: a.Report) -> set[int]:
+    """Pure: the jobs a report tells about (started, exited, sampled, checkpointed, stopped,
+    reaping)."""
+    items = (rep.started, rep.exited, rep.samples, rep.checkpoints, rep.stopped, rep.reaping)
+    return {p.job_id for kind in items for p in kind}
+
+
+class StoppedStarts:
+    """When the parts of runs the ledger stopped had started, as their agents said (a run
+    stopped while placed, whose start the ledger never recorded: a cancel, a preemption or a
+    requeue before its start was reported): its end then says when it started (`Exit.started_at`,
+    the latest part's), so the run is charged from its own start and `jobs` names where it ran,
+    as Slurm accounts a cancelled job from its start (atk52-23 F4: a cancelled placed run that
+    ran 36 s was not charged; atk54-23 F3). Keeps at most `KEPT` runs, the newest."""
+
+    KEPT = 10_000
+
+    def __init__(self) -> None:
+        self._at: dict[tuple[int, int], float] = {}
+
+    def keep(self, job_id: int, run: int, started_at: float | None) -> None:
+        if started_at is None:
+            return
+        key = (job_id, run)
+        self._at[key] = max(started_at, self._at.pop(key, started_at))
+        while len(self._at) > self.KEPT:
+            del self._at[next(iter(self._at))]
+
+    def take(self, x: Exit) -> Exit:
+        """`x` (a stopped run's end) with its start, when one of its parts said it."""
+        at = None if x.run is None else self._at.pop((x.job_id, x.run), None)
+        return x if at is None or x.started_at is not None else replace(x, started_at=at)

@@ -47,7 +47,15 @@ from ledger.cycle.executor import (
     output_files,
 )
 from ledger.engines.agent_nodes import refuse_while_held, registered_node, silent_nodes
-from ledger.engines.agent_runs import AgentRun, part_for, run_ended, run_reaping, run_started
+from ledger.engines.agent_runs import (
+    AgentRun,
+    StoppedStarts,
+    part_for,
+    reported_jobs,
+    run_ended,
+    run_reaping,
+    run_started,
+)
 from ledger.engines.board import Board, kills_by_node
 from ledger.engines.fence import ANY_RUN, Fence, reboot_honoured
 from ledger.store.clock import new_token_secret
@@ -120,6 +128,8 @@ class AgentExecutor:
         """(job, run name) -> the end of a stopped gang run a part of which another node may
         still run (`Fence.blocking`), and the nodes whose parts reported their end: recorded
         once no other node may (`_end_stopped`, atk53-23 F2)."""
+        self._began = StoppedStarts()
+        """When the parts of runs stopped before their start was recorded started."""
         self._completed: set[int] = set()
         """Jobs a stopped run of which ended by itself (`Exit.by_itself`): their held next
         launch is not released in the `observe` that hands that end over: the ledger records
@@ -492,8 +502,8 @@ class AgentExecutor:
             name = f"{st.job_id}.{st.run + 1}"
             state = "KILLED" if st.killed else "STOPPED"
             at = now if st.ended_at is None else st.ended_at
-            self._end_stopped(Exit(st.job_id, st.exit_code or 0, at, "exited", name, state),
-                              rep.node, now)  # fmt: skip
+            self._end_stopped(Exit(st.job_id, st.exit_code or 0, at, "exited", name, state,
+                                   run=st.run), rep.node, now)  # fmt: skip
         if rep.running is not None:
             self._heard_running(rep.node, rep.version, rep.running, now)
         return bool(
@@ -537,6 +547,8 @@ class AgentExecutor:
             if r is not None:
                 r.started[node] = s
                 self._maybe_started(r)
+            else:  # a run the ledger stopped: its end says when it started
+                self._began.keep(s.job_id, s.run, s.started_at)
         for x in exited:
             r = self._run_of(x.job_id, x.run, node)
             if r is None and not any(s.job_id == x.job_id for s in self._stopped):
@@ -549,7 +561,7 @@ class AgentExecutor:
                 itself = x.reason == "exited" and (x.job_id, x.run) not in self._partly_running
                 self._partly_running.discard((x.job_id, x.run))  # its first end is the run's
                 self._end_stopped(Exit(x.job_id, x.exit_code, at, x.reason, name, state,
-                                       by_itself=itself), node, now)  # fmt: skip
+                                       by_itself=itself, run=x.run), node, now)  # fmt: skip
             if r is not None:
                 if x.reason != "launch_failed":
                     r.started.setdefault(node, a.PartStarted(job_id=x.job_id, run=x.run))
@@ -571,7 +583,7 @@ class AgentExecutor:
         if set(self.fence.blocking(x.job_id, now)) - gone:
             self._ending[key] = (x, gone)
             return
-        self._stopped.append(x)
+        self._stopped.append(self._began.take(x))
         if x.by_itself:  # its exit may end the job (`runs.ended_meanwhile`): the ledger
             self._completed.add(x.job_id)  # says first (no next launch meanwhile)
 
@@ -644,6 +656,8 @@ class AgentExecutor:
         r = self._runs.pop(job_id, None)
         if r is None:
             return
+        for p in r.started.values():
+            self._began.keep(job_id, r.run, p.started_at)
         for node in r.nodes:
             self._parts.get(node, {}).pop(job_id, None)
             self._publish(node)
@@ -702,20 +716,8 @@ class AgentExecutor:
         (docs/security.md, row T12). What this server placed, adopted or fences is known here;
         anything else is asked of the log's placements (`ever(job, node)`: a genuine agent's
         late word about a run placed before a restart is never foreign)."""
-        named = {
-            p.job_id
-            for items in (
-                rep.started,
-                rep.exited,
-                rep.samples,
-                rep.checkpoints,
-                rep.stopped,
-                rep.reaping,
-            )
-            for p in items
-        }
         out = []
-        for job_id in sorted(named):
+        for job_id in sorted(reported_jobs(rep)):
             if rep.node in self._ran_on.get(job_id, ()) or rep.node in self.fence.blockers.get(
                 job_id, {}
             ):

@@ -632,7 +632,11 @@ class SupervisedExecutor:
             else:  # a run the ledger stopped is gone: said as such (`JobRunEnded`)
                 state = "KILLED" if h.killed else "STOPPED"
                 itself = ended_first(h)  # its command had ended before the stop (F2)
-                self._stopped.append(dataclasses.replace(end, engine_state=state, by_itself=itself))
+                # when it started, for a run stopped before its start was recorded (placed):
+                # charged from then (atk52-23 F4; the ledger keeps it for such a run alone)
+                began = start_of(h).started_at if launched else None
+                self._stopped.append(dataclasses.replace(end, engine_state=state, by_itself=itself,
+                                                         started_at=began))  # fmt: skip
             changed = True
         return changed
 

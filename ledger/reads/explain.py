@@ -229,9 +229,11 @@ def run_ended_line(ev: e.JobRunEnded, cut: bool = False, charged_to: float | Non
     to their grace, holding (and charged for) its GPUs until then; a run stopped before the
     ledger saw it start, from its own start (`started_at`, atk44s F3). `cut`: a cancel cut its
     grace (a second cancel, or a cancel past its time limit): killed at once, not at its end.
-    `charged_to`: its charge ended earlier, with its engine's end of it (a `node lost` that
-    failed its job: `JobEngineEnded`, the end of the interval `usage` and `jobs` read,
-    `projections/apply.sql` `intervals_run_ended`; atk50b-23 F3: it said charged until then)."""
+    A run whose command ended by itself says its code (a cancel recorded before that exit
+    was reported keeps the job `cancelled`). `charged_to`: its charge ended earlier, with its
+    engine's end of it (a `node lost` that failed its job: `JobEngineEnded`, the end of the
+    interval `usage` and `jobs` read, `projections/apply.sql` `intervals_run_ended`; atk50b-23
+    F3: it said charged until then)."""
     held = "held, and charged," if charged_to is None else "held"
     charge = "" if charged_to is None else f" (charged until {when(charged_to)}, the job's end)"
     if ev.note.startswith(FORGOTTEN_PREFIX):  # no engine's word: an admin's (atk51-23 F2)
@@ -244,6 +246,8 @@ def run_ended_line(ev: e.JobRunEnded, cut: bool = False, charged_to: float | Non
         if ev.killed
         else "its processes gone"
     )
+    if ev.by_itself and ev.exit_code is not None:  # its own code (atk54-23 F4: it was lost)
+        how = f"its command exited {ev.exit_code} by itself before the stop reached it; {how}"
     began = (
         f", charged from its own start at {when(ev.started_at)} (the ledger had stopped it "
         "before seeing it start)"

@@ -285,10 +285,17 @@ def _apply(s: RefState, pos: int, ev: e.AnyEvent) -> None:
                     row is not None
                     and row["status"] == "finished"
                     and ev.exit_code is not None
-                    and row["engine_reason"] == "node_failure"
                     and ev.run == len(runs) - 1
-                ):
-                    row["exit_code"] = ev.exit_code  # a fenced job's real exit (atk46-23 F5)
+                    and (
+                        row["engine_reason"] == "node_failure"
+                        or (
+                            row["finish_reason"] == "cancelled"
+                            and row["exit_code"] is None
+                            and ev.by_itself
+                        )
+                    )
+                ):  # a fenced job's real exit (atk46-23 F5), a cancelled one's own (atk54-23 F4)
+                    row["exit_code"] = ev.exit_code
                 kept = ev.at <= iv["start_at"] + fs.OWN_START_KEPT_S
                 if ev.started_at is not None and iv["run_start_position"] is None and kept:
                     # its own start, where no JobStarted said it (atk44s F3)

@@ -59,4 +59,13 @@ def test_a_cancel_of_a_placed_launched_job_stops_it_from_the_cancel_and_holds_it
     placed = jobs(home)[later]["placed_at"]
     assert placed >= seen_alive, f"placed {seen_alive - placed:.1f} s before its GPU was free"
     assert jobs(home)[job].get("kill_at") is None, jobs(home)[job]  # its end is recorded
+    # its launch ran: its end says when it started (its agent's word), so `jobs` names where
+    # it ran and it is charged from then, as Slurm accounts a cancelled job from its start
+    # (atk52-23 F4, atk54-23 F3: no start, not charged)
+    wait_for("its run's start recorded", lambda: jobs(home)[job].get("started_at") is not None,
+             timeout=30, home=home)  # fmt: skip
+    got = jobs(home)[job]
+    assert got["started_at"] <= cancelled, got
+    assert [sl["node"] for sl in got["slots"]] == ["local"], got
+    assert "charged from its own start" in cli(home, "explain", str(job)).stdout
     assert up.proc.poll() is None

@@ -20,11 +20,13 @@ from projections.store import Store
 from projections.testing.compare import REFERENCE_TABLES, differences, dump, reference_dump
 from projections.testing.reference import fold
 from projections.testing.synthetic import append_to_store
+from schemas import commands as c
 from schemas import events as e
 from schemas import views as v
 from tests.unit.test_charged_from_start import (
     AT,
     GRACE,
+    ORG,
     PLACEMENT,
     REAL,
     RUN,
@@ -32,11 +34,13 @@ from tests.unit.test_charged_from_start import (
     T0,
     WANT,
     H,
+    decision,
     lost_with_its_node,
     stopped_early,
     stopped_late,
     waiting_runs,
 )
+from tests.unit.test_charged_from_start import history as c_history
 from tests.unit.test_fenced_real_end import FENCE_S, LOST, REAL_END, SETTLED, fenced_then_heard
 
 
@@ -188,3 +192,37 @@ def test_a_fenced_runs_real_end_its_agent_reports_is_charged_and_shown_in_sql(
         assert {r.name: r.gpu_seconds for r in queries.usage(reader, AT, by="user")} == {
             "alice": 2 * (released - (T0 + 2))
         }
+
+
+@pytest.mark.parametrize(("code", "by_itself", "shown"), [(3, True, 3), (0, True, 0),
+                                                          (143, False, None)])  # fmt: skip
+def test_a_cancelled_jobs_command_that_exited_by_itself_shows_its_code(
+    tmp_path: Path, code: int, by_itself: bool, shown: int | None
+) -> None:
+    """atk54-23 F4: a cancel recorded before its agent reported the command's exit (exit 3, a
+    few tenths of a second before the SIGTERM reached it): the job stays `cancelled` (the
+    ledger decided without that exit) and shows the command's own code once the run's end,
+    by itself, is reported, in the SQL as in the reference; a run the cancel's SIGTERM ended
+    (143, not by itself) shows none, as before. Before: no exit code at all."""
+    cmds: list[tuple[float, c.AnyCommand]] = [
+        *ORG,
+        (T0, c.SubmitJob(actor="alice", account="ai2/olmo", gpus=2, min_runtime_s=60)),
+        (T0, decision("c1", "fairtree-3", placed=(4,))),
+        (T0 + 5, c.StartJob(actor="@executor", job_id=4, engine="agent", engine_job_id="4.1",
+                            started_at=T0 + 2)),
+        (T0 + 10, c.CancelJob(actor="alice", job_id=4)),
+        (T0 + 11, c.ConfirmRunEnded(actor="@executor", job_id=4, engine="agent",
+                                    engine_job_id="4.1", run=0, ended_at=T0 + 10.5,
+                                    exit_code=code, by_itself=by_itself)),
+    ]  # fmt: skip
+    events = c_history(cmds)
+    (end,) = [ev for ev in events if isinstance(ev, e.JobFinished)]
+    assert (end.outcome, end.exit_code) == ("cancelled", None)
+    home = tmp_path / "home"
+    append_to_store(home, iter(events))
+    with projected(home, 1) as store:
+        assert differences(dump(store, REFERENCE_TABLES), reference_dump(fold(enumerate(events, 1)))) == []  # fmt: skip  # noqa: E501
+        (row,) = history.jobs_page(store.con, v.JobFilter(), job_id=4)
+        assert (row[7], row[8], row[24]) == ("cancelled", shown, "cancelled"), row
+        then = jobs_as_of(store, v.JobFilter(job_ids=(4,)), len(events) - 1)
+        assert [r[8] for r in then] == [None]  # before the run's end was reported

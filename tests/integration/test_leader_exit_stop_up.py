@@ -175,6 +175,29 @@ def test_a_cancel_after_the_command_exited_0_leaves_the_job_completed_and_kills_
     assert up.proc.poll() is None
 
 
+def test_a_cancel_after_the_command_exited_3_keeps_its_exit_code(home: Path, runs: Path) -> None:
+    """atk54-23 F4: a cancel after the command exited 3 (recorded: the job reads `stopping`),
+    while its leftovers live out their grace: the job ends `cancelled`, as docs/agent.md says,
+    with its command's own code, 3, in `jobs`, `explain` and the cancel's answer. Before: exit
+    code null, the code lost."""
+    submit(home, "bob", 1, _left(runs).replace("exit 0", "exit 3"), "--grace", f"{GRACE_S}s")
+    up = Service(home)
+    left, kill_at = _reaping(home, 1)
+    said = cli(home, "cancel", "1", actor="bob")
+    assert said.returncode == 0, said.stderr
+    assert "1's command had exited 3: recorded cancelled with exit code 3" in said.stdout, said
+    _gone_by(left, kill_at)
+    wait_for("job 1 finished", lambda: jobs(home)[1]["status"] == "finished", timeout=30,
+             home=home)  # fmt: skip
+    got = jobs(home)[1]
+    assert (got["outcome"], got["finish_reason"], got["exit_code"]) == (
+        "cancelled", "cancelled", 3), got  # fmt: skip
+    explained = cli(home, "explain", "1").stdout
+    assert "cancelled by bob, exit code 3 (its command exited 3 at" in explained, explained
+    assert runs.read_text().split() == ["1"], runs.read_text()
+    assert up.proc.poll() is None
+
+
 def test_a_supervisor_killed_in_its_leftovers_grace_gives_them_no_new_grace(
     home: Path, runs: Path
 ) -> None:

@@ -141,3 +141,31 @@ def test_a_requeue_before_the_start_was_seen_of_a_command_that_exited_0_complete
     assert (ledger.work / "runs-1").read_text().split() == ["ran"]
     (ended,) = ledger.of("job.run_ended.v2", 1)
     assert ended["run"] == 0 and ended["by_itself"] and ended["started_at"], ended
+
+
+def test_a_leftover_that_kills_its_batch_script_fails_the_job_and_explain_says_whose_doing(
+    ledger: Ledger,
+) -> None:
+    """atk53-23 F8 (explain's half): the command exits 0 leaving a child whose SIGTERM trap
+    (the batch script ending it) kills the batch script with -9. Slurm says FAILED 0:9, no end
+    record is written, and the ledger stopped nothing: the job fails (137, the job's own
+    doing, docs/slurm.md), and its end's note, which `explain` and `jobs` show, says in words
+    that a process of the job's own killed its batch script, after its command exited 0.
+    Before: "failed ..., exit code 137" and nothing more."""
+    ledger.up()
+    kid = ("( trap 'pkill -KILL -f slurm_scrip[t]' TERM; while :; do sleep 0.2; done ) &"
+           " echo kid=$!; sleep 1; exit 0")  # fmt: skip
+    ledger.submit("alice", 1, kid, "--grace", f"{GRACE_S}s")
+    try:  # the script's SIGTERM to the child makes it kill the script at once
+        ledger.wait("job 1 finished", lambda: ledger.jobs()[1]["status"] == "finished", 120)
+    finally:
+        for child in pids(ledger.log_of(1), "kid"):
+            with contextlib.suppress(OSError):
+                os.kill(child, signal.SIGKILL)
+    got = ledger.jobs()[1]
+    assert (got["outcome"], got["exit_code"]) == ("failed", 137), got
+    assert "a process of the job's own (or someone on its node) killed it" in got[
+        "finish_note"], got  # fmt: skip
+    explained = ledger.cli("explain", "1")
+    assert "its command exited 0 and ended at" in explained, explained
+    assert "its batch script was killed by signal 9" in explained, explained

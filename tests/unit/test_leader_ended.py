@@ -24,7 +24,7 @@ from ledger.dispatch.engine import decide as dispatch
 from ledger.dispatch.registry import build
 from ledger.engines.agent_runs import AgentRun, run_reaping
 from ledger.reads.estimates import estimated_starts
-from ledger.reads.explain import explain_history
+from ledger.reads.explain import explain_history, run_ended_line
 from ledger.reads.preview import _holding_rows
 from ledger.reads.stopping import reaping_kills, stopping_kills
 from ledger.reads.viewers import Viewer
@@ -202,14 +202,16 @@ def test_a_cancel_after_the_command_exited_0_records_the_jobs_completion(
     """atk52-23 F2: a cancel while the processes a command left live out their grace, the
     command having exited 0 (`LeaderEnded.exit_code`), ends the job `completed` (exit 0), the
     leftovers killed at once; exited non-zero, or a record made before the field (None), the
-    cancel ends it `cancelled`, as before, with the usual grace."""
+    cancel ends it `cancelled`, as before, with the usual grace; a non-zero code is kept
+    (atk54-23 F4: `cancelled` with exit code null, the command's own code lost)."""
     state, _ = _ledger()
     state.jobs[1] = msgspec.structs.replace(state.jobs[1], engine="local", engine_job_id="1.1")
     _run(state, 10.0, msgspec.structs.replace(_ended(), exit_code=code))
     [end] = [ev for ev in _run(state, 12.0, c.CancelJob(actor="u", job_id=1))
              if isinstance(ev, e.JobFinished)]  # fmt: skip
     assert (end.outcome, end.reason) == (want, want), end
-    assert end.exit_code == (0 if want == "completed" else None)
+    assert end.exit_code == code, end
+    assert (f"its command exited {code} at" in end.note) is (code is not None), end.note
     stopped = state.stopped_runs[(1, 0)]
     assert stopped.kill is (want == "completed"), stopped
     assert stopped.why == "cancelled"
@@ -219,6 +221,8 @@ def test_a_cancel_after_the_command_exited_0_records_the_jobs_completion(
                                                exit_code=0, by_itself=True))  # fmt: skip
     assert [type(ev) for ev in tail] == [e.JobRunEnded], tail
     assert state.jobs[1].outcome == want
+    # `explain` says its own code (atk54-23 F4)
+    assert "its command exited 0 by itself before the stop reached it" in run_ended_line(tail[0])
 
 
 def test_the_gathered_reaping_says_the_commands_exit_code_of_every_part() -> None:

@@ -180,6 +180,46 @@ def test_a_stopped_placed_run_its_agent_never_had_ends_at_its_report(org_ledger:
     assert end.note == "it never started: n1's agent reports no such run" and end.started_at is None
 
 
+@pytest.mark.parametrize("said", ["started", "stopped_while_running"])
+def test_a_stopped_placed_run_that_ran_says_its_start_with_its_end(
+    org_ledger: Ledger, said: str
+) -> None:
+    """atk52-23 F4 / atk54-23 F3: a placed job cancelled while its launch ran unheard: its
+    agent's word of the part's start (after the cancel, or before it, while the run was still
+    the ledger's) comes with the stopped run's end (`started_at`), so the run is charged from
+    its own start and `jobs` names where it ran, as Slurm accounts a cancelled job from its
+    start. Before: no start, not charged, and `jobs` named an earlier launch's nodes."""
+    from ledger.cycle.record import stopped_commands
+    from ledger.engines.agents import AgentExecutor
+    from schemas import agent as a
+
+    led = org_ledger
+    _on_agents(led)
+    job = submit(led, 1)
+    slot = e.GpuSlot(node="n1", gpu_indices=(0,))
+    led.execute(c.ApplyDecision(actor="@dispatcher", decision=c.DecisionBody(
+        cycle_id="c1", based_on=0, policy_version="test",
+        placements=(c.Placement(job_id=job, slots=(slot,)),))))  # fmt: skip
+    ex = AgentExecutor(led, node_lost_after_s=60.0, grace_s=30.0)
+    now = led.clock.now()
+    began = a.PartStarted(job_id=job, run=0, started_at=now - 4, pid=7)
+    if said == "stopped_while_running":  # its run is the executor's when the start is heard
+        ex.adopt({job: 0}, now)
+        ex.receive(a.Report(node="n1", started=(began,)), now)
+        ex.observe(now, dict(led.state.nodes))  # its start, unrecorded (a restart loses it)
+        ex._stop(job, now)
+    led.execute(c.CancelJob(actor="alice", job_id=job))
+    assert (job, 0) in led.state.stopped_runs and led.state.stopped_runs[(job, 0)].placed
+    started = () if said == "stopped_while_running" else (began,)
+    gone = a.PartStopped(job_id=job, run=0, ended_at=now + 1, exit_code=143)
+    ex.receive(a.Report(node="n1", started=started, stopped=(gone,), running=()), now + 2)
+    stopped = ex.observe(now + 2, dict(led.state.nodes)).stopped
+    assert [(x.job_id, x.run, x.started_at) for x in stopped] == [(job, 0, now - 4)], stopped
+    led.execute_all(stopped_commands(stopped, "agents"))
+    (end,) = [ev for _, ev in led.read(0, 1_000_000) if isinstance(ev, e.JobRunEnded)]
+    assert (end.exit_code, end.started_at) == (143, now - 4), end
+
+
 def test_audit_flags_a_placement_on_a_gpu_its_decision_says_it_held(
     org_ledger: Ledger, clock: SimClock, home: object
 ) -> None:

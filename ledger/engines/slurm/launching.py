@@ -57,6 +57,7 @@ from ledger.engines.slurm.words import (
 )
 from ledger.engines.supervise import JOB_NOFILE_VAR
 from schemas.commands import RunEnd
+from schemas.units import when
 
 LAUNCHED = "launched"
 CANNOT_ENTER = "cannot-enter"
@@ -234,6 +235,28 @@ def reaped_before(
     if sig is not None and sig <= said.leader_ended_at:
         return None  # a signal came first: its exit may be the stop's
     return OwnEnd(said.exit_code, now, signalled=False, left=said.left, killed=True)
+
+
+def script_killed(
+    run_dir: Path, state: str, code: int, started_at: float | None, now: float, grace_s: float
+) -> str:
+    """The note of a run whose batch script a signal killed (Slurm `FAILED`, `code` 128 +
+    the signal) before it wrote its end record, with no stop of the ledger's (the caller's
+    word): neither the ledger nor Slurm killed it, so a process of the job's own (or someone
+    on its node) did; the job fails with that code, which `explain` says in these words, with
+    what its `REAPING_MARK` says of its command's own end (atk53-23 F8: a leftover the script
+    was ending killed it, and `explain` said only "failed, exit code 137"). "" otherwise."""
+    if state != "FAILED" or code <= 128 or own_end(run_dir) is not None:
+        return ""
+    note = (f"its batch script was killed by signal {code - 128} before it wrote its end "
+            "record, though neither the ledger nor Slurm stopped it: a process of the job's "
+            "own (or someone on its node) killed it")  # fmt: skip
+    said = None if started_at is None else reaping_said(run_dir, started_at, now, grace_s)
+    if said is None:
+        return note
+    exited = "" if said.exit_code is None else f"exited {said.exit_code} and "
+    return (f"its command {exited}ended at {when(said.leader_ended_at)} leaving {said.left} "
+            f"process(es); {note}, while it was ending them")  # fmt: skip
 
 
 def tree_said(run_dir: Path) -> str:

@@ -20,6 +20,7 @@ from ledger.engines.slurm.launching import (
     never_starts,
     reaping_said,
     run_end,
+    script_killed,
     tree_said,
 )
 from ledger.engines.slurm.restarts import vanished
@@ -175,7 +176,10 @@ def end_of(ex: SlurmExecutor, r: Run, j: SlurmJob, now: float) -> tuple[int, flo
         log.info("job %s (Slurm job %s) ended at %s (%s; Slurm says %s, when it heard)",
                  r.job_id, r.slurm_id, when(at), "its own end record" if own else
                  "last seen running, slurmctld away", when(j.end_time))  # fmt: skip
-    return code, at, tree_said(run_dir)
+    ledgers = r.limited or r.stop_sent_at is not None or r.slurm_id in ex._stopping
+    killed = "" if own or ledgers else script_killed(run_dir, j.state, code, r.started_at, now,
+                                                       ex._grace_of(r))  # fmt: skip
+    return code, at, "; ".join(filter(None, (killed, tree_said(run_dir))))
 
 
 def node_failed(ex: SlurmExecutor, r: Run, j: SlurmJob, now: float) -> None:
