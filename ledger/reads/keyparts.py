@@ -70,7 +70,31 @@ _KEY_PARTS["fairshare-16"] = (
     ),
     *_KEY_PARTS["fairshare-3"][2:],
 )
-_KEY_PARTS["fairshare-17"] = _KEY_PARTS["fairshare-16"]  # funded jobs' keys; unfunded: (1, 1)
+_KEY_PARTS["fairshare-17"] = (  # funded jobs' keys, and unfunded ones' with free_order "team"
+    *_KEY_PARTS["fairshare-3"][:2],
+    (
+        "unfunded_step",
+        '0 for a funded job; with free_order "team": 1 for an unfunded job that ran and was '
+        "preempted",
+    ),
+    *_KEY_PARTS["fairshare-3"][2:],
+)
+_FREE_TIER = (
+    ("debug_lane", "1: not in the debug lane (an unfunded job)"),
+    ("funded_class", "1 unfunded: the free tier, after every funded job"),
+)
+_MORE_LAYOUTS: dict[str, tuple[tuple[tuple[str, str], ...], ...]] = {
+    "fairshare-17": (  # the free tier's keys, told apart by their length
+        (
+            *_FREE_TIER,
+            ("submitted_at", 'submit time, earlier first (free_order "oldest")'),
+            ("job_id", "the tie-break"),
+        ),
+        (*_FREE_TIER, ("gpus", 'GPUs asked, fewest first (free_order "smallest")'), *_BY_SUBMIT),
+    ),
+}
+"""Other layouts of one version's keys, picked by the key's length when its main layout's
+differs (`fairshare-17`'s free tier goes by submit time alone: a shorter key)."""
 _KEY_PARTS["slurm-lab-1"] = (
     ("qos", "0 debug, 1 normal (funded), 2 scavenger (unfunded)"),
     *_KEY_PARTS["slurm"][1:],
@@ -81,5 +105,6 @@ def key_parts(policy_version: str, key: Sequence[float | int | str]) -> list[v.K
     """Pure: the parts of a sort key with their names (unknown layouts get `part_N`)."""
     names = _KEY_PARTS.get(policy_version) or _KEY_PARTS.get(policy_version.split("-", 1)[0], ())
     if len(names) != len(key):
-        names = tuple((f"part_{i + 1}", "") for i in range(len(key)))
+        more = (x for x in _MORE_LAYOUTS.get(policy_version, ()) if len(x) == len(key))
+        names = next(more, tuple((f"part_{i + 1}", "") for i in range(len(key))))
     return [v.KeyPart(name=n, value=x, meaning=m) for (n, m), x in zip(names, key, strict=True)]

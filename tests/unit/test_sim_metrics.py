@@ -440,3 +440,48 @@ def test_the_restart_of_a_run_still_going_at_the_end_is_lost() -> None:
     # a horizon inside the restart: what it paid by then
     m = run(events, end=2 * H + 120, relaunch_s=600.0)
     assert m.lost_by_kind["relaunch"] == pytest.approx(4 * 120 / H)
+
+
+def test_funded_non_debug_figures_leave_out_the_debug_jobs_that_hide_a_funded_wait() -> None:
+    """atk54-26 F4: on one 8-GPU node, funded job 1 runs 0-6 h, job 2 (submitted at 0) waits
+    for it 6 h and runs 6-8 h, job 3 (submitted at 1 h) never starts: it waits to the horizon
+    (9 h; JCT 9 h so far). 20 funded 1-GPU debug jobs of 5 min each run on a second node from 8 h
+    on, none waiting. The funded figures count the debug jobs: queued p90 0 s, JCT p90 about
+    1.3 h, as if no funded job waited. The funded non-debug figures are of jobs 1-3 alone:
+    queued [0, 6 h, 9 h] p90 8.4 h (job 3 never started, counted to the horizon), JCT [6 h, 8 h,
+    9 h] p90 8.8 h; the printed row and the JSON show them."""
+    M = 300.0
+    events: list[e.AnyEvent] = [
+        node(),
+        node(0, "n2"),
+        submitted(1, 0, 8, work_s=6 * H),
+        submitted(2, 0, 8, work_s=2 * H),
+        placed(1, 0, 8),
+        submitted(3, H, 8, work_s=H),
+        finished(1, 6 * H),
+        placed(2, 6 * H, 8),
+        finished(2, 8 * H),
+    ]
+    for k in range(20):
+        at = 8 * H + k * M
+        slot = GpuSlot(node="n2", gpu_indices=(k % 8,))
+        events += [
+            submitted(10 + k, at, 1, debug=True, account="lab/b", work_s=M),
+            e.JobPlaced(**kw(at), job_id=10 + k, slots=(slot,), cycle_id="c", based_on=0),  # type: ignore[arg-type]
+            finished(10 + k, at + M),
+        ]
+    m = run(events, capacity=16)
+    assert m.queued_funded is not None and m.queued_funded.p90_s == 0.0
+    assert m.jct_funded is not None and m.jct_funded.p90_s == pytest.approx(0.8 * 6 * H + 0.2 * M)
+    q = m.queued_funded_nondebug
+    assert q is not None and (q.count, q.never_started) == (3, 1)
+    assert q.p90_s == pytest.approx(8.4 * H)
+    jct = m.jct_funded_nondebug
+    assert jct is not None and jct.count == 3 and jct.p90_s == pytest.approx(8.8 * H)
+    r = _result(m)
+    assert report.row(r)["nondebug_p90"] == "8.4h / 8.8h"
+    assert ("nondebug_p90", "funded non-debug queued / JCT p90") in report.COLUMNS
+    assert "| funded non-debug queued / JCT p90 |" in report.markdown([r])
+    out = report.summary(r)["metrics"]
+    assert out["queued_funded_nondebug"]["p90_s"] == pytest.approx(8.4 * H)
+    assert out["jct_funded_nondebug"]["p90_s"] == pytest.approx(8.8 * H)
