@@ -18,6 +18,7 @@ import os
 import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
@@ -272,6 +273,42 @@ def longest_first(items: list[pytest.Item]) -> list[pytest.Item]:
         return rank.get(str(mark.args[0]) if mark and mark.args else "", len(rank))
 
     return sorted(items, key=place)
+
+
+def group_of_report(nodeid: str) -> str:
+    """Pure: the xdist group a report's node id names (`--dist loadgroup` appends `@group`),
+    else its file."""
+    last = nodeid.rsplit("::", 1)[-1]
+    return last.rsplit("@", 1)[1] if "@" in last else nodeid.split("::", 1)[0]
+
+
+def longest_groups(seconds: Mapping[str, float], workers: int, top: int = 15) -> str:
+    """Pure: the line that ends a run's output: the `top` longest groups by their tests' own
+    seconds, and all the groups' seconds over the workers (what the run's wall cannot beat)."""
+    total = sum(seconds.values())
+    ranked = sorted(seconds.items(), key=lambda gs: (-gs[1], gs[0]))[:top]
+    return (f"=== the groups' own seconds (set-up, call, tear-down): {total:,.0f} s in "
+            f"{len(seconds)} groups, {total / max(1, workers):,.0f} s a worker over {workers}; "
+            "the longest: " + ", ".join(f"{g} {s:,.0f} s" for g, s in ranked) + " ===")  # fmt: skip
+
+
+_SECONDS: dict[str, float] = {}
+"""Each group's tests' own seconds in this run (`pytest_runtest_logreport`)."""
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    group = group_of_report(report.nodeid)
+    _SECONDS[group] = _SECONDS.get(group, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """CI's output says which groups its run's time went to (the rest part's longest chains:
+    `REST_SECONDS`, `PG_OUTAGE_SECONDS`, `SLURM_SECONDS` are measured so)."""
+    if hasattr(config, "workerinput") or not _SECONDS:
+        return
+    n = getattr(config.option, "numprocesses", None)
+    workers = n if isinstance(n, int) and n > 0 else 1
+    terminalreporter.write_line(longest_groups(_SECONDS, workers))
 
 
 settings.register_profile("suite", deadline=None)

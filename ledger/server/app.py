@@ -458,7 +458,9 @@ def _build(
 
     writes.app.unmetered = unmetered  # nor are their writes' bytes
     writes.app.batching = lambda caller: caller.actor in batching  # asked before the body
-    return app, Front(writes, identify, conns, unmetered)
+    front = Front(writes, identify, conns, unmetered)
+    front.stop_reads = pool.stop
+    return app, front
 
 
 PAGE_SHELLS = frozenset({"/", "/ui/{page:str}"})

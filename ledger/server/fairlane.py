@@ -181,9 +181,21 @@ class FairLane:
         return read.done
 
     def stop(self) -> None:
+        """No read is taken any more (the ones waiting are cancelled); the one under way ends
+        as it would (`joined` waits for it)."""
         with self._cond:
             self._stopped = True
+            for reads in self.turns.waiting.values():
+                for read in reads:
+                    read.done.cancel()
             self._cond.notify_all()
+
+    def joined(self, until: float) -> bool:
+        """After `stop`: wait until the lane's threads have ended, or `until` (`time.monotonic`)
+        passed; whether they all ended."""
+        for thread in self._started:
+            thread.join(max(0.0, until - time.monotonic()))
+        return not any(thread.is_alive() for thread in self._started)
 
     def _serve(self) -> None:
         while True:

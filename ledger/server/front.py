@@ -88,6 +88,9 @@ class Front:
         limits = connections.limits
         self.anonymous = _anonymous_levels(connections)
         self.accounts = Rates(limits.account_per_s, 2 * limits.account_per_s, ACCOUNT_WAIT_S)
+        self.stop_reads: Callable[[], object] = lambda: True
+        """Called once the listeners have stopped: ends the app's read threads
+        (`ReadPool.stop`) before the interpreter's end."""
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         conn: Connection | None = scope.get(CONN) if scope["type"] == "http" else None

@@ -62,6 +62,8 @@ T = TypeVar("T")
 
 SWITCH_S = 0.0005
 """The interpreter's thread switch interval while reads run beside the worker (see `start`)."""
+STOP_WAIT_S = 5.0
+"""How long a stop waits for the read threads once their queries are interrupted (`stop`)."""
 TIMEOUT_ENV = "GPULEDGER_READ_TIMEOUT"
 MAX_ROWS_ENV = "GPULEDGER_READ_MAX_ROWS"
 
@@ -136,6 +138,8 @@ class ReadPool:
     under way at most, never by their queue or their rests."""
     _base: duckdb.DuckDBPyConnection | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _cursors: set[duckdb.DuckDBPyConnection] = field(default_factory=set)
+    """The cursors of the queries under way (`_one`)."""
     _running: dict[str, int] = field(default_factory=dict)
     _recent: dict[str, deque[float]] = field(default_factory=dict)
     queries: int = 0
@@ -201,14 +205,33 @@ class ReadPool:
         with contextlib.suppress(OSError):  # Linux: a thread's nice value is its own
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), self.nice)
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = STOP_WAIT_S) -> bool:
+        """At the server's stop, before the interpreter's end: no read is taken any more, the
+        queries under way are interrupted, and their threads are waited for (`wait_s` at
+        most); then the connection is closed. Whether every read thread ended. A lane's thread
+        is a daemon the interpreter does not wait for: one still in DuckDB (the query runs
+        without the interpreter lock) when the interpreter finalises is ended by a forced
+        unwind through DuckDB's C++ as it takes the lock back, and the process aborted ("FATAL:
+        exception not rethrown", SIGABRT at a server's stop: once in the suite)."""
         for pool in (self._pool, self._projecting, self._ahead):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
         for lane in self._lanes.values():
             lane.stop()
-        if self._base is not None:
+        with self._lock:
+            under_way = list(self._cursors)
+        for cur in under_way:
+            with contextlib.suppress(Exception):  # one that ended meanwhile
+                cur.interrupt()
+        until = time.monotonic() + wait_s
+        ended = all([lane.joined(until) for lane in self._lanes.values()])
+        for pool in (self._pool, self._ahead):  # (the interpreter waits for these at its exit)
+            for thread in list(getattr(pool, "_threads", ())):
+                thread.join(max(0.0, until - time.monotonic()))
+                ended = ended and not thread.is_alive()
+        if ended and self._base is not None:  # never closed under a cursor still in use
             self._base.close()
+        return ended
 
     def admit(self, caller: str, now: float, per_minute: int | None = None) -> None:
         """Raise TooBusy when `caller` has `per_caller` queries running or ran `per_minute` in
@@ -398,6 +421,7 @@ class ReadPool:
         with self._lock:
             assert self._base is not None
             cur = self._base.cursor()
+            self._cursors.add(cur)  # interrupted at a stop (`stop`)
         self.queries += 1
         timer = threading.Timer(self.limits.timeout_s, self._interrupt, (cur,))
         timer.daemon = True
@@ -406,6 +430,8 @@ class ReadPool:
             return fn(cur, self.limits)
         finally:
             timer.cancel()
+            with self._lock:
+                self._cursors.discard(cur)
             cur.close()
 
     def _interrupt(self, cur: duckdb.DuckDBPyConnection) -> None:

@@ -431,6 +431,8 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         _run_loop(_serve_all(servers, worker, early, watch=up is not None,
                              away=lambda: None if ha is None else ha.store_error()))  # fmt: skip
     finally:
+        if not front.stop_reads():  # no read thread in DuckDB at the interpreter's end
+            log.warning("stopping with a read still under way")
         if close_up is not None:
             close_up()
         worker.stop(lambda: ha is not None and ha.unreachable is not None)  # its queue, cycle

@@ -9,10 +9,13 @@ Slurm's own log and view. Real Slurm (KillWait=10), `gpuledger up --executor slu
 from __future__ import annotations
 
 import contextlib
+import datetime
+import fcntl
 import os
+import re
 import signal
 import sqlite3
-import subprocess
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -49,36 +52,91 @@ def _state_dir(led: Ledger) -> Path:
     return Path(led.cluster.conf).parent / "state"
 
 
-def _freeze_when_listed(led: Ledger, before: set[str]) -> None:
-    """Once Slurm lists the run's job (a job id not in `before`), slurmctld's state directory is
-    made immutable (`chattr +i`: root's own writes refused), so nothing it learns after the
-    submission is saved: a kill -9 then loses the run's launch, as one within its state-save lag
-    does (about a second, which a test on a loaded machine could not hit reliably: the run was
-    saved first and there was no state loss to test). `_thaw` undoes it before slurmctld starts
-    again, and after every test."""
-    deadline = time.monotonic() + 60
-    while not (set(led.cluster.jobs()) - before):
-        if time.monotonic() > deadline:
-            raise AssertionError("the run's job never reached Slurm")
-        time.sleep(0.02)
-    subprocess.run(["chattr", "+i", str(_state_dir(led))], check=True, timeout=30)
+IMMUTABLE = 0x10
+"""FS_IMMUTABLE_FL, set and cleared as `chattr +i/-i` does (FS_IOC_GETFLAGS, FS_IOC_SETFLAGS)."""
+
+
+def _immutable(path: Path, on: bool) -> None:
+    """`chattr +i PATH` (or `-i`) in this process, no fork (`_frozen_at_submission`)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        (flags,) = struct.unpack("i", fcntl.ioctl(fd, 0x80086601, struct.pack("i", 0)))
+        flags = flags | IMMUTABLE if on else flags & ~IMMUTABLE
+        fcntl.ioctl(fd, 0x40086602, struct.pack("i", flags))
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _frozen_at_submission(led: Ledger) -> Iterator[list[str]]:
+    """Around a submission of the ledger's: at the first job slurmctld takes after the block
+    began (its log's `_slurm_rpc_submit_batch_job` line), slurmctld's state directory is made
+    immutable (`chattr +i`: root's own writes refused), so nothing it learns after the
+    submission is saved: a kill -9 then loses the run's launch (the job comes back PENDING or
+    not at all), as one within its state-save lag does. Watched by a thread started before the
+    submission, reading the log every 5 ms and freezing in this process: waiting for Slurm to
+    list the job (`squeue` every 20 ms, then `chattr`, each a fork, after the CLI's submit
+    returned) came after Slurm had allocated the job and saved it at load 25-29 ("slurmctld
+    saved the run before the kill: no state loss to test"). `_thaw` undoes it before slurmctld
+    starts again, and after every test. Yields a list that holds the job's Slurm id after."""
+    ctld_log = Path(led.cluster.conf).parent / "log" / "slurmctld.log"
+    begin = ctld_log.stat().st_size
+    frozen, given_up = threading.Event(), threading.Event()
+    job: list[str] = []
+
+    def watch() -> None:
+        with ctld_log.open("rb") as said:
+            said.seek(begin)
+            new = b""
+            while not given_up.is_set():
+                new += said.read()
+                if took := re.search(rb"_slurm_rpc_submit_batch_job: JobId=(\d+)", new):
+                    _immutable(_state_dir(led), True)
+                    job.append(took[1].decode())
+                    frozen.set()
+                    return
+                time.sleep(0.005)
+
+    watcher = threading.Thread(target=watch, name="freeze-at-submission", daemon=True)
+    watcher.start()
+    try:
+        yield job
+        assert frozen.wait(60), "the run's job never reached Slurm"
+    finally:
+        given_up.set()
+        watcher.join(10)
 
 
 def _thaw(cl: Cluster) -> None:
-    subprocess.run(["chattr", "-i", str(Path(cl.conf).parent / "state")], check=True, timeout=30)
+    _immutable(Path(cl.conf).parent / "state", False)
 
 
-def _long_run_then_ctld_killed(led: Ledger, log: Path) -> None:
+def _long_run_then_ctld_killed(led: Ledger, log: Path) -> bool:
     """A resumable 20 s run that writes its lines to `log`, submitted; slurmctld's state frozen
-    once Slurm lists it, and slurmctld killed -9 once the ledger recorded it started."""
-    before = set(led.cluster.jobs())
-    led.submit("alice", 1, f"echo start $GPULEDGER_RUN $(date +%s.%N) >> {log}; "
-               f"for i in $(seq 100); do echo a $GPULEDGER_RUN $(date +%s.%N) >> {log}; "
-               f"sleep 0.2; done; echo end $GPULEDGER_RUN $(date +%s.%N) >> {log}",
-               "--resumable", "--min-runtime", "0s")  # fmt: skip
-    _freeze_when_listed(led, before)
+    at its submission (`_frozen_at_submission`), and slurmctld killed -9 once the ledger
+    recorded it started. Whether the state it saved lost the run's start (`_start_lost`)."""
+    with _frozen_at_submission(led) as job:
+        led.submit("alice", 1, f"echo start $GPULEDGER_RUN $(date +%s.%N) >> {log}; "
+                   f"for i in $(seq 100); do echo a $GPULEDGER_RUN $(date +%s.%N) >> {log}; "
+                   f"sleep 0.2; done; echo end $GPULEDGER_RUN $(date +%s.%N) >> {log}",
+                   "--resumable", "--min-runtime", "0s")  # fmt: skip
     _recorded_running(led)
     _kill_ctld(led)
+    return _start_lost(led, job[0])
+
+
+def _start_lost(led: Ledger, job: str) -> bool:
+    """With slurmctld dead and its state frozen: whether its last save (`job_state`'s mtime)
+    came before it allocated `job` (its log's `sched: Allocate` line, written under the job
+    lock that a save waits for), so that it comes back with the job PENDING or without it.
+    What the log says after the restart is no proof either way: the executor may cancel the
+    PENDING relaunch before slurmd registers the running launch ("Registered PENDING"), seen
+    at load 20-28."""
+    said = re.search(rf"^\[([^\]]+)\] sched: Allocate JobId={job} ", _ctld_log(led), re.M)
+    saved = _state_dir(led) / "job_state"
+    if said is None or not saved.exists():
+        return True
+    return saved.stat().st_mtime < datetime.datetime.fromisoformat(said[1]).timestamp()
 
 
 def _recorded_running(led: Ledger, timeout: float = 30) -> None:
@@ -146,15 +204,13 @@ def test_a_run_slurm_rewinds_to_pending_runs_once_and_is_never_recorded_cancelle
     log = ledger.work / "t"
     _settle_ids(ledger.cluster)
     ledger.up()
-    _long_run_then_ctld_killed(ledger, log)
+    lost = _long_run_then_ctld_killed(ledger, log)
     time.sleep(8)
     _thaw(ledger.cluster)
     ledger.cluster.up()
+    assert lost, "slurmctld saved the run's start before the kill: no state loss to test"
     ledger.wait("the job's end", lambda: status(ledger, 1) == "finished", timeout=240)
     lines = _lines(log)
-    assert "Registered PENDING" in _ctld_log(ledger) or "Purged" in _ctld_log(ledger), (
-        "slurmctld saved the run before the kill: no state loss to test"
-    )
     starts = [run for word, run, _ in lines if word == "start"]
     assert starts.count(0) == 1, f"run 0's command ran {starts.count(0)} times: {starts}"
     job = ledger.jobs()[1]
@@ -283,10 +339,9 @@ def test_a_run_no_read_saw_start_that_exits_0_in_the_outage_is_completed(
     _settle_ids(ledger.cluster)
     ledger.up()
     assert ledger.proc is not None
-    before = set(ledger.cluster.jobs())
-    ledger.submit("alice", 1, f"echo start 0 $(date +%s.%N) >> {log}; sleep 4; "
-                  f"echo end 0 $(date +%s.%N) >> {log}")  # fmt: skip
-    _freeze_when_listed(ledger, before)
+    with _frozen_at_submission(ledger):
+        ledger.submit("alice", 1, f"echo start 0 $(date +%s.%N) >> {log}; sleep 4; "
+                      f"echo end 0 $(date +%s.%N) >> {log}")  # fmt: skip
     mark = ledger.home / "jobs" / "checkpoints" / "1.0" / "launched"
     os.kill(ledger.proc.pid, signal.SIGSTOP)  # no read sees the launch
     try:
@@ -324,7 +379,7 @@ def _orphan_held(cl: Cluster) -> tuple[str, int] | None:
     stopped at slurmctld's "Orphan" line. The orphan's id and slurmd's pid (stopped), or None
     when slurmd took the abort first (the orphan's processes gone; slurmd continued)."""
     job_state = Path(cl.conf).parent / "state" / "job_state"
-    subprocess.run(["chattr", "+i", str(job_state)], check=True, timeout=30)
+    _immutable(job_state, True)
     try:
         orphan = cl.run("sbatch", "--parsable", "-p", cl.partition, "-o", "/dev/null",
                         "--wrap", "sleep 300").strip()  # fmt: skip
@@ -337,7 +392,7 @@ def _orphan_held(cl: Cluster) -> tuple[str, int] | None:
         while Path(f"/proc/{pid}").exists():
             time.sleep(0.05)
     finally:
-        subprocess.run(["chattr", "-i", str(job_state)], check=True, timeout=30)
+        _immutable(job_state, False)
     slurmd, said = cl.daemon_pid("slurmd"), ""
     with open(Path(cl.conf).parent / "log" / "slurmctld.log") as log:
         log.seek(0, os.SEEK_END)

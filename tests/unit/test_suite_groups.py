@@ -23,6 +23,8 @@ from tests.conftest import (
     SLURM_CONF_OF,
     SLURM_GROUPS,
     SLURM_SECONDS,
+    group_of_report,
+    longest_groups,
     slurm_conf,
     split_files,
 )
@@ -339,3 +341,24 @@ def test_an_unknown_part_is_refused(tmp_path: Path) -> None:
     (tmp_path / "test_x.py").write_text("def test_0():\n    pass\n")
     run = _nested(tmp_path, "slrum")
     assert run.returncode != 0 and "give slurm, rest or nothing" in run.stdout + run.stderr
+
+
+def test_a_run_ends_with_its_longest_groups_and_their_seconds_a_worker() -> None:
+    """Each part's output ends with where its time went (s55: CI printed the 30 slowest tests
+    only, and a part's chains, its groups, had to be guessed from them)."""
+    ids = {
+        "tests/integration/test_server.py::test_a@integration/test_server": 3.0,
+        "tests/integration/test_server_schema.py::test_x[POST /v1/batch]@integration/"
+        "test_server_schema": 131.0,
+        "tests/integration/test_pg_outage_lead.py::test_b@pg_outage-a": 46.5,
+        "tests/unit/test_x.py::test_c": 0.2,
+    }
+    assert [group_of_report(i) for i in ids] == [
+        "integration/test_server", "integration/test_server_schema", "pg_outage-a",
+        "tests/unit/test_x.py",
+    ]  # fmt: skip
+    seconds = {group_of_report(i): s for i, s in ids.items()}
+    assert longest_groups(seconds, 3, top=2) == (
+        "=== the groups' own seconds (set-up, call, tear-down): 181 s in 4 groups, 60 s a "
+        "worker over 3; the longest: integration/test_server_schema 131 s, pg_outage-a 46 s ==="
+    )
