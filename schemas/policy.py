@@ -371,11 +371,12 @@ class FairShare17Config(FairShare16Config, frozen=True, kw_only=True, tag="fairs
     """An unfunded job that another team's funded non-debug work took back this many times is no
     victim of funded non-debug work (0: no bound), within `takeback_keep_s` and
     `takeback_keep_share`."""
-    takeback_keep_s: NonNegative = 21_600.0
-    """`takeback_limit` keeps a run this long after it was placed, then it is a victim again."""
-    takeback_keep_share: NonNegative = 0.125
+    takeback_keep_s: NonNegative = 259_200.0
+    """`takeback_limit` keeps a run this long after it was placed, then it is a victim again
+    (s54-fs17fix's 6 h before s55: a log records its value, so its decisions replay as made)."""
+    takeback_keep_share: NonNegative = 0.0625
     """The runs `takeback_limit` keeps hold at most this share of the cluster's active GPUs
-    (oldest submission first)."""
+    (oldest submission first; 0.125 before s55)."""
     free_order: Literal["oldest", "smallest", "team"] = "oldest"
     """"oldest": unfunded jobs go by submit time alone after every funded job (a requeue keeps
     its submit time); "smallest": by GPUs asked (fewest first), then by submit time; "team":

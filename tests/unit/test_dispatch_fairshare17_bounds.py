@@ -27,8 +27,8 @@ def _free(job_id: int, where: str, *, by: str, times: int = 3, placed_ago_s: flo
     return msgspec.structs.replace(r, runs=times, takebacks=taken, submitted_at=submitted_at)
 
 
-ALL = FairShare17(takeback_keep_share=1.0)
-"""No bound on the kept GPUs (one node's world)."""
+ALL = FairShare17(takeback_keep_s=6 * H, takeback_keep_share=1.0)
+"""No bound on the kept GPUs (one node's world), kept 6 h (s54-fs17fix's keep)."""
 
 
 def test_only_another_teams_funded_takebacks_count() -> None:
@@ -65,11 +65,29 @@ def test_the_kept_runs_hold_at_most_a_share_of_the_cluster() -> None:
     nodes = [node(f"n{i}") for i in range(8)]
     jobs = [_free(10 + i, f"n{i}", by="lab/c", submitted_at=float(i)) for i in range(8)]
     snap = world(nodes, jobs, [pend(1, 8)])
-    assert FairShare17().kept_runs(snap, NOW) == frozenset({10})
-    assert preempted(snap, FairShare17()) == [17]
+    eighth = FairShare17(takeback_keep_share=0.125)
+    assert eighth.kept_runs(snap, NOW) == frozenset({10})
+    assert preempted(snap, eighth) == [17]
     assert FairShare17(takeback_keep_share=0.25).kept_runs(snap, NOW) == frozenset({10, 11})
     assert FairShare17(takeback_keep_share=1.0).kept_runs(snap, NOW) == frozenset(range(10, 18))
     assert preempted(snap, FairShare17(takeback_keep_share=1.0)) == []
+
+
+def test_the_defaults_keep_a_run_for_days_within_one_gpu_in_sixteen() -> None:
+    # s55: a Philly free-tier job runs for days, so a 6-hour keep lapsed long before it ended
+    # and the wait target was lost; the defaults keep a run 72 h after its placement, and the
+    # kept runs hold at most 1/16 of the GPUs. 16 nodes full of free-tier jobs each taken back
+    # 3 times by lab/c, placed two days ago: one (the oldest submission, job 10) is kept, a
+    # funded job of lab/a takes back the newest arrival (job 25). Placed four days ago, none
+    # is kept (before: a 6-hour keep, two jobs in an eighth)
+    nodes = [node(f"n{i:02}") for i in range(16)]
+    jobs = [_free(10 + i, f"n{i:02}", by="lab/c", submitted_at=float(i), placed_ago_s=48 * H)
+            for i in range(16)]  # fmt: skip
+    snap = world(nodes, jobs, [pend(1, 8)])
+    assert FairShare17().kept_runs(snap, NOW) == frozenset({10})
+    assert preempted(snap, FairShare17()) == [25]
+    old = [msgspec.structs.replace(j, placed_at=NOW - 96 * H) for j in jobs]
+    assert FairShare17().kept_runs(world(nodes, old, [pend(1, 8)]), NOW) == frozenset()
 
 
 DEBUG = c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1, min_runtime_s=600, time_limit_s=600)
