@@ -24,7 +24,10 @@
 --
 -- Each statement is set-based over the whole batch, so the result does not depend on where batch
 -- boundaries fall (a test checks batch size 1 against one big batch). A statement whose input
--- table is empty is skipped. Sections start with `-- name:` and list their input in `-- needs:`;
+-- table is empty is skipped (`ends`: the batch's JobPreempted and JobFinished, the rows of
+-- `b_ends`; `starts`: its JobStarted, the `started` rows of `b_jobev`: counted in Python, so a
+-- batch of holds and decisions runs neither interval update: each costs a few milliseconds of
+-- planning however empty). Sections start with `-- name:` and list their input in `-- needs:`;
 -- `always` sections run for every batch (and once when the projector starts, so that the views
 -- over their temp tables can be bound), `setup` sections only when the projector starts.
 -- Parameters: $first, $last (the batch's first and last positions), $events, $unknown.
@@ -220,7 +223,7 @@ LEFT JOIN (
 ) r ON r.start_position = p.position;
 
 -- name: intervals_closed
--- needs: b_jobev
+-- needs: ends
 -- Intervals opened in earlier batches close at the first releasing event after their start.
 UPDATE job_intervals SET
     end_position = c.position,
@@ -237,7 +240,7 @@ FROM (
 WHERE job_intervals.start_position = c.start_position;
 
 -- name: intervals_started
--- needs: b_jobev
+-- needs: starts
 -- Intervals opened in earlier batches and not started yet take the first JobStarted of their job
 -- in this batch that comes before their end (intervals_closed ran first: a run's start is inside
 -- its interval, and the job's next placement opens a new one).

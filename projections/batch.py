@@ -445,6 +445,8 @@ def _build(records: Sequence[Row], rows: pa.Table | None) -> Batch:
     }
     counts = {name: t.num_rows for name, t in tables.items()}
     counts["b_jobev"] = sum(len(groups[c].positions) for c in _LIFECYCLE if c in groups)
+    counts["ends"] = counts["b_preempted"] + counts["b_finished"]  # `b_ends` (apply.sql)
+    counts["starts"] = counts["b_started"]
     del groups  # free the decoded events while the collector is paused
     return Batch(
         first=records[0][0],

@@ -125,6 +125,30 @@ class Ordered(Sequence[tuple[SortKey, PendingJob]]):
                 ]
         return found
 
+    def key(self, i: int) -> SortKey:
+        """The sort key of the `i`-th job (from 0), built alone: what `pairs()[i][0]` is."""
+        found = self._pairs
+        if found is not None:
+            return found[i][0]
+        if i < 0:
+            i += len(self.jobs)
+        for head, members in self._groups:
+            if i < len(members):
+                j = members[i]
+                return head + (j.submitted_at, j.job_id)  # noqa: RUF005
+            i -= len(members)
+        raise IndexError(i)
+
+    def lazily(self) -> Iterator[tuple[SortKey, PendingJob]]:
+        """The pairs in order, each built as it is read (the built ones when `pairs()` ran): a
+        reader that stops early (an estimate up to one job) builds no key past it."""
+        if self._pairs is not None:
+            yield from self._pairs
+            return
+        for head, members in self._groups:
+            for j in members:
+                yield head + (j.submitted_at, j.job_id), j  # noqa: RUF005
+
     @overload
     def __getitem__(self, i: int) -> tuple[SortKey, PendingJob]: ...
     @overload
@@ -314,3 +338,21 @@ def enc_hook(obj: object) -> object:
     if isinstance(obj, Ordered):
         return obj.pairs()
     raise NotImplementedError(f"cannot encode {type(obj).__name__}")
+
+
+def jobs_of(order: Sequence[tuple[SortKey, PendingJob]]) -> Sequence[PendingJob]:
+    """The jobs of a decision's order, in order, without their sort keys (`Ordered` has them
+    at hand; any other order is read)."""
+    if isinstance(order, Ordered):
+        return order.jobs
+    return [j for _, j in order]
+
+
+def key_at(order: Sequence[tuple[SortKey, PendingJob]], i: int) -> SortKey:
+    """The sort key of the `i`-th job of a decision's order (`Ordered.key`: built alone)."""
+    return order.key(i) if isinstance(order, Ordered) else order[i][0]
+
+
+def lazily(order: Sequence[tuple[SortKey, PendingJob]]) -> Iterator[tuple[SortKey, PendingJob]]:
+    """The (key, job) pairs of a decision's order, each built as it is read (`Ordered.lazily`)."""
+    return order.lazily() if isinstance(order, Ordered) else iter(order)

@@ -11,7 +11,7 @@ from typing import Literal
 
 import msgspec
 
-from ledger.dispatch.ordering import SortKey
+from ledger.dispatch.ordering import SortKey, jobs_of
 from ledger.dispatch.snapshot import PendingJob
 
 WaitCode = Literal["WAIT_RESOURCES", "WAIT_PRIORITY", "WAIT_CONTRACT"]
@@ -56,14 +56,25 @@ class Waits(Mapping[int, Unplaceable]):
     def _map(self) -> dict[int, Unplaceable]:
         found = self._by_job
         if found is None:
-            order = self.order
+            jobs = jobs_of(self.order)  # (no sort key built for it)
             found = self._by_job = {
-                order[i][1].job_id: r.wait for r in self.runs for i in range(r.start, r.stop)
+                j.job_id: r.wait for r in self.runs for j in jobs[r.start : r.stop]
             }
         return found
 
     def __getitem__(self, job_id: int) -> Unplaceable:
         return self._map()[job_id]
+
+    def get(self, job_id: int, default: Unplaceable | None = None) -> Unplaceable | None:  # type: ignore[override]
+        return self._map().get(job_id, default)
+
+    def at(self) -> list[Unplaceable | None]:
+        """Pure: why the job at each place of the order waited (None: placed), read from the
+        runs alone (no mapping by job id built)."""
+        out: list[Unplaceable | None] = [None] * len(self.order)
+        for r in self.runs:
+            out[r.start : r.stop] = [r.wait] * (r.stop - r.start)
+        return out
 
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._map()

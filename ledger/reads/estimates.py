@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
+from ledger.dispatch.ordering import lazily
 from ledger.reads.stopping import reaping_kill
 from schemas.bounds import job_grace
 
@@ -133,7 +134,7 @@ def estimated_starts(
     left = Room()
     deferred: list[int] = []
     merged = heapq.merge(
-        ((k, q.job_id, False) for k, q in decision.order),
+        ((k, q.job_id, False) for k, q in lazily(decision.order)),  # keys up to `through`
         ((k, j, True) for k, j in blocked),
         key=lambda x: x[0],
     )

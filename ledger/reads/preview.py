@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
+from ledger.dispatch.ordering import jobs_of, key_at
 from ledger.reads.estimates import (
     NOTHING_PLACED,
     blocked_keys,
@@ -225,15 +226,18 @@ def queue_page(
     entries: list[tuple[int | None, int, str, str, int, str, str, float]] = []
     snapshot: Snapshot | None = None
     decision: Decision | None = None
+    waits_at: list[Unplaceable | None] | None = None
     if f.state in QUEUED and (preview is not None or _any_pending(state, f)):
         snapshot, decision = preview or live(ledger, store, policy, now)
         pending = {p.job_id: p for p in snapshot.pending}
-        waiting = decision.waiting
-        for i, (_, job) in enumerate(decision.order):
+        # each place's wait read from the decision's runs, the jobs without their sort keys:
+        # of the whole queue the page needs its order, codes and counts, nothing else built
+        waits_at = decision.waiting.at()
+        for i, job in enumerate(jobs_of(decision.order)):
             p = pending[job.job_id]
             if (f.user and p.user != f.user) or not _under(p.account, f.account, p.user):
                 continue
-            wait = waiting.get(p.job_id)
+            wait = waits_at[i]
             kind = wait.code if wait else "NEXT_CYCLE"
             entries.append((i + 1, p.job_id, p.user, p.account, p.gpus, "pending", kind,
                             p.submitted_at))  # fmt: skip
@@ -302,8 +306,8 @@ def queue_page(
             if x[0] is None and others.get(x[1], False) is None:
                 others[x[1]] = _blocked_row(state.jobs[x[1]], waits[x[1]], now, every.get(x[1]))
     pending_by_id = {p.job_id: p for p in snapshot.pending} if snapshot is not None else {}
-    keys = {j.job_id: k for k, j in decision.order} if decision is not None else {}
-    said = decision.waiting if decision is not None else {}
+    if shown and decision is not None and waits_at is None:
+        waits_at = decision.waiting.at()
     for x in page:
         if x[0] is None:
             row = others[x[1]]
@@ -311,12 +315,14 @@ def queue_page(
             rows.append(row)
             continue
         assert decision is not None and snapshot is not None
+        assert waits_at is not None
         p = pending_by_id[x[1]]
-        wait = said.get(p.job_id)
+        wait = waits_at[x[0] - 1]  # the page's keys alone are built
         rows.append(
             v.QueueRow(
                 order=x[0], job_id=p.job_id, account=p.account, user=p.user, gpus=p.gpus,
-                funded=p.funded, debug=p.debug, state="pending", sort_key=list(keys[p.job_id]),
+                funded=p.funded, debug=p.debug, state="pending",
+                sort_key=list(key_at(decision.order, x[0] - 1)),
                 code=x[6],
                 reason=_reason(wait, policy, snapshot, p, now, state) if wait else _next(state),
                 submitted_at=p.submitted_at, waiting_s=max(0.0, now - p.submitted_at),
