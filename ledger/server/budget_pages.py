@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import secrets
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -114,6 +115,9 @@ def routes(kit: Kit) -> list[HTTPRouteHandler]:
 
         return await kept(caller, "shares", ("ui.budget", caller.actor, account), read)
 
+    started = secrets.token_hex(8)
+    """This server's start, in the turn route's answers: a what-if is lost with the server
+    that ran it, and a tab that saw one under way under another start knows it was lost."""
     running = FairSlot("a what-if", per_person=1, max_waiting=16)
     """One what-if at a time, the managers waiting in turn (one of a person's at a time: her
     next meanwhile gets 429); a manager re-asking as soon as hers ended kept every other
@@ -207,12 +211,22 @@ def routes(kit: Kit) -> list[HTTPRouteHandler]:
         go before it (the one under way counted), how long it has run and how much of its
         simulation's work is done (`step` of `steps`, None before its child tells), and which
         (`account`, `shares`; None: none under way or waiting): another tab of hers shows it
-        and waits for its end (atk53-29 F6)."""
+        and waits for its end (atk53-29 F6). `id`: its number in this server's start,
+        `server`: that start (another after a restart), `last`: her last what-if that ended in
+        the last `FairSlot.keep_s` (its `id`, `account`, `shares`, `end`: "ok", "failed" or
+        "stopped", `ended_s`: how long ago; None: none): a tab that saw hers under way tells
+        its end from its loss with the server (atk55-29 F1: it said it had ended)."""
         who = person(request).actor
         ahead, running_s = running.place(who)
         done, total = steps.get(who, (None, None))
         asked = running.asked(who) or {"account": None, "shares": None}
+        end = running.ended(who)
+        last = None if end is None else {
+            "id": end.number, **end.about, "end": end.how,
+            "ended_s": round(running.clock() - end.at, 1),
+        }  # fmt: skip
         return json_response({"ahead": ahead, "running_s": running_s, "step": done,
-                              "steps": total, **asked})  # fmt: skip
+                              "steps": total, **asked, "id": running.number(who),
+                              "server": started, "last": last})  # fmt: skip
 
     return [budget, budget_whatif, budget_whatif_turn]

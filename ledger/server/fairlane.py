@@ -223,6 +223,18 @@ class FairLane:
                 self._cond.notify_all()  # their next read, or a rest's end, may be due
 
 
+@dataclass(frozen=True)
+class End:
+    """How a piece of `FairSlot` ended: its number, what it was about (`hold`'s `about`), "ok",
+    "failed" (it raised) or "stopped" (cancelled: its client left, or the server stops), and when
+    (the slot's clock)."""
+
+    number: int
+    about: Any
+    how: str
+    at: float
+
+
 @dataclass
 class FairSlot:
     """One piece of heavy work at a time server-wide (a what-if, a job page's replay), the
@@ -253,48 +265,83 @@ class FairSlot:
     """The round of the piece that last took the slot."""
     arrived: int = 0
     holder: str | None = None
-    """Whose work holds the slot, since `began` (`time.monotonic()`)."""
+    """Whose work holds the slot, since `began` (`clock`)."""
     began: float = 0.0
     about: dict[str, Any] = field(default_factory=dict)
     """What each person's latest piece under way or waiting is about (`hold`'s `about`)."""
+    numbered: int = 0
+    """Pieces taken so far: each is named by its number (`asked`, `ended`), in this server's
+    start only (another start numbers from 1 again)."""
+    numbers: dict[str, int] = field(default_factory=dict)
+    """The number of each person's latest piece under way or waiting."""
+    ends: dict[str, End] = field(default_factory=dict)
+    """Each person's last piece that ended, for `keep_s` (`ended`)."""
+    keep_s: float = 600.0
+    clock: Callable[[], float] = time.monotonic
 
     @contextlib.asynccontextmanager
     async def hold(self, person: str, about: Any = None) -> AsyncIterator[None]:
         """The slot for the block, in `person`'s turn (TooBusy past `per_person` or
-        `max_waiting`). `about`: what the piece is about, for `asked` while it waits or runs."""
+        `max_waiting`). `about`: what the piece is about, for `asked` while it waits or runs,
+        and `ended` after."""
         self.refuse(person)
         mine = self.last[person] + 1 if person in self.held else self.round
         self.held[person] = self.held.get(person, 0) + 1
         self.about[person] = about
         self.last[person] = max(mine, self.round)
+        self.numbered += 1
+        number = self.numbers[person] = self.numbered
+        how = "stopped"  # (cancelled: its client left, or the server stops)
         try:
             if self.busy:
                 await self._wait(person, self.last[person])
             self.busy = True
-            self.holder, self.began = person, time.monotonic()
+            self.holder, self.began = person, self.clock()
             try:
                 yield
+                how = "ok"
+            except Exception:
+                how = "failed"
+                raise
             finally:
                 self.holder = None
                 self._next()
         finally:
+            self._ended(person, End(number, about, how, self.clock()))
             self.held[person] -= 1
             if not self.held[person]:
                 del self.held[person]
                 del self.last[person]
                 del self.about[person]
+                del self.numbers[person]
 
     def asked(self, person: str) -> Any:
         """What `person`'s piece under way or waiting is about (None: none): another tab of
         hers knows of the what-if one asked (atk53-29 F6: it did not, and its Run said 429)."""
         return self.about.get(person)
 
+    def number(self, person: str) -> int | None:
+        """The number of `person`'s piece under way or waiting (None: none)."""
+        return self.numbers.get(person)
+
+    def ended(self, person: str) -> End | None:
+        """`person`'s last piece that ended, if it ended in the last `keep_s`: another tab of
+        hers that saw it under way tells its end from its loss with a server that stopped (a
+        server started again has no such piece, and numbers from 1 again; atk55-29 F1)."""
+        end = self.ends.get(person)
+        return end if end is not None and self.clock() - end.at <= self.keep_s else None
+
+    def _ended(self, person: str, end: End) -> None:
+        self.ends[person] = end
+        for who in [p for p, e in self.ends.items() if end.at - e.at > self.keep_s]:
+            del self.ends[who]
+
     def place(self, person: str) -> tuple[int, float | None]:
         """Where `person`'s work stands: (how many go before it, the one under way counted;
         the seconds it has run, None while it waits or when it has none). The page shows it
         while it waits (atk50-29 F3: it said "running" while it only waited)."""
         if self.holder == person:
-            return 0, time.monotonic() - self.began
+            return 0, self.clock() - self.began
         if person not in self.waiting:
             return 0, None
         mine = self.waiting[person][0][:2]

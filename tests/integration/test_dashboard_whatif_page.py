@@ -9,6 +9,7 @@ import http.client
 import os
 import signal
 import threading
+import time
 from typing import Any
 
 from playwright.sync_api import Browser, Page
@@ -218,57 +219,199 @@ def test_another_browser_of_hers_learns_of_her_what_if_within_seconds(
     assert errors_one == errors_two == [], (errors_one, errors_two)
 
 
+HIDEABLE = (
+    "window.__shown = true;"
+    "Object.defineProperty(document, 'visibilityState',"
+    " {get: () => window.__shown ? 'visible' : 'hidden'});"
+    "Object.defineProperty(document, 'hidden', {get: () => !window.__shown});"
+)
+"""A page whose visibility the test sets (`_show`): a hidden tab, or one in a window behind."""
+
+
+def _show(page: Page, shown: bool) -> None:
+    page.evaluate(
+        "(s) => { window.__shown = s; document.dispatchEvent(new Event('visibilitychange')); }",
+        shown,
+    )
+
+
+def _state(page: Page) -> dict[str, Any]:
+    """Which of the what-if panel's lines show, and whether its Run waits."""
+    got: dict[str, Any] = page.evaluate(
+        """() => { const has = (i) => !!document.getElementById(i);
+          const run = document.getElementById('whatif-run');
+          return {running: has('whatif-running'), silent: has('whatif-silent'),
+                  lost: has('whatif-lost'), ended: has('whatif-elsewhere'),
+                  disabled: run ? run.disabled : null}; }"""
+    )
+    return got
+
+
+def _ask(one: Page, shares: int) -> None:
+    """Boss's what-if asked in `one` (its panel open), waiting its turn (root's held ahead:
+    `_held_ahead`), its place in line streamed: the server has it."""
+    one.fill("#whatif-shares", str(shares))
+    one.click("#whatif-run")
+    one.wait_for_selector("#whatif-running")
+    one.wait_for_function(
+        "/Waiting for 1 what-if/.test(document.querySelector('#whatif-running').textContent)"
+    )
+
+
+def _opened(page: Page, r: Reviewed, account: str) -> Page:
+    page.goto(r.server.url + "/ui/budget")
+    page.wait_for_selector("#budget tbody tr")
+    page.locator(f'#budget tbody tr[data-account="{account}"] button.whatif').click()
+    return page
+
+
 def test_a_server_killed_mid_what_if_says_it_lost_hers_in_every_tab_and_gives_run_back(
     reviewed: Reviewed, browser: Browser
 ) -> None:
     """atk54-29 F5: after kill -9 of the server, every tab of hers said her what-if ran on,
-    its Run disabled, for good: the asking tab's stream broke (no error shown: its redraw
-    failed against the gone server), the others' look at its turn failed. Now each says in
-    one line that it was lost with the server, and Run is back. (The asking tab, a second tab
-    of its browser, another browser; the server is then started again for the next tests.)"""
+    its Run disabled, for good. Now each says in one line that it was lost with the server, and
+    Run is back: the asking tab when its stream breaks, a second tab of its browser when that
+    tab tells it. atk55-29 F1: a tab of another browser that made no look while the server was
+    down (hidden, asleep, or an 11 s gap between two looks) said, once the server was started
+    again, that hers "has ended: its result shows in that tab". The turn route names hers by a
+    number in the server's start now, and a tab that saw it under one start and finds another
+    says it was lost. F2: a tab of another browser said "lost" at its first failed look; now it
+    says the server is not answering until it answers (the restart: lost) or 60 s pass. (The
+    server is started again on its port, as systemd would, for the pages and the next tests.)"""
+    r = reviewed
+    kids = children(r)
+    first, second = sorted(kids)[:2]
+    port = r.server.port
+    root, held = _held_ahead(r, first)
+    try:
+        one, errors_one = _budget(browser, r, first)  # (every tab open before hers is asked)
+        three, errors_three = watched(one.context)
+        _opened(three, r, second)
+        other = signed_in(browser, r.tokens["boss"])  # another browser of hers, two tabs
+        other.add_init_script(HIDEABLE)
+        two, errors_two = watched(other)
+        four, errors_four = watched(other)
+        for page, account in ((two, second), (four, first)):
+            _opened(page, r, account)
+        _ask(one, kids[first]["raw_shares"] + 6)
+        for page in (one, two, three, four):
+            page.wait_for_selector("#whatif-running", timeout=10_000)
+            assert page.locator("#whatif-run").is_disabled()
+        _show(four, False)  # hidden across the kill and the restart: it makes no look
+        r.server.stop(signal.SIGKILL)
+    finally:
+        _go_on(held)
+    try:
+        for page in (one, three):  # before: "running", Run disabled, minutes later
+            page.wait_for_selector("#whatif-lost", timeout=15_000)
+            line = page.locator("#whatif-lost").inner_text()
+            assert first in line and "lost" in line and "\n" not in line, line
+            assert page.locator("#whatif-running").count() == 0
+            assert not page.locator("#whatif-run").is_disabled()
+        two.wait_for_selector("#whatif-silent", timeout=20_000)  # its looks fail: not answering
+        assert "not answering" in two.locator("#whatif-silent").inner_text()
+        assert _state(two) == {"running": True, "silent": True, "lost": False, "ended": False,
+                               "disabled": True}, _state(two)  # fmt: skip
+        assert _state(four)["running"], _state(four)
+        root.join(60)
+    finally:  # (the pages' and the next tests' server, on the same port)
+        r.server = start_server(
+            r.dash.home, "--listen", f"127.0.0.1:{port}", log_name="serve-after-page-kill.log",
+            env={"GPULEDGER_WHATIF_TIMEOUT": str(SLOW_S)},
+        )  # fmt: skip
+    _show(four, True)
+    for page in (two, four):  # before: four said "has ended: its result … shows in that tab"
+        page.wait_for_selector("#whatif-lost", timeout=15_000)
+        line = page.locator("#whatif-lost").inner_text()
+        assert first in line and "restarted" in line and "\n" not in line, line
+        assert _state(page) == {"running": False, "silent": False, "lost": True, "ended": False,
+                                "disabled": False}, _state(page)  # fmt: skip
+    # the server gone, the pages' reads failed (logged by the browser), nothing else
+    unexpected = [
+        e
+        for e in errors_one + errors_two + errors_three + errors_four
+        if not e.startswith("Failed to load resource")
+    ]
+    assert unexpected == [], unexpected
+
+
+def test_another_browser_offline_for_seconds_says_the_server_is_not_answering_not_lost(
+    reviewed: Reviewed, browser: Browser
+) -> None:
+    """atk55-29 F2: one failed look at her turn (a network blip, a proxy's 502, a 429) made a
+    tab of another browser say her what-if was lost, Run enabled, while it ran on (and back to
+    "running" at its next look). Now it says "the server is not answering (N s)", its Run
+    waiting, until an answer (DevTools offline for 5 s at least, as on a Wi-Fi drop)."""
+    r = reviewed
+    kids = children(r)
+    first, second = sorted(kids)[:2]
+    root, held = _held_ahead(r, first)
+    try:
+        two, errors_two = _budget(browser, r, second)  # another browser of hers
+        one, errors_one = _budget(browser, r, first)
+        _ask(one, kids[first]["raw_shares"] + 7)
+        two.wait_for_selector("#whatif-running", timeout=10_000)
+        seen: list[dict[str, Any]] = []
+        two.context.set_offline(True)
+        began = time.monotonic()
+        try:  # 5 s at least, until its look has failed (a loaded machine delays its timers)
+            while time.monotonic() - began < 5 or not any(s["silent"] for s in seen):
+                assert time.monotonic() - began < 30, seen[-3:]
+                seen.append(_state(two))
+                two.wait_for_timeout(250)
+        finally:
+            two.context.set_offline(False)
+        two.wait_for_function("!document.querySelector('#whatif-silent')", timeout=20_000)
+        seen.append(_state(two))
+    finally:
+        _go_on(held)
+    assert not [s for s in seen if s["lost"] or not s["disabled"] or not s["running"]], seen
+    two.wait_for_selector("#whatif-elsewhere", timeout=SLOW_S * 1000)  # hers ended: said how
+    one.wait_for_selector("#whatif-result", timeout=SLOW_S * 1000)
+    assert "its result shows in that tab" in two.locator("#whatif-elsewhere").inner_text()
+    root.join(SLOW_S)
+    unexpected = [e for e in errors_one + errors_two if not e.startswith("Failed to load resource")]
+    assert unexpected == [], unexpected
+
+
+def test_a_hung_server_is_said_not_to_answer_in_every_tab_which_go_on_once_it_does(
+    reviewed: Reviewed, browser: Browser
+) -> None:
+    """atk55-29 F4: a server that hangs without closing its sockets (SIGSTOP 40 s: a suspended
+    VM, a network black hole) left every tab saying "running", its time stopped, its Run
+    disabled: the looks at her turn and the asking tab's stream waited with no timeout. Now a
+    look unanswered in 8 s, or a stream quiet for 8 s (it sends a line every 2 s), says "the
+    server is not answering (N s)" in every tab; once the server answers again they go on."""
     r = reviewed
     kids = children(r)
     first, second = sorted(kids)[:2]
     root, held = _held_ahead(r, first)
     try:
         one, errors_one = _budget(browser, r, first)
-        one.fill("#whatif-shares", str(kids[first]["raw_shares"] + 6))
-        one.click("#whatif-run")
-        one.wait_for_selector("#whatif-running")
-        one.wait_for_function(  # the server has it: its place in line streamed
-            "/Waiting for 1 what-if/.test(document.querySelector('#whatif-running').textContent)"
-        )
-        three = one.context.new_page()
-        errors_three: list[str] = []
-        three.on("console", lambda m: errors_three.append(m.text) if m.type == "error" else None)
-        three.on("pageerror", lambda err: errors_three.append(str(err)))
-        three.goto(r.server.url + "/ui/budget")
-        three.wait_for_selector("#budget tbody tr")
-        three.locator(f'#budget tbody tr[data-account="{second}"] button.whatif').click()
+        three, errors_three = watched(one.context)
+        _opened(three, r, second)
         two, errors_two = _budget(browser, r, second)
-        for page in (one, two, three):
+        _ask(one, kids[first]["raw_shares"] + 8)
+        for page in (two, three):
             page.wait_for_selector("#whatif-running", timeout=10_000)
-            assert page.locator("#whatif-run").is_disabled()
-        r.server.stop(signal.SIGKILL)
+        os.kill(r.server.proc.pid, signal.SIGSTOP)
+        try:
+            for page in (one, two, three):  # before: "running" for as long as it hung
+                page.wait_for_selector("#whatif-silent", timeout=30_000)
+                assert "not answering" in page.locator("#whatif-silent").inner_text()
+                assert _state(page) == {"running": True, "silent": True, "lost": False,
+                                        "ended": False, "disabled": True}, _state(page)  # fmt: skip
+        finally:
+            os.kill(r.server.proc.pid, signal.SIGCONT)
+        for page in (one, two, three):
+            page.wait_for_function("!document.querySelector('#whatif-silent')", timeout=20_000)
+            assert _state(page)["running"] and not _state(page)["lost"], _state(page)
     finally:
         _go_on(held)
-    try:
-        for page in (one, two, three):  # before: "running", Run disabled, minutes later
-            page.wait_for_selector("#whatif-lost", timeout=15_000)
-            line = page.locator("#whatif-lost").inner_text()
-            assert first in line and "lost" in line and "\n" not in line, line
-            assert page.locator("#whatif-running").count() == 0
-            assert not page.locator("#whatif-run").is_disabled()
-        root.join(60)
-    finally:  # (the next tests' server)
-        r.server = start_server(
-            r.dash.home, log_name="serve-after-page-kill.log",
-            env={"GPULEDGER_WHATIF_TIMEOUT": str(SLOW_S)},
-        )  # fmt: skip
-    # the server gone, the pages' reads failed (logged by the browser), nothing else
-    unexpected = [
-        e
-        for e in errors_one + errors_two + errors_three
-        if not e.startswith("Failed to load resource")
-    ]
+    one.wait_for_selector("#whatif-result", timeout=SLOW_S * 1000)
+    for page in (two, three):
+        page.wait_for_selector("#whatif-elsewhere", timeout=SLOW_S * 1000)
+    root.join(SLOW_S)
+    unexpected = [e for e in errors_one + errors_two + errors_three
+                  if not e.startswith("Failed to load resource")]  # fmt: skip
     assert unexpected == [], unexpected

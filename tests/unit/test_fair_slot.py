@@ -240,3 +240,53 @@ def test_what_a_persons_piece_is_about_is_known_while_it_waits_or_runs() -> None
         assert slot.asked("ann") is None and slot.asked("bob") is None
 
     asyncio.run(go())
+
+
+def test_each_piece_is_numbered_and_its_persons_last_end_is_kept_for_a_while() -> None:
+    """atk55-29 F1: a tab of hers that saw her what-if under way, and found none at its next
+    look, said it had ended, though it was lost with a server killed and started again. The
+    slot numbers each piece (`number`) and keeps each person's last end (`ended`: its number,
+    what it was about, ok / failed / stopped) for `keep_s`, so a tab tells an end of the one it
+    saw from none (a new start numbers from 1 and has no end of hers)."""
+    now = [100.0]
+
+    async def go() -> None:
+        slot = FairSlot("a what-if", per_person=1, keep_s=60.0, clock=lambda: now[0])
+        gate = asyncio.Event()
+
+        async def work(person: str, about: object, fail: bool = False) -> None:
+            async with slot.hold(person, about):
+                await gate.wait()
+                if fail:
+                    raise ValueError("its child failed")
+
+        ann = asyncio.create_task(work("ann", {"account": "p/a", "shares": 3}))
+        await asyncio.sleep(0)
+        bob = asyncio.create_task(work("bob", {"account": "p/b", "shares": 5}, fail=True))
+        await asyncio.sleep(0)
+        cy = asyncio.create_task(work("cy", {"account": "p/c", "shares": 1}))  # leaves waiting
+        await asyncio.sleep(0)
+        assert (slot.number("ann"), slot.number("bob"), slot.number("cy")) == (1, 2, 3)
+        assert slot.ended("ann") is None and slot.number("dee") is None
+        cy.cancel()
+        now[0] = 110.0
+        gate.set()
+        await ann
+        with pytest.raises(ValueError):
+            await bob
+        with pytest.raises(asyncio.CancelledError):
+            await cy
+        assert slot.number("ann") is None
+        ended = {p: slot.ended(p) for p in ("ann", "bob", "cy")}
+        assert {p: (e.number, e.how, e.about["account"]) for p, e in ended.items() if e} == {
+            "ann": (1, "ok", "p/a"),
+            "bob": (2, "failed", "p/b"),
+            "cy": (3, "stopped", "p/c"),
+        }
+        again = asyncio.create_task(work("ann", {"account": "p/a", "shares": 4}))
+        await again
+        assert slot.ended("ann").number == 4  # her last
+        now[0] = 175.0  # past keep_s
+        assert slot.ended("ann") is None and slot.ended("bob") is None
+
+    asyncio.run(go())

@@ -64,12 +64,15 @@ function token() {
 // refreshing together were refused each other's turn ("could not update", atk39-25 F3).
 const RETRIES_429 = 2;
 
-async function api(path, retries = RETRIES_429) {
-  const resp = await fetch(path, { headers: { Authorization: `Bearer ${token()}` } });
+// `timeoutMs`: each try given up (an AbortSignal's TimeoutError) when its answer has not come
+// in that time (a hung server, or a network that drops its packets, never answers: atk55-29 F4)
+async function api(path, retries = RETRIES_429, timeoutMs = 0) {
+  const signal = timeoutMs > 0 ? AbortSignal.timeout(timeoutMs) : undefined;
+  const resp = await fetch(path, { headers: { Authorization: `Bearer ${token()}` }, signal });
   if (resp.status === 429 && retries > 0) {
     const wait = Math.min(5, Number(resp.headers.get("Retry-After")) || 1);
     await new Promise((done) => setTimeout(done, wait * 1000 * (0.5 + Math.random())));
-    return api(path, retries - 1);
+    return api(path, retries - 1, timeoutMs);
   }
   if (resp.status === 401) {
     localStorage.removeItem(TOKEN_KEY);
@@ -86,17 +89,18 @@ async function post(path, body) {
   return answered(await posted(path, body), path);
 }
 
-function posted(path, body) {
-  return fetch(path, { method: "POST", body: JSON.stringify(body),
+function posted(path, body, signal) {
+  return fetch(path, { method: "POST", body: JSON.stringify(body), signal,
     headers: { Authorization: `Bearer ${token()}`, "Content-Type": "application/json" } });
 }
 
 // A POST answered in lines of JSON (application/x-ndjson): {"turn": …} where it stands, as it
 // moves and every 2 s at least (so a proxy's read timeout is never reached while it waits or
 // works), given to onTurn; then {"result": …} (returned) or {"error": …} (thrown). Any other
-// answer (a refusal before it began, a proxy's page) is read as post() reads it.
-async function streamed(path, body, onTurn) {
-  const resp = await posted(path, body);
+// answer (a refusal before it began, a proxy's page) is read as post() reads it. `signal`:
+// aborted, the request (or its stream) is closed, and the promise rejects with an AbortError.
+async function streamed(path, body, onTurn, signal) {
+  const resp = await posted(path, body, signal);
   if (!(resp.headers.get("Content-Type") || "").startsWith("application/x-ndjson")) return answered(resp, path);
   const reader = resp.body.getReader(), text = new TextDecoder();
   let buf = "";
