@@ -123,6 +123,11 @@ class NodeRow(_View, frozen=True, kw_only=True):
     """The jobs stopping on it (`ledger.reads.stopping`): past their time limit in their grace
     (among `jobs`), or a run the ledger stopped whose processes are not gone yet (no longer
     among `jobs`: their GPUs are `stopping_gpus` while observed so)."""
+    heard_from: float | None = None
+    """When the service last heard from the node (its agent's last request; on Slurm, slurmd's
+    last answer), epoch seconds, as its engine knows it at the read (None where no service
+    observes one, or it has not heard from the node since it started): a kill the ledger
+    ordered for a run on a node not heard from is sent once its agent is back (atk52-23 F6)."""
 
 
 # --- jobs (history, from the projection) ------------------------------------------------------

@@ -280,6 +280,9 @@ class _LocalHandles:
     def stopping(self) -> dict[str, frozenset[int]]:
         return {}
 
+    def heard_from(self) -> dict[str, float]:
+        return {}  # no service hears from nodes in an embedded read
+
     @property
     def viewer(self) -> str:
         return self.ctx.viewer(self.ledger.state)

@@ -659,7 +659,7 @@ def cancel(ctx: Ctx, job_ids: tuple[str, ...]) -> None:
         if killed and not ends:  # every task of an array in its grace (atk47-23 F13)
             what = f"job {killed[0]} was" if len(killed) == 1 else (
                 f"jobs {', '.join(map(str, killed))} were")  # fmt: skip
-            click.echo(f"{what} stopping: {_killed(ctx)} (position {appended.position})")
+            click.echo(f"{what} stopping: {_killed(ctx, killed)} (position {appended.position})")
             continue
         # a job past its time limit ends `time_limit`: it timed out, the cancel cut its grace;
         # one whose command had exited 0 ends `completed`: the cancel cut its leftovers' grace
@@ -669,15 +669,16 @@ def cancel(ctx: Ctx, job_ids: tuple[str, ...]) -> None:
         click.echo(f"cancelled {what} (position {appended.position})")
         if killed:  # a requeued job's earlier run in its grace (atk50b-23 F2)
             click.echo(f"  the earlier run of {', '.join(map(str, killed))} was still stopping: "
-                       f"{_killed(ctx)}")  # fmt: skip
+                       f"{_killed(ctx, killed)}")  # fmt: skip
         timed = [ev.job_id for ev in ends if ev.reason == "time_limit"]
         if timed:
             click.echo(f"  {', '.join(map(str, timed))} had passed its time limit: recorded "
-                       f"time_limit, {_killed(ctx)}")  # fmt: skip
+                       f"time_limit, {_killed(ctx, timed)}")  # fmt: skip
         done_ = [ev.job_id for ev in ends if ev.reason == "completed"]
         if done_:  # atk52-23 F2
             click.echo(f"  {', '.join(map(str, done_))} had completed (its command exited 0): "
-                       f"recorded completed; the processes it left: {_killed(ctx)}")  # fmt: skip
+                       f"recorded completed; the processes it left: "
+                       f"{_killed(ctx, done_)}")  # fmt: skip
         for ev in ends:  # its command had exited non-zero: its code kept (atk54-23 F4)
             if ev.reason == "cancelled" and ev.exit_code is not None:
                 click.echo(f"  {ev.job_id}'s command had exited {ev.exit_code}: recorded "
@@ -689,13 +690,50 @@ def cancel(ctx: Ctx, job_ids: tuple[str, ...]) -> None:
         sys.exit(1)
 
 
-def _killed(ctx: Ctx) -> str:
+def _killed(ctx: Ctx, jobs: Sequence[int]) -> str:
     """What a kill the cancel ordered (`job.kill_ordered.v1`) does now: a service's engine kills
-    at once; with none running (the command was embedded) nothing can until one starts, which
-    then kills at once (stop51: `killed now` was said with `up` down)."""
-    if ctx.remote is not None:
+    at once where it hears from the nodes (`kill_words`); with none running (the command was
+    embedded) nothing can until one starts, which then kills at once (stop51: `killed now` was
+    said with `up` down)."""
+    if ctx.remote is None:
+        return "SIGKILL ordered (no service runs now: killed as soon as one starts)"
+    from ledger.store.clock import SystemClock
+
+    try:
+        rows = ctx.read("nodes")
+    except LedgerError:  # the kill is ordered; only its words would say less
+        rows = []
+    return kill_words(rows, jobs, SystemClock().now())
+
+
+SILENT_S = 10.0
+"""A node not heard from for longer (twice an agent's default heartbeat) is silent: a kill
+ordered for a run on it waits for its agent (atk52-23 F6)."""
+
+
+def kill_words(rows: Sequence[Any], jobs: Sequence[int], now: float) -> str:
+    """Pure: what a kill ordered now for `jobs` does, from the node view (`NodeRow`s): "killed
+    now", or, when a node they are on (among its `jobs` or `stopping_jobs`) has not been heard
+    from for more than `SILENT_S`, that the SIGKILL is owed until that node's agent is back."""
+    from schemas.units import when
+
+    wanted = set(jobs)
+    silent = [
+        r for r in rows
+        if wanted & {*r.jobs, *r.stopping_jobs}
+        and r.heard_from is not None and now - r.heard_from > SILENT_S
+    ]  # fmt: skip
+    if not silent:
         return "killed now"
-    return "SIGKILL ordered (no service runs now: killed as soon as one starts)"
+    nodes = "; ".join(
+        f"{r.node}'s agent has not been heard from since {when(r.heard_from)} "
+        f"({now - r.heard_from:.0f} s ago)"
+        for r in silent
+    )
+    return (
+        f"SIGKILL ordered, not sent yet: {nodes}; it is sent when the agent is back (if the "
+        "node stays silent, the ledger records it lost and its lease fences its processes)"
+    )
 
 
 COMMANDS = [submit, cancel]

@@ -140,6 +140,10 @@ class AgentExecutor:
         log by `foreign`): what each node's reports may be about (docs/security.md, row T12)."""
         self.addresses: dict[str, str] = {}
         self.last_seen: dict[str, float] = {}
+        self.heard: dict[str, float] = {}
+        """Node -> when its agent's last request came (`heard_from`, the node view's): unlike
+        `last_seen`, not moved when a long poll the agent began returns after its wait, which a
+        dead agent's does too (atk52-23 F6: a kill order woke a killed agent's poll)."""
         self.holders: dict[str, tuple[str, float]] = {}
         """node -> (the agent that holds it, its last request): `holds`, `take`. The holder is
         also recorded (`Node.agent`): a restarted server counts its last request from `adopt`."""
@@ -256,7 +260,7 @@ class AgentExecutor:
         self._unpublished.clear()
 
     def heard_from(self) -> Mapping[str, float]:
-        return dict(self.last_seen)
+        return dict(self.heard)
 
     def next_event_at(self) -> float | None:
         return None
@@ -364,8 +368,11 @@ class AgentExecutor:
             keep_delay_s=self.keep_delay_s,
         )
 
-    def touch(self, node: str, now: float) -> None:
+    def touch(self, node: str, now: float, *, heard: bool = True) -> None:
+        """The node's agent is alive at `now` (`heard`: a request of its came now)."""
         self.last_seen[node] = now
+        if heard:
+            self.heard[node] = now
 
     def holds(self, node: str, agent: str, now: float) -> bool:
         """Every request of a node's agent names it (`schemas.agent.AGENT_HEADER`, a digest of

@@ -103,13 +103,15 @@ def node_list(
     foreign: Mapping[str, frozenset[int]] | None = None,
     stopping: Mapping[str, frozenset[int]] | None = None,
     now: float = 0.0,
+    heard_from: Mapping[str, float] | None = None,
 ) -> list[v.NodeRow]:
     """Nodes in service (not removed), by name, with free GPUs and the jobs they hold; GPUs
     that `foreign` work holds, and those of stopped runs still in their grace (`stopping`), as
     the service last observed its engine, are not free, nor those of the runs the log says were
     stopped and whose end is not recorded yet (`stopping_gpus`, which the dispatcher holds: a
     read with the service down, embedded, showed them free, atk47-23 F4). `stopping_jobs`: the
-    jobs stopping on each at `now` (`stopping_on`)."""
+    jobs stopping on each at `now` (`stopping_on`); `heard_from`: when the service last heard
+    from each (its engine's `heard_from`)."""
     from ledger.cycle.inputs import stopping_gpus
 
     held = foreign or {}
@@ -135,6 +137,7 @@ def node_list(
             drain_reason=n.drain_reason,
             lost_reason=n.lost_reason,
             stopping_jobs=stopping_jobs.get(n.name, []),
+            heard_from=(heard_from or {}).get(n.name),
         )
         for n in sorted(state.nodes.values(), key=lambda n: n.name)
         if n.state != "removed"

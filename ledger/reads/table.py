@@ -49,6 +49,10 @@ class Handles(Protocol):
         """GPUs of stopped runs still in their grace, as the service last observed its engine."""
         ...
 
+    def heard_from(self) -> Mapping[str, float]:
+        """When the service last heard from each node, as its engine knows it (none: no service)."""
+        ...
+
     @property
     def viewer(self) -> str:
         """Who reads: what the reads marked `personal` show depends on it."""
@@ -183,7 +187,7 @@ def _accounts(h: Handles, a: NoArgs) -> list[v.AccountNode]:
 def _nodes(h: Handles, a: NoArgs) -> list[v.NodeRow]:
     from ledger.reads import layer as reads
 
-    return reads.node_list(h.ledger.state, h.foreign(), h.stopping(), h.now())
+    return reads.node_list(h.ledger.state, h.foreign(), h.stopping(), h.now(), h.heard_from())
 
 
 def _jobs(h: Handles, a: v.JobFilter) -> list[v.JobRow]:

@@ -124,7 +124,7 @@ def agent_routes(
             version, parts = await ex.board.wait(node, since, min(left, SLICE_S))
         if not worker.acting():  # the lease ran out while the poll waited: nothing stale goes out
             raise Unavailable("this server no longer leads", hint="the agent finds the leader")
-        ex.touch(node, clock())
+        ex.touch(node, clock(), heard=False)  # the agent may have died meanwhile
         return a.Assignment(
             node=node,
             version=version,

@@ -574,11 +574,18 @@ class ServiceHandles:
             return h.ledger.position, h.now(), data, h.current(), h.basis()
 
         position, now, data, current, basis = await copied.read(
-            worker, pool, viewer, f"the {name} read", run, cache=self.cache
-        )
+            worker, pool, viewer, f"the {name} read", run, cache=self.cache,
+            extra=self._heard if name == "nodes" else None,
+        )  # fmt: skip
         if current:  # one read from the shared preview lives as long as it (`ReadCache`)
             self.cache.put(name, args, position, now, data, key, basis=basis)
         return data
+
+    def _heard(self, _view: Any) -> dict[str, Any]:
+        """What `node list` asks of the service beside its state (on the event loop): when its
+        engine last heard from each node (`CopiedHandles.heard_from`)."""
+        executor = getattr(self.service, "executor", None)
+        return {"heard_from": dict(executor.heard_from()) if executor is not None else {}}
 
     @property
     def ledger(self) -> Any:

@@ -144,6 +144,13 @@ class CopiedHandles:
     def stopping(self) -> Mapping[str, frozenset[int]]:
         return self.copy.stopping
 
+    def heard_from(self) -> Mapping[str, float]:
+        """As the service's engine knew it when the read began (`ServiceHandles.copied` asks
+        it on the event loop: it moves with every beat, no append publishes it)."""
+        extra = self.copy.extra
+        got = extra.get("heard_from") if isinstance(extra, dict) else None
+        return got if isinstance(got, dict) else {}
+
     def current(self) -> bool:
         """Whether the projection (as this read sees it) holds the copy's position: an answer
         read from it may be kept for that position."""

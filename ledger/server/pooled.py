@@ -79,6 +79,9 @@ class PooledHandles:
     def stopping(self) -> Mapping[str, frozenset[int]]:
         return {}
 
+    def heard_from(self) -> Mapping[str, float]:
+        return {}
+
 
 def check_page(name: str, args: Any) -> None:
     """One line for a page larger than `PAGE_MAX`."""

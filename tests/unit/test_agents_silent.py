@@ -42,3 +42,17 @@ def test_the_first_look_is_not_a_contact() -> None:
     assert ex.heard_from() == {}
     ex.touch("n1", 101.0)
     assert ex.heard_from() == {"n1": 101.0}
+
+
+def test_a_poll_that_returns_after_its_wait_keeps_the_node_but_is_not_heard_from() -> None:
+    """atk52-23 F6: a long poll the agent began returns when a kill order is published, though
+    the agent was killed meanwhile: it keeps the node's loss clock as before (`last_seen`) but is
+    no request heard from the agent (`heard_from`, the node view's, which `cancel` words from)."""
+    ex = AgentExecutor(ledger=None, node_lost_after_s=5.0)
+    nodes = {"n1": node("n1")}
+    ex.observe(100.0, nodes)
+    ex.touch("n1", 101.0)
+    ex.touch("n1", 104.0, heard=False)
+    assert ex.heard_from() == {"n1": 101.0}
+    assert ex.observe(108.0, nodes).nodes == ()  # lost from 104 + 5, as before
+    assert [c.node for c in ex.observe(109.5, nodes).nodes] == ["n1"]
