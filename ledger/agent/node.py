@@ -468,9 +468,13 @@ class NodeAgent:
         )  # fmt: skip
 
     def _watch(self, now: float) -> None:
-        seen = self.ex.observe(now, {})
+        """What the executor saw, into the outbox. A run that ended leaves `handled` (what
+        reports say runs here) and enters the outbox in one step under the reporter's lock:
+        a report between the two said the run gone without its end, the server let the job's
+        next placement launch before it knew the run had completed, and its command ran twice
+        (atk55-23 F1)."""
         with self._out_lock:
-            self._queue(seen)
+            self._queue(self.ex.observe(now, {}))
 
     def _queue(self, seen: Observed) -> None:
         """What the executor saw, as parts of the next report (checkpoints and samples of the
@@ -545,10 +549,11 @@ class NodeAgent:
     def _send(self, client: AgentClient) -> bool:
         """Send the outbox (or a heartbeat); False when the server did not take it (the outbox
         is kept and sent again)."""
-        with self._out_lock:
+        with self._out_lock:  # what runs, with the ends seen so far (`_watch`)
             out, self.outbox = self.outbox, Outbox()
             version = self.applied  # read before what runs: that is at least as new
-        report = out.report(self.s.node, version, self._running())
+            running = self._running()
+        report = out.report(self.s.node, version, running)
         if self._draining:
             report = msgspec.structs.replace(report, draining=True)
         sent = _now()

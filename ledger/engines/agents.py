@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ledger.core import tokens
+from ledger.core.state import NODE_LOST
 from ledger.cycle.executor import (
     Exit,
     Launch,
@@ -241,13 +242,35 @@ class AgentExecutor:
     def _release(self, now: float) -> None:
         """Hand over the held launches no earlier run blocks any more."""
         freed = [j for j, (job, _) in self._held.items()
-                 if not self.fence.blocking(j, now) and j not in self._completed]  # fmt: skip
+                 if not self.fence.blocking(j, now) and j not in self._completed
+                 and not self._end_unheard(j, job.run, now)]  # fmt: skip
         for job_id in sorted(freed):
             job, _ = self._held.pop(job_id)
             log.info("job %s run %s: its earlier run is gone; launching it", job_id, job.run)
             self._add(job, self._mint(job_id, job.user), publish=False)
         if freed:
             self.flush()
+
+    def _end_unheard(self, job_id: int, run: int, now: float) -> bool:
+        """An earlier run of the job the ledger stopped, on nodes it counts up, has no end yet
+        (none recorded, none in hand): its node said it is gone, its end follows, and the
+        ledger may end the job by it (it completed by itself), so the next launch waits for
+        it: an agent that reported a run gone before its end had the job's command run again
+        after it completed (atk55-23 F1). At most until the run's grace and the node-lost
+        timeout have passed since its stop (an end that never comes holds nothing forever)."""
+        if any(x.job_id == job_id for x in self._stopped) or any(
+            k[0] == job_id for k in self._ending
+        ):
+            return False
+        nodes = self.ledger.state.nodes
+        for sr in self.ledger.state.stopped_runs.values():
+            if sr.job_id != job_id or sr.run >= run or sr.why == NODE_LOST:
+                continue
+            if any(sl.node not in nodes or nodes[sl.node].state == "lost" for sl in sr.slots):
+                continue
+            if now < sr.at + sr.grace(self.grace_s) + self.node_lost_after_s:
+                return True
+        return False
 
     def flush(self) -> None:
         """Record the job tokens of the launches so far in one transaction, then hand their
