@@ -276,8 +276,10 @@ class KafkaSource:
     # --- beyond the protocol ----------------------------------------------------------------------
 
     def where(self, position: int) -> Where | None:
-        """Topic, partition and offset of the record at `position` of the last page read."""
-        offset = self._offsets.get(position)
+        """Topic, partition and offset of the record at `position` of the last page read, or of
+        the last records accepted (a page of replayed copies alone after it: `store restore`
+        named no record, atk55-25 F4)."""
+        offset = self._offsets.get(position, self._offsets_of.get(position))
         return None if offset is None else Where(self.topic, PARTITION, offset)
 
     def anchor(self, position: int, chain: str | None) -> None:

@@ -237,9 +237,10 @@ def restore(
 
 def _progress_line(name: str, head: int, at: tuple[str, int, int | None] | None) -> str:
     """What a restore's progress row says of the topic, plainly: what it names, and what is not
-    known (a `CreateTime` topic's records carry no append time: the row names none, and the next
-    relay checks that record by its commit marker alone; stop 54: a restore's row named no time
-    even on a `LogAppendTime` topic, and nothing said so)."""
+    known (a record appended under `CreateTime` carries no append time, whatever the topic's
+    setting now: the row names none, and the next relay checks that record by its commit marker
+    alone; atk55-25 F8: it blamed a topic since set to LogAppendTime; stop 54: a restore's row
+    named no time even on a `LogAppendTime` topic, and nothing said so)."""
     from schemas.units import when
 
     said = f"the relay's progress on {name}: position {head:,}"
@@ -254,10 +255,11 @@ def _progress_line(name: str, head: int, at: tuple[str, int, int | None] | None)
     if stamp is not None:
         return f"{said}, appended by the broker at {when(stamp / 1000)} ({stamp} ms)"
     return (
-        f"{said}; its append time is not known: the topic stamps its records with the producer's "
-        f"time (message.timestamp.type=CreateTime), so the row names none and the next relay "
-        "checks that record by its commit marker alone (set message.timestamp.type="
-        "LogAppendTime on the topic: docs/kafka.md)"
+        f"{said}; its append time is not known: the record carries the producer's time, not "
+        "the broker's (it was appended while the topic had message.timestamp.type=CreateTime), "
+        "so the row names none and the next relay checks that record by its commit marker "
+        "alone (records appended while the topic has message.timestamp.type=LogAppendTime carry "
+        "the broker's: docs/kafka.md)"
     )
 
 

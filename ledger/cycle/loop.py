@@ -358,7 +358,6 @@ class ServiceLoop:
         """The relay thread (GPULEDGER_KAFKA_TOPIC and GPULEDGER_KAFKA_TRANSACTIONAL_ID override
         the topic and the relay's transactional id), when the service has Kafka."""
         if self.kafka is not None:
-            from ledger.store.relay import DEFAULT_TRANSACTIONAL_ID
             from ledger.store.relay_service import RelayService, flush_timeout
             from projections.kafka_wire import connect_timeout, quiet_kafka_logs, topic
 
@@ -367,8 +366,7 @@ class ServiceLoop:
                 self.home,
                 self.kafka,
                 topic=topic(),
-                transactional_id=os.environ.get("GPULEDGER_KAFKA_TRANSACTIONAL_ID")
-                or DEFAULT_TRANSACTIONAL_ID,
+                transactional_id=os.environ.get("GPULEDGER_KAFKA_TRANSACTIONAL_ID") or None,
                 connect_timeout_s=connect_timeout(),
                 flush_s=flush_timeout(),
             ).start()

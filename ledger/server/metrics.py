@@ -415,6 +415,9 @@ def service_figures(service: Any, ha: Any, view: Any) -> dict[str, Any]:
     return {
         "cycles": service.stats.cycles,
         "relay_lag": None if relay is None else max(0, head - relay),
+        # a stale word drops the age too: a kept scrape replaced only these keys, and its age
+        # stayed frozen beside no lag (atk55-25 F5)
+        "relay_report_age_s": None,
         **(told or {}),
         "heartbeat_ages": {
             node: max(0.0, clock - at) for node, at in service.executor.heard_from().items()

@@ -80,6 +80,7 @@ from ledger.store.relay_topic import (
     RelayHeld,
     RelayUnavailable,
     TopicMark,
+    asks_broker,
     batch_bytes,
     create_time_text,
     ensure_topic,
@@ -92,6 +93,7 @@ from ledger.store.relay_topic import (
     start_gone,
     topic_id_of,
     topic_mark,
+    transactional_id_for,
     unkept,
 )
 from projections.kafka_wire import (
@@ -127,8 +129,9 @@ __all__ = [  # the relay's errors and its topic's creation live in relay_topic, 
     "read_raw",
 ]
 
-DEFAULT_TRANSACTIONAL_ID = "gpuledger-relay"
 DEFAULT_BATCH = 5_000
+ANSWERED_EVERY = 100
+"""Every this many records sent, the answer to one restarts `Relay.waiting_since`."""
 
 log = logging.getLogger("gpuledger.relay")
 
@@ -169,7 +172,7 @@ class Relay:
         bootstrap: str,
         *,
         topic: str = TOPIC,
-        transactional_id: str = DEFAULT_TRANSACTIONAL_ID,
+        transactional_id: str | None = None,
         batch: int = DEFAULT_BATCH,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
@@ -183,7 +186,7 @@ class Relay:
         self.recorder = recorder
         self.bootstrap = bootstrap
         self.topic = topic
-        self.transactional_id = transactional_id
+        self.transactional_id = transactional_id or transactional_id_for(topic)
         self.batch = batch
         self.timeout_s = timeout_s
         """How long one batch (send + commit) or one reconnect step may take before it counts
@@ -224,6 +227,11 @@ class Relay:
         self._admin: Any = None
         self._last_sent: Any = None
         """The future of the last record sent (its offset, once committed)."""
+        self.waiting_since: float | None = None
+        """Since when (monotonic) the relay waits on the broker for a batch's sends or its commit
+        with no answer (None: it waits on none). Each answered part of the batch restarts it:
+        the service's `stalled` times this, not the round (a 2-minute republish moving every
+        7 s was `stalled` all along: atk55-25 F1)."""
         self._first_sent: Any = None
         self._refused: RelayError | None = None
         """Why it publishes no more on this topic (`refuse`)."""
@@ -516,6 +524,7 @@ class Relay:
             records = following
         return total
 
+    @asks_broker
     def _check_topic(self) -> bool:
         """Whether the topic is still the one the relay published to: one made again or
         truncated gets the log again from position 1 at the next connect (atk50-25 F1); one
@@ -638,8 +647,9 @@ class Relay:
         send, topic = self.producer.send, self.topic
         keys = self.keys
         self._first_sent = None
-        for r in records:
-            self._last_sent = send(
+        self.waiting_since = time.monotonic()
+        for i, r in enumerate(records, 1):
+            self._last_sent = sent = send(
                 topic,
                 value=r.data,
                 key=r.key,
@@ -647,7 +657,16 @@ class Relay:
                 partition=PARTITION,
             )
             if self._first_sent is None:
-                self._first_sent = self._last_sent
+                self._first_sent = sent
+            if i == len(records):  # all answered (one partition: in order), none waited on
+                sent.add_callback(lambda _: setattr(self, "waiting_since", None))
+            elif i % ANSWERED_EVERY == 0:
+                sent.add_callback(self._answered)
+
+    def _answered(self, _: Any) -> None:
+        """A part of the batch was answered: the wait on the broker starts again."""
+        if self.waiting_since is not None:
+            self.waiting_since = time.monotonic()
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -659,6 +678,7 @@ class Relay:
             producer.begin_transaction()
             yield
             producer.flush(timeout=self.timeout_s)
+            self.waiting_since = time.monotonic()  # the topic's id, then the commit
             self._check_sent()
             _commit(producer, self.timeout_s)
         except KafkaError as e:
@@ -674,7 +694,10 @@ class Relay:
                 f"relay stopped after position {self.position}: {type(e).__name__}: {e}",
                 hint="the broker is unreachable or failed the transaction; it is retried",
             ) from e
+        finally:
+            self.waiting_since = None
 
+    @asks_broker
     def _reopen(self) -> None:
         """Replace a producer that failed (raises RelayUnavailable while Kafka is away), sized to
         the topic's limit read again: an operator may have lowered it since (atk44z F4)."""

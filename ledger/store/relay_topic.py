@@ -11,9 +11,11 @@ Kafka's default 1,048,588 bytes (atk44-25 F8). Incremental: no other setting cha
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 from kafka import KafkaAdminClient, TopicPartition
 from kafka.admin import ConfigResource, ConfigResourceType, OffsetSpec
@@ -31,6 +33,8 @@ from projections.kafka_wire import (
     unreachable,
 )
 from schemas.errors import LedgerError
+
+T = TypeVar("T")
 
 log = logging.getLogger("gpuledger.relay")
 
@@ -196,6 +200,35 @@ def raise_record_limit(
         admin.close()
     log.warning("relay: raised topic %s's max.message.bytes to %d", topic, RECORD_MAX_BYTES)
     return None
+
+
+DEFAULT_TRANSACTIONAL_ID = "gpuledger-relay"
+"""The default topic's relay's transactional id (every earlier version's, whatever its topic)."""
+
+
+def transactional_id_for(topic: str) -> str:
+    """The relay's transactional id when none is set (GPULEDGER_KAFKA_TRANSACTIONAL_ID): one per
+    topic, the same for every server and start of the ledger that publishes to it (so a zombie
+    leader's relay is still fenced), never another ledger's (two ledgers on one cluster have
+    two topics: the shared `gpuledger-relay` fenced each other's relays, atk55-25 F6). The
+    default topic keeps `gpuledger-relay` (its ACLs, and a relay of an earlier version)."""
+    return DEFAULT_TRANSACTIONAL_ID if topic == TOPIC else f"{DEFAULT_TRANSACTIONAL_ID}.{topic}"
+
+
+def asks_broker(method: Callable[..., T]) -> Callable[..., T]:
+    """A relay's method that waits on the broker (its topic's metadata, a reconnect): its
+    `waiting_since` from the call's start (restored after: they nest), which the service's
+    `stalled` times (`Relay._send`'s sends and commits restart it as they are answered)."""
+
+    @functools.wraps(method)
+    def asking(self: Any, *args: Any, **kwargs: Any) -> T:
+        before, self.waiting_since = self.waiting_since, time.monotonic()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.waiting_since = before
+
+    return asking
 
 
 # --- the topic under a running relay ------------------------------------------------------------

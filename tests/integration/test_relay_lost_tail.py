@@ -32,6 +32,7 @@ from tests.integration.conftest import read_all, unique_name
 from tests.integration.test_relay_forgeries import KEYS_TEXT, relay_to, run
 from tests.integration.test_relay_progress import JOB
 from tests.integration.test_relay_remade import topic_id
+from tests.integration.test_relay_settings import alter
 from tests.integration.waits import wait_for
 
 pytestmark = pytest.mark.kafka
@@ -195,8 +196,18 @@ def test_a_create_time_topic_is_warned_of_once_and_its_row_names_no_time(
     out = run("store", "restore", "--from-kafka", kafka_bootstrap, "--topic", kafka_topic,
               "--to", str(dst))  # fmt: skip
     said = f"the record at offset {offset:,} (topic id {_id}); its append time is not known"
-    assert said in out and "(message.timestamp.type=CreateTime)" in out, out  # was nothing
+    assert said in out and "had message.timestamp.type=CreateTime)" in out, out  # was nothing
     assert "1970" not in out and read_anchor(open_store(dst), kafka_topic)[2] is None, out
+    # atk55-25 F8: the topic set to LogAppendTime since: it is the record that carries the
+    # producer's time, not the topic's setting (it said "the topic stamps its records with the
+    # producer's time")
+    alter(kafka_bootstrap, kafka_topic, **{TIMESTAMP_TYPE.replace(".", "_"): "LogAppendTime"})
+    again = run("store", "restore", "--from-kafka", kafka_bootstrap, "--topic", kafka_topic,
+                "--to", str(tmp_path / "again"))  # fmt: skip
+    assert "the record carries the producer's time, not the broker's" in again, again
+    assert "the topic stamps" not in again and "1970" not in again, again
+    assert read_anchor(open_store(tmp_path / "again"), kafka_topic)[2] is None, again
+    alter(kafka_bootstrap, kafka_topic, **{TIMESTAMP_TYPE.replace(".", "_"): "CreateTime"})
     service = RelayService(dst, kafka_bootstrap, topic=kafka_topic,
                            transactional_id=transactional_id).start()  # fmt: skip
     try:

@@ -19,6 +19,7 @@ import logging
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kafka import KafkaAdminClient, TopicPartition
@@ -679,3 +680,52 @@ def test_an_idle_relays_topic_check_asks_the_broker_one_request_a_check(
         service.stop()
     assert 5 <= len(asked) <= 20, asked  # ten checks, one of them full; was 40 and more
     assert seen_s < 5, seen_s
+
+
+def test_a_long_republish_is_publishing_with_its_progress_never_stalled(
+    org_ledger: Ledger, kafka_bootstrap: str, kafka_topic: str, transactional_id: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """atk55-25 F1: the topic deleted under a running relay, it published the store's log again
+    in one round of about 2 minutes, its position moving every ~7 s, and its health said
+    `stalled` ("a send to the broker has not come back for 57 s") all along: the stall was timed
+    from the round's start. Here each transaction takes two events and stays in flight (its
+    sends answered) 0.2 s, so the round takes well over 5 s: its health says `publishing` with
+    its progress at every check, never `stalled` (a send that is not answered still is:
+    `test_security_relay_status.py`)."""
+    org_ledger.execute_all([JOB] * 40)
+    service = at_head(org_ledger, kafka_bootstrap, kafka_topic, transactional_id)
+    real_fitting, real_send = Relay._fitting, Relay._send
+
+    def two(self: Relay, records: list, tried: bool = False) -> list:  # type: ignore[type-arg]
+        return real_fitting(self, records, tried)[:2]
+
+    def in_flight(self: Relay, records: list) -> None:  # type: ignore[type-arg]
+        real_send(self, records)
+        time.sleep(0.2)
+
+    seen: list[tuple[float, str, int, str]] = []
+    try:
+        head = org_ledger.position
+        monkeypatch.setattr(Relay, "_fitting", two)
+        monkeypatch.setattr(Relay, "_send", in_flight)
+        delete_topics(kafka_bootstrap, [kafka_topic])
+        began = time.monotonic()
+
+        def seen_now() -> Any:
+            h = service.health
+            seen.append((time.monotonic() - began, h.state, h.position, h.line()))
+            return h
+
+        wait_for("the deletion seen", lambda: seen_now().position < head, 60,
+                 lambda: str(service.health))  # fmt: skip
+        wait_for("the log published again",
+                 lambda: (h := seen_now()).position >= head and h.state == "publishing",
+                 180, lambda: str(service.health))  # fmt: skip
+    finally:
+        service.stop()
+    during = [s for s in seen if s[2] < head]
+    assert during[-1][0] - during[0][0] > 5, (head, during[:2], during[-2:])  # over 5 s
+    assert not [s for s in seen if s[1] == "stalled"], [s for s in seen if s[1] == "stalled"][:3]
+    again = [s for s in during if "publishing the store's log again" in s[3]]
+    assert len({s[2] for s in again}) > 3, again[-3:]  # its position moving, and said

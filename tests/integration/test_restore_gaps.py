@@ -217,3 +217,36 @@ def test_a_keyed_restore_names_the_replayed_copies_it_passes_over(
     said = f"passed over 3 record(s) of {kafka_topic} that are exact copies of records restored"
     assert said in out and "and a good signature" in out, out  # was nothing
     assert f"offsets {', '.join(map(str, offsets))}" in out, out
+
+
+def test_a_restore_names_its_last_record_with_a_replayed_copy_after_it(
+    org_ledger: Ledger, tmp_path: Path, kafka_bootstrap: str, kafka_topic: str,
+    transactional_id: str,
+) -> None:  # fmt: skip
+    """atk55-25 F4: one exact copy of an earlier record appended to the relay's topic (outside
+    a transaction, as someone replaying a saved record does): the restore named no record in its
+    progress row, saying its last record "is not followed by a commit marker" (false): it looked
+    the position up in the last page read alone, which held only the copy."""
+    from ledger.store.relay import Relay
+    from ledger.store.relay_progress import read_anchor
+    from tests.integration.conftest import read_all
+    from tests.integration.test_relay_remade import topic_id
+
+    org_ledger.execute_all([JOB] * 2)
+    head = org_ledger.position
+    relay = Relay(open_store(org_ledger.home), kafka_bootstrap, topic=kafka_topic,
+                  transactional_id=transactional_id)  # fmt: skip
+    try:
+        assert relay.publish_pending() == head
+    finally:
+        relay.close()
+    last = read_all(kafka_bootstrap, kafka_topic)[-1].offset
+    publish(kafka_bootstrap, kafka_topic, read_raw(open_store(org_ledger.home), 3, 1))  # a copy
+    dst = tmp_path / "restored"
+    out = run("store", "restore", "--from-kafka", kafka_bootstrap, "--topic", kafka_topic,
+              "--to", str(dst))  # fmt: skip
+    assert f"restored {head} events" in out, out
+    assert f"position {head}, the record at offset {last:,}" in out, out  # was "no record"
+    assert "not followed by a commit marker" not in out, out
+    anchor = read_anchor(open_store(dst), kafka_topic)
+    assert anchor[:2] == (topic_id(kafka_bootstrap, kafka_topic), last), anchor

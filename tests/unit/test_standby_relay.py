@@ -124,3 +124,27 @@ def test_relay_status_on_a_standbys_home_asks_its_server_in_json_and_over_an_old
     assert done.exit_code == 0 and done.output.strip() == told[0], done.output
     done = CliRunner().invoke(cli, ["--home", str(tmp_path), "relay", "status", "--json"])
     assert done.exit_code == 0 and json.loads(done.output) == told[2], done.output
+
+
+def test_a_kept_scrape_drops_the_report_age_once_the_leaders_word_is_stale() -> None:
+    """atk55-25 F5: a standby's scrape served from the kept figures replaced only the keys
+    `service_figures` returned: once the leader's word was stale there was no age key, and the
+    kept age (2.302 s) stayed, frozen, beside no lag."""
+    import msgspec
+
+    from ledger.server.metrics import Figures, service_figures
+
+    word: list[tuple[RelayWord, float]] = [(RelayWord("publishing", 25, ""), 2.302)]
+    ha = SimpleNamespace(leader_relay=lambda: word[0], relay_word_s=relay_word_s(5.0),
+                         role="standby", epoch=3, servers=lambda head: [])  # fmt: skip
+    service = SimpleNamespace(relay_position=lambda: None, stats=SimpleNamespace(
+        cycles=0, engine_away=None), executor=SimpleNamespace(heard_from=dict))  # fmt: skip
+    view = SimpleNamespace(ledger=SimpleNamespace(position=30), moment=100.0)
+    kept = Figures(now=100.0, head=30, cycles=0, projection_position=30, projection_lag_s=0.0,
+                   relay_lag=None, queue_by_code={}, queue_by_team={}, placements={},
+                   preemptions={}, teams=[], heartbeat_ages={})  # fmt: skip
+    fresh = msgspec.structs.replace(kept, **service_figures(service, ha, view))
+    assert (fresh.relay_lag, fresh.relay_report_age_s) == (5, 2.302)
+    word[0] = (RelayWord("publishing", 25, ""), 60.0)  # the leader paused: stale
+    stale = msgspec.structs.replace(fresh, **service_figures(service, ha, view))
+    assert (stale.relay_lag, stale.relay_report_age_s) == (None, None)
