@@ -382,6 +382,10 @@ class FairShare17Config(FairShare16Config, frozen=True, kw_only=True, tag="fairs
     """The runs `takeback_limit` keeps hold at most this share of the cluster's active GPUs
     (oldest submission first). A policy built today gets 0.0625 (`BUILT_WITH`; 0.125 before
     s55); this default, no bound, is what a record without the setting was written with."""
+    takeback_keep_wait_s: NonNegative = 0.0
+    """A funded non-debug job that has waited this long since it was submitted takes back the
+    runs `takeback_limit` keeps like any other unfunded run (0: never; s55 candidate, atk55-26
+    F1: one kept 8-GPU run held a 32-GPU gang out for 71 h)."""
     free_order: Literal["oldest", "smallest", "team"] = "oldest"
     """"oldest": unfunded jobs go by submit time alone after every funded job (a requeue keeps
     its submit time); "smallest": by GPUs asked (fewest first), then by submit time; "team":
