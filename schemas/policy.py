@@ -27,6 +27,8 @@ from schemas.bounds import INT32_MAX, TEN_YEARS_S, Name, TeamDepth
 from schemas.errors import InvalidCommand, UnknownEntity
 
 WEEK_S = 7 * 24 * 3600.0
+NO_BOUND = 1e9
+"""The largest `NonNegative` setting: as a time, ~31.7 years (for ever); as a share, no bound."""
 
 NonNegative = Annotated[float, msgspec.Meta(ge=0, le=1e9)]
 Searches = Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)]
@@ -371,12 +373,19 @@ class FairShare17Config(FairShare16Config, frozen=True, kw_only=True, tag="fairs
     """An unfunded job that another team's funded non-debug work took back this many times is no
     victim of funded non-debug work (0: no bound), within `takeback_keep_s` and
     `takeback_keep_share`."""
-    takeback_keep_s: NonNegative = 259_200.0
-    """`takeback_limit` keeps a run this long after it was placed, then it is a victim again
-    (s54-fs17fix's 6 h before s55: a log records its value, so its decisions replay as made)."""
-    takeback_keep_share: NonNegative = 0.0625
+    takeback_keep_s: NonNegative = NO_BOUND
+    """`takeback_limit` keeps a run this long after it was placed, then it is a victim again.
+    A policy built today gets 72 h (`BUILT_WITH`; s54-fs17fix's 6 h before s55: a log records
+    its value, so its decisions replay as made); this default, for ever, is what a record
+    without the setting was written with (fairshare-17 as first merged, s54's d46c2db)."""
+    takeback_keep_share: NonNegative = NO_BOUND
     """The runs `takeback_limit` keeps hold at most this share of the cluster's active GPUs
-    (oldest submission first; 0.125 before s55)."""
+    (oldest submission first). A policy built today gets 0.0625 (`BUILT_WITH`; 0.125 before
+    s55); this default, no bound, is what a record without the setting was written with."""
+    takeback_keep_wait_s: NonNegative = 0.0
+    """A funded non-debug job that has waited this long since it was submitted takes back the
+    runs `takeback_limit` keeps like any other unfunded run (0: never; s55 candidate, atk55-26
+    F1: one kept 8-GPU run held a 32-GPU gang out for 71 h)."""
     free_order: Literal["oldest", "smallest", "team"] = "oldest"
     """"oldest": unfunded jobs go by submit time alone after every funded job (a requeue keeps
     its submit time); "smallest": by GPUs asked (fewest first), then by submit time; "team":
@@ -513,6 +522,15 @@ POLICY_CONFIG_TYPES: tuple[type[PolicyConfig], ...] = (
     Legacy2Config,
     LegacyConfig,
 )
+
+
+BUILT_WITH: dict[str, dict[str, float]] = {
+    "fairshare-17": {"takeback_keep_s": 259_200.0, "takeback_keep_share": 0.0625},
+}
+"""Version -> the settings a policy built today gets (`ledger.dispatch.registry.default_config`)
+that differ from its config's defaults. A setting added to a version after logs of it were
+written defaults to what the code that wrote them did (a record without it decodes to that,
+so those logs replay as made: a versioned field); the value chosen for new policies is here."""
 
 
 # --- the string settings of v1 and v2 decision records --------------------------------------------

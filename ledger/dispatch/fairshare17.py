@@ -39,7 +39,8 @@ What changes, each a setting of its own so the tables can turn it off:
   back again; the share bound alone is what keeps a tenant from holding the cluster. 72 h and
   0.0625 were chosen among ten candidates on the tuning workload and Philly seed 2, where they
   meet the wait target; on held-out Philly seeds 3 and 7 they still miss it: s55-policy,
-  docs/simulation.md "fairshare-17's keep".)
+  docs/simulation.md "fairshare-17's keep".) `takeback_keep_wait_s` (0, off): a funded non-debug
+  job that has waited that long takes kept runs back (an open candidate, atk55-26 F1).
 - **A waiting debug job keeps a node** (`debug_hold`, on): a debug-lane job that cannot be placed
   (nor by preempting what its lane may) gets the cycle's reservation: the node it can have
   soonest, a running job freeing there at its contract's end when the debug job may preempt it,
@@ -80,6 +81,7 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
     debug_hold: bool = True
     takeback_keep_s: float = 259_200.0
     takeback_keep_share: float = 0.0625
+    takeback_keep_wait_s: float = 0.0
     debug_hold_window_s: float = 3_600.0
 
     @property
@@ -153,17 +155,25 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
         memo[key] = kept = frozenset(out)
         return kept
 
+    def keep_lapsed_for(self, job: PendingJob, now: float) -> bool:
+        """Whether the keep no longer holds against `job`, a funded non-debug job: it has waited
+        `takeback_keep_wait_s` since it was submitted (0: never)."""
+        wait = self.takeback_keep_wait_s
+        return wait > 0 and now - job.submitted_at >= wait
+
     def victims(
         self, job: PendingJob, candidates: Iterable[RunningJob], snapshot: Snapshot, now: float
     ) -> Iterator[Victim]:
-        """`fairshare-7`'s victims, but for funded non-debug work the runs `kept_runs` keeps (and
-        `takeback_grace_s`'s, as `fairshare-16`)."""
+        """`fairshare-7`'s victims, but for funded non-debug work the runs `kept_runs` keeps
+        (unless `keep_lapsed_for` the job) and `takeback_grace_s`'s, as `fairshare-16`."""
         found = FairShare7.victims(self, job, candidates, snapshot, now)
         grace = self.takeback_grace_s
         if self.lane(job) or (self.takeback_limit <= 0 and grace <= 0):
             yield from found
             return
         kept = self.kept_runs(snapshot, now)
+        if kept and self.keep_lapsed_for(job, now):
+            kept = frozenset()
         for v in found:
             r = v.job
             if r.min_runtime_s <= 0 and (r.job_id in kept or now - r.placed_at < grace):

@@ -9,7 +9,8 @@ from `schemas.policy` (tagged by the version).
 - `build(name_or_config, knobs)`: the one way to build the policy that decides: the service's,
   the read layer's (`queue`, `explain`), the simulator's, the what-if's and replay's;
 - `default_config(name_or_version, ...)`: a version's default settings (legacy caps come from the
-  cluster's size and the teams' fractions of it);
+  cluster's size and the teams' fractions of it; `schemas.policy.BUILT_WITH`'s settings for new
+  policies where a field added later defaults to what older logs were written with);
 - `with_knobs(config, {"margin": "0.2"})`: the config with settings changed, checked;
 - `policy_from_config(config)`: the policy of exactly those settings (what `build` ends with);
 - `config_of(policy)`: back from a policy to its typed config (what a decision records).
@@ -46,6 +47,7 @@ from ledger.dispatch.fairshare17 import FairShare17
 from ledger.dispatch.policy import FairShare, Fifo, Policy
 from schemas.errors import InvalidCommand, UnknownEntity
 from schemas.policy import (
+    BUILT_WITH,
     AnyPolicyConfig,
     FairShare2Config,
     FairShare3Config,
@@ -171,7 +173,7 @@ def default_config(
         fractions = team_fractions or {}
         caps = {t: math.floor(f * gpus) for t, f in sorted(fractions.items())}
         return entry.config_type(caps=caps)
-    return entry.config_type()
+    return with_knobs(entry.config_type(), BUILT_WITH.get(entry.version, {}))
 
 
 def with_knobs(config: AnyPolicyConfig, knobs: Mapping[str, object]) -> AnyPolicyConfig:
