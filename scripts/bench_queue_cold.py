@@ -54,21 +54,10 @@ def build_home(home: Path) -> str:
         token: str = json.loads(marker.read_text())["token"]
         return token
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from ledger.store.application import Ledger
-    from projections.testing.synthetic import append_to_store, pending_submissions
-    from tests.integration.dashkit import build
+    from tests.integration.dashkit import with_pending
     from tests.integration.serverkit import cli, make_token
 
-    build(home, days=2.0, seed=3, load=2.0)
-    ledger = Ledger(home)
-    try:
-        members = sorted((p, u) for p, us in ledger.state.members.items() for u in us)
-        first = ledger.state.next_job_id
-    finally:
-        ledger.close()
-    append_to_store(
-        home, pending_submissions(PENDING, members, first_job_id=first, at=time.time() - 60)
-    )
+    _, _, first = with_pending(home, days=2.0, pending=PENDING, at=time.time() - 60)
     for job in (first, first + 1, first + 7):
         cli(home, "hold", str(job), GPULEDGER_USER="root")
     token = make_token(home, "--user", "root")

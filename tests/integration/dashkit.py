@@ -64,6 +64,24 @@ def build(home: Path, *, days: float = 3.0, seed: int = 3, load: float = 1.0) ->
     return Dashboard(home, user_a, project_a, user_b, project_b, job_b)
 
 
+def with_pending(
+    home: Path, *, days: float, pending: int, at: float, seed: int = 3, load: float = 2.0
+) -> tuple[Dashboard, list[tuple[str, str]], int]:
+    """A busy history (`build`) and then `pending` submissions of its members at `at`: the
+    scale tests' and the scale benchmarks' homes. (dashboard, members, first pending job id)."""
+    from projections.testing.synthetic import append_to_store, pending_submissions
+
+    dash = build(home, days=days, seed=seed, load=load)
+    ledger = Ledger(home)
+    try:
+        members = sorted((p, u) for p, us in ledger.state.members.items() for u in us)
+        first = ledger.state.next_job_id
+    finally:
+        ledger.close()
+    append_to_store(home, pending_submissions(pending, members, first_job_id=first, at=at))
+    return dash, members, first
+
+
 def _job_id(text: str) -> int:
     import json
 

@@ -22,9 +22,7 @@ import pytest
 from playwright.sync_api import Browser, Page
 
 from ledger.server.pages import QUEUE_CODES
-from ledger.store.application import Ledger
-from projections.testing.synthetic import append_to_store, pending_submissions
-from tests.integration.dashkit import Dashboard, build, cycled, scrape
+from tests.integration.dashkit import Dashboard, cycled, scrape, with_pending
 from tests.integration.serverkit import GPULEDGER, Server, cli, env_for, make_token, start_server
 from tests.integration.test_dashboard import TIMEZONE, browser
 
@@ -52,15 +50,8 @@ class Deep:
 @pytest.fixture(scope="module")
 def deep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deep]:
     home = tmp_path_factory.mktemp("deep") / "ledger"
-    dash = build(home, days=2.0, seed=3, load=2.0)  # a busy history: preemptions
-    ledger = Ledger(home)
-    try:
-        members = sorted((p, u) for p, us in ledger.state.members.items() for u in us)
-        first = ledger.state.next_job_id
-    finally:
-        ledger.close()
-    at = time.time() - 60
-    append_to_store(home, pending_submissions(PENDING, members, first_job_id=first, at=at))
+    # a busy history (preemptions), then the pending queue
+    dash, members, first = with_pending(home, days=2.0, pending=PENDING, at=time.time() - 60)
     for job in (first, first + 1, first + 7):  # a second reason: held
         cli(home, "hold", str(job), GPULEDGER_USER="root")
     boss = dash.project_b.split("/")[0]
