@@ -209,6 +209,9 @@ class Relay:
         the service's `stalled` times this, not the round (a 2-minute republish moving every
         7 s was `stalled` all along: atk55-25 F1)."""
         self._first_sent: Any = None
+        self._going_on: Callable[[], bool] | None = None
+        self._deadline: float | None = None
+        """The round's `going_on` and `deadline` (`publish_pending`)."""
         self._refused: RelayError | None = None
         """Why it publishes no more on this topic (`refuse`)."""
         self._remade: str | None = remade
@@ -443,8 +446,17 @@ class Relay:
 
     # --- publishing -----------------------------------------------------------------------------
 
-    def publish_pending(self) -> int:
+    def publish_pending(
+        self, going_on: Callable[[], bool] | None = None, deadline: float | None = None
+    ) -> int:
         """Publish everything after our position, one transaction per batch. Returns the count.
+
+        `going_on`: asked before each batch, every `ANSWERED_EVERY` records sent and before each
+        commit; once false the round ends there, the batch in hand left uncommitted (the next
+        producer's init_transactions aborts it): a relay whose server lost its lease, or that is
+        stopped, ends its round at once, not after its whole backlog (a stepped-down relay went
+        on publishing and was fenced, and its server's SIGTERM waited on it: atk55-25 F3).
+        `deadline` (monotonic): no flush or commit waits past it, and the round ends at it.
 
         Raises RelayFenced when another relay took over (and from then on), RelayUnavailable on
         broker errors. After RelayUnavailable the next call starts with a fresh producer: its
@@ -455,6 +467,9 @@ class Relay:
             raise self._fenced_by
         if self._refused is not None:
             raise self._refused
+        self._going_on, self._deadline = going_on, deadline
+        if not self._goes_on():
+            return 0
         if self._stale:
             self._reopen()
         self.kept.advance(self.position, self._committed())  # an earlier call's, once due
@@ -468,12 +483,18 @@ class Relay:
             pages = follow(RawSource(self.recorder), self.position, until, page=self.batch)
             records = next(pages, [])
         while records:
+            if not self._goes_on():
+                break
             fits = self._fitting(records)
             try:
                 with self._transaction():
                     self._send(fits)
                     # Read the next batch while the producer's thread ships this one.
                     following = records[len(fits) :] or next(pages, [])
+            except _Ended:  # not committed: the next round's producer aborts it
+                log.info("relay: round ended after position %d (stopping)", self.position)
+                self._stale = True
+                break
             except _SentElsewhere:  # not committed: the log again from position 1
                 self._reopen()
                 pages = follow(RawSource(self.recorder), self.position, until, page=self.batch)
@@ -488,6 +509,18 @@ class Relay:
             total += len(fits)
             records = following
         return total
+
+    def _goes_on(self) -> bool:
+        """Whether the round goes on (`publish_pending`'s `going_on` and `deadline`)."""
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            return False
+        return self._going_on is None or self._going_on()
+
+    def _bounded(self, timeout_s: float) -> float:
+        """`timeout_s`, cut at the round's deadline (at least 0.1 s)."""
+        if self._deadline is None:
+            return timeout_s
+        return max(0.1, min(timeout_s, self._deadline - time.monotonic()))
 
     @asks_broker
     def _check_topic(self) -> bool:
@@ -623,6 +656,8 @@ class Relay:
             )
             if self._first_sent is None:
                 self._first_sent = sent
+            if i % ANSWERED_EVERY == 0 and not self._goes_on():
+                raise _Ended
             if i == len(records):  # all answered (one partition: in order), none waited on
                 sent.add_callback(lambda _: setattr(self, "waiting_since", None))
             elif i % ANSWERED_EVERY == 0:
@@ -642,10 +677,12 @@ class Relay:
         try:
             producer.begin_transaction()
             yield
-            producer.flush(timeout=self.timeout_s)
+            producer.flush(timeout=self._bounded(self.timeout_s))
             self.waiting_since = time.monotonic()  # the topic's id, then the commit
             self._check_sent()
-            commit(producer, self.timeout_s)
+            if not self._goes_on():
+                raise _Ended
+            commit(producer, self._bounded(self.timeout_s))
         except KafkaError as e:
             if fenced(producer, e):
                 self._fenced_by = RelayFenced(
@@ -729,6 +766,11 @@ class Relay:
         discard(self.producer)
         self._close_admin()
         self.kept.flush(self.position, self._committed())
+
+
+class _Ended(Exception):
+    """The round was told to end (`publish_pending`'s `going_on`, `deadline`): the batch in hand
+    is not committed."""
 
 
 class _SentElsewhere(Exception):
