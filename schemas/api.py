@@ -68,6 +68,23 @@ class ServerState(msgspec.Struct, frozen=True, kw_only=True):
     seen_s_ago: float
 
 
+RELAY_STATE_DOC = (
+    'The relay\'s state (None without Kafka): "connecting", "publishing", "stalled" (a send or'
+    ' commit has not come back), "unavailable" (the broker does not answer), "stopped" (an '
+    'error retrying cannot fix), "exited" (the service ended); on a standby, the leader\'s as '
+    'it last reported it, "stale" when that report is too old and "unreported" when the '
+    "leader (of an earlier version) reports nothing of its relay (position and lag unknown)."
+)
+"""`Health.relay_state`'s words, in the OpenAPI document too."""
+RELAY_ERROR_DOC = (
+    "Why the relay is not publishing, when it is not (one line); while it publishes the "
+    "store's log again from position 1 (its topic was deleted, made again or cut), that and "
+    'its progress: "publishing the store\'s log again from position 1 (why): position P of H";'
+    " on a standby, whose relay it is and how old the word is."
+)
+"""`Health.relay_error`'s words, in the OpenAPI document too."""
+
+
 class Health(msgspec.Struct, frozen=True, kw_only=True):
     """`GET /v1/health` and `gpuledger status`."""
 
@@ -86,10 +103,17 @@ class Health(msgspec.Struct, frozen=True, kw_only=True):
     """Position the relay last published to Kafka (None without Kafka)."""
     relay_lag: int | None
     last_error: str | None = None
-    relay_state: str | None = None
-    """The relay's state ("publishing", "unavailable", "stopped", ...; None without Kafka)."""
-    relay_error: str | None = None
-    """Why the relay is not publishing, when it is not (one line)."""
+    relay_state: Annotated[str | None, msgspec.Meta(description=RELAY_STATE_DOC)] = None
+    """The relay's state (None without Kafka): "connecting", "publishing", "stalled" (a send or
+    commit has not come back), "unavailable" (the broker does not answer), "stopped" (an error
+    retrying cannot fix), "exited" (the service ended); on a standby, the leader's as it last
+    reported it, "stale" when that report is too old and "unreported" when the leader (of an
+    earlier version) reports nothing of its relay (position and lag unknown)."""
+    relay_error: Annotated[str | None, msgspec.Meta(description=RELAY_ERROR_DOC)] = None
+    """Why the relay is not publishing, when it is not (one line); while it publishes the
+    store's log again from position 1 (its topic was deleted, made again or cut), that and its
+    progress: "publishing the store's log again from position 1 (why): position P of H"; on a
+    standby, whose relay it is and how old the word is."""
     executor: str = ""
     """What runs the jobs: agents, local, slurm, record (placements only recorded), none."""
     placing: bool = True

@@ -100,6 +100,8 @@ class ServiceLoop:
         self.log = log or logging.getLogger("gpuledger.service")
         self.reports_starts = reports_starts
         self.relay: RelayService | None = None
+        self._stepped_down_relay: RelayService | None = None
+        """The relay a step-down stopped while its thread still ran: the next one waits for it."""
         self.source: EventSource | None = None
         self.store: Store | None = None
         self.projector: Projector | None = None
@@ -144,7 +146,7 @@ class ServiceLoop:
         assert self.projector is not None, "open() first"
         self.executor = executor
         if self.relay is None:
-            self._start_relay()
+            self._start_relay(may_act)
         self.dispatcher = Dispatcher(
             self.ledger,
             ProjectionRanks(self.projector),
@@ -160,10 +162,14 @@ class ServiceLoop:
         self._jobs = dict(self.ledger.state.jobs)
 
     def step_down(self) -> None:
-        """Stop the leader's work (no cycle, no relay); running jobs are left alone."""
+        """Stop the leader's work (no cycle, no relay); running jobs are left alone. The relay
+        is stopped without a flush (the lease is another server's: its relay publishes the
+        rest) and waited for; one whose thread still runs is waited for by the next
+        (`RelayService(after=...)`): two relays of one process fenced each other (atk55-25 F3)."""
         self.dispatcher = None
         if self.relay is not None:
-            self.relay.stop()
+            self.relay.stop(flush=False)
+            self._stepped_down_relay = self.relay if self.relay.lingering else None
             self.relay = None
 
     def follow(self) -> int:
@@ -354,9 +360,10 @@ class ServiceLoop:
         outage shows as relay lag."""
         return self.ledger.source()
 
-    def _start_relay(self) -> None:
+    def _start_relay(self, may_act: Callable[[], bool] | None = None) -> None:
         """The relay thread (GPULEDGER_KAFKA_TOPIC and GPULEDGER_KAFKA_TRANSACTIONAL_ID override
-        the topic and the relay's transactional id), when the service has Kafka."""
+        the topic and the relay's transactional id), when the service has Kafka; `may_act`: the
+        lease it publishes under (its round ends once it runs out)."""
         if self.kafka is not None:
             from ledger.store.relay_service import RelayService, flush_timeout
             from projections.kafka_wire import connect_timeout, quiet_kafka_logs, topic
@@ -369,7 +376,10 @@ class ServiceLoop:
                 transactional_id=os.environ.get("GPULEDGER_KAFKA_TRANSACTIONAL_ID") or None,
                 connect_timeout_s=connect_timeout(),
                 flush_s=flush_timeout(),
+                may_act=may_act,
+                after=self._stepped_down_relay,
             ).start()
+            self._stepped_down_relay = None
 
 
 def _open_projection(home: Path, wait_s: float = 15.0) -> Store:

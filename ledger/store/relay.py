@@ -29,6 +29,7 @@ An edge (network, files). Guarantees, with the reasons (docs/kafka.md has the lo
   (`<home>/relay.json`, `gpuledger relay status`); scheduling never waits on it; `stop()` flushes
   every committed event (bounded).
 
+The producer (its settings, the bounded commit, fencing, discarding one) is `relay_producer`'s.
 The topic, the record headers and the client settings are `projections.kafka_wire`'s, which every
 reader shares. Record timestamps are the broker's append time (`LogAppendTime`: the progress
 keeps its last record's, `relay_tail.stamped`), never the event time, which is in the payload.
@@ -44,10 +45,10 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from eventsourcing.persistence import ApplicationRecorder
-from kafka import KafkaProducer
-from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError
+from kafka.errors import KafkaError
 
 from ledger.store.confirmed import publishable
+from ledger.store.relay_producer import commit, discard, fenced, new_producer
 from ledger.store.relay_progress import (
     Anchor,
     Committed,
@@ -86,7 +87,6 @@ from ledger.store.relay_topic import (
     ensure_topic,
     offsets_text,
     open_admin,
-    producer_sizes,
     raise_record_limit,
     remade,
     sent_elsewhere,
@@ -103,8 +103,6 @@ from projections.kafka_wire import (
     RECORD_OVERHEAD,
     TOPIC,
     SigningKeys,
-    client_config,
-    patience,
     record_headers,
     signing_keys,
 )
@@ -134,28 +132,6 @@ ANSWERED_EVERY = 100
 """Every this many records sent, the answer to one restarts `Relay.waiting_since`."""
 
 log = logging.getLogger("gpuledger.relay")
-
-
-def _commit(producer: Any, timeout_s: float) -> None:
-    """Commit the producer's open transaction, waiting at most `timeout_s` for the broker.
-
-    kafka-python's `commit_transaction()` waits for the EndTxn answer without a bound, so a broker
-    lost between the flush and the commit would hold the relay (and the health it reports) until
-    the broker returned. A commit that is not answered in time raises KafkaTimeoutError: the
-    relay reopens, and the next producer's `init_transactions` completes or aborts the
-    transaction before the position is read back from the topic, so nothing is lost or doubled.
-    """
-    manager, sender = (
-        getattr(producer, "_transaction_manager", None),
-        getattr(producer, "_sender", None),
-    )
-    if manager is None or sender is None:  # another client version: its own commit
-        producer.commit_transaction()
-        return
-    result = manager.begin_commit()
-    sender.wakeup()
-    if not result.wait(timeout_ms=int(timeout_s * 1000)):
-        raise KafkaTimeoutError(f"the broker did not answer the commit in {timeout_s:g} s")
 
 
 class Relay:
@@ -233,6 +209,9 @@ class Relay:
         the service's `stalled` times this, not the round (a 2-minute republish moving every
         7 s was `stalled` all along: atk55-25 F1)."""
         self._first_sent: Any = None
+        self._going_on: Callable[[], bool] | None = None
+        self._deadline: float | None = None
+        """The round's `going_on` and `deadline` (`publish_pending`)."""
         self._refused: RelayError | None = None
         """Why it publishes no more on this topic (`refuse`)."""
         self._remade: str | None = remade
@@ -261,25 +240,14 @@ class Relay:
         The order matters: init_transactions first (it fences older relays and aborts or
         completes their open transaction), then read the last committed record.
         """
-        ms = int(self.timeout_s * 1000)
         try:
-            producer = KafkaProducer(
-                bootstrap_servers=self.bootstrap,
-                transactional_id=self.transactional_id,
-                enable_idempotence=True,
-                acks="all",
-                linger_ms=5,
-                **producer_sizes(self.record_limit),  # the broker checks batches against it
-                max_block_ms=ms,
-                request_timeout_ms=min(ms, 30_000),
-                delivery_timeout_ms=max(ms, 30_000) + 5_000,  # > linger + request timeout
-                client_id="gpuledger-relay",
-                # never make the topic by sending to it (a broker with Kafka's default
-                # auto.create.topics.enable would make a deleted one with its own shape): the
-                # relay makes it, with its settings (`ensure_topic`), atk50-25 F1
-                allow_auto_create_topics=False,
-                **patience(self.connect_timeout_s),
-                **client_config(self.config),
+            producer = new_producer(
+                self.bootstrap,
+                self.transactional_id,
+                self.record_limit,
+                self.timeout_s,
+                self.connect_timeout_s,
+                self.config,
             )
         except KafkaError as e:
             raise unavailable(self.bootstrap, e) from e
@@ -312,7 +280,7 @@ class Relay:
                 why = elsewhere(self.topic, self.kept.word(self.store_head()), mark.topic_id)
             found, foreign = (Found(0, None), []) if why else self._bookmark(mark.topic_id)
         except BaseException as e:
-            _discard(producer)
+            discard(producer)
             if isinstance(e, KafkaError):
                 raise unavailable(self.bootstrap, e) from e
             raise
@@ -478,8 +446,17 @@ class Relay:
 
     # --- publishing -----------------------------------------------------------------------------
 
-    def publish_pending(self) -> int:
+    def publish_pending(
+        self, going_on: Callable[[], bool] | None = None, deadline: float | None = None
+    ) -> int:
         """Publish everything after our position, one transaction per batch. Returns the count.
+
+        `going_on`: asked before each batch, every `ANSWERED_EVERY` records sent and before each
+        commit; once false the round ends there, the batch in hand left uncommitted (the next
+        producer's init_transactions aborts it): a relay whose server lost its lease, or that is
+        stopped, ends its round at once, not after its whole backlog (a stepped-down relay went
+        on publishing and was fenced, and its server's SIGTERM waited on it: atk55-25 F3).
+        `deadline` (monotonic): no flush or commit waits past it, and the round ends at it.
 
         Raises RelayFenced when another relay took over (and from then on), RelayUnavailable on
         broker errors. After RelayUnavailable the next call starts with a fresh producer: its
@@ -490,6 +467,9 @@ class Relay:
             raise self._fenced_by
         if self._refused is not None:
             raise self._refused
+        self._going_on, self._deadline = going_on, deadline
+        if not self._goes_on():
+            return 0
         if self._stale:
             self._reopen()
         self.kept.advance(self.position, self._committed())  # an earlier call's, once due
@@ -503,12 +483,18 @@ class Relay:
             pages = follow(RawSource(self.recorder), self.position, until, page=self.batch)
             records = next(pages, [])
         while records:
+            if not self._goes_on():
+                break
             fits = self._fitting(records)
             try:
                 with self._transaction():
                     self._send(fits)
                     # Read the next batch while the producer's thread ships this one.
                     following = records[len(fits) :] or next(pages, [])
+            except _Ended:  # not committed: the next round's producer aborts it
+                log.info("relay: round ended after position %d (stopping)", self.position)
+                self._stale = True
+                break
             except _SentElsewhere:  # not committed: the log again from position 1
                 self._reopen()
                 pages = follow(RawSource(self.recorder), self.position, until, page=self.batch)
@@ -523,6 +509,18 @@ class Relay:
             total += len(fits)
             records = following
         return total
+
+    def _goes_on(self) -> bool:
+        """Whether the round goes on (`publish_pending`'s `going_on` and `deadline`)."""
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            return False
+        return self._going_on is None or self._going_on()
+
+    def _bounded(self, timeout_s: float) -> float:
+        """`timeout_s`, cut at the round's deadline (at least 0.1 s)."""
+        if self._deadline is None:
+            return timeout_s
+        return max(0.1, min(timeout_s, self._deadline - time.monotonic()))
 
     @asks_broker
     def _check_topic(self) -> bool:
@@ -658,6 +656,8 @@ class Relay:
             )
             if self._first_sent is None:
                 self._first_sent = sent
+            if i % ANSWERED_EVERY == 0 and not self._goes_on():
+                raise _Ended
             if i == len(records):  # all answered (one partition: in order), none waited on
                 sent.add_callback(lambda _: setattr(self, "waiting_since", None))
             elif i % ANSWERED_EVERY == 0:
@@ -677,12 +677,14 @@ class Relay:
         try:
             producer.begin_transaction()
             yield
-            producer.flush(timeout=self.timeout_s)
+            producer.flush(timeout=self._bounded(self.timeout_s))
             self.waiting_since = time.monotonic()  # the topic's id, then the commit
             self._check_sent()
-            _commit(producer, self.timeout_s)
+            if not self._goes_on():
+                raise _Ended
+            commit(producer, self._bounded(self.timeout_s))
         except KafkaError as e:
-            if _fenced(producer, e):
+            if fenced(producer, e):
                 self._fenced_by = RelayFenced(
                     f"relay fenced after position {self.position}: another relay with "
                     f"transactional id {self.transactional_id!r} took over",
@@ -702,7 +704,7 @@ class Relay:
         """Replace a producer that failed (raises RelayUnavailable while Kafka is away), sized to
         the topic's limit read again: an operator may have lowered it since (atk44z F4)."""
         self._stale = True  # until the new one is connected, whatever fails on the way
-        _discard(self.producer)
+        discard(self.producer)
         self.record_limit = self._topic_limit()
         self.producer = self._connect()
         self._stale = False
@@ -761,38 +763,15 @@ class Relay:
 
     def close(self) -> None:
         """Close the producer; the progress published so far is kept in the store."""
-        _discard(self.producer)
+        discard(self.producer)
         self._close_admin()
         self.kept.flush(self.position, self._committed())
 
 
+class _Ended(Exception):
+    """The round was told to end (`publish_pending`'s `going_on`, `deadline`): the batch in hand
+    is not committed."""
+
+
 class _SentElsewhere(Exception):
     """The batch flushed went to a topic made again (`Relay._check_sent`): never committed."""
-
-
-def _fenced(producer: Any, e: BaseException) -> bool:
-    """Whether `e` means another producer took our transactional id.
-
-    kafka-python raises ProducerFencedError once; later calls on the same producer raise a plain
-    KafkaError ("... in an error state: ProducerFencedError"), so look at its last error too.
-    """
-    if isinstance(e, ProducerFencedError):
-        return True
-    manager = getattr(producer, "_transaction_manager", None)
-    return isinstance(getattr(manager, "last_error", None), ProducerFencedError)
-
-
-def _discard(producer: Any) -> None:
-    """Close a producer without waiting long: a half-sent transaction is left to be aborted
-    by the next producer's init_transactions (or by the broker's transaction timeout)."""
-    try:
-        producer.close(timeout=1)
-    except KafkaError:
-        # close() flushes first and gives up with the sender thread still running (a timeout,
-        # or a batch the broker refused: "Future not done", which failed every reconnect and
-        # `close()`, atk44z F4); stop it.
-        sender = getattr(producer, "_sender", None)
-        if sender is not None:
-            with contextlib.suppress(Exception):
-                sender.force_close()
-                sender.join(5)

@@ -23,6 +23,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from ledger.store.relay import (
     RawSource,
     Relay,
     RelayError,
+    RelayFenced,
     RelayUnavailable,
     open_store,
 )
@@ -102,6 +104,8 @@ class RelayService:
         check_s: float = DEFAULT_CHECK_S,
         stall_s: float | None = None,
         mark_every_s: float = MARK_EVERY_S,
+        may_act: Callable[[], bool] | None = None,
+        after: RelayService | None = None,
     ) -> None:
         self.home = home
         self.bootstrap = bootstrap
@@ -120,6 +124,16 @@ class RelayService:
         """How often the watcher asks for the topic's offsets and settings while its id stays
         the one the relay published to (`_watch_topic`)."""
         self._marked_at = 0.0
+        self.may_act = may_act
+        """The lease this server leads by (None: no lease): once false the round ends at once,
+        uncommitted, and nothing is flushed (the next leader's relay publishes it)."""
+        self._after = after
+        """This server's previous relay (stopped on a step-down): this one connects only once
+        its thread ended (two of one process fenced each other: atk55-25 F3)."""
+        self._flushing = True
+        """Whether `stop()` flushes (a step-down does not: `stop(flush=False)`)."""
+        self._deadline: float | None = None
+        """When a stopping service's last round ends (monotonic): `stop()`'s time + `flush_s`."""
         self.relay: Relay | None = None
         self._recorder: ApplicationRecorder | None = None
         self.clock = SystemClock()
@@ -174,10 +188,20 @@ class RelayService:
         self._holder.start()
         return self
 
-    def stop(self) -> RelayHealth:
-        """Stop publishing after a flush (bounded by `flush_s`); the health at the end."""
+    def stop(self, flush: bool = True) -> RelayHealth:
+        """Stop publishing after a flush (bounded by `flush_s`, the round under way included:
+        it ends at the deadline too); the health at the end. `flush=False` (a step-down: the
+        lease is another's): the round under way ends at its next batch, or within
+        `ANSWERED_EVERY` records of it, uncommitted, and nothing more is published. The thread
+        is waited for (bounded); one still running is `lingering`, and the next relay of this
+        process waits for it (`after`)."""
+        self._flushing = flush
+        self._deadline = time.monotonic() + (self.flush_s if flush else 0.0)
         self._stop.set()
-        self._thread.join(self.flush_s + self.connect_timeout_s + 5)
+        self._thread.join((self.flush_s if flush else 0.0) + self.connect_timeout_s + 5)
+        if self.lingering:
+            log.warning("relay: the relay thread has not ended yet; the next relay of this "
+                        "server waits for it")  # fmt: skip
         self._watcher.join(self.check_s + self.connect_timeout_s + 5)
         if self.health.state != "stopped":
             self._set("exited", error=self.health.error if self.health.lag else "")
@@ -378,11 +402,36 @@ class RelayService:
 
     # --- the thread -------------------------------------------------------------------------------
 
+    @property
+    def lingering(self) -> bool:
+        """Whether the publishing thread was started and still runs."""
+        return self._thread.is_alive()
+
+    def _going_on(self) -> bool:
+        """Whether a round goes on: not once stopped without a flush, nor once the lease this
+        server leads by ran out (`Relay.publish_pending`)."""
+        if self._stop.is_set() and not self._flushing:
+            return False
+        return self.may_act is None or self.may_act()
+
+    def _wait_for_previous(self) -> None:
+        """Until this server's previous relay thread ended (its round ends within a batch)."""
+        previous = self._after
+        if previous is None or not previous.lingering:
+            return
+        log.info("relay: waiting for this server's previous relay to stop")
+        while previous.lingering and not self._stop.is_set():
+            previous._thread.join(0.2)
+
     def _main(self) -> None:
         try:
+            self._wait_for_previous()
             self._publish_until_stopped()
-            if self.health.state != "stopped":
+            if self.health.state != "stopped" and self._flushing and self._going_on():
                 self._flush()
+            elif self.health.state != "stopped":
+                log.info("relay: stopped at position %d, not flushed (the lease is another "
+                         "server's: its relay publishes the rest)", self._published)  # fmt: skip
         except BaseException as e:  # never die silently
             log.exception("relay: stopped by an unexpected error")
             self._set("stopped", error=f"{type(e).__name__}: {e}")
@@ -393,6 +442,9 @@ class RelayService:
     def _publish_until_stopped(self) -> None:
         delay = 0.2
         while not self._stop.is_set():
+            if not self._going_on():  # the lease ran out: the worker's turn stops it
+                self._stop.wait(self.interval_s)
+                continue
             try:
                 published = self._publish()
             except RelayUnavailable as e:
@@ -404,6 +456,12 @@ class RelayService:
                 delay = min(delay * 2, 2.0)
                 continue
             except RelayError as e:  # fenced, another ledger's topic, no store: not retried
+                if not self._going_on():  # the lease ran out: the new leader's relay fenced it
+                    log.info("relay: round ended, the lease is another server's: %s", e.line())
+                    continue
+                if isinstance(e, RelayFenced) and self.may_act is not None:
+                    self._fenced_under_lease(e)
+                    continue
                 log.error("relay stopped: %s", e.line())
                 self._published = max(self._published, int(str(e.fields.get("published", 0))))
                 self._set("stopped", error=e.line())
@@ -414,6 +472,20 @@ class RelayService:
             self._not_ready_since = None
             if not published:
                 self._stop.wait(self.interval_s)
+
+    def _fenced_under_lease(self, e: RelayError) -> None:
+        """Fenced while this server holds the lease: by the relay of a server whose lease ran
+        out in the middle of its connect (its `init_transactions` came after this one's); its
+        round ends at once without its lease, so this relay connects again (every `held_every_s`,
+        saying so each time) rather than stopping until the next leadership change."""
+        log.warning("relay: %s, while this server holds the lease (a previous leader's relay "
+                    "connecting late?): connecting again in %.0f s", e.line(),
+                    self.held_every_s)  # fmt: skip
+        self._unavailable(e)
+        relay, self.relay = self.relay, None
+        if relay is not None:
+            relay.close()
+        self._stop.wait(self.held_every_s)
 
     def _topic_changed(self) -> bool:
         """After the relay refused its topic (`TopicRefused`: its start gone, settings that lose
@@ -511,7 +583,7 @@ class RelayService:
                     remade=self._remade_why,
                 )
                 self._remade_why = None
-            published = self.relay.publish_pending()
+            published = self.relay.publish_pending(self._going_on, self._deadline)
             relay = self.relay
             if self._published > relay.position and self._published > relay.store_head():
                 # an edited relay.json: no word (the relay took none), never its health's
@@ -548,9 +620,10 @@ class RelayService:
         self._set("unavailable", error=e.line())
 
     def _flush(self) -> None:
-        """Publish what was committed before stop(), within `flush_s`."""
-        deadline = time.monotonic() + self.flush_s
-        while True:
+        """Publish what was committed before stop(), within `flush_s` (its deadline ends the
+        round under way too), while the lease (if any) is this server's."""
+        deadline = self._deadline or time.monotonic() + self.flush_s
+        while self._going_on():
             try:
                 self._publish()
                 relay = self.relay

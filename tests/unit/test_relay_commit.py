@@ -11,7 +11,7 @@ from kafka import KafkaProducer
 from kafka.errors import KafkaTimeoutError
 from kafka.producer.transaction_manager import TransactionalRequestResult
 
-from ledger.store.relay import _commit
+from ledger.store.relay_producer import commit as _commit
 
 
 class _Manager:

@@ -105,7 +105,7 @@ def test_a_send_the_clients_connection_was_not_ready_for_is_retried_without_a_wo
         service.health = msgspec.structs.replace(service.health, state="publishing")
         done = threading.Event()
 
-        def publish_pending() -> int:
+        def publish_pending(*_: object) -> int:
             states.append(service.health.state)
             if errors:
                 error = errors.pop(0)

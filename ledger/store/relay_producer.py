@@ -1,0 +1,100 @@
+"""The relay's Kafka producer: made, committed with a bound, told fenced, discarded.
+
+Split from `ledger.store.relay` (the relay's publishing and its bookmark stay there): the
+transactional producer's settings, the commit that waits at most `timeout_s` (kafka-python's own
+has no bound), whether an error means another relay took the transactional id, and closing a
+producer without waiting long. An edge (the network).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any
+
+from kafka import KafkaProducer
+from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError
+
+from ledger.store.relay_topic import producer_sizes
+from projections.kafka_wire import client_config, patience
+
+
+def new_producer(
+    bootstrap: str,
+    transactional_id: str,
+    record_limit: int,
+    timeout_s: float,
+    connect_timeout_s: float,
+    config: Mapping[str, Any],
+) -> Any:
+    """A transactional producer for the relay, its batches sized to the topic's `record_limit`
+    (raises KafkaError when it cannot be made)."""
+    ms = int(timeout_s * 1000)
+    return KafkaProducer(
+        bootstrap_servers=bootstrap,
+        transactional_id=transactional_id,
+        enable_idempotence=True,
+        acks="all",
+        linger_ms=5,
+        **producer_sizes(record_limit),  # the broker checks batches against it
+        max_block_ms=ms,
+        request_timeout_ms=min(ms, 30_000),
+        delivery_timeout_ms=max(ms, 30_000) + 5_000,  # > linger + request timeout
+        client_id="gpuledger-relay",
+        # never make the topic by sending to it (a broker with Kafka's default
+        # auto.create.topics.enable would make a deleted one with its own shape): the
+        # relay makes it, with its settings (`ensure_topic`), atk50-25 F1
+        allow_auto_create_topics=False,
+        **patience(connect_timeout_s),
+        **client_config(config),
+    )
+
+
+def commit(producer: Any, timeout_s: float) -> None:
+    """Commit the producer's open transaction, waiting at most `timeout_s` for the broker.
+
+    kafka-python's `commit_transaction()` waits for the EndTxn answer without a bound, so a broker
+    lost between the flush and the commit would hold the relay (and the health it reports) until
+    the broker returned. A commit that is not answered in time raises KafkaTimeoutError: the
+    relay reopens, and the next producer's `init_transactions` completes or aborts the
+    transaction before the position is read back from the topic, so nothing is lost or doubled.
+    """
+    manager, sender = (
+        getattr(producer, "_transaction_manager", None),
+        getattr(producer, "_sender", None),
+    )
+    if manager is None or sender is None:  # another client version: its own commit
+        producer.commit_transaction()
+        return
+    result = manager.begin_commit()
+    sender.wakeup()
+    if not result.wait(timeout_ms=int(timeout_s * 1000)):
+        raise KafkaTimeoutError(f"the broker did not answer the commit in {timeout_s:g} s")
+
+
+def fenced(producer: Any, e: BaseException) -> bool:
+    """Whether `e` means another producer took our transactional id.
+
+    kafka-python raises ProducerFencedError once; later calls on the same producer raise a plain
+    KafkaError ("... in an error state: ProducerFencedError"), so look at its last error too.
+    """
+    if isinstance(e, ProducerFencedError):
+        return True
+    manager = getattr(producer, "_transaction_manager", None)
+    return isinstance(getattr(manager, "last_error", None), ProducerFencedError)
+
+
+def discard(producer: Any) -> None:
+    """Close a producer without waiting long: a half-sent transaction is left to be aborted
+    by the next producer's init_transactions (or by the broker's transaction timeout)."""
+    try:
+        producer.close(timeout=1)
+    except KafkaError:
+        # close() flushes first and gives up with the sender thread still running (a timeout,
+        # or a batch the broker refused: "Future not done", which failed every reconnect and
+        # `close()`, atk44z F4); stop it.
+        sender = getattr(producer, "_sender", None)
+        if sender is not None:
+            with contextlib.suppress(Exception):
+                sender.force_close()
+                sender.join(5)

@@ -1,0 +1,134 @@
+"""atk55-25 F3: the relay through a leadership change. A leader that lost its lease mid-publish
+went on publishing: its relay thread was stopped only at the worker's next turn, then flushed
+for up to `flush_s` under a lease that was another's, and was fenced by the new leader's relay
+(`relay stopped: relay fenced ...`, `Cannot call send in state BUMPING_PRODUCER_EPOCH`, `Invalid
+transition ... READY to COMMITTING_TRANSACTION`, then `connecting` for 40 s). Real servers on
+one PostgreSQL store, a real broker: the old leader's round ends once its lease is gone, nothing
+is flushed, the new leader publishes the rest and the topic is whole."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from kafka import KafkaProducer
+from kafka.errors import ProducerFencedError
+
+from ledger.store.application import Ledger
+from ledger.store.clock import SimClock, seeded_ids
+from ledger.store.relay import ensure_topic
+from schemas import commands as c
+from tests.integration import waits
+from tests.integration.hakit import make_group
+from tests.integration.serverkit import cli
+from tests.integration.test_relay import positions
+
+EVENTS = 40_000
+"""A backlog of several batches of 5,000: the leader is paused mid-publish."""
+
+
+def build(home: Path, dsn: str, events: int) -> int:
+    """`events` job submissions appended to the store at `dsn` (in batches of 5,000)."""
+    ledger = Ledger(home, SimClock(1_000.0), seeded_ids(1), store=dsn)
+    try:
+        ledger.execute_all(
+            [
+                c.OpenAccount(actor="root", path="ai2", kind="program"),
+                c.OpenAccount(actor="root", path="ai2/olmo", kind="project", shares=3),
+                c.AddMember(actor="root", user="alice", project="ai2/olmo"),
+                c.RegisterNode(actor="root", node="n1", gpu_type="h100", gpus=8),
+            ]
+        )
+        job = c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1, min_runtime_s=0,
+                          duration_s=60)  # fmt: skip
+        while ledger.position < events:
+            ledger.execute_all([job] * min(events - ledger.position, 5_000))
+        return ledger.position
+    finally:
+        ledger.close()
+
+
+def test_a_leader_that_loses_its_lease_mid_publish_stops_its_relay_and_flushes_nothing(
+    tmp_path: Path,
+    pg_store: str,
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    transactional_id: str,
+    read_topic: Any,
+) -> None:
+    home = tmp_path / "server-0"
+    cli(home, "init", "--admin", "root", "--store", pg_store)
+    build(home, pg_store, EVENTS)
+    # another producer's open transaction holds the relay before its first batch (it waits for
+    # it, `RelayHeld`), so the test sees the leader begin its backlog and pauses it there
+    ensure_topic(kafka_bootstrap, kafka_topic, {}, 30)
+    holder = KafkaProducer(bootstrap_servers=kafka_bootstrap, transaction_timeout_ms=600_000,
+                           transactional_id=transactional_id + "-holder")  # fmt: skip
+    holder.init_transactions()
+    holder.begin_transaction()
+    holder.send(kafka_topic, value=b"hold", partition=0)
+    holder.flush()
+    g = make_group(tmp_path, pg_store, 2, "--kafka", kafka_bootstrap, home=home)
+    g.lease = "3s"
+    g.env = {"GPULEDGER_KAFKA_TOPIC": kafka_topic,
+             "GPULEDGER_KAFKA_TRANSACTIONAL_ID": transactional_id}  # fmt: skip
+    try:
+        for m in g.members:
+            g.start(m)
+        leader = g.leader(timeout=90)
+        (other,) = [m for m in g.members if m is not leader]
+        waits.wait_for("the leader's relay to wait for the open transaction",
+                       lambda: "holds a transaction open" in leader.text(), 60, g.why)  # fmt: skip
+        with contextlib.suppress(ProducerFencedError):  # the broker's timeout aborted it
+            holder.abort_transaction()
+
+        def mid_publish() -> int | None:
+            h = leader.health() or {}
+            at = h.get("relay_position") or 0
+            return at if h.get("relay_state") == "publishing" and at >= 1 else None
+
+        paused_at = waits.wait_for("the leader's relay to commit a batch", mid_publish, 120,
+                                   g.why)  # fmt: skip
+        head = max(EVENTS, int((leader.health() or {}).get("head") or 0))
+        assert paused_at < head, f"published {paused_at} of {head} before the pause"
+        assert leader.proc is not None
+        leader.proc.send_signal(signal.SIGSTOP)  # its lease runs out; the other takes it
+        try:
+
+            def taken_over() -> bool:
+                h = other.health() or {}
+                return h.get("role") == "leader" and (h.get("relay_position") or 0) > paused_at
+
+            waits.wait_for("the other server's relay to publish past the paused one",
+                           taken_over, 120, g.why)  # fmt: skip
+            before = len(leader.text())
+        finally:
+            leader.proc.send_signal(signal.SIGCONT)
+        stood = lambda: "standing by at position" in leader.text()[before:]  # noqa: E731
+        waits.wait_for("the old leader to stand by", stood, 60, g.why)
+        whole = lambda: (other.health() or {}).get("relay_lag") == 0  # noqa: E731
+        waits.wait_for("the new leader's relay to publish the whole log", whole, 180, g.why)
+        time.sleep(1.0)  # whatever the old leader's relay thread would still do
+        said = leader.text()[before:]
+        # before: "relay stopped: relay fenced after position ...", "Invalid transition ...",
+        # "Cannot call send in state BUMPING_PRODUCER_EPOCH", or a flush under another's lease
+        for wrong in ("relay stopped", "fenced", "Invalid transition", "BUMPING_PRODUCER_EPOCH",
+                      "relay: flushed", "not published at exit"):  # fmt: skip
+            assert wrong not in said, (wrong, said[-4000:])
+        assert "not flushed (the lease is another server's" in said, said[-4000:]
+        assert (leader.health() or {}).get("role") == "standby"
+        got = positions(read_topic(kafka_topic))
+        assert got == list(range(1, len(got) + 1)) and len(got) >= head, (len(got), head)
+        # SIGTERM ends each server within the flush's bound and the stop's own
+        for m in g.members:
+            assert m.proc is not None
+            sent = time.monotonic()
+            m.proc.send_signal(signal.SIGTERM)
+            m.proc.wait(timeout=60)
+            assert time.monotonic() - sent < 30, (m.name, time.monotonic() - sent)
+    finally:
+        g.stop()
+        holder.close()
