@@ -29,6 +29,8 @@ from tests.integration.test_dashboard import TIMEZONE, browser
 __all__ = ["browser"]  # the module fixture, shared
 
 PENDING = 10_000
+WHATIF_LIMIT_S = 900
+"""The server's what-if limit here (`GPULEDGER_WHATIF_TIMEOUT`; the default is 300 s)."""
 WIDE = {"width": 1440, "height": 900}
 UTC_TEXT = re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\dZ")
 
@@ -59,7 +61,10 @@ def deep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deep]:
     root = make_token(home, "--user", "root")
     user = make_token(home, "--user", dash.user_a)
     manager = make_token(home, "--user", "boss")
-    server = start_server(home, "--interval", "5s", "--squat-after", "1s")
+    # the what-if's own limit raised (WHATIF_LIMIT_S): what is tested here is what it decides;
+    # its speed is docs/benchmarks.md's, and at CI's load it can pass the default 300 s
+    server = start_server(home, "--interval", "5s", "--squat-after", "1s",
+                          env={"GPULEDGER_WHATIF_TIMEOUT": str(WHATIF_LIMIT_S)})  # fmt: skip
     try:
         cycled(server, 2, 240)
         programs = sorted({account.split("/")[0] for account, _ in members})
@@ -606,17 +611,17 @@ def test_the_budget_what_if_at_10000_pending_decides_once_a_minute_and_answers(d
     """atk48-29 F2: the what-if re-simulated the period deciding at every one of the 10,000
     submissions a second apart, over a queue growing to 10,000: 265 s, or a 503 past the 300 s
     limit. It decides once a minute of the period now (`whatifs.STEP_S`), and says so. (Its
-    speed is docs/benchmarks.md's; here the client waits the server's own 300 s limit: at load
-    20-30 it took over a minute.)"""
+    speed is docs/benchmarks.md's; here the server's limit is `WHATIF_LIMIT_S`: at load 20-30
+    it took over a minute, and at ~20 with the suite beside it 300 s ran out.)"""
     status, review = deep.server.request(
         "GET", f"/ui/api/budget?account={deep.boss}", token=deep.manager
     )
     assert status == 200 and review["children"], review
     account = review["children"][-1]["account"]
     t0 = time.monotonic()
-    status, body = deep.server.request(  # past the server's 300 s limit: a 503
+    status, body = deep.server.request(  # past the server's limit: a 503
         "POST", "/ui/api/budget/whatif", {"account": account, "shares": 10},
-        token=deep.manager, timeout=330,
+        token=deep.manager, timeout=WHATIF_LIMIT_S + 30,
     )  # fmt: skip
     took = time.monotonic() - t0
     assert status == 200, body
