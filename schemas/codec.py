@@ -323,3 +323,20 @@ def gc_paused() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
+
+
+FREEZE_EVERY_S = 600.0
+"""How often a server moves its long-lived objects out of the cyclic collector's sight
+(`freeze_heap`)."""
+
+
+def freeze_heap() -> None:
+    """Collect every generation (what an earlier call froze too), then move what survives to
+    the collector's permanent generation: its later full collections walk only the objects
+    made since, not a server's whole live state (at 10,000 pending such a collection took
+    80-105 ms of CPU inside whichever read set it off: a cold Queue page's, or the event
+    loop's, holding the GIL). Reference counting still frees a frozen object; a garbage
+    cycle among them waits for the next call (`FREEZE_EVERY_S`)."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()

@@ -33,10 +33,10 @@ from ledger.cycle.executor import (
     Orders,
     launch_of,
 )
-from ledger.cycle.inputs import Views, snapshot_from_state, snapshot_kept
+from ledger.cycle.inputs import Views, snapshot_kept
 from ledger.cycle.record import EXECUTOR, Recorded, record
 from ledger.dispatch.decision import Carry, Decision
-from ledger.dispatch.engine import decide, decide_carried
+from ledger.dispatch.engine import decide_carried
 from ledger.dispatch.policy import Policy
 from ledger.dispatch.registry import config_of
 from ledger.dispatch.snapshot import Snapshot
@@ -216,13 +216,41 @@ def preview(
 ) -> tuple[Snapshot, Decision]:
     """What the dispatcher would decide now, without appending anything (queue, explain);
     `unavailable`: GPUs foreign work holds (node -> indices), never free, as in a cycle."""
+    snapshot, decision, _ = preview_carried(
+        ledger, ranks, policy, now, None, low_util_since, unavailable=unavailable
+    )
+    return snapshot, decision
+
+
+Carried = tuple[Views, Carry]
+"""What one preview hands the next (`preview_carried`): its snapshot's views and its
+decision's carry, as a cycle hands them on."""
+
+
+def preview_carried(
+    ledger: LiveState,
+    ranks: RankSource,
+    policy: Policy,
+    now: float,
+    carried: Carried | None,
+    low_util_since: Mapping[int, float] | None = None,
+    *,
+    unavailable: Mapping[str, frozenset[int]] | None = None,
+) -> tuple[Snapshot, Decision, Carried]:
+    """`preview`, made from what an earlier preview handed on (`carried`, None: nothing), as a
+    cycle's snapshot and decision are made from the last cycle's (`snapshot_kept`,
+    `decide_carried`: equal in every answer to one made from nothing, only the jobs and nodes
+    that changed since are looked at again; nothing kept is ever changed, so two previews may
+    start from one `carried` at once), and what to hand the next."""
     position = ledger.catch_up()
     leaf_ranks, level_fs = ranks.ranks(now, position)
     usage, shares = usage_shares(ranks, policy, now, position)
-    snapshot = snapshot_from_state(
+    views, carry = carried if carried is not None else (None, None)
+    snapshot, views = snapshot_kept(
         ledger.state,
         leaf_ranks,
         now,
+        views,
         level_fs=level_fs,
         usage=usage,
         shares=shares,
@@ -233,7 +261,8 @@ def preview(
         hold_lost=True,
         hold_placed=True,
     )
-    return snapshot, decide(snapshot, policy, now)
+    decision, carry = decide_carried(snapshot, policy, now, carry)
+    return snapshot, decision, (views, carry)
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from schemas.units import when
 if TYPE_CHECKING:  # a read loads what it uses: the dispatcher only when it previews
     from ledger.core.jobs import Blocked
     from ledger.core.state import Job, State, StoppedRun
-    from ledger.cycle.dispatcher import LiveState
+    from ledger.cycle.dispatcher import Carried, LiveState
     from ledger.dispatch.decision import Decision
     from ledger.dispatch.engine import Unplaceable
     from ledger.dispatch.ordering import SortKey
@@ -50,10 +50,27 @@ def live(
     """What the dispatcher would decide at `now` (nothing is appended), with the GPUs `foreign`
     work holds (node -> indices, as the service last observed its engine) busy, as the
     dispatcher counts them."""
-    from ledger.cycle.dispatcher import StoreRanks, preview
+    snapshot, decision, _ = live_carried(ledger, store, policy, now, foreign)
+    return snapshot, decision
+
+
+def live_carried(
+    ledger: LiveState,
+    store: Store,
+    policy: Policy,
+    now: float,
+    foreign: Mapping[str, frozenset[int]] | None = None,
+    carried: Carried | None = None,
+) -> tuple[Snapshot, Decision, Carried]:
+    """`live`, made from what an earlier one handed on (`carried`; None: nothing), and what to
+    hand the next (`ledger.cycle.dispatcher.preview_carried`: the same answer, byte for byte,
+    with only what changed since looked at again)."""
+    from ledger.cycle.dispatcher import StoreRanks, preview_carried
 
     util = utilisation(store, ledger.state)
-    return preview(ledger, StoreRanks(store), policy, now, util.low_since, unavailable=foreign)
+    return preview_carried(
+        ledger, StoreRanks(store), policy, now, carried, util.low_since, unavailable=foreign
+    )
 
 
 _RAW_TIME = re.compile(r"\bt=(\d+(?:\.\d+)?(?:e\+?\d+)?)")

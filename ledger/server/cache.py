@@ -155,6 +155,12 @@ class ReadCache:
             return False
         return now is None or 0 <= now - got[1] <= self.fresh_s
 
+    def last(self, name: str) -> Any:
+        """The value last kept as `name` (`shared`), at whatever position and however old
+        (None: none): what the next one may be made from."""
+        got = self._shared.get(name)
+        return None if got is None else got[2]
+
     def shared(self, name: str, position: int, now: float, compute: Callable[[], T]) -> T:
         """A value several reads build on (the queue preview the queue, job, nodes pages and
         /metrics share), kept like a read "now": one per name, reused at the same position

@@ -165,9 +165,16 @@ class CopiedHandles:
         def compute() -> LivePreview:
             state = self.ledger.state
             policy = registry.build(state.policy)
-            live = previews.live(self.ledger, self.store(), policy, self.now(), self.foreign())
-            held = previews.held_back(state, live[0], policy)
-            return LivePreview(policy.version, live, self.now(), held, KeptStarts())
+            # made from the last preview's views and order (any position; under one policy)
+            last = None if self.cache is None else self.cache.last(PREVIEW)
+            was = None if last is None else last.carried
+            carried = was[1] if was is not None and was[0] == state.policy else None
+            snapshot, decision, carried = previews.live_carried(
+                self.ledger, self.store(), policy, self.now(), self.foreign(), carried
+            )
+            held = previews.held_back(state, snapshot, policy)
+            return LivePreview(policy.version, (snapshot, decision), self.now(), held,
+                               KeptStarts(), (state.policy, carried))  # fmt: skip
 
         if not self._preview:
             got = (

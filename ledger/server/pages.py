@@ -184,6 +184,10 @@ class LivePreview(NamedTuple):
     were found, and every one's row and estimate built, on every page: atk50-29 F9)."""
     starts: Any = None
     """`KeptStarts` of the same preview: the whole queue's estimated starts, once."""
+    carried: Any = None
+    """The policy config it was made under and what it hands the next preview at a later
+    position (`previews.live_carried`): the snapshot and the fair-share order are made from
+    it, only the jobs that changed since looked at again."""
 
 
 class KeptStarts:

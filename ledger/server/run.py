@@ -63,6 +63,7 @@ from ledger.store.application import Ledger
 from ledger.wire import SOCKET_NAME
 from ledger.wire.config import ServeConfig, check_grace, slurm_jobs_dir
 from schemas.bounds import MAX_ARRAY_TASKS
+from schemas.codec import FREEZE_EVERY_S
 from schemas.errors import InvalidCommand, LedgerError
 
 log = logging.getLogger("gpuledger.server")
@@ -377,7 +378,8 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
     service.about = {"executor": config.executor, "jobs_run_as": run_as_words(config)}
     if not service.placing:
         log.warning("no executor (--executor none): nothing is placed; jobs wait in the queue")
-    worker = Worker(service, tick_s=config.interval.seconds, max_batch=config.max_batch)
+    worker = Worker(service, tick_s=config.interval.seconds, max_batch=config.max_batch,
+                    freeze_every_s=FREEZE_EVERY_S)  # fmt: skip
     limits = _fit_descriptors(limits_from_env())
     front = create_asgi(worker, clock=ledger.clock.now, limits=limits,
                         os_accounts=dict(config.os_accounts))  # fmt: skip
