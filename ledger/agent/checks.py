@@ -15,6 +15,9 @@ FRESH_S = 2.0
 """How long a server's word that a launch is current lets it start (`_may_start`)."""
 CONFIRM_AGAIN_S = 5.0
 """A refused launch, or one no server confirmed, is asked about again this long after."""
+OLDER_AGAIN_S = 60.0
+"""A server that lacks the route (an older version) is taken at its lists alone this long, then
+asked again: a rolling upgrade's new leader checks launches within a minute of its lead."""
 TEST_HOLD_ENV = "GPULEDGER_AGENT_TEST_HOLD"
 """A test seam, for tests only: a file path; while the file exists, the main loop holds each
 launch it is about to check and start (and writes `<path>.held` naming the job), so a test can
@@ -42,8 +45,12 @@ class LastChecks:
     """Refused or not answered, and when: not asked again before `CONFIRM_AGAIN_S`."""
     pending: set[tuple[int, int, str]] = field(default_factory=set)
     """To ask, or being asked."""
-    unsupported: bool = False
-    """The server does not know the route (an older one)."""
+    unsupported: float | None = None
+    """When a server last answered that it lacks the route (an older one), if it did."""
+
+    def lists_alone(self, now: float) -> bool:
+        """An older server answered lately (`OLDER_AGAIN_S`): launches start from its lists."""
+        return self.unsupported is not None and now - self.unsupported < OLDER_AGAIN_S
 
     def fresh(self, key: tuple[int, int, str], now: float) -> bool:
         """Confirmed within `FRESH_S`: starts now (the word is used once)."""
@@ -78,7 +85,7 @@ class LastChecks:
                 del d[key]
 
     def failed(self, keys: list[tuple[int, int, str]], now: float, *, unsupported: bool) -> None:
-        self.unsupported = unsupported
+        self.unsupported = now if unsupported else None
         for key in keys:
             self.pending.discard(key)
             self.waits[key] = now

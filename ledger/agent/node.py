@@ -151,7 +151,14 @@ def refuses_reaping(err: LedgerError, out: Outbox) -> bool:
     """Pure: a server refused a report of `out` for its `reaping` parts, a field it does not
     know (older than it): the rest is sent again without them, or nothing would ever be taken
     again (exits included)."""
-    return bool(out.reaping) and "reaping" in err.line()
+    return bool(out.reaping) and err.fields.get("status") == 400 and "reaping" in err.line()
+
+
+def route_missing(err: LedgerError) -> bool:
+    """Pure: the server answered that it has no such route (an older version: the framework's
+    404, code "http"), told by the answer's status, not by words a URL may carry (atk56-23 F1:
+    "cannot reach the server at http://127.0.0.1:40404" turned the last check off for good)."""
+    return err.fields.get("status") == 404 and err.fields.get("answered") == "http"
 
 
 def _run_of(engine_job_id: str) -> int:
@@ -467,8 +474,9 @@ class NodeAgent:
         thread) and the launch waits, not started. A poll answer may be stale by the time it
         is carried out: a launch from one ran a command after its job had completed (atk55-23
         F1). A refused launch never starts (asked again after `CONFIRM_AGAIN_S` while the list
-        still names it); a server that does not know the route (older) is not asked."""
-        if self.checks.unsupported:
+        still names it); a server that answered it lacks the route (older) is not asked for
+        `OLDER_AGAIN_S`, then asked again."""
+        if self.checks.lists_alone(time.monotonic()):
             return True
         hold_for_test(p.job_id, p.run)
         key = (p.job_id, p.run, p.job_token)
@@ -499,7 +507,7 @@ class NodeAgent:
                 got: a.Confirmed = client.call("POST", "/v1/agent/confirm", req, a.Confirmed)
             except LedgerError as err:
                 self._error(err)
-                old = "not found" in err.line().lower() or "404" in err.line()
+                old = route_missing(err)
                 if old:
                     log.warning("the server does not check launches (an older version): "
                                 "launches start from its lists alone")  # fmt: skip

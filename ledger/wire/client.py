@@ -632,9 +632,12 @@ def _error(status: int, data: bytes) -> LedgerError:
     except (msgspec.DecodeError, msgspec.ValidationError):
         return LedgerError(f"the server answered {status}: {data[:200]!r}")
     cls = ERROR_CODES.get(p.code, LedgerError)
+    # the answer's status and code kept: a caller tells a route the server lacks (an older
+    # one: 404 "http") from a refusal by what was answered, never by the words of a line
+    # that may carry a URL (atk56-23 F1)
     if p.message:
-        return cls(p.message, hint=p.hint)
-    return cls(p.detail)
+        return cls(p.message, hint=p.hint, status=status, answered=p.code)
+    return cls(p.detail, status=status, answered=p.code)
 
 
 def local_socket(home: Path) -> Path | None:

@@ -5,7 +5,9 @@ a poll answer the ledger had since moved past started a command after its job ha
 
 from __future__ import annotations
 
-from ledger.agent.checks import CONFIRM_AGAIN_S, FRESH_S, LastChecks
+import msgspec
+
+from ledger.agent.checks import CONFIRM_AGAIN_S, FRESH_S, OLDER_AGAIN_S, LastChecks
 from ledger.core.state import State
 from ledger.cycle.executor import launch_of
 from ledger.engines.agents import AgentExecutor
@@ -98,6 +100,34 @@ def test_a_refused_or_unanswered_launch_waits_before_it_is_asked_again() -> None
     assert not ch.fresh(key, 100.2) and not ch.ask(key, 100.2)
     assert ch.ask(key, 100.1 + CONFIRM_AGAIN_S)
     ch.failed([key], 200.0, unsupported=False)
-    assert not ch.ask(key, 201.0) and not ch.unsupported
+    assert not ch.ask(key, 201.0) and not ch.lists_alone(201.0)
     ch.keep(set())  # no longer listed: forgotten
     assert not ch.waits and not ch.pending
+
+
+def test_only_a_server_that_answers_it_lacks_the_route_turns_the_check_off_and_for_a_while() -> (
+    None
+):
+    """atk56-23 F1: a connection error whose URL held "404" (`http://127.0.0.1:40404`) was
+    taken for an older server's answer and turned the last check off until the agent's
+    restart: a job cancelled meanwhile ran and was charged. The route's absence is told by the
+    answer's status and code; an older server's word lasts `OLDER_AGAIN_S`."""
+    from ledger.agent.node import route_missing
+    from ledger.wire.client import _error
+    from schemas import api
+    from schemas.errors import Unavailable
+
+    down = Unavailable("cannot reach the server at http://127.0.0.1:40404: Connection refused")
+    assert not route_missing(down)
+    framework = api.Problem(title="http", status=404, detail="Not Found", code="http")
+    assert route_missing(_error(404, msgspec.json.encode(framework)))
+    entity = api.Problem(title="unknown", status=404, detail="node gpu404 is unknown",
+                         code="unknown")  # fmt: skip
+    assert not route_missing(_error(404, msgspec.json.encode(entity)))
+    assert not route_missing(_error(502, b"<html>404 proxy</html>"))
+    ch = LastChecks()
+    key = (7, 0, "tok")
+    ch.ask(key, 100.0)
+    ch.failed([key], 100.0, unsupported=True)
+    assert ch.lists_alone(100.0 + OLDER_AGAIN_S - 1)
+    assert not ch.lists_alone(100.0 + OLDER_AGAIN_S)  # asked again: an upgraded leader checks

@@ -181,16 +181,18 @@ def test_an_agent_sends_the_rest_again_without_reaping_once_an_older_server_refu
     """An older server refuses the whole report for `reaping`: the agent keeps what it holds,
     without reaping parts, or its exits would never be taken again."""
     from ledger.agent.node import Outbox, refuses_reaping
-    from schemas.errors import InvalidCommand
+    from schemas.errors import InvalidCommand, Unavailable
 
     out = Outbox()
     out.exited.append(a.PartExited(job_id=1, run=0, exit_code=0))
     refused = InvalidCommand("Validation failed for POST /v1/agent/report: Object contains "
-                             "unknown field `reaping`")  # fmt: skip
+                             "unknown field `reaping`", status=400, answered="invalid")  # fmt: skip
     assert not refuses_reaping(refused, out)  # it sent none: another refusal
     out.reaping.append(a.PartReaping(job_id=2, run=0, leader_ended_at=1.0, kill_at=2.0))
     assert refuses_reaping(refused, out)
     assert not refuses_reaping(InvalidCommand("job 1 is unknown"), out)
+    # not a server's answer: a connection error whose URL holds the word (atk56-23 F1's kind)
+    assert not refuses_reaping(Unavailable("cannot reach the server at http://reaping:8000"), out)
 
 
 @pytest.mark.parametrize(
