@@ -248,9 +248,12 @@ SELECT j.job_id, j.account, j.user_name, j.gpus, j.gpu_type, j.cluster,
             WHEN j.status = 'finished' THEN coalesce(j.run_started_at, iv.run_start_at)
        END AS started_at,
        -- a finished job ended when its last run really ended, when that came after the stop,
-       -- or before its lost node's fence ended it (its node's report wins: atk46-23 F5)
+       -- or before its lost node's fence ended it (its node's report wins: atk46-23 F5), or
+       -- before the stop when its command's own exit code is known (it exited by itself, the
+       -- stop recorded after, e.g. offline: atk55-23 F3; a run the stop ended shows no code)
        CASE WHEN j.status = 'finished' AND (iv.run_end_at > j.finished_at
-                 OR j.engine_reason = 'node_failure' AND iv.run_end_at IS NOT NULL)
+                 OR j.engine_reason = 'node_failure' AND iv.run_end_at IS NOT NULL
+                 OR j.exit_code IS NOT NULL AND iv.run_end_at < j.finished_at)
             THEN iv.run_end_at ELSE j.finished_at END AS finished_at,
        j.placements, j.preemptions,
        CASE WHEN j.status = 'pending' THEN []

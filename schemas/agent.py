@@ -234,6 +234,35 @@ class Heartbeat(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     node: Name
 
 
+class LaunchCheck(PartRun, frozen=True, kw_only=True):
+    """A launch its agent is about to start: its part as the node's list gave it."""
+
+    job_token: Token = ""
+    """The part's job token (`Part.job_token`): a part minted again is another launch."""
+
+
+class Confirm(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """`POST /v1/agent/confirm`: the agent's last check before it starts launches (Slurm's
+    prolog's place): is each still its job's current placement on this node?"""
+
+    node: Name
+    launches: Parts[LaunchCheck] = ()
+
+
+class Refusal(PartRun, frozen=True, kw_only=True):
+    why: Text = ""
+
+
+class Confirmed(msgspec.Struct, frozen=True, kw_only=True):
+    """The answer to `Confirm`: only the launches in `ok` may start now; the rest never do."""
+
+    node: Name
+    ok: Parts[PartRun] = ()
+    refused: Parts[Refusal] = ()
+    epoch: int = 0
+    """The answering server's leader epoch (`Assignment.epoch`)."""
+
+
 class Ack(msgspec.Struct, frozen=True, kw_only=True):
     server_time: Epoch
     node_state: str = ""

@@ -386,6 +386,12 @@ class FairShare17Config(FairShare16Config, frozen=True, kw_only=True, tag="fairs
     """A funded non-debug job that has waited this long since it was submitted takes back the
     runs `takeback_limit` keeps like any other unfunded run (0: never; s55 candidate, atk55-26
     F1: one kept 8-GPU run held a 32-GPU gang out for 71 h)."""
+    takeback_keep_yield_share: NonNegative = 0.0
+    """The runs `takeback_limit` keeps are victims like any other unfunded run of a funded
+    non-debug job asking at least this share of its pool's active GPUs (0: of none; s56,
+    atk55-26 F1: one kept 8-GPU run held a 32-GPU gang out for 71 h). A policy built today gets
+    0.125, `hold_share`'s default (`BUILT_WITH`); this default, 0, is what a record without the
+    setting was written with (the s55 keep and older)."""
     free_order: Literal["oldest", "smallest", "team"] = "oldest"
     """"oldest": unfunded jobs go by submit time alone after every funded job (a requeue keeps
     its submit time); "smallest": by GPUs asked (fewest first), then by submit time; "team":
@@ -525,7 +531,11 @@ POLICY_CONFIG_TYPES: tuple[type[PolicyConfig], ...] = (
 
 
 BUILT_WITH: dict[str, dict[str, float]] = {
-    "fairshare-17": {"takeback_keep_s": 259_200.0, "takeback_keep_share": 0.0625},
+    "fairshare-17": {
+        "takeback_keep_s": 259_200.0,
+        "takeback_keep_share": 0.0625,
+        "takeback_keep_yield_share": 0.125,
+    },
 }
 """Version -> the settings a policy built today gets (`ledger.dispatch.registry.default_config`)
 that differ from its config's defaults. A setting added to a version after logs of it were

@@ -38,6 +38,8 @@ def pytest_configure(config: pytest.Config) -> None:
     shell they were started from. Tests that need one set it themselves."""
     from ledger.core.secret_shapes import SECRET_NAMES
 
+    if not hasattr(config, "workerinput") and (turns := os.environ.pop(TURNS, "")):
+        _TURNS_DIR[:] = [turns]  # xdist's controller: its workers are told (`TURNS`)
     kept = {"GPULEDGER_PG_DSN"}  # scripts/test's own PostgreSQL (a `_DSN` name is a secret's)
     for name in [n for n in os.environ if re.match(SECRET_NAMES, n) and n not in kept]:
         del os.environ[name]
@@ -223,7 +225,7 @@ others."""
 
 PART = "GPULEDGER_TEST_PART"
 """`slurm`: only the Slurm files (`SLURM_GROUPS`); `rest`: all but them; unset: all.
-`scripts/test` runs the two parts side by side, each with its own workers."""
+(scripts/test runs both in one session: `TURNS`.)"""
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -243,9 +245,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     group took ~18-21 of the suite's minutes on one worker) and takes the other files as it
     ends. xdist's own order (the groups with the most tests first) started the Slurm tests
     halfway and left files of one long test, such as test_pg_outage_*.py, to the end, each one a
-    tail that one worker ran alone. With `PART` set, only that part's tests run (scripts/test:
-    the Slurm groups on five workers of their own, one each, beside the rest on three; the
-    rest's longest groups first: `REST_SECONDS`)."""
+    tail that one worker ran alone. With `PART` set, only that part's tests run. (scripts/test:
+    one session on eight workers, the Slurm groups on five, the gang group's among them, the rest
+    on three and then on the Slurm groups' workers as they end: `TURNS`; the rest's longest
+    groups first: `REST_SECONDS`.)"""
     slurm: dict[str, list[pytest.Item]] = {g: [] for g in SLURM_GROUPS}
     rest: list[pytest.Item] = []
     for item in items:
@@ -265,7 +268,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     part = os.environ.get(PART, "")
     if part not in ("", "slurm", "rest"):
         raise pytest.UsageError(f"{PART}={part!r}: give slurm, rest or nothing")
-    if part:  # one of scripts/test's two runs side by side
+    if part:  # only one part's tests
         kept, dropped = (ordered, rest) if part == "slurm" else (rest, ordered)
         if dropped:
             config.hook.pytest_deselected(items=dropped)
@@ -274,14 +277,95 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = ordered + rest
 
 
+TURNS = "GPULEDGER_TEST_TURNS"
+"""A directory of turns (scripts/test makes it): lock files `turn-1` ... `turn-N` (N:
+`GPULEDGER_TEST_REST_AT_ONCE`, 5) and `at-first` holding a number (`GPULEDGER_TEST_WORKERS`, 3).
+Under xdist a group of the rest runs only while its worker holds a turn (`flock`, given back
+after the group's last test or when the worker dies); of the N turns, `at-first` are open at
+first and one more each time a Slurm group ends (its worker leaves `ended-<group>` there). So
+in scripts/test's one session on 5 + 3 workers, three take the rest while the five Slurm groups
+run, and each worker whose Slurm group has ended takes the rest's groups too, up to N at once
+(the Slurm groups wait on Slurm's clocks, ~2.3 of 2 cores for the four one-node groups: a rest
+group in an ended Slurm group's place keeps the machine's load about where it was; the gang
+group, `GANG`, on a worker of its own from the start, is one more process then, and its end one
+more turn). Read by the controller
+and handed to its workers (`pytest_configure_node`): a session a test starts itself never waits
+for a turn its own worker holds."""
+
+_TURNS_DIR: list[str] = []
+"""The controller's `TURNS` directory (taken out of the environment: nested sessions inherit
+nothing of it)."""
+
+_HELD: dict[str, Any] = {}
+"""This worker's turn: its group and the open lock file."""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist's controller, per worker: the turns' directory (`TURNS`)."""
+    if _TURNS_DIR:
+        node.workerinput[TURNS] = _TURNS_DIR[0]
+
+
+def group_of_item(item: pytest.Item) -> str:
+    mark = item.get_closest_marker("xdist_group")
+    return str(mark.args[0]) if mark and mark.args else ""
+
+
+def open_turns(turns: Path) -> int:
+    """How many of the turns in `turns` are open now: `at-first`, plus one a Slurm group ended,
+    never more than there are turns."""
+    first = int((turns / "at-first").read_text())
+    return min(len(list(turns.glob("turn-*"))), first + len(list(turns.glob("ended-*"))))
+
+
+def take_turn(turns: Path, poll_s: float = 0.2) -> Any:
+    """Block until one of the open turns in `turns` is this process's (`flock`); the open file
+    (closing it gives the turn back)."""
+    import fcntl
+    import time
+
+    while True:
+        for k in range(1, open_turns(turns) + 1):
+            held = open(turns / f"turn-{k}", "rb")  # noqa: SIM115 (kept while the group runs)
+            try:
+                fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held.close()
+                continue
+            return held
+        time.sleep(poll_s)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Under xdist with `TURNS`: a rest group's first test waits for a turn, its last gives it
+    back (the module's fixtures torn down within it); a Slurm group's last opens one more."""
+    workerinput = getattr(item.config, "workerinput", None)
+    turns = Path(workerinput[TURNS]) if workerinput and TURNS in workerinput else None
+    group = group_of_item(item)
+    if turns and group not in SLURM_GROUPS and _HELD.get("group") != group:
+        if _HELD:
+            _HELD.pop("file").close()
+            _HELD.clear()
+        _HELD["file"] = take_turn(turns)
+        _HELD["group"] = group
+    yield
+    last = nextitem is None or group_of_item(nextitem) != group
+    if _HELD and last:
+        _HELD.pop("file").close()
+        _HELD.clear()
+    if turns and last and group in SLURM_GROUPS:
+        (turns / f"ended-{group}").touch()
+
+
 def longest_first(items: list[pytest.Item]) -> list[pytest.Item]:
     """Pure: `items` with the groups of `REST_SECONDS` first, longest first (a stable sort: each
     group's tests in their order, the other groups in theirs)."""
     rank = {g: i for i, g in enumerate(sorted(REST_SECONDS, key=lambda g: -REST_SECONDS[g]))}
 
     def place(item: pytest.Item) -> int:
-        mark = item.get_closest_marker("xdist_group")
-        return rank.get(str(mark.args[0]) if mark and mark.args else "", len(rank))
+        return rank.get(group_of_item(item), len(rank))
 
     return sorted(items, key=place)
 

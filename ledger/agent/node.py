@@ -46,6 +46,7 @@ from typing import Any
 
 import msgspec
 
+from ledger.agent.checks import LastChecks, hold_for_test
 from ledger.agent.client import ANSWER_S, ONE_SERVER_S, POLL_MARGIN_S, AgentClient, Polled, Seen
 from ledger.agent.identity import Boot, remember_boot, this_boot
 from ledger.agent.lease import LEASE_MARGIN_S, REFUSED_PAUSE_S, NodeLease, too_short
@@ -214,6 +215,9 @@ class NodeAgent:
         no joining again until an admin returns it."""
         self._last_sent = 0.0
         self._status_written = b""
+        self.checks = LastChecks()
+        """The launches' last check with the server (`_may_start`, the confirmer thread)."""
+        self.confirm_wake = threading.Event()
         self.status = AgentStatus(
             node=settings.node,
             url=settings.url,
@@ -334,7 +338,8 @@ class NodeAgent:
         """Until `stop_event`: the poller and reporter threads and the main loop (module doc).
         The main loop never waits on the server: it only launches, stops and watches."""
         self.join()
-        for target, name in ((self._poller, "agent-poll"), (self._reporter, "agent-report")):
+        for target, name in ((self._poller, "agent-poll"), (self._reporter, "agent-report"),
+                             (self._confirmer, "agent-confirm")):  # fmt: skip
             threading.Thread(target=target, name=name, daemon=True).start()
         while not self.stop_event.is_set():
             now = _now()
@@ -403,6 +408,8 @@ class NodeAgent:
         self.kills = {(k.job_id, k.run) for k in asg.kill}
         listed = {(p.job_id, p.run) for p in asg.parts} | {(u.job_id, u.run) for u in unreadable}
         self.finished &= listed
+        with self._lock:
+            self.checks.keep({(p.job_id, p.run, p.job_token) for p in asg.parts})
         for u in unreadable:  # its launch fails here, once: the ledger ends the job
             if (u.job_id, u.run) in self.finished:
                 continue
@@ -446,10 +453,74 @@ class NodeAgent:
                 with self._out_lock:
                     self._queue(Observed(starts=(start,) if start else (), exits=(end,)))
                 continue
-            launches.append(self._launch(p))
+            launch = self._launch(p)  # only one that starts at once, just after its check
+            if self.ex.can_start(launch) and self._may_start(p):
+                launches.append(launch)
         if launches:
             self._carry_out(Orders(launches=tuple(launches)), now)
         return stopped
+
+    def _may_start(self, p: a.Part) -> bool:
+        """The launch's last check (docs/agent.md, "the last check before a launch"): it starts
+        only on a server's word, given within `FRESH_S`, that it is still its job's current
+        placement here (`POST /v1/agent/confirm`); otherwise it is asked for (the confirmer
+        thread) and the launch waits, not started. A poll answer may be stale by the time it
+        is carried out: a launch from one ran a command after its job had completed (atk55-23
+        F1). A refused launch never starts (asked again after `CONFIRM_AGAIN_S` while the list
+        still names it); a server that does not know the route (older) is not asked."""
+        if self.checks.unsupported:
+            return True
+        hold_for_test(p.job_id, p.run)
+        key = (p.job_id, p.run, p.job_token)
+        with self._lock:
+            if self.checks.fresh(key, time.monotonic()):
+                return True
+            asked = self.checks.ask(key, time.monotonic())
+        if asked:
+            self.confirm_wake.set()
+        return False
+
+    def _confirmer(self) -> None:
+        """Asks the server about the launches `_may_start` holds, one request for all, then
+        wakes the main loop (which starts the confirmed ones). Bounded: a server that does not
+        answer within the client's timeout leaves them unstarted, asked again later."""
+        client = self._client(0.0)
+        while not self.stop_event.is_set():
+            self.confirm_wake.wait(self.s.check_every_s)
+            self.confirm_wake.clear()
+            with self._lock:
+                keys = self.checks.asking()
+            if not keys:
+                continue
+            req = a.Confirm(node=self.s.node, launches=tuple(
+                a.LaunchCheck(job_id=j, run=r, job_token=t) for j, r, t in keys))  # fmt: skip
+            sent = _now()
+            try:
+                got: a.Confirmed = client.call("POST", "/v1/agent/confirm", req, a.Confirmed)
+            except LedgerError as err:
+                self._error(err)
+                old = "not found" in err.line().lower() or "404" in err.line()
+                if old:
+                    log.warning("the server does not check launches (an older version): "
+                                "launches start from its lists alone")  # fmt: skip
+                else:
+                    log.warning("launch(es) of job(s) %s not started: no server confirmed them "
+                                "(%s); asked again", ", ".join(str(k[0]) for k in keys),
+                                err.line())  # fmt: skip
+                with self._lock:
+                    self.checks.failed(keys, time.monotonic(), unsupported=old)
+                self.wake.set()
+                continue
+            if 0 < got.epoch < self.seen.epoch:  # a deposed leader's word: asked again
+                with self._lock:
+                    self.checks.failed(keys, time.monotonic(), unsupported=False)
+                continue
+            self._contact(sent, client.node_lease)
+            for r in got.refused:
+                log.warning("job %s (run %s) not started: %s", r.job_id, r.run, r.why)
+            with self._lock:
+                self.checks.answered(keys, {(o.job_id, o.run) for o in got.ok}, time.monotonic())
+            self.wake.set()
 
     def _carry_out(self, orders: Orders, now: float) -> None:
         began = self.ex.carry_out(orders, now)

@@ -39,8 +39,11 @@ What changes, each a setting of its own so the tables can turn it off:
   back again; the share bound alone is what keeps a tenant from holding the cluster. 72 h and
   0.0625 were chosen among ten candidates on the tuning workload and Philly seed 2, where they
   meet the wait target; on held-out Philly seeds 3 and 7 they still miss it: s55-policy,
-  docs/simulation.md "fairshare-17's keep".) `takeback_keep_wait_s` (0, off): a funded non-debug
-  job that has waited that long takes kept runs back (an open candidate, atk55-26 F1).
+  docs/simulation.md "fairshare-17's keep".) The share bounds how many GPUs are kept, not which
+  jobs they block (atk55-26 F1: one kept 8-GPU run held a 32-GPU gang out for 71 h), so a kept
+  run yields to a funded non-debug job asking at least `takeback_keep_yield_share` (0.125) of
+  its pool (`keep_yields_to`, s56). `takeback_keep_wait_s` (0, off): a funded non-debug job
+  that has waited that long takes kept runs back (s55's candidate, not chosen).
 - **A waiting debug job keeps a node** (`debug_hold`, on): a debug-lane job that cannot be placed
   (nor by preempting what its lane may) gets the cycle's reservation: the node it can have
   soonest, a running job freeing there at its contract's end when the debug job may preempt it,
@@ -56,11 +59,11 @@ What changes, each a setting of its own so the tables can turn it off:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 from typing import Literal
 
 from ledger.dispatch.fairshare2 import FREE_HEAD, team_of
-from ledger.dispatch.fairshare7 import FairShare7
+from ledger.dispatch.fairshare7 import FairShare7, pool_gpus
 from ledger.dispatch.fairshare16 import FairShare16
 from ledger.dispatch.ordering import KeptClasses, Ordered, SortKey
 from ledger.dispatch.preemption import CLASS_UNFUNDED, Victim
@@ -82,6 +85,7 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
     takeback_keep_s: float = 259_200.0
     takeback_keep_share: float = 0.0625
     takeback_keep_wait_s: float = 0.0
+    takeback_keep_yield_share: float = 0.125
     debug_hold_window_s: float = 3_600.0
 
     @property
@@ -161,18 +165,35 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
         wait = self.takeback_keep_wait_s
         return wait > 0 and now - job.submitted_at >= wait
 
+    def keep_yields_to(self, job: PendingJob, snapshot: Snapshot) -> bool:
+        """Whether the kept runs are victims like any other of `job`, a funded non-debug job:
+        it asks at least `takeback_keep_yield_share` of its pool's active GPUs (0: never). A
+        gang that large needs nodes whole, and the free tier's other runs may not free enough
+        of them: one kept 8-GPU run held a 32-GPU gang out for 71 h (atk55-26 F1)."""
+        share = self.takeback_keep_yield_share
+        return share > 0 and job.gpus >= share * pool_gpus(snapshot, job)
+
+    def victim_group(self, job: PendingJob, snapshot: Snapshot) -> Hashable:
+        """`fairshare-7`'s groups, split by `keep_yields_to` when it is on: the kept runs are
+        victims of a large job, not of a small one of the same team."""
+        group = super().victim_group(job, snapshot)
+        if self.takeback_keep_yield_share <= 0 or self.lane(job):
+            return group
+        return (group, "keep yields", self.keep_yields_to(job, snapshot))
+
     def victims(
         self, job: PendingJob, candidates: Iterable[RunningJob], snapshot: Snapshot, now: float
     ) -> Iterator[Victim]:
         """`fairshare-7`'s victims, but for funded non-debug work the runs `kept_runs` keeps
-        (unless `keep_lapsed_for` the job) and `takeback_grace_s`'s, as `fairshare-16`."""
+        (unless `keep_lapsed_for` the job or it is one `keep_yields_to`) and
+        `takeback_grace_s`'s, as `fairshare-16`."""
         found = FairShare7.victims(self, job, candidates, snapshot, now)
         grace = self.takeback_grace_s
         if self.lane(job) or (self.takeback_limit <= 0 and grace <= 0):
             yield from found
             return
         kept = self.kept_runs(snapshot, now)
-        if kept and self.keep_lapsed_for(job, now):
+        if kept and (self.keep_lapsed_for(job, now) or self.keep_yields_to(job, snapshot)):
             kept = frozenset()
         for v in found:
             r = v.job

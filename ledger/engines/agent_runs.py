@@ -7,12 +7,17 @@ sample (`AgentRun.sampled`). No I/O but a log line; `now` is a parameter."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
+from ledger.core.state import NODE_LOST
 from ledger.cycle.executor import Exit, Launch, Reaping, Sample, Start, command_code
 from schemas import agent as a
 from schemas.events import GpuSlot, RunPart
+
+if TYPE_CHECKING:
+    from ledger.core.state import Job, Node, StoppedRun
 
 log = logging.getLogger("gpuledger.agents")
 
@@ -181,3 +186,51 @@ class StoppedStarts:
         """`x` (a stopped run's end) with its start, when one of its parts said it."""
         at = None if x.run is None else self._at.pop((x.job_id, x.run), None)
         return x if at is None or x.started_at is not None else replace(x, started_at=at)
+
+
+def launch_refusal(
+    check: a.LaunchCheck, node: str, r: AgentRun | None, part: a.Part | None, job: Job | None,
+    blocking: Iterable[str], deciding: bool,
+) -> str:  # fmt: skip
+    """Pure: why the launch `check` that `node`'s agent is about to start must not start (its
+    last check, `/v1/agent/confirm`), "" when it is still its job's current placement there:
+    the run the executor hands out (`r`), the part on the node's list (`part`, the same job
+    token), the ledger's job placed or running on the node and its command not ended, no
+    earlier run of it possibly alive (`blocking`: its nodes) and no earlier run's end being
+    recorded first (`deciding`). An agent that launched from an older poll answer ran a
+    command again after its job had completed (atk55-23 F1)."""
+    j, run = check.job_id, check.run
+    if r is None or r.run != run or node not in r.nodes or part is None or part.run != run:
+        return f"run {run + 1} of job {j} is no longer its placement on {node}"
+    if part.job_token != check.job_token:
+        return f"job {j}'s part on {node} was handed out again since"
+    if job is None or job.status not in ("placed", "running") or job.reaping_kill_at is not None:
+        return f"the ledger no longer runs job {j} (it is {'gone' if job is None else job.status})"
+    if not any(sl.node == node for sl in job.slots) or node in r.exits:
+        return f"job {j} no longer runs on {node}"
+    held = sorted(blocking)
+    if held:
+        return f"an earlier run of job {j} may still be alive on {', '.join(held)}"
+    if deciding:
+        return f"the end of an earlier run of job {j} is being recorded first"
+    return ""
+
+
+def end_unheard(
+    stopped: Iterable[StoppedRun], nodes: Mapping[str, Node], job_id: int, run: int, now: float,
+    grace_s: float, lost_after_s: float,
+) -> bool:  # fmt: skip
+    """Pure: an earlier run of the job the ledger stopped, on nodes it counts up, has no end
+    yet (the caller knows none in hand): its node said it is gone, its end follows, and the
+    ledger may end the job by it (it completed by itself), so the next launch waits for it: an
+    agent that reported a run gone before its end had the job's command run again after it
+    completed (atk55-23 F1). At most until the run's grace and the node-lost timeout have
+    passed since its stop (an end that never comes holds nothing forever)."""
+    for sr in stopped:
+        if sr.job_id != job_id or sr.run >= run or sr.why == NODE_LOST:
+            continue
+        if any(sl.node not in nodes or nodes[sl.node].state == "lost" for sl in sr.slots):
+            continue
+        if now < sr.at + sr.grace(grace_s) + lost_after_s:
+            return True
+    return False

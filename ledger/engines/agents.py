@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from ledger.core import tokens
-from ledger.core.state import NODE_LOST
 from ledger.cycle.executor import (
     Exit,
     Launch,
@@ -51,6 +50,8 @@ from ledger.engines.agent_nodes import refuse_while_held, registered_node, silen
 from ledger.engines.agent_runs import (
     AgentRun,
     StoppedStarts,
+    end_unheard,
+    launch_refusal,
     part_for,
     reported_jobs,
     run_ended,
@@ -252,25 +253,33 @@ class AgentExecutor:
             self.flush()
 
     def _end_unheard(self, job_id: int, run: int, now: float) -> bool:
-        """An earlier run of the job the ledger stopped, on nodes it counts up, has no end yet
-        (none recorded, none in hand): its node said it is gone, its end follows, and the
-        ledger may end the job by it (it completed by itself), so the next launch waits for
-        it: an agent that reported a run gone before its end had the job's command run again
-        after it completed (atk55-23 F1). At most until the run's grace and the node-lost
-        timeout have passed since its stop (an end that never comes holds nothing forever)."""
+        """An earlier stopped run of the job has no end yet (`agent_runs.end_unheard`)."""
         if any(x.job_id == job_id for x in self._stopped) or any(
             k[0] == job_id for k in self._ending
         ):
             return False
-        nodes = self.ledger.state.nodes
-        for sr in self.ledger.state.stopped_runs.values():
-            if sr.job_id != job_id or sr.run >= run or sr.why == NODE_LOST:
-                continue
-            if any(sl.node not in nodes or nodes[sl.node].state == "lost" for sl in sr.slots):
-                continue
-            if now < sr.at + sr.grace(self.grace_s) + self.node_lost_after_s:
-                return True
-        return False
+        state = self.ledger.state
+        return end_unheard(state.stopped_runs.values(), state.nodes, job_id, run, now,
+                           self.grace_s, self.node_lost_after_s)  # fmt: skip
+
+    def confirm(self, req: a.Confirm, now: float) -> a.Confirmed:
+        """The agent's last check before it starts `req`'s launches (worker thread): each is
+        still its job's current placement on the node, or refused (`launch_refusal`)."""
+        ok: list[a.PartRun] = []
+        refused: list[a.Refusal] = []
+        for ch in req.launches:
+            why = launch_refusal(ch, req.node, self._runs.get(ch.job_id),
+                                 self._parts.get(req.node, {}).get(ch.job_id),
+                                 self.ledger.state.jobs.get(ch.job_id),
+                                 self.fence.blocking(ch.job_id, now),
+                                 ch.job_id in self._completed)  # fmt: skip
+            if why:
+                log.info("node %s: job %s run %s must not start: %s", req.node, ch.job_id,
+                         ch.run, why)  # fmt: skip
+                refused.append(a.Refusal(job_id=ch.job_id, run=ch.run, why=why))
+            else:
+                ok.append(a.PartRun(job_id=ch.job_id, run=ch.run))
+        return a.Confirmed(node=req.node, ok=tuple(ok), refused=tuple(refused))
 
     def flush(self) -> None:
         """Record the job tokens of the launches so far in one transaction, then hand their

@@ -308,6 +308,16 @@ class SupervisedExecutor:
         """Jobs with a live process here, or waiting to start on GPUs still being freed."""
         return set(self.jobs) | set(self._pending)
 
+    def can_start(self, job: Launch) -> bool:
+        """Whether `job` would start at once (`_start_pending`): no run of its job here and
+        none of its GPUs held by a run still stopping. A node agent hands over only such
+        launches, each just after its last check with the server (`NodeAgent._may_start`): a
+        launch left waiting here started later on a word that may have gone stale."""
+        if job.job_id in self.jobs:
+            return False
+        busy = {g for h in self.jobs.values() for g in h.gpus}
+        return not ({(sl.node, i) for sl in job.slots for i in sl.gpu_indices} & busy)
+
     def drain(self, job_id: int, now: float) -> None:
         """Stop `job_id` because its node is drained by hand (`gpuledger agent --drain`): SIGTERM
         now, SIGKILL after its grace; its exit is reported."""

@@ -224,7 +224,9 @@ def finish_line(ev: e.JobFinished) -> str:
     return f"{when(_real(ev.ended_at, ev.at))} it {words}{code}{note}{later}."
 
 
-def run_ended_line(ev: e.JobRunEnded, cut: bool = False, charged_to: float | None = None) -> str:
+def run_ended_line(
+    ev: e.JobRunEnded, cut: bool = False, charged_to: float | None = None, started: bool = True
+) -> str:
     """Pure: a stopped run's real end in one sentence: its processes outlived the stop by up
     to their grace, holding (and charged for) its GPUs until then; a run stopped before the
     ledger saw it start, from its own start (`started_at`, atk44s F3). `cut`: a cancel cut its
@@ -233,7 +235,15 @@ def run_ended_line(ev: e.JobRunEnded, cut: bool = False, charged_to: float | Non
     was reported keeps the job `cancelled`). `charged_to`: its charge ended earlier, with its
     engine's end of it (a `node lost` that failed its job: `JobEngineEnded`, the end of the
     interval `usage` and `jobs` read, `projections/apply.sql` `intervals_run_ended`; atk50b-23
-    F3: it said charged until then)."""
+    F3: it said charged until then). `started`: False when no start of the run was recorded
+    and its end says none: it never started, nothing of it was charged (atk55-23 F2: it said
+    "held, and charged")."""
+    if not started and ev.started_at is None:
+        note = f" ({ev.note})" if ev.note else ""
+        return (
+            f"{when(_real(ev.ended_at, ev.at))} its run {ev.run + 1} ended{note}: it never "
+            f"started, so it was not charged{_recorded(ev.ended_at, ev.at)}."
+        )
     held = "held, and charged," if charged_to is None else "held"
     charge = "" if charged_to is None else f" (charged until {when(charged_to)}, the job's end)"
     if ev.note.startswith(FORGOTTEN_PREFIX):  # no engine's word: an admin's (atk51-23 F2)
@@ -317,7 +327,11 @@ def explain_history(
     runs = 0  # placements so far: run r is the (r + 1)-th
     engine_end: dict[int, float] = {}  # run -> its charge's end, where its engine ended it
     last_end: e.JobFinished | None = None
+    began: set[int] = set()  # runs whose start was recorded
+    times: list[float] = [-math.inf]  # each line's time (the headline's first)
+    ends: set[int] = set()  # the lines of runs' real ends (`_in_time_order`)
     for ev in history:
+        lines = len(out)
         match ev:
             case e.JobSubmitted():
                 out.append(f"{when(ev.at)} submitted by {ev.actor} to {ev.account}{_world(ev)}.")
@@ -347,6 +361,7 @@ def explain_history(
                 )
                 out.append(line)
             case e.JobStarted():
+                began.add(runs - 1)
                 logs = f" Output: {', '.join(ev.logs)}" if ev.logs else ""
                 start = _real(ev.started_at, ev.at)
                 out.append(f"{when(start)} started{_recorded(ev.started_at, ev.at)}.{logs}")
@@ -391,14 +406,45 @@ def explain_history(
             case e.JobEngineEnded() if runs and not e.fenced(ev):  # as `apply.sql` reads it
                 engine_end.setdefault(runs - 1, _real(ev.ended_at, ev.at))
             case e.JobRunEnded():
-                out.append(run_ended_line(ev, ev.run in cut, engine_end.get(ev.run)))
+                ends.add(len(out))
+                # never started: its placement is in the history, no start after it
+                unstarted = ev.run < runs and ev.run not in began and not ev.killed
+                out.append(run_ended_line(ev, ev.run in cut, engine_end.get(ev.run),
+                                          not unstarted))  # fmt: skip
             case e.JobKillOrdered():
                 cut.add(ev.run)
                 out.append(_kill_line(ev, last_end))
+        times += [_line_time(ev)] * (len(out) - lines)
+    out = _in_time_order(out, times, ends)
     if job.status in ("placed", "running"):
         out.append(contract_line(job, now))
         out += limit_line(job, now, default_grace_s)
     return out
+
+
+def _line_time(ev: e.AnyEvent) -> float:
+    """Pure: when what an event's line says happened (the engine's time where it says one)."""
+    match ev:
+        case e.JobRunEnded() | e.JobFinished():
+            return _real(ev.ended_at, ev.at)
+        case e.JobStarted():
+            return _real(ev.started_at, ev.at)
+        case e.LeaderEnded():
+            return ev.leader_ended_at
+    return float(getattr(ev, "at", -math.inf))
+
+
+def _in_time_order(out: list[str], times: list[float], ends: set[int]) -> list[str]:
+    """Pure: the lines with each run's real end (`ends`) moved back before the lines of later
+    times (stable): an end reported after the stop it preceded (its command exited while `up`
+    was down, the cancel recorded offline after) was told after the cancel (atk55-23 F3)."""
+    order = list(range(len(out)))
+    for i in sorted(ends):
+        k = order.index(i)
+        while k > 1 and times[order[k - 1]] > times[i]:
+            order[k - 1], order[k] = order[k], order[k - 1]
+            k -= 1
+    return [out[i] for i in order]
 
 
 def limit_line(job: Job, now: float, default_grace_s: float) -> list[str]:

@@ -300,7 +300,8 @@ def _job_rows(
     SIGKILL, its end not known yet (None), its elapsed time to `now`, as squeue's `CG`, where
     it showed `finished` at the cancel; its end is its run's real end once recorded. A running
     job in `reaping` (its command exited leaving processes: `stopping.reaping_kills`) is
-    `stopping` with that SIGKILL."""
+    `stopping` with that SIGKILL. A finished job that never started names no node (`slots`
+    keep its placement)."""
     from ledger.reads.stopping import past_limit, shown
 
     ending = [r[0] for r in rows if past_limit(r[6], r[17], r[14], now)]
@@ -332,6 +333,9 @@ def _job_rows(
             status, kill_at = shown(status, started_at, time_limit_s, grace.get(job_id), now,
                                     service.get(job_id, DEFAULT_GRACE_S))  # fmt: skip
         elapsed = None if started_at is None or end is None else max(0.0, end - started_at)
+        # where it ran: none for a finished job no run of which started (its placement stays
+        # in `slots`; atk55-23 F2: a launch cancelled before it started named its node)
+        ran = status != "finished" or started_at is not None
         gpu_slots = [
             e.GpuSlot(node=sl["node"], gpu_indices=tuple(sl["gpu_indices"])) for sl in slots
         ]
@@ -343,7 +347,7 @@ def _job_rows(
                 priority=priority, debug=debug, time_limit_s=time_limit_s,
                 submitted_at=submitted_at, placed_at=placed_at, started_at=started_at,
                 finished_at=ended, elapsed_s=elapsed,
-                nodes=sorted({sl.node for sl in gpu_slots}), placements=placements,
+                nodes=sorted({sl.node for sl in gpu_slots if ran}), placements=placements,
                 preemptions=preemptions, command=list(command or []), logs=list(logs or []),
                 finish_reason=reason, finish_note=note, slots=gpu_slots,
                 engine_job_id=engine_job_id, job_name=job_name, workdir=workdir,

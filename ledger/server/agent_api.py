@@ -8,6 +8,8 @@
 - `POST /v1/agent/report`: parts started and exited (exit codes), utilisation samples and
   checkpoints; recorded at once, on the worker thread.
 - `POST /v1/agent/heartbeat`: the agent is alive.
+- `POST /v1/agent/confirm`: the agent's last check just before it starts launches: each is
+  still its job's current placement on the node, or refused (it never starts).
 
 Every call counts as contact for the node-lost timeout (`ledger.engines.agents`), and names
 its agent (`X-Gpuledger-Agent`): one without the header is refused (400), so every request is
@@ -24,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Annotated, Any
 
+import msgspec
 from litestar import Request, get, post
 from litestar.handlers import HTTPRouteHandler
 from litestar.params import JSONBody, QueryParameter
@@ -183,7 +186,24 @@ def agent_routes(
         ex.touch(data.node, clock())
         return _ack(worker, ex, data.node, clock())
 
-    return [register, poll, report, heartbeat]
+    @post("/v1/agent/confirm", status_code=200, tags=["agent"], security=[{"bearer": []}])
+    async def confirm(request: Request[Any, Any, Any], data: JSONBody[a.Confirm]) -> a.Confirmed:
+        """The agent's last check before it starts launches (Slurm's prolog's place): only the
+        ones still their job's current placement on the node may start (docs/agent.md). Only
+        the leading server answers (a standby's state may be behind)."""
+        ex, _ = await executor_for(request, data.node)
+        ex.touch(data.node, clock())
+        if not worker.acting():
+            raise Unavailable("this server does not lead", hint="the agent asks the leader")
+
+        def judge() -> a.Confirmed:
+            got = ex.confirm(data, clock())
+            return msgspec.structs.replace(got, epoch=worker.epoch())
+
+        result: a.Confirmed = await worker.call(judge, write=True)
+        return result
+
+    return [register, poll, report, heartbeat, confirm]
 
 
 def _digest(agent: str) -> str:

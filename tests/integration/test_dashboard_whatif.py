@@ -463,18 +463,25 @@ def test_a_what_if_whose_client_left_while_it_waited_frees_its_place(reviewed: R
 
 def test_a_stop_mid_what_if_answers_one_503_line_at_once(reviewed: Reviewed) -> None:
     """atk49-29 F11: SIGTERM while a what-if ran held the stop 10 s (uvicorn's graceful
-    timeout), then answered a plain-text 500 and logged an ERROR traceback. Now the child is
-    killed, the request answered one problem line (503) and the server gone within seconds."""
+    timeout, `SEND_WAIT_S`), then answered a plain-text 500 and logged an ERROR traceback. Now
+    the child is killed, the request answered one problem line (503) at once and the server gone
+    without waiting out the graceful timeout. (The answer is timed apart from the exit: the
+    exit also holds the interpreter's own end, 5.39 s at load 27-35 at nice 19.)"""
     import threading
+
+    from ledger.server.run import SEND_WAIT_S
 
     r = reviewed
     _served(r, "serve-stopped.log")
     account = sorted(children(r))[0]
     got: list[tuple[int, Any]] = []
-    asked = threading.Thread(
-        target=lambda: got.append(ask(r, r.tokens["boss"], {"account": account, "shares": 3})),
-        daemon=True,
-    )
+    answered: list[float] = []
+
+    def asking() -> None:
+        got.append(ask(r, r.tokens["boss"], {"account": account, "shares": 3}))
+        answered.append(time.monotonic())
+
+    asked = threading.Thread(target=asking, daemon=True)
     asked.start()
     child = _until_child(r)
     began = time.monotonic()
@@ -487,7 +494,8 @@ def test_a_stop_mid_what_if_answers_one_503_line_at_once(reviewed: Reviewed) -> 
     assert problem["code"] == "unavailable", problem
     assert problem["message"] == "the server stopped before the what-if ended", problem
     assert problem["status"] == 503 and "\n" not in problem["detail"], problem
-    assert stopped_s < 5.0, (stopped_s, logged)
+    assert answered[0] - began < 5.0, (answered[0] - began, stopped_s, logged)  # at once
+    assert stopped_s < SEND_WAIT_S, (stopped_s, logged)  # the graceful timeout not waited out
     assert _gone(child, 1.0) < 1.0
     assert "Traceback" not in logged and "ERROR" not in logged, logged
     assert list((r.dash.home / "tmp").glob("whatif-*")) == []

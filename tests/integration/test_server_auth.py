@@ -284,6 +284,9 @@ CASES: dict[str, Case] = {
     "agent heartbeat": Case(
         "POST", "/v1/agent/heartbeat", lambda w: {"node": "n1"}, NODE, succeeds=False
     ),
+    "agent confirm": Case(
+        "POST", "/v1/agent/confirm", lambda w: {"node": "n1"}, NODE, succeeds=False
+    ),
     "audit verify": Case("GET", "/v1/audit/verify", lambda w: None, READERS),
     "audit check": Case("GET", "/v1/audit/check", lambda w: None, READERS),
     "audit progress": Case("GET", "/v1/audit/progress", lambda w: None, READERS),

@@ -27,8 +27,9 @@ def _free(job_id: int, where: str, *, by: str, times: int = 3, placed_ago_s: flo
     return msgspec.structs.replace(r, runs=times, takebacks=taken, submitted_at=submitted_at)
 
 
-ALL = FairShare17(takeback_keep_s=6 * H, takeback_keep_share=1.0)
-"""No bound on the kept GPUs (one node's world), kept 6 h (s54-fs17fix's keep)."""
+ALL = FairShare17(takeback_keep_s=6 * H, takeback_keep_share=1.0, takeback_keep_yield_share=0.0)
+"""No bound on the kept GPUs (one node's world), kept 6 h (s54-fs17fix's keep); no yield to
+large jobs (s56: in these small worlds every job asks an eighth of the pool)."""
 
 
 def test_only_another_teams_funded_takebacks_count() -> None:
@@ -52,7 +53,9 @@ def test_the_protection_lapses_after_the_keep_time() -> None:
     assert (
         preempted(
             world([node("n1")], [old], [pend(1, 8)]),
-            FairShare17(takeback_keep_s=8 * H, takeback_keep_share=1.0),
+            FairShare17(
+                takeback_keep_s=8 * H, takeback_keep_share=1.0, takeback_keep_yield_share=0
+            ),
         )
         == []
     )
@@ -70,7 +73,9 @@ def test_the_kept_runs_hold_at_most_a_share_of_the_cluster() -> None:
     assert preempted(snap, eighth) == [17]
     assert FairShare17(takeback_keep_share=0.25).kept_runs(snap, NOW) == frozenset({10, 11})
     assert FairShare17(takeback_keep_share=1.0).kept_runs(snap, NOW) == frozenset(range(10, 18))
-    assert preempted(snap, FairShare17(takeback_keep_share=1.0)) == []
+    # (the yield off: the 8-GPU job asks an eighth of this pool)
+    all_kept = FairShare17(takeback_keep_share=1.0, takeback_keep_yield_share=0.0)
+    assert preempted(snap, all_kept) == []
 
 
 def test_the_defaults_keep_a_run_for_days_within_one_gpu_in_sixteen() -> None:

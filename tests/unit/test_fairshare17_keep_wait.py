@@ -23,11 +23,14 @@ def _gang(waited_s: float):  # type: ignore[no-untyped-def]
 
 
 def test_a_funded_job_that_waited_the_keep_wait_takes_a_kept_run_back() -> None:
-    wait = FairShare17(takeback_keep_share=1.0, takeback_keep_wait_s=6 * H)
+    # (the yield to large jobs off: this 16-GPU job asks the whole two-node pool)
+    wait = FairShare17(takeback_keep_share=1.0, takeback_keep_wait_s=6 * H,
+                       takeback_keep_yield_share=0.0)  # fmt: skip
     assert preempted(_gang(5 * H), wait) == []  # kept: waited 5 h of 6
     assert preempted(_gang(6 * H), wait) == [10]  # waited 6 h: the keep lapses for it
     # off (the default): kept however long the job waited
-    assert preempted(_gang(70 * H), FairShare17(takeback_keep_share=1.0)) == []
+    off = FairShare17(takeback_keep_share=1.0, takeback_keep_yield_share=0.0)
+    assert preempted(_gang(70 * H), off) == []
 
 
 def test_the_keep_wait_is_off_by_default_and_in_older_records() -> None:

@@ -324,6 +324,15 @@ def test_slurms_kill_at_the_launch_mark_is_noted_never_left_in_doubt(tmp_path: P
     assert not marks["ran"].exists()
 
 
+def _in_its_wait(pid: int, mark: Path, timeout: float = 30.0) -> None:
+    """Until `mark` is there and the batch script `pid` waits for its command (`do_wait`): a
+    signal before its wait begins ends it at once, 143, by design (`batch_script`)."""
+    deadline = time.monotonic() + timeout
+    while not mark.exists() or Path(f"/proc/{pid}/wchan").read_text() != "do_wait":
+        assert time.monotonic() < deadline, "the script never began its wait"
+        time.sleep(0.02)
+
+
 @pytest.mark.parametrize("after_s", [0.1, 0.3, 0.6, 1.0, 1.5])
 def test_a_command_that_ends_well_on_slurms_term_ends_the_script_well(
     tmp_path: Path, after_s: float
@@ -333,12 +342,16 @@ def test_a_command_that_ends_well_on_slurms_term_ends_the_script_well(
     and the wait loop took `kill -0` failing for a command that died of the signal. The real
     script in bash, the job's every process SIGTERM'd as `scancel --signal=TERM --full` does:
     the script ends with the command's own code, and its end record says so, signal noted."""
-    marks = {m: tmp_path / m for m in ("launched", "ended", "signalled")}
-    command = ("bash", "-c", "trap 'echo TERM; exit 0' TERM; while true; do sleep 0.2; done")
+    marks = {m: tmp_path / m for m in ("launched", "ended", "signalled", "ready")}
+    command = ("bash", "-c", f"trap 'echo TERM; exit 0' TERM; : > {marks['ready']}; "
+               "while true; do sleep 0.2; done")  # fmt: skip
     script = _batch_script(tmp_path, command)
     bash = subprocess.Popen(["/bin/bash", str(script)], start_new_session=True,
                             stdout=subprocess.PIPE)  # fmt: skip
     try:
+        # `after_s` into the command's loop, its trap set and the script in its wait: under
+        # load 0.1 s after the start was before them (143: a signal that ends the script)
+        _in_its_wait(bash.pid, marks["ready"])
         time.sleep(after_s)
         assert bash.poll() is None
         os.killpg(bash.pid, signal.SIGTERM)
@@ -358,7 +371,7 @@ def test_a_command_the_signal_kills_ends_the_script_with_its_signal_code(tmp_pat
     script = _batch_script(tmp_path, ("sleep", "30"))
     bash = subprocess.Popen(["/bin/bash", str(script)], start_new_session=True)
     try:
-        time.sleep(0.5)
+        _in_its_wait(bash.pid, marks["launched"])
         os.killpg(bash.pid, signal.SIGTERM)
         assert bash.wait(timeout=10) == 143
     finally:

@@ -7,6 +7,7 @@ renaming: the Slurm tests ran on both workers and failed each other)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import subprocess
@@ -24,6 +25,7 @@ from tests.conftest import (
     SLURM_CONF_OF,
     SLURM_GROUPS,
     SLURM_SECONDS,
+    TURNS,
     group_of_report,
     longest_groups,
     slurm_conf,
@@ -368,3 +370,59 @@ def test_a_run_ends_with_its_longest_groups_and_their_seconds_a_worker() -> None
         "=== the groups' own seconds (set-up, call, tear-down): 181 s in 4 groups, 60 s a "
         "worker over 3; the longest: integration/test_server_schema 131 s, pg_outage-a 46 s ==="
     )
+
+
+def test_the_rests_groups_take_turns_and_a_slurm_group_that_ends_opens_one(
+    tmp_path: Path,
+) -> None:
+    """scripts/test runs one session on the Slurm groups' workers and the rest's (`TURNS`): the
+    rest's groups run while their worker holds a turn; `at-first` turns are open, one more
+    each time a Slurm group ends. Four workers, one turn at first of two: while the Slurm file
+    runs (it takes no turn) no two rest files (each 4 x 0.3 s) run at once; its end opens the
+    second. Without turns three rest files ran beside it at once."""
+    tree = tmp_path / "tests" / "integration"
+    tree.mkdir(parents=True)
+    (tmp_path / "conftest.py").write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from tests.conftest import (  # noqa: F401\n"
+        "    pytest_collection_modifyitems, pytest_configure, pytest_configure_node,\n"
+        "    pytest_runtest_protocol)\n"
+    )
+    spans = tmp_path / "spans"
+    spans.mkdir()
+    names = (A, "test_one", "test_two", "test_three")
+    for name in names:
+        (tree / f"{name}.py").write_text(
+            "import time\nfrom pathlib import Path\n\n\n"
+            + "".join(
+                f"def test_{i}():\n    began = time.monotonic()\n    time.sleep(0.3)\n"
+                f"    Path({str(spans / f'{name}-{i}')!r}).write_text("
+                "f'{began} {time.monotonic()}')\n\n\n"
+                for i in range(4)
+            )
+        )
+    turns = tmp_path / "turns"
+    turns.mkdir()
+    (turns / "turn-1").touch()
+    (turns / "turn-2").touch()
+    (turns / "at-first").write_text("1\n")
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "4",
+         "--dist", "loadgroup", "--no-loadscope-reorder", "--rootdir", str(tmp_path),
+         str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        env=_environ() | {TURNS: str(turns)},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout + run.stderr
+    span: dict[str, tuple[float, float]] = {}
+    for name in names:
+        times = [tuple(map(float, (spans / f"{name}-{i}").read_text().split())) for i in range(4)]
+        span[name] = (min(t[0] for t in times), max(t[1] for t in times))
+    slurm_ended = span[A][1]
+    rest = [span[n] for n in names[1:]]
+    for a, b in itertools.combinations(rest, 2):
+        if a[0] < b[1] and b[0] < a[1]:  # two at once: only once the Slurm group has ended
+            assert max(a[0], b[0]) >= slurm_ended, span
+    assert sorted(p.name for p in turns.iterdir()) == [
+        "at-first", "ended-slurm-a", "turn-1", "turn-2"]  # fmt: skip
