@@ -14,6 +14,8 @@ import contextlib
 import json
 import os
 import signal
+import socket
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -22,6 +24,7 @@ from typing import Any
 import pytest
 
 from tests.integration import test_slurm as base
+from tests.integration.conftest import free_port
 from tests.integration.slurmd_steps import held_steps
 from tests.integration.test_slurm import Ledger
 from tests.integration.test_slurm_trees import alive, pids
@@ -197,3 +200,42 @@ def test_a_preempted_gang_is_stopped_on_both_nodes_before_the_next_job_starts(
     started = ledger.jobs()[2]
     assert started["started_at"] >= gone - 1.0, (started, gone)
     assert _slurm_nodes(ledger, 2) == sorted(nodes)
+
+
+def test_slurm_down_stops_both_slurmd_of_a_two_node_cluster_even_without_its_record_of_one(
+    tmp_path: Path,
+) -> None:
+    """`scripts/slurm/slurm down` stops every daemon of its data dir: by the pids `up` recorded
+    and by Slurm's own pid files (`SlurmdPidFile`, one per node), so a slurmd whose recorded pid
+    is lost (here: overwritten) is stopped all the same, and `down` fails, naming it, when one
+    outlives its TERM and KILL. (Before: it stopped only the recorded pids and said "stopped"
+    with node 2's slurmd still running; scripts/test's clean-up threw `down`'s output away.)"""
+    node = f"{socket.gethostname().split('.')[0]}-gdown"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPULEDGER_SLURM", "SLURM"))}
+    env |= {"GPULEDGER_SLURM_DATA": str(tmp_path / "slurm"), "GPULEDGER_SLURM_NODE": node}
+    for _ in range(3):  # a free port may be taken by another process before Slurm binds it
+        ctld, first, second = free_port(), free_port(), free_port()
+        env |= {"GPULEDGER_SLURMCTLD_PORT": str(ctld), "GPULEDGER_SLURMD_PORT": str(first),
+                "GPULEDGER_SLURMD_PORTS": str(second)}  # fmt: skip
+        two = env | {"GPULEDGER_SLURM_NODES": "2"}  # (`down` reads it from the config)
+        up = subprocess.run([str(base.SLURM_SCRIPT), "up"], env=two, capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
+        if up.returncode == 0 or "Address already in use" not in up.stderr:
+            break
+        subprocess.run([str(base.SLURM_SCRIPT), "down"], env=env, capture_output=True, timeout=120)
+    data = tmp_path / "slurm"
+    names = ("slurmd", "slurmd-2", "slurmctld", "munged")
+    daemons = {
+        d: int((data / f"{d}.pid").read_text()) for d in names if (data / f"{d}.pid").is_file()
+    }
+    try:
+        assert up.returncode == 0, up.stderr
+        assert sorted(daemons) == ["munged", "slurmctld", "slurmd", "slurmd-2"] and all(
+            alive(p) for p in daemons.values()), daemons  # fmt: skip
+        (data / "slurmd-2.pid").write_text("999999999\n")  # node 2's recorded pid lost
+        down = subprocess.run([str(base.SLURM_SCRIPT), "down"], env=env, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+        left = {d: p for d, p in daemons.items() if alive(p)}
+        assert left == {} and down.returncode == 0, (left, down.stderr)
+    finally:
+        _kill(list(daemons.values()))
