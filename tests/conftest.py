@@ -66,6 +66,7 @@ SLURM_SECONDS: dict[str, float] = {
     "test_slurm_epilog": 240,
     "test_slurm_faults": 311,
     "test_slurm_foreign_work": 81,
+    "test_slurm_gang": 476,  # (2026-12-06, load 47-59: alone on its cluster and worker)
     "test_slurm_marks": 40,
     "test_slurm_nodefail": 561,
     "test_slurm_nodefail_kill": 330,
@@ -84,11 +85,17 @@ scripts/test runs them (2026-12-03, load 16-32; docs/benchmarks.md, "The test su
 groups"): the split below balances on them. A Slurm file missing here fails the collection:
 measure it and add it."""
 
+GANG = "slurm-g"
+"""The Slurm group of the files that need a cluster of two nodes (gangs, `SLURM_GANG_FILES`), on
+the cluster scripts/test starts with two slurmd (GPULEDGER_SLURM_NODES=2): theirs alone."""
+SLURM_GANG_FILES = ("test_slurm_gang",)
+
 SLURM_CONF_OF = {
     "slurm-a": "SLURM_CONF",
     "slurm-b": "GPULEDGER_SLURM_CONF_B",
     "slurm-c": "GPULEDGER_SLURM_CONF_C",
     "slurm-d": "GPULEDGER_SLURM_CONF_D",
+    GANG: "GPULEDGER_SLURM_CONF_G",
 }
 """Each Slurm group's cluster: the variable holding its slurm.conf (scripts/test starts one
 cluster per group, each with its own data dir, ports, munge and node name, and exports each)."""
@@ -108,7 +115,10 @@ def split_files(seconds: dict[str, float], names: tuple[str, ...]) -> dict[str, 
     return {g: sorted(files) for g, files in groups.items()}
 
 
-SLURM_GROUPS = split_files(SLURM_SECONDS, tuple(SLURM_CONF_OF))
+SLURM_GROUPS = split_files(
+    {f: s for f, s in SLURM_SECONDS.items() if f not in SLURM_GANG_FILES},
+    tuple(g for g in SLURM_CONF_OF if g != GANG),
+) | {GANG: sorted(SLURM_GANG_FILES)}
 """The Slurm group of every Slurm file: "slurm-a" on one cluster, "slurm-b" on another, ..."""
 
 
@@ -138,13 +148,14 @@ def slurm_conf(group: str, environ: Mapping[str, str]) -> str:
     first group's cluster: their files then run one after the other, never side by side."""
     name = SLURM_CONF_OF[group]
     conf = environ.get(name, "")
-    if not conf and group != "slurm-a" and "PYTEST_XDIST_WORKER" not in environ:
-        conf = environ.get(SLURM_CONF_OF["slurm-a"], "")
+    if not conf and group not in ("slurm-a", GANG) and "PYTEST_XDIST_WORKER" not in environ:
+        conf = environ.get(SLURM_CONF_OF["slurm-a"], "")  # (one node: never the gang group's)
     if not conf:
+        nodes = "GPULEDGER_SLURM_NODES=2 " if group == GANG else ""
         raise LookupError(
             f"{name} is not set to a slurm.conf (the cluster of the {group} tests); run the suite "
             "with scripts/test, which starts one cluster per group, or "
-            f"`export {name}=$(GPULEDGER_SLURM_DATA=DIR scripts/slurm/slurm up)`"
+            f"`export {name}=$({nodes}GPULEDGER_SLURM_DATA=DIR scripts/slurm/slurm up)`"
         )
     others = {environ.get(v, "") for g, v in SLURM_CONF_OF.items() if g != group}
     if "PYTEST_XDIST_WORKER" in environ and conf in others:
@@ -235,8 +246,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     ends. xdist's own order (the groups with the most tests first) started the Slurm tests
     halfway and left files of one long test, such as test_pg_outage_*.py, to the end, each one a
     tail that one worker ran alone. With `PART` set, only that part's tests run. (scripts/test:
-    one session on seven workers, the Slurm groups on four, the rest on three and then on the
-    Slurm groups' workers as they end: `TURNS`; the rest's longest groups first: `REST_SECONDS`.)"""
+    one session on eight workers, the Slurm groups on five, the gang group's among them, the rest
+    on three and then on the Slurm groups' workers as they end: `TURNS`; the rest's longest
+    groups first: `REST_SECONDS`.)"""
     slurm: dict[str, list[pytest.Item]] = {g: [] for g in SLURM_GROUPS}
     rest: list[pytest.Item] = []
     for item in items:
@@ -271,10 +283,12 @@ TURNS = "GPULEDGER_TEST_TURNS"
 Under xdist a group of the rest runs only while its worker holds a turn (`flock`, given back
 after the group's last test or when the worker dies); of the N turns, `at-first` are open at
 first and one more each time a Slurm group ends (its worker leaves `ended-<group>` there). So
-in scripts/test's one session on 4 + 3 workers, three take the rest while the four Slurm groups
+in scripts/test's one session on 5 + 3 workers, three take the rest while the five Slurm groups
 run, and each worker whose Slurm group has ended takes the rest's groups too, up to N at once
-(the Slurm groups wait on Slurm's clocks, ~2.3 of 2 cores for all four: a rest group in an
-ended Slurm group's place keeps the machine's load about where it was). Read by the controller
+(the Slurm groups wait on Slurm's clocks, ~2.3 of 2 cores for the four one-node groups: a rest
+group in an ended Slurm group's place keeps the machine's load about where it was; the gang
+group, `GANG`, on a worker of its own from the start, is one more process then, and its end one
+more turn). Read by the controller
 and handed to its workers (`pytest_configure_node`): a session a test starts itself never waits
 for a turn its own worker holds."""
 

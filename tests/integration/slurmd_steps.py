@@ -25,17 +25,18 @@ STEPD_GRACE_S = 10.0
 killed too (it reports its end to slurmctld first)."""
 
 
-def _spool(conf: str) -> Path:
+def _spool(conf: str, node: str) -> Path:
+    """`node`'s slurmd's spool dir (`%n`: the node's name, a cluster of several slurmd)."""
     for line in Path(conf).read_text().splitlines():
         if line.startswith("SlurmdSpoolDir="):
-            return Path(line.split("=", 1)[1].strip())
+            return Path(line.split("=", 1)[1].strip().replace("%n", node))
     raise AssertionError(f"{conf} names no SlurmdSpoolDir")
 
 
 def held_steps(conf: str, node: str) -> dict[str, set[int]]:
     """Slurm job id -> the pids holding a listening socket of a step of it in slurmd's spool dir
     (its slurmstepd): the jobs this cluster's slurmd has a step of."""
-    prefix = f"{_spool(conf)}/{node}_"
+    prefix = f"{_spool(conf, node)}/{node}_"
     inodes: dict[str, str] = {}
     for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
         words = line.split()

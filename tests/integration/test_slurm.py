@@ -45,6 +45,11 @@ class Cluster:
     partition: str
     node: str
     group: str = "slurm-a"
+    others: tuple[str, ...] = ()  # its nodes after `node` (cluster g's: GPULEDGER_SLURM_NODES)
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return (self.node, *self.others)
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "SLURM_CONF": self.conf}
@@ -84,16 +89,19 @@ class Cluster:
         # until its prolog ends, cancelled or not: no flag outlives its test
         (Path(self.conf).parent / "hold-launches").unlink(missing_ok=True)
         self.run("scancel", "-p", self.partition, check=False)
-        self.run("scontrol", "update", f"nodename={self.node}", "state=resume", check=False)
+        for node in self.nodes:
+            self.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
         deadline = time.monotonic() + 60
         busy = ("RUNNING", "COMPLETING", "CONFIGURING")
         while time.monotonic() < deadline:
             live = [j for j in self.jobs().values() if j["state"] in busy]
-            if not live and "idle" in self.run("sinfo", "-h", "-N", "-o", "%T", check=False):
+            states = self.run("sinfo", "-h", "-N", "-p", self.partition, "-o", "%T", check=False)
+            if not live and states.split() and all("idle" in s for s in states.split()):
                 self.heal_gres()
                 # a step slurmctld forgot (killed -9 before it saved the job, here or in
                 # heal_gres) whose id it hands out again: its launch "Duplicate jobid"
-                end_orphans(self.conf, self.node)
+                for node in self.nodes:
+                    end_orphans(self.conf, node)
                 return
             time.sleep(0.3)
         raise AssertionError(f"the partition did not empty: {self.jobs()}")
@@ -150,9 +158,9 @@ class Cluster:
                       if line.split("|", 1)[-1].startswith(str(top))]  # fmt: skip
         return found
 
-    def gres_used(self) -> str:
-        text = self.run("scontrol", "-d", "-o", "show", "node", self.node, check=False)
-        return next((w for w in text.split() if w.startswith("GresUsed=")), "")
+    def gres_used(self) -> str:  # each node's `GresUsed=` (of its own slurmctld), space separated
+        text = self.run("scontrol", "-d", "-o", "show", "node", check=False)
+        return " ".join(w for w in text.split() if w.startswith("GresUsed="))
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +187,8 @@ def cluster(request: pytest.FixtureRequest) -> Cluster:
     )
     if done.returncode != 0 or not done.stdout.strip():
         pytest.fail(f"Slurm at {conf} does not answer: {done.stderr.strip()}", pytrace=False)
-    return Cluster(conf, partition, done.stdout.split()[0], group)
+    nodes = list(dict.fromkeys(done.stdout.split()))
+    return Cluster(conf, partition, nodes[0], group, tuple(nodes[1:]))
 
 
 @pytest.fixture

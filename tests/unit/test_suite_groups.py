@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import (
+    GANG,
     PART,
     PG_OUTAGE_GROUPS,
     PG_OUTAGE_SECONDS,
@@ -212,8 +213,10 @@ def test_every_slurm_file_is_in_exactly_one_group_and_the_groups_balance() -> No
     assert all(s > 0 for s in SLURM_SECONDS.values()), SLURM_SECONDS
     grouped = [f for names in SLURM_GROUPS.values() for f in names]
     assert sorted(grouped) == sorted(files)  # each file once
-    assert set(SLURM_GROUPS) == set(SLURM_CONF_OF) == {"slurm-a", "slurm-b", "slurm-c", "slurm-d"}
-    sums = [sum(SLURM_SECONDS[f] for f in SLURM_GROUPS[g]) for g in SLURM_GROUPS]
+    assert set(SLURM_GROUPS) == set(SLURM_CONF_OF) == {"slurm-a", "slurm-b", "slurm-c", "slurm-d",
+                                                        GANG}  # fmt: skip
+    assert SLURM_GROUPS[GANG] == ["test_slurm_gang"]  # the two-node cluster's files alone
+    sums = [sum(SLURM_SECONDS[f] for f in SLURM_GROUPS[g]) for g in SLURM_GROUPS if g != GANG]
     assert max(sums) - min(sums) <= max(SLURM_SECONDS.values()), sums
     assert len(set(SLURM_CONF_OF.values())) == len(SLURM_CONF_OF)
     script = (REPO / "scripts" / "test").read_text()
@@ -224,6 +227,9 @@ def test_every_slurm_file_is_in_exactly_one_group_and_the_groups_balance() -> No
                for g, v in SLURM_CONF_OF.items())  # fmt: skip
     assert 'conf="GPULEDGER_SLURM_CONF$(suffix "$letter")"' in script
     assert "did not start; the Slurm executor tests need it" in script and "exit 1" in script
+    assert "GPULEDGER_SLURM_NODES=2" in script  # the gang group's cluster: two slurmd
+    # a worker per group: the gang group waits for no other group's end
+    assert f"GPULEDGER_TEST_SLURM_WORKERS:-{len(SLURM_CONF_OF)}" in script
 
 
 @pytest.mark.parametrize(

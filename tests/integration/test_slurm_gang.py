@@ -1,0 +1,241 @@
+"""Gangs (multi-node jobs) on real Slurm: the suite's two-node cluster (scripts/test's cluster g,
+two slurmd on this host, `GPULEDGER_SLURM_NODES=2`), the only one where a gang runs; every other
+Slurm cluster of the suite has one node. A job of 8 GPUs spans both 4-GPU nodes: one Slurm job of
+two nodes, whose batch script runs its command on the first; the command starts what runs on the
+second with `srun`, as a multi-node job's ranks start. Checked from outside: each process's life
+read from /proc, the node it runs on from the slurmstepd above it (the step socket of that node's
+slurmd: `slurmd_steps.held_steps`), and Slurm's own view (`squeue`; the suite's clusters keep no
+accounting, so there is no sacct). The next job of both nodes' GPUs starts, in Slurm and in the
+ledger, only once the gang's processes on either node are gone."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration import test_slurm as base
+from tests.integration.conftest import free_port
+from tests.integration.slurmd_steps import held_steps
+from tests.integration.test_slurm import Ledger
+from tests.integration.test_slurm_trees import alive, pids
+
+cluster, slurm, ledger = base.cluster, base.slurm, base.ledger  # the Slurm suite's fixtures
+
+GRACE_S = 45
+"""The reaping's grace: the preempt must reach the ledger within it (checked from the ledger's
+records, not assumed): 20 s ran out under load before the preempt was recorded."""
+
+SECOND = ('other=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | grep -vx "$SLURMD_NODENAME");'
+          ' srun -N1 -n1 -w "$other" bash -c \'trap "" TERM; echo kid2=$$; echo $$ > kid2.pid;'
+          ' while :; do sleep 0.2; done\' &'
+          ' until [ -s kid2.pid ]; do sleep 0.2; done;')  # fmt: skip
+"""A command's start: a step on the node that is not the batch script's, ignoring SIGTERM and
+never ending by itself (its pid in `kid2.pid` and the log), left running when the command ends."""
+
+
+def _row(ledger: Ledger, job: int) -> dict[str, Any]:
+    rows = json.loads(ledger.cli("queue", "--state", "running", "--json"))
+    return next((r for r in rows if r["job_id"] == job), {})
+
+
+def _node_of(ledger: Ledger, pid: int) -> str:
+    """The node whose slurmd runs `pid`: the one holding the step socket of the slurmstepd above
+    it (each node's slurmd has its own spool dir)."""
+    up, stepds = pid, set()
+    while up > 1:
+        stat = Path(f"/proc/{up}/stat").read_text()
+        if stat.split("(", 1)[1].startswith("slurmstepd"):
+            stepds.add(up)
+        up = int(stat.rsplit(")", 1)[1].split()[1])
+    for node in ledger.cluster.nodes:
+        if any(stepds & held for held in held_steps(ledger.cluster.conf, node).values()):
+            return node
+    raise AssertionError(f"{pid} is under no step of {ledger.cluster.nodes} (slurmstepd {stepds})")
+
+
+def _slurm_state(ledger: Ledger, job: int) -> str:
+    """Slurm's state of the ledger job's Slurm job (`gpuledger-<job>`), "" when it lists none."""
+    return ledger.cluster.run("squeue", "-h", "-n", f"gpuledger-{job}", "-o", "%T",
+                              check=False).strip()  # fmt: skip
+
+
+def _slurm_nodes(ledger: Ledger, job: int) -> list[str]:
+    listed = ledger.cluster.run("squeue", "-h", "-n", f"gpuledger-{job}", "-o", "%N").strip()
+    return sorted(ledger.cluster.run("scontrol", "show", "hostnames", listed).split())
+
+
+def _last_alive(kids: list[int]) -> tuple[dict[int, float], threading.Event]:
+    """Each of `kids` -> the last time it was seen alive (this host's clock), kept by a thread
+    reading /proc every 50 ms, and the event set once all are gone. A lower bound of each one's
+    death that holds under any load (a starved reader sees a death late, never an end early)."""
+    seen = {k: time.time() for k in kids}
+    done = threading.Event()
+
+    def watch() -> None:
+        while True:
+            for k in kids:
+                if alive(k):
+                    seen[k] = time.time()
+            if not any(alive(k) for k in kids):
+                done.set()
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=watch, daemon=True).start()
+    return seen, done
+
+
+def _next_waits(ledger: Ledger, kids: list[int], timeout: float = 120) -> float:
+    """While any of `kids` lives, job 2 (submitted for both nodes' GPUs) neither runs in Slurm
+    nor in the ledger; returns when the last was last seen alive (this host's clock)."""
+    seen, done = _last_alive(kids)
+    deadline = time.monotonic() + timeout
+    while not done.is_set():
+        assert time.monotonic() < deadline, f"{kids} outlived {timeout} s: {ledger.jobs()[1]}"
+        state, row = _slurm_state(ledger, 2), ledger.jobs()[2]
+        gone = not any(alive(k) for k in kids)  # (they may die between the reads)
+        assert state in ("", "PENDING") or gone, (state, kids)
+        assert row["status"] in ("pending", "placed") or gone, row
+        time.sleep(0.3)
+    return max(seen.values())
+
+
+def _kill(kids: list[int]) -> None:
+    for kid in kids:
+        with contextlib.suppress(OSError):
+            os.kill(kid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize(("code", "outcome"), [(0, "completed"), (3, "failed")])
+def test_a_gangs_own_exit_before_a_preempt_is_its_outcome_and_its_leftovers_hold_both_nodes(
+    ledger: Ledger, code: int, outcome: str
+) -> None:
+    """The command leaves a SIGTERM-ignoring child on the batch node and a step on the other,
+    then exits `code`; a preempt comes while the batch script reaps: its own exit is its outcome
+    (as on one node, atk53-23 F3), it never runs again, and the next job of both nodes' GPUs
+    starts only once the leftovers on both nodes are gone (the step's `srun` cancels it at the
+    reaping's SIGTERM; the batch node's child lives to the grace's SIGKILL)."""
+    nodes = ledger.cluster.nodes
+    assert len(nodes) == 2, f"the gang tests need a cluster of two nodes, not {nodes}"
+    ledger.up()
+    work = ledger.work
+    kid = (f"echo ran >> runs-1; {SECOND} ( trap '' TERM; while :; do sleep 0.2; done ) &"
+           f" echo kid=$!; until [ -e go ]; do sleep 0.2; done; exit {code}")  # fmt: skip
+    ledger.submit("alice", 8, kid, "--resumable", "--min-runtime", "0", "--grace", f"{GRACE_S}s")
+    ledger.wait("both leftovers", lambda: len(pids(ledger.log_of(1), "kid")) == 1
+                and len(pids(ledger.log_of(1), "kid2")) == 1, timeout=180)  # fmt: skip
+    kids = [*pids(ledger.log_of(1), "kid"), *pids(ledger.log_of(1), "kid2")]
+    try:
+        assert all(alive(k) for k in kids), (kids, ledger.log_of(1))
+        assert sorted(_node_of(ledger, k) for k in kids) == sorted(nodes), kids  # one on each
+        assert sorted(sl["node"] for sl in ledger.jobs()[1]["slots"]) == sorted(nodes)  # a gang
+        assert _slurm_state(ledger, 1) == "RUNNING" and _slurm_nodes(ledger, 1) == sorted(nodes)
+        (work / "go").touch()  # the command exits
+        ledger.wait("job 1's command to end", lambda: "its command exited"
+                    in str(_row(ledger, 1).get("reason", "")), timeout=120)  # fmt: skip
+        kill_at = float(_row(ledger, 1)["kill_at"])
+        assert alive(kids[0]), "the batch node's child was gone already"
+        ledger.cli("preempt", "1", "--reason", "the test makes room")
+        (preempted,) = ledger.of("job.preempted.v1", 1)
+        # the case under test: the preempt reached the ledger while the batch script reaped
+        assert preempted["at"] < kill_at and alive(kids[0]), (preempted, kill_at)
+        ledger.submit("bob", 8, "echo started; sleep 600")  # both nodes' GPUs, all of them
+        gone = _next_waits(ledger, kids, timeout=GRACE_S + 120)
+        ledger.wait("job 1 finished", lambda: ledger.jobs()[1]["status"] == "finished", 120)
+    finally:
+        _kill(kids)
+    got = ledger.jobs()[1]
+    assert (got["outcome"], got["finish_reason"], got["exit_code"]) == (outcome, outcome, code), got
+    ledger.wait("job 2 running", lambda: ledger.jobs()[2]["status"] == "running", 120)
+    started = ledger.jobs()[2]
+    assert sorted(sl["node"] for sl in started["slots"]) == sorted(nodes), started
+    assert started["started_at"] >= gone - 1.0, (started, gone)  # Slurm's whole seconds
+    assert _slurm_nodes(ledger, 2) == sorted(nodes)
+    ledger.wait("job 1's Slurm job gone", lambda: _slurm_state(ledger, 1) == "", 30)
+    assert (work / "runs-1").read_text().split() == ["ran"]  # never run again
+    assert len(ledger.of("job.engine_linked.v1", 1)) == 1
+
+
+def test_a_preempted_gang_is_stopped_on_both_nodes_before_the_next_job_starts(
+    ledger: Ledger,
+) -> None:
+    """A gang's ranks (`srun` over both nodes, each ignoring SIGTERM) run when it is preempted:
+    SIGTERM, the job's grace, its batch step killed, then Slurm ends the step on both nodes.
+    Both ranks die, the job ends `preempted`, and the next job of both nodes' GPUs starts after
+    the last one died, in Slurm and in the ledger. (Open, not asserted: the run's recorded end is
+    the batch step's `EndTime`, before the step's ranks die: a rank was seen alive 5.4 s after
+    it at load 59; docs/slurm.md, "Gangs".)"""
+    nodes = ledger.cluster.nodes
+    assert len(nodes) == 2, f"the gang tests need a cluster of two nodes, not {nodes}"
+    ledger.up()
+    ranks = ("srun -N2 --ntasks-per-node=1 bash -c 'trap \"\" TERM; echo rank=$$;"
+             " echo $$ > rank-$SLURM_NODEID.pid; while :; do sleep 0.2; done'")  # fmt: skip
+    ledger.submit("alice", 8, ranks, "--grace", "3s")
+    work = ledger.work
+    ledger.wait("both ranks", lambda: all((work / f"rank-{i}.pid").is_file()
+                and (work / f"rank-{i}.pid").read_text().strip() for i in (0, 1)), 180)  # fmt: skip
+    kids = [int((work / f"rank-{i}.pid").read_text()) for i in (0, 1)]
+    try:
+        assert sorted(_node_of(ledger, k) for k in kids) == sorted(nodes), kids
+        assert _slurm_state(ledger, 1) == "RUNNING" and _slurm_nodes(ledger, 1) == sorted(nodes)
+        ledger.wait("job 1 running", lambda: ledger.jobs()[1]["status"] == "running", 60)
+        ledger.cli("preempt", "1", "--reason", "the test makes room")
+        ledger.submit("bob", 8, "echo started; sleep 600")
+        gone = _next_waits(ledger, kids)
+        ledger.wait("job 1 finished", lambda: ledger.jobs()[1]["status"] == "finished", 120)
+    finally:
+        _kill(kids)
+    assert ledger.jobs()[1]["finish_reason"] == "preempted", ledger.jobs()[1]
+    ledger.wait("job 2 running", lambda: ledger.jobs()[2]["status"] == "running", 120)
+    started = ledger.jobs()[2]
+    assert started["started_at"] >= gone - 1.0, (started, gone)
+    assert _slurm_nodes(ledger, 2) == sorted(nodes)
+
+
+def test_slurm_down_stops_both_slurmd_of_a_two_node_cluster_even_without_its_record_of_one(
+    tmp_path: Path,
+) -> None:
+    """`scripts/slurm/slurm down` stops every daemon of its data dir: by the pids `up` recorded
+    and by Slurm's own pid files (`SlurmdPidFile`, one per node), so a slurmd whose recorded pid
+    is lost (here: overwritten) is stopped all the same, and `down` fails, naming it, when one
+    outlives its TERM and KILL. (Before: it stopped only the recorded pids and said "stopped"
+    with node 2's slurmd still running; scripts/test's clean-up threw `down`'s output away.)"""
+    node = f"{socket.gethostname().split('.')[0]}-gdown"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPULEDGER_SLURM", "SLURM"))}
+    env |= {"GPULEDGER_SLURM_DATA": str(tmp_path / "slurm"), "GPULEDGER_SLURM_NODE": node}
+    for _ in range(3):  # a free port may be taken by another process before Slurm binds it
+        ctld, first, second = free_port(), free_port(), free_port()
+        env |= {"GPULEDGER_SLURMCTLD_PORT": str(ctld), "GPULEDGER_SLURMD_PORT": str(first),
+                "GPULEDGER_SLURMD_PORTS": str(second)}  # fmt: skip
+        two = env | {"GPULEDGER_SLURM_NODES": "2"}  # (`down` reads it from the config)
+        up = subprocess.run([str(base.SLURM_SCRIPT), "up"], env=two, capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
+        if up.returncode == 0 or "Address already in use" not in up.stderr:
+            break
+        subprocess.run([str(base.SLURM_SCRIPT), "down"], env=env, capture_output=True, timeout=120)
+    data = tmp_path / "slurm"
+    names = ("slurmd", "slurmd-2", "slurmctld", "munged")
+    daemons = {
+        d: int((data / f"{d}.pid").read_text()) for d in names if (data / f"{d}.pid").is_file()
+    }
+    try:
+        assert up.returncode == 0, up.stderr
+        assert sorted(daemons) == ["munged", "slurmctld", "slurmd", "slurmd-2"] and all(
+            alive(p) for p in daemons.values()), daemons  # fmt: skip
+        (data / "slurmd-2.pid").write_text("999999999\n")  # node 2's recorded pid lost
+        down = subprocess.run([str(base.SLURM_SCRIPT), "down"], env=env, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+        left = {d: p for d, p in daemons.items() if alive(p)}
+        assert left == {} and down.returncode == 0, (left, down.stderr)
+    finally:
+        _kill(list(daemons.values()))
