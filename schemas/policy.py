@@ -392,6 +392,17 @@ class FairShare17Config(FairShare16Config, frozen=True, kw_only=True, tag="fairs
     atk55-26 F1: one kept 8-GPU run held a 32-GPU gang out for 71 h). A policy built today gets
     0.125, `hold_share`'s default (`BUILT_WITH`); this default, 0, is what a record without the
     setting was written with (the s55 keep and older)."""
+    takeback_keep_need_s: NonNegative = 0.0
+    """The runs `takeback_limit` keeps are victims of a funded non-debug job that has waited
+    this long since it was submitted, offered after every other unfunded run and squatter and
+    before funded work (a plan takes one only when no plan of cheaper victims places the job:
+    it needs its GPUs); 0: never (s56-keep2, atk56-26 F1: a 28-GPU gang of 256 GPUs, under the
+    yield share, waited 71 h). A policy built today gets `BUILT_WITH`'s; this default, 0, is
+    what a record without the setting was written with."""
+    takeback_keep_per_pool: bool = False
+    """`takeback_keep_share` bounds the kept runs of each pool (GPU type and cluster) by that
+    share of the pool's active GPUs, not of the cluster's (atk56-26 F2: a small pool could be
+    kept whole). A policy built today gets True (`BUILT_WITH`); a record without it, False."""
     free_order: Literal["oldest", "smallest", "team"] = "oldest"
     """"oldest": unfunded jobs go by submit time alone after every funded job (a requeue keeps
     its submit time); "smallest": by GPUs asked (fewest first), then by submit time; "team":
@@ -530,11 +541,13 @@ POLICY_CONFIG_TYPES: tuple[type[PolicyConfig], ...] = (
 )
 
 
-BUILT_WITH: dict[str, dict[str, float]] = {
+BUILT_WITH: dict[str, dict[str, float | bool]] = {
     "fairshare-17": {
         "takeback_keep_s": 259_200.0,
         "takeback_keep_share": 0.0625,
         "takeback_keep_yield_share": 0.125,
+        "takeback_keep_need_s": 7_200.0,
+        "takeback_keep_per_pool": True,
     },
 }
 """Version -> the settings a policy built today gets (`ledger.dispatch.registry.default_config`)

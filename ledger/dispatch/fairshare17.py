@@ -42,8 +42,14 @@ What changes, each a setting of its own so the tables can turn it off:
   docs/simulation.md "fairshare-17's keep".) The share bounds how many GPUs are kept, not which
   jobs they block (atk55-26 F1: one kept 8-GPU run held a 32-GPU gang out for 71 h), so a kept
   run yields to a funded non-debug job asking at least `takeback_keep_yield_share` (0.125) of
-  its pool (`keep_yields_to`, s56). `takeback_keep_wait_s` (0, off): a funded non-debug job
-  that has waited that long takes kept runs back (s55's candidate, not chosen).
+  its pool (`keep_yields_to`, s56). But a gang just under that (28 GPUs of 256) or an 8-GPU
+  job on a node two kept 4-GPU runs share still waited 71 h (atk56-26 F1), so a funded
+  non-debug job that has waited `takeback_keep_need_s` is offered the kept runs too
+  (`keep_needed_by`), after every other unfunded run and squatter (`CLASS_KEPT`): it takes one
+  only when nothing cheaper places it. With `takeback_keep_per_pool` the share is of each
+  pool's GPUs (atk56-26 F2: else a small pool could be kept whole). `takeback_keep_wait_s`
+  (0, off): a funded non-debug job that has waited that long takes kept runs back in the usual
+  order (s55's candidate, not chosen).
 - **A waiting debug job keeps a node** (`debug_hold`, on): a debug-lane job that cannot be placed
   (nor by preempting what its lane may) gets the cycle's reservation: the node it can have
   soonest, a running job freeing there at its contract's end when the debug job may preempt it,
@@ -62,14 +68,22 @@ import math
 from collections.abc import Hashable, Iterable, Iterator, Sequence
 from typing import Literal
 
+import msgspec
+
 from ledger.dispatch.fairshare2 import FREE_HEAD, team_of
 from ledger.dispatch.fairshare7 import FairShare7, pool_gpus
 from ledger.dispatch.fairshare16 import FairShare16
 from ledger.dispatch.ordering import KeptClasses, Ordered, SortKey
-from ledger.dispatch.preemption import CLASS_UNFUNDED, Victim
+from ledger.dispatch.preemption import CLASS_RESUMABLE, CLASS_SQUATTING, CLASS_UNFUNDED, Victim
 from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot
 
 FreeOrder = Literal["oldest", "smallest", "team"]
+
+CLASS_KEPT = (CLASS_SQUATTING + CLASS_RESUMABLE) / 2
+"""The victim class of a kept run offered to a job that needs it (`takeback_keep_need_s`):
+after every other unfunded run and every squatter, before funded work (a plan of funded victims
+may be refused by `weigh`, and the planners offer no second plan: atk56-26's K16 waited on
+one), so a plan takes it only when no plan of cheaper victims places the job."""
 
 
 class FairShare17(FairShare16, frozen=True, kw_only=True):
@@ -86,6 +100,8 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
     takeback_keep_share: float = 0.0625
     takeback_keep_wait_s: float = 0.0
     takeback_keep_yield_share: float = 0.125
+    takeback_keep_need_s: float = 0.0
+    takeback_keep_per_pool: bool = False
     debug_hold_window_s: float = 3_600.0
 
     @property
@@ -132,29 +148,45 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
         """The unfunded runs `takeback_limit` keeps from funded non-debug work now: taken back
         `takeback_limit` times by another team's funded work, placed less than
         `takeback_keep_s` ago, oldest submission first (then job id) while their GPUs stay
-        within `takeback_keep_share` of the cluster's active GPUs."""
+        within `takeback_keep_share` of the cluster's active GPUs (of their pool's with
+        `takeback_keep_per_pool`)."""
         memo = snapshot.memo
         limit = self.takeback_limit
+        per_pool = self.takeback_keep_per_pool
         key = ("fairshare-17 kept", now, limit, self.takeback_keep_s, self.takeback_keep_share,
-               self.team_depth)  # fmt: skip
+               self.team_depth, per_pool)  # fmt: skip
         found: frozenset[int] | None = memo.get(key)
         if found is not None:
             return found
-        room = self.takeback_keep_share * sum(n.gpus for n in snapshot.nodes if n.state == "active")
+        share = self.takeback_keep_share
+        pool_of = {n.name: (n.gpu_type, n.cluster) if per_pool else None for n in snapshot.nodes}
+        rooms: dict[Hashable, float] = {}
+        for n in snapshot.nodes:
+            if n.state == "active":
+                at = pool_of[n.name]
+                rooms[at] = rooms.get(at, 0.0) + share * n.gpus
         out: set[int] = set()
         if limit > 0:
             due = sorted(
-                (r.submitted_at, r.job_id, r.gpus)
+                (
+                    r.submitted_at,
+                    r.job_id,
+                    r.gpus,
+                    pool_of.get(r.slots[0].node) if r.slots else None,
+                )
                 for r in snapshot.running
                 if r.min_runtime_s <= 0
                 and now - r.placed_at < self.takeback_keep_s
                 and len(r.takebacks) >= limit
                 and self.taken_back(r) >= limit
             )
-            for _, job_id, gpus in due:
-                if gpus > room:
-                    break
-                room -= gpus
+            full: set[Hashable] = set()  # a pool's first run over its room ends its keeps
+            for _, job_id, gpus, at in due:
+                room = rooms.get(at, 0.0)
+                if at in full or gpus > room:
+                    full.add(at)
+                    continue
+                rooms[at] = room - gpus
                 out.add(job_id)
         memo[key] = kept = frozenset(out)
         return kept
@@ -165,6 +197,15 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
         wait = self.takeback_keep_wait_s
         return wait > 0 and now - job.submitted_at >= wait
 
+    def keep_needed_by(self, job: PendingJob, snapshot: Snapshot) -> bool:
+        """Whether the kept runs are victims of `job`, a funded non-debug job, after all its
+        other victims: it has waited `takeback_keep_need_s` since it was submitted (0: never).
+        Offered last (`CLASS_KEPT`), a kept run is taken only when no plan without it places
+        the job, now or in its reservation: the job needs its GPUs (atk56-26 F1: gangs under
+        the yield share and single-node jobs on a kept node waited 71 h)."""
+        need = self.takeback_keep_need_s  # the snapshot's time, as `victim_group` knows it
+        return need > 0 and snapshot.taken_at - job.submitted_at >= need
+
     def keep_yields_to(self, job: PendingJob, snapshot: Snapshot) -> bool:
         """Whether the kept runs are victims like any other of `job`, a funded non-debug job:
         it asks at least `takeback_keep_yield_share` of its pool's active GPUs (0: never). A
@@ -173,13 +214,27 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
         share = self.takeback_keep_yield_share
         return share > 0 and job.gpus >= share * pool_gpus(snapshot, job)
 
+    def job_traits(self, job: PendingJob, snapshot: Snapshot) -> Hashable:
+        """The traits before, with `keep_needed_by` when it is on: `victim_group` reads it, so
+        a job that has waited the bound is not answered as a newer one of its team and shape
+        (`decide()` asks once per traits in a cycle)."""
+        traits = super().job_traits(job, snapshot)
+        if self.takeback_keep_need_s <= 0 or self.lane(job):
+            return traits
+        return (traits, self.keep_needed_by(job, snapshot))
+
     def victim_group(self, job: PendingJob, snapshot: Snapshot) -> Hashable:
         """`fairshare-7`'s groups, split by `keep_yields_to` when it is on: the kept runs are
         victims of a large job, not of a small one of the same team."""
         group = super().victim_group(job, snapshot)
         if self.takeback_keep_yield_share <= 0 or self.lane(job):
+            if self.takeback_keep_need_s <= 0 or self.lane(job):
+                return group
+            return (group, "keep needed", self.keep_needed_by(job, snapshot))
+        group = (group, "keep yields", self.keep_yields_to(job, snapshot))
+        if self.takeback_keep_need_s <= 0:
             return group
-        return (group, "keep yields", self.keep_yields_to(job, snapshot))
+        return (group, "keep needed", self.keep_needed_by(job, snapshot))
 
     def victims(
         self, job: PendingJob, candidates: Iterable[RunningJob], snapshot: Snapshot, now: float
@@ -195,11 +250,20 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
         kept = self.kept_runs(snapshot, now)
         if kept and (self.keep_lapsed_for(job, now) or self.keep_yields_to(job, snapshot)):
             kept = frozenset()
+        last: list[Victim] | None = [] if kept and self.keep_needed_by(job, snapshot) else None
         for v in found:
             r = v.job
+            if last and v.cost[0] > CLASS_KEPT:  # in the victims' order (by class, then cost)
+                yield from last
+                last = []
             if r.min_runtime_s <= 0 and (r.job_id in kept or now - r.placed_at < grace):
+                if last is not None and r.job_id in kept and now - r.placed_at >= grace:
+                    cost = (CLASS_KEPT, *v.cost[1:])
+                    last.append(msgspec.structs.replace(v, cost=cost, note="kept run, needed"))
                 continue
             yield v
+        if last:
+            yield from last
 
     def hold_window_for(self, job: PendingJob) -> float:
         """How far ahead `job`'s reservation may free (`engine._hold_for`'s window; inf: any
