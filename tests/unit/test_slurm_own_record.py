@@ -343,3 +343,18 @@ def test_a_stop_whose_kill_an_outage_held_back_ends_as_its_record_says() -> None
         st, j, START + 75.0, None, None, False, outage, (OwnEnd(137, START + 72.4), None)
     )
     assert new.at == START + 72.4 and new.exit_code == 137, new
+
+
+def test_a_run_slurms_backstop_ended_while_the_service_was_down_ends_time_limit() -> None:
+    """CI of stops 55 and 56: `-t 30s`, the service killed -9, Slurm's own TIMEOUT then
+    KillWait's SIGKILL ended the job (its record: 137), and the restarted service, finding the
+    run no longer listed, recorded `exited`, outcome `failed`. A signalled end at or past the
+    limit (from Slurm's start) is `time_limit`; before it, or unsignalled, the run's own."""
+    launch = Launch(1, (), ("sleep", "300"), None, "alice", "ai2/olmo", time_limit_s=30)
+    r = Run(1, 0, launch, slurm_id="7", started=True, started_at=START)
+    late = vanished_end(r, "7", "", START + 90.0, OwnEnd(137, START + 72.0, True), START)
+    assert late is not None and (late.reason, late.exit_code) == ("time_limit", 137)
+    early = vanished_end(r, "7", "", START + 90.0, OwnEnd(137, START + 12.0, True), START)
+    assert early is not None and early.reason == "exited"
+    itself = vanished_end(r, "7", "", START + 90.0, OwnEnd(0, START + 40.0), START)
+    assert itself is not None and (itself.reason, itself.exit_code) == ("exited", 0)

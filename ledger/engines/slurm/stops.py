@@ -570,6 +570,16 @@ class Quarantine:
         self.held = out
 
 
+def signalled_past_limit(r: Run, own: OwnEnd | None) -> bool:
+    """Pure: its own end record says a signal ended it at or past its time limit, counted from
+    Slurm's start: Slurm's backstop (TIMEOUT, then KillWait's SIGKILL) while the service that
+    keeps the exact limit was down, a run Slurm no longer lists (CI, stop 55 and 56:
+    `test_slurms_own_timeout_while_the_service_is_down_ends_when_the_job_died` read `failed`)."""
+    limit = r.launch.time_limit_s if r.launch is not None else None
+    return (own is not None and own.signalled and limit is not None
+            and r.started_at is not None and own.at >= r.started_at + limit)  # fmt: skip
+
+
 def vanished_end(
     r: Run, slurm_id: str, sacct: str, now: float, own: OwnEnd | None = None,
     low: float | None = None,
@@ -590,6 +600,8 @@ def vanished_end(
         reason = "exited" if mine and reason in ("lost", "node_failure") else reason
     if r.limited and (state in ENDED or (own is not None and own.signalled)):
         reason = "time_limit"  # stopped at its limit: so too by its own record of the signal
+    elif reason != "time_limit" and signalled_past_limit(r, own):
+        reason = "time_limit"  # Slurm's backstop while no service stopped it (the service down)
     return Exit(r.job_id, code, at, reason, slurm_id, state or "UNKNOWN")
 
 
