@@ -57,7 +57,11 @@ def pytest_configure(config: pytest.Config) -> None:
 SLURM_FILES = "test_slurm"
 """The test files (`tests/integration/test_slurm*.py`) that run on the suite's Slurm clusters
 (the fixture `cluster` of test_slurm.py): each file on the cluster of its group, one set of GPUs
-with its own foreign jobs, so a group's files run one after the other on one worker."""
+with its own foreign jobs, so a group's files run one after the other on one worker. The clusters
+share one host and their jobs one user (`nobody`): a test's job never signals processes by name
+(a job's `pkill -f slurm_script` killed every cluster's batch scripts: CI of stops 55 and 56), and
+a test kills by a pid only while it is still what the test meant (`test_slurm_trees.kill_of_job`,
+`Cluster.running`): pids wrap fast here."""
 
 SLURM_SECONDS: dict[str, float] = {
     "test_slurm": 905,

@@ -61,8 +61,26 @@ class Cluster:
         return done.stdout
 
     def daemon_pid(self, name: str) -> int:
-        data = Path(self.conf).parent
-        return int((data / f"{name}.pid").read_text().split()[0])
+        """The pid of this cluster's daemon `name` (`slurm up`'s pid file), checked to be that
+        daemon still (`running`); not running: an AssertionError."""
+        pid = self._recorded(name)
+        assert self.running(name), f"{name} of {self.conf} is not running (its pid file: {pid})"
+        return pid
+
+    def running(self, name: str) -> bool:
+        """Whether the process of `name`'s pid file is this cluster's daemon still: its
+        environment names this cluster's config, as `slurm up` started it. A pid file outlives a
+        daemon killed -9, and its pid may be another process's by now (pids wrap fast in the
+        suite): a kill by it would hit that one."""
+        try:
+            env = Path(f"/proc/{self._recorded(name)}/environ").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        key = b"SLURM_CONF="
+        return Path(self.conf) in [Path(v[len(key) :].decode()) for v in env if v.startswith(key)]
+
+    def _recorded(self, name: str) -> int:
+        return int((Path(self.conf).parent / f"{name}.pid").read_text().split()[0])
 
     def up(self) -> None:
         """(Re)start whichever Slurm daemon is not running (a node a test left DOWN or drained
@@ -125,12 +143,8 @@ class Cluster:
                 return
             os.kill(self.daemon_pid("slurmctld"), signal.SIGKILL)
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:  # its pid gone before `slurm up` starts another
-                try:
-                    os.kill(self.daemon_pid("slurmctld"), 0)
-                except ProcessLookupError:
-                    break
-                time.sleep(0.1)
+            while time.monotonic() < deadline and self.running("slurmctld"):
+                time.sleep(0.1)  # gone before `slurm up` starts another
             self.up()
             time.sleep(1)
         raise AssertionError(f"Slurm counts GPUs with no job holding them: {self.gres_used()}")

@@ -16,7 +16,7 @@ from tests.integration import test_slurm as base
 from tests.integration.test_slurm import Cluster, Ledger
 from tests.integration.test_slurm_stepd import _remove_groups, _stepd_of
 from tests.integration.test_slurm_stops import _times
-from tests.integration.test_slurm_trees import alive, pids
+from tests.integration.test_slurm_trees import alive, kill_of_job, pids
 
 cluster, slurm, ledger = base.cluster, base.slurm, base.ledger  # the Slurm suite's fixtures
 
@@ -57,8 +57,7 @@ def _below(pid: int, tops: set[int]) -> bool:
 
 def _end(ledger: Ledger, slurm_id: str, *left: int) -> None:
     for pid in left:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+        kill_of_job(pid, {slurm_id})
     time.sleep(0.5)
     _remove_groups(ledger.cluster, slurm_id)
 

@@ -27,7 +27,7 @@ from tests.integration import test_slurm as base
 from tests.integration.conftest import free_port
 from tests.integration.slurmd_steps import held_steps
 from tests.integration.test_slurm import Ledger
-from tests.integration.test_slurm_trees import alive, pids
+from tests.integration.test_slurm_trees import alive, kill_of_job, pids
 
 cluster, slurm, ledger = base.cluster, base.slurm, base.ledger  # the Slurm suite's fixtures
 
@@ -110,10 +110,28 @@ def _next_waits(ledger: Ledger, kids: list[int], timeout: float = 120) -> float:
     return max(seen.values())
 
 
-def _kill(kids: list[int]) -> None:
+def _kill_daemons(data: Path, pids: list[int]) -> None:
+    """The daemons of the test's own cluster killed, each only while it is one of them (its
+    command line or environment names the cluster's data dir: a pid may be another's by now)."""
+    for pid in pids:
+        try:
+            said = (
+                Path(f"/proc/{pid}/cmdline").read_bytes()
+                + Path(f"/proc/{pid}/environ").read_bytes()
+            )
+        except OSError:
+            continue
+        if str(data).encode() in said:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _kill(ledger: Ledger, kids: list[int]) -> None:
+    """The test's leftovers killed, each only while it is a process of this ledger's Slurm jobs
+    (`kill_of_job`)."""
+    ours = {str(e["engine_job_id"]) for e in ledger.of("job.engine_linked.v1")}
     for kid in kids:
-        with contextlib.suppress(OSError):
-            os.kill(kid, signal.SIGKILL)
+        kill_of_job(kid, ours)
 
 
 @pytest.mark.parametrize(("code", "outcome"), [(0, "completed"), (3, "failed")])
@@ -153,7 +171,7 @@ def test_a_gangs_own_exit_before_a_preempt_is_its_outcome_and_its_leftovers_hold
         gone = _next_waits(ledger, kids, timeout=GRACE_S + 120)
         ledger.wait("job 1 finished", lambda: ledger.jobs()[1]["status"] == "finished", 120)
     finally:
-        _kill(kids)
+        _kill(ledger, kids)
     got = ledger.jobs()[1]
     assert (got["outcome"], got["finish_reason"], got["exit_code"]) == (outcome, outcome, code), got
     ledger.wait("job 2 running", lambda: ledger.jobs()[2]["status"] == "running", 120)
@@ -194,7 +212,7 @@ def test_a_preempted_gang_is_stopped_on_both_nodes_before_the_next_job_starts(
         gone = _next_waits(ledger, kids)
         ledger.wait("job 1 finished", lambda: ledger.jobs()[1]["status"] == "finished", 120)
     finally:
-        _kill(kids)
+        _kill(ledger, kids)
     assert ledger.jobs()[1]["finish_reason"] == "preempted", ledger.jobs()[1]
     ledger.wait("job 2 running", lambda: ledger.jobs()[2]["status"] == "running", 120)
     started = ledger.jobs()[2]
@@ -238,4 +256,4 @@ def test_slurm_down_stops_both_slurmd_of_a_two_node_cluster_even_without_its_rec
         left = {d: p for d, p in daemons.items() if alive(p)}
         assert left == {} and down.returncode == 0, (left, down.stderr)
     finally:
-        _kill(list(daemons.values()))
+        _kill_daemons(data, list(daemons.values()))

@@ -8,20 +8,24 @@ Slurm (scripts/slurm/slurm), the child's life read from /proc."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
+import pwd
+import subprocess
 import time
 from typing import Any
 
 from tests.integration import test_slurm as base
 from tests.integration.test_slurm import Ledger
-from tests.integration.test_slurm_trees import alive, pids
+from tests.integration.test_slurm_trees import alive, kill_of_job, pids
 
 cluster, slurm, ledger = base.cluster, base.slurm, base.ledger  # the Slurm suite's fixtures
 
 GRACE_S = 30
+
+
+def _slurm_ids(ledger: Ledger, job: int) -> set[str]:
+    """The Slurm jobs of `job`'s runs (a run requeued is another Slurm job)."""
+    return {str(e["engine_job_id"]) for e in ledger.of("job.engine_linked.v1", job)}
 
 
 def _row(ledger: Ledger, job: int) -> dict[str, Any]:
@@ -53,8 +57,7 @@ def test_a_job_whose_command_exited_reads_stopping_and_a_cancel_then_leaves_it_c
             time.sleep(0.3)
         ledger.wait("job 1 finished", lambda: ledger.jobs()[1]["status"] == "finished", 90)
     finally:
-        with contextlib.suppress(OSError):
-            os.kill(child, signal.SIGKILL)
+        kill_of_job(child, _slurm_ids(ledger, 1))
     got = ledger.jobs()[1]
     assert (got["outcome"], got["finish_reason"], got["exit_code"]) == (
         "completed", "completed", 0), got  # fmt: skip
@@ -84,8 +87,7 @@ def test_a_time_limit_that_passes_while_the_batch_script_reaps_leaves_the_job_co
     try:
         ledger.wait("job 1 finished", lambda: ledger.jobs()[1]["status"] == "finished", 120)
     finally:
-        with contextlib.suppress(OSError):
-            os.kill(child, signal.SIGKILL)
+        kill_of_job(child, _slurm_ids(ledger, 1))
     got = ledger.jobs()[1]
     assert (got["outcome"], got["finish_reason"], got["exit_code"]) == (
         "completed", "completed", 0), got  # fmt: skip
@@ -106,8 +108,7 @@ def test_a_requeue_after_the_command_exited_3_fails_the_job_not_run_again(
         ledger.cli("requeue", "1")
         ledger.wait("job 1 finished", lambda: ledger.jobs()[1]["status"] == "finished", 120)
     finally:
-        with contextlib.suppress(OSError):
-            os.kill(child, signal.SIGKILL)
+        kill_of_job(child, _slurm_ids(ledger, 1))
     got = ledger.jobs()[1]
     assert (got["outcome"], got["finish_reason"], got["exit_code"]) == (
         "failed", "failed", 3), got  # fmt: skip
@@ -153,15 +154,26 @@ def test_a_leftover_that_kills_its_batch_script_fails_the_job_and_explain_says_w
     that a process of the job's own killed its batch script, after its command exited 0.
     Before: "failed ..., exit code 137" and nothing more."""
     ledger.up()
-    kid = ("( trap 'pkill -KILL -f slurm_scrip[t]' TERM; while :; do sleep 0.2; done ) &"
-           " echo kid=$!; sleep 1; exit 0")  # fmt: skip
+    # a process of the same user elsewhere on the host whose command line names a batch script
+    # (another cluster's job, as in the suite) lives on: the job kills its own script alone
+    decoy = subprocess.Popen(["/bin/bash", "-c", "exec -a /elsewhere/job1/slurm_script sleep 600"],
+                             user="nobody", start_new_session=True)  # fmt: skip
+    # its own batch script alone (Slurm's `<spool>/job<id>/slurm_script`): a bare `slurm_script`
+    # matched every batch script of the job's user on the host, and killed other clusters' jobs
+    # in the suite (CI of stops 55 and 56: test_slurm_world's job, SIGKILLed with this one)
+    kid = ("( trap 'pkill -KILL -f \"/job${SLURM_JOB_ID}/slurm_scrip[t]\"' TERM;"
+           " while :; do sleep 0.2; done ) & echo kid=$!; echo uid=$(id -u);"
+           " sleep 1; exit 0")  # fmt: skip
     ledger.submit("alice", 1, kid, "--grace", f"{GRACE_S}s")
     try:  # the script's SIGTERM to the child makes it kill the script at once
         ledger.wait("job 1 finished", lambda: ledger.jobs()[1]["status"] == "finished", 120)
+        assert pids(ledger.log_of(1), "uid") == [pwd.getpwnam("nobody").pw_uid]  # the decoy's
+        assert decoy.poll() is None, "the job's pkill killed another job's batch script"
     finally:
+        decoy.kill()
+        decoy.wait(timeout=10)
         for child in pids(ledger.log_of(1), "kid"):
-            with contextlib.suppress(OSError):
-                os.kill(child, signal.SIGKILL)
+            kill_of_job(child, _slurm_ids(ledger, 1))
     got = ledger.jobs()[1]
     assert (got["outcome"], got["exit_code"]) == ("failed", 137), got
     assert "a process of the job's own (or someone on its node) killed it" in got[

@@ -15,7 +15,7 @@ from pathlib import Path
 from tests.integration import test_slurm as base
 from tests.integration.test_slurm import Cluster, Ledger
 from tests.integration.test_slurm_stops import _times
-from tests.integration.test_slurm_trees import alive, pids
+from tests.integration.test_slurm_trees import alive, kill_of_job, pids
 
 cluster, slurm, ledger = base.cluster, base.slurm, base.ledger  # the Slurm suite's fixtures
 
@@ -73,8 +73,7 @@ def test_a_child_left_when_slurmstepd_is_killed_ends_before_the_run_is_recorded_
         (ended,) = ledger.of("job.engine_ended.v1", 1)
         ledger.wait("job 2 to start", lambda: (work / "next").exists(), timeout=90)
     finally:
-        with contextlib.suppress(OSError):
-            os.kill(child, signal.SIGKILL)
+        kill_of_job(child, {slurm_id})
         time.sleep(0.5)
         _remove_groups(ledger.cluster, slurm_id)
     last = _times(work / "kid")[-1]

@@ -6,10 +6,12 @@ job before the ledger records its end, and a job opens only its own GPU device f
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 from tests.integration.test_slurm import Cluster, Ledger, cluster, ledger, slurm, status
@@ -31,6 +33,21 @@ FORKS = (
 
 def pids(log: str, key: str) -> list[int]:
     return [int(ln.split("=", 1)[1]) for ln in log.splitlines() if ln.startswith(key + "=")]
+
+
+def kill_of_job(pid: int, slurm_ids: Collection[str]) -> None:
+    """SIGKILL `pid` (a test's clean-up) only while it is still a process of one of the Slurm
+    jobs `slurm_ids` (its environment's SLURM_JOB_ID): a process that ended meanwhile left its
+    pid to whatever the host started next (pid_max is 32,768 and the suite forks fast), maybe
+    another test's job."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return
+    job = next((v[len(b"SLURM_JOB_ID=") :] for v in env if v.startswith(b"SLURM_JOB_ID=")), None)
+    if job is not None and job.decode() in slurm_ids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def alive(pid: int) -> bool:
