@@ -10,31 +10,33 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
-import duckdb
 import msgspec
-import pyarrow as pa
-import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 
 from ledger.cli._common import Ctx, pass_ctx, projection
 from ledger.cli.output import echo_json, json_option, print_table, progress
-from ledger.core import budget as b
+from ledger.dispatch import registry
 from ledger.history import audit as au
-from ledger.history import copy_check, tables
-from ledger.history import replay as rp
 from ledger.history import tamper as tm
-from ledger.history.compare import CycleReplay
-from ledger.history.copy_check import CopyReport
-from ledger.sim import whatif as wi
 from projections.kafka_wire import TOPIC, TOPIC_ENV
-from projections.store import memory_limit, projection_path
 from schemas import api
 from schemas import views as v
 from schemas.errors import InvalidCommand
 from schemas.units import format_time, parse_duration, parse_time, span
+
+if TYPE_CHECKING:
+    import duckdb
+    import pyarrow as pa
+
+    from ledger.history.compare import CycleReplay
+    from ledger.history.copy_check import CopyReport
+    from ledger.sim.whatif import WhatIfReport
+
+# DuckDB, Arrow, the Kafka client and the simulator are imported by the commands that use them:
+# a client beside a server (most audit commands) needs at most Arrow, and the rest were ~0.35 s
+# of CPU at every `gpuledger audit ...` (stop 56's suite ran ~110 such processes in one test)
 
 T = TypeVar("T")
 
@@ -82,6 +84,8 @@ def replay(
     reasons, ...). Exits 1 when a decision differs or cannot be replayed."""
     if not (cycle_id or job_id is not None or all_ or start or end):
         raise InvalidCommand("which decisions?", hint="pass --cycle ID, --job JOB or --all")
+    from ledger.history import replay as rp
+
     ctx.local_only()
     selection = rp.Selection(cycle=cycle_id, job=job_id, start=_time(start), end=_time(end))
     decisions = rp.find_decisions(ctx.home, selection)
@@ -142,7 +146,7 @@ def _print_replay(result: CycleReplay, show: int) -> None:
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="A budgets TOML applied on top of the organisation at --from.",
 )
-@click.option("--policy", type=click.Choice(wi.POLICIES), help="Another policy (its defaults).")
+@click.option("--policy", type=click.Choice(registry.NAMES), help="Another policy (its defaults).")
 @click.option("--window", help="Another usage window for fair share (e.g. 3d).")
 @click.option("--from", "start", required=True, help="Start of the period (ISO 8601).")
 @click.option("--to", "end", required=True, help="End of the period.")
@@ -182,6 +186,9 @@ def whatif(
     window or policy, through a real ledger, and compare per team with the same simulation
     with no change (run too: twice the time), what happened beside them; with no change
     given, the simulation against what happened."""
+    from ledger.core import budget as b
+    from ledger.sim import whatif as wi
+
     t0, t1 = parse_time(start), parse_time(end)
     ctx.local_only()
     budget = None if budgets is None else b.parse(budgets.read_bytes(), str(budgets))
@@ -228,7 +235,7 @@ def _pair(a: str, b_: str) -> str:
     return a if a == b_ else f"{a} -> {b_}"
 
 
-def _print_whatif(r: wi.WhatIfReport) -> None:
+def _print_whatif(r: WhatIfReport) -> None:
     click.echo(
         f"what-if {format_time(r.start)} .. {format_time(r.end)}: {r.submissions} submissions "
         f"(+{r.carried} active at the start), policy {r.policy_version} "
@@ -300,6 +307,11 @@ output_option = click.option(
 def readonly(ctx: Ctx) -> Iterator[duckdb.DuckDBPyConnection]:
     """The projection caught up with the log, then opened read-only (or, when a running service
     holds the file, the private in-memory copy), locked down."""
+    import duckdb
+
+    from ledger.history import tables
+    from projections.store import memory_limit, projection_path
+
     path = projection_path(ctx.home)
     with projection(ctx, quiet=True) as store:
         if store.path != path:  # the service holds the file: our copy is private
@@ -333,6 +345,8 @@ def _plain(value: Any) -> Any:
 
 def _flat(table: pa.Table) -> pa.Table:
     """Nested columns (lists, structs, maps) as JSON text, for CSV."""
+    import pyarrow as pa
+
     cols = []
     for col in table.columns:
         t = col.type
@@ -358,6 +372,10 @@ def _cell(name: str, value: Any) -> str:
 
 def export(table: pa.Table, fmt: str, output: Path | None) -> None:
     """Print or write a result as a table, CSV, JSON (an array of objects) or Parquet."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
     if fmt == "parquet":
         if output is None:
             raise InvalidCommand("parquet needs --output FILE")
@@ -401,6 +419,8 @@ def audit_sql(ctx: Ctx, query: str, fmt: str, as_json: bool, output: Path | None
     account_shares, accounts_at(t), node_history, nodes, preemptions, decisions. Admins only:
     the projection holds every job's command, logs and event payloads. Through a server it
     stops at a time, row and byte limit."""
+    from ledger.history import tables
+
     fmt = "json" if as_json else fmt
     sql = tables.check_select(query)
     if ctx.remote is None:  # the server checks its callers; here, the same rule
@@ -415,8 +435,12 @@ def _table(ctx: Ctx, query: api.AuditQuery) -> pa.Table:
     """The audit table: from the server beside a running one (`POST /v1/audit/table`, the exact
     Arrow table), else from the projection opened read-only."""
     if ctx.remote is not None:
+        import pyarrow as pa
+
         got: api.AuditTable = ctx.remote.post("audit/table", query, type=api.AuditTable, read=True)
         return pa.ipc.open_stream(got.arrow).read_all()
+    from ledger.history import tables
+
     with readonly(ctx) as con:
         return tables.audit_table(con, query)
 
@@ -509,6 +533,8 @@ def audit_verify(ctx: Ctx, bootstrap: str | None, topic: str, as_json: bool) -> 
             report = tm.verify_store(ctx.home, tm.file_anchor(ctx.home), progress=_staged(update))
     copy, held = None, ""
     if bootstrap:
+        from ledger.history import copy_check
+
         kafka = copy_check.KafkaCopy(bootstrap, topic)
         copy = copy_check.verify_copy(
             tm.store_records(ctx.home), kafka, first_offset=kafka.first_offset, topic=topic
@@ -638,6 +664,7 @@ def audit_check(ctx: Ctx, agent_states: tuple[Path, ...], as_json: bool) -> None
         view: v.CheckView = _asked_with_progress(ctx.remote, "check", v.CheckView)
     else:
         from ledger.engines.supervised import live_processes
+        from ledger.history import tables
 
         ctx.local_only()  # --agent-state names directories of this host, not the server's
         report = tables.scan_history(ctx.home)

@@ -14,8 +14,8 @@ from typing import Literal, NamedTuple
 
 import msgspec
 
-from ledger.store.relay import RelayError
-from ledger.store.relay_topic import offsets_text
+# RelayError and offsets_text are relay_topic's, imported where used: that module loads the Kafka
+# client (and the relay psycopg), and every server reads this one (its health) at its start
 
 HEALTH_FILE = "relay.json"
 
@@ -165,6 +165,8 @@ class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
             f"{self.behind(now, head, unread)}"
         )
         if self.skipped:
+            from ledger.store.relay_topic import offsets_text
+
             count = max(self.foreign, len(self.skipped))
             shown = offsets_text(self.skipped)
             if count > len(self.skipped):
@@ -213,6 +215,8 @@ def read_health(home: Path) -> RelayHealth | None:
     except FileNotFoundError:
         return None
     except (OSError, msgspec.DecodeError, msgspec.ValidationError) as e:
+        from ledger.store.relay_topic import RelayError
+
         raise RelayError(
             f"cannot read {health_path(home)}: {e}", hint="the service rewrites it; try again"
         ) from e
@@ -269,6 +273,8 @@ def _previous(home: Path, topic: str) -> int | None:
     """The position the last service's relay left committed on `topic` (`<home>/relay.json`),
     this home's word on the relay's progress (the store keeps the ledger's: a home upgraded
     from before it did brings this); None: unknown (no readable health of this topic)."""
+    from ledger.store.relay_topic import RelayError
+
     try:
         health = read_health(home)
     except RelayError:

@@ -85,3 +85,52 @@ def test_a_write_through_a_server_loads_neither_the_store_nor_the_domain(tmp_pat
         assert "ledger.core.decide" not in probe["loaded"]
     finally:
         server.stop()
+
+
+READS_BESIDE_A_SERVER = [
+    ("audit", "verify"),
+    ("audit", "check", "--json"),
+    ("audit", "preemptions", "--json"),
+    ("audit", "budget-changes", "--json"),
+]
+"""Reads the server answers whole (`GET /v1/audit/...`, the views): their client needs neither
+DuckDB, Arrow nor Kafka (`HEAVIEST`: they were ~0.35-0.5 s of CPU each, ~50 such processes in
+one test of test_server.py)."""
+HEAVIEST = ("duckdb", "pyarrow", "kafka", "litestar", "uvicorn")
+
+
+def test_the_audit_and_projection_reads_through_a_server_load_no_heavy_package(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "served"
+    set_up_ledger(home, tmp_path)
+    server = start_server(home)  # its Unix socket on the home: the CLI is its client
+    try:
+        for args in READS_BESIDE_A_SERVER:
+            proc, probe = _probe(home, *args)
+            assert proc.stdout.strip(), args
+            assert [m for m in HEAVIEST if m in probe["modules"]] == [], args
+        # `projection status` loads `follow`'s module (its `--batch-size` default is the
+        # projector's, beside DuckDB), not the Kafka client
+        proc, probe = _probe(home, "projection", "status", "--json")
+        assert proc.stdout.strip()
+        assert [m for m in HEAVIEST if m in probe["modules"]] == ["duckdb"]
+        # a table's rows come as Arrow: Arrow, but neither DuckDB nor Kafka
+        proc, probe = _probe(home, "audit", "job", "1", "--format", "csv")
+        assert proc.stdout.startswith("job_id") or "," in proc.stdout, proc.stdout
+        assert [m for m in HEAVIEST if m in probe["modules"]] == ["pyarrow"]
+    finally:
+        server.stop()
+
+
+def test_a_servers_modules_load_neither_kafka_nor_psycopg() -> None:
+    """Every `serve` and `up` imported the Kafka client and psycopg (its health's module,
+    `ledger.store.relay_health`, imported the relay's errors), whatever its store and with no
+    Kafka asked: ~0.18 s of its 0.74 s of imports' CPU at each of the suite's server starts.
+    The relay's and PostgreSQL's own modules import them where they are used."""
+    probe = "import json, sys, ledger.server.run; print(json.dumps(sorted(sys.modules)))"
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    loaded = {m.split(".")[0] for m in json.loads(proc.stdout)}
+    assert not loaded & {"kafka", "psycopg", "pyarrow"}, loaded & {"kafka", "psycopg", "pyarrow"}

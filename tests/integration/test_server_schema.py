@@ -4,8 +4,11 @@ no 5xx, and every documented response matches its schema."""
 
 from __future__ import annotations
 
+import copy
+import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import schemathesis
@@ -16,10 +19,17 @@ from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from tests.integration.serverkit import Server, make_token, set_up_ledger, start_server
 
+OPENAPI = Path(__file__).resolve().parents[2] / "schemas" / "openapi.json"
+_DECISION = "/v1/commands/decision.apply"
 SCHEMA = schemathesis.openapi.from_path(
-    Path(__file__).resolve().parents[2] / "schemas" / "openapi.json",
+    OPENAPI,
     config=SchemathesisConfig.from_dict(
-        {"operations": [{"include-path": "/v1/batch", "phases": {"coverage": {"enabled": False}}}]}
+        {
+            "operations": [
+                {"include-path": path, "phases": {"coverage": {"enabled": False}}}
+                for path in ("/v1/batch", _DECISION)
+            ]
+        }
     ),
 )
 """Every operation with schemathesis's phases (its examples, 8 generated cases, and the coverage
@@ -27,7 +37,37 @@ phase's boundary and negative cases of each field), but `POST /v1/batch` without
 phase: its body is a list of the commands, each of which but `InitLedger` is the body of its own
 route (`POST /v1/commands/...`), whose coverage phase sends the same cases; the batch's own
 re-sent each in a one-command list: ~8,700 requests, 131 s in CI, 231 s at load 30 (2026-12-06,
-s56-suite). Its examples and generated batches stay."""
+s56-suite). Its examples and generated batches stay. `POST /v1/commands/decision.apply`'s
+coverage phase is `DECISION_OWN`'s."""
+
+
+def _one_policy_in_a_decision(raw: dict[str, Any]) -> dict[str, Any]:
+    """The document with `decision.apply`'s decision carrying only the newest policy (or none).
+    The policy is `AnyPolicyConfig`, the union of every policy version, which
+    `service.configure`'s body carries too: its coverage phase sends each version's boundary and
+    negative cases (~4,400 requests); the decision's re-sent them all (4,376 of its 4,780
+    requests, 93 s in CI, 2026-12-06)."""
+    doc = copy.deepcopy(raw)
+    schemas = doc["components"]["schemas"]
+    body = copy.deepcopy(schemas["DecisionBody"])
+    union = body["properties"]["policy"]["anyOf"]
+    body["properties"]["policy"]["anyOf"] = [union[0], *(s for s in union if "$ref" not in s)]
+    command = copy.deepcopy(schemas["ApplyDecision"])
+    command["properties"]["decision"] = {"$ref": "#/components/schemas/DecisionBodyOnePolicy"}
+    schemas["DecisionBodyOnePolicy"], schemas["ApplyDecisionOnePolicy"] = body, command
+    request = doc["paths"][_DECISION]["post"]["requestBody"]["content"]["application/json"]
+    request["schema"] = {"$ref": "#/components/schemas/ApplyDecisionOnePolicy"}
+    return doc
+
+
+DECISION_OWN = schemathesis.openapi.from_dict(
+    _one_policy_in_a_decision(json.loads(OPENAPI.read_text())),
+    config=SchemathesisConfig.from_dict(
+        {"phases": {"examples": {"enabled": False}, "fuzzing": {"enabled": False}}}
+    ),
+).include(path=_DECISION)
+"""`decision.apply`'s coverage phase on its own fields and the newest policy's: the other policy
+versions' cases are `service.configure`'s (`_one_policy_in_a_decision`)."""
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +99,21 @@ files `GET /v1/audit/verify` took longer). What is checked is the answer, not it
 def test_no_5xx_and_responses_match_the_schema(
     case: schemathesis.Case, live: tuple[Server, str]
 ) -> None:
+    server, token = live
+    case.call_and_validate(
+        base_url=server.url,
+        headers={"Authorization": f"Bearer {token}"},
+        checks=[not_a_server_error, response_schema_conformance],
+        timeout=ANSWER_S,
+    )
+
+
+@DECISION_OWN.parametrize()
+@settings(deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+def test_a_decisions_own_boundaries_answer_no_5xx_and_match_the_schema(
+    case: schemathesis.Case, live: tuple[Server, str]
+) -> None:
+    """`decision.apply`'s coverage phase with one policy version in its decision (`SCHEMA`)."""
     server, token = live
     case.call_and_validate(
         base_url=server.url,
