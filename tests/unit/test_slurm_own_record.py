@@ -161,6 +161,21 @@ def test_a_run_a_returning_slurmctld_failed_completed_by_its_own_record(tmp_path
     assert killed is not None and killed.reason == "node_failure"
 
 
+def test_a_run_stopped_at_its_limit_that_slurm_forgot_ends_time_limit_by_its_record() -> None:
+    """s56 (reading issue 24's `failed` for a timeout): a run the executor stopped at its
+    limit (`Run.limited`) that Slurm no longer lists, without accounting, and whose own end
+    record says it was signalled (137: its SIGKILL) was recorded `exited`, outcome `failed`:
+    only Slurm's word of an end kept it `time_limit`. One whose record says it exited by
+    itself, unsignalled, keeps its own exit."""
+    r = Run(1, 0, None, slurm_id="7", started=True, started_at=START, limited=True)
+    killed = vanished_end(r, "7", "", START + 90.0, OwnEnd(137, START + 42.0, True), START)
+    assert killed is not None and (killed.reason, killed.exit_code) == ("time_limit", 137)
+    itself = vanished_end(r, "7", "", START + 90.0, OwnEnd(0, START + 29.0), START)
+    assert itself is not None and (itself.reason, itself.exit_code) == ("exited", 0)
+    lost = vanished_end(r, "7", "", START + 90.0)
+    assert lost is not None and lost.reason == "lost"
+
+
 @pytest.mark.parametrize(
     ("own", "state", "low", "want"),
     [

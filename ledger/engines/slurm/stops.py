@@ -604,8 +604,8 @@ def vanished_end(
     if state not in SLURM_ENDS_FIRST or itself:
         code, at, mine = own_finish(own, state if state in ENDED else "", code, at, low, at)
         reason = "exited" if mine and reason in ("lost", "node_failure") else reason
-    if r.limited and state in ENDED:
-        reason = "time_limit"
+    if r.limited and (state in ENDED or (own is not None and own.signalled)):
+        reason = "time_limit"  # stopped at its limit: so too by its own record of the signal
     return Exit(r.job_id, code, at, reason, slurm_id, state or "UNKNOWN")
 
 
