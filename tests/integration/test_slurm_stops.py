@@ -57,6 +57,13 @@ def _run_ended(led: Ledger, job: int = 1) -> Callable[[], bool]:
     return lambda: bool(led.of("job.run_ended.v2", job))
 
 
+def _any_end(led: Ledger, job: int = 1) -> Callable[[], bool]:
+    """A condition: the ledger recorded how a run of `job` ended, whoever ended it: the end of
+    a run it stopped (`job.run_ended.v2`) or its engine's end of a running one
+    (`job.engine_ended.v1`). For `_until_quiet(..., ended=)`."""
+    return lambda: bool(led.of("job.run_ended.v2", job) or led.of("job.engine_ended.v1", job))
+
+
 def _node(led: Ledger) -> dict[str, Any]:
     (node,) = json.loads(led.cli("node", "list", "--json"))
     return dict(node)
@@ -142,6 +149,34 @@ def test_a_whole_minute_limit_gets_the_jobs_grace_and_is_charged_to_its_end(
     assert terms and abs(terms[0] - (started + 60)) <= 2.5, (terms, started)
     # its grace, then its SIGKILL (atk47-s F3: Slurm's KillWait after it, 25 s, before)
     assert 14.0 <= last - terms[0] <= 19.0, (terms, last)
+    ledger.wait("the job's end", lambda: status(ledger, 1) == "finished")
+    row = ledger.jobs()[1]
+    assert row["finish_reason"] == "time_limit", row
+    assert abs(row["finished_at"] - last) <= 2.0, (row, last)
+
+
+def test_a_limit_noticed_late_gets_its_sigterm_first_and_ten_seconds(ledger: Ledger) -> None:
+    """s56 (CI, loaded): a `-t 1 --grace 15s` job's limit was noticed 38 s late; its grace,
+    counted from the limit, had run out, so it was SIGKILLed at once: no SIGTERM, no chance to
+    checkpoint. The service is held with SIGSTOP over the limit and the grace (`-t 15s --grace
+    15s`) and let go: the job's own TERM trap fires first, its SIGKILL comes min(grace, 10 s)
+    after that TERM (`reads.stopping.limit_sigkill_at`), and it is charged to its real end."""
+    work = ledger.work
+    ledger.up()
+    assert ledger.proc is not None
+    ledger.submit("alice", 1, _stubborn(work), "-t", "15s", "--grace", "15s")
+    ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
+    started = ledger.jobs()[1]["started_at"]
+    os.kill(ledger.proc.pid, signal.SIGSTOP)  # no read sees the limit nor its grace
+    try:
+        time.sleep(max(0.0, started + 15 + 15 + 3 - time.time()))
+    finally:
+        os.kill(ledger.proc.pid, signal.SIGCONT)
+    resumed = time.time()
+    last = _until_quiet(work / "alive", 120, _any_end(ledger))
+    terms = _times(work / "term")
+    assert terms and terms[0] >= resumed - 1.0, (terms, resumed)  # before: no SIGTERM at all
+    assert 9.0 <= last - terms[0] <= 18.0, (terms, last)  # 10 s from its TERM, then SIGKILL
     ledger.wait("the job's end", lambda: status(ledger, 1) == "finished")
     row = ledger.jobs()[1]
     assert row["finish_reason"] == "time_limit", row

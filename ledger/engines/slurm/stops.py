@@ -35,6 +35,7 @@ from ledger.engines.slurm.words import (
     processes_end,
     real_end,
 )
+from ledger.reads.stopping import limit_sigkill_at
 from schemas.bounds import job_grace as capped_grace
 from schemas.events import EndReason, GpuSlot
 
@@ -75,6 +76,21 @@ class Stopping:
     restart of the service."""
     kept: bool = False
     """`unanswered` is kept on disk (`tracked.note_unheard`)."""
+    limit: bool = False
+    """A stop at its time limit (`since`: the limit): SIGTERM first whenever it is noticed, and
+    SIGKILL by `reads.stopping.limit_sigkill_at` from the SIGTERM really sent (`termed_at`)."""
+    termed_at: float | None = None
+    """When its limit's SIGTERM (`scancel --signal=TERM`) was sent (None: not yet)."""
+
+
+def kill_due(st: Stopping, now: float) -> bool:
+    """Pure: whether a stop's SIGKILL is due at `now`: its grace from its stop has passed; for a
+    stop at its time limit, only once its SIGTERM was sent, and no sooner than the grace (at
+    most `LATE_TERM_GRACE_S`) after that SIGTERM (`limit_sigkill_at`: one rule with the reads
+    and the node agents; s56: a limit noticed 38 s late was SIGKILLed with no SIGTERM)."""
+    if not st.limit:
+        return now - st.since >= st.grace_s
+    return st.termed_at is not None and now >= limit_sigkill_at(st.since, st.grace_s, st.termed_at)
 
 
 KILL_LANDS_S = 5.0
