@@ -59,8 +59,9 @@ def test_a_job_that_exits_just_before_its_node_goes_down_is_completed_and_never_
     Slurm's end), never requeued, never launched again once the node is back."""
     work = ledger.work
     ledger.up()
-    ledger.submit("alice", 1, _job(work, 4), "--resumable", "--min-runtime", "1h")
+    ledger.submit("alice", 1, _gated(work), "--resumable", "--min-runtime", "1h")
     ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
+    (work / "go").touch()  # (a 4 s job ended before the ledger was seen running: load ~25)
     deadline = time.monotonic() + 30
     while not _lines(work, "end") and time.monotonic() < deadline:
         time.sleep(0.01)

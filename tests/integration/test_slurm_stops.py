@@ -341,10 +341,12 @@ def test_a_cancels_sigkill_comes_at_the_end_of_its_grace_to_its_whole_tree(
     ledger.wait("its SIGTERM", lambda: bool(_times(work / "term")))
     kill_at = _kill_at(ledger, 1)
     assert kill_at is not None
-    last = max(_until_quiet(work / "alive"), _until_quiet(work / "child"))
+    last = max(_until_quiet(work / "alive", ended=_run_ended(ledger)), _until_quiet(work / "child"))
     term = _times(work / "term")[0]
-    assert 4.0 <= last - term <= 8.0, (term, last)  # the grace (5 s), not grace + KillWait (15 s)
-    assert last <= kill_at + 2.5, (last, kill_at)  # "SIGKILL by" held (reads every 0.2 s)
+    # the grace (5 s) from the recorded cancel (`kill_at`; the TERM went out a read or more
+    # after it: 3.88 s from the job's TERM at load ~25), not grace + KillWait (15 s); "SIGKILL
+    # by" held, a read late under load (2.5 s idle)
+    assert term < kill_at - 1.0 and kill_at - 1.5 <= last <= kill_at + 6.0, (term, last, kill_at)
     ledger.wait("the run's end", lambda: bool(ledger.of("job.run_ended.v2", 1)))
     (end,) = ledger.of("job.run_ended.v2", 1)
     assert end["killed"] is True and end["ended_at"] >= last - 1.0, (end, last)  # whole seconds
