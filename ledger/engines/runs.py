@@ -73,6 +73,9 @@ class Handle(msgspec.Struct, kw_only=True):
     parts: list[Part]
     stop_at: float | None = None
     stop_reason: StopReason | None = None
+    termed_at: float | None = None
+    """When its stop's SIGTERM was sent (`stop_at` is when the stop was due: a time limit's
+    moment): a limit's SIGKILL comes no sooner than `reads.stopping.limit_sigkill_at` says."""
     killed: bool = False
     failed_code: int | None = None
     start_reported: bool = False

@@ -87,6 +87,7 @@ from ledger.engines.runs import (
 )
 from ledger.engines.supervise import CANNOT_START, Forked, read_reaping
 from ledger.engines.tree import Containment, Tree
+from ledger.reads.stopping import limit_sigkill_at
 from schemas.bounds import job_grace
 from schemas.errors import InvalidCommand
 
@@ -621,14 +622,15 @@ class SupervisedExecutor:
             log.info("job %s reached its time limit (%gs): stopping it", h.job_id, h.time_limit_s)
             # its grace from the limit, as every read says, not from now: a run found past its
             # limit after a restart got a whole new grace (atk48-23 F1: SIGKILL 28 s after the
-            # `kill_at` the reads showed); past limit + grace, SIGKILL at the next look
+            # `kill_at` the reads showed); but its SIGTERM first, however late, and its SIGKILL
+            # no sooner than min(grace, 10 s) after it (`kill_at`, s56)
             self._terminate(h, now, "time_limit", at=limit_from(h) + h.time_limit_s)
             changed = True
         # a part not yet reached by the stop (still starting) gets it now
         if h.stop_at is not None and not h.killed and any(not p.signalled for p in h.parts):
             self._signal(h, signal.SIGTERM)
         # the grace period ends
-        if h.stop_at is not None and not h.killed and not h.done and now >= h.stop_at + h.grace_s:
+        if h.stop_at is not None and not h.killed and not h.done and now >= kill_at(h):
             self._signal(h, signal.SIGKILL)
             h.killed = changed = True
         launched = not any(p.launch_failed for p in h.parts)
@@ -663,6 +665,7 @@ class SupervisedExecutor:
         if h.stop_at is None:
             h.stop_at = now if at is None else min(now, at)
             self._signal(h, signal.SIGTERM)
+            h.termed_at = now
 
     def _signal(self, h: Handle, sig: signal.Signals) -> None:
         """SIGTERM or SIGKILL to every process of every part's tree (a child that outlived its
@@ -720,3 +723,14 @@ class SupervisedExecutor:
 
 
 __all__ = ["SupervisedExecutor", "handled_jobs", "live_processes", "run_name"]
+
+
+def kill_at(h: Handle) -> float:
+    """Pure: when a stopped run's grace ends (`h.stop_at` set): its stop plus its grace; one
+    stopped at its time limit no sooner than `min(grace, LATE_TERM_GRACE_S)` after its SIGTERM
+    really went (`limit_sigkill_at`: the Slurm executor's and the reads' one rule). A cancel
+    past its limit still kills at once (`_terminate`)."""
+    assert h.stop_at is not None
+    if h.stop_reason != "time_limit":
+        return h.stop_at + h.grace_s
+    return limit_sigkill_at(h.stop_at, h.grace_s, h.termed_at)

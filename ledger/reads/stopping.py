@@ -5,8 +5,9 @@ grace, showed `running` everywhere; Slurm shows it `CG`).
 A job is **stopping** from the moment its engine is told to stop it until its processes are
 gone:
 - a running job past its time limit (`past_limit`): SIGTERM at the limit, SIGKILL at the
-  limit plus its grace at the latest (`limit_kill_at`). Its ledger status stays `running`
-  until its end is recorded; every read shows `stopping`, with `kill_at`;
+  limit plus its grace at the latest (`limit_kill_at`; a SIGTERM its engine sent late gets
+  `LATE_TERM_GRACE_S` before the SIGKILL all the same: `limit_sigkill_at`). Its ledger
+  status stays `running` until its end is recorded; every read shows `stopping`, with `kill_at`;
 - a running job whose command (its leader) has exited leaving processes its engine reaps
   (`Job.reaping_kill_at`, from `LeaderEnded`: atk49-23 F4): SIGTERM when the command ended,
   SIGKILL at the reaping's `kill_at` at the latest (its time limit's when earlier); its status
@@ -57,13 +58,39 @@ def past_limit(status: str, started_at: float | None, time_limit_s: float | None
     )
 
 
+LATE_TERM_GRACE_S = 10.0
+"""The least time a job stopped at its time limit has between the SIGTERM it was really sent
+and its SIGKILL (its grace when shorter): an engine that noticed the limit late (a loaded
+machine, a service restarted or stopped past it) still gives the job its SIGTERM and a chance to
+checkpoint, as Slurm's TERM then `KillWait` does (s56: a `-t 1 --grace 15s` job noticed 38 s
+late was SIGKILLed with no SIGTERM)."""
+
+
+def limit_sigkill_at(limit_at: float, grace_s: float, termed_at: float | None) -> float:
+    """Pure: when a run stopped at its time limit (`limit_at`, the moment it reached it) is
+    SIGKILLed, its grace `grace_s` (capped: `job_grace`) counted from the limit; `termed_at`: when
+    its SIGTERM was really sent (None: not known, as for every read, or not yet). The SIGTERM
+    always comes first, and the SIGKILL no sooner than `min(grace, LATE_TERM_GRACE_S)` after it:
+    the later of the two. One rule for both engines (the Slurm executor and the node agents)
+    and the reads (`limit_kill_at`), which know no SIGTERM time: theirs is exact whenever the
+    SIGTERM went out by `limit + grace - min(grace, 10 s)`; later, the SIGKILL comes at most
+    `LATE_TERM_GRACE_S` past it, where `kill_words` says it overdue. A cancel of a job past its
+    limit is not this rule: the user's order to kill, at once (`StoppedRun.kill`)."""
+    end = limit_at + grace_s
+    if termed_at is None:
+        return end
+    return max(end, termed_at + min(grace_s, LATE_TERM_GRACE_S))
+
+
 def limit_kill_at(started_at: float | None, time_limit_s: float | None,
-                  grace_s: float | None, default_s: float) -> float | None:  # fmt: skip
+                  grace_s: float | None, default_s: float,
+                  termed_at: float | None = None) -> float | None:  # fmt: skip
     """Pure: when a job stopped at its time limit is SIGKILLed at the latest: its limit plus
-    its grace (its own, else the service's `default_s`; None: no limit or no start)."""
+    its grace (its own, else the service's `default_s`; None: no limit or no start), or, its
+    SIGTERM sent late (`termed_at`), `LATE_TERM_GRACE_S` after it (`limit_sigkill_at`)."""
     if started_at is None or time_limit_s is None:
         return None
-    return started_at + time_limit_s + job_grace(grace_s, default_s)
+    return limit_sigkill_at(started_at + time_limit_s, job_grace(grace_s, default_s), termed_at)
 
 
 def shown(

@@ -100,21 +100,26 @@ def test_the_time_limit_is_sigterm_then_sigkill_after_the_jobs_grace(
     assert 2 <= time.monotonic() - t0 < 10
 
 
-def test_a_run_first_seen_past_its_limit_and_grace_is_killed_at_once(
+def test_a_run_first_seen_past_its_limit_and_grace_gets_its_sigterm_and_ten_seconds(
     dirs: tuple[Path, Path],
 ) -> None:
     """atk48-23 F1: a run whose limit passed while its executor did not look (the service or
     the agent down) got a whole new grace from the first look: SIGKILL 28 s after the `kill_at`
-    every read showed (its limit plus its grace). Its grace counts from its limit."""
+    every read showed (its limit plus its grace). Its grace counts from its limit; but (s56) a
+    limit noticed late still gets its SIGTERM first and min(grace, 10 s) before its SIGKILL:
+    it was killed at once with no SIGTERM (`reads.stopping.limit_sigkill_at`)."""
     ex = executor(dirs, grace_s=30)
-    launch(ex, job(3, "trap '' TERM; while :; do sleep 0.1; done", time_limit_s=1, grace_s=4))
+    termed = dirs[1] / "termed-late"
+    launch(ex, job(3, f"trap 'touch {termed}' TERM; while :; do sleep 0.1; done",
+                   time_limit_s=1, grace_s=20))  # fmt: skip
     [st] = wait_starts(ex)
     assert st.started_at is not None
-    time.sleep(max(0.0, st.started_at + 1 + 4 + 0.5 - time.time()))  # nobody looks meanwhile
+    time.sleep(max(0.0, st.started_at + 1 + 20 + 0.5 - time.time()))  # nobody looks meanwhile
     looked = time.time()
-    [x] = until(ex, lambda x: len(x) == 1)
+    [x] = until(ex, lambda x: len(x) == 1, 40)
     assert (x.exit_code, x.reason) == (KILLED, "time_limit")
-    assert x.at - looked < 2.0, x.at - looked  # not a new 4 s grace from the first look
+    assert termed.exists(), "SIGKILLed with no SIGTERM"  # before: killed at the first look
+    assert 9.5 <= x.at - looked < 15.0, x.at - looked  # 10 s from its TERM, not its 20 s
 
 
 def test_the_time_limit_counts_from_the_commands_own_start(dirs: tuple[Path, Path]) -> None:

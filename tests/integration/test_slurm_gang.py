@@ -190,9 +190,9 @@ def test_a_preempted_gang_is_stopped_on_both_nodes_before_the_next_job_starts(
     """A gang's ranks (`srun` over both nodes, each ignoring SIGTERM) run when it is preempted:
     SIGTERM, the job's grace, its batch step killed, then Slurm ends the step on both nodes.
     Both ranks die, the job ends `preempted`, and the next job of both nodes' GPUs starts after
-    the last one died, in Slurm and in the ledger. (Open, not asserted: the run's recorded end is
-    the batch step's `EndTime`, before the step's ranks die: a rank was seen alive 5.4 s after
-    it at load 59; docs/slurm.md, "Gangs".)"""
+    the last one died, in Slurm and in the ledger. The run's recorded end (and the job's, and its
+    charge) is its last rank's death, not the batch step's `EndTime` (s56: a rank was seen alive
+    5.4 s after the recorded end at load 59)."""
     nodes = ledger.cluster.nodes
     assert len(nodes) == 2, f"the gang tests need a cluster of two nodes, not {nodes}"
     ledger.up()
@@ -213,7 +213,12 @@ def test_a_preempted_gang_is_stopped_on_both_nodes_before_the_next_job_starts(
         ledger.wait("job 1 finished", lambda: ledger.jobs()[1]["status"] == "finished", 120)
     finally:
         _kill(ledger, kids)
-    assert ledger.jobs()[1]["finish_reason"] == "preempted", ledger.jobs()[1]
+    got = ledger.jobs()[1]
+    assert got["finish_reason"] == "preempted", got
+    (end,) = ledger.of("job.run_ended.v2", 1)
+    # not before its last rank's death (Slurm's whole seconds), as the job's end
+    assert end["ended_at"] >= gone - 1.0, (end, gone, ledger.service_log()[-3000:])
+    assert got["finished_at"] == end["ended_at"], (got, end)
     ledger.wait("job 2 running", lambda: ledger.jobs()[2]["status"] == "running", 120)
     started = ledger.jobs()[2]
     assert started["started_at"] >= gone - 1.0, (started, gone)

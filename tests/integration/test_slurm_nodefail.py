@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tests.integration import test_slurm as base
 from tests.integration.test_slurm import Ledger, status
-from tests.integration.test_slurm_stops import _times, _until_quiet
+from tests.integration.test_slurm_stops import _any_end, _run_ended, _times, _until_quiet
 
 cluster, slurm, ledger = base.cluster, base.slurm, base.ledger  # the Slurm suite's fixtures
 
@@ -59,8 +59,9 @@ def test_a_job_that_exits_just_before_its_node_goes_down_is_completed_and_never_
     Slurm's end), never requeued, never launched again once the node is back."""
     work = ledger.work
     ledger.up()
-    ledger.submit("alice", 1, _job(work, 4), "--resumable", "--min-runtime", "1h")
+    ledger.submit("alice", 1, _gated(work), "--resumable", "--min-runtime", "1h")
     ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
+    (work / "go").touch()  # (a 4 s job ended before the ledger was seen running: load ~25)
     deadline = time.monotonic() + 30
     while not _lines(work, "end") and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -172,7 +173,7 @@ def _stopped_then_down(ledger: Ledger, each_beat: str, *limit: str) -> float:
     (work / "downed").touch()
     time.sleep(1)
     _resume(ledger)
-    last = _until_quiet(work / "alive")
+    last = _until_quiet(work / "alive", ended=_any_end(ledger))
     ledger.wait("the next job to finish", lambda: status(ledger, 2) == "finished", timeout=60)
     (started,) = _times(work / "next")
     assert started > last, f"job 2 started {last - started:.1f} s before job 1's processes died"
@@ -240,7 +241,7 @@ def test_a_job_that_makes_its_marks_unwritable_ends_with_its_node_once_the_node_
     _down(ledger)
     time.sleep(1)
     _resume(ledger)
-    last = _until_quiet(work / "alive")
+    last = _until_quiet(work / "alive", ended=_any_end(ledger))
     ledger.wait("the job to finish", lambda: status(ledger, 1) == "finished", timeout=60)
     job = ledger.jobs()[1]
     assert job["finish_reason"] == "node_lost", job
@@ -268,7 +269,7 @@ def test_a_requeued_run_whose_node_goes_down_is_never_alive_with_its_next_launch
     _down(ledger)
     time.sleep(1)
     _resume(ledger)
-    last = _until_quiet(work / "alive.0")
+    last = _until_quiet(work / "alive.0", ended=_run_ended(ledger))
     ledger.wait("its next launch", lambda: bool(_times(work / "alive.1")), timeout=60)
     first = _times(work / "alive.1")[0]
     assert first > last, f"launch 2 began {last - first:.1f} s before launch 1 was gone"

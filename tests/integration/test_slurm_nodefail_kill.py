@@ -13,7 +13,7 @@ import time
 from tests.integration import test_slurm as base
 from tests.integration.test_slurm import Ledger, status
 from tests.integration.test_slurm_nodefail import _down
-from tests.integration.test_slurm_stops import _times, _until_quiet
+from tests.integration.test_slurm_stops import _any_end, _times, _until_quiet
 
 cluster, slurm, ledger = base.cluster, base.slurm, base.ledger  # the Slurm suite's fixtures
 
@@ -80,7 +80,7 @@ def _kill_never_comes(ledger: Ledger, each_beat: str) -> None:
             time.sleep(0.5)
     finally:
         (work / "stop.one").touch()  # else its command ends by itself
-    last = _until_quiet(work / "one")
+    last = _until_quiet(work / "one", ended=_any_end(ledger))
     assert last > down, (  # else the DOWN met job 2, not job 1 (s52: its forger's old shape)
         f"job 1 ended {down - last:.1f} s before its node's DOWN\n{ledger.service_log()[-3000:]}"
     )
@@ -138,7 +138,7 @@ def test_a_restart_with_a_stop_in_doubt_submits_nothing_onto_the_lost_node_or_it
         time.sleep(20)  # job 2 would be running beside job 1 by now
     finally:
         (work / "stop.one").touch()
-    last = _until_quiet(work / "one")
+    last = _until_quiet(work / "one", ended=_any_end(ledger))
     ledger.wait("job 2 to finish", lambda: status(ledger, 2) == "finished", timeout=120)
     (started,) = _times(work / "next")
     assert started > last, (
@@ -184,7 +184,7 @@ def test_a_run_that_makes_its_mark_unwritable_is_ended_by_its_own_script(ledger:
             time.sleep(0.5)
     finally:
         (work / "stop.one").touch()
-    last = _until_quiet(work / "one")
+    last = _until_quiet(work / "one", ended=_any_end(ledger))
     assert termed and termed[0] - unwritten < 6 + 2 * 2 + 1.5, (termed, unwritten)  # its own
     assert last - down < 20, f"job 1 lived {last - down:.0f} s after the DOWN"
     ledger.wait("the next job to finish", lambda: status(ledger, 2) == "finished", timeout=120)
@@ -224,7 +224,7 @@ def test_a_dead_runs_mark_kept_fresh_from_outside_does_not_hold_its_gpus(ledger:
         _down(ledger)
         time.sleep(3)
         cl.run("scontrol", "update", f"nodename={cl.node}", "state=resume")
-        last = _until_quiet(work / "one")
+        last = _until_quiet(work / "one", ended=_any_end(ledger))
         assert last - down < 15, f"Slurm's kill did not end job 1 ({last - down:.0f} s)"
         ledger.wait("the next job to start", lambda: bool(_times(work / "next")), timeout=90)
     finally:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tests.integration import test_slurm as base
 from tests.integration.test_slurm import Ledger, status
-from tests.integration.test_slurm_stops import _times, _until_quiet
+from tests.integration.test_slurm_stops import _run_ended, _times, _until_quiet
 
 cluster, slurm, ledger = base.cluster, base.slurm, base.ledger  # the Slurm suite's fixtures
 
@@ -42,7 +42,7 @@ def _stopped_with_slurmd_dead(ledger: Ledger, stop: str) -> float:
     time.sleep(2)  # the stopped run is CANCELLED now, its processes alive
     assert (_times(work / "alive.0") or [0.0])[-1] > time.time() - 2.0, "run 0 died early"
     cl.up()  # slurmd back: Slurm's kill reaches run 0, SIGKILL KillWait (10 s) later
-    return _until_quiet(work / "alive.0", 120)
+    return _until_quiet(work / "alive.0", 120, _run_ended(ledger))
 
 
 def test_a_run_cancelled_while_its_slurmd_is_dead_holds_its_gpus_until_it_is_gone(
@@ -199,7 +199,7 @@ def test_a_stop_whose_service_restarts_after_the_node_returned_holds_its_gpus(
     while not back() and time.monotonic() < deadline:
         time.sleep(0.5)
     ledger.up()  # the service, after the node's return
-    last = _until_quiet(work / "alive.0", 120)
+    last = _until_quiet(work / "alive.0", 120, _run_ended(ledger))
     ledger.wait("its next launch", lambda: bool(_times(work / "alive.1")), timeout=90)
     first = _times(work / "alive.1")[0]
     assert first > last, f"launch 2 began {last - first:.1f} s before launch 1 was gone"

@@ -105,6 +105,22 @@ def test_a_stopped_run_killed_after_its_grace_ends_when_its_processes_did() -> N
     assert stopped_end(st, j, j.end_time + 10.3).at == j.end_time  # not seen: Slurm's
 
 
+def test_a_killed_gang_ends_when_a_read_found_it_ended_not_at_its_batch_steps_end() -> None:
+    """s56-gang (open until s57): a preempted gang's batch step was SIGKILLed after its grace;
+    Slurm's EndTime is that kill, its ranks on the other node die by Slurm's end of the job
+    after it, and a read under load saw none of it COMPLETING: it was recorded ended at the
+    EndTime while a rank was alive 1.8-5.4 s later (test_slurm_gang, load 20-59). Its end is
+    the read that found it ended (whole seconds); a one-node run keeps Slurm's."""
+    (j,) = parse_jobs(KILLED.replace("NodeList=vm", "NodeList=vm-g,vm-g-2"))
+    assert j.end_time is not None
+    st = Stopping(since=j.end_time - 3, grace_s=3.0, run=(1, 0), cancelled=True, killed=True)
+    assert stopped_end(st, j, j.end_time + 1.4).at == j.end_time + 1.0
+    (one,) = parse_jobs(KILLED)
+    assert stopped_end(st, one, j.end_time + 1.4).at == j.end_time  # its batch step is all
+    alive = Stopping(since=j.end_time - 3, grace_s=3.0, run=(1, 0))  # ended in its grace
+    assert stopped_end(alive, j, j.end_time + 1.4).at == j.end_time
+
+
 def _submitted(job_id: int) -> e.JobSubmitted:
     return e.JobSubmitted(event_id=f"s{job_id}", at=10.0, actor="alice", job_id=job_id,
                           user="alice", account="ai2/olmo", gpus=1, min_runtime_s=0,

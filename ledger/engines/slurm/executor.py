@@ -57,6 +57,7 @@ from ledger.engines.slurm.stops import (
     earlier_alive,
     grace_of,
     in_service,
+    kill_due,
     no_grace,
     note_unanswered,
     own_ends_first,
@@ -547,10 +548,13 @@ class SlurmExecutor:
         return grace_of(r.launch, seen, lambda: self.job_grace(job), self.grace_s)
 
     def _signal(self, slurm_id: str, now: float, grace_s: float | None = None,
-                run: Tag | None = None, since: float | None = None) -> None:  # fmt: skip
+                run: Tag | None = None, since: float | None = None,
+                limit: bool = False) -> None:  # fmt: skip
         """`scancel --signal=TERM --full` (a run that never ran: `scancel`); SIGKILL once
         `grace_s` has passed since the stop (`since`: the ledger's recorded stop or the limit,
-        else now), at once when it has already. The end of a stopped `run` is recorded."""
+        else now), at once when it has already (`kill_due`), but a stop at its time limit
+        (`limit`) always gets its SIGTERM first (its SIGKILL later: `carry_stops`). The end of
+        a stopped `run` is recorded."""
         if not self.may_act():
             return
         job = self._view.get(slurm_id)
@@ -562,7 +566,7 @@ class SlurmExecutor:
             note_stop(self.log_dir, slurm_id, begun)  # a restart gives it only what is left
         seen = next((r.seen_running_at for r in self._runs.values() if r.slurm_id == slurm_id), None)  # fmt: skip  # noqa: E501
         stopping = self._stopping.setdefault(slurm_id, Stopping(begun, grace_s=grace, run=run,
-                                                                seen_running_at=seen))  # fmt: skip
+                                                                seen_running_at=seen, limit=limit))  # fmt: skip  # noqa: E501
         if stopping.run is None and run is not None:  # its limit's stop, now the ledger's too:
             stopping.run = run  # its SIGKILL and end as the ledger's stop's (atk54-23 F2)
             note_stop(self.log_dir, slurm_id, stopping.since)
@@ -573,12 +577,13 @@ class SlurmExecutor:
             if job is not None and job.state in WAITING:
                 self._run(scancel_args(slurm_id, tag))  # never ran: nothing to save
                 stopping.cancelled = True
-            elif now - stopping.since >= stopping.grace_s:  # its grace ran out meanwhile
+            elif kill_due(stopping, now):  # its grace ran out meanwhile
                 kill(self, slurm_id, stopping, now, tag)  # SIGKILL (atk47-s F3)
             else:  # every process gets it: the script passes on none (F2)
                 if tag:
                     mark_stopping(self._checkpoint_file(*tag).parent)
                 self._run(scancel_args(slurm_id, tag, "--signal=TERM", "--full"))
+                stopping.termed_at = now if stopping.termed_at is None else stopping.termed_at
         except EngineError as err:
             stopping.term_refused |= any(w in err.line() for w in GONE_ALREADY)
             log.warning("slurm job %s: %s (retrying)", slurm_id, err.line())

@@ -124,7 +124,8 @@ def read_own_runs(ex: SlurmExecutor, now: float) -> None:
             log.info("job %s (Slurm job %s) reached its limit of %s s: stopping it",
                      job_id, r.slurm_id, limit)  # fmt: skip
             at = r.started_at + limit if r.started_at and limit is not None else now
-            ex._signal(r.slurm_id, now, ex._grace_of(r), since=at)  # grace from the limit
+            # its grace from the limit, its SIGTERM first however late (`limit_sigkill_at`)
+            ex._signal(r.slurm_id, now, ex._grace_of(r), since=at, limit=True)
 
 
 REAP_MARGIN_S = 10.0

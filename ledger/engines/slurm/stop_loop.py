@@ -25,6 +25,7 @@ from ledger.engines.slurm.stops import (
     KILL_LANDS_S,
     Stopping,
     ended_by_itself,
+    kill_due,
     killing_from,
     outlived,
     resumed_stops,
@@ -80,7 +81,8 @@ def carry_stops(ex: SlurmExecutor, now: float) -> None:
     # the stop and its SIGKILL gives no new grace (atk47-23 F3, F9)
     ordered = {tag for tag, sr in ex.stopped_runs().items() if sr.kill_due(now, ex.grace_s)}
     for slurm_id, st in list(ex._stopping.items()):  # 2. stops: the grace, then scancel
-        st.grace_s = 0.0 if st.run in ordered else st.grace_s  # no grace left: SIGKILL now
+        if st.run in ordered:  # no grace left: SIGKILL now (a cancel past its limit too)
+            st.grace_s, st.limit = 0.0, False
         j = ex._view.get(slurm_id)
         theirs = j is not None and st.run is not None and j.tag(ex.ledger_id) != st.run
         j = None if theirs else j  # its id names another job (atk43s F5, atk44ha F1)
@@ -118,7 +120,9 @@ def carry_stops(ex: SlurmExecutor, now: float) -> None:
                 ex._stopped.append(stopped_end(st, j, now, seen, failed, itself, (ex._away, ex.settle_s), (own, beat), first, launched))  # fmt: skip  # noqa: E501
                 if itself:  # its exit may end its job (F3; atk53-23 F3: any code)
                     ex._completed.add(st.run[0])
-        elif not st.cancelled and now - st.since >= st.grace_s and ex.cluster.confirm(now):
+        elif st.limit and st.termed_at is None and not st.cancelled and ex.cluster.confirm(now):
+            ex._signal(slurm_id, now, st.grace_s)  # its limit's SIGTERM, refused: again
+        elif not st.cancelled and kill_due(st, now) and ex.cluster.confirm(now):
             kill(ex, slurm_id, st, now, None if j is None else j.tag(ex.ledger_id))  # (F3)
         elif unkilled(st, j, now) and ex.cluster.confirm(now):
             try:  # the SIGKILL did not land (its slurmd away): Slurm's own cancel

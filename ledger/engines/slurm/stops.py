@@ -35,6 +35,7 @@ from ledger.engines.slurm.words import (
     processes_end,
     real_end,
 )
+from ledger.reads.stopping import limit_sigkill_at
 from schemas.bounds import job_grace as capped_grace
 from schemas.events import EndReason, GpuSlot
 
@@ -75,6 +76,21 @@ class Stopping:
     restart of the service."""
     kept: bool = False
     """`unanswered` is kept on disk (`tracked.note_unheard`)."""
+    limit: bool = False
+    """A stop at its time limit (`since`: the limit): SIGTERM first whenever it is noticed, and
+    SIGKILL by `reads.stopping.limit_sigkill_at` from the SIGTERM really sent (`termed_at`)."""
+    termed_at: float | None = None
+    """When its limit's SIGTERM (`scancel --signal=TERM`) was sent (None: not yet)."""
+
+
+def kill_due(st: Stopping, now: float) -> bool:
+    """Pure: whether a stop's SIGKILL is due at `now`: its grace from its stop has passed; for a
+    stop at its time limit, only once its SIGTERM was sent, and no sooner than the grace (at
+    most `LATE_TERM_GRACE_S`) after that SIGTERM (`limit_sigkill_at`: one rule with the reads
+    and the node agents; s56: a limit noticed 38 s late was SIGKILLed with no SIGTERM)."""
+    if not st.limit:
+        return now - st.since >= st.grace_s
+    return st.termed_at is not None and now >= limit_sigkill_at(st.since, st.grace_s, st.termed_at)
 
 
 KILL_LANDS_S = 5.0
@@ -208,7 +224,9 @@ def stopped_end(
 ) -> Exit:
     """Pure: a stopped run's real end as Slurm kept it (its EndTime, exit code and state), or,
     when its processes outlived the EndTime of a scancel (seen COMPLETING after it:
-    `completing_seen`), the read that found them gone (`processes_end`). A run Slurm ended
+    `completing_seen`), the read that found them gone (`processes_end`), as for every gang
+    (a job of several nodes) the executor killed: its ranks on other nodes die by Slurm's end
+    of the job after that EndTime, seen COMPLETING or not. A run Slurm ended
     NODE_FAIL (`node_failed`) ended as `failed` says (`ends.node_fail_ending`: its own end
     record, else KillWait after Slurm's kill reached it, then killed), never at Slurm's
     EndTime, which its processes outlive by up to KillWait. `by_itself`: its command ended
@@ -229,8 +247,13 @@ def stopped_end(
     no later than its end), which the ledger keeps for a run it stopped before recording its
     start, its command having run (atk44s F3)."""
     assert st.run is not None
-    # after its SIGKILL Slurm says FAILED 0:9; its steps (`srun`) die KillWait later meanwhile
-    end = processes_end(j.end_time, "CANCELLED" if st.killed else j.state, now, completing_seen)
+    # after its SIGKILL Slurm says FAILED 0:9; its steps (`srun`) die KillWait later meanwhile;
+    # a gang's on its other nodes die by Slurm's end of the job after its batch step's, out of
+    # the executor's sight, and a loaded read may see none of it COMPLETING: its end is the
+    # read that found it ended (s56: a rank alive 5.4 s past the batch step's EndTime)
+    gang = st.killed and len(expand_hostlist(j.nodes)) > 1
+    seen = now if gang else completing_seen
+    end = processes_end(j.end_time, "CANCELLED" if st.killed else j.state, now, seen)
     at = high = now if end is None else min(now, end)
     away, settle_s = outage
     in_outage = (
