@@ -210,7 +210,7 @@ class Relay:
         7 s was `stalled` all along: atk55-25 F1)."""
         self._first_sent: Any = None
         self._going_on: Callable[[], bool] | None = None
-        self._deadline: float | None = None
+        self._deadline: Callable[[], float | None] = lambda: None
         """The round's `going_on` and `deadline` (`publish_pending`)."""
         self._refused: RelayError | None = None
         """Why it publishes no more on this topic (`refuse`)."""
@@ -447,7 +447,9 @@ class Relay:
     # --- publishing -----------------------------------------------------------------------------
 
     def publish_pending(
-        self, going_on: Callable[[], bool] | None = None, deadline: float | None = None
+        self,
+        going_on: Callable[[], bool] | None = None,
+        deadline: float | Callable[[], float | None] | None = None,
     ) -> int:
         """Publish everything after our position, one transaction per batch. Returns the count.
 
@@ -456,7 +458,10 @@ class Relay:
         producer's init_transactions aborts it): a relay whose server lost its lease, or that is
         stopped, ends its round at once, not after its whole backlog (a stepped-down relay went
         on publishing and was fenced, and its server's SIGTERM waited on it: atk55-25 F3).
-        `deadline` (monotonic): no flush or commit waits past it, and the round ends at it.
+        `deadline` (monotonic, or what tells it: read before each batch, flush and commit, so a
+        deadline set after the round began, by a stop, binds it too; a round under way at SIGTERM
+        flushed with the full `timeout_s`: atk56-25 F1): no flush or commit waits past it, and
+        the round ends at it.
 
         Raises RelayFenced when another relay took over (and from then on), RelayUnavailable on
         broker errors. After RelayUnavailable the next call starts with a fresh producer: its
@@ -467,7 +472,12 @@ class Relay:
             raise self._fenced_by
         if self._refused is not None:
             raise self._refused
-        self._going_on, self._deadline = going_on, deadline
+        self._going_on = going_on
+        if callable(deadline):
+            self._deadline = deadline
+        else:
+            fixed: float | None = deadline
+            self._deadline = lambda: fixed
         if not self._goes_on():
             return 0
         if self._stale:
@@ -512,15 +522,17 @@ class Relay:
 
     def _goes_on(self) -> bool:
         """Whether the round goes on (`publish_pending`'s `going_on` and `deadline`)."""
-        if self._deadline is not None and time.monotonic() >= self._deadline:
+        deadline = self._deadline()
+        if deadline is not None and time.monotonic() >= deadline:
             return False
         return self._going_on is None or self._going_on()
 
     def _bounded(self, timeout_s: float) -> float:
         """`timeout_s`, cut at the round's deadline (at least 0.1 s)."""
-        if self._deadline is None:
+        deadline = self._deadline()
+        if deadline is None:
             return timeout_s
-        return max(0.1, min(timeout_s, self._deadline - time.monotonic()))
+        return max(0.1, min(timeout_s, deadline - time.monotonic()))
 
     @asks_broker
     def _check_topic(self) -> bool:

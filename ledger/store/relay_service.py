@@ -414,6 +414,16 @@ class RelayService:
             return False
         return self.may_act is None or self.may_act()
 
+    def _round_deadline(self) -> float | None:
+        """When the round under way ends (monotonic; None: no end set), read by it before each
+        batch, flush and commit (`Relay.publish_pending`): `stop()`'s deadline, set after the
+        round began too (a round under way at SIGTERM flushed and committed with the full
+        `timeout_s`, and its server exited after 28-51 s: atk56-25 F1); now, once the lease this
+        server leads by ran out (a step-down's flush or commit begun after it waits 0.1 s)."""
+        if self.may_act is not None and not self.may_act():
+            return time.monotonic()
+        return self._deadline
+
     def _wait_for_previous(self) -> None:
         """Until this server's previous relay thread ended (its round ends within a batch)."""
         previous = self._after
@@ -450,6 +460,9 @@ class RelayService:
             except RelayUnavailable as e:
                 if self._quiet(e):
                     self._stop.wait(0.1)
+                    continue
+                if not self._going_on():  # an error after the lease went is no fault (F3)
+                    log.info("relay: round ended, the lease is another server's: %s", e.line())
                     continue
                 self._unavailable(e)
                 self._stop.wait(delay)
@@ -583,7 +596,7 @@ class RelayService:
                     remade=self._remade_why,
                 )
                 self._remade_why = None
-            published = self.relay.publish_pending(self._going_on, self._deadline)
+            published = self.relay.publish_pending(self._going_on, self._round_deadline)
             relay = self.relay
             if self._published > relay.position and self._published > relay.store_head():
                 # an edited relay.json: no word (the relay took none), never its health's

@@ -4,13 +4,19 @@ for up to `flush_s` under a lease that was another's, and was fenced by the new 
 (`relay stopped: relay fenced ...`, `Cannot call send in state BUMPING_PRODUCER_EPOCH`, `Invalid
 transition ... READY to COMMITTING_TRANSACTION`, then `connecting` for 40 s). Real servers on
 one PostgreSQL store, a real broker: the old leader's round ends once its lease is gone, nothing
-is flushed, the new leader publishes the rest and the topic is whole."""
+is flushed, the new leader publishes the rest and the topic is whole.
+
+atk56-25 F1: a leader SIGTERMed mid-republish took the lease again while it stopped (twice),
+republished after the signal and exited after 28-51 s; the other server led only 17-29 s after
+the signal. A stopping server takes no lease, hands its own over after its cycle, and its relay
+round under way obeys the stop's deadline."""
 
 from __future__ import annotations
 
 import contextlib
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +28,7 @@ from ledger.store.clock import SimClock, seeded_ids
 from ledger.store.relay import ensure_topic
 from schemas import commands as c
 from tests.integration import waits
-from tests.integration.hakit import make_group
+from tests.integration.hakit import Group, Member, make_group
 from tests.integration.serverkit import cli
 from tests.integration.test_relay import positions
 
@@ -51,14 +57,19 @@ def build(home: Path, dsn: str, events: int) -> int:
         ledger.close()
 
 
-def test_a_leader_that_loses_its_lease_mid_publish_stops_its_relay_and_flushes_nothing(
+@contextlib.contextmanager
+def mid_publish(
     tmp_path: Path,
     pg_store: str,
     kafka_bootstrap: str,
     kafka_topic: str,
     transactional_id: str,
-    read_topic: Any,
-) -> None:
+    held: list[KafkaProducer] | None = None,
+) -> Iterator[tuple[Group, Member, Member, int, int]]:
+    """Two servers on one store with a backlog of `EVENTS`, their leader's relay mid-publish:
+    (the group, the leader, the other, the position its relay committed, the head). `held`:
+    its relay is left waiting for another producer's open transaction, the whole backlog
+    pending (the producer holding it is put in `held`, for the test to end its transaction)."""
     home = tmp_path / "server-0"
     cli(home, "init", "--admin", "root", "--store", pg_store)
     build(home, pg_store, EVENTS)
@@ -87,18 +98,43 @@ def test_a_leader_that_loses_its_lease_mid_publish_stops_its_relay_and_flushes_n
                        lambda: "holds a transaction open" in leader.text()
                        or (leader.health() or {}).get("relay_state") == "publishing",
                        60, g.why)  # fmt: skip
+        if held is not None:
+            held.append(holder)
+            yield g, leader, other, 0, EVENTS
+            return
         with contextlib.suppress(ProducerFencedError):  # the broker's timeout aborted it
             holder.abort_transaction()
 
-        def mid_publish() -> int | None:
+        def publishing() -> int | None:
             h = leader.health() or {}
             at = h.get("relay_position") or 0
             return at if h.get("relay_state") == "publishing" and at >= 1 else None
 
-        paused_at = waits.wait_for("the leader's relay to commit a batch", mid_publish, 120,
+        paused_at = waits.wait_for("the leader's relay to commit a batch", publishing, 120,
                                    g.why)  # fmt: skip
         head = max(EVENTS, int((leader.health() or {}).get("head") or 0))
         assert paused_at < head, f"published {paused_at} of {head} before the pause"
+        yield g, leader, other, paused_at, head
+    finally:
+        g.stop()
+        holder.close()
+
+
+def test_a_leader_that_loses_its_lease_mid_publish_stops_its_relay_and_flushes_nothing(
+    tmp_path: Path,
+    pg_store: str,
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    transactional_id: str,
+    read_topic: Any,
+) -> None:
+    with mid_publish(tmp_path, pg_store, kafka_bootstrap, kafka_topic, transactional_id) as (
+        g,
+        leader,
+        other,
+        paused_at,
+        head,
+    ):
         assert leader.proc is not None
         leader.proc.send_signal(signal.SIGSTOP)  # its lease runs out; the other takes it
         try:
@@ -134,6 +170,50 @@ def test_a_leader_that_loses_its_lease_mid_publish_stops_its_relay_and_flushes_n
             m.proc.send_signal(signal.SIGTERM)
             m.proc.wait(timeout=60)
             assert time.monotonic() - sent < 30, (m.name, time.monotonic() - sent)
-    finally:
-        g.stop()
-        holder.close()
+
+
+def test_a_leader_sigtermed_with_its_backlog_pending_never_leads_again_and_hands_over_at_once(
+    tmp_path: Path,
+    pg_store: str,
+    kafka_bootstrap: str,
+    kafka_topic: str,
+    transactional_id: str,
+    read_topic: Any,
+) -> None:
+    """SIGTERM while the leader's relay cannot publish its backlog (another producer's open
+    transaction holds it; past the broker's minute, under load, it is publishing it): before,
+    the stop kept (and could take again) its lease through its relay's whole flush (`flush_s`,
+    10 s) and the other server led only after it."""
+    held: list[KafkaProducer] = []
+    with mid_publish(tmp_path, pg_store, kafka_bootstrap, kafka_topic, transactional_id, held) as (
+        g,
+        leader,
+        other,
+        _,
+        head,
+    ):
+        assert leader.proc is not None
+        took = "took the lease: leading at epoch"
+        others_before = other.text().count(took)
+        sent = time.monotonic()
+        leader.proc.send_signal(signal.SIGTERM)
+        waits.wait_for("the other server to take the lease",
+                       lambda: other.text().count(took) > others_before, 60, g.why)  # fmt: skip
+        led_after = time.monotonic() - sent
+        leader.proc.wait(timeout=90)
+        exited_after = time.monotonic() - sent
+        with contextlib.suppress(ProducerFencedError):  # the broker's timeout aborted it
+            held[0].abort_transaction()
+        said = leader.text()
+        stopping = said.index("stopping: no more writes")
+        # before: the lease kept through the relay's flush (and "took the lease" again under load)
+        assert took not in said[stopping:], said[stopping:][-4000:]
+        assert "leading at epoch" not in said[stopping:], said[stopping:][-4000:]
+        lease_s = 3.0
+        assert led_after < lease_s + 5, (led_after, said[stopping:][-3000:])
+        # the old server's bound: its cycle, the lease handed over, its relay's round ended
+        assert exited_after < 20, (exited_after, said[stopping:][-3000:])
+        whole = lambda: (other.health() or {}).get("relay_lag") == 0  # noqa: E731
+        waits.wait_for("the new leader's relay to publish the whole log", whole, 240, g.why)
+        got = positions(read_topic(kafka_topic))
+        assert got == list(range(1, len(got) + 1)) and len(got) >= head, (len(got), head)
