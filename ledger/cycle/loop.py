@@ -100,6 +100,8 @@ class ServiceLoop:
         self.log = log or logging.getLogger("gpuledger.service")
         self.reports_starts = reports_starts
         self.relay: RelayService | None = None
+        self._shut = False
+        """The executor was shut down (`shut_executor`)."""
         self._stepped_down_relay: RelayService | None = None
         """The relay a step-down stopped while its thread still ran: the next one waits for it."""
         self.source: EventSource | None = None
@@ -211,15 +213,24 @@ class ServiceLoop:
     def record_settings(self, interval_s: float, executor: str, grace_s: int | None = None) -> None:
         record_settings(self.ledger, self.policy, interval_s, executor, self.log, grace_s)
 
+    def shut_executor(self) -> None:
+        """Shut the executor down, recording the exits of runs that end with it (once: `close`
+        does it if no one did). A server under a lease does it before it hands the lease over,
+        then stops its relay (`run.serve`)."""
+        if self._shut:
+            return
+        self._shut = True
+        exits = self.executor.shutdown(self.clock.now())
+        record(self.ledger, Observed(exits=tuple(exits)), self.executor.engine)
+        self._log_lifecycles()
+
     def close(self, store_away: bool = False) -> None:
         """Stop cleanly: shut the executor down (recording the exits of runs that end with it;
         every engine today keeps its runs: supervised jobs, agents and Slurm run on, and the next
         start adopts them), flush the relay, close the projection, snapshot the live state (the
         next start folds no tail; not when the store is known to be away: `store_away`). Never
         raises for a clean stop."""
-        exits = self.executor.shutdown(self.clock.now())
-        record(self.ledger, Observed(exits=tuple(exits)), self.executor.engine)
-        self._log_lifecycles()
+        self.shut_executor()
         if self.relay is not None:
             health = self.relay.stop()  # flushes what the store holds (bounded)
             self.log.info("%s", health.line())

@@ -144,6 +144,8 @@ class Leadership:
     """A report is under way: no keep is decided meanwhile (it might miss the report)."""
     _keys: dict[str, Key] = field(default_factory=dict)
     """What server each address reported names (`_address_key`)."""
+    giving_up: bool = False
+    """A stop began (`give_up`): this server takes no lease again."""
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -245,6 +247,13 @@ class Leadership:
         self._thread = threading.Thread(target=self._run, name="ledger-lease", daemon=True)
         self._thread.start()
 
+    def give_up(self) -> None:
+        """A stop began (SIGINT/SIGTERM): from now on this server takes no lease, not even one
+        that lapsed while it stops; one it holds is renewed until `stop` hands it over, once its
+        worker has finished its cycle. A stopping leader took the lease again twice and
+        republished 25,000 events after the signal (atk56-25 F1)."""
+        self.giving_up = True
+
     def stop(self, clean: bool = True) -> None:
         """A stop: hand the lease over at once (a standby takes it at its next try); `clean`:
         nothing of this server's may still be submitted (`takeover.hands_over_cleanly`), so
@@ -323,7 +332,13 @@ class Leadership:
                     self._changed()
                 else:
                     self._uncommitted = None
-            elif not self._held_back_at and self.same_address is None and self.lease.acquire():
+            elif (not self.giving_up and not self._held_back_at and self.same_address is None
+                  and self.lease.acquire()):  # fmt: skip
+                if self.giving_up:  # the stop began while it was taken
+                    log.info("took the lease (epoch %d) while stopping: handing it over",
+                             self.lease.epoch)  # fmt: skip
+                    self.lease.release(clean=False)
+                    raise _GaveUp
                 self._took_at = time.monotonic()
                 self._uncommitted = None
                 log.info("took the lease: leading at epoch %d", self.lease.epoch)
@@ -335,6 +350,8 @@ class Leadership:
             if self.unreachable is not None and self._uncommitted is None:
                 log.warning("the store answers the lease again")
             self.unreachable = self._uncommitted
+        except _GaveUp:
+            pass
         except Exception as err:
             why = (str(err).strip().splitlines() or [type(err).__name__])[0]
             if isinstance(err, NotCommitting):
@@ -447,6 +464,10 @@ class Leadership:
         """Every server on the store that reported lately, with its lag behind `head`
         (`peers.server_states`)."""
         return server_states(self.members, self.leader_address(), head)
+
+
+class _GaveUp(Exception):
+    """The lease was taken as the stop began, and handed over (`Leadership.give_up`)."""
 
 
 WAITS = (

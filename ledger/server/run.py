@@ -431,17 +431,21 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         if up is not None:
             close_up = _start_up(up, service, agents, what, unix_path, early.set)
         _run_loop(_serve_all(servers, worker, early, watch=up is not None,
-                             away=lambda: None if ha is None else ha.store_error()))  # fmt: skip
+                             away=lambda: None if ha is None else ha.store_error(),
+                             giving_up=lambda: None if ha is None else ha.give_up()))  # fmt: skip
     finally:
         if not front.stop_reads():  # no read thread in DuckDB at the interpreter's end
             log.warning("stopping with a read still under way")
         if close_up is not None:
             close_up()
+        if ha is not None:
+            ha.give_up()  # (the signal's `stop` said it first) no lease is taken from here on
         worker.stop(lambda: ha is not None and ha.unreachable is not None)  # its queue, cycle
         away = ha is not None and (ha.unreachable is not None or worker.follow_error is not None)
-        service.close(store_away=away)
-        if ha is not None:
+        if ha is not None:  # the lease handed over before the relay's stop: a standby leads
+            service.shut_executor()  # and publishes the rest (atk56-25 F1: it waited 17-29 s)
             ha.stop(_hands_over_cleanly(config, ha, service))  # hands the lease over at once
+        service.close(store_away=away)
         with contextlib.suppress(OSError):
             unix_path.unlink()
         log.info("stopped cleanly at position %d", ledger.position)
@@ -715,10 +719,12 @@ async def _serve_all(
     *,
     watch: bool = False,
     away: Callable[[], str | None] = lambda: None,
+    giving_up: Callable[[], None] = lambda: None,
 ) -> None:
     """Serve until SIGINT/SIGTERM; with `watch`, also until `early` is set from another thread.
     `away`: why the store does not answer, if it does not (the requests waiting on the worker
-    are then answered 503 at the stop: `Worker.refuse_waiting`)."""
+    are then answered 503 at the stop: `Worker.refuse_waiting`); `giving_up`: called at the
+    stop (a server under a lease takes none from then on: `Leadership.give_up`)."""
     loop = asyncio.get_running_loop()
     refusing: list[asyncio.Future[None]] = []
 
@@ -734,6 +740,7 @@ async def _serve_all(
 
     def stop() -> None:
         log.info("stopping: no more writes; finishing requests in flight and the current cycle")
+        giving_up()  # no lease taken from here on: a stopping leader took it again (atk56-25 F1)
         worker.accepting = False
         worker.service.ledger.ending = True
         for server, _ in servers:

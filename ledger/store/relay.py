@@ -75,6 +75,7 @@ from ledger.store.relay_tail import (
 from ledger.store.relay_topic import (
     DEFAULT_TIMEOUT_S,
     TOPIC_CHECK_S,
+    ConnectEnded,
     RecordTooLarge,
     RelayError,
     RelayFenced,
@@ -111,6 +112,7 @@ from projections.source import follow
 __all__ = [  # the relay's errors and its topic's creation live in relay_topic, the store's
     # records as bytes in relay_raw; named here too
     "DEFAULT_TIMEOUT_S",
+    "ConnectEnded",
     "RawRecord",
     "RawSource",
     "RecordTooLarge",
@@ -158,6 +160,8 @@ class Relay:
         state_key: bytes | None = None,
         check_s: float = TOPIC_CHECK_S,
         remade: str | None = None,
+        going_on: Callable[[], bool] | None = None,
+        deadline: Callable[[], float | None] | None = None,
     ) -> None:
         self.recorder = recorder
         self.bootstrap = bootstrap
@@ -209,9 +213,10 @@ class Relay:
         the service's `stalled` times this, not the round (a 2-minute republish moving every
         7 s was `stalled` all along: atk55-25 F1)."""
         self._first_sent: Any = None
-        self._going_on: Callable[[], bool] | None = None
-        self._deadline: float | None = None
-        """The round's `going_on` and `deadline` (`publish_pending`)."""
+        self._going_on: Callable[[], bool] | None = going_on
+        self._deadline: Callable[[], float | None] = deadline or (lambda: None)
+        """The round's `going_on` and `deadline` (`publish_pending`; the first connect's here:
+        it ends at its next step once told, `ConnectEnded`)."""
         self._refused: RelayError | None = None
         """Why it publishes no more on this topic (`refuse`)."""
         self._remade: str | None = remade
@@ -240,12 +245,13 @@ class Relay:
         The order matters: init_transactions first (it fences older relays and aborts or
         completes their open transaction), then read the last committed record.
         """
+        self._connecting()
         try:
             producer = new_producer(
                 self.bootstrap,
                 self.transactional_id,
                 self.record_limit,
-                self.timeout_s,
+                self._bounded(self.timeout_s),
                 self.connect_timeout_s,
                 self.config,
             )
@@ -253,9 +259,9 @@ class Relay:
             raise unavailable(self.bootstrap, e) from e
         try:
             producer.init_transactions()
-            held = held_at(
-                self.bootstrap, self.topic, self.config, self.timeout_s, self.connect_timeout_s
-            )
+            self._connecting()
+            held = held_at(self.bootstrap, self.topic, self.config,
+                           self._bounded(self.timeout_s), self.connect_timeout_s)  # fmt: skip
             if held is not None:  # our last records may sit behind it, unseen: never guess
                 raise RelayHeld(
                     held_text(self.topic, held) + "; the relay waits for it before it reads its "
@@ -263,7 +269,9 @@ class Relay:
                     hint="find the producer (its transactional id) and stop it; give only the "
                     "relay Write on the topic",
                 )
+            self._connecting()
             mark = self._mark_now()
+            self._connecting()
             if mark is None:
                 raise RelayUnavailable(
                     f"topic {self.topic} does not exist", hint="it is made at the next try"
@@ -310,6 +318,12 @@ class Relay:
         self.position, self._offset, self._stamp = last, found.offset, found.stamp
         self.skipped = tuple(foreign)
         return producer
+
+    def _connecting(self) -> None:
+        """Raises ConnectEnded once the round may not go on: each step of a connect (8-18 s at
+        load 40) and its bookmark's read (`tail_windows`' `check`) ask (atk56-25 F2)."""
+        if not self._goes_on():
+            raise ConnectEnded(f"relay: connect ended on {self.topic} (a stop, or the lease)")
 
     def _committed(self) -> Committed | None:
         """Where the relay's record of its position is (None: nowhere known), for its progress."""
@@ -406,14 +420,9 @@ class Relay:
                 why,
             )
             start = None
-        windows = tail_windows(
-            self.bootstrap,
-            self.topic,
-            self.config,
-            self.timeout_s,
-            self.connect_timeout_s,
-            from_start=start is None,
-        )
+        windows = tail_windows(self.bootstrap, self.topic, self.config,
+                               self._bounded(self.timeout_s), self.connect_timeout_s,
+                               from_start=start is None, check=self._connecting)  # fmt: skip
 
         def starts() -> bool:  # no copies of later events at its start (`bookmark`)
             return (
@@ -447,7 +456,9 @@ class Relay:
     # --- publishing -----------------------------------------------------------------------------
 
     def publish_pending(
-        self, going_on: Callable[[], bool] | None = None, deadline: float | None = None
+        self,
+        going_on: Callable[[], bool] | None = None,
+        deadline: float | Callable[[], float | None] | None = None,
     ) -> int:
         """Publish everything after our position, one transaction per batch. Returns the count.
 
@@ -456,7 +467,10 @@ class Relay:
         producer's init_transactions aborts it): a relay whose server lost its lease, or that is
         stopped, ends its round at once, not after its whole backlog (a stepped-down relay went
         on publishing and was fenced, and its server's SIGTERM waited on it: atk55-25 F3).
-        `deadline` (monotonic): no flush or commit waits past it, and the round ends at it.
+        `deadline` (monotonic, or what tells it: read before each batch, flush and commit, so a
+        deadline set after the round began, by a stop, binds it too; a round under way at SIGTERM
+        flushed with the full `timeout_s`: atk56-25 F1): no flush or commit waits past it, and
+        the round ends at it.
 
         Raises RelayFenced when another relay took over (and from then on), RelayUnavailable on
         broker errors. After RelayUnavailable the next call starts with a fresh producer: its
@@ -467,7 +481,12 @@ class Relay:
             raise self._fenced_by
         if self._refused is not None:
             raise self._refused
-        self._going_on, self._deadline = going_on, deadline
+        self._going_on = going_on
+        if callable(deadline):
+            self._deadline = deadline
+        else:
+            fixed: float | None = deadline
+            self._deadline = lambda: fixed
         if not self._goes_on():
             return 0
         if self._stale:
@@ -512,15 +531,17 @@ class Relay:
 
     def _goes_on(self) -> bool:
         """Whether the round goes on (`publish_pending`'s `going_on` and `deadline`)."""
-        if self._deadline is not None and time.monotonic() >= self._deadline:
+        deadline = self._deadline()
+        if deadline is not None and time.monotonic() >= deadline:
             return False
         return self._going_on is None or self._going_on()
 
     def _bounded(self, timeout_s: float) -> float:
         """`timeout_s`, cut at the round's deadline (at least 0.1 s)."""
-        if self._deadline is None:
+        deadline = self._deadline()
+        if deadline is None:
             return timeout_s
-        return max(0.1, min(timeout_s, self._deadline - time.monotonic()))
+        return max(0.1, min(timeout_s, deadline - time.monotonic()))
 
     @asks_broker
     def _check_topic(self) -> bool:
@@ -566,7 +587,7 @@ class Relay:
         if self._admin is None:
             self._admin = open_admin(self.bootstrap, self.config, self.connect_timeout_s)
         try:
-            return topic_mark(self._admin, self.topic, self.timeout_s)
+            return topic_mark(self._admin, self.topic, self._bounded(self.timeout_s))
         except BaseException:
             self._close_admin()
             raise

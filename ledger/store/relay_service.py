@@ -34,6 +34,7 @@ from kafka.errors import NodeNotReadyError
 from ledger.store.clock import SystemClock
 from ledger.store.relay import (
     DEFAULT_TIMEOUT_S,
+    ConnectEnded,
     RawSource,
     Relay,
     RelayError,
@@ -145,6 +146,10 @@ class RelayService:
         the relay's progress, which decides which unsigned records on the topic may be its own;
         the store's word, which every server shares, is the relay's own: `relay_progress`)."""
         self._progress_known = previous is not None
+        self._word: int | None = None
+        """Before the relay's first connect, the position the store's progress row names (every
+        server's relay writes it; verified, within the head; `_read_word`): shown, not the
+        home's relay.json, which another server's relay may have left far behind or ahead."""
         self._remakes = 0
         """The relay's `remakes` last seen: when it grows, its position went back to 1."""
         """A health file of this topic was found: `_published` is this home's progress."""
@@ -395,7 +400,11 @@ class RelayService:
             if relay.remakes != self._remakes:  # the topic made again: published from 1 anew
                 self._remakes, self._published = relay.remakes, relay.position
                 self._again_to = head if head is not None else _quiet_head(relay)
-            self._published = max(self._published, relay.position)
+            # the topic's word once connected: the higher of it and the home's relay.json said
+            # "position 45,021, lag 0" and `connecting` over a topic at 25,000 (atk56-25 F2)
+            self._published, self._word = relay.position, None
+        elif self._word is not None:  # before the first connect: the store's progress row
+            return self._word
         if self._published >= self._again_to:
             self._again_to = 0
         return self._published
@@ -414,6 +423,16 @@ class RelayService:
             return False
         return self.may_act is None or self.may_act()
 
+    def _round_deadline(self) -> float | None:
+        """When the round under way ends (monotonic; None: no end set), read by it before each
+        batch, flush and commit (`Relay.publish_pending`): `stop()`'s deadline, set after the
+        round began too (a round under way at SIGTERM flushed and committed with the full
+        `timeout_s`, and its server exited after 28-51 s: atk56-25 F1); now, once the lease this
+        server leads by ran out (a step-down's flush or commit begun after it waits 0.1 s)."""
+        if self.may_act is not None and not self.may_act():
+            return time.monotonic()
+        return self._deadline
+
     def _wait_for_previous(self) -> None:
         """Until this server's previous relay thread ended (its round ends within a batch)."""
         previous = self._after
@@ -423,8 +442,25 @@ class RelayService:
         while previous.lingering and not self._stop.is_set():
             previous._thread.join(0.2)
 
+    def _read_word(self) -> None:
+        """The store's progress row, shown as the position until the relay connects (`_word`;
+        no word: relay.json's). A new leader said relay.json's `position 45021, lag 0` while
+        it connected for 38 s, the topic at 25,000 (atk56-25 F2)."""
+        from ledger.store.relay_progress import Kept
+
+        try:
+            head = RawSource(self._store()).head()
+            word = Kept(self._store(), self.topic, key=state_key(self.home)).word(head)
+        except Exception as e:  # the store's own errors show elsewhere; the connect retries
+            log.debug("relay: cannot read the store's progress: %s", e)
+            return
+        if word.position is not None and word.verified and word.position <= head:
+            self._word = word.position
+            self._set(self.health.state, error=self.health.error, head=head, expect="connecting")
+
     def _main(self) -> None:
         try:
+            self._read_word()
             self._wait_for_previous()
             self._publish_until_stopped()
             if self.health.state != "stopped" and self._flushing and self._going_on():
@@ -450,6 +486,12 @@ class RelayService:
             except RelayUnavailable as e:
                 if self._quiet(e):
                     self._stop.wait(0.1)
+                    continue
+                if isinstance(e, ConnectEnded):  # told to end: no fault (atk56-25 F2)
+                    log.info("%s", e.line())
+                    continue
+                if not self._going_on():  # an error after the lease went is no fault (F3)
+                    log.info("relay: round ended, the lease is another server's: %s", e.line())
                     continue
                 self._unavailable(e)
                 self._stop.wait(delay)
@@ -581,9 +623,11 @@ class RelayService:
                     progress=self._published if self._progress_known else None,
                     state_key=state_key(self.home),
                     remade=self._remade_why,
+                    going_on=self._going_on,  # its connect too ends once told (atk56-25 F2)
+                    deadline=self._round_deadline,
                 )
                 self._remade_why = None
-            published = self.relay.publish_pending(self._going_on, self._deadline)
+            published = self.relay.publish_pending(self._going_on, self._round_deadline)
             relay = self.relay
             if self._published > relay.position and self._published > relay.store_head():
                 # an edited relay.json: no word (the relay took none), never its health's
@@ -631,6 +675,8 @@ class RelayService:
                 if relay.position >= relay.store_head():
                     log.info("relay: flushed, topic at position %d", relay.position)
                     return
+            except ConnectEnded:  # the flush's deadline passed while it connected
+                break
             except RelayUnavailable as e:
                 self._unavailable(e)
             except RelayError as e:

@@ -63,6 +63,7 @@ def tail_windows(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
     from_start: bool = False,
+    check: Callable[[], None] | None = None,
 ) -> Iterator[tuple[bool, Iterator[Any]]]:
     """The last committed records of the topic in growing windows (16, 256, ... offsets from the
     end; `from_start`: only the last, the whole topic), each as (reaches the first offset, its
@@ -71,7 +72,8 @@ def tail_windows(
     markers, and its end offset stops before any open transaction. Raises RelayUnavailable when the
     broker hands out no record for `timeout_s` (a deadline per poll that brings records, not one for
     the whole search: four million tiny forged records at the tail outlasted a single 30 s and the
-    relay retried for good, atk46-25 F6)."""
+    relay retried for good, atk46-25 F6). `check`: asked before each window and every
+    `CHECK_EVERY` records read; it raises to end the read (a relay's connect told to end)."""
     tp = TopicPartition(topic, PARTITION)
     try:
         consumer = KafkaConsumer(
@@ -84,7 +86,8 @@ def tail_windows(
         if end - start >= REACH:
             log.info("relay: reading the last %d offsets of %s for its last record", end - start,
                      topic)  # fmt: skip
-        return polled(consumer, bootstrap, topic, start, end, timeout_s, "the end")
+        records = polled(consumer, bootstrap, topic, start, end, timeout_s, "the end")
+        return records if check is None else _checked(records, check)
 
     try:
         consumer.assign([tp])
@@ -94,6 +97,8 @@ def tail_windows(
         back = end - begin if from_start else 16
         while True:
             start = max(begin, end - back)
+            if check is not None:
+                check()
             yield start == begin, window(start, end)
             if start == begin:
                 return
@@ -102,6 +107,18 @@ def tail_windows(
         raise unavailable(bootstrap, e) from e
     finally:
         consumer.close()
+
+
+CHECK_EVERY = 500
+"""Records a bookmark's read takes between two asks whether it goes on (`tail_windows`)."""
+
+
+def _checked(records: Iterator[Any], check: Callable[[], None]) -> Iterator[Any]:
+    """`records`, `check` asked every `CHECK_EVERY` of them (it raises to end the read)."""
+    for i, rec in enumerate(records, 1):
+        if i % CHECK_EVERY == 0:
+            check()
+        yield rec
 
 
 def last_published(

@@ -57,6 +57,14 @@ class RelayUnavailable(RelayError):
     code = "unavailable"
 
 
+class ConnectEnded(RelayUnavailable):
+    """A connect told to end (the round's `going_on` false or its deadline passed: a stop, the
+    lease gone) before its next step: a step-down's relay went on connecting for 8-18 s and
+    the next relay of its server waited for it (atk56-25 F2). Retried like any other."""
+
+    code = "ended"
+
+
 class RelayHeld(RelayUnavailable):
     """Another producer holds a transaction open on the topic: read_committed readers (the relay's
     bookmark too) see nothing past it until it ends. Retried: the relay never guesses."""

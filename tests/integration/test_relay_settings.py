@@ -15,11 +15,14 @@ too: the relay stops in one line, and the hint is what gives readers the whole l
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from kafka import KafkaAdminClient
 from kafka.admin import ConfigResource, ConfigResourceType
 
 from ledger.store.application import Ledger
+from ledger.store.relay_health import read_health
 from ledger.store.relay_topic import START_GONE_HINT, RelayError, ensure_topic
 from tests.integration.test_relay_forgeries import run
 from tests.integration.test_relay_progress import JOB
@@ -41,6 +44,12 @@ def alter(bootstrap: str, topic: str, **settings: str) -> None:
         admin.close()
 
 
+def _state(home: Path) -> str | None:
+    """The relay's state as relay.json says it (what `relay status` reads)."""
+    health = read_health(home)
+    return None if health is None else health.state
+
+
 @pytest.mark.parametrize("flowing", [True, False], ids=["events-flow", "idle"])
 def test_a_topic_compacted_under_a_running_relay_stops_it_naming_a_new_topic(
     flowing: bool, org_ledger: Ledger, kafka_bootstrap: str, kafka_topic: str,
@@ -57,6 +66,10 @@ def test_a_topic_compacted_under_a_running_relay_stops_it_naming_a_new_topic(
             org_ledger.execute_all([JOB] * 2)
         wait_for("the relay stopped", lambda: service.health.state == "stopped", 30,
                  lambda: str(service.health))  # fmt: skip
+        # and relay.json says so (written, synced, just after the health in memory: under
+        # load `relay status` read the file's `publishing` before it)
+        wait_for("relay.json to say stopped", lambda: _state(home) == "stopped", 30,
+                 lambda: str(read_health(home)))  # fmt: skip
         out = run("--home", str(home), "relay", "status", code=1)
     finally:
         health = service.stop()

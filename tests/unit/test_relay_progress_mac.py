@@ -54,6 +54,7 @@ def relay_bookmark(
     relay.bootstrap, relay.topic, relay.config = "127.0.0.1:9", TOPIC, {}
     relay.timeout_s, relay.connect_timeout_s, relay.keys = 30.0, 3.0, keys
     relay.progress, relay.position, relay.mark, relay._offset = None, 0, None, None
+    relay._going_on, relay._deadline = None, lambda: None  # no round's end (a connect's)
     relay.kept = Kept(relay.recorder, TOPIC, key=key)
     last, foreign = relay._bookmark()
     return last.position, foreign

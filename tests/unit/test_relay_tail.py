@@ -165,6 +165,7 @@ def bookmark(
     relay.bootstrap, relay.topic, relay.config = "127.0.0.1:9", TOPIC, {}
     relay.timeout_s, relay.connect_timeout_s, relay.keys = 30.0, 3.0, keys
     relay.progress, relay.position, relay.mark, relay._offset = None, 0, None, None
+    relay._going_on, relay._deadline = None, lambda: None  # no round's end (a connect's)
     relay.kept = Kept(relay.recorder, TOPIC) if progress is None else Row(progress, offset, stamp)
     last, foreign = relay._bookmark(TOPIC_ID)
     return last if isinstance(last, int) else last.position, foreign
