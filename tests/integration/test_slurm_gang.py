@@ -218,7 +218,10 @@ def test_a_preempted_gang_is_stopped_on_both_nodes_before_the_next_job_starts(
     (end,) = ledger.of("job.run_ended.v2", 1)
     # not before its last rank's death (Slurm's whole seconds), as the job's end
     assert end["ended_at"] >= gone - 1.0, (end, gone, ledger.service_log()[-3000:])
-    assert got["finished_at"] == end["ended_at"], (got, end)
+    # the job's end is its run's, within Slurm's whole second: the read that found the gang
+    # ended is cut down to a whole second (the next job's StartTime is one), which may fall
+    # before the preemption's own record (0.28 s at load ~14: 961.0 for 961.28)
+    assert abs(got["finished_at"] - end["ended_at"]) < 1.0, (got, end)
     ledger.wait("job 2 running", lambda: ledger.jobs()[2]["status"] == "running", 120)
     started = ledger.jobs()[2]
     assert started["started_at"] >= gone - 1.0, (started, gone)
