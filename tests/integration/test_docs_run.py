@@ -16,6 +16,7 @@ A block with no marker, or `sh`/`bash`/`console` alone, fails the test."""
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import re
 import shlex
@@ -170,6 +171,11 @@ def check_command(words: list[str]) -> None:
                 if w.startswith("tests/"):
                     assert (ROOT / w).exists(), w
             return
+        if words[1] == "-c":  # `python -c "import a.b, c"`: the modules it names exist
+            for names in re.findall(r"\bimport\s+([\w.]+(?:\s*,\s*[\w.]+)*)", words[2]):
+                for name in re.split(r"\s*,\s*", names):
+                    assert importlib.util.find_spec(name) is not None, f"no module {name}"
+            return
         script = words[1]
         assert (ROOT / script).is_file(), f"no file {script}"
         if script.startswith("scripts/bench_"):
@@ -223,6 +229,9 @@ def test_a_wrong_option_or_command_is_caught() -> None:
         check_gpuledger(["report", "preempted"])
     with pytest.raises(AssertionError):
         check_command(["python", "scripts/bench_cycle.py", "--cycle", "8"])
+    check_command([".venv/bin/python", "-c", "import ledger.cli, ledger.server.run"])
+    with pytest.raises(AssertionError):
+        check_command([".venv/bin/python", "-c", "import ledger.cli, ledger.no_such_module"])
 
 
 @pytest.mark.parametrize(("where", "script"), CHECKED, ids=[w for w, _ in CHECKED])
