@@ -21,21 +21,20 @@ import duckdb
 
 from projections.errors import CorruptEvent, ProjectionBusy, ProjectionMismatch
 from projections.source import EventSource, LogRecord, Row
-from projections.store import PROJECTION, Store, memory_limit, projection_path, sql_sections
+from projections.store import (
+    DEFAULT_BATCH,
+    PROJECTION,
+    Store,
+    memory_limit,
+    projection_path,
+    sql_sections,
+)
 
 if TYPE_CHECKING:  # Arrow and the decoder load with the first Projector: reads that find the
     # projection caught up never pay for them
     import pyarrow as pa
 
     from projections.batch import Batch
-
-DEFAULT_BATCH = 122_880
-"""Events per transaction: exactly one DuckDB row group (122,880 rows), so a batch's events are
-written straight to the database file as a whole row group, and per-statement costs vanish. A
-batch that is not a multiple of the row group (131,072 was) leaves a partial row group that goes
-through the write-ahead log and is written again by the next checkpoint: a quarter more DuckDB
-CPU per event. Small enough to bound memory (about 1 KB per event in flight, two batches at a
-time)."""
 
 BATCH_BYTES = 16 << 20
 """The stored bytes of a batch of large events at most (one event at least): a batch of

@@ -53,9 +53,9 @@ import duckdb
 from ledger.store.embedded import EmbeddedSource, project
 from projections import quarantine, queries  # noqa: F401 (loaded before timing)
 from projections.batch import build_batch
-from projections.projector import DEFAULT_BATCH, Projector
+from projections.projector import Projector
 from projections.source import follow
-from projections.store import Store, projection_path
+from projections.store import DEFAULT_BATCH, Store, projection_path
 from projections.testing import compare as audit
 from projections.testing.synthetic import Shape, append_to_store, synthetic_events
 

@@ -23,7 +23,7 @@ from ledger.cli.output import log_level_option, setup_logging
 from ledger.cli.views import projection_group
 from projections.errors import ProjectionMismatch, TopicGap
 from projections.kafka_wire import TOPIC, TOPIC_ENV, connect_timeout, quiet_kafka_logs
-from projections.projector import DEFAULT_BATCH
+from projections.store import DEFAULT_BATCH
 
 if TYPE_CHECKING:
     from projections.store import Store

@@ -214,10 +214,10 @@ def project(
     batch_size: int | None = None,
 ) -> CatchUp:
     """Bring `<home>/projections/ledger.duckdb` up to the log of `home` (`batch_size`: events
-    per transaction at most, default `projector.DEFAULT_BATCH`)."""
+    per transaction at most, default `store.DEFAULT_BATCH`)."""
     from ledger.store.locate import open_source  # (locate imports this module)
-    from projections.projector import DEFAULT_BATCH, Projector
-    from projections.store import Store
+    from projections.projector import Projector
+    from projections.store import DEFAULT_BATCH, Store
 
     with open_source(Path(home)) as source, Store.open(home) as store:
         return Projector(store, source, batch_size=batch_size or DEFAULT_BATCH).catch_up(
@@ -237,7 +237,8 @@ def rebuild(
     PostgreSQL home's rebuild looked for a SQLite file and failed)."""
     from ledger.store.locate import open_source  # (locate imports this module)
     from projections import projector
+    from projections.store import DEFAULT_BATCH
 
-    batch = batch_size or projector.DEFAULT_BATCH
+    batch = batch_size or DEFAULT_BATCH
     with open_source(Path(home)) as source:
         return projector.rebuild(home, source, progress=progress, until=until, batch_size=batch)
