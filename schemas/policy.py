@@ -416,6 +416,13 @@ class FairShare17Config(FairShare16Config, frozen=True, kw_only=True, tag="fairs
     without one); no funded non-debug job is placed on its free GPUs meanwhile."""
     debug_hold_window_s: NonNegative = 3_600.0
     """No such reservation when that node frees later than this from now (0: any time)."""
+    plans_tried: Searches = 1
+    """How many least-loss victim plans a search weighs: when `weigh` refuses one (it loses
+    more funded work than it gains), the next cheapest on none of the nodes the refused plan's
+    dearest victim holds, up to this many in all, each a search of the job's budget (s58,
+    atk56-26: one refused plan left a job waiting while another plan would have been taken).
+    A policy built today gets `BUILT_WITH`'s; this default, 1, is what a record without the
+    setting was written with."""
 
 
 class Slurm2Config(PolicyConfig, frozen=True, kw_only=True, tag="slurm-2"):
@@ -548,6 +555,7 @@ BUILT_WITH: dict[str, dict[str, float | bool]] = {
         "takeback_keep_yield_share": 0.125,
         "takeback_keep_need_s": 7_200.0,
         "takeback_keep_per_pool": True,
+        "plans_tried": 4,
     },
 }
 """Version -> the settings a policy built today gets (`ledger.dispatch.registry.default_config`)

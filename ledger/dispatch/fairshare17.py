@@ -103,6 +103,7 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
     takeback_keep_need_s: float = 0.0
     takeback_keep_per_pool: bool = False
     debug_hold_window_s: float = 3_600.0
+    plans_tried: int = 1
 
     @property
     def free_oldest(self) -> bool:
