@@ -403,6 +403,13 @@ class FairShare17Config(FairShare16Config, frozen=True, kw_only=True, tag="fairs
     """`takeback_keep_share` bounds the kept runs of each pool (GPU type and cluster) by that
     share of the pool's active GPUs, not of the cluster's (atk56-26 F2: a small pool could be
     kept whole). A policy built today gets True (`BUILT_WITH`); a record without it, False."""
+    takeback_keep_owed_fs: NonNegative = 0.0
+    """The runs `takeback_limit` keeps are victims (after every other unfunded run and
+    squatter, as `takeback_keep_need_s`'s) of a funded non-debug job whose team holds no GPU now
+    (no funded job of it runs) and whose share of the
+    whole tree (allocated over decayed use) is at least this: a team that has used at most
+    1/this of its share is owed them at once (s58, atk56-26 F1: the 2 h need bound still left
+    W28's team at 52.5%); 0: never, what a record without the setting was written with."""
     free_order: Literal["oldest", "smallest", "team"] = "oldest"
     """"oldest": unfunded jobs go by submit time alone after every funded job (a requeue keeps
     its submit time); "smallest": by GPUs asked (fewest first), then by submit time; "team":
