@@ -403,6 +403,13 @@ class FairShare17Config(FairShare16Config, frozen=True, kw_only=True, tag="fairs
     """`takeback_keep_share` bounds the kept runs of each pool (GPU type and cluster) by that
     share of the pool's active GPUs, not of the cluster's (atk56-26 F2: a small pool could be
     kept whole). A policy built today gets True (`BUILT_WITH`); a record without it, False."""
+    takeback_keep_owed_fs: NonNegative = 0.0
+    """The runs `takeback_limit` keeps are victims (after every other unfunded run and
+    squatter, as `takeback_keep_need_s`'s) of a funded non-debug job whose team holds no GPU now
+    (no funded job of it runs) and whose share of the
+    whole tree (allocated over decayed use) is at least this: a team that has used at most
+    1/this of its share is owed them at once (s58, atk56-26 F1: the 2 h need bound still left
+    W28's team at 52.5%); 0: never, what a record without the setting was written with."""
     free_order: Literal["oldest", "smallest", "team"] = "oldest"
     """"oldest": unfunded jobs go by submit time alone after every funded job (a requeue keeps
     its submit time); "smallest": by GPUs asked (fewest first), then by submit time; "team":
@@ -416,6 +423,13 @@ class FairShare17Config(FairShare16Config, frozen=True, kw_only=True, tag="fairs
     without one); no funded non-debug job is placed on its free GPUs meanwhile."""
     debug_hold_window_s: NonNegative = 3_600.0
     """No such reservation when that node frees later than this from now (0: any time)."""
+    plans_tried: Searches = 1
+    """How many least-loss victim plans a search weighs: when `weigh` refuses one (it loses
+    more funded work than it gains), the next cheapest on none of the nodes the refused plan's
+    dearest victim holds, up to this many in all, each a search of the job's budget (s58,
+    atk56-26: one refused plan left a job waiting while another plan would have been taken).
+    A policy built today gets `BUILT_WITH`'s; this default, 1, is what a record without the
+    setting was written with."""
 
 
 class Slurm2Config(PolicyConfig, frozen=True, kw_only=True, tag="slurm-2"):
@@ -548,6 +562,7 @@ BUILT_WITH: dict[str, dict[str, float | bool]] = {
         "takeback_keep_yield_share": 0.125,
         "takeback_keep_need_s": 7_200.0,
         "takeback_keep_per_pool": True,
+        "plans_tried": 4,
     },
 }
 """Version -> the settings a policy built today gets (`ledger.dispatch.registry.default_config`)

@@ -60,6 +60,7 @@ from ledger.dispatch.preemption import (
     Ask,
     Plan,
     Replay,
+    dearest_nodes,
     plan_gang,
     plan_gang_least,
     plan_single,
@@ -179,6 +180,12 @@ class _Cycle:
         )
         """When a job refused a plan for its cost may take it anyway (`Policy.weigh`), if the
         policy says; its jobs then wait with that time (and the cycle wakes then)."""
+        self.plans_tried = (
+            int(getattr(policy, "plans_tried", 1)) if getattr(policy, "least_loss", False) else 1
+        )
+        """How many least-loss plans a victim search weighs before the job waits: after a
+        refused one the next, on none of the nodes of its dearest victim (`_next_plans`;
+        older policies: 1)."""
         self.shares_refusal = bool(getattr(policy, "shares_refusal", False))
         """Jobs that fail without searching after a refused plan wait with the refusal too
         (else with the shortfall of free GPUs)."""
@@ -364,6 +371,10 @@ class _Cycle:
             self.failed[memo] = (job.gpus, job.job_id, self._estimate(job, gang), False)
             return None
         refused = self.policy.weigh(job, plan.victims, self.snapshot, self.now)
+        if refused is not None and self.plans_tried > 1:
+            later = self._next_plans(job, gang, plan)
+            if later is not None:  # a later plan `weigh` takes
+                plan, refused = later, None
         if refused is not None:
             until = self.refused_until(job, self.now) if self.refused_until is not None else None
             wait = self._wait("WAIT_RESOURCES", refused, until)
@@ -375,9 +386,31 @@ class _Cycle:
             return self.index.take_whole(plan.nodes, job.gpus)
         return (self.index.take(plan.nodes[0], job.gpus),)
 
-    def _plan(self, job: PendingJob, gang: bool, ready: bool) -> Plan | None:
+    def _next_plans(self, job: PendingJob, gang: bool, refused: Plan) -> Plan | None:
+        """After `weigh` refused `refused`, the next plans of least loss, each on none of the
+        nodes the dearest victim of a refused one holds, up to `Policy.plans_tried` plans in
+        all (each a search of `job`'s budget): the first `weigh` takes, else None."""
+        skip: frozenset[str] = frozenset()
+        plan = refused
+        for _ in range(self.plans_tried - 1):
+            if not self._left(job):
+                return None
+            skip |= dearest_nodes(plan)
+            self._spend(job)
+            found = self._plan(job, gang, ready=False, skip=skip)
+            if found is None:
+                return None
+            plan = found
+            if self.policy.weigh(job, plan.victims, self.snapshot, self.now) is None:
+                return plan
+        return None
+
+    def _plan(
+        self, job: PendingJob, gang: bool, ready: bool, skip: frozenset[str] = frozenset()
+    ) -> Plan | None:
         """Victims that make `job` fit; `ready=True` also offers jobs inside their contracts and
-        plans by when the contracts end (an estimate, never applied)."""
+        plans by when the contracts end (an estimate, never applied); `skip`: nodes a least-loss
+        plan may not clear (`_next_plans`)."""
         index, now = self.index, self.now
         pools = index.pools_for(job.gpu_type, job.cluster)
         group = (self.policy.victim_group(job, self.snapshot), job.gpu_type, job.cluster, ready)
@@ -395,9 +428,10 @@ class _Cycle:
         least = self.policy.least_loss and not ready
         ask = Ask(job.gpus, pools, index, now)
         if gang:
-            gang_least = least and self.policy.least_loss_gangs
-            return (plan_gang_least if gang_least else plan_gang)(ask, victims)
-        return (plan_single_least if least else plan_single)(ask, victims)
+            if least and self.policy.least_loss_gangs:
+                return plan_gang_least(ask, victims, skip)
+            return plan_gang(ask, victims)
+        return plan_single_least(ask, victims, skip) if least else plan_single(ask, victims)
 
     def _candidates(self, pools: list[Pool], ready: bool) -> Iterator[RunningJob]:
         """Running jobs on the pools' active nodes, in the policy's victim order (`ready`: by

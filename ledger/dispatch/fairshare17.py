@@ -49,7 +49,12 @@ What changes, each a setting of its own so the tables can turn it off:
   only when nothing cheaper places it. With `takeback_keep_per_pool` the share is of each
   pool's GPUs (atk56-26 F2: else a small pool could be kept whole). `takeback_keep_wait_s`
   (0, off): a funded non-debug job that has waited that long takes kept runs back in the usual
-  order (s55's candidate, not chosen).
+  order (s55's candidate, not chosen). `takeback_keep_owed_fs` (0, off; s58's candidate, not
+  chosen: it loses Philly's wait): a job whose team holds no GPU and has used at most 1/X of its
+  share is offered the kept runs at once (`keep_owed_to`), as the need rule's.
+- **The next plans** (`plans_tried`, 4 built today; 1 in older records): when `weigh` refuses a
+  least-loss plan, the search weighs the next on none of the nodes of the refused plan's dearest
+  victim, up to `plans_tried` plans (`engine._next_plans`).
 - **A waiting debug job keeps a node** (`debug_hold`, on): a debug-lane job that cannot be placed
   (nor by preempting what its lane may) gets the cycle's reservation: the node it can have
   soonest, a running job freeing there at its contract's end when the debug job may preempt it,
@@ -70,7 +75,7 @@ from typing import Literal
 
 import msgspec
 
-from ledger.dispatch.fairshare2 import FREE_HEAD, team_of
+from ledger.dispatch.fairshare2 import FREE_HEAD, team_fs, team_of
 from ledger.dispatch.fairshare7 import FairShare7, pool_gpus
 from ledger.dispatch.fairshare16 import FairShare16
 from ledger.dispatch.ordering import KeptClasses, Ordered, SortKey
@@ -82,8 +87,9 @@ FreeOrder = Literal["oldest", "smallest", "team"]
 CLASS_KEPT = (CLASS_SQUATTING + CLASS_RESUMABLE) / 2
 """The victim class of a kept run offered to a job that needs it (`takeback_keep_need_s`):
 after every other unfunded run and every squatter, before funded work (a plan of funded victims
-may be refused by `weigh`, and the planners offer no second plan: atk56-26's K16 waited on
-one), so a plan takes it only when no plan of cheaper victims places the job."""
+may be refused by `weigh`, and before `plans_tried` the planners offered no second plan:
+atk56-26's K16 waited on one), so a plan takes it only when no plan of cheaper victims places
+the job."""
 
 
 class FairShare17(FairShare16, frozen=True, kw_only=True):
@@ -102,7 +108,9 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
     takeback_keep_yield_share: float = 0.125
     takeback_keep_need_s: float = 0.0
     takeback_keep_per_pool: bool = False
+    takeback_keep_owed_fs: float = 0.0
     debug_hold_window_s: float = 3_600.0
+    plans_tried: int = 1
 
     @property
     def free_oldest(self) -> bool:
@@ -204,7 +212,41 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
         the job, now or in its reservation: the job needs its GPUs (atk56-26 F1: gangs under
         the yield share and single-node jobs on a kept node waited 71 h)."""
         need = self.takeback_keep_need_s  # the snapshot's time, as `victim_group` knows it
-        return need > 0 and snapshot.taken_at - job.submitted_at >= need
+        if need > 0 and snapshot.taken_at - job.submitted_at >= need:
+            return True
+        return self.keep_owed_to(job, snapshot)
+
+    def keep_owed_to(self, job: PendingJob, snapshot: Snapshot) -> bool:
+        """Whether `job`'s team is owed the kept runs at once (`takeback_keep_owed_fs`, 0:
+        never): no funded job of its team holds a GPU now and its share of the whole tree
+        (`team_fs`: allocated over used, decayed) is at least that (it has used at most 1/that
+        of its share). A keep held against a team that gets nothing is a lock-out however long
+        or short the job's wait (atk56-26 F1); one held against a team that runs work, or has
+        had its share, is the free tier's protection."""
+        owed = self.takeback_keep_owed_fs
+        if owed <= 0:
+            return False
+        team = team_of(job.account, self.team_depth)
+        if team in self._holding(snapshot):
+            return False
+        share = team_fs(team, snapshot.level_fs)
+        return share is not None and share >= owed
+
+    def _holding(self, snapshot: Snapshot) -> frozenset[str]:
+        """The teams whose funded work holds GPUs now (once per snapshot)."""
+        key = ("fairshare-17 holding", self.team_depth)
+        found: frozenset[str] | None = snapshot.memo.get(key)
+        if found is None:
+            found = snapshot.memo[key] = frozenset(
+                team_of(r.account, self.team_depth) for r in snapshot.running
+                if r.min_runtime_s > 0
+            )  # fmt: skip
+        return found
+
+    @property
+    def _keep_needs(self) -> bool:
+        """Whether `keep_needed_by` can be true (a setting of it is on)."""
+        return self.takeback_keep_need_s > 0 or self.takeback_keep_owed_fs > 0
 
     def keep_yields_to(self, job: PendingJob, snapshot: Snapshot) -> bool:
         """Whether the kept runs are victims like any other of `job`, a funded non-debug job:
@@ -219,7 +261,7 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
         a job that has waited the bound is not answered as a newer one of its team and shape
         (`decide()` asks once per traits in a cycle)."""
         traits = super().job_traits(job, snapshot)
-        if self.takeback_keep_need_s <= 0 or self.lane(job):
+        if not self._keep_needs or self.lane(job):
             return traits
         return (traits, self.keep_needed_by(job, snapshot))
 
@@ -228,11 +270,11 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
         victims of a large job, not of a small one of the same team."""
         group = super().victim_group(job, snapshot)
         if self.takeback_keep_yield_share <= 0 or self.lane(job):
-            if self.takeback_keep_need_s <= 0 or self.lane(job):
+            if not self._keep_needs or self.lane(job):
                 return group
             return (group, "keep needed", self.keep_needed_by(job, snapshot))
         group = (group, "keep yields", self.keep_yields_to(job, snapshot))
-        if self.takeback_keep_need_s <= 0:
+        if not self._keep_needs:
             return group
         return (group, "keep needed", self.keep_needed_by(job, snapshot))
 

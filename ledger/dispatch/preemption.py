@@ -27,6 +27,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -198,8 +199,10 @@ def plan_single(ask: Ask, victims: Iterable[Victim]) -> Plan | None:
     return None
 
 
-def plan_single_least(ask: Ask, victims: Iterable[Victim]) -> Plan | None:
-    """Pure: the one-node plan of least cost for the job, or None.
+def plan_single_least(
+    ask: Ask, victims: Iterable[Victim], skip: AbstractSet[str] = frozenset()
+) -> Plan | None:
+    """Pure: the one-node plan of least cost for the job (on no node of `skip`), or None.
 
     `victims` come in victim order, `cost = (class, GPU-seconds lost, ...)`; a plan's cost is
     (its highest class, the GPU-seconds its victims lose in all). On each node the victims are
@@ -222,6 +225,8 @@ def plan_single_least(ask: Ask, victims: Iterable[Victim]) -> Plan | None:
         for sl in v.job.slots:
             node = sl.node
             if node in done or node not in free or pool_of[node] not in keys or size[node] < gpus:
+                continue
+            if skip and node in skip:
                 continue
             have = taken.take(v, node, len(sl.gpu_indices))
             if have < gpus:
@@ -297,8 +302,11 @@ def plan_gang(ask: Ask, victims: Iterable[Victim]) -> Plan | None:
     return None
 
 
-def plan_gang_least(ask: Ask, victims: Iterable[Victim]) -> Plan | None:
-    """Pure: whole nodes of one pool for a gang job, clearing the nodes that lose least; or None.
+def plan_gang_least(
+    ask: Ask, victims: Iterable[Victim], skip: AbstractSet[str] = frozenset()
+) -> Plan | None:
+    """Pure: whole nodes of one pool for a gang job, clearing the nodes that lose least (none of
+    `skip`); or None.
 
     `victims` come in victim order, `cost = (class, GPU-seconds lost, ...)`. A node can be
     cleared when every GPU on it is free or held by a victim; clearing it costs (the highest
@@ -343,7 +351,7 @@ def plan_gang_least(ask: Ask, victims: Iterable[Victim]) -> Plan | None:
         changed: list[PoolKey] = []
         for sl in v.job.slots:
             node = sl.node
-            if node not in free:
+            if node not in free or (skip and node in skip):
                 continue
             key = pool_of[node]
             if key not in keys:
@@ -390,6 +398,13 @@ def plan_gang_least(ask: Ask, victims: Iterable[Victim]) -> Plan | None:
 
 GANG_READ_FACTOR = 2
 """A gang search reads at most this many times the victims it read to find its first plan."""
+
+
+def dearest_nodes(plan: Plan) -> frozenset[str]:
+    """Pure: the nodes of `plan` its dearest victim (by cost) holds: where the next plan, once
+    this one is refused, must not clear (`Policy.plans_tried`)."""
+    dearest = max(plan.victims, key=lambda v: v.cost)
+    return frozenset(sl.node for sl in dearest.job.slots) & frozenset(plan.nodes)
 
 
 class _Cleared:

@@ -31,6 +31,8 @@ class JobRow:
     checkpoint_at: float | None = None
     finished_at: float | None = None
     outcome: str | None = None
+    end_reason: str | None = None
+    """Why its last run ended (`JobFinished.reason`: "time_limit" for a run ended at its limit)."""
     preemptions: int = 0
     resubmit_of: int | None = None
     queued_since: float | None = None
@@ -39,6 +41,19 @@ class JobRow:
     """Every closed wait: (began at, seconds)."""
     relaunch: bool = False
     """Its current placement restarts it after a preemption (it pays the restart overhead)."""
+
+
+LIMIT_GIVEN = "limit_given"
+"""The label of a simulated job whose time limit the policy gave it (slurm-lab-2's DefaultTime),
+not one it declared: its user resubmits what is left when it ends there."""
+
+
+def _work(ev: e.JobSubmitted) -> float | None:
+    """The work a job can do (the fixed yardstick's demand): its `duration_s`, up to the time
+    limit it declared (a run ends there, and the rest of its work is never run by any policy)."""
+    if ev.duration_s is None or ev.time_limit_s is None or LIMIT_GIVEN in ev.labels:
+        return ev.duration_s
+    return min(ev.duration_s, float(ev.time_limit_s))
 
 
 LOSS_KINDS = (
@@ -138,7 +153,7 @@ class JobFold:
                     debug=ev.debug,
                     resumable=ev.resumable,
                     submitted_at=ev.at,
-                    work_s=ev.duration_s,
+                    work_s=_work(ev),
                     gpu_type=ev.gpu_type,
                     resubmit_of=int(of) if of else None,
                     queued_since=ev.at,
@@ -178,7 +193,7 @@ class JobFold:
                     j.queued_since = None
                     self._pending(j, -1)
                 j.placed_at = None
-                j.finished_at, j.outcome = ev.at, ev.outcome
+                j.finished_at, j.outcome, j.end_reason = ev.at, ev.outcome, ev.reason
             case _:
                 pass
 

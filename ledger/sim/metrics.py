@@ -16,7 +16,11 @@ Definitions (each metric says which one it is):
     allocated size would have run of its submitted funded jobs, from the submitted demand
     alone, the same for every policy;
   - **by period** = sum delivered / sum owed over the span, capped at 1 per team; **hour by
-    hour** = sum over hours of min(delivered, owed) / sum owed.
+    hour** = sum over hours of min(delivered, owed) / sum owed; **by day** the same over days.
+  - the *worst team* on the fixed yardstick is given by period and, so that a lock-out cannot
+    read as 100% (a team shut out for days and paid back later meets its period's volume),
+    hour by hour and by day (`fixed_worst_hourly`, `fixed_worst_daily`): each team's own
+    measure, the lowest of them.
 - *occupancy*: GPU-hours held by any job (funded or not) / GPU-hours of capacity (nodes active or
   draining).
 - *waits*, every one: from submission, and from each requeue, to the next placement; a job
@@ -141,6 +145,13 @@ class Metrics(msgspec.Struct, frozen=True, kw_only=True):
     fixed_teams_at_95: int = 0
     fixed_worst_team: str | None = None
     fixed_worst_by_period: float | None = None
+    fixed_worst_hourly: float | None = None
+    """The lowest team's fixed hour by hour (what a lock-out shows; atk55-26/atk56-26 F5)."""
+    fixed_worst_hourly_team: str | None = None
+    fixed_worst_daily: float | None = None
+    """The lowest team's fixed owed met day by day (sum over days of min(delivered, owed) /
+    sum owed)."""
+    fixed_worst_daily_team: str | None = None
     jain: float | None
     occupancy: float
     funded_occupancy: float
@@ -175,6 +186,10 @@ class Metrics(msgspec.Struct, frozen=True, kw_only=True):
     the `*_s` fields."""
     censored: int = 0
     """Original jobs not done at the end (their JCT so far counts, a lower bound)."""
+    ended_at_limit: int = 0
+    """Original jobs whose last run ended at its time limit with work left and that were not
+    resubmitted (a trace job whose `time_limit_s` is shorter than its work): not done, so
+    counted in `censored` too (atk55-26 F5: such a job read `completed`)."""
     longest_under_share_s: float | None = None
     """The longest wait of a funded job whose team was under its share when it began."""
     longest_under_share_team: str | None = None
@@ -529,9 +544,10 @@ def compute(
         start,
         end,
     )  # fmt: skip
-    fixed = fs.summarise(
-        yardstick.team_hours(fixed_owed, team_hours, alloc, capacity_gpus, start), start, end
-    )
+    fixed_rows = yardstick.team_hours(fixed_owed, team_hours, alloc, capacity_gpus, start)
+    fixed = fs.summarise(fixed_rows, start, end)
+    hourly_team, hourly = _lowest(fixed)
+    daily_team, daily = _lowest(fs.summarise(_rebinned(fixed_rows, start, DAY_S), start, end))
     fixed_by = {t.team: t for t in fixed.teams}
     teams = [
         TeamMetrics(
@@ -592,6 +608,10 @@ def compute(
         fixed_teams_at_95=fixed.teams_at_95,
         fixed_worst_team=fixed.worst_team,
         fixed_worst_by_period=fixed.worst,
+        fixed_worst_hourly=hourly,
+        fixed_worst_hourly_team=hourly_team,
+        fixed_worst_daily=daily,
+        fixed_worst_daily_team=daily_team,
         jain=jain(ratios),
         occupancy=all_s / cap_s if cap_s else 0.0,
         funded_occupancy=funded_s / cap_s if cap_s else 0.0,
@@ -612,6 +632,7 @@ def compute(
         jct_funded_nondebug=jct_funded_nondebug,
         slowdown_funded=slowdown,
         censored=censored,
+        ended_at_limit=sum(1 for c in chains if c.rows[-1].end_reason == "time_limit"),
         longest_under_share_s=longest,
         longest_under_share_team=longest_team,
         preemptions=len(pre),
@@ -635,6 +656,37 @@ def compute(
         team_rows=teams,
         team_series=series,
     )
+
+
+def _lowest(report: fs.DeliveredReport) -> tuple[str | None, float | None]:
+    """Pure: the team whose owed is met least hour by hour (per row of `report`'s rows:
+    hours, or the periods they were summed over), and that share."""
+    owed = [t for t in report.teams if t.hour_by_hour is not None]
+    if not owed:
+        return None, None
+    worst = min(owed, key=lambda t: (t.hour_by_hour or 0.0, t.team))
+    return worst.team, worst.hour_by_hour
+
+
+def _rebinned(rows: Iterable[fs.TeamHour], start: float, period_s: float) -> list[fs.TeamHour]:
+    """Pure: team hours summed into periods of `period_s` from `start` (owed and delivered
+    per team and period), so that `fs.summarise`'s hour by hour reads period by period."""
+    acc: dict[tuple[str, int], list[float]] = {}
+    first: dict[str, fs.TeamHour] = {}
+    for r in rows:
+        k = int((r.hour - start) // period_s)
+        a = acc.setdefault((r.team, k), [0.0, 0.0, 0.0])
+        a[0] += r.demand_gpu_h
+        a[1] += r.owed_gpu_h
+        a[2] += r.delivered_gpu_h
+        first.setdefault(r.team, r)
+    return [
+        fs.TeamHour(
+            team=team, hour=start + k * period_s, capacity_gpu_h=first[team].capacity_gpu_h,
+            allocation=first[team].allocation, demand_gpu_h=d, owed_gpu_h=o, delivered_gpu_h=g,
+        )
+        for (team, k), (d, o, g) in sorted(acc.items())
+    ]  # fmt: skip
 
 
 def _series(

@@ -26,6 +26,7 @@ COLUMNS = (
     ("fixed_hourly", "fixed hour by hour"),
     ("teams_95", "teams >= 95%"),
     ("worst", "worst team"),
+    ("worst_fixed", "worst team fixed hourly / daily"),
     ("queued_p90", "queued per job p90"),
     ("wait", "every wait p50/p90/p99"),
     ("debug_p90", "debug p90"),
@@ -112,6 +113,11 @@ def _nondebug(m: Metrics) -> str:
     return f"{_p(m.queued_funded_nondebug)} / {_p(m.jct_funded_nondebug)}"
 
 
+def _worst_fixed(m: Metrics) -> str:
+    """The lowest team's fixed owed met hour by hour / day by day (a lock-out shows here)."""
+    return f"{_pct(m.fixed_worst_hourly)} / {_pct(m.fixed_worst_daily)}"
+
+
 def row(r: RunResult) -> dict[str, str]:
     """Pure: one printed row of a run (the `COLUMNS`)."""
     m = r.metrics
@@ -125,6 +131,7 @@ def row(r: RunResult) -> dict[str, str]:
         "fixed_hourly": _pct(m.fixed_hour_by_hour),
         "teams_95": f"{m.teams_at_95}/{m.teams}; {m.fixed_teams_at_95}/{m.teams}",
         "worst": f"{_pct(m.worst_by_period)}; {_pct(m.fixed_worst_by_period)}",
+        "worst_fixed": _worst_fixed(m),
         "queued_p90": _p(m.queued),
         "wait": "/".join(approx(x) for x in (m.wait.p50_s, m.wait.p90_s, m.wait.p99_s)),
         "debug_p90": approx(m.wait_debug.p90_s),
@@ -222,6 +229,10 @@ OWED: tuple[Cell, ...] = (
     ("worst team (Ai2)", lambda m: f"{_pct(m.worst_by_period)} {m.worst_team or ''}".strip()),
     ("worst team (fixed)", lambda m: f"{_pct(m.fixed_worst_by_period)} "
                                      f"{m.fixed_worst_team or ''}".strip()),
+    ("worst team (fixed) hour by hour", lambda m: f"{_pct(m.fixed_worst_hourly)} "
+                                                 f"{m.fixed_worst_hourly_team or ''}".strip()),
+    ("worst team (fixed) day by day", lambda m: f"{_pct(m.fixed_worst_daily)} "
+                                                f"{m.fixed_worst_daily_team or ''}".strip()),
     ("Jain", lambda m: "-" if m.jain is None else f"{m.jain:.3f}"),
     ("occupancy", lambda m: _pct(m.occupancy)),
     ("unfunded share", lambda m: _pct(m.unfunded_share)),
@@ -232,7 +243,9 @@ OWED_NOTE = (
     "at its demand under the policy that ran (funded GPUs pending or running). *Fixed*: what a "
     "partition of the team's allocated size would have run of the funded jobs it submitted "
     "(the same for every policy). *By period*: sum delivered / sum owed, capped at 1 per team. "
-    "*Hour by hour*: sum of min(delivered, owed) per hour / sum owed."
+    "*Hour by hour*: sum of min(delivered, owed) per hour / sum owed; *day by day* the same "
+    "per day. The worst team by period can read 100% over a lock-out paid back later; the "
+    "worst team hour by hour and day by day cannot."
 )
 WAITS: tuple[Cell, ...] = (
     ("policy", lambda m: m.policy),
@@ -249,7 +262,8 @@ WAITS: tuple[Cell, ...] = (
     ("funded non-debug queued / JCT p90", _nondebug),
     ("funded slowdown p90", lambda m: "-" if m.slowdown_funded is None
         or m.slowdown_funded.p90_s is None else f"{m.slowdown_funded.p90_s:.1f}"),
-    ("never started; not done", lambda m: f"{m.wait.never_started}; {m.censored}"),
+    ("never started; not done (at limit)", lambda m: f"{m.wait.never_started}; {m.censored} "
+                                                     f"({m.ended_at_limit})"),
 )  # fmt: skip
 WAITS_NOTE = (
     "*Queued per job*: the sum of an original job's waits (first and after each requeue or "

@@ -34,7 +34,7 @@ import msgspec
 from ledger.core import budget as b
 from ledger.cycle.dispatcher import CycleResult, Dispatcher, RankSource
 from ledger.dispatch import registry
-from ledger.sim.fold import IdleSample, JobFold
+from ledger.sim.fold import LIMIT_GIVEN, IdleSample, JobFold
 from ledger.sim.kernel import KernelExecutor, drive
 from ledger.sim.metrics import Metrics, compute
 from ledger.sim.ranks import IncrementalRanks, NoRanks, ProjectionRanks
@@ -186,12 +186,16 @@ class Simulation:
         self._time_limit: Callable[[int | None], int | None] | None = getattr(
             self.policy, "job_time_limit_s", None
         )
-        limit_runs = bool(getattr(self.policy, "limit_runs", False))
+        self._default_limit = bool(getattr(self.policy, "limit_runs", False))
+        """The policy gives a job that declared no limit one (`job_time_limit_s`)."""
+        # every policy's runs end at their time limits, as the service ends them: a trace job
+        # whose `time_limit_s` is shorter than its work ends there (`time_limit`), its work
+        # unfinished (atk55-26 F5: it read `completed` after its limit's worth of work)
         self.executor = KernelExecutor(
             on_sigterm=self.on_sigterm.__contains__,
             relaunch_s=config.relaunch_s,
             relaunched=self.resubmitted.__contains__,
-            limit_runs=limit_runs,
+            limit_runs=True,
         )
         settings = registry.config_of(self.policy)
         usage = None  # the usage its rank source counts (None: it reads no ranks)
@@ -282,11 +286,12 @@ class Simulation:
         labels = {"trace_id": j.key}
         if resubmit_of is not None:
             labels["resubmit_of"] = str(resubmit_of)
-        if j.time_limit_s is None and self.executor.limit_runs and self._time_limit is not None:
+        if j.time_limit_s is None and self._default_limit and self._time_limit is not None:
             # the engine gives it a limit and ends its runs there (the kernel's `limit_runs`);
             # it is submitted with all its work, and what is left when it times out is
             # resubmitted (`_track`)
             limit = self._time_limit(None)
+            labels[LIMIT_GIVEN] = "1"
             return c.SubmitJob(
                 actor=SIM, user=j.user, account=j.account, gpus=j.gpus,
                 min_runtime_s=min(j.min_runtime_s, self.config.min_runtime_cap_s),
@@ -302,10 +307,8 @@ class Simulation:
             resumable=j.resumable,
             priority=j.priority,
             time_limit_s=j.time_limit_s,
-            # a job ends at its time limit (debug jobs at their 15 minutes)
-            duration_s=float(
-                j.duration_s if j.time_limit_s is None else min(j.duration_s, j.time_limit_s)
-            ),
+            # all its work: a run ends at its time limit (the kernel), `time_limit` if work is left
+            duration_s=float(j.duration_s),
             labels=labels,
         )
 
@@ -495,7 +498,12 @@ class Simulation:
                 if ev.outcome == "preempted" and self.config.resubmit and j is not None:
                     self._resubmit.append((j, ev.job_id))
                 done = self.executor.timed_out.pop(ev.job_id, None)
-                if ev.reason == "time_limit" and done is not None and j is not None:
+                if (
+                    ev.reason == "time_limit"
+                    and done is not None
+                    and j is not None
+                    and j.time_limit_s is None
+                ):  # the engine's limit (DefaultTime), not one the trace's job declared
                     self._timed_out(j, ev.job_id, done)
             case e.NodeDrainRequested() | e.NodeDrained() | e.NodeReturned() | e.NodeLost():
                 nodes = self.ledger.state.nodes.values()

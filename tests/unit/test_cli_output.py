@@ -180,7 +180,7 @@ def test_a_run_summary_too_wide_for_the_terminal_is_printed_as_records(
     monkeypatch.setattr(output, "console", lambda **_: Console(file=out, width=80))
     header = [h for _, h in report.COLUMNS]
     row = ["fairshare-7", "100.0%", "100.0%", "88.7%", "15/15; 14/15", "100.0%; 99.1%",
-           "3.1h", "0s/7m/2.2h",
+           "52.6% / 91.2%", "3.1h", "0s/7m/2.2h",
            "0s", "2.7h", "5m / 2.9h", "0s (20)", "20 (2.2%; funded 0.0%)", "0.0%"]  # fmt: skip
     print_table(header, [row, row], records=True, file=out)
     lines = out.getvalue().splitlines()
