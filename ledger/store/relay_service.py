@@ -132,6 +132,8 @@ class RelayService:
         """This server's previous relay (stopped on a step-down): this one connects only once
         its thread ended (two of one process fenced each other: atk55-25 F3)."""
         self._flushing = True
+        self._cut = False
+        """The connect under way at the stop was cut, its broker silent: the flush tries none."""
         """Whether `stop()` flushes (a step-down does not: `stop(flush=False)`)."""
         self._deadline: float | None = None
         """When a stopping service's last round ends (monotonic): `stop()`'s time + `flush_s`."""
@@ -489,6 +491,7 @@ class RelayService:
                     continue
                 if isinstance(e, ConnectEnded):  # told to end: no fault (atk56-25 F2)
                     log.info("%s", e.line())
+                    self._cut = self._stop.is_set()  # unanswered at the stop: no flush tried
                     continue
                 if not self._going_on():  # an error after the lease went is no fault (F3)
                     log.info("relay: round ended, the lease is another server's: %s", e.line())
@@ -625,6 +628,7 @@ class RelayService:
                     remade=self._remade_why,
                     going_on=self._going_on,  # its connect too ends once told (atk56-25 F2)
                     deadline=self._round_deadline,
+                    stopped=self._stop.is_set,
                 )
                 self._remade_why = None
             published = self.relay.publish_pending(self._going_on, self._round_deadline)
@@ -667,7 +671,7 @@ class RelayService:
         """Publish what was committed before stop(), within `flush_s` (its deadline ends the
         round under way too), while the lease (if any) is this server's."""
         deadline = self._deadline or time.monotonic() + self.flush_s
-        while self._going_on():
+        while self._going_on() and not self._cut:
             try:
                 self._publish()
                 relay = self.relay
