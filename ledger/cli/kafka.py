@@ -176,7 +176,8 @@ def relay_status(ctx: Ctx, as_json: bool) -> None:
     with the lag), unavailable (retried), stopped (by an error) or exited (the service
     stopped), its position on the topic, how far behind the store, and the error. True within
     the service's check interval (about a second); a record no service updates any more is
-    called stale. Exits 1 unless it is publishing, fresh."""
+    called stale, and a topic not checked for a few intervals says how old its check is.
+    Exits 1 unless it is publishing, fresh, its topic checked lately."""
     from ledger.store.clock import SystemClock
     from ledger.store.relay import RelayError
     from ledger.store.relay_health import read_health
@@ -198,12 +199,37 @@ def relay_status(ctx: Ctx, as_json: bool) -> None:
             hint="start the service with `gpuledger up --kafka HOST:PORT`",
         )
     head, unread = _store_head(ctx.home)
+    health = _checked_now(health, now)
     if as_json:  # the lag read as the line reads it, not the record's own head
         click.echo(msgspec.json.encode(health.report(now, head, unread)).decode())
     else:
         click.echo(health.line(now, head, unread))
-    if health.state != "publishing" or health.stale(now):
+    if health.state != "publishing" or health.stale(now) or health.unchecked_s(now):
         sys.exit(1)
+
+
+def _checked_now(health: Any, now: float) -> Any:
+    """`health`, its topic checked on this read when the service's own check is older than a
+    few intervals (`RelayHealth.unchecked_s`: a loaded host ran it 4-28 s late, atk55-25 F2):
+    the same topic id now makes the record's word as good as a check; a topic deleted or made
+    again since, or a broker that does not answer within 2 s, leaves it unchecked (the line
+    says how old its check is, exit 1)."""
+    from ledger.store.relay_topic import open_admin, topic_id_of
+
+    if not health.topic_id or health.unchecked_s(now) is None:
+        return health
+    quiet_kafka_logs("warning")  # its reconnect lines are not this command's output
+    admin = None
+    try:
+        admin = open_admin(health.bootstrap, None, 2.0)
+        same = topic_id_of(admin, health.topic) == health.topic_id
+    except Exception:  # unreachable: the record's word stays as old as it is
+        return health
+    finally:
+        if admin is not None:
+            with contextlib.suppress(Exception):
+                admin.close()
+    return msgspec.structs.replace(health, checked=now) if same else health
 
 
 def _servers_relay(ctx: Ctx) -> tuple[str, bool, dict[str, Any]] | None:

@@ -364,8 +364,10 @@ class Lease:
         was in flight (its worker had finished its cycle: no `sbatch` may still land)."""
         self.deadline = 0.0
         """monotonic time until which this server may act as leader (0: it is not leader)."""
-        self._con: Any = None
-        self._notices: list[str] = []
+        self._cons: dict[str, Any] = {}
+        """Its connections: the renewals' own ("renew", its own thread's: `Leadership`) and
+        the rest's ("lease"): a renewal never waits behind a report's statements."""
+        self._notices: dict[str, list[str]] = {"lease": [], "renew": []}
         self._earlier: str | None = None
         """The admission text an earlier version recorded that this server read last and found
         to agree with its own by meaning (`earlier_admission`): the take passes it (`_AGREES`)."""
@@ -379,29 +381,29 @@ class Lease:
         """How long a statement of the lease may take (a third of the lease, at least 0.2 s)."""
         return max(0.2, self.lease_s / 3)
 
-    def _connection(self) -> Any:
-        if self._con is None or self._con.closed:
+    def _connection(self, which: str = "lease") -> Any:
+        con = self._cons.get(which)
+        if con is None or con.closed:
             timeout_ms = int(self.answer_s * 1000)
-            self._con = connect(
+            con = self._cons[which] = connect(
                 self.dsn,
                 connect_timeout=max(1, int(self.lease_s / 3)),
                 options=f"-c statement_timeout={timeout_ms} -c lock_timeout={timeout_ms}",
                 application_name=app_name(self.holder),
             )
-            self._con.add_notice_handler(self._noticed)
-        return self._con
+            notices = self._notices[which]
+            con.add_notice_handler(lambda diag: notices.append(str(diag.message_primary or "")))
+        return con
 
-    def _noticed(self, diag: Any) -> None:
-        self._notices.append(str(diag.message_primary or ""))
-
-    def _run(self, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
-        """`sql` on the lease's connection, answered within `answer_s` or cancelled: a commit
-        that waits for a synchronous standby that is down waits forever, whatever the statement
-        timeout (the leader stood down and nobody led, while health blamed nobody: atk33-28
-        F10); cancelled, it committed only here, unconfirmed, and counts as failed."""
-        self._notices = []
+    def _run(self, sql: str, params: Any = (), which: str = "lease") -> list[tuple[Any, ...]]:
+        """`sql` on the lease's connection `which`, answered within `answer_s` or cancelled: a
+        commit that waits for a synchronous standby that is down waits forever, whatever the
+        statement timeout (the leader stood down and nobody led, while health blamed nobody:
+        atk33-28 F10); cancelled, it committed only here, unconfirmed, and counts as failed."""
+        notices = self._notices[which]
+        notices.clear()
         try:
-            con = self._connection()
+            con = self._connection(which)
             answered = threading.Event()
             watchdog = threading.Timer(self.answer_s + 0.1, self._watch, (con, answered))
             watchdog.daemon = True
@@ -413,16 +415,16 @@ class Lease:
             finally:
                 answered.set()
                 watchdog.cancel()
-            if any(SYNC_WAIT in n for n in self._notices):
+            if any(SYNC_WAIT in n for n in notices):
                 raise NotCommitting(NOT_COMMITTING.format(round(self.answer_s + 0.1, 1)))
             return rows
         except Exception as err:
             from psycopg.errors import QueryCanceled
 
-            unconfirmed = isinstance(err, QueryCanceled) and _sync_waits(self._con)
-            if self._con is not None:
-                self._con.close()
-                self._con = None
+            con = self._cons.pop(which, None)
+            unconfirmed = isinstance(err, QueryCanceled) and _sync_waits(con)
+            if con is not None:
+                con.close()
             if unconfirmed:  # a lock or statement timeout behind a commit that waits
                 raise NotCommitting(NOT_COMMITTING.format(round(self.answer_s, 1))) from err
             raise
@@ -486,6 +488,7 @@ class Lease:
             "stamp = stamp + 1 WHERE id = 1 AND holder = %s AND epoch = %s "
             "AND expires_at > clock_timestamp() RETURNING epoch",
             (self.lease_s, self.holder, self.epoch),
+            "renew",
         )
         if not rows:
             self.deadline = 0.0
@@ -673,9 +676,9 @@ class Lease:
         )
 
     def close(self) -> None:
-        if self._con is not None:
-            self._con.close()
-            self._con = None
+        for con in list(self._cons.values()):
+            con.close()
+        self._cons.clear()
 
     def __repr__(self) -> str:
         return f"Lease({redacted(self.dsn)}, {self.address}, epoch {self.epoch})"

@@ -48,7 +48,13 @@ from eventsourcing.persistence import ApplicationRecorder
 from kafka.errors import KafkaError
 
 from ledger.store.confirmed import publishable
-from ledger.store.relay_producer import commit, discard, fenced, new_producer
+from ledger.store.relay_producer import (
+    commit,
+    discard,
+    fenced,
+    init_transactions,
+    new_producer,
+)
 from ledger.store.relay_progress import (
     Anchor,
     Committed,
@@ -59,7 +65,7 @@ from ledger.store.relay_progress import (
     elsewhere,
     words,
 )
-from ledger.store.relay_raw import RawRecord, RawSource, open_store, read_raw
+from ledger.store.relay_raw import RawRecord, RawSource, open_store, read_raw, too_large
 from ledger.store.relay_tail import (
     Found,
     bookmark,
@@ -83,7 +89,6 @@ from ledger.store.relay_topic import (
     RelayUnavailable,
     TopicMark,
     asks_broker,
-    batch_bytes,
     create_time_text,
     ensure_topic,
     offsets_text,
@@ -162,6 +167,7 @@ class Relay:
         remade: str | None = None,
         going_on: Callable[[], bool] | None = None,
         deadline: Callable[[], float | None] | None = None,
+        stopped: Callable[[], bool] = lambda: False,
     ) -> None:
         self.recorder = recorder
         self.bootstrap = bootstrap
@@ -217,6 +223,8 @@ class Relay:
         self._deadline: Callable[[], float | None] = deadline or (lambda: None)
         """The round's `going_on` and `deadline` (`publish_pending`; the first connect's here:
         it ends at its next step once told, `ConnectEnded`)."""
+        self._stopped = stopped
+        """Whether its service was told to stop: an `init_transactions` under way ends then."""
         self._refused: RelayError | None = None
         """Why it publishes no more on this topic (`refuse`)."""
         self._remade: str | None = remade
@@ -258,7 +266,10 @@ class Relay:
         except KafkaError as e:
             raise unavailable(self.bootstrap, e) from e
         try:
-            producer.init_transactions()
+            # in steps: a stop or the lease's end cuts it (its own wait is the producer's)
+            if not init_transactions(producer, self._bounded(self.timeout_s), self._goes_on,
+                                     self._stopped):  # fmt: skip
+                raise ConnectEnded(f"relay: connect ended on {self.topic} (a stop, or the lease)")
             self._connecting()
             held = held_at(self.bootstrap, self.topic, self.config,
                            self._bounded(self.timeout_s), self.connect_timeout_s)  # fmt: skip
@@ -637,7 +648,7 @@ class Relay:
         the whole transaction, and the relay retried it for good: atk44-25 F8). When that is the
         first, an older topic's limit is raised (`relay_topic`), else RecordTooLarge names it."""
         limit = self.record_limit
-        big = next((i for i, r in enumerate(records) if self._too_large(r, limit)), None)
+        big = next((i for i, r in enumerate(records) if too_large(r, limit, self.keys)), None)
         if big is None or big > 0:
             return records if big is None else records[:big]
         r = records[0]
@@ -651,15 +662,6 @@ class Relay:
             f"(max.message.bytes={self.record_limit:,})",
             hint=f"kafka-configs.sh --alter --entity-type topics --entity-name {self.topic} "
             f"--add-config max.message.bytes={RECORD_MAX_BYTES}; the relay goes on by itself",
-        )
-
-    def _too_large(self, r: RawRecord, limit: int) -> bool:
-        """Whether the record of `r` alone passes the topic's `limit` (its exact size is asked
-        only of events near it: its headers are signed)."""
-        if len(r.data) <= limit - RECORD_OVERHEAD:
-            return False
-        return (
-            batch_bytes(r.key, r.data, record_headers(r.position, r.tag, r.data, self.keys)) > limit
         )
 
     def _send(self, records: list[RawRecord]) -> None:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import msgspec
+from kafka.errors import NodeNotReadyError
 
 # RelayError and offsets_text are relay_topic's, imported where used: that module loads the Kafka
 # client (and the relay psycopg), and every server reads this one (its health) at its start
@@ -23,6 +24,9 @@ RelayState = Literal["connecting", "publishing", "stalled", "unavailable", "stop
 """`stalled`: a send or commit has not come back for `stall_s` while events wait; `stopped`:
 an error retrying cannot fix; `exited`: the service stopped (after its flush)."""
 DEFAULT_CHECK_S = 1.0
+CHECK_LATE = 3
+"""How many check intervals a live relay's topic may go unchecked before `relay status` says
+how old its last check is, and claims no exact lag (`RelayHealth.unchecked_s`)."""
 RELAY_STALE = "stale"
 """The relay state a standby's health tells when the leader's last report of its relay is older
 than its reporting interval allows (`ledger.server.ha.relay_word_s`)."""
@@ -77,6 +81,15 @@ class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
     the relay makes it), as read at the relay's last connect; False: the producer's time
     (`CreateTime`): the relay's progress names no time, and its bookmark is checked by its
     commit marker alone (`relay status` said nothing of it, stop 54); None: not known yet."""
+    checked: float = 0.0
+    """Wall-clock time the topic was last found to be the one the relay published to (the
+    watcher's check every `check_s`, a connect or a commit; 0: not known). Older than
+    `CHECK_LATE` checks, the position is no longer sure to be the topic's (atk55-25 F2: an
+    idle relay under load saw a deleted topic only 4-28 s later, and said "publishing,
+    0 behind" meanwhile)."""
+    topic_id: str = ""
+    """The id of the topic the relay published to, as its last connect read it ("": unknown):
+    `relay status` asks the broker for it when the record's check is old (`checked`)."""
     since: float = 0.0
     """Wall-clock time the state began."""
     updated: float = 0.0
@@ -109,9 +122,18 @@ class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
         """Whether a live relay watches the topic, so that its position is the topic's: not
         while it connects (a topic found deleted at start is being written again from position
         1 while the record keeps the last one published), not once it stopped or exited (the
-        topic may lose records since), not in a record no service updates."""
+        topic may lose records since), not in a record no service updates, nor where its topic
+        was not checked lately (`unchecked_s`)."""
         live = self.state in WATCHING
-        return live and not (now is not None and self.stale(now))
+        return live and not (now is not None and (self.stale(now) or self.unchecked_s(now)))
+
+    def unchecked_s(self, now: float) -> float | None:
+        """How long a live relay's topic has gone unchecked, when longer than `CHECK_LATE`
+        checks (None: checked lately, or a record from before `checked` was kept)."""
+        if not self.checked or self.state not in WATCHING:
+            return None
+        age = now - self.checked
+        return age if age > CHECK_LATE * self.check_s + 1 else None
 
     def behind(self, now: float | None = None, head: int | None = None, unread: str = "") -> str:
         """How far the topic is behind the store, in words: `head` is the store's head read
@@ -124,6 +146,13 @@ class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
             return f"cannot tell how far behind the store ({unread})"
         head = self.store_head if head is None else head
         lag = max(0, head - self.position)
+        unchecked = None if now is None or self.stale(now) else self.unchecked_s(now)
+        if unchecked is not None:
+            return (
+                f"{lag:,} behind the store as of its topic's last check, {unchecked:,.0f} s "
+                f"ago (it checks every {self.check_s:g} s: the topic may have been deleted or "
+                "cut since)"
+            )
         kind = lag_kind(lag, self.watched(now))
         if kind == "exact":
             return f"{lag:,} behind the store"
@@ -282,3 +311,32 @@ def _previous(home: Path, topic: str) -> int | None:
     if health is None or health.topic != topic:
         return None
     return health.position
+
+
+def not_ready(e: BaseException) -> bool:
+    """Whether kafka-python's NodeNotReadyError is behind `e` (its cause, or named in it: a
+    producer in an error state says so only in its message)."""
+    seen: BaseException | None = e
+    for _ in range(5):
+        if seen is None:
+            return False
+        if isinstance(seen, NodeNotReadyError) or "NodeNotReadyError" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def appended_of(relay: Any, known: bool | None) -> bool | None:
+    """Whether the relay's topic stamps the broker's append time, as its last connect read it
+    (`known`: the health's word, while no relay is connected)."""
+    mark = None if relay is None else relay.mark
+    return known if mark is None else mark.appended
+
+
+def quiet_head(relay: Any, known: int) -> int:
+    """The relay's store head (`known`, the last one read, when its store does not answer: 0
+    said "its head is 0" with PostgreSQL down, atk56-25 F3)."""
+    try:
+        return int(relay.store_head())
+    except Exception:
+        return known

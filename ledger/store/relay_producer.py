@@ -9,7 +9,8 @@ producer without waiting long. An edge (the network).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from kafka import KafkaProducer
@@ -48,6 +49,41 @@ def new_producer(
         **patience(connect_timeout_s),
         **client_config(config),
     )
+
+
+INIT_STEP_S = 0.2
+"""How long one wait on `init_transactions`' answer lasts before the relay looks at its stop."""
+
+
+def init_transactions(
+    producer: Any, timeout_s: float, goes_on: Callable[[], bool], stopped: Callable[[], bool]
+) -> bool:
+    """kafka-python's `init_transactions`, its answer waited for in steps of `INIT_STEP_S`
+    (kafka-python: "retrying after a KafkaTimeoutError will continue to wait for the prior
+    request"), at most `timeout_s` in all (then KafkaTimeoutError). False once `goes_on()` said
+    no before the answer, or `stopped()` said yes and did not when it began (a flush's own
+    connect waits till its deadline): the producer is to be discarded. Its own wait is
+    `max_block_ms`, set when the producer was made: one begun before a stop waited its whole
+    30 s, the broker down, and the stopping server's relay thread with it (stop 57's note)."""
+    config = getattr(producer, "config", None)
+    if not isinstance(config, dict) or "max_block_ms" not in config:  # another client version
+        producer.init_transactions()
+        return True
+    block, end, began_stopped = config["max_block_ms"], time.monotonic() + timeout_s, stopped()
+    try:
+        while True:
+            left = end - time.monotonic()
+            config["max_block_ms"] = max(1, int(min(INIT_STEP_S, left) * 1000))
+            try:
+                producer.init_transactions()
+                return True
+            except KafkaTimeoutError:
+                if left <= INIT_STEP_S:
+                    raise
+            if not goes_on() or (stopped() and not began_stopped):
+                return False
+    finally:
+        config["max_block_ms"] = block
 
 
 def commit(producer: Any, timeout_s: float) -> None:

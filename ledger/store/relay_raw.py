@@ -14,7 +14,8 @@ from eventsourcing.persistence import ApplicationRecorder, InfrastructureFactory
 from eventsourcing.sqlite import SQLiteApplicationRecorder
 
 from ledger.store import EVENTS_DB, recorded
-from ledger.store.relay_topic import RelayError
+from ledger.store.relay_topic import RelayError, batch_bytes
+from projections.kafka_wire import RECORD_OVERHEAD, SigningKeys, record_headers
 
 
 class RawRecord(NamedTuple):
@@ -26,6 +27,14 @@ class RawRecord(NamedTuple):
     tag: str
     data: bytes
     key: bytes
+
+
+def too_large(r: RawRecord, limit: int, keys: SigningKeys | None) -> bool:
+    """Whether the record of `r` alone passes a topic's `limit` (`max.message.bytes`; its exact
+    size is asked only of events near it: its headers are signed)."""
+    if len(r.data) <= limit - RECORD_OVERHEAD:
+        return False
+    return batch_bytes(r.key, r.data, record_headers(r.position, r.tag, r.data, keys)) > limit
 
 
 def open_store(home: Path, store: str | None = None) -> ApplicationRecorder:

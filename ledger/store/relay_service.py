@@ -29,7 +29,6 @@ from typing import Any
 
 import msgspec
 from eventsourcing.persistence import ApplicationRecorder
-from kafka.errors import NodeNotReadyError
 
 from ledger.store.clock import SystemClock
 from ledger.store.relay import (
@@ -49,7 +48,10 @@ from ledger.store.relay_health import (
     RelayHealth,
     RelayState,
     _previous,
+    appended_of,
     health_path,
+    not_ready,
+    quiet_head,
     write_durably,
 )
 from ledger.store.relay_topic import TopicRefused, transactional_id_for
@@ -132,6 +134,10 @@ class RelayService:
         """This server's previous relay (stopped on a step-down): this one connects only once
         its thread ended (two of one process fenced each other: atk55-25 F3)."""
         self._flushing = True
+        self._cut = False
+        self._checked = 0.0
+        """When its topic was last found the one the relay published to (`RelayHealth.checked`)."""
+        """The connect under way at the stop was cut, its broker silent: the flush tries none."""
         """Whether `stop()` flushes (a step-down does not: `stop(flush=False)`)."""
         self._deadline: float | None = None
         """When a stopping service's last round ends (monotonic): `stop()`'s time + `flush_s`."""
@@ -168,6 +174,7 @@ class RelayService:
             check_s=check_s,
         )
         self._stop = threading.Event()
+        self._worded = threading.Event()
         self._thread = threading.Thread(target=self._main, name="relay", daemon=True)
         self._watcher = threading.Thread(target=self._watch, name="relay-health", daemon=True)
         self._lock = threading.Lock()
@@ -187,8 +194,13 @@ class RelayService:
         self._holder = threading.Thread(target=self._watch_held, name="relay-held", daemon=True)
 
     def start(self) -> RelayService:
-        self._write()
+        """The threads started, once the store's progress row is read (`_read_word`, the
+        thread's first step, waited for up to `connect_timeout_s`): a new leader's first
+        health showed its relay.json's position for a moment (atk55-25 F7: a lag of 55,036)."""
         self._thread.start()
+        self._worded.wait(self.connect_timeout_s)
+        with self._lock:
+            self._write()
         self._watcher.start()
         self._holder.start()
         return self
@@ -375,7 +387,8 @@ class RelayService:
                 admin = open_admin(self.bootstrap, None, self.connect_timeout_s)
             due = time.monotonic() - self._marked_at >= self.mark_every_s
             if mark.topic_id and not due and topic_id_of(admin, self.topic) == mark.topic_id:
-                return admin  # the same topic: its offsets and settings at the next full check
+                self._checked = self.clock.now()  # the same topic (`RelayHealth.checked`)
+                return admin  # its offsets and settings at the next full check
             now = topic_mark(admin, self.topic, self.timeout_s)
             self._marked_at = time.monotonic()
             why = remade(self.topic, mark, now, end)
@@ -390,6 +403,8 @@ class RelayService:
             return admin
         if why and relay.published_mark == (mark, end):
             relay.flag(why)
+        elif not why:
+            self._checked = self.clock.now()
         return admin
 
     def _position(self, head: int | None = None) -> int:
@@ -399,7 +414,9 @@ class RelayService:
         if relay is not None:
             if relay.remakes != self._remakes:  # the topic made again: published from 1 anew
                 self._remakes, self._published = relay.remakes, relay.position
-                self._again_to = head if head is not None else _quiet_head(relay)
+                self._again_to = (
+                    head if head is not None else quiet_head(relay, self.health.store_head)
+                )
             # the topic's word once connected: the higher of it and the home's relay.json said
             # "position 45,021, lag 0" and `connecting` over a topic at 25,000 (atk56-25 F2)
             self._published, self._word = relay.position, None
@@ -460,11 +477,19 @@ class RelayService:
 
     def _main(self) -> None:
         try:
-            self._read_word()
+            try:
+                self._read_word()
+            finally:
+                self._worded.set()
             self._wait_for_previous()
             self._publish_until_stopped()
             if self.health.state != "stopped" and self._flushing and self._going_on():
                 self._flush()
+            elif self.health.state != "stopped" and self.may_act is not None and self.may_act():
+                # taken again at once: not "another server's" (atk56-25 F3)
+                log.info("relay: stopped at position %d, not flushed (this server's lease ran "
+                         "out and it took the lease again: its next relay publishes the rest)",
+                         self._published)  # fmt: skip
             elif self.health.state != "stopped":
                 log.info("relay: stopped at position %d, not flushed (the lease is another "
                          "server's: its relay publishes the rest)", self._published)  # fmt: skip
@@ -489,6 +514,7 @@ class RelayService:
                     continue
                 if isinstance(e, ConnectEnded):  # told to end: no fault (atk56-25 F2)
                     log.info("%s", e.line())
+                    self._cut = self._stop.is_set()  # unanswered at the stop: no flush tried
                     continue
                 if not self._going_on():  # an error after the lease went is no fault (F3)
                     log.info("relay: round ended, the lease is another server's: %s", e.line())
@@ -531,55 +557,29 @@ class RelayService:
 
     def _topic_changed(self) -> bool:
         """After the relay refused its topic (`TopicRefused`: its start gone, settings that lose
-        events): wait until the topic is deleted or made again (another topic id), asking every
-        `held_every_s`; then the relay is made anew (it makes the topic if missing) and publishes
-        the store's log to it from position 1: True. False once the service stops. atk51-25
-        F6: the hint said "delete the topic, and the relay makes it again", yet a stopped relay
-        never looked again: `relay status` said stopped over a topic gone until a restart."""
-        from ledger.store.relay_topic import open_admin, topic_id_of
+        events): wait until the topic is deleted or made again (`relay_topic.topic_change`);
+        then the relay is made anew (it makes the topic if missing) and publishes the store's
+        log to it from position 1: True. False once the service stops. atk51-25 F6: the hint
+        said "delete the topic, and the relay makes it again", yet a stopped relay never looked
+        again: `relay status` said stopped over a topic gone until a restart."""
+        from ledger.store.relay_topic import topic_change
 
-        admin: Any = None
-        first: str | bool | None = False  # the topic's id at the stop (False: not asked yet)
-        try:
-            while not self._stop.wait(0 if first is False else self.held_every_s):
-                try:
-                    if admin is None:
-                        admin = open_admin(self.bootstrap, None, self.connect_timeout_s)
-                    now = topic_id_of(admin, self.topic)
-                except Exception as e:  # unreachable: asked again
-                    log.debug("relay: cannot ask for topic %s: %s", self.topic, e)
-                    with contextlib.suppress(Exception):
-                        admin.close()
-                    admin = None
-                    continue
-                if first is False and now is not None:
-                    first = now
-                    continue
-                if now is None or (first and now != first):
-                    log.warning(
-                        "relay: topic %s was %s since the relay stopped: publishing the store's "
-                        "log to it from position 1",
-                        self.topic,
-                        "deleted" if now is None else "made again",
-                    )
-                    relay, self.relay = self.relay, None
-                    if relay is not None:
-                        relay.close()
-                    self._remakes = -1  # the next relay's position is the health's (`_position`)
-                    # its first connect takes no bookmark: a record found on the new topic is
-                    # none of its own (a replayed copy of the progress's record was, and the
-                    # events before it never reached the topic: atk52-25 F1c)
-                    self._remade_why = (
-                        f"topic {self.topic} was "
-                        f"{'deleted' if now is None else 'made again'} since the relay stopped"
-                    )
-                    self._set("connecting", again=True)
-                    return True
+        change = topic_change(self.bootstrap, self.topic, self.connect_timeout_s,
+                              self.held_every_s, self._stop)  # fmt: skip
+        if change is None:
             return False
-        finally:
-            if admin is not None:
-                with contextlib.suppress(Exception):
-                    admin.close()
+        log.warning("relay: topic %s was %s since the relay stopped: publishing the store's log "
+                    "to it from position 1", self.topic, change)  # fmt: skip
+        relay, self.relay = self.relay, None
+        if relay is not None:
+            relay.close()
+        self._remakes = -1  # the next relay's position is the health's (`_position`)
+        # its first connect takes no bookmark: a record found on the new topic is none of its
+        # own (a replayed copy of the progress's record was, and the events before it never
+        # reached the topic: atk52-25 F1c)
+        self._remade_why = f"topic {self.topic} was {change} since the relay stopped"
+        self._set("connecting", again=True)
+        return True
 
     def _quiet(self, e: RelayError) -> bool:
         """Whether `e` is retried without a word: kafka-python's NodeNotReadyError says its own
@@ -588,7 +588,7 @@ class RelayService:
         back, the first send got it although the broker had just answered the watcher's probe,
         and the relay said `unavailable` (and warned) for a moment (CI, stop 50). Quiet for up
         to `connect_timeout_s` in a row; then it is reported as any other error."""
-        if not _not_ready(e):
+        if not not_ready(e):
             self._not_ready_since = None
             return False
         now = time.monotonic()
@@ -609,7 +609,7 @@ class RelayService:
             self._busy_since = None
 
     def _publish_once(self) -> int:
-        answered = self.relay is None or self.relay.reconnects  # this round (re)connects
+        connects = self.relay is None or self.relay.reconnects  # this round (re)connects
         try:
             if self.relay is None:
                 self.relay = Relay(
@@ -625,6 +625,7 @@ class RelayService:
                     remade=self._remade_why,
                     going_on=self._going_on,  # its connect too ends once told (atk56-25 F2)
                     deadline=self._round_deadline,
+                    stopped=self._stop.is_set,
                 )
                 self._remade_why = None
             published = self.relay.publish_pending(self._going_on, self._round_deadline)
@@ -644,8 +645,12 @@ class RelayService:
                 ) from e
             raise self.relay.failed(e) from e
         # The broker answered when something was published or a producer was (re)connected;
-        # an idle round did not ask it (the watcher probes it then).
-        if published or answered:
+        # an idle round did not ask it (the watcher probes it then), nor one that ended before
+        # its reconnect ("publishing again" with the broker down: atk56-25 F3).
+        if published or (
+            connects and not self.relay.reconnects
+        ):  # a connect read the topic's mark; a commit asked its id
+            self._checked = self.clock.now()
             if self.health.state == "unavailable":
                 log.warning("relay: publishing again, topic at position %d", self.relay.position)
             self._probed_down = False
@@ -667,22 +672,25 @@ class RelayService:
         """Publish what was committed before stop(), within `flush_s` (its deadline ends the
         round under way too), while the lease (if any) is this server's."""
         deadline = self._deadline or time.monotonic() + self.flush_s
-        while self._going_on():
+        while self._going_on() and not self._cut:
             try:
-                self._publish()
+                published = self._publish()
                 relay = self.relay
                 assert relay is not None
                 if relay.position >= relay.store_head():
-                    log.info("relay: flushed, topic at position %d", relay.position)
+                    self._flushed(relay, published)
                     return
             except ConnectEnded:  # the flush's deadline passed while it connected
                 break
-            except RelayUnavailable as e:
-                self._unavailable(e)
             except RelayError as e:
-                log.error("relay stopped: %s", e.line())
-                self._set("stopped", error=e.line())
-                return
+                if not self._going_on():  # the lease went meanwhile: no fault (atk56-25 F3)
+                    log.info("relay: round ended, the lease is another server's: %s", e.line())
+                    break
+                if not isinstance(e, RelayUnavailable):
+                    log.error("relay stopped: %s", e.line())
+                    self._set("stopped", error=e.line())
+                    return
+                self._unavailable(e)
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.2)
@@ -697,9 +705,25 @@ class RelayService:
             head,
         )
 
+    def _flushed(self, relay: Relay, published: int) -> None:
+        """Say the flush is done: "flushed" only over a topic found the one the relay published
+        to since the watcher's last interval (a commit of this round, or asked now); it said
+        "flushed" 4 s after the topic was deleted, an idle relay not having looked (atk56-25
+        F3)."""
+        from ledger.store.relay_topic import same_topic
+
+        late = not published and self.clock.now() - self._checked > self.check_s + 1
+        mark = relay.mark
+        if late and not (mark and same_topic(self.bootstrap, self.topic, mark.topic_id, 2.0)):
+            log.warning("relay: topic %s is not the one the relay published to (deleted or made "
+                        "again): not flushed; the next relay publishes the store's log to it",
+                        self.topic)  # fmt: skip
+            return
+        log.info("relay: flushed, topic at position %d", relay.position)
+
     def _store_head(self) -> int:
         if self.relay is not None:
-            return self.relay.store_head()
+            return quiet_head(self.relay, self.health.store_head)
         try:
             return RawSource(self._store()).head()
         except Exception:
@@ -735,7 +759,9 @@ class RelayService:
                 # it was publishing, wrote `publishing` over it with the stop's error (s51)
                 return
             if head is None:
-                head = _quiet_head(relay) if relay is not None else self._store_head()
+                head = (
+                    quiet_head(relay, old.store_head) if relay is not None else self._store_head()
+                )
             self.health = RelayHealth(
                 state=state,
                 bootstrap=self.bootstrap,
@@ -747,7 +773,9 @@ class RelayService:
                 skipped=relay.skipped[:SKIPPED_SHOWN] if relay is not None else old.skipped,
                 foreign=len(relay.skipped) if relay is not None else old.foreign,
                 remade=relay.remade_note if relay is not None else old.remade,
-                appended=_appended(relay, old.appended),
+                appended=appended_of(relay, old.appended),
+                checked=self._checked,
+                topic_id=relay.mark.topic_id if relay and relay.mark else old.topic_id,
                 since=old.since if state == old.state else now,
                 updated=now,
                 check_s=self.check_s,
@@ -762,30 +790,3 @@ class RelayService:
             write_durably(tmp, path, msgspec.json.encode(self.health))
         except OSError as e:  # the health file is a report: never stop publishing over it
             log.debug("relay: cannot write %s: %s", path, e)
-
-
-def _not_ready(e: BaseException) -> bool:
-    """Whether kafka-python's NodeNotReadyError is behind `e` (its cause, or named in it: a
-    producer in an error state says so only in its message)."""
-    seen: BaseException | None = e
-    for _ in range(5):
-        if seen is None:
-            return False
-        if isinstance(seen, NodeNotReadyError) or "NodeNotReadyError" in str(seen):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-def _appended(relay: Relay | None, known: bool | None) -> bool | None:
-    """Whether the relay's topic stamps the broker's append time, as its last connect read it
-    (`known`: the health's word, while no relay is connected)."""
-    mark = None if relay is None else relay.mark
-    return known if mark is None else mark.appended
-
-
-def _quiet_head(relay: Relay) -> int:
-    try:
-        return relay.store_head()
-    except Exception:
-        return 0

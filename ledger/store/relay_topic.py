@@ -11,8 +11,10 @@ Kafka's default 1,048,588 bytes (atk44-25 F8). Incremental: no other setting cha
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple, TypeVar
@@ -372,6 +374,51 @@ def topic_id_of(admin: Any, topic: str) -> str | None:
     if described.get("error_code") == UnknownTopicOrPartitionError.errno:
         return None
     return str(described.get("topic_id") or "")
+
+
+def same_topic(bootstrap: str, topic: str, topic_id: str, timeout_s: float) -> bool:
+    """Whether `topic`'s id is `topic_id` now (one request, at most `timeout_s` to connect;
+    False: another id, no such topic, or no answer)."""
+    admin = None
+    try:
+        admin = open_admin(bootstrap, None, timeout_s)
+        return topic_id_of(admin, topic) == topic_id
+    except Exception:
+        return False
+    finally:
+        if admin is not None:
+            with contextlib.suppress(Exception):
+                admin.close()
+
+
+def topic_change(
+    bootstrap: str, topic: str, timeout_s: float, every_s: float, stop: threading.Event
+) -> str | None:
+    """Wait until `topic` is "deleted" or "made again" (another id) from what it is at the
+    first answer, asking every `every_s` (a broker away is asked again); None once `stop`."""
+    admin: Any = None
+    first: str | bool | None = False  # the topic's id at the first answer (False: none yet)
+    try:
+        while not stop.wait(0 if first is False else every_s):
+            try:
+                if admin is None:
+                    admin = open_admin(bootstrap, None, timeout_s)
+                now = topic_id_of(admin, topic)
+            except Exception as e:  # unreachable: asked again
+                log.debug("relay: cannot ask for topic %s: %s", topic, e)
+                with contextlib.suppress(Exception):
+                    admin.close()
+                admin = None
+                continue
+            if first is False and now is not None:
+                first = now
+            elif now is None or (first and now != first):
+                return "deleted" if now is None else "made again"
+        return None
+    finally:
+        if admin is not None:
+            with contextlib.suppress(Exception):
+                admin.close()
 
 
 def sent_elsewhere(

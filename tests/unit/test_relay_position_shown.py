@@ -77,3 +77,19 @@ def test_a_row_that_does_not_verify_is_not_shown(org_ledger: Ledger) -> None:
     service = RelayService(home, "127.0.0.1:9", topic=TOPIC)
     service._read_word()
     assert service.health.position == 1
+
+
+def test_a_started_services_first_health_is_the_stores_progress_row(org_ledger: Ledger) -> None:
+    """atk55-25 F7: a new leader's first health said its relay.json's position (`connecting,
+    relay_position 5000, relay_lag 55036` for ~2 s, the topic whole): `start()` returns once
+    the row is read, and the first relay.json it writes says it too."""
+    home, head = org_ledger.home, org_ledger.position
+    _left(home, 1)
+    keep(open_store(home), TOPIC, head - 1, state_key(home))
+    service = RelayService(home, "127.0.0.1:9", topic=TOPIC, connect_timeout_s=1).start()
+    try:
+        shown = service.health.position  # what /v1/health says as soon as the service is there
+        written = msgspec.json.decode(health_path(home).read_bytes(), type=RelayHealth).position
+    finally:
+        service.stop(flush=False)
+    assert (shown, written) == (head - 1, head - 1)  # before: (1, 1)

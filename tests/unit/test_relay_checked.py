@@ -1,0 +1,74 @@
+"""A live relay's lag is told exact only while its topic was checked lately (atk55-25 F2: an
+idle relay under load saw its topic deleted only 4-28 s later, and `relay status` said
+"publishing ..., 0 behind the store", exit 0, over a topic that did not exist). The record
+keeps when the topic was last found the one the relay published to (`checked`); older than a
+few check intervals, the line says how old, claims no exact lag, and exits 1."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import msgspec
+import pytest
+from click.testing import CliRunner
+
+from ledger.cli import cli
+from ledger.store import relay_topic
+from ledger.store.application import Ledger
+from ledger.store.relay_health import RelayHealth, health_path
+from ledger.store.relay_service import RelayService
+
+NOW = 1_000_000.0
+
+
+def _record(checked: float, position: int = 7, head: int = 7) -> RelayHealth:
+    return RelayHealth(state="publishing", bootstrap="b", topic="t", position=position,
+                       store_head=head, updated=NOW - 0.5, checked=checked)  # fmt: skip
+
+
+def test_a_topic_checked_lately_has_an_exact_lag() -> None:
+    fresh = _record(NOW - 0.8)
+    assert fresh.line(NOW, 7) == "relay publishing: t at b, position 7, 0 behind the store"
+    assert fresh.report(NOW, 7)["lag_known"] == "exact"
+
+
+@pytest.mark.parametrize("lag", [0, 3])
+def test_a_topic_unchecked_for_12_s_says_how_old_its_check_is(lag: int) -> None:
+    old = _record(NOW - 12)
+    line = old.line(NOW, 7 + lag)
+    assert f"{lag} behind the store as of its topic's last check, 12 s ago" in line, line
+    assert not line.endswith(f", {lag} behind the store")  # before: all it said
+    assert old.report(NOW, 7 + lag)["lag_known"] != "exact"
+
+
+def test_relay_status_exits_1_over_a_topic_not_checked_lately(org_ledger: Ledger) -> None:
+    home, head = org_ledger.home, org_ledger.position
+    now = time.time()
+    record = RelayHealth(state="publishing", bootstrap="b", topic="t", position=head,
+                         store_head=head, updated=now, checked=now - 20)  # fmt: skip
+    health_path(home).write_bytes(msgspec.json.encode(record))
+    done = CliRunner().invoke(cli, ["--home", str(home), "relay", "status"])
+    assert "as of its topic's last check, 20 s ago" in done.output, done.output
+    assert done.exit_code == 1  # before: 0, "publishing ..., 0 behind the store"
+
+
+def test_the_watchers_check_of_the_same_topic_is_kept_in_the_health(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service = RelayService(tmp_path, "127.0.0.1:9", topic="t")
+    mark = SimpleNamespace(topic_id="id-1")
+    relay: Any = SimpleNamespace(published_mark=(mark, 5), position=5, remakes=0,
+                                 remade_note="", mark=None, skipped=())  # fmt: skip
+    relay.store_head = lambda: 5
+    service.relay = relay
+    service._marked_at = time.monotonic()  # the offsets were asked lately: the id alone now
+    monkeypatch.setattr(relay_topic, "open_admin", lambda *a: object())
+    monkeypatch.setattr(relay_topic, "topic_id_of", lambda admin, topic: "id-1")
+    service.health = msgspec.structs.replace(service.health, state="publishing")
+    before = time.time()
+    service._watch_topic(None)
+    service._set("publishing", head=5)
+    assert service.health.checked >= before
