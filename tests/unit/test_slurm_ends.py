@@ -118,7 +118,24 @@ def test_a_killed_gang_ends_when_a_read_found_it_ended_not_at_its_batch_steps_en
     (one,) = parse_jobs(KILLED)
     assert stopped_end(st, one, j.end_time + 1.4).at == j.end_time  # its batch step is all
     alive = Stopping(since=j.end_time - 3, grace_s=3.0, run=(1, 0))  # ended in its grace
-    assert stopped_end(alive, j, j.end_time + 1.4).at == j.end_time
+    assert stopped_end(alive, j, j.end_time + 1.4).at == j.end_time + 1.0  # (below)
+
+
+def test_a_gang_that_ends_in_its_grace_ends_when_a_read_found_it_ended() -> None:
+    """s57's open point: a stopped gang whose batch script ended inside its grace (its command
+    out at the SIGTERM) kept Slurm's EndTime, the batch step's end, while its ranks on the
+    other node, ending by Slurm's end of the job after it, lived on. Its end is the read that
+    found the job ended, as a killed gang's; Slurm's own end of it (FAILED 143) is its code. A
+    one-node run's processes are its batch step's: Slurm's EndTime stays."""
+    line = KILLED.replace("JobState=CANCELLED", "JobState=FAILED").replace("0:9", "143:0")
+    (j,) = parse_jobs(line.replace("NodeList=vm", "NodeList=vm-g,vm-g-2"))
+    assert j.end_time is not None
+    st = Stopping(since=j.end_time - 3, grace_s=30.0, run=(1, 0), cancelled=True)
+    end = stopped_end(st, j, j.end_time + 2.6)
+    assert (end.at, end.exit_code, end.engine_state) == (j.end_time + 2.0, 143, "FAILED")
+    assert stopped_end(st, j, j.end_time + 0.4).at == j.end_time  # never before Slurm's
+    (one,) = parse_jobs(line)
+    assert stopped_end(st, one, j.end_time + 2.6).at == j.end_time
 
 
 def _submitted(job_id: int) -> e.JobSubmitted:

@@ -583,7 +583,8 @@ class SlurmExecutor:
                 if tag:
                     mark_stopping(self._checkpoint_file(*tag).parent)
                 self._run(scancel_args(slurm_id, tag, "--signal=TERM", "--full"))
-                stopping.termed_at = now if stopping.termed_at is None else stopping.termed_at
+                if stopping.termed_at is None:  # the job's note of it, later (`real_term`)
+                    stopping.termed_at = stopping.term_asked_at = now
         except EngineError as err:
             stopping.term_refused |= any(w in err.line() for w in GONE_ALREADY)
             log.warning("slurm job %s: %s (retrying)", slurm_id, err.line())

@@ -202,8 +202,12 @@ def reaping_said(run_dir: Path, started_at: float, now: float, grace_s: float) -
     """What the run's `REAPING_MARK` says (`script_tree`): its command ended leaving processes
     its batch script SIGTERMed, SIGKILL at `kill_at` at the latest; None when there is none
     (yet) or it does not read. The mark is the job user's: its times are kept inside the run
-    (not before `started_at` nor after `now`) and its SIGKILL within the job's grace (and a
-    second) of that end; a code it did not say (-1) is None."""
+    (not before `started_at` nor after the read that found it: `now`, or the mark's ctime when
+    it was made in this read's cycle, after its start, as its user cannot set back) and its
+    SIGKILL within the job's grace (and a second) of that end; a code it did not say (-1) is
+    None. Before, a mark made after the cycle began was cut to the cycle's start: the ledger's
+    `leader_ended_at` 1.2 s before the command's real exit, which the same `explain` said in its
+    note (atk55-23 F5)."""
     said = _users_file(run_dir / REAPING_MARK, 200)
     if said is None:
         return None
@@ -211,7 +215,7 @@ def reaping_said(run_dir: Path, started_at: float, now: float, grace_s: float) -
         code, ended_us, left, kill_us = (int(w) for w in said[0].split()[:4])
     except ValueError:
         return None
-    ended = max(started_at, min(ended_us / 1e6, now))
+    ended = max(started_at, min(ended_us / 1e6, max(now, said[1])))
     kill_at = max(ended, min(kill_us / 1e6, ended + grace_s + 1))
     return Reaping(0, 0, ended, max(0, min(left, 2**31 - 1)), kill_at, code if code >= 0 else None)
 
@@ -238,19 +242,25 @@ def reaped_before(
 
 
 def script_killed(
-    run_dir: Path, state: str, code: int, started_at: float | None, now: float, grace_s: float
-) -> str:
+    run_dir: Path, state: str, code: int, started_at: float | None, now: float, grace_s: float,
+    signalled: bool = False,
+) -> str:  # fmt: skip
     """The note of a run whose batch script a signal killed (Slurm `FAILED`, `code` 128 +
     the signal) before it wrote its end record, with no stop of the ledger's (the caller's
     word): neither the ledger nor Slurm killed it, so a process of the job's own (or someone
     on its node) did; the job fails with that code, which `explain` says in these words, with
     what its `REAPING_MARK` says of its command's own end (atk53-23 F8: a leftover the script
-    was ending killed it, and `explain` said only "failed, exit code 137"). "" otherwise."""
-    if state != "FAILED" or code <= 128 or own_end(run_dir) is not None:
+    was ending killed it, and `explain` said only "failed, exit code 137"). `signalled`: Slurm
+    says a signal killed the script itself (`SlurmJob.script_killed`): an end record there is
+    not its script's, and is said not taken (atk55-23 F4). "" otherwise."""
+    forged = signalled and own_end(run_dir) is not None
+    if state != "FAILED" or code <= 128 or (own_end(run_dir) is not None and not forged):
         return ""
     note = (f"its batch script was killed by signal {code - 128} before it wrote its end "
             "record, though neither the ledger nor Slurm stopped it: a process of the job's "
             "own (or someone on its node) killed it")  # fmt: skip
+    if forged:
+        note += "; the end record there, its user's file, is not its script's and was not taken"
     said = None if started_at is None else reaping_said(run_dir, started_at, now, grace_s)
     if said is None:
         return note
@@ -339,10 +349,13 @@ def run_end(
     one and the settle time after it), or, where Slurm did not decide its end (not
     `SLURM_ENDS_FIRST`), its own end record's (`finish_by_record`): Slurm's EndTime is when
     slurmctld heard of the end, which a dead slurmd or slurmctld makes late (CI: a run that
-    ended while its slurmd was dead was charged 10.9 s past its end)."""
+    ended while its slurmd was dead was charged 10.9 s past its end). A run whose batch script
+    a signal killed (`SlurmJob.script_killed`) ended as Slurm says: its end record is a file the
+    job's user writes, and the script, killed, wrote none (atk55-23 F4: a job that wrote
+    `0 <time> 0` there and killed its own script was recorded `completed`, exit 0)."""
     end = processes_end(j.end_time, j.state, now, completing_seen)
     at = real_end(end, now, seen_running_at, *outage)
-    if j.state in SLURM_ENDS_FIRST:
+    if j.state in SLURM_ENDS_FIRST or j.script_killed:
         return j.exit_code, at, False
     high = now if end is None else min(now, end)
     start = started_at if started_at is not None else j.start_time

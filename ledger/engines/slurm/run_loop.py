@@ -178,9 +178,11 @@ def end_of(ex: SlurmExecutor, r: Run, j: SlurmJob, now: float) -> tuple[int, flo
                  r.job_id, r.slurm_id, when(at), "its own end record" if own else
                  "last seen running, slurmctld away", when(j.end_time))  # fmt: skip
     ledgers = r.limited or r.stop_sent_at is not None or r.slurm_id in ex._stopping
+    grace, signal = ex._grace_of(r), j.script_killed
     killed = "" if own or ledgers else script_killed(run_dir, j.state, code, r.started_at, now,
-                                                       ex._grace_of(r))  # fmt: skip
-    return code, at, "; ".join(filter(None, (killed, tree_said(run_dir))))
+                                                       grace, signal)  # fmt: skip
+    tree = "" if j.script_killed else tree_said(run_dir)  # not its script's record (F4)
+    return code, at, "; ".join(filter(None, (killed, tree)))
 
 
 def node_failed(ex: SlurmExecutor, r: Run, j: SlurmJob, now: float) -> None:

@@ -28,6 +28,7 @@ from ledger.engines.slurm.stops import (
     kill_due,
     killing_from,
     outlived,
+    real_term,
     resumed_stops,
     slurmd_restarted,
     still_ended,
@@ -90,6 +91,7 @@ def carry_stops(ex: SlurmExecutor, now: float) -> None:
         if j is not None and j.holding and not j.ended and now >= (ex._settle_until or 0):
             st.seen_running_at = now  # (`real_end`: a stopped run's end in an outage, F6)
         judge(ex, slurm_id, st, j, now)  # from durable facts too: a restart (atk44s F2)
+        term_noted(ex, st, j, now)  # its limit's SIGTERM as the job saw it: the SIGKILL from it
         doubt = st.run is not None and unseen_end(st, j)  # NODE_FAIL, or its cancel unseen
         failed = ex._how_failed(st.run, None, None, j, now, st.grace_s) if doubt else None
         if doubt and failed is None:  # its processes may live: held (F7, atk43s F8)
@@ -159,6 +161,17 @@ def unkilled(st: Stopping, j: SlurmJob | None, now: float) -> bool:
         st.kill_sent_at is not None and not st.scancelled and j is not None
         and j.state == "RUNNING" and now - st.kill_sent_at >= KILL_LANDS_S
     )  # fmt: skip
+
+
+def term_noted(ex: SlurmExecutor, st: Stopping, j: SlurmJob | None, now: float) -> None:
+    """A stop at its limit whose SIGTERM was asked: its time, once a read finds the job's own
+    note of it (`real_term`), before `kill_due` counts its SIGKILL from it."""
+    if not st.limit or st.term_asked_at is None or st.term_seen:
+        return
+    tag = st.run or (j.tag(ex.ledger_id) if j is not None else None)
+    if tag is not None:
+        noted = signalled_at(ex._checkpoint_file(*tag).parent)
+        st.termed_at, st.term_seen = real_term(st.term_asked_at, noted, now)
 
 
 def judge(ex: SlurmExecutor, slurm_id: str, st: Stopping, j: SlurmJob | None, now: float) -> None:

@@ -80,7 +80,14 @@ class Stopping:
     """A stop at its time limit (`since`: the limit): SIGTERM first whenever it is noticed, and
     SIGKILL by `reads.stopping.limit_sigkill_at` from the SIGTERM really sent (`termed_at`)."""
     termed_at: float | None = None
-    """When its limit's SIGTERM (`scancel --signal=TERM`) was sent (None: not yet)."""
+    """When its limit's SIGTERM (`scancel --signal=TERM`) really reached the job (None: not
+    sent yet): the request's time (`term_asked_at`) until a read finds the job's own note of
+    it (`real_term`)."""
+    term_asked_at: float | None = None
+    """The cycle time of that `scancel` request (its start: the read before it, the scancel
+    itself run later, seconds later at load)."""
+    term_seen: bool = False
+    """`termed_at` is the job's note of that SIGTERM, found by a read at or after it."""
 
 
 def kill_due(st: Stopping, now: float) -> bool:
@@ -91,6 +98,22 @@ def kill_due(st: Stopping, now: float) -> bool:
     if not st.limit:
         return now - st.since >= st.grace_s
     return st.termed_at is not None and now >= limit_sigkill_at(st.since, st.grace_s, st.termed_at)
+
+
+def real_term(asked: float, noted: float | None, read_at: float) -> tuple[float, bool]:
+    """Pure: (when a stop's SIGTERM reached the job, whether that is settled) from the time of
+    its `scancel` request (`asked`, a cycle's start: before the read and the `scancel` that
+    followed, seconds before the signal at load), the job's own note of its last signal
+    (`noted`: its `signalled` mark's ctime, which its batch script makes when the signal comes,
+    and which its user cannot set back) and the read that found it (`read_at`). A note before
+    the request is not this SIGTERM's (the request's time stands, unsettled); one after is its
+    time, kept no later than the read (a note made during the read's cycle is settled at the
+    next read, which is after it; a node's clock ahead). Before, the SIGTERM counted from the
+    request and the SIGKILL of a limit noticed late came `LATE_TERM_GRACE_S` after the request,
+    seconds less after the signal the job saw (s57's closing note)."""
+    if noted is None or noted < asked:
+        return asked, False
+    return min(noted, read_at), noted <= read_at
 
 
 KILL_LANDS_S = 5.0
@@ -250,10 +273,11 @@ def stopped_end(
     # after its SIGKILL Slurm says FAILED 0:9; its steps (`srun`) die KillWait later meanwhile;
     # a gang's on its other nodes die by Slurm's end of the job after its batch step's, out of
     # the executor's sight, and a loaded read may see none of it COMPLETING: its end is the
-    # read that found it ended (s56: a rank alive 5.4 s past the batch step's EndTime)
-    gang = st.killed and len(expand_hostlist(j.nodes)) > 1
+    # read that found it ended (s56: a rank alive 5.4 s past the batch step's EndTime), killed
+    # or ended in its grace (its batch script out first: Slurm's EndTime is the script's)
+    gang = len(expand_hostlist(j.nodes)) > 1
     seen = now if gang else completing_seen
-    end = processes_end(j.end_time, "CANCELLED" if st.killed else j.state, now, seen)
+    end = processes_end(j.end_time, "CANCELLED" if st.killed or gang else j.state, now, seen)
     at = high = now if end is None else min(now, end)
     away, settle_s = outage
     in_outage = (

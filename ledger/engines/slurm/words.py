@@ -167,6 +167,13 @@ def exit_code(text: str) -> int:
     return st if st or not sg else 128 + sg
 
 
+def exit_signal(text: str) -> int:
+    """Pure: the signal of Slurm's `ExitCode=status:signal` (0: none): the signal that killed
+    the batch script itself (a command a signal killed makes its script exit 128 + N, `:0`)."""
+    sig = text.partition(":")[2]
+    return int(sig) if sig.isdigit() else 0
+
+
 def end_reason(state: str) -> EndReason:
     """Pure: why a Slurm job state ended a run."""
     return _REASONS.get(state.split()[0].rstrip("+"), "exited")
@@ -217,6 +224,8 @@ class SlurmJob:
     """Slurm's NodeList."""
     logs: tuple[str, ...] = ()
     """Its StdOut (and StdErr when another file): a run adopted after a restart keeps them."""
+    exit_signal: int = 0
+    """`ExitCode`'s second part: the signal that killed its batch script (0: none)."""
 
     def tag(self, ledger_id: str) -> tuple[int, int] | None:
         """(job id, run) for a run this ledger submitted; None for a foreign job."""
@@ -245,6 +254,14 @@ class SlurmJob:
     @property
     def holding(self) -> bool:
         return self.state in HOLDING
+
+    @property
+    def script_killed(self) -> bool:
+        """Whether a signal killed its batch script (`ExitCode=N:S`, S > 1): the script wrote
+        no end record then. `0:1` is Slurm's own code of a batch job a returning slurmctld
+        found missing from its node (a wait status of 1; the script traps SIGHUP, so never
+        dies of it), whose end record is its word (atk42-24 F2)."""
+        return self.exit_signal > 1
 
 
 def parse_jobs(text: str, known: dict[str, SlurmJob] | None = None) -> list[SlurmJob]:
@@ -276,6 +293,7 @@ def _parse_job(line: str) -> SlurmJob:
         partition=rec.get("Partition", ""),
         comment=(rec.get("Comment") or "").strip(),
         exit_code=exit_code(rec.get("ExitCode", "0:0")),
+        exit_signal=exit_signal(rec.get("ExitCode", "0:0")),
         reason=rec.get("Reason", ""),
         started=rec.get("StartTime", "Unknown") not in ("Unknown", "None", "")
         and rec.get("JobState") not in WAITING,
