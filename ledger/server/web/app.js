@@ -34,18 +34,32 @@ let ME = null;
 let timer = null;
 let started = false;
 
+// A page's read unanswered for SILENT_MS (its own, or another tab's it waits for: `pageRead`,
+// `unansweredFor`) is said in the status line, "the server is not answering (N s)", counting,
+// until it answers: a hung server, or a network that drops its packets, left "updated …" there
+// for good. Waiting behind other tabs' reads that are answered is not said.
+const SILENT_MS = 10000;
+
 async function refresh() {
   clearTimeout(timer);
+  const mine = ++refreshes, asked = Date.now(), shown = document.getElementById("status").textContent;
+  const silent = setInterval(() => {
+    const quiet = unansweredFor(asked);
+    if (quiet >= SILENT_MS) status(`the server is not answering (${Math.round(quiet / 1000)} s); ${shown.startsWith("updated") ? `the page shown was ${shown}` : "nothing new shown"}`, true);
+  }, 1000);
   try {
     await PAGES[PAGE](!started);
     started = true;
     status(`updated ${new Date().toLocaleTimeString(undefined, { hourCycle: "h23" })}`);
   } catch (err) {
+    if (err instanceof Superseded) return;  // the later refresh draws, says and times the next
     status(`could not update: ${err.message}`, true);
     // nothing shown yet (a bad page address, say): the one line says why, not a blank page
     if (!started) main(el("p", { class: "err", id: "page-error" }, err.message));
+  } finally {
+    clearInterval(silent);
   }
-  timer = setTimeout(poll, POLL_MS[PAGE]);
+  if (mine === refreshes) timer = setTimeout(poll, POLL_MS[PAGE]);
 }
 
 function poll() {  // the timed update, once nobody types in the page's fields (`editing`)

@@ -85,6 +85,67 @@ async function api(path, retries = RETRIES_429, timeoutMs = 0) {
   return body;
 }
 
+// A page's read (its first and its timed ones) waits for the one under way in another tab of
+// this browser, not beside it: a person's reads are 2 at once (docs/security.md, row T5), so
+// her tabs' timed reads arriving together (a slow server, a laptop waking) were refused each
+// other's turn, a 429 in the console for each, the page asked again later (issue 29). It waits
+// PAGE_LOCK_MS at most: the server answers a read within its 10 s limit (an 8 s wait for the
+// worker on PostgreSQL), and another tab's read that hangs (a paused server, a network that
+// drops its packets) would otherwise hold this tab's for good; past it, this tab reads beside
+// it. Another browser of hers (another profile, another machine) shares no lock: its reads
+// and this one's may still be refused each other's turn and asked again (`api`). The
+// what-if's look at its turn is no read of the pool: it never waits here.
+const PAGE_LOCK_MS = 20000;
+const READ_ASKED_KEY = "gpuledger.pageReadAsked";  // when the read holding the lock was asked
+
+// the page read under way in this tab: `since` it was asked of the server (`own`), or since this
+// tab waits for another tab's (`unansweredFor` reads that one's time, READ_ASKED_KEY)
+let pageWait = null;
+
+// Each `refresh` (app.js) counts one; an answer that comes after a later refresh began (a sort,
+// a filter or a page chosen while it was under way, or waited behind another tab's) is not
+// drawn: `Superseded`, which that refresh drops, the later one drawing its own. Drawn, it put
+// the old rows under the new header (the queue sorted by user showed its rows in dispatch order).
+let refreshes = 0;
+
+class Superseded extends Error {}
+
+async function pageRead(path) {
+  const mine = refreshes, wait = { since: Date.now(), own: false };
+  const asked = () => {
+    Object.assign(wait, { since: Date.now(), own: true });
+    localStorage.setItem(READ_ASKED_KEY, String(wait.since));
+    return api(path);
+  };
+  pageWait = wait;
+  let answer;
+  try {
+    if (!navigator.locks) answer = await asked();  // (not a secure context: no lock to share)
+    else {
+      try {
+        answer = await navigator.locks.request("gpuledger-page-read", { signal: AbortSignal.timeout(PAGE_LOCK_MS) }, asked);
+      } catch (err) {
+        if (wait.own || err.name !== "TimeoutError") throw err;
+        answer = await asked();  // the other tab's read is not answered: this one is asked beside it
+      }
+    }
+  } finally {
+    if (pageWait === wait) pageWait = null;
+  }
+  if (refreshes !== mine) throw new Superseded(path);
+  return answer;
+}
+
+// how long the page read this tab waits for has gone unanswered (its own, or the other tab's
+// it waits behind, never longer than this tab has waited); `since`: when the refresh began
+function unansweredFor(since) {
+  const now = Date.now();
+  if (pageWait === null) return now - since;
+  if (pageWait.own) return now - pageWait.since;
+  const other = Number(localStorage.getItem(READ_ASKED_KEY)) || pageWait.since;
+  return now - Math.max(other, since);
+}
+
 async function post(path, body) {
   return answered(await posted(path, body), path);
 }
