@@ -18,9 +18,12 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
+from pathlib import Path
 
-from playwright.sync_api import Browser, Request, Route
+from playwright.sync_api import Browser, BrowserContext, Page, Request, Route
 
+from tests.integration.serverkit import make_token, set_up_ledger, start_server
 from tests.integration.test_dashboard import (
     READY,
     Served,
@@ -39,6 +42,47 @@ UPDATED = (
 )
 """The status line says a newer update than `was` (the line \"the server is not answering (N s);
 the page shown was updated …\" is no update)."""
+
+SAID = (
+    "window.__said = []; new MutationObserver(() => { const s = document.getElementById('status');"
+    " if (s && s.textContent !== window.__said.at(-1)) window.__said.push(s.textContent) })"
+    ".observe(document, {subtree: true, childList: true, characterData: true});"
+)
+"""An init script keeping every line a tab's status shows (`window.__said`), in order."""
+
+QUEUE_READ = re.compile(r"/ui/api/queue\?")
+
+
+def said(page: Page) -> list[str]:
+    return list(page.evaluate("window.__said"))
+
+
+def held_reads(page: Page) -> list[Route]:
+    """`page`'s queue reads from now on, each held by its network (never answered unless the
+    test says), once the first of them is asked (its next timed read: every 5 s)."""
+    held: list[Route] = []
+
+    def hold(route: Route) -> None:  # (Playwright takes no bound builtin as a handler)
+        held.append(route)
+
+    page.route(QUEUE_READ, hold)
+    for _ in range(240):
+        if held:
+            break
+        page.wait_for_timeout(250)
+    assert held
+    return held
+
+
+def queue_tabs(ctx: BrowserContext, url: str, n: int) -> list[Page]:
+    pages = []
+    for _ in range(n):
+        page, _ = watched(ctx)
+        page.goto(f"{url}/ui/queue")
+        page.wait_for_selector(READY["queue"])
+        pages.append(page)
+    return pages
+
 
 SORTS = ("job", "user", "account", "gpus", "code", "submitted")
 """A tab's Queue page each (a read of its own each: none answered with another's)."""
@@ -170,3 +214,114 @@ def test_an_answer_asked_before_a_sort_was_chosen_is_not_drawn_under_it(
     for route in held[2:]:
         route.continue_()
     assert errors == [], errors
+
+
+def test_a_tab_whose_read_hangs_past_the_bound_holds_no_other_tabs_read_and_is_not_said_there(
+    served: Served, browser: Browser
+) -> None:
+    """atk57-29 F1: one tab's read hangs (its network drops the packets; the server is fine).
+    Its other tabs' reads waited 20 s each behind it, counted from each one's own wait, every
+    read for as long as it hung (one update per 25 s), and said "the server is not answering"
+    while it answered at once. Now the bound counts from when the hung read was asked: past it,
+    a read is asked beside it at once, and a tab waiting for another tab's read does not blame
+    the server."""
+    ctx = signed_in(browser, served.tokens["root"])
+    ctx.add_init_script(SAID)
+    hung, other = queue_tabs(ctx, served.server.url, 2)
+    held = held_reads(hung)
+    since = time.monotonic()
+    hung.wait_for_function(
+        "() => /not answering/.test(document.getElementById('status').textContent)",
+        timeout=30_000,
+    )  # its own read is late: said there
+    other.wait_for_timeout(max(0.0, 21 - (time.monotonic() - since)) * 1000)  # past the bound
+    with other.expect_request(lambda r: "sort=user" in r.url, timeout=60_000):
+        clicked = time.monotonic()
+        other.click("th[data-sort=user]")
+    waited = time.monotonic() - clicked
+    other.wait_for_selector("th[data-sort=user][aria-sort=ascending]", timeout=30_000)
+    assert waited < 15, waited  # before: 20 s (its own bound), every read
+    lines = said(other)
+    assert not [x for x in lines if "not answering" in x], lines  # before: said while it waited
+    for route in held:
+        route.abort()
+    ctx.close()
+
+
+COUNTED = r"the server is not answering \((\d+) s\)"
+
+
+def test_a_click_while_a_read_hangs_counts_one_read_and_keeps_the_page_shown(
+    served: Served, browser: Browser
+) -> None:
+    """atk57-29 F2, F3: a sort clicked while the page's read hangs (said in the status line).
+    The superseded refresh's timer ran on beside the click's, the line flipping between two
+    counters, and the click's took that line as the page shown: "nothing new shown" over the
+    rows on the screen. Now one counter goes up from the first read unanswered, and the line
+    names the update shown."""
+    ctx = signed_in(browser, served.tokens["root"])
+    ctx.add_init_script(SAID)
+    (page,) = queue_tabs(ctx, served.server.url, 1)
+    held = held_reads(page)
+    page.wait_for_function(
+        "() => /not answering/.test(document.getElementById('status').textContent)",
+        timeout=30_000,
+    )
+    before = len(said(page))
+    page.click("th[data-sort=user]")  # its read is asked (and held) beside the hung one
+    page.wait_for_function(
+        f"() => {{ const m = document.getElementById('status').textContent.match(/{COUNTED}/);"
+        " return m !== null && Number(m[1]) >= 32; }",
+        timeout=60_000,
+    )  # past the old wait for the lock (20 s) and the click's own 10 s
+    lines = said(page)[before:]
+    counts = [int(m.group(1)) for x in lines if (m := re.search(COUNTED, x))]
+    assert counts == sorted(counts), lines  # before: 22, 10, 23, 11, ...
+    assert [x for x in lines if "not answering" in x] == [
+        x for x in lines if "; the page shown was updated " in x
+    ], lines  # before: "nothing new shown" over the rows
+    assert page.locator("#queue tbody tr").count() > 0
+    assert len(held) == 2 and "sort=user" in held[1].request.url, [r.request.url for r in held]
+    held[1].continue_()
+    page.wait_for_selector("th[data-sort=user][aria-sort=ascending]", timeout=30_000)
+    page.wait_for_function("() => /^updated /.test(document.getElementById('status').textContent)")
+    held[0].abort()
+    ctx.close()
+
+
+def test_a_tab_opened_while_the_server_is_down_says_so_and_shows_the_page_once_it_is_back(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """atk57-29 F4: the server stopped as a tab asks who is signed in (its page already
+    served): the first read failed uncaught and the tab stayed blank for good, also once the
+    server was back. Now it says why and asks again until the server answers."""
+    home = tmp_path / "ledger"
+    set_up_ledger(home, tmp_path)
+    root = make_token(home, "--user", "root")
+    server = start_server(home, "--interval", "1s")
+    try:
+        page, _ = watched(signed_in(browser, root))
+
+        def down(route: Route) -> None:  # the server stopped: refused from now on
+            if server.proc.poll() is None:
+                assert server.stop() == 0
+            route.continue_()
+
+        page.route(re.compile(r"/v1/whoami"), down)
+        page.goto(f"{server.url}/ui/queue")
+        page.wait_for_function(
+            "() => /could not ask the server who is signed in/"
+            ".test(document.getElementById('status').textContent)",
+            timeout=30_000,
+        )  # before: nothing said, the page blank
+        page.unroute(re.compile(r"/v1/whoami"))
+        server = start_server(
+            home, "--interval", "1s", "--listen", f"127.0.0.1:{server.port}", log_name="again.log"
+        )
+        page.wait_for_function(
+            "() => /^updated /.test(document.getElementById('status').textContent)",
+            timeout=60_000,
+        )
+        assert page.locator("#who").inner_text() == "root (admin)"
+    finally:
+        assert server.stop() == 0
