@@ -134,19 +134,23 @@ async function pageRead(path) {
   else {
     const taken = {};  // the lock is another tab's (or this tab's superseded read's)
     answer = await navigator.locks.request(PAGE_LOCK, { ifAvailable: true }, (lock) => (lock ? ask(true) : taken));
-    if (answer === taken) {
+    // waited for while the read holding it is younger than PAGE_LOCK_MS; past what was left,
+    // a holder asked since (the hung one answered, the next one asking) is waited for again
+    while (answer === taken) {
       const holder = Number(localStorage.getItem(READ_ASKED_KEY)) || Date.now();  // (not written yet)
       const left = PAGE_LOCK_MS - (Date.now() - holder);
+      if (left <= 0) {
+        answer = await ask(false);  // the other tab's read is not answered: this one is asked beside it
+        break;
+      }
       let granted = false;
       try {
-        if (left <= 0) throw new DOMException("the read holding the lock is past its bound", "TimeoutError");
         answer = await navigator.locks.request(PAGE_LOCK, { signal: AbortSignal.timeout(left) }, () => {
           granted = true;
           return ask(true);
         });
       } catch (err) {
         if (granted || err.name !== "TimeoutError") throw err;
-        answer = await ask(false);  // the other tab's read is not answered: this one is asked beside it
       }
     }
   }
