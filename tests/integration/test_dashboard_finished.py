@@ -120,7 +120,7 @@ def test_a_persons_node_filters_every_page_and_an_unknown_account_is_one_error(
 
 
 def test_another_persons_finished_job_shows_without_its_command(served: Served) -> None:
-    """The rule of `jobs` (docs/server.md): every person sees every job, its command, directory
+    """The rule of `jobs` (docs/dashboard.md): every person sees every job, its command, directory
     and logs only its owner, the managers above its account and admins."""
     s = served
     cli(s.dash.home, "cancel", str(s.dash.job_b), GPULEDGER_USER=s.dash.user_b)

@@ -1,6 +1,6 @@
 """Under `serve --executor none` nothing is placed, and the previews say so: `queue`, `explain`
 and the Queue page's API give a job first in line the reason "nothing is placed: ..." and no
-estimated start, never "placed in the next cycle" with a start of now (docs/server.md)."""
+estimated start, never "placed in the next cycle" with a start of now (docs/dashboard.md)."""
 
 from __future__ import annotations
 

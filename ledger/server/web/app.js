@@ -34,18 +34,60 @@ let ME = null;
 let timer = null;
 let started = false;
 
+// A page's read of this tab unanswered by the server for SILENT_MS (`unansweredFor`: waiting
+// behind another tab's read is not counted, `pageRead` bounds it) is said in the status line,
+// "the server is not answering (N s)", counting, until it answers: a hung server, or a network
+// that drops its packets, left "updated …" there for good. One timer says it, the latest
+// refresh's, counting from the oldest read asked since the page was last drawn: a refresh a
+// click began while a read hung let the superseded one's timer run on, the line flipping
+// between two counters, and took "the server is not answering" as the page shown, saying
+// "nothing new shown" over rows on the screen (atk57-29 F2, F3).
+const SILENT_MS = 10000;
+let silent = null;   // the one timer of `refresh`
+let drawn = 0;       // when the page was last drawn (Date.now())
+let updated = null;  // what the status line said then ("updated 12:34:56")
+
 async function refresh() {
   clearTimeout(timer);
+  clearInterval(silent);
+  const mine = ++refreshes;
+  silent = setInterval(() => {
+    const quiet = unansweredFor(drawn);
+    if (quiet >= SILENT_MS) status(`the server is not answering (${Math.round(quiet / 1000)} s); ${updated ? `the page shown was ${updated}` : "nothing shown yet"}`, true);
+  }, 1000);
   try {
     await PAGES[PAGE](!started);
     started = true;
-    status(`updated ${new Date().toLocaleTimeString(undefined, { hourCycle: "h23" })}`);
+    drawn = Date.now();
+    updated = `updated ${new Date(drawn).toLocaleTimeString(undefined, { hourCycle: "h23" })}`;
+    status(updated);
   } catch (err) {
+    // superseded (its answer, or its failure: a hung read given up), the later refresh draws,
+    // says and times the next
+    if (err instanceof Superseded || mine !== refreshes) return;
     status(`could not update: ${err.message}`, true);
     // nothing shown yet (a bad page address, say): the one line says why, not a blank page
     if (!started) main(el("p", { class: "err", id: "page-error" }, err.message));
+  } finally {
+    if (mine === refreshes) clearInterval(silent);
   }
-  timer = setTimeout(poll, POLL_MS[PAGE]);
+  if (mine === refreshes) timer = setTimeout(poll, POLL_MS[PAGE]);
+}
+
+// Who is signed in, asked until the server answers: a tab opened while the server was down or
+// restarting (or refused her turn past its retries) stayed blank for good, the one failure
+// uncaught (atk57-29 F4). Each failure is said in the status line with when it is asked again.
+async function whoami() {
+  for (let tries = 0; ; tries++) {
+    try {
+      return await api("/v1/whoami", RETRIES_429, PAGE_LOCK_MS);
+    } catch (err) {
+      if (err instanceof SignedOut) throw err;  // the login page is being opened
+      const wait = Math.min(5, 2 ** tries);
+      status(`could not ask the server who is signed in (${err.message}); asking again in ${wait} s`, true);
+      await new Promise((done) => setTimeout(done, wait * 1000));
+    }
+  }
 }
 
 function poll() {  // the timed update, once nobody types in the page's fields (`editing`)
@@ -70,7 +112,7 @@ async function start() {
     location.assign(`/ui/login?next=${encodeURIComponent(location.pathname + location.search)}`);
     return;
   }
-  ME = await api("/v1/whoami");
+  ME = await whoami();
   document.getElementById("who").textContent = `${ME.actor}${ME.admin ? " (admin)" : ""}`;
   await refresh();
 }

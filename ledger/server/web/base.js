@@ -64,6 +64,8 @@ function token() {
 // refreshing together were refused each other's turn ("could not update", atk39-25 F3).
 const RETRIES_429 = 2;
 
+class SignedOut extends Error {}  // the token refused (401): the login page is being opened
+
 // `timeoutMs`: each try given up (an AbortSignal's TimeoutError) when its answer has not come
 // in that time (a hung server, or a network that drops its packets, never answers: atk55-29 F4)
 async function api(path, retries = RETRIES_429, timeoutMs = 0) {
@@ -77,12 +79,93 @@ async function api(path, retries = RETRIES_429, timeoutMs = 0) {
   if (resp.status === 401) {
     localStorage.removeItem(TOKEN_KEY);
     location.assign(`/ui/login?next=${encodeURIComponent(location.pathname + location.search)}`);
-    throw new Error("signed out");
+    throw new SignedOut("signed out");
   }
   heardFrom(resp.headers.get("Date"));
   const body = await resp.json();
   if (!resp.ok) throw new Error(body.detail || `${resp.status}`);
   return body;
+}
+
+// A page's read (its first and its timed ones) waits for the one under way in another tab of
+// this browser, not beside it: a person's reads are 2 at once (docs/security.md, row T5), so
+// her tabs' timed reads arriving together (a slow server, a laptop waking) were refused each
+// other's turn, a 429 in the console for each, the page asked again later (issue 29). The wait
+// is bounded by PAGE_LOCK_MS counted from when the read holding the lock was asked (its tab
+// writes that time, READ_ASKED_KEY, and removes it once answered): the server answers a read
+// within its 10 s limit (an 8 s wait for the worker on PostgreSQL), and another tab's read that
+// hangs (a paused server, a network that drops its packets) would otherwise hold this tab's for
+// good. A holder asked longer ago than that is read beside at once; a younger one is waited for
+// what is left of the bound. (Counted from each waiter's own wait, every read of every other
+// tab waited the whole 20 s behind a hung one, for as long as it hung: one update per 25 s,
+// atk57-29 F1.) Another browser of hers (another profile, another machine) shares no lock: its
+// reads and this one's may still be refused each other's turn and asked again (`api`). The
+// what-if's look at its turn is no read of the pool: it never waits here.
+const PAGE_LOCK_MS = 20000;
+const PAGE_LOCK = "gpuledger-page-read";
+const READ_ASKED_KEY = "gpuledger.pageReadAsked";  // when the read holding the lock was asked
+
+// this tab's page reads asked of the server and not answered yet (`unansweredFor`)
+const unanswered = new Set();
+
+// Each `refresh` (app.js) counts one; an answer that comes after a later refresh began (a sort,
+// a filter or a page chosen while it was under way, or waited behind another tab's) is not
+// drawn: `Superseded`, which that refresh drops, the later one drawing its own. Drawn, it put
+// the old rows under the new header (the queue sorted by user showed its rows in dispatch order).
+let refreshes = 0;
+
+class Superseded extends Error {}
+
+async function pageRead(path) {
+  const mine = refreshes;
+  const ask = async (holding) => {  // `holding` the lock: its asked time is the other tabs' bound
+    const asked = { at: Date.now() };
+    unanswered.add(asked);
+    if (holding) localStorage.setItem(READ_ASKED_KEY, String(asked.at));
+    try {
+      return await api(path);
+    } finally {
+      unanswered.delete(asked);
+      if (holding) localStorage.removeItem(READ_ASKED_KEY);
+    }
+  };
+  let answer;
+  if (!navigator.locks) answer = await ask(false);  // (not a secure context: no lock to share)
+  else {
+    const taken = {};  // the lock is another tab's (or this tab's superseded read's)
+    answer = await navigator.locks.request(PAGE_LOCK, { ifAvailable: true }, (lock) => (lock ? ask(true) : taken));
+    // waited for while the read holding it is younger than PAGE_LOCK_MS; past what was left,
+    // a holder asked since (the hung one answered, the next one asking) is waited for again
+    while (answer === taken) {
+      const holder = Number(localStorage.getItem(READ_ASKED_KEY)) || Date.now();  // (not written yet)
+      const left = PAGE_LOCK_MS - (Date.now() - holder);
+      if (left <= 0) {
+        answer = await ask(false);  // the other tab's read is not answered: this one is asked beside it
+        break;
+      }
+      let granted = false;
+      try {
+        answer = await navigator.locks.request(PAGE_LOCK, { signal: AbortSignal.timeout(left) }, () => {
+          granted = true;
+          return ask(true);
+        });
+      } catch (err) {
+        if (granted || err.name !== "TimeoutError") throw err;
+      }
+    }
+  }
+  if (refreshes !== mine) throw new Superseded(path);
+  return answer;
+}
+
+// How long this tab's oldest page read asked at or after `since` (when the page was last drawn)
+// has gone unanswered by the server, 0 if none: waiting behind another tab's read is no read
+// of this tab's, and the server is not blamed for it (another tab's read that hangs may be its
+// own network's; the wait is bounded, `pageRead`, and this tab's own read counts from when it
+// is asked: atk57-29 F1).
+function unansweredFor(since) {
+  const asked = [...unanswered].map((a) => a.at).filter((at) => at >= since);
+  return asked.length ? Date.now() - Math.min(...asked) : 0;
 }
 
 async function post(path, body) {

@@ -293,7 +293,7 @@ async function budgetPage(first) {
   }
   const q = new URLSearchParams();
   if (budgetState.account !== null) q.set("account", budgetState.account);
-  const data = await api(`/ui/api/budget?${q}`);
+  const data = await pageRead(`/ui/api/budget?${q}`);
   if (budgetState.account === null) budgetState.account = data.account;
   budgetState.children = data.children;
   toUrl(new URLSearchParams(data.account ? { account: data.account } : {}));

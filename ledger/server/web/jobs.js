@@ -129,7 +129,7 @@ async function queuePage(first) {
   if (user) q.set("user", user);
   if (queueState.account) q.set("account", queueState.account);
   if (queueState.reason) q.set("reason", queueState.reason);
-  const page = await api(`/ui/api/queue?${q}`);
+  const page = await pageRead(`/ui/api/queue?${q}`);
   if (page.total && page.offset >= page.total) {  // the queue shrank under this page
     queueState.offset = Math.max(0, Math.floor((page.total - 1) / queueState.limit) * queueState.limit);
     return queuePage(false);
@@ -188,7 +188,7 @@ async function finishedPage(first) {
   if (user) q.set("user", user);
   if (finishedState.account) q.set("account", finishedState.account);
   if (finishedState.reason) q.set("reason", finishedState.reason);
-  const page = await api(`/ui/api/finished?${q}`);
+  const page = await pageRead(`/ui/api/finished?${q}`);
   const body = table(["job", "user", "account", "GPUs", "end", "exit", "submitted", "started", "ended", "elapsed", "nodes"],
     page.rows.map((j) => el("tr", { "data-job": j.job_id },
       td(el("a", { href: `/ui/job?id=${j.job_id}` }, j.job_id)), td(j.user), td(j.account, { title: j.account }),
@@ -211,7 +211,7 @@ async function jobPage() {
     main(el("h1", {}, "Job"), el("p", {}, "Open a job from the queue."));
     return;
   }
-  const data = await api(`/ui/api/job/${id}`);
+  const data = await pageRead(`/ui/api/job/${id}`);
   const j = data.job, x = data.explain;
   const facts = table(["field", "value"], [
     ["status", j.kill_at === null ? j.status + (j.outcome ? ` (${j.outcome})` : "") : stateCell(j.status, j.kill_at)],

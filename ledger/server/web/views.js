@@ -6,7 +6,7 @@
 const teamsState = { window: "7d" };
 
 async function teamsPage() {
-  const data = await api(`/ui/api/teams?window=${teamsState.window}`);
+  const data = await pageRead(`/ui/api/teams?window=${teamsState.window}`);
   const d = data.delivered;
   const toggle = el("div", { class: "filters" },
     ["7d", "all"].map((w) => el("button", { type: "button", id: `window-${w}`, disabled: w === data.window,
@@ -43,7 +43,7 @@ async function teamsPage() {
 // --- nodes ----------------------------------------------------------------------------------
 
 async function nodesPage() {
-  const data = await api("/ui/api/nodes");
+  const data = await pageRead("/ui/api/nodes");
   const byNode = new Map();
   for (const g of data.gpus) {
     if (!byNode.has(g.node)) byNode.set(g.node, []);
@@ -90,7 +90,7 @@ const decisionsState = { before: null };  // the page: the cycles before this po
 async function decisionsPage() {
   const q = new URLSearchParams({ limit: 500 });
   if (decisionsState.before !== null) q.set("before", decisionsState.before);
-  const page = await api(`/ui/api/decisions?${q}`);
+  const page = await pageRead(`/ui/api/decisions?${q}`);
   const rows = page.rows;
   const older = () => { decisionsState.before = rows[rows.length - 1].position; refresh(); };
   const nav = el("div", { class: "filters pager" },
@@ -111,8 +111,9 @@ async function decisionsPage() {
   let d = null;
   if (chosen && /^\d+$/.test(chosen)) {
     try {
-      d = await api(`/ui/api/decision/${chosen}`);
+      d = await pageRead(`/ui/api/decision/${chosen}`);
     } catch (err) {  // no decision there: said inline, the cycles stay listed (atk48-29 F10)
+      if (err instanceof Superseded) throw err;  // (a later update draws the page)
       detail = el("p", { class: "err", id: "decision-error" }, `${err.message}: choose a cycle below.`);
     }
   }
@@ -156,7 +157,7 @@ async function preemptionsPage(first) {
   const q = new URLSearchParams({ side: preemptState.side, window: preemptState.window,
     offset: preemptState.offset, limit: PREEMPT_PAGE });
   if (preemptState.account !== null) q.set("account", preemptState.account || "*");  // "*": every team (no name has one)
-  const data = await api(`/ui/api/preemptions?${q}`);
+  const data = await pageRead(`/ui/api/preemptions?${q}`);
   const rep = data.report;
   if (first || preemptState.account === null) preemptState.account = rep.account || "";
   const u = new URLSearchParams({ account: preemptState.account || "*" });

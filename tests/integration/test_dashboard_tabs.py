@@ -1,0 +1,327 @@
+"""Many tabs of one person (Debian's chromium driven by Playwright, a real `gpuledger serve`):
+a tab's page read is never refused for her other tabs' timed reads. A person's reads are 2 at
+once (docs/security.md, row T5); her tabs' timed reads arriving together (a server slow for a
+moment, a laptop waking) were refused each other's turn, a 429 in each tab's console and the
+page asked again later. Now a page's read waits for the one under way in another tab of the
+same browser, for a bounded time: another tab's read that hangs holds it 20 s at most, and a
+page whose read is not answered says so.
+
+What these tests show is the lock's, within one browser (one Playwright context: its tabs share
+`navigator.locks`): no 429 at all. Another browser of hers shares no lock, and her reads there
+and here may still be refused each other's turn, 429 then asked again (the rule itself, row T5:
+`tests/integration/security/test_security_tabs.py`); no other browser of hers is open here
+(`tabs_closed`: stop 55's console 429 of a whole-page read came from earlier tests' tabs left
+open in other contexts, which no lock reaches)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+from playwright.sync_api import Browser, BrowserContext, Page, Request, Route
+
+from tests.integration.serverkit import make_token, set_up_ledger, start_server
+from tests.integration.test_dashboard import (
+    READY,
+    Served,
+    browser,
+    served,
+    signed_in,
+    tabs_closed,
+    watched,
+)
+
+__all__ = ["browser", "served", "tabs_closed"]  # the fixtures, shared
+
+UPDATED = (
+    "(was) => { const s = document.getElementById('status').textContent;"
+    " return s !== was && /^updated /.test(s); }"
+)
+"""The status line says a newer update than `was` (the line \"the server is not answering (N s);
+the page shown was updated …\" is no update)."""
+
+SAID = (
+    "window.__said = []; new MutationObserver(() => { const s = document.getElementById('status');"
+    " if (s && s.textContent !== window.__said.at(-1)) window.__said.push(s.textContent) })"
+    ".observe(document, {subtree: true, childList: true, characterData: true});"
+)
+"""An init script keeping every line a tab's status shows (`window.__said`), in order."""
+
+QUEUE_READ = re.compile(r"/ui/api/queue\?")
+
+
+def said(page: Page) -> list[str]:
+    return list(page.evaluate("window.__said"))
+
+
+def held_reads(page: Page) -> list[Route]:
+    """`page`'s queue reads from now on, each held by its network (never answered unless the
+    test says), once the first of them is asked (its next timed read: every 5 s)."""
+    held: list[Route] = []
+
+    def hold(route: Route) -> None:  # (Playwright takes no bound builtin as a handler)
+        held.append(route)
+
+    page.route(QUEUE_READ, hold)
+    for _ in range(240):
+        if held:
+            break
+        page.wait_for_timeout(250)
+    assert held
+    return held
+
+
+def queue_tabs(ctx: BrowserContext, url: str, n: int) -> list[Page]:
+    pages = []
+    for _ in range(n):
+        page, _ = watched(ctx)
+        page.goto(f"{url}/ui/queue")
+        page.wait_for_selector(READY["queue"])
+        pages.append(page)
+    return pages
+
+
+SORTS = ("job", "user", "account", "gpus", "code", "submitted")
+"""A tab's Queue page each (a read of its own each: none answered with another's)."""
+
+
+def test_her_tabs_timed_reads_arriving_together_are_not_refused_each_others_turn(
+    served: Served, browser: Browser
+) -> None:
+    root = served.tokens["root"]
+    ctx = signed_in(browser, root)
+    tabs = []
+    for sort in SORTS:  # the Queue page: a timed read every 5 s
+        page, errors = watched(ctx)
+        page.goto(f"{served.server.url}/ui/queue?sort={sort}")
+        page.wait_for_selector(READY["queue"])
+        tabs.append((page, errors))
+    said = [page.locator("#status").inner_text() for page, _ in tabs]
+    # the log moved (a job held and released): no tab's next page is kept yet
+    job = served.server.read("/ui/api/queue?state=pending&limit=1", root)["rows"][0]["row"][
+        "job_id"
+    ]
+    for verb in ("hold", "release"):
+        asked = {"actor": "root", "job_id": job}
+        got = served.server.request("POST", f"/v1/commands/{verb}", asked, token=root)
+        assert got[0] == 200, got
+    pid = served.server.proc.pid
+    os.kill(pid, signal.SIGSTOP)  # every tab's next timed read is asked while it does not answer
+    try:
+        tabs[0][0].wait_for_timeout(7_000)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    for (page, _), was in zip(tabs, said, strict=True):  # each tab updated again
+        page.wait_for_function(UPDATED, arg=was, timeout=30_000)
+    tabs[0][0].wait_for_timeout(6_000)  # and the next round of them
+    refused = [e for _, errors in tabs for e in errors if "429" in e]
+    assert refused == [], refused  # before: 4 of the 6 tabs' reads refused, each in its console
+    assert [e for _, errors in tabs for e in errors] == []
+    ctx.close()
+
+
+def test_a_tab_whose_read_hangs_holds_her_other_tabs_reads_for_a_bounded_time(
+    served: Served, browser: Browser
+) -> None:
+    """One tab's read hangs (its network drops the packets: the browser holds the request, the
+    server is fine); her other tab's reads wait for it at most `PAGE_LOCK_MS` (20 s), then are
+    asked beside it and its page updates; the hung tab says the server is not answering."""
+    ctx = signed_in(browser, served.tokens["root"])
+    hung, _ = watched(ctx)
+    other, _ = watched(ctx)
+    for page in (hung, other):
+        page.goto(f"{served.server.url}/ui/queue")
+        page.wait_for_selector(READY["queue"])
+    held: list[Route] = []
+
+    def hold(route: Route) -> None:  # never answered
+        held.append(route)
+
+    hung.route(re.compile(r"/ui/api/queue\?"), hold)
+    issued: list[Request] = []
+    answered: list[Request] = []
+    other.on("request", lambda r: issued.append(r) if "/ui/api/queue?" in r.url else None)
+    other.on("requestfinished", lambda r: answered.append(r))
+    for _ in range(40):  # the hung tab's next timed read (every 5 s) is asked and held
+        if held:
+            break
+        hung.wait_for_timeout(250)
+    assert held
+    after = len(issued)  # the other tab's reads asked from now on wait for the hung one first
+    was = other.locator("#status").inner_text()
+    for _ in range(160):
+        if any(r in issued[after:] for r in answered):
+            break
+        other.wait_for_timeout(250)
+    assert any(r in issued[after:] for r in answered)  # before: none, it waited for good
+    other.wait_for_function(UPDATED, arg=was, timeout=10_000)
+    hung.wait_for_function(
+        "() => /not answering/.test(document.getElementById('status').textContent)",
+        timeout=20_000,
+    )
+    for route in held:
+        route.abort()
+    ctx.close()
+
+
+def test_an_answer_asked_before_a_sort_was_chosen_is_not_drawn_under_it(
+    served: Served, browser: Browser
+) -> None:
+    """A sort chosen while the page's read is under way (or waits behind another tab's: up to
+    20 s now) asks its own; the older answer is not drawn. Drawn, the new header (sorted by
+    user) stood over the old rows (in dispatch order) until the sort's own answer came: the
+    race `test_dashboard_scale.py::test_sorting_and_the_filters_are_the_servers` could meet."""
+    page, errors = watched(signed_in(browser, served.tokens["root"]))
+    page.goto(f"{served.server.url}/ui/queue")
+    page.wait_for_selector(READY["queue"])
+    users = (
+        "[...document.querySelectorAll('#queue tbody tr td:nth-child(3)')].map(c => c.textContent)"
+    )
+    shown = page.evaluate(users)
+    assert shown != sorted(shown), shown  # the dispatch order is not the users' (or none differs)
+    held: list[Route] = []
+
+    def hold(route: Route) -> None:  # answered when the test says
+        held.append(route)
+
+    page.route(re.compile(r"/ui/api/queue\?"), hold)
+    for _ in range(40):  # the next timed read (every 5 s) is asked and held
+        if held:
+            break
+        page.wait_for_timeout(250)
+    assert len(held) == 1 and "sort=order" in held[0].request.url, [r.request.url for r in held]
+    page.click("th[data-sort=user]")  # its read asks for sort=user, once the held one is answered
+    with page.expect_response(lambda r: r.request == held[0].request):
+        held[0].continue_()
+    for _ in range(40):  # the sort's own read is asked (and held): the old answer came before
+        if len(held) == 2:
+            break
+        page.wait_for_timeout(250)
+    assert len(held) == 2 and "sort=user" in held[1].request.url, [r.request.url for r in held]
+    page.wait_for_timeout(500)  # (the old answer's body read and, before, drawn)
+    drawn = page.evaluate(
+        f"[document.querySelector('th[data-sort=user]').getAttribute('aria-sort'), {users}]"
+    )
+    assert drawn[0] is None, drawn  # before: 'ascending' over the rows in dispatch order
+    held[1].continue_()
+    page.wait_for_selector("th[data-sort=user][aria-sort=ascending]")
+    now = page.evaluate(users)
+    assert now == sorted(now) and len(now) == len(shown), now
+    page.unroute(re.compile(r"/ui/api/queue\?"))
+    for route in held[2:]:
+        route.continue_()
+    assert errors == [], errors
+
+
+def test_a_tab_whose_read_hangs_past_the_bound_holds_no_other_tabs_read_and_is_not_said_there(
+    served: Served, browser: Browser
+) -> None:
+    """atk57-29 F1: one tab's read hangs (its network drops the packets; the server is fine).
+    Its other tabs' reads waited 20 s each behind it, counted from each one's own wait, every
+    read for as long as it hung (one update per 25 s), and said "the server is not answering"
+    while it answered at once. Now the bound counts from when the hung read was asked: past it,
+    a read is asked beside it at once, and a tab waiting for another tab's read does not blame
+    the server."""
+    ctx = signed_in(browser, served.tokens["root"])
+    ctx.add_init_script(SAID)
+    hung, other = queue_tabs(ctx, served.server.url, 2)
+    held = held_reads(hung)
+    since = time.monotonic()
+    hung.wait_for_function(
+        "() => /not answering/.test(document.getElementById('status').textContent)",
+        timeout=30_000,
+    )  # its own read is late: said there
+    other.wait_for_timeout(max(0.0, 21 - (time.monotonic() - since)) * 1000)  # past the bound
+    with other.expect_request(lambda r: "sort=user" in r.url, timeout=60_000):
+        clicked = time.monotonic()
+        other.click("th[data-sort=user]")
+    waited = time.monotonic() - clicked
+    other.wait_for_selector("th[data-sort=user][aria-sort=ascending]", timeout=30_000)
+    assert waited < 15, waited  # before: 20 s (its own bound), every read
+    lines = said(other)
+    assert not [x for x in lines if "not answering" in x], lines  # before: said while it waited
+    for route in held:
+        route.abort()
+    ctx.close()
+
+
+COUNTED = r"the server is not answering \((\d+) s\)"
+
+
+def test_a_click_while_a_read_hangs_counts_one_read_and_keeps_the_page_shown(
+    served: Served, browser: Browser
+) -> None:
+    """atk57-29 F2, F3: a sort clicked while the page's read hangs (said in the status line).
+    The superseded refresh's timer ran on beside the click's, the line flipping between two
+    counters, and the click's took that line as the page shown: "nothing new shown" over the
+    rows on the screen. Now one counter goes up from the first read unanswered, and the line
+    names the update shown."""
+    ctx = signed_in(browser, served.tokens["root"])
+    ctx.add_init_script(SAID)
+    (page,) = queue_tabs(ctx, served.server.url, 1)
+    held = held_reads(page)
+    page.wait_for_function(
+        "() => /not answering/.test(document.getElementById('status').textContent)",
+        timeout=30_000,
+    )
+    before = len(said(page))
+    page.click("th[data-sort=user]")  # its read is asked (and held) beside the hung one
+    page.wait_for_function(
+        f"() => {{ const m = document.getElementById('status').textContent.match(/{COUNTED}/);"
+        " return m !== null && Number(m[1]) >= 32; }",
+        timeout=60_000,
+    )  # past the old wait for the lock (20 s) and the click's own 10 s
+    lines = said(page)[before:]
+    counts = [int(m.group(1)) for x in lines if (m := re.search(COUNTED, x))]
+    assert counts == sorted(counts), lines  # before: 22, 10, 23, 11, ...
+    assert [x for x in lines if "not answering" in x] == [
+        x for x in lines if "; the page shown was updated " in x
+    ], lines  # before: "nothing new shown" over the rows
+    assert page.locator("#queue tbody tr").count() > 0
+    assert len(held) == 2 and "sort=user" in held[1].request.url, [r.request.url for r in held]
+    held[1].continue_()
+    page.wait_for_selector("th[data-sort=user][aria-sort=ascending]", timeout=30_000)
+    page.wait_for_function("() => /^updated /.test(document.getElementById('status').textContent)")
+    held[0].abort()
+    ctx.close()
+
+
+def test_a_tab_opened_while_the_server_is_down_says_so_and_shows_the_page_once_it_is_back(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """atk57-29 F4: the server stopped as a tab asks who is signed in (its page already
+    served): the first read failed uncaught and the tab stayed blank for good, also once the
+    server was back. Now it says why and asks again until the server answers."""
+    home = tmp_path / "ledger"
+    set_up_ledger(home, tmp_path)
+    root = make_token(home, "--user", "root")
+    server = start_server(home, "--interval", "1s")
+    try:
+        page, _ = watched(signed_in(browser, root))
+
+        def down(route: Route) -> None:  # the server stopped: refused from now on
+            if server.proc.poll() is None:
+                assert server.stop() == 0
+            route.continue_()
+
+        page.route(re.compile(r"/v1/whoami"), down)
+        page.goto(f"{server.url}/ui/queue")
+        page.wait_for_function(
+            "() => /could not ask the server who is signed in/"
+            ".test(document.getElementById('status').textContent)",
+            timeout=30_000,
+        )  # before: nothing said, the page blank
+        page.unroute(re.compile(r"/v1/whoami"))
+        server = start_server(
+            home, "--interval", "1s", "--listen", f"127.0.0.1:{server.port}", log_name="again.log"
+        )
+        page.wait_for_function(
+            "() => /^updated /.test(document.getElementById('status').textContent)",
+            timeout=60_000,
+        )
+        assert page.locator("#who").inner_text() == "root (admin)"
+    finally:
+        assert server.stop() == 0
