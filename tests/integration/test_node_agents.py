@@ -146,11 +146,13 @@ class Cluster:
         """Root's read `GET /v1/QUERY` of the server: the rows the CLI's `CLI_ARGS --json`
         prints through it, without a `gpuledger` process a read (the polls below started one
         every ~0.1 s: most of the file's CPU); while no server answers (down for a restart),
-        the CLI's, which reads the store."""
+        the CLI's, which reads the store; the CLI's too for a cluster made without `root`."""
         try:
-            return self.server.read(f"/v1/{query}", self.root)
+            if self.root:
+                return self.server.read(f"/v1/{query}", self.root)
         except OSError:
-            return json.loads(self.cli(*cli_args, "--json").stdout)
+            pass
+        return json.loads(self.cli(*cli_args, "--json").stdout)
 
     def jobs(self) -> dict[int, dict[str, Any]]:
         return {j["job_id"]: j for j in json.loads(self.cli("jobs", "--json").stdout)}
