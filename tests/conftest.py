@@ -213,18 +213,24 @@ def pg_outage_group(path: Path) -> str | None:
 
 REST_SECONDS = {
     **{g: sum(PG_OUTAGE_SECONDS[f] for f in files) for g, files in PG_OUTAGE_GROUPS.items()},
-    "integration/test_dashboard_scale": 579,
-    "integration/test_node_agents": 492,
-    "integration/test_server_schema": 479,
-    "integration/test_server": 411,
-    "integration/test_sbatch_like": 402,
+    "integration/test_node_agents": 391,
+    "integration/test_dashboard_scale": 287,
+    "integration/test_sbatch_like": 286,
+    "integration/test_leader_exit_stop_up": 256,
+    "integration/test_server": 234,
+    "integration/test_ha_slurm_cluster": 216,
+    "security/test_security_kafka": 202,
+    "integration/test_dashboard_whatif": 190,
+    "integration/test_audit_progress": 165,
+    "integration/test_server_schema": 160,
 }
-"""The rest part's longest groups and their seconds, their tests' own times (the files: the whole
-suite on four workers, 2026-12-04, load 12-15; the PostgreSQL outage groups: `PG_OUTAGE_SECONDS`).
-The rest takes them first, longest first, then the other files in their order: the outage
-files, then one group on one worker (~12 min in the last CI's timings), were taken halfway
-through the files (`test_pg_*`), where on three workers they would end minutes after the
-others."""
+"""The rest part's longest groups and their seconds, their tests' own times (the files: stop 57's
+CI, 2026-12-06, its 15 longest groups; test_server_schema, under them since s57, ~160 s; the
+PostgreSQL outage groups: `PG_OUTAGE_SECONDS`). The rest takes them first, longest first, then
+the other files in their order: the outage files, then one group on one worker (~12 min in the
+last CI's timings), were taken halfway through the files (`test_pg_*`), where on three workers
+they would end minutes after the others; test_leader_exit_stop_up and test_ha_slurm_cluster,
+not listed before, were taken in file order."""
 
 
 PART = "GPULEDGER_TEST_PART"

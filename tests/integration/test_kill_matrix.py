@@ -76,8 +76,9 @@ def test_the_kill_matrix_double_books_nothing_and_runs_nothing_twice(
     def running() -> list[int]:
         return [j for j, x in c.jobs().items() if x["status"] == "running"]
 
-    def node_of(job: int, part: int = 0) -> str:
-        return str(c.job(job)["logs"][part].split(":", 1)[0])
+    def node_of(job: int, part: int = 0) -> str:  # (the CLI's read: `Cluster.job`'s HTTP read
+        # here, a moment sooner, failed step 2 twice at load 20-39: its victim's leader gone)
+        return str(c.jobs()[job]["logs"][part].split(":", 1)[0])
 
     # 1. kill -9 of one part of a gang job (its leader, children live): the job fails with
     #    that part's exit, the other part is stopped, and no GPU of either is given to another
