@@ -21,6 +21,7 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
 from playwright.sync_api import Browser, BrowserContext, Page, Request, Route
 
 from tests.integration.serverkit import make_token, set_up_ledger, start_server
@@ -51,6 +52,8 @@ SAID = (
 """An init script keeping every line a tab's status shows (`window.__said`), in order."""
 
 QUEUE_READ = re.compile(r"/ui/api/queue\?")
+ASKED_KEY = "gpuledger.pageReadAsked"
+"""Where the lock's holder writes when its read was asked (base.js READ_ASKED_KEY)."""
 
 
 def said(page: Page) -> list[str]:
@@ -325,3 +328,54 @@ def test_a_tab_opened_while_the_server_is_down_says_so_and_shows_the_page_once_i
         assert page.locator("#who").inner_text() == "root (admin)"
     finally:
         assert server.stop() == 0
+
+
+@pytest.mark.parametrize("written", ["'abc'", "String(Date.now() + 3600e3)", "null"])
+def test_a_hung_holders_asked_time_unreadable_or_ahead_holds_no_tab_past_the_bound(
+    served: Served, browser: Browser, written: str
+) -> None:
+    """atk58-29 F1, F2: the asked time the lock's holder wrote (`gpuledger.pageReadAsked`) was
+    removed (site data cleared), not a number, or ahead of now (a clock stepped back) while its
+    read hung: read as "asked now" (or an hour ahead), her other tab asked nothing for as long
+    as it hung. Now such a time is none, and the tab's wait counts from its own: past the bound
+    its read is asked beside the hung one."""
+    ctx = signed_in(browser, served.tokens["root"])
+    hung, other = queue_tabs(ctx, served.server.url, 2)
+    held = held_reads(hung)
+    other.evaluate(
+        f"() => {{ const v = {written}; if (v === null) localStorage.removeItem('{ASKED_KEY}');"
+        f" else localStorage.setItem('{ASKED_KEY}', v); }}"
+    )
+    issued: list[Request] = []
+    answered: list[Request] = []
+    other.on("request", lambda r: issued.append(r) if QUEUE_READ.search(r.url) else None)
+    other.on("requestfinished", lambda r: answered.append(r))
+    for _ in range(180):  # its next timed read (5 s) waits 20 s at most from its own wait
+        if any(r in answered for r in issued):
+            break
+        other.wait_for_timeout(250)
+    assert any(r in answered for r in issued), written  # before: none while the read hung
+    for route in held:
+        route.abort()
+    ctx.close()
+
+
+def test_a_read_a_later_click_replaced_while_it_waited_is_never_asked(
+    served: Served, browser: Browser
+) -> None:
+    """atk58-29 F3: sorts clicked while another tab's read hung each asked their read once the
+    bound passed (six clicks, seven reads out at once, three 429s), though only the last one's
+    answer is drawn. Now a read whose refresh a later one replaced is not asked."""
+    ctx = signed_in(browser, served.tokens["root"])
+    hung, other = queue_tabs(ctx, served.server.url, 2)
+    held = held_reads(hung)
+    issued: list[str] = []
+    other.on("request", lambda r: issued.append(r.url) if QUEUE_READ.search(r.url) else None)
+    for sort in ("user", "account", "gpus"):
+        other.click(f"th[data-sort={sort}]")
+    other.wait_for_selector("th[data-sort=gpus][aria-sort=ascending]", timeout=60_000)
+    replaced = [u for u in issued if "sort=user" in u or "sort=account" in u]
+    assert replaced == [], issued  # before: both asked beside the hung read at the bound
+    for route in held:
+        route.abort()
+    ctx.close()

@@ -119,6 +119,9 @@ class Superseded extends Error {}
 async function pageRead(path) {
   const mine = refreshes;
   const ask = async (holding) => {  // `holding` the lock: its asked time is the other tabs' bound
+    // a read a later refresh replaced while it waited is never asked (atk58-29 F3: a sort
+    // clicked six times behind a hung read asked all six once the bound passed, three 429s)
+    if (refreshes !== mine) throw new Superseded(path);
     const asked = { at: Date.now() };
     unanswered.add(asked);
     if (holding) localStorage.setItem(READ_ASKED_KEY, String(asked.at));
@@ -133,12 +136,12 @@ async function pageRead(path) {
   if (!navigator.locks) answer = await ask(false);  // (not a secure context: no lock to share)
   else {
     const taken = {};  // the lock is another tab's (or this tab's superseded read's)
+    const waited = Date.now();
     answer = await navigator.locks.request(PAGE_LOCK, { ifAvailable: true }, (lock) => (lock ? ask(true) : taken));
     // waited for while the read holding it is younger than PAGE_LOCK_MS; past what was left,
     // a holder asked since (the hung one answered, the next one asking) is waited for again
     while (answer === taken) {
-      const holder = Number(localStorage.getItem(READ_ASKED_KEY)) || Date.now();  // (not written yet)
-      const left = PAGE_LOCK_MS - (Date.now() - holder);
+      const left = PAGE_LOCK_MS - (Date.now() - holderAsked(waited));
       if (left <= 0) {
         answer = await ask(false);  // the other tab's read is not answered: this one is asked beside it
         break;
@@ -156,6 +159,16 @@ async function pageRead(path) {
   }
   if (refreshes !== mine) throw new Superseded(path);
   return answer;
+}
+
+// When the read holding the lock was asked, as its tab wrote it; a time not written (yet, or
+// removed: site data cleared), not a number, or later than now (another tab's clock stepped
+// back, a hand's edit) is none, and the wait counts from this tab's own, `waited`: read as
+// "asked now", a hung holder held this tab's reads for good, each pass waiting 20 s more, and a
+// time out of range made every read fail (atk58-29 F1, F2).
+function holderAsked(waited) {
+  const at = Number(localStorage.getItem(READ_ASKED_KEY) ?? NaN);
+  return Number.isFinite(at) && at > 0 && at <= Date.now() ? at : waited;
 }
 
 // How long this tab's oldest page read asked at or after `since` (when the page was last drawn)
