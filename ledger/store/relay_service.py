@@ -569,14 +569,15 @@ class RelayService:
         if change is None:
             return False
         log.warning("relay: topic %s was %s since the relay stopped: publishing the store's log "
-                    "to it from position 1", self.topic, change)  # fmt: skip
+                    "to it again, after what of it the topic holds from position 1", self.topic,
+                    change)  # fmt: skip
         relay, self.relay = self.relay, None
         if relay is not None:
             relay.close()
         self._remakes = -1  # the next relay's position is the health's (`_position`)
-        # its first connect takes no bookmark: a record found on the new topic is none of its
-        # own (a replayed copy of the progress's record was, and the events before it never
-        # reached the topic: atk52-25 F1c)
+        # its first connect vouches for no record on the new topic, only the log in order from
+        # its start (a replayed copy of the progress's record was its bookmark, and the events
+        # before it never reached the topic: atk52-25 F1c)
         self._remade_why = f"topic {self.topic} was {change} since the relay stopped"
         self._set("connecting", again=True)
         return True
