@@ -218,6 +218,7 @@ def _checked_now(health: Any, now: float) -> Any:
 
     if not health.topic_id or health.unchecked_s(now) is None:
         return health
+    quiet_kafka_logs("warning")  # its reconnect lines are not this command's output
     admin = None
     try:
         admin = open_admin(health.bootstrap, None, 2.0)

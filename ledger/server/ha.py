@@ -310,7 +310,10 @@ class Leadership:
         step = self.lease.lease_s / 3
         while not self._stop.is_set():
             due = self.lease.deadline - self.lease.lease_s * (1 - MARGIN) + step
-            if not self.lease.may_act() or time.monotonic() < due:
+            if not self.lease.may_act():
+                self._stop.wait(0.1)  # taken at the turn's next try: renewed a third later
+                continue
+            if time.monotonic() < due:
                 self._stop.wait(min(0.1, max(0.01, due - time.monotonic())))
                 continue
             with self._turn:
