@@ -297,9 +297,9 @@ def _build(
         needed)."""
         svc = worker.service
         head = ledger.position
-        relay = svc.relay_position()
+        relay = svc.relay_position()  # None: no relay, or a position not known (atk58 F4)
         relay_state, relay_error = svc.relay_state()
-        if relay is None and worker.ha is not None:  # a standby: the leader's relay
+        if relay_state is None and worker.ha is not None:  # a standby: the leader's relay
             relay, relay_state, relay_error = _leaders_relay(worker.ha, svc.kafka)
         st = svc.stats
         return api.Health(

@@ -525,8 +525,8 @@ WAITS = (
 
 def relay_word(state: tuple[str | None, str | None], position: int | None) -> RelayWord | None:
     """Pure: a service's relay health ((state, error), position) as a server reports it (None:
-    it runs no relay)."""
-    if state[0] is None or position is None:
+    it runs no relay; a position None: not known to be its topic's, atk58 F4)."""
+    if state[0] is None:
         return None
     return RelayWord(state[0], position, state[1] or "")
 

@@ -410,8 +410,8 @@ def service_figures(service: Any, ha: Any, view: Any) -> dict[str, Any]:
     projection's lag is the read's (`read_figures`)."""
     head = view.ledger.position
     clock = view.moment
-    relay = service.relay_position()
-    told = _leaders_relay_lag(ha, head) if relay is None else None
+    relay = service.relay_position()  # None too while not known to be the topic's (atk58 F4)
+    told = _leaders_relay_lag(ha, head) if service.relay_state()[0] is None else None
     return {
         "cycles": service.stats.cycles,
         "relay_lag": None if relay is None else max(0, head - relay),
@@ -437,6 +437,8 @@ def _leaders_relay_lag(ha: Any, head: int) -> dict[str, Any] | None:
     if got is None or got[1] > ha.relay_word_s:
         return None
     word, ago = got
+    if word.position is None:  # the leader's relay knows no position on its topic (atk58 F4)
+        return None
     return {"relay_lag": max(0, head - word.position), "relay_report_age_s": round(ago, 3)}
 
 

@@ -170,6 +170,8 @@ class ReadPool:
     _projecting: ThreadPoolExecutor | None = None
     _ahead: ThreadPoolExecutor | None = None
     _ahead_busy: bool = False
+    _stopped: bool = False
+    """`stop` began: nothing more is run beside (`beside`)."""
 
     def start(self) -> ReadPool:
         self._pool = ThreadPoolExecutor(
@@ -213,6 +215,7 @@ class ReadPool:
         without the interpreter lock) when the interpreter finalises is ended by a forced
         unwind through DuckDB's C++ as it takes the lock back, and the process aborted ("FATAL:
         exception not rethrown", SIGABRT at a server's stop: once in the suite)."""
+        self._stopped = True
         for pool in (self._pool, self._projecting, self._ahead):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
@@ -383,8 +386,11 @@ class ReadPool:
         (`copied.ahead`: one thread at the service's priority, as the worker that did it
         before; not in a lane, whose time is the people's: it counted against the person
         reading and slowed their next reads by seconds), not awaited; False when the pool has
-        no connection yet or that thread is busy (nothing queues behind it)."""
-        if self._ahead is None or self._base is None or self._ahead_busy:
+        no connection yet, that thread is busy (nothing queues behind it), or the pool was
+        stopped: the worker's idle hooks run on after `stop` while the server finishes its cycle
+        and hands over, and each logged "idle work failed ... cannot schedule new futures after
+        shutdown" with a traceback at an HA leader's SIGTERM (atk58 F6)."""
+        if self._ahead is None or self._base is None or self._ahead_busy or self._stopped:
             return False
         self._ahead_busy = True
 
@@ -394,7 +400,11 @@ class ReadPool:
             finally:
                 self._ahead_busy = False
 
-        done = self._ahead.submit(run)
+        try:
+            done = self._ahead.submit(run)
+        except RuntimeError:  # shut down by a `stop` since the look above
+            self._ahead_busy = False
+            return False
         done.add_done_callback(lambda f: f.cancelled() or f.exception())
         return True
 

@@ -116,7 +116,8 @@ class RelayWord:
     """A server's relay as it reports it to the store: state, position on the topic, error."""
 
     state: str
-    position: int
+    position: int | None
+    """None: not known to be the topic's (before the relay's first connect: atk58 F4)."""
     error: str = ""
 
 
@@ -637,7 +638,8 @@ class Lease:
         )
         return [
             Member(h, a, r, int(p), float(s),
-                   RelayWord(str(rs), int(rp or 0), str(re or "")) if rs else None,
+                   RelayWord(str(rs), None if rp is None else int(rp), str(re or ""))
+                   if rs else None,
                    relay_told=rs is not None)
             for h, a, r, p, s, rs, rp, re in rows
         ]  # fmt: skip

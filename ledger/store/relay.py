@@ -60,6 +60,7 @@ from ledger.store.relay_progress import (
     Committed,
     Kept,
     Word,
+    again_after,
     anchor,
     beyond,
     elsewhere,
@@ -297,18 +298,17 @@ class Relay:
                 why = remade(self.topic, self.mark, mark, self._published_end)
             if why is None:  # made again while no relay of ours looked (atk52-25 F1 a, b, d)
                 why = elsewhere(self.topic, self.kept.word(self.store_head()), mark.topic_id)
-            found, foreign = (Found(0, None), []) if why else self._bookmark(mark.topic_id)
+            # made again: no record vouched for, the topic read from its start (atk58 F2)
+            found, foreign = self._bookmark(mark.topic_id, fresh=bool(why))
         except BaseException as e:
             discard(producer)
             if isinstance(e, KafkaError):
                 raise unavailable(self.bootstrap, e) from e
             raise
         if why:
-            log.warning(
-                "relay: %s: publishing the store's log to it again from position 1 (%d events)",
-                why,
-                self.store_head(),
-            )
+            log.warning("relay: %s: publishing the store's log to it again from position %d "
+                        "(%d events)%s", why, found.position + 1, self.store_head(),
+                        again_after(found.position))  # fmt: skip
             self.remade_note, self._remade = why, None
             self.remakes += 1
         if not mark.appended and (self.mark is None or self.mark.appended):
@@ -343,7 +343,7 @@ class Relay:
             return None
         return Committed(mark.topic_id, offset, self._stamp if mark.appended else None)
 
-    def _bookmark(self, topic_id: str = "") -> tuple[Found, list[int]]:
+    def _bookmark(self, topic_id: str = "", fresh: bool = False) -> tuple[Found, list[int]]:
         """The position of our last committed record on the topic, and the offsets of the
         foreign records after it (written by another producer: skipped, the store being the
         source of truth).
@@ -358,14 +358,14 @@ class Relay:
         from the start of the log: no gap either way. Neither our signature nor a position within
         our progress makes a record ours: a saved record of the relay's put back onto the topic made
         again was the bookmark, and the events before it never reached the topic (atk52-25 F1). With
-        no such record known (no row, a row of an earlier version or one that does not verify,
-        another topic id) the whole topic is read from its start. An older record copied to the tail
-        is foreign, and so is anything after ours that the store does not hold (a forged event,
-        however well it links). With signing keys, a record right after ours that continues the
-        chain from it *and* carries our signature is no forgery: the topic holds events this store
-        lacks (a store replaced by an older copy, or another relay with our keys), and the relay
-        refuses the topic. So it does when the whole topic holds none of our records but records
-        that chain (another ledger's topic).
+        none known (no row, one of an earlier version or that does not verify, another topic id;
+        `fresh`: the topic made again) the whole topic is read from its start. An older record
+        copied to the tail is foreign, and so is anything after ours the store does not hold (a
+        forged event, however well it links). With signing keys, a record right after ours that
+        continues the chain from it *and* carries our signature is no forgery: the topic holds
+        events this store lacks (a store replaced by an older copy, or another relay with our
+        keys), and the relay refuses the topic. So it does when the whole topic holds none of our
+        records but records that chain (another ledger's topic).
         """
         source = RawSource(self.recorder)
 
@@ -408,8 +408,8 @@ class Relay:
             )
         _vouch, floor = words(word, self.progress, head)
         floor = max(floor, self.position)
-        start = anchor(word, topic_id, head)
-        mine = self._committed()  # a reconnect on the topic of the relay's last commit
+        start = None if fresh else anchor(word, topic_id, head)
+        mine = None if fresh else self._committed()  # a reconnect on its last commit's topic
         if (
             mine is not None
             and mine.topic_id == topic_id

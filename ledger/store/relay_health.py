@@ -340,3 +340,17 @@ def quiet_head(relay: Any, known: int) -> int:
         return int(relay.store_head())
     except Exception:
         return known
+
+
+def unsure_text(topic: str, position: int, topic_id: str | None = None) -> str:
+    """Pure: why a relay's `position` is not known to be its topic's (before its first connect:
+    the store's progress row, naming `topic_id`, or the home's relay.json). A new leader said
+    `connecting` (and `unavailable` while the broker was away), `relay_lag 0` and the /metrics
+    gauge 0 from a row naming a topic id since deleted, the topic 25,000-30,000 short (atk58
+    F4): no lag is told from it."""
+    named = f" (on topic id {topic_id})" if topic_id else ""
+    return (
+        f"lag unknown: position {position:,} is the relay's last commit as the store (or this "
+        f"home) keeps it{named}, not yet read back from topic {topic}: the relay has not "
+        "connected, and the topic may have been deleted or made again since"
+    )

@@ -199,9 +199,12 @@ def anchor(word: Word, topic_id: str, head: int) -> Anchor | None:
 def elsewhere(topic: str, word: Word, topic_id: str) -> str | None:
     """Pure: why the relay's last commit was to another topic than the one named `topic` now
     (None: the same, or unknown): the store's row, verified, names another topic id. The topic
-    was deleted and made again since: whatever is on it is none of the relay's records, which
-    publishes the store's log to it from position 1 (a record of the progress position replayed
-    onto it was the bookmark: atk52-25 F1 (a), (b), (d))."""
+    was deleted and made again since: no record on it is vouched for (a record of the progress
+    position replayed onto it was the bookmark: atk52-25 F1 (a), (b), (d)); the relay reads it
+    from its start and takes only the store's log in order from position 1 there (`relay_tail.
+    Scan.reach`: a leader of this ledger killed after its first commit to it, before it replaced
+    the row, left 1..m there, and the next one published them again: atk58 F2), then publishes
+    the rest after it."""
     if not word.position or not word.verified or not word.topic_id or not topic_id:
         return None
     if word.topic_id == topic_id:
@@ -210,6 +213,17 @@ def elsewhere(topic: str, word: Word, topic_id: str) -> str | None:
         f"topic {topic} was deleted and made again since the relay last committed to it (the "
         f"store's progress, position {word.position:,}, names topic id {word.topic_id}; the "
         f"topic's is {topic_id})"
+    )
+
+
+def again_after(found: int) -> str:
+    """Pure: what a relay publishing the log again to a topic made again says of the records of
+    the log it found there from position 1 (`found` of them; "" when none)."""
+    if not found:
+        return ""
+    return (
+        f": positions 1..{found:,} are on it already, in order (a relay of this ledger "
+        "committed them there before it stopped or lost its lease)"
     )
 
 

@@ -52,6 +52,7 @@ from ledger.store.relay_health import (
     health_path,
     not_ready,
     quiet_head,
+    unsure_text,
     write_durably,
 )
 from ledger.store.relay_topic import TopicRefused, transactional_id_for
@@ -156,6 +157,7 @@ class RelayService:
         """Before the relay's first connect, the position the store's progress row names (every
         server's relay writes it; verified, within the head; `_read_word`): shown, not the
         home's relay.json, which another server's relay may have left far behind or ahead."""
+        self._word_id: str | None = None  # the topic id the row names
         self._remakes = 0
         """The relay's `remakes` last seen: when it grows, its position went back to 1."""
         """A health file of this topic was found: `_published` is this home's progress."""
@@ -459,6 +461,11 @@ class RelayService:
         while previous.lingering and not self._stop.is_set():
             previous._thread.join(0.2)
 
+    def unsure(self) -> str:
+        """Why the position shown is not known to be the topic's ("": the relay connected, or 0)."""
+        p = self.health.position  # 0 claims nothing: its lag, the whole log, is never too low
+        return "" if self.relay or not p else unsure_text(self.topic, p, self._word_id)
+
     def _read_word(self) -> None:
         """The store's progress row, shown as the position until the relay connects (`_word`;
         no word: relay.json's). A new leader said relay.json's `position 45021, lag 0` while
@@ -472,7 +479,7 @@ class RelayService:
             log.debug("relay: cannot read the store's progress: %s", e)
             return
         if word.position is not None and word.verified and word.position <= head:
-            self._word = word.position
+            self._word, self._word_id = word.position, word.topic_id
             self._set(self.health.state, error=self.health.error, head=head, expect="connecting")
 
     def _main(self) -> None:
@@ -569,14 +576,15 @@ class RelayService:
         if change is None:
             return False
         log.warning("relay: topic %s was %s since the relay stopped: publishing the store's log "
-                    "to it from position 1", self.topic, change)  # fmt: skip
+                    "to it again, after what of it the topic holds from position 1", self.topic,
+                    change)  # fmt: skip
         relay, self.relay = self.relay, None
         if relay is not None:
             relay.close()
         self._remakes = -1  # the next relay's position is the health's (`_position`)
-        # its first connect takes no bookmark: a record found on the new topic is none of its
-        # own (a replayed copy of the progress's record was, and the events before it never
-        # reached the topic: atk52-25 F1c)
+        # its first connect vouches for no record on the new topic, only the log in order from
+        # its start (a replayed copy of the progress's record was its bookmark, and the events
+        # before it never reached the topic: atk52-25 F1c)
         self._remade_why = f"topic {self.topic} was {change} since the relay stopped"
         self._set("connecting", again=True)
         return True

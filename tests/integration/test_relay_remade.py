@@ -194,10 +194,10 @@ def test_a_relay_restarted_while_it_publishes_again_leaves_no_gap(
     restarted after `run` of them (here its records sent as it sends them: the relay's key,
     headers and signature). The restarted relay took its own P+2 as its bookmark: 1..P (or
     run+1..P) never reached the topic, `relay status` "0 behind". Now its progress names the
-    topic id it last committed to (atk52-25 F1): the old one, so it reads no bookmark and
-    publishes the log again from position 1 (after `run` records of it: duplicates, never a
-    gap; a relay that published the log again keeps its progress for the new topic within a
-    second or 5,000 positions, and a restart after that goes on after its last commit there)."""
+    topic id it last committed to (atk52-25 F1): the old one, so no record is vouched for and
+    the topic is read from its start: the `run` records of the log in order there are taken
+    (whoever sent them: no gap), P+1, P+2 are not, and it publishes run+1..P+2 after them (it
+    published 1..P+2 again, 1..run twice: atk58 F2)."""
     env = {KEYS_ENV: KEYS_TEXT} if signed else {}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
@@ -219,7 +219,8 @@ def test_a_relay_restarted_while_it_publishes_again_leaves_no_gap(
     service = relay_to(home, kafka_bootstrap, kafka_topic, transactional_id, head)
     assert service.health.position == head and service.health.lag == 0
     positions = [header_position(r.headers) for r in read_all(kafka_bootstrap, kafka_topic)]
-    assert positions[2 + run :] == list(range(1, head + 1)), positions  # was [P+1, P+2, 1..run]
+    # was [P+1, P+2, 1..run]; then 1..run twice
+    assert positions[2:] == list(range(1, head + 1)), positions
     out = follow_once(kafka_bootstrap, kafka_topic, tmp_path / "reader", env)
     assert out.splitlines()[-1].startswith(f"position {head}, {head} events"), out
     if not signed:
@@ -446,8 +447,9 @@ def test_a_stopped_relay_whose_topic_is_made_again_takes_no_record_on_it_as_its_
     progress position Q before the stopped relay looks (every `held_every_s`). It logged
     "publishing the store's log to it from position 1", yet its new relay read a bookmark: Q,
     so k+1..Q-1 never reached the topic while `relay status` said "publishing, 0 behind". The
-    relay made for a topic made again takes no record found on it as its own: after the
-    replayed ones, the topic holds the whole log 1..head."""
+    relay made for a topic made again takes no record found on it as its own but the log in
+    order from its start (1..k, whoever sent them: no gap, atk58 F2): after the replayed ones
+    (Q passed over by readers), the topic holds k+1..head."""
     monkeypatch.setenv(KEYS_ENV, KEYS_TEXT)
     env = {KEYS_ENV: KEYS_TEXT}
     home = org_ledger.home
@@ -485,7 +487,7 @@ def test_a_stopped_relay_whose_topic_is_made_again_takes_no_record_on_it_as_its_
     assert said and "from position 1" in said[0], said
     positions = [header_position(r.headers) for r in read_all(kafka_bootstrap, kafka_topic)]
     assert positions[: k + 1] == [*range(1, k + 1), ours], positions
-    assert positions[k + 1 :] == list(range(1, head + 1)), positions  # was Q+1..head
+    assert positions[k + 1 :] == list(range(k + 1, head + 1)), positions  # was Q+1..head
     out = invoke("--home", str(tmp_path / "plain"), "project", "follow", "--kafka",
                  kafka_bootstrap, "--topic", kafka_topic, "--once", env=env)  # fmt: skip
     assert out.splitlines()[-1].startswith(f"position {head}, {head} events"), out
@@ -502,7 +504,8 @@ def test_a_relay_started_on_a_topic_made_again_takes_no_replayed_record_as_its_b
     without keys). The restarted relay took P as its bookmark (by its signature; unsigned, as a
     position within its progress): k+1..P-1 never reached the topic, "publishing, 0 behind". The
     store's progress names the topic id it was committed under: another one means the topic was
-    made again, and the relay publishes the store's log to it from position 1."""
+    made again, and the relay reads it from its start: 1..k follow the start of the log (no
+    gap), P does not follow k; it publishes k+1..P after them (atk58 F2: not 1..P again)."""
     env = {KEYS_ENV: KEYS_TEXT} if signed else {}
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -520,10 +523,11 @@ def test_a_relay_started_on_a_topic_made_again_takes_no_replayed_record_as_its_b
     with caplog.at_level(logging.WARNING, logger="gpuledger.relay"):
         relay_to(home, kafka_bootstrap, kafka_topic, transactional_id, published)
     positions = [header_position(r.headers) for r in read_all(kafka_bootstrap, kafka_topic)]
-    assert positions[k + 1 :] == list(range(1, published + 1)), positions  # was []: a gap
+    assert positions[k + 1 :] == list(range(k + 1, published + 1)), positions  # was []: a gap
     said = [r.getMessage() for r in caplog.records if "since the relay last committed" in
             r.getMessage()]  # fmt: skip
-    assert len(said) == 1 and "from position 1" in said[0], said
+    assert len(said) == 1 and f"from position {k + 1} " in said[0], said
+    assert f"positions 1..{k} are on it already" in said[0], said
     out = invoke("--home", str(tmp_path / "reader"), "project", "follow", "--kafka",
                  kafka_bootstrap, "--topic", kafka_topic, "--once", "--quarantine",
                  env=env)  # fmt: skip
@@ -542,7 +546,8 @@ def test_a_relay_killed_while_it_published_the_log_again_takes_no_replayed_recor
     relay started again took P as its bookmark by its signature (P at or above its progress):
     m+1..P-1 never reached the topic, "publishing, 0 behind". Now it takes only the record its
     progress names (m, at its offset on this topic id) and those that follow it: it publishes
-    m+1..P after the replayed record (or, its row naming the old topic, the log from 1)."""
+    m+1..P after the replayed record; so it does when its row still names the old topic (it
+    published the log from 1 again then, 1..m twice: atk58 F2), the topic read from its start."""
     monkeypatch.setenv(KEYS_ENV, KEYS_TEXT)
     home = org_ledger.home
     org_ledger.execute_all([JOB] * 6)
@@ -573,8 +578,9 @@ def test_a_relay_killed_while_it_published_the_log_again_takes_no_replayed_recor
     relay_to(home, kafka_bootstrap, kafka_topic, transactional_id, published)
     positions = [header_position(r.headers) for r in read_all(kafka_bootstrap, kafka_topic)]
     assert positions[: m + 1] == [*range(1, m + 1), published], positions
-    after = list(range(m + 1 if kept else 1, published + 1))
-    assert positions[m + 1 :] == after, positions  # was []: m+1..P-1 never on the topic
+    after = list(range(m + 1, published + 1))
+    # was []: m+1..P-1 never on the topic; killed before its write, 1..P (1..m twice)
+    assert positions[m + 1 :] == after, positions
     out = invoke("--home", str(tmp_path / "reader"), "project", "follow", "--kafka",
                  kafka_bootstrap, "--topic", kafka_topic, "--once",
                  env={KEYS_ENV: KEYS_TEXT})  # fmt: skip

@@ -54,3 +54,20 @@ def test_a_stop_interrupts_the_reads_under_way_and_waits_for_their_threads() -> 
     alive = [t.name for t in threading.enumerate() if t.name.endswith("-reads")]
     assert not alive, alive
     assert took < 10, took  # interrupted, not run to its end (minutes)
+
+
+def test_nothing_is_run_beside_once_the_pool_is_stopped() -> None:
+    """atk58 F6: an HA leader's SIGTERM logged `ERROR idle work failed` with a traceback
+    (`metrics.warm -> copied.ahead -> ReadPool.beside: RuntimeError: cannot schedule new
+    futures after shutdown`): the server stops its reads first, and the worker's idle hooks run
+    on while it finishes its cycle and hands over. Work ahead after the stop is not taken (it
+    raised)."""
+    base = duckdb.connect()
+    pool = ReadPool(lambda: base, _no_worker).start().connect_now()
+    ran = threading.Event()
+    assert pool.beside(lambda cur, _limits: ran.set())
+    assert ran.wait(10)
+    assert pool.stop() is True
+    late = threading.Event()
+    assert pool.beside(lambda cur, _limits: late.set()) is False  # before: RuntimeError
+    assert not late.wait(0.2)

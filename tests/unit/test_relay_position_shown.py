@@ -93,3 +93,22 @@ def test_a_started_services_first_health_is_the_stores_progress_row(org_ledger: 
     finally:
         service.stop(flush=False)
     assert (shown, written) == (head - 1, head - 1)  # before: (1, 1)
+
+
+def test_before_its_first_connect_no_lag_is_told_from_the_stores_row(org_ledger: Ledger) -> None:
+    """atk58 F4: before its first connect a new leader's health said `relay_lag 0` (and its
+    /metrics gauge 0) from the store's row, which named a topic id since deleted, the topic
+    25,000-30,000 short. The position is shown (relay.json, `relay status`), and the service
+    says it is not known to be the topic's (`unsure`: its server then tells no lag and these
+    words); once the relay connected, it is the topic's."""
+    home, head = org_ledger.home, org_ledger.position
+    keep(open_store(home), TOPIC, head, state_key(home), topic_id="old-id", offset=head - 1)
+    service = RelayService(home, "127.0.0.1:9", topic=TOPIC)
+    service._read_word()
+    assert (service.health.position, service.health.lag) == (head, 0)
+    said = service.unsure()  # before: no such word, and the server said "lag 0"
+    assert said.startswith(f"lag unknown: position {head:,} is the relay's last commit"), said
+    assert "(on topic id old-id), not yet read back from topic t" in said, said
+    service.relay = _Connected(head - 3, head)  # type: ignore[assignment]
+    service._set("connecting", head=head)
+    assert service.unsure() == "" and service.health.lag == 3

@@ -137,7 +137,8 @@ def test_a_kept_scrape_drops_the_report_age_once_the_leaders_word_is_stale() -> 
     word: list[tuple[RelayWord, float]] = [(RelayWord("publishing", 25, ""), 2.302)]
     ha = SimpleNamespace(leader_relay=lambda: word[0], relay_word_s=relay_word_s(5.0),
                          role="standby", epoch=3, servers=lambda head: [])  # fmt: skip
-    service = SimpleNamespace(relay_position=lambda: None, stats=SimpleNamespace(
+    service = SimpleNamespace(relay_position=lambda: None, relay_state=lambda: (None, None),
+                              stats=SimpleNamespace(
         cycles=0, engine_away=None), executor=SimpleNamespace(heard_from=dict))  # fmt: skip
     view = SimpleNamespace(ledger=SimpleNamespace(position=30), moment=100.0)
     kept = Figures(now=100.0, head=30, cycles=0, projection_position=30, projection_lag_s=0.0,
