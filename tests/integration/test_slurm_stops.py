@@ -154,9 +154,10 @@ def test_a_whole_minute_limit_gets_the_jobs_grace_and_is_charged_to_its_end(
     # the executor's SIGTERM, at the limit or after (loaded: late), long before Slurm's 180 s
     assert terms and limit - 1.0 <= terms[0] <= started + 150, (terms, started, log)
     # the job's own view of its TERM (its trap, between two 0.2 s sleeps) comes a little after
-    # the executor sent it (`Stopping.termed_at`: its cycle's time, before the `scancel`) and
-    # its last beat a little before its SIGKILL: 1.5 s each side; above, a read late under load
-    # but no KillWait (10 s) after the grace (atk47-s F3: 25 s from the TERM before)
+    # its script's note of it, which the SIGKILL counts from (`Stopping.termed_at`, from s58;
+    # before, the cycle's time, before the `scancel`), and its last beat a little before its
+    # SIGKILL: 1.5 s each side; above, a read late under load but no KillWait (10 s) after the
+    # grace (atk47-s F3: 25 s from the TERM before)
     kill_from = max(limit + 15.0, terms[0] + LATE_TERM_GRACE_S)
     assert kill_from - 1.5 <= last <= kill_from + 7.0, (terms, started, last, log)
     ledger.wait("the job's end", lambda: status(ledger, 1) == "finished")
