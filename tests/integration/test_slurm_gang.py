@@ -228,58 +228,6 @@ def test_a_preempted_gang_is_stopped_on_both_nodes_before_the_next_job_starts(
     assert _slurm_nodes(ledger, 2) == sorted(nodes)
 
 
-def test_a_gang_that_ends_in_its_grace_is_recorded_ended_when_its_last_rank_dies(
-    ledger: Ledger,
-) -> None:
-    """s57's open point: a preempted gang whose command ends at the SIGTERM, inside its grace
-    (it kills its own `srun` and exits), ends its batch step at once; its rank on the other
-    node, ignoring SIGTERM, dies by Slurm's end of the job, which that node's slurmd delivers
-    (held 4 s here, as a loaded one is slow). Its run's recorded end (the job's, its charge)
-    was Slurm's `EndTime`, the batch step's: 5.5 s before the rank's death on the code before
-    (idle machine). It is now the read that found the job ended, as a killed gang's, and the
-    next job of both nodes' GPUs starts after it."""
-    nodes = ledger.cluster.nodes
-    assert len(nodes) == 2, f"the gang tests need a cluster of two nodes, not {nodes}"
-    ledger.up()
-    work = ledger.work
-    gang = ('other=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | grep -vx "$SLURMD_NODENAME");'
-            ' srun -N1 -n1 -w "$other" bash -c \'trap "" TERM; echo $$ > rank.pid;'
-            ' while :; do sleep 0.2; done\' & s=$!; trap \'kill -9 $s; exit 0\' TERM;'
-            ' until [ -s rank.pid ]; do sleep 0.2; done; wait $s')  # fmt: skip
-    ledger.submit("alice", 8, gang, "--grace", "60s")
-    ledger.wait("its rank", lambda: (work / "rank.pid").is_file()
-                and (work / "rank.pid").read_text().strip() != "", 180)  # fmt: skip
-    kids = [int((work / "rank.pid").read_text())]
-    try:
-        rank_node = _node_of(ledger, kids[0])
-        ledger.wait("job 1 running", lambda: ledger.jobs()[1]["status"] == "running", 60)
-        # the rank's node's slurmd held a few seconds (as a loaded one is slow): Slurm's end
-        # of the job reaches the rank that much after the batch step's end
-        held = ledger.cluster.daemon_pid("slurmd" if rank_node == nodes[0] else "slurmd-2")
-        os.kill(held, signal.SIGSTOP)
-        try:
-            ledger.cli("preempt", "1", "--reason", "the test makes room")
-            ledger.wait("its batch step's end", lambda: _slurm_state(ledger, 1) != "RUNNING", 60)
-            time.sleep(4.0)
-        finally:
-            os.kill(held, signal.SIGCONT)
-        ledger.submit("bob", 8, "echo started; sleep 600")
-        gone = _next_waits(ledger, kids)
-        ledger.wait("job 1 finished", lambda: ledger.jobs()[1]["status"] == "finished", 120)
-    finally:
-        _kill(ledger, kids)
-    got = ledger.jobs()[1]
-    assert got["finish_reason"] == "preempted", got
-    (end,) = ledger.of("job.run_ended.v2", 1)
-    (preempted,) = ledger.of("job.preempted.v1", 1)
-    # the case under test: it ended inside its grace (no SIGKILL of the executor's)
-    assert end["killed"] is False and end["ended_at"] < preempted["at"] + 60, (end, preempted)
-    # not before its last rank's death (Slurm's whole seconds); before: ~KillWait before it
-    assert end["ended_at"] >= gone - 1.0, (end, gone, ledger.service_log()[-3000:])
-    ledger.wait("job 2 running", lambda: ledger.jobs()[2]["status"] == "running", 120)
-    assert ledger.jobs()[2]["started_at"] >= gone - 1.0, (ledger.jobs()[2], gone)
-
-
 def test_slurm_down_stops_both_slurmd_of_a_two_node_cluster_even_without_its_record_of_one(
     tmp_path: Path,
 ) -> None:
