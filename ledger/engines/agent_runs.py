@@ -1,8 +1,9 @@
 """A placement handed to node agents (`AgentRun`), the part each of its nodes gets (`part_for`),
 and what its parts' reports make of the run, for the node agents' executor
 (`ledger.engines.agents`): its start once every part has started (`run_started`), its end once a
-part failed or every part exited 0 (`run_ended`), its GPU utilisation once every part has sent a
-sample (`AgentRun.sampled`). No I/O but a log line; `now` is a parameter."""
+part failed (not by its time limit) or every part ended (`run_ended`), its GPU utilisation once
+every part has sent a sample (`AgentRun.sampled`). No I/O but a log line; `now` is a
+parameter."""
 
 from __future__ import annotations
 
@@ -126,12 +127,19 @@ def run_started(r: AgentRun, named: Callable[[], str]) -> Start | None:
 def run_ended(
     r: AgentRun, now: float, named: Callable[[], str]
 ) -> tuple[Start | None, Exit] | None:
-    """A part failed (its end is the run's), or every part has exited 0: the run's end, after
-    its start when none was reported yet (a start first told by an exit). None until then."""
+    """A part failed (its end is the run's), or every part has ended: the run's end, after
+    its start when none was reported yet (a start first told by an exit). None until then. A
+    part its time limit stopped is no failure of its own: every part's agent stops its own at
+    that limit, with its own SIGTERM and grace (an agent back late gives its part SIGTERM and
+    min(grace, 10 s) then), so the run ends at its last part's end, not at the first one's:
+    that ended the job, and the other part, which the ledger then no longer ran, was killed
+    at once within its grace (atk58 F3: 6.4 s after its SIGTERM, the job's end recorded before
+    its death)."""
     if r.exit_reported:
         return None
     failed = [(n, x) for n, x in r.exits.items() if x.exit_code != 0 or x.reason != "exited"]
-    if not failed and len(r.exits) < len(r.nodes):
+    own = [n for n, x in failed if x.reason != "time_limit"]
+    if not own and len(r.exits) < len(r.nodes):
         return None  # a gang job ends when every part has, unless one fails
     launched = not any(x.reason == "launch_failed" for _, x in failed)
     start = None

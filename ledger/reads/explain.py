@@ -225,7 +225,11 @@ def finish_line(ev: e.JobFinished) -> str:
 
 
 def run_ended_line(
-    ev: e.JobRunEnded, cut: bool = False, charged_to: float | None = None, started: bool = True
+    ev: e.JobRunEnded,
+    cut: bool = False,
+    charged_to: float | None = None,
+    started: bool = True,
+    seen: bool = False,
 ) -> str:
     """Pure: a stopped run's real end in one sentence: its processes outlived the stop by up
     to their grace, holding (and charged for) its GPUs until then; a run stopped before the
@@ -237,7 +241,9 @@ def run_ended_line(
     interval `usage` and `jobs` read, `projections/apply.sql` `intervals_run_ended`; atk50b-23
     F3: it said charged until then). `started`: False when no start of the run was recorded
     and its end says none: it never started, nothing of it was charged (atk55-23 F2: it said
-    "held, and charged")."""
+    "held, and charged"). `seen`: its start was recorded before this end: its own start (the
+    node agents' parts say one at every stop) is then no start the ledger missed (atk58 F7: it
+    said "the ledger had stopped it before seeing it start" of runs recorded started)."""
     if not started and ev.started_at is None:
         note = f" ({ev.note})" if ev.note else ""
         return (
@@ -261,7 +267,7 @@ def run_ended_line(
     began = (
         f", charged from its own start at {when(ev.started_at)} (the ledger had stopped it "
         "before seeing it start)"
-        if ev.started_at is not None
+        if ev.started_at is not None and not seen
         else ""
     )
     return (
@@ -410,7 +416,7 @@ def explain_history(
                 # never started: its placement is in the history, no start after it
                 unstarted = ev.run < runs and ev.run not in began and not ev.killed
                 out.append(run_ended_line(ev, ev.run in cut, engine_end.get(ev.run),
-                                          not unstarted))  # fmt: skip
+                                          not unstarted, ev.run in began))  # fmt: skip
             case e.JobKillOrdered():
                 cut.add(ev.run)
                 out.append(_kill_line(ev, last_end))

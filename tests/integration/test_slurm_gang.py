@@ -265,3 +265,81 @@ def test_slurm_down_stops_both_slurmd_of_a_two_node_cluster_even_without_its_rec
         assert left == {} and down.returncode == 0, (left, down.stderr)
     finally:
         _kill_daemons(data, list(daemons.values()))
+
+
+NOTED = r"""import os, signal, subprocess, sys, time
+role, notes = sys.argv[1], sys.argv[2]
+def note(what):
+    with open(notes, "a") as f:
+        node = os.environ.get("SLURM_NODEID", "")
+        f.write(f"{time.time():.6f} {role}{node} {os.getpid()} {what}\n")
+def seen(sig, _):
+    note(signal.Signals(sig).name)
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+    signal.signal(s, seen)
+note("start")
+if role == "rank":
+    subprocess.Popen([sys.executable, __file__, "child", notes])
+while True:
+    time.sleep(0.1)
+"""
+"""A rank (and, `child`, a child of one): notes its start and every signal it sees, ignoring
+them, in one file of the run's (`<time> <role><node id> <pid> <what>`); a rank starts a child."""
+
+
+def _notes(path: Path) -> dict[tuple[str, int], list[tuple[float, str]]]:
+    """The ranks' notes: (role and node id, pid) -> [(time, what)]."""
+    out: dict[tuple[str, int], list[tuple[float, str]]] = {}
+    for line in path.read_text().splitlines() if path.exists() else []:
+        at, who, pid, what = line.split()
+        out.setdefault((who, int(pid)), []).append((float(at), what))
+    return out
+
+
+@pytest.mark.parametrize("stop", ["limit", "preempt"])
+def test_a_gangs_ranks_and_their_children_on_both_nodes_get_the_sigterm_and_the_grace(
+    ledger: Ledger, stop: str
+) -> None:
+    """atk58 F1: the executor's stop was `scancel --signal=TERM --full`, which signals `srun`
+    too, and srun answers a SIGTERM by SIGKILLing its step's tasks at once: a gang's ranks on
+    every node died at the stop's SIGTERM, none seeing it (their children neither: Slurm gives a
+    step's other processes only its SIGKILL). A two-node gang whose ranks and a child of each
+    note every signal, stopped at its limit and by a preemption: every one saw the SIGTERM and
+    lived the grace after it (from /proc, this host's clock), then the job ended."""
+    nodes = ledger.cluster.nodes
+    assert len(nodes) == 2, f"the gang tests need a cluster of two nodes, not {nodes}"
+    grace, limit = 8.0, 30.0
+    ledger.up()
+    work = ledger.work
+    (work / "noted.py").write_text(NOTED)
+    notes = work / "notes"
+    gang = (f"trap 'echo \"$(date +%s.%N) leader $$ TERM\" >> {notes}' TERM;"
+            f" srun -N2 --ntasks-per-node=1 /usr/bin/python3 {work}/noted.py rank {notes} &"
+            " while :; do sleep 0.2; done")  # fmt: skip
+    opts = ("-t", f"{limit:.0f}s") if stop == "limit" else ()
+    ledger.submit("alice", 8, gang, "--grace", f"{grace:.0f}s", *opts)
+    started = lambda: sum(w == "start" for said in _notes(notes).values() for _, w in said)  # noqa: E731
+    ledger.wait("both ranks and their children", lambda: started() == 4, 180)
+    kids = [pid for _, pid in _notes(notes)]
+    try:
+        assert sorted(_node_of(ledger, k) for k in kids) == sorted(nodes * 2), kids
+        ledger.wait("job 1 running", lambda: ledger.jobs()[1]["status"] == "running", 60)
+        if stop == "preempt":
+            ledger.cli("preempt", "1", "--reason", "the test makes room")
+        else:  # the ranks run before the limit (else the case is not under test)
+            assert time.time() < ledger.jobs()[1]["started_at"] + limit, ledger.jobs()[1]
+        seen, done = _last_alive(kids)
+        assert done.wait(limit + grace + 120), (kids, _notes(notes))
+        ledger.wait("job 1 finished", lambda: ledger.jobs()[1]["status"] == "finished", 120)
+    finally:
+        _kill(ledger, kids)
+    got = ledger.jobs()[1]
+    assert got["finish_reason"] == ("time_limit" if stop == "limit" else "preempted"), got
+    noted = _notes(notes)
+    assert [who for who, _ in noted if who == "leader"], noted  # the batch step's command too
+    assert len([k for k in noted if k[0] != "leader"]) == 4, noted
+    for (who, pid), said in noted.items():
+        terms = [at for at, what in said if what in ("SIGTERM", "TERM")]
+        assert terms, (who, pid, said, noted)  # before: none (SIGKILLed by their srun)
+        if who != "leader":  # the grace from its SIGTERM (a late limit's: min(grace, 10 s))
+            assert seen[pid] >= terms[0] + min(grace, 10.0) - 0.2, (who, pid, seen[pid], said)

@@ -229,6 +229,14 @@ class SentSlurm(FakeSlurm):
         return super()._run(args, stdin)
 
 
+TERM_5 = [
+    ["scancel", "--signal=TERM", "--name=gpuledger-1", "5"],
+    ["scancel", "--signal=TERM", "--batch", "--name=gpuledger-1", "5"],
+]
+"""The executor's SIGTERM of job 1's Slurm job 5: its steps, then its batch shell, never
+`--full` (`cluster.term_args`, atk58 F1)."""
+
+
 def test_a_run_found_after_a_restart_gets_sigterm_and_its_grace_unless_one_was_sent(
     tmp_path: Path,
 ) -> None:
@@ -242,7 +250,7 @@ def test_a_run_found_after_a_restart_gets_sigterm_and_its_grace_unless_one_was_s
     ex.job_grace = lambda _job: 30.0
     ex._view = {j.slurm_id: j for j in parse_jobs(ours(1, 5, "RUNNING"))}
     ex._read_runs(1_000.0)
-    assert ex.sent == [["scancel", "--signal=TERM", "--full", "--name=gpuledger-1", "5"]]
+    assert ex.sent == TERM_5
 
     again = SentSlurm("gpuledger", LID, tmp_path / "b")
     again.job_grace = lambda _job: 30.0
@@ -275,4 +283,4 @@ def test_a_run_found_after_a_restart_past_its_recorded_kill_time_is_killed_at_on
     early.stopped_runs = lambda: {(1, 0): stop}
     early._view = {j.slurm_id: j for j in parse_jobs(ours(1, 5, "RUNNING"))}
     early._read_runs(910.0)
-    assert early.sent == [["scancel", "--signal=TERM", "--full", "--name=gpuledger-1", "5"]]
+    assert early.sent == TERM_5

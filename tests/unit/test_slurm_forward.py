@@ -2,8 +2,9 @@
 TIMEOUT or a plain `scancel`, slurmd signals the batch shell alone; the ledger's batch script
 ate that SIGTERM (it notes it and waits for its command), so the command got nothing until the
 SIGKILL KillWait later, with no chance to checkpoint. The script now passes a SIGTERM on to the
-command, once; not when the executor's own stop (`scancel --signal=TERM --full`, its `stopping`
-mark made first) has signalled every process itself. The real script, in bash."""
+command. The executor's own stop signals the batch shell alone too (`cluster.term_args`: never
+`--full`, which signals `srun`, whose answer is to SIGKILL its ranks, atk58 F1): the script
+passes it on to every process below its command but an `srun`. The real script, in bash."""
 
 from __future__ import annotations
 
@@ -14,8 +15,6 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
-
 from ledger.cycle.executor import Launch
 from ledger.engines.slurm.launching import stop_marks
 from ledger.engines.slurm.script import STOPPED_FIRST, batch_script
@@ -24,13 +23,15 @@ from ledger.engines.slurm.words import parse_jobs
 from schemas.events import GpuSlot
 
 
-def _run(tmp_path: Path, *, stopping: bool, whole_job: bool) -> tuple[int, list[str], str]:
-    """The script of a command that logs each SIGTERM and ends 0 after ~2 s; SIGTERM'd once
-    0.5 s in, to the batch shell alone or to the job's every process (`whole_job`). Its exit,
-    the command's log lines and the end record."""
+def _run(
+    tmp_path: Path, *, stopping: bool, command: tuple[str, ...] = (), ready: int = 0
+) -> tuple[int, list[str], str]:
+    """The script of a command that logs each SIGTERM and ends 0 after ~2 s (or `command`);
+    SIGTERM'd once, to the batch shell alone, 0.5 s in (and once `ready` lines are in the file
+    `ready`). Its exit, the command's log lines and the end record."""
     log = tmp_path / "terms"
-    command = ("bash", "-c", f"trap 'echo TERM >> {log}' TERM; for i in $(seq 20); do sleep 0.1;"
-               " done; exit 0")  # fmt: skip
+    command = command or ("bash", "-c", f"trap 'echo TERM >> {log}' TERM; for i in $(seq 20);"
+                          " do sleep 0.1; done; exit 0")  # fmt: skip
     job = Launch(5, (GpuSlot(node="n1", gpu_indices=(0,)),), command, None, "alice", "ai2/olmo")
     marks = {m: str(tmp_path / m) for m in ("launched", "ended", "signalled", "stopping")}
     script = tmp_path / "batch"
@@ -43,31 +44,47 @@ def _run(tmp_path: Path, *, stopping: bool, whole_job: bool) -> tuple[int, list[
         if stopping:  # the executor's stop of a running command: its mark, then its SIGTERM
             Path(marks["stopping"]).touch()
         time.sleep(0.2)
+        deadline = time.monotonic() + 20
+        while ready and len(_lines(tmp_path / "ready")) < ready:
+            assert time.monotonic() < deadline, _lines(tmp_path / "ready")
+            time.sleep(0.05)
         assert bash.poll() is None
-        if whole_job:
-            os.killpg(bash.pid, signal.SIGTERM)
-        else:
-            os.kill(bash.pid, signal.SIGTERM)
+        os.kill(bash.pid, signal.SIGTERM)
         code = bash.wait(timeout=20)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(bash.pid, signal.SIGKILL)
-    lines = log.read_text().split() if log.exists() else []
-    return code, lines, Path(marks["ended"]).read_text()
+    return code, _lines(log), Path(marks["ended"]).read_text()
+
+
+def _lines(path: Path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
 
 
 def test_slurms_term_to_the_batch_shell_reaches_the_command_once(tmp_path: Path) -> None:
-    code, terms, record = _run(tmp_path, stopping=False, whole_job=False)
+    code, terms, record = _run(tmp_path, stopping=False)
     assert terms == ["TERM"]
     assert code == 0 and record.split()[::2] == ["0", "1"]  # its own code; the signal noted
 
 
-@pytest.mark.parametrize("whole_job", [True, False])
-def test_the_executors_own_stop_is_not_passed_on_again(tmp_path: Path, whole_job: bool) -> None:
-    """Its `stopping` mark: the command got the stop's SIGTERM from Slurm (every process), so
-    the script passes none on; Slurm's plain `scancel` after the grace neither."""
-    code, terms, _ = _run(tmp_path, stopping=True, whole_job=whole_job)
-    assert terms == (["TERM"] if whole_job else []) and code == 0
+def test_the_executors_own_stop_reaches_every_process_but_srun(tmp_path: Path) -> None:
+    """atk58 F1: its `stopping` mark, then SIGTERM to the batch shell alone (`term_args`'s
+    `--batch`; its steps' tasks get theirs from Slurm): the command and its child get it, once,
+    and an `srun` below the command gets none (srun SIGKILLs its step's tasks at a SIGTERM).
+    Before: the script passed none on (`--full` had signalled every process, `srun` too)."""
+    log = tmp_path / "terms"
+    srun = tmp_path / "bin" / "srun"  # named srun, as /proc says: its `comm`
+    srun.parent.mkdir()
+    ready = tmp_path / "ready"
+    srun.write_text(f"#!/bin/bash\ntrap 'echo srun >> {log}' TERM\necho srun >> {ready}\n"
+                    "for i in $(seq 30); do sleep 0.1; done\n")  # fmt: skip
+    srun.chmod(0o755)
+    command = ("bash", "-c", f"trap 'echo command >> {log}' TERM; {srun} &"
+               f" ( trap 'echo child >> {log}' TERM; echo child >> {ready};"
+               " for i in $(seq 30); do sleep 0.1; done ) &"
+               f" echo command >> {ready}; for i in $(seq 20); do sleep 0.1; done; wait; exit 0")  # fmt: skip  # noqa: E501
+    code, terms, _ = _run(tmp_path, stopping=True, command=command, ready=3)
+    assert sorted(terms) == ["child", "command"] and code == 0, terms
 
 
 def test_a_stop_that_came_before_its_command_started_ends_the_run_without_it(

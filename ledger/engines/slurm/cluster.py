@@ -243,6 +243,23 @@ def scancel_args(slurm_id: str, run: tuple[int, int] | None, *how: str) -> list[
     return ["scancel", *how, *named, slurm_id]
 
 
+def term_args(slurm_id: str, run: tuple[int, int] | None) -> list[list[str]]:
+    """The executor's stop's SIGTERM (`scancel_args`: restricted to its job's name), in two:
+    `scancel --signal=TERM SLURM_ID` signals the job's steps alone, on every node: the tasks of
+    what its command started with `srun`, its ranks; then `--batch`, the batch shell alone,
+    whose trap passes it on to every process of the job but `srun` (`script_tree.gpuledger_pass`:
+    its own step's, its steps' other processes on each node). Never `--full`: that signals the
+    batch step's every process, `srun` among them, and srun answers a SIGTERM by SIGKILLing its
+    step's tasks at once ("forcing job termination"; srun(1), "Signals sent to the srun command
+    are automatically forwarded to the tasks it is controlling with a few exceptions"): a gang's
+    ranks on every node died at the SIGTERM with no grace (atk58 F1). Steps first, so a command
+    that ends at its own SIGTERM has not ended the job before its ranks got theirs."""
+    return [
+        scancel_args(slurm_id, run, "--signal=TERM"),
+        scancel_args(slurm_id, run, "--signal=TERM", "--batch"),
+    ]
+
+
 def kill_args(slurm_id: str, run: tuple[int, int] | None) -> list[str]:
     """`scancel --signal=KILL --batch SLURM_ID` (`scancel_args`: restricted to its job's name):
     SIGKILL to the job's batch step, whose slurmstepd kills at once every process of its step's

@@ -20,7 +20,14 @@ from ledger.cycle.executor import Exit, Launch, NodeChange, Observed, Orders, Re
 from ledger.engines.accounts import RunAs, own_log, own_umask
 from ledger.engines.job_paths import Refused
 from ledger.engines.slurm import tracked
-from ledger.engines.slurm.cluster import OtherCluster, Watch, max_time, read_text, scancel_args
+from ledger.engines.slurm.cluster import (
+    OtherCluster,
+    Watch,
+    max_time,
+    read_text,
+    scancel_args,
+    term_args,
+)
 from ledger.engines.slurm.ends import (
     Ending,
     answering,
@@ -518,7 +525,7 @@ class SlurmExecutor:
         )
 
     def carry_out(self, orders: Orders, now: float) -> tuple[Start, ...]:
-        """`scancel --signal=TERM` the stopped runs (SIGKILL after the grace; one that never
+        """SIGTERM the stopped runs (`term_args`; SIGKILL after the grace; one that never
         ran at once), then submit the launches, in order, as their GPUs are free in Slurm.
         Starts come from Slurm's word, in a later `observe`."""
         if not self.may_act():
@@ -550,7 +557,8 @@ class SlurmExecutor:
     def _signal(self, slurm_id: str, now: float, grace_s: float | None = None,
                 run: Tag | None = None, since: float | None = None,
                 limit: bool = False) -> None:  # fmt: skip
-        """`scancel --signal=TERM --full` (a run that never ran: `scancel`); SIGKILL once
+        """SIGTERM to the job's steps, then its batch shell (`cluster.term_args`; a run that
+        never ran: `scancel`); SIGKILL once
         `grace_s` has passed since the stop (`since`: the ledger's recorded stop or the limit,
         else now), at once when it has already (`kill_due`), but a stop at its time limit
         (`limit`) always gets its SIGTERM first (its SIGKILL later: `carry_stops`). The end of
@@ -579,10 +587,11 @@ class SlurmExecutor:
                 stopping.cancelled = True
             elif kill_due(stopping, now):  # its grace ran out meanwhile
                 kill(self, slurm_id, stopping, now, tag)  # SIGKILL (atk47-s F3)
-            else:  # every process gets it: the script passes on none (F2)
+            else:  # every process gets it, never `srun` (`term_args`, atk58 F1)
                 if tag:
                     mark_stopping(self._checkpoint_file(*tag).parent)
-                self._run(scancel_args(slurm_id, tag, "--signal=TERM", "--full"))
+                for args in term_args(slurm_id, tag):
+                    self._run(args)
                 if stopping.termed_at is None:  # the job's note of it, later (`real_term`)
                     stopping.termed_at = stopping.term_asked_at = now
         except EngineError as err:

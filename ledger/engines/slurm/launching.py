@@ -81,9 +81,8 @@ ALIVE = "alive"
 command lives (its ctime: the last beat, which the job's user cannot set back as they can its
 mtime; `ends.node_fail_ending`)."""
 STOPPING = "stopping"
-"""Made by the executor before its own stop's `scancel --signal=TERM --full` (which signals
-every process of the job): the batch script then passes no SIGTERM on to the command, which
-got its own (`script.batch_script`)."""
+"""Made by the executor before its own stop's SIGTERM (`cluster.term_args`): a batch script
+that finds it before its command starts ends without starting it (`script._stopped_first`)."""
 TAKEN_BACK = "taken-back"
 """Made by the executor before it cancels a run Slurm would not start (`mark_taken_back`): its
 batch script, should Slurm start it all the same, ends before anything of the job's

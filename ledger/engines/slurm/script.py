@@ -19,7 +19,7 @@ from ledger.engines.slurm.ends import (
 from ledger.engines.slurm.relaunch import guard_lines
 from ledger.engines.slurm.script_files import output_lines, touch, usable_lines, workdir_check
 from ledger.engines.slurm.script_gpus import gpus_check
-from ledger.engines.slurm.script_tree import reap_grace_s, reap_lines
+from ledger.engines.slurm.script_tree import pass_lines, reap_grace_s, reap_lines
 from ledger.engines.slurm.words import SbatchUser, job_environment
 
 WAIT = (
@@ -82,13 +82,14 @@ def batch_script(
     ended when Slurm ends it NODE_FAIL (`ends`). A signal from before the launch mark until the
     command's wait begins ends the script at once, noted too: a run with the `launched` mark
     and neither record nor note was never killed (Slurm's kill in that gap once left a run
-    in doubt for good, its job `running` forever after its node came back). A SIGTERM the
-    script gets is passed on to the command, once, unless `stopping_file` is there (the
-    executor's own stop, `scancel --signal=TERM --full`, signals every process of the job
-    itself): Slurm's own terminations (a node DOWN, its TIMEOUT, a plain `scancel`) signal the
-    batch shell alone, and the command, the script's child, got nothing until SIGKILL, with no
-    chance to checkpoint (atk38-24 F2); one there before the command starts ends the script
-    without starting it (`_stopped_first`: a stop that came first, atk43s F10). With
+    in doubt for good, its job `running` forever after its node came back). With
+    `stopping_file`, a SIGTERM the script gets is passed on to every process of the job but
+    `srun` (`script_tree.pass_lines`): the executor's own stop (`cluster.term_args`) and Slurm's
+    own terminations (a node DOWN, its TIMEOUT, a plain `scancel`) signal the job's steps and
+    the batch shell alone, and the command, the script's child, got nothing until SIGKILL, with
+    no chance to checkpoint (atk38-24 F2), nor a rank's children (atk58 F1); the mark there
+    before the command starts ends the script without starting it (`_stopped_first`: a stop
+    that came first, atk43s F10). With
     `alive_file`, the script itself is the run's heartbeat (`_beating`): it touches that mark
     before it starts the command and every `BEAT_EVERY_S` while the command lives, so nothing
     kills the heartbeat but what ends the
@@ -161,19 +162,13 @@ def batch_script(
         return "\n".join(lines) + "\n"
     code = shlex.quote(ended_file + ".code")
     signals = "TERM INT HUP QUIT USR1 USR2 ALRM"
-    forward = ""
-    if stopping_file:  # the command's pid: the one child of the child running it
-        forward = (
-            "gpuledger_fwd() { [ -e " + shlex.quote(stopping_file) + " ] && return; local f l;"
-            ' for f in /proc/[0-9]*/stat; do { read -r l < "$f"; } 2>/dev/null || continue;'
-            " l=${l##*) }; set -- $l;"
-            ' [ "$2" = "$gpuledger_pid" ] && kill -TERM "${f:6:-5}" 2>/dev/null; done; }'
-        )
-    lines += [forward] if forward else []
+    # a SIGTERM the script gets is passed on to every process of the job but `srun` (atk58 F1)
+    forward = "gpuledger_termed=1; gpuledger_pass; gpuledger_far" if stopping_file else ""
+    lines += pass_lines()  # (the reaping's functions too: defined before any signal)
     lines += [
         "gpuledger_signalled=0",
         # the command runs in a child that catches the signals (so the command, which gets them
-        # itself as Slurm signals the job's every process, has them as they were) and writes
+        # itself as the script passes them on, has them as they were) and writes
         # its code: bash's `wait` cannot say it once bash reaped the child inside a trap (it
         # gave -1, and `kill -0` took a command that exited 0 for one the signal killed: the
         # job FAILED in Slurm)
@@ -182,7 +177,7 @@ def batch_script(
         "gpuledger_pid=$!",
         # a signal only interrupts the wait, which begins again
         f"trap 'gpuledger_sig=1; gpuledger_signalled=1;{noted}' {signals}",
-        f"trap 'gpuledger_sig=1; gpuledger_signalled=1;{noted} gpuledger_fwd' TERM" * bool(forward),
+        f"trap 'gpuledger_sig=1; gpuledger_signalled=1;{noted} {forward}' TERM" * bool(forward),
         *(
             _beating(signalled_file, after_term_s, forward, own_end_s, ended_file)
             if alive_file
@@ -324,7 +319,7 @@ def _beating(
     left of the job in its step's cgroup (`script_tree`: at once, its end having come)."""
     note = shlex.quote(signalled_file) if signalled_file else ""
     mark = f" {{ : > {note}; }} 2>/dev/null;" if note else ""
-    fwd = " gpuledger_fwd;" * bool(forward)
+    fwd = f" {forward};" if forward else ""
     kill = ' { exec 2>/dev/null; gpuledger_kill KILL; kill -KILL "$gpuledger_pid"; gpuledger_end=137; break; };'  # noqa: E501
     end = shlex.quote(ended_file) if ended_file else ""
     recorded = f" [ -f {end} ] && [ ! -L {end} ] &&{kill}" if end else ""  # as `own_end` reads

@@ -71,6 +71,89 @@ skipped by its name alone, and one moved into a group of its own below the step 
 the next job on its GPUs after its job `completed` (atk47-s F4)."""
 
 
+_STEPS = r"""gpuledger_steps() {
+  local d f p l q
+  for d in "${gpuledger_cg%/*}"/step_*; do
+    case ${d##*/} in step_batch | step_extern) continue ;; esac
+    [ "$d" = "$gpuledger_cg" ] && continue
+    for f in "$d"/**/cgroup.procs; do
+      while read -r p; do
+        { read -r l < "/proc/$p/stat"; } 2>/dev/null || continue
+        l=${l##*) }; set -- $l
+        { read -r q < "/proc/$2/stat"; } 2>/dev/null || continue
+        q=${q#*(}; q=${q%)*}
+        [ "$q" = slurmstepd ] || gpuledger_l+=("$p")
+      done 2>/dev/null < "$f"
+    done
+  done
+}"""
+"""Adds to `gpuledger_l` the processes of the job's other steps on this node (its `srun` steps,
+the cgroups beside the script's own: not the batch step, not the extern one) that are not their
+tasks: Slurm signals a step's tasks alone (proctrack/cgroup: "inherited processes will only get
+SIGKILL"), so a rank's children would get no SIGTERM at all."""
+
+_TERM_L = r"""gpuledger_terml() {
+  local p l c
+  for p in "${gpuledger_l[@]}"; do
+    { read -r l < "/proc/$p/stat"; } 2>/dev/null || continue
+    c=${l#*(}; c=${c%)*}
+    case $c in srun | slurmstepd) ;; *) kill -TERM "$p" 2>/dev/null ;; esac
+  done
+}"""
+"""SIGTERM to each of `gpuledger_l` but an `srun` (and a slurmstepd): srun answers a SIGTERM by
+SIGKILLing its step's tasks at once ("forcing job termination"), so a rank it started would lose
+its grace; its step's tasks get their SIGTERM from Slurm itself (atk58 F1)."""
+
+_BELOW = r"""gpuledger_below() {
+  local f l p q=" $1 " n=1
+  gpuledger_l=()
+  while [ "$n" = 1 ]; do
+    n=0
+    for f in /proc/[0-9]*/stat; do
+      p=${f:6:-5}; case $q in *" $p "*) continue ;; esac
+      { read -r l < "$f"; } 2>/dev/null || continue
+      l=${l##*) }; set -- $l
+      case $q in *" $2 "*) q="$q$p "; gpuledger_l+=("$p"); n=1 ;; esac
+    done
+  done
+}"""
+"""Sets `gpuledger_l` to the processes below the given one (a script in no step cgroup: another
+proctrack, or a test's)."""
+
+_PASS = r"""gpuledger_pass() (
+  shopt -s globstar nullglob
+  if gpuledger_group; then gpuledger_live; gpuledger_steps
+  else gpuledger_below "$gpuledger_pid"; fi
+  gpuledger_terml
+)
+gpuledger_others() {
+  shopt -s globstar nullglob
+  gpuledger_l=(); gpuledger_group && gpuledger_steps && gpuledger_terml
+}
+gpuledger_far() {
+  local n=${SLURM_JOB_NUM_NODES:-1} s
+  [ "$n" -gt 1 ] 2>/dev/null && [ -n "${SLURM_JOB_ID-}" ] || return 0
+  s=$(command -v srun) || return 0
+  "$s" --jobid="$SLURM_JOB_ID" --overlap -Q -N $((n - 1)) --ntasks-per-node=1 \
+    -x "${SLURMD_NODENAME-}" bash -c "$(declare -f gpuledger_group gpuledger_steps gpuledger_terml \
+    gpuledger_others); gpuledger_others" < /dev/null > /dev/null 2>&1 &
+}"""
+"""`gpuledger_pass`, the batch script's pass of a SIGTERM it gets (the executor's stop, which
+signals the job's steps and the batch shell, never `srun`: `SlurmExecutor._signal`; or Slurm's
+own termination, which signals the same): SIGTERM to every process of its step's cgroup but
+itself, its own helpers and `srun` (`gpuledger_live`, `gpuledger_terml`), and to the processes of
+the job's other steps on this node that are not their tasks (`gpuledger_steps`); in no cgroup,
+to what runs below its command's child. `gpuledger_far` does the same on the job's other nodes
+(`gpuledger_others`, in a step of its own: `srun --overlap`, in the background), so every
+process of a gang, a rank's children on every node too, gets the SIGTERM and the grace."""
+
+
+def pass_lines() -> list[str]:
+    """Pure: the shell functions of a SIGTERM's pass (`_PASS`) and of the reaping (`reap_lines`)
+    share: defined before the command starts, as a signal may come at any time after."""
+    return [_GROUP, _LIVE, _STEPS, _TERM_L, _BELOW, _PASS]
+
+
 def reap_lines(grace_s: int, ended_file: str, beating: bool) -> list[str]:
     """Pure: the shell function `gpuledger_reap`, run once the command's child has ended and
     before the end record: SIGTERM to every process the command left in the step's cgroup, then,
@@ -103,8 +186,6 @@ def reap_lines(grace_s: int, ended_file: str, beating: bool) -> list[str]:
             f" mv -f -- {part} {there}; }} 2>/dev/null",
         ]
     return [
-        _GROUP,
-        _LIVE,
         "gpuledger_reap() {",
         "  gpuledger_left=0 gpuledger_killed=0",
         "  gpuledger_group || return 0",
@@ -114,7 +195,9 @@ def reap_lines(grace_s: int, ended_file: str, beating: bool) -> list[str]:
         # times in microseconds (EPOCHREALTIME's digits: its point is the locale's)
         f"  local t=${{EPOCHREALTIME//[!0-9]/}} k b=$EPOCHSECONDS; k=$((t + {grace_s} * 1000000))",
         *mark,
-        f'  {said}; kill -TERM "${{gpuledger_l[@]}}" 2>/dev/null',
+        # once the script got a SIGTERM (a stop: the steps' tasks got theirs), `srun` gets none
+        f'  {said}; if [ -n "${{gpuledger_termed-}}" ]; then gpuledger_terml;'
+        ' else kill -TERM "${gpuledger_l[@]}" 2>/dev/null; fi',
         "  while :; do",
         '    [ -n "${gpuledger_ends-}" ] && [ $((gpuledger_ends * 1000000)) -lt "$k" ] &&'
         f" k=$((gpuledger_ends * 1000000));{forged}",

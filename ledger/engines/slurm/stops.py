@@ -1,7 +1,7 @@
 """How the Slurm executor stops a run the ledger no longer runs, as the node agents do:
-`scancel --signal=TERM --full`, the job's own grace (`submit --grace`; the service's when it has
-none), then SIGKILL (`cluster.kill_args`); and the run's real end as Slurm kept it (EndTime),
-recorded for the audit (`job.run_ended.v2`). Pure."""
+SIGTERM to its steps and its batch shell (`cluster.term_args`), the job's own grace (`submit
+--grace`; the service's when it has none), then SIGKILL (`cluster.kill_args`); and the run's
+real end as Slurm kept it (EndTime), recorded for the audit (`job.run_ended.v2`). Pure."""
 
 from __future__ import annotations
 
