@@ -4,12 +4,8 @@ victim's grace, counted from its real start (F6). Pure: `estimated_starts`, `blo
 
 from __future__ import annotations
 
-import itertools
-
 import msgspec
 
-from ledger.core.decide import decide
-from ledger.core.evolve import evolve
 from ledger.core.jobs import blocked
 from ledger.core.state import State
 from ledger.cycle.inputs import snapshot_from_state
@@ -18,13 +14,7 @@ from ledger.dispatch.registry import build
 from ledger.reads.estimates import blocked_keys, estimated_starts
 from schemas import commands as c
 from schemas.events import Dependency
-
-
-def _run(state: State, at: float, *cmds: c.AnyCommand) -> None:
-    ids = (lambda n: lambda: f"x{at}-{next(n)}")(itertools.count())
-    for cmd in cmds:
-        for ev in decide(state, cmd, at, ids):
-            evolve(state, ev)
+from tests.unit.domainkit import run as _run
 
 
 def _place(state: State, at: float, policy: str = "fifo") -> None:

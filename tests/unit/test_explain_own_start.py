@@ -6,32 +6,18 @@ fold and `explain_history`."""
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
 
-from ledger.core.decide import decide
-from ledger.core.evolve import evolve
 from ledger.core.state import State
 from ledger.cycle.inputs import snapshot_from_state
 from ledger.dispatch.engine import decide as dispatch
 from ledger.dispatch.registry import build
 from ledger.reads.explain import explain_history
 from schemas import commands as c
-from schemas import events as e
 from schemas.policy import FifoConfig
+from tests.unit.domainkit import run as _run
 
 STOPPED = "the ledger had stopped it before seeing it start"
-
-
-def _run(state: State, at: float, *cmds: c.AnyCommand) -> list[e.AnyEvent]:
-    ids = (lambda n: lambda: f"x{at}-{next(n)}")(itertools.count())
-    out = []
-    for cmd in cmds:
-        for ev in decide(state, cmd, at, ids):
-            evolve(state, ev)
-            out.append(ev)
-    return out
 
 
 @pytest.mark.parametrize("seen", [True, False])

@@ -8,14 +8,10 @@ what an agent sends an older server."""
 
 from __future__ import annotations
 
-import itertools
-
 import msgspec
 import pytest
 
 from ledger.core.authz import authorise
-from ledger.core.decide import decide
-from ledger.core.evolve import evolve
 from ledger.core.state import State
 from ledger.cycle.executor import Reaping
 from ledger.cycle.inputs import snapshot_from_state
@@ -35,16 +31,7 @@ from schemas import events as e
 from schemas import views as v
 from schemas.errors import InvalidTransition, NotAuthorised
 from schemas.policy import FifoConfig
-
-
-def _run(state: State, at: float, *cmds: c.AnyCommand) -> list[e.AnyEvent]:
-    ids = (lambda n: lambda: f"x{at}-{next(n)}")(itertools.count())
-    out = []
-    for cmd in cmds:
-        for ev in decide(state, cmd, at, ids):
-            evolve(state, ev)
-            out.append(ev)
-    return out
+from tests.unit.domainkit import run as _run
 
 
 def _ledger() -> tuple[State, list[e.AnyEvent]]:
