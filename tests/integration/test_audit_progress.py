@@ -52,8 +52,12 @@ def test_the_server_says_how_far_a_whole_log_audit_is(
     server, token = served
     head = server.head()
     done: list[tuple[int, Any]] = []
+    # the walk's answer comes when it ends (plain JSON): its time grows with the load, past the
+    # client's default 60 s in a loaded whole-suite run (stop 58: "timed out", no answer)
     audit = threading.Thread(
-        target=lambda: done.append(server.request("GET", f"/v1/audit/{kind}", token=token))
+        target=lambda: done.append(
+            server.request("GET", f"/v1/audit/{kind}", token=token, timeout=600)
+        )
     )
     audit.start()
     seen: list[dict[str, int]] = []
