@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import msgspec
-from kafka.errors import NodeNotReadyError
 
 # RelayError and offsets_text are relay_topic's, imported where used: that module loads the Kafka
 # client (and the relay psycopg), and every server reads this one (its health) at its start
@@ -316,6 +315,8 @@ def _previous(home: Path, topic: str) -> int | None:
 def not_ready(e: BaseException) -> bool:
     """Whether kafka-python's NodeNotReadyError is behind `e` (its cause, or named in it: a
     producer in an error state says so only in its message)."""
+    from kafka.errors import NodeNotReadyError  # (here: every server's start reads this module)
+
     seen: BaseException | None = e
     for _ in range(5):
         if seen is None:
