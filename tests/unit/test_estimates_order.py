@@ -14,6 +14,7 @@ from ledger.dispatch.registry import build
 from ledger.reads.estimates import blocked_keys, estimated_starts
 from schemas import commands as c
 from schemas.events import Dependency
+from tests.unit.domainkit import ONE_NODE
 from tests.unit.domainkit import run as _run
 
 
@@ -102,16 +103,10 @@ def test_a_job_waiting_for_stopping_gpus_is_estimated_at_their_sigkill() -> None
     takes GPU 3. The estimate said t=600 (job 2's limit), or "unknown" without it: the stopping
     GPUs had no release. Now: their SIGKILL plus the cycle that places on them (interval 2 s)."""
     from ledger.reads.stopping import stopped_kill_at
-    from schemas.policy import FifoConfig
 
     state = State()
     _run(state, 0.0,
-         c.InitLedger(actor="root", admin="root"),
-         c.OpenAccount(actor="root", path="p", kind="program"),
-         c.OpenAccount(actor="root", path="p/q", kind="project"),
-         c.AddMember(actor="root", user="u", project="p/q"),
-         c.RegisterNode(actor="root", node="n1", gpu_type="h100", gpus=4),
-         c.ConfigureService(actor="root", policy=FifoConfig(), interval_s=2.0, executor="agents"),
+         *ONE_NODE,
          c.SubmitJob(actor="u", account="p/q", gpus=2, grace_s=40),
          c.SubmitJob(actor="u", account="p/q", gpus=1, time_limit_s=600))  # fmt: skip
     _place(state, 0.0)
@@ -142,16 +137,10 @@ def test_what_a_stopping_job_holds_back_is_estimated_from_its_sigkill() -> None:
     next task (`jobs.blocked`, atk48-23 F5): their estimates start once it is gone, its SIGKILL
     at the latest plus a cycle, not now (they said "starts now" while the reads said why they
     waited)."""
-    from schemas.policy import FifoConfig
 
     state = State()
     _run(state, 0.0,
-         c.InitLedger(actor="root", admin="root"),
-         c.OpenAccount(actor="root", path="p", kind="program"),
-         c.OpenAccount(actor="root", path="p/q", kind="project"),
-         c.AddMember(actor="root", user="u", project="p/q"),
-         c.RegisterNode(actor="root", node="n1", gpu_type="h100", gpus=4),
-         c.ConfigureService(actor="root", policy=FifoConfig(), interval_s=2.0, executor="agents"),
+         *ONE_NODE,
          c.SubmitJob(actor="u", account="p/q", gpus=1, grace_s=40),
          c.SubmitJob(actor="u", account="p/q", gpus=1, grace_s=60, array=(0, 1),
                      array_limit=1))  # fmt: skip

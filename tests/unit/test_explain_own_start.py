@@ -14,7 +14,7 @@ from ledger.dispatch.engine import decide as dispatch
 from ledger.dispatch.registry import build
 from ledger.reads.explain import explain_history
 from schemas import commands as c
-from schemas.policy import FifoConfig
+from tests.unit.domainkit import ONE_NODE
 from tests.unit.domainkit import run as _run
 
 STOPPED = "the ledger had stopped it before seeing it start"
@@ -24,12 +24,7 @@ STOPPED = "the ledger had stopped it before seeing it start"
 def test_its_own_start_is_named_only_for_a_run_the_ledger_never_saw_start(seen: bool) -> None:
     state = State()
     history = _run(state, 0.0,
-         c.InitLedger(actor="root", admin="root"),
-         c.OpenAccount(actor="root", path="p", kind="program"),
-         c.OpenAccount(actor="root", path="p/q", kind="project"),
-         c.AddMember(actor="root", user="u", project="p/q"),
-         c.RegisterNode(actor="root", node="n1", gpu_type="h100", gpus=4),
-         c.ConfigureService(actor="root", policy=FifoConfig(), interval_s=2.0, executor="agents"),
+         *ONE_NODE,
          c.SubmitJob(actor="u", account="p/q", gpus=2, time_limit_s=600, grace_s=30))  # fmt: skip
     decision = dispatch(snapshot_from_state(state, {}, 0.0), build("fifo"), 0.0)
     body = c.DecisionBody(cycle_id="c0", based_on=state.events, policy_version="x",

@@ -30,7 +30,7 @@ from schemas import commands as c
 from schemas import events as e
 from schemas import views as v
 from schemas.errors import InvalidTransition, NotAuthorised
-from schemas.policy import FifoConfig
+from tests.unit.domainkit import ONE_NODE
 from tests.unit.domainkit import run as _run
 
 
@@ -39,12 +39,7 @@ def _ledger() -> tuple[State, list[e.AnyEvent]]:
     from t=0; job 3 (3 GPUs) waits."""
     state = State()
     history = _run(state, 0.0,
-         c.InitLedger(actor="root", admin="root"),
-         c.OpenAccount(actor="root", path="p", kind="program"),
-         c.OpenAccount(actor="root", path="p/q", kind="project"),
-         c.AddMember(actor="root", user="u", project="p/q"),
-         c.RegisterNode(actor="root", node="n1", gpu_type="h100", gpus=4),
-         c.ConfigureService(actor="root", policy=FifoConfig(), interval_s=2.0, executor="agents"),
+         *ONE_NODE,
          c.SubmitJob(actor="u", account="p/q", gpus=2, time_limit_s=600, grace_s=30),
          c.SubmitJob(actor="u", account="p/q", gpus=1, time_limit_s=600))  # fmt: skip
     decision = dispatch(snapshot_from_state(state, {}, 0.0), build("fifo"), 0.0)
