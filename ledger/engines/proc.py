@@ -12,15 +12,19 @@ import threading
 from pathlib import Path
 
 
-def start_time(pid: int) -> int | None:
-    """The start time of live process `pid`, or None when it is gone or a zombie."""
+def start_time(pid: int, *, child: bool = False) -> int | None:
+    """The start time of live process `pid`, or None when it is gone or a zombie. `child`: the
+    caller's own child, not reaped yet, whose start time counts even once it is a zombie (the
+    pid cannot be reused before the caller waits for it): a job that ended before its
+    supervisor wrote its identity was named `PID None`, and every reader lost its tree (CI of
+    stop 58: a child it left on the GPU was not counted live)."""
     try:
         raw = Path(f"/proc/{pid}/stat").read_bytes()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
     # the command name (field 2) may hold spaces and ')': fields are counted after the last ')'
     fields = raw[raw.rfind(b")") + 2 :].split()
-    if fields[0] in (b"Z", b"X"):
+    if fields[0] in (b"Z", b"X") and not child:
         return None
     return int(fields[19])
 

@@ -105,7 +105,8 @@ RECORD_FD = 9
 
 
 def _identity(pid: int, *extra: str) -> bytes:
-    return " ".join([str(pid), str(start_time(pid)), *extra]).encode() + b"\n"
+    """A child's identity, written before it is waited for (it may have ended already)."""
+    return " ".join([str(pid), str(start_time(pid, child=True)), *extra]).encode() + b"\n"
 
 
 def detach(rundir: Path) -> int:

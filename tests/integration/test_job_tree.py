@@ -377,12 +377,23 @@ def _killed(pid: int) -> Iterator[None]:
 
 def test_live_processes_counts_a_child_its_leader_left_behind(dirs: tuple[Path, Path]) -> None:
     """The audit's view of the host: a part whose leader ended is alive while its tree is."""
-    ex = executor(dirs, grace_s=30)
+    ex = executor(dirs, grace_s=600)  # the child outlives the look (the test kills it)
     launch(ex, job(1, f"{STUBBORN}; exit 0"))
     [started] = wait_starts(ex)
     [child] = pids_said(Path(started.logs[0]), 1)
+    leader = started.parts[0].pid
     with _killed(child):
-        [live] = wait_for("the leader to end", lambda: [
-            p for p in live_processes(dirs[0]) if p.job_id == 1 and not alive(started.parts[0].pid)
-        ], 60)  # fmt: skip
+        try:
+            [live] = wait_for("the leader to end", lambda: [
+                p for p in live_processes(dirs[0]) if p.job_id == 1 and not alive(leader)
+            ], 60)  # fmt: skip
+        except AssertionError as e:  # CI (stop 58, load ~20) once timed out: say what was seen
+            files = {
+                f.name: f.read_text(errors="replace")[:200]
+                for f in (dirs[0] / "runs").glob("*/*/*")
+                if f.name != "spec.json"
+            }
+            seen = (f"leader {leader} alive: {alive(leader)}; child {child} alive: {alive(child)}; "
+                    f"live_processes: {live_processes(dirs[0])}; run files: {files}")  # fmt: skip
+            raise AssertionError(f"{e}: {seen}") from None
         assert child in live.pids and live.gpu_indices == (0,)
