@@ -366,19 +366,26 @@ def test_a_leader_cut_off_from_postgresql_stops_acting_before_another_server_lea
         body = json.dumps({"actor": "", "account": "ai2/olmo", "gpus": 1}).encode()
         headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
 
-        def refused() -> float | None:
-            """When `first` answered a write 503 (the time of its answer), if it did."""
-            conn = http.client.HTTPConnection("127.0.0.1", first.port, timeout=0.5)
+        def stepped_down() -> float | None:
+            """When `first` said it no longer leads (the time its answer came), if it did: its
+            role is its lease's own clock (`Leadership.acting`). (A write probe measured this
+            before: a write the cut server takes while it thinks an election is on waits up to
+            `TAKEOVER_WAIT_S` for its 503, which at CI's load came 1.5 s after the other led.)"""
+            health = first.health()
+            return time.time() if health is not None and health["role"] != "leader" else None
+
+        def refused() -> bool:
+            conn = http.client.HTTPConnection("127.0.0.1", first.port, timeout=10)
             try:
                 conn.request("POST", "/v1/commands/submit", body=body, headers=headers)
-                status = conn.getresponse().status
+                return conn.getresponse().status == 503
             except OSError:
-                return None  # the write waits on the cut store: not answered yet
+                return False  # the write waits on the cut store: not answered yet
             finally:
                 conn.close()
-            return time.time() if status == 503 else None
 
-        stopped = waits.wait_for("the cut leader to refuse writes", refused, 30, g.why)
+        stopped = waits.wait_for("the cut leader to step down", stepped_down, 30, g.why)
+        assert waits.wait_for("the cut leader to refuse writes", refused, 30, g.why)
         took = waits.wait_for("the other server to lead", lambda: "took the lease" in
                               second.text(), 60, g.why)  # fmt: skip
         assert took
