@@ -228,6 +228,46 @@ def test_a_preempted_gang_is_stopped_on_both_nodes_before_the_next_job_starts(
     assert _slurm_nodes(ledger, 2) == sorted(nodes)
 
 
+def test_a_killed_gang_that_ends_while_the_service_is_down_ends_by_slurms_end_not_the_restart(
+    ledger: Ledger,
+) -> None:
+    """atk59 F4: the service killed -9 once Slurm showed a preempted gang COMPLETING (after the
+    grace's SIGKILL), back 20 s after its last rank died: the run was recorded ended at the
+    restart's read (62.4 s late after a 60 s outage) and, the SIGKILL forgotten, `killed:
+    false`, "Slurm: FAILED". Its end is now Slurm's end of the job (at most KillWait and a kill's
+    landing after the batch step's), never before its last rank's death, and it was killed."""
+    nodes = ledger.cluster.nodes
+    assert len(nodes) == 2, f"the gang tests need a cluster of two nodes, not {nodes}"
+    ledger.up()
+    ranks = ("srun -N2 --ntasks-per-node=1 bash -c 'trap \"\" TERM; echo rank=$$;"
+             " echo $$ > rank-$SLURM_NODEID.pid; while :; do sleep 0.2; done'")  # fmt: skip
+    ledger.submit("alice", 8, ranks, "--grace", "3s")
+    work = ledger.work
+    ledger.wait("both ranks", lambda: all((work / f"rank-{i}.pid").is_file()
+                and (work / f"rank-{i}.pid").read_text().strip() for i in (0, 1)), 180)  # fmt: skip
+    kids = [int((work / f"rank-{i}.pid").read_text()) for i in (0, 1)]
+    try:
+        ledger.wait("job 1 running", lambda: ledger.jobs()[1]["status"] == "running", 60)
+        seen, gone = _last_alive(kids)
+        ledger.cli("preempt", "1", "--reason", "the test makes room")
+        ledger.wait("the gang COMPLETING", lambda: _slurm_state(ledger, 1) == "COMPLETING"
+                    or gone.is_set(), 60)  # fmt: skip
+        ledger.kill9()
+        assert gone.wait(120), f"{kids} outlived Slurm's end of the job"
+        time.sleep(20)  # the service is down 20 s past the last rank's death
+        back = time.time()
+        ledger.up()
+        ledger.wait("job 1 finished", lambda: ledger.jobs()[1]["status"] == "finished", 120)
+    finally:
+        _kill(ledger, kids)
+    last = max(seen.values())
+    (end,) = ledger.of("job.run_ended.v2", 1)
+    assert end["ended_at"] >= last - 1.0, (end, last)  # never before its last rank's death
+    said = ledger.service_log()[-4000:]
+    assert end["ended_at"] < back - 10, (end, last, back, said)  # not the restart's read
+    assert end["killed"] and "killed after its grace" in end["note"], (end, said)
+
+
 def test_slurm_down_stops_both_slurmd_of_a_two_node_cluster_even_without_its_record_of_one(
     tmp_path: Path,
 ) -> None:

@@ -28,7 +28,13 @@ from ledger.engines.slurm.stops import (
     stopped_end,
     stopping_gpus,
 )
-from ledger.engines.slurm.tracked import forget_stop, note_stop, noted_stop
+from ledger.engines.slurm.tracked import (
+    forget_stop,
+    note_killed,
+    note_stop,
+    noted_killed,
+    noted_stop,
+)
 from ledger.engines.slurm.words import backstop_minutes, processes_end
 from schemas import events as e
 from schemas.events import GpuSlot
@@ -136,6 +142,33 @@ def test_a_gang_that_ends_in_its_grace_ends_when_a_read_found_it_ended() -> None
     assert stopped_end(st, j, j.end_time + 0.4).at == j.end_time  # never before Slurm's
     (one,) = parse_jobs(line)
     assert stopped_end(st, one, j.end_time + 2.6).at == j.end_time
+
+
+def test_a_gang_no_read_saw_alive_since_a_restart_ends_by_slurms_end_of_the_job() -> None:
+    """atk59 F4: a stopped gang whose ranks died while the service was down (killed -9 once
+    Slurm showed it COMPLETING after the SIGKILL, back 60 s later) was recorded ended at the
+    restart's read (62.4 s late, ~500 GPU-s charged for nothing) and, the SIGKILL forgotten,
+    `killed: false`, "Slurm: FAILED". Now no read of this service saw it alive since it took the
+    stop up: it ended by Slurm's end of the job, KillWait after the batch step's whole-second
+    EndTime and a kill's landing; the SIGKILL is kept on disk (`note_killed`)."""
+    (j,) = parse_jobs(KILLED.replace("NodeList=vm", "NodeList=vm-g,vm-g-2"))
+    assert j.end_time is not None
+    resumed = Stopping(since=j.end_time - 3, grace_s=3.0, run=(1, 0), cancelled=True, killed=True)
+    assert stopped_end(resumed, j, j.end_time + 62.4, kill_wait_s=10.0).at == j.end_time + 16.0
+    assert stopped_end(resumed, j, j.end_time + 3.2, kill_wait_s=10.0).at == j.end_time + 3.0
+    watched = Stopping(since=j.end_time - 3, grace_s=3.0, run=(1, 0), cancelled=True,
+                       killed=True, seen_running_at=j.end_time - 1)  # fmt: skip
+    assert stopped_end(watched, j, j.end_time + 62.4, kill_wait_s=10.0).at == j.end_time + 62.0
+
+
+def test_the_stops_sigkill_is_kept_for_a_restart_and_forgotten_with_the_stop(
+    tmp_path: Path,
+) -> None:
+    assert noted_killed(tmp_path, "41") is None
+    note_killed(tmp_path, "41", 1796211610.25)
+    assert noted_killed(tmp_path, "41") == 1796211610.25
+    forget_stop(tmp_path, "41")
+    assert noted_killed(tmp_path, "41") is None
 
 
 def _submitted(job_id: int) -> e.JobSubmitted:

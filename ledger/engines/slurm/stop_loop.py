@@ -36,7 +36,14 @@ from ledger.engines.slurm.stops import (
     unseen_end,
 )
 from ledger.engines.slurm.strays import note_started_stops, take_up_strays, with_starts
-from ledger.engines.slurm.tracked import forget_stop, note_unheard, noted_stop, noted_unheard
+from ledger.engines.slurm.tracked import (
+    forget_stop,
+    note_killed,
+    note_unheard,
+    noted_killed,
+    noted_stop,
+    noted_unheard,
+)
 from ledger.engines.slurm.words import SlurmJob, held_gpus
 from schemas.errors import EngineError
 
@@ -67,6 +74,11 @@ def resume_stops(ex: SlurmExecutor, now: float) -> None:
             ex._signal(j.slurm_id, now, grace, tag, since)
         else:
             st.unanswered = st.kept = noted_unheard(ex.log_dir, j.slurm_id)  # as judged (F2)
+            if (killed_at := noted_killed(ex.log_dir, j.slurm_id)) is not None:  # (atk59 F4)
+                st.cancelled = st.killed = True
+                st.kill_sent_at, st.scancelled = (
+                    (None, True) if st.unanswered else (killed_at, False)
+                )
             ex._stopping[j.slurm_id] = st
 
 
@@ -119,7 +131,7 @@ def carry_stops(ex: SlurmExecutor, now: float) -> None:
                 # its launch mark: its own start, for a run stopped before any read saw it
                 # start (the ledger keeps it only for such a run: atk44s F3)
                 launched = None if first else mark_time(run_dir, LAUNCHED, now)
-                ex._stopped.append(stopped_end(st, j, now, seen, failed, itself, (ex._away, ex.settle_s), (own, beat), first, launched))  # fmt: skip  # noqa: E501
+                ex._stopped.append(stopped_end(st, j, now, seen, failed, itself, (ex._away, ex.settle_s), (own, beat), first, launched, ex.kill_wait_s))  # fmt: skip  # noqa: E501
                 if itself:  # its exit may end its job (F3; atk53-23 F3: any code)
                     ex._completed.add(st.run[0])
         elif st.limit and st.termed_at is None and not st.cancelled and ex.cluster.confirm(now):
@@ -148,6 +160,7 @@ def kill(
     args = (scancel_args if st.unanswered else kill_args)(slurm_id, tag or st.run)  # its name
     try:
         ex._run(args)
+        note_killed(ex.log_dir, slurm_id, now)
         st.cancelled = st.killed = True
         st.kill_sent_at, st.scancelled = (None, True) if st.unanswered else (now, False)
     except EngineError as err:

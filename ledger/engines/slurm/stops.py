@@ -244,6 +244,7 @@ def stopped_end(
     record: tuple[OwnEnd | None, float | None] = (None, None),
     never_ran: bool = False,
     launched: float | None = None,
+    kill_wait_s: float | None = None,
 ) -> Exit:
     """Pure: a stopped run's real end as Slurm kept it (its EndTime, exit code and state), or,
     when its processes outlived the EndTime of a scancel (seen COMPLETING after it:
@@ -268,7 +269,12 @@ def stopped_end(
     note says so. `launched`: its
     script's launch mark, its own start (`Exit.started_at`; no earlier than Slurm's StartTime,
     no later than its end), which the ledger keeps for a run it stopped before recording its
-    start, its command having run (atk44s F3)."""
+    start, its command having run (atk44s F3).
+    A gang no read of this service saw alive since it took the stop up (`seen_running_at`: a
+    restart found it ended) ended by Slurm's end of the job, `kill_wait_s` (KillWait) after its
+    batch step's whole-second EndTime and a kill's landing (`KILL_LANDS_S`) at most, or at the
+    read if sooner: not at the restart's read (atk59 F4: 62.4 s late after a 60 s outage of the
+    service)."""
     assert st.run is not None
     # after its SIGKILL Slurm says FAILED 0:9; its steps (`srun`) die KillWait later meanwhile;
     # a gang's on its other nodes die by Slurm's end of the job after its batch step's, out of
@@ -278,6 +284,8 @@ def stopped_end(
     gang = len(expand_hostlist(j.nodes)) > 1
     seen = now if gang else completing_seen
     end = processes_end(j.end_time, "CANCELLED" if st.killed or gang else j.state, now, seen)
+    if gang and st.seen_running_at is None and end is not None and kill_wait_s is not None:
+        end = min(end, end_of_job(j.end_time, kill_wait_s))  # unwatched (atk59 F4)
     at = high = now if end is None else min(now, end)
     away, settle_s = outage
     in_outage = (
@@ -310,6 +318,13 @@ def stopped_end(
     return Exit(st.run[0], code, at, "exited", j.slurm_id, state, note, run=st.run[1],
                 by_itself=by_itself and failed is None,
                 started_at=None if began is None else min(began, at))  # fmt: skip
+
+
+def end_of_job(end_time: float | None, kill_wait_s: float) -> float:
+    """Pure: by when Slurm's end of a job has killed the processes of every step on every node,
+    from its batch step's EndTime (whole seconds): KillWait after its SIGTERM, and a kill's
+    landing (`KILL_LANDS_S`)."""
+    return (end_time or 0.0) + 1.0 + kill_wait_s + KILL_LANDS_S
 
 
 def forgotten_end(

@@ -36,7 +36,7 @@ def noted_stop(log_dir: Path, slurm_id: str) -> float | None:
 
 def forget_stop(log_dir: Path, slurm_id: str) -> None:
     """The stop of `slurm_id` is over (its run has ended)."""
-    for name in (slurm_id, slurm_id + UNHEARD, slurm_id + LIMITED):
+    for name in (slurm_id, slurm_id + UNHEARD, slurm_id + LIMITED, slurm_id + KILLED):
         with contextlib.suppress(OSError):
             (log_dir / "stops" / name).unlink()
 
@@ -59,6 +59,28 @@ def note_unheard(log_dir: Path, slurm_id: str) -> None:
 def noted_unheard(log_dir: Path, slurm_id: str) -> bool:
     """Whether `note_unheard` kept the stop of `slurm_id` in doubt."""
     return (log_dir / "stops" / (slurm_id + UNHEARD)).is_file()
+
+
+KILLED = ".killed"
+
+
+def note_killed(log_dir: Path, slurm_id: str, at: float) -> None:
+    """Keep when the executor sent the SIGKILL of a stopped run's grace (`Stopping.killed`), in
+    `<log_dir>/stops/<id>.killed` (the service's alone): a restart that finds the run ended
+    records it killed, not as Slurm's FAILED of that kill (atk59 F4: `killed: false`, "Slurm:
+    FAILED", after a kill -9 of the service between the SIGKILL and the end). Best effort."""
+    stops = log_dir / "stops"
+    with contextlib.suppress(OSError):
+        stops.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_atomic(stops / (slurm_id + KILLED), repr(at).encode(), sync=True, mode=0o600)
+
+
+def noted_killed(log_dir: Path, slurm_id: str) -> float | None:
+    """When `note_killed` kept the SIGKILL of `slurm_id` sent (None: not kept)."""
+    try:
+        return float((log_dir / "stops" / (slurm_id + KILLED)).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 LIMITED = ".limited"
