@@ -141,3 +141,50 @@ def test_a_child_that_escaped_into_a_sub_cgroup_ends_before_the_next_job(ledger:
     assert not escapee_alive, "job 1's escaped child outlived its end"
     assert started > last, f"job 2 started {last - started:.1f} s before job 1's child ended"
     assert ended["reason"] == "time_limit" and ended["ended_at"] >= last - 1, (ended, last)
+
+
+def test_a_process_that_moved_into_its_owners_other_job_ends_before_the_next_job(
+    ledger: Ledger,
+) -> None:
+    """atk59 F2: alice's job 2 forks a TERM-ignoring process that makes a sub-cgroup of the batch
+    step of her job 1 on the same node (in the freezer and devices hierarchies: Slurm chowns
+    the step's directories to her) and moves there. Job 2 is cancelled and bob's job 4 takes its
+    GPU: the process lived on beside job 4 until job 1 ended, as neither Slurm's proctrack, the
+    batch script's reaping nor the epilog looked outside job 2's cgroups. Now job 2's epilog
+    finds it in job 1's by the job id in its environment and kills it before job 4 starts; job 1
+    and bob's job 3 run on."""
+    work, node = ledger.work, ledger.cluster.node
+    ledger.up()
+    ledger.submit("alice", 1, "sleep 600")
+    ledger.wait("job 1 to run", lambda: ledger.jobs()[1]["status"] == "running", timeout=120)
+    (linked,) = ledger.of("job.engine_linked.v1", 1)
+    steps = f"/sys/fs/cgroup/{{freezer,devices}}/slurm_{node}/uid_*/job_{linked['engine_job_id']}"
+    escape = (
+        f"( trap '' TERM HUP INT; for d in {steps}/step_batch; do mkdir $d/hide &&"
+        f" echo $BASHPID > $d/hide/cgroup.procs; done; echo esc=$BASHPID; {_loop('esc', work)} ) & "
+    )
+    ledger.submit("alice", 1, escape + "sleep 600")
+    ledger.submit("bob", 2, "sleep 600")
+    ledger.wait(
+        "jobs 2 and 3 to run, job 2's process to escape",
+        lambda: ledger.jobs()[3]["status"] == "running" and bool(pids(ledger.log_of(2), "esc"))
+        and bool(_times(work / "esc")),
+        timeout=120,
+    )  # fmt: skip
+    (esc,) = pids(ledger.log_of(2), "esc")
+    slurm_id = _slurm_id(esc)
+    moved = Path(f"/proc/{esc}/cgroup").read_text()
+    assert moved.count(f"job_{linked['engine_job_id']}/step_batch/hide") == 2, moved
+    try:
+        ledger.cli("cancel", "2", actor="alice")
+        ledger.submit("bob", 1, f"date +%s.%N >> {work}/next; sleep 1")
+        ledger.wait("job 4 to start", lambda: (work / "next").exists(), timeout=180)
+        escapee_alive = alive(esc)
+        jobs = ledger.jobs()
+    finally:
+        _end(ledger, slurm_id, esc)
+    last = _times(work / "esc")[-1]
+    (started,) = _times(work / "next")
+    assert not escapee_alive, "job 2's process that moved into job 1 outlived job 2's end"
+    assert started > last, f"job 4 started {last - started:.1f} s before job 2's process ended"
+    assert (jobs[1]["status"], jobs[3]["status"]) == ("running", "running"), jobs

@@ -1,11 +1,15 @@
 """The Slurm epilog (ledger/engines/slurm/epilog.sh) on a stand-in cgroup root: the directories it
-finds, that it kills below sub-cgroups, that it gives up at its bound and always exits 0. (Its
-work on real cgroups: tests/integration/test_slurm_epilog.py.)"""
+finds (its own node's alone), that it kills below sub-cgroups and in its owner's other jobs (the
+processes with its job id in their environment), that it gives up at its bound and always exits
+0. (Its work on real cgroups: tests/integration/test_slurm_epilog.py.)"""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import ledger.engines.slurm
@@ -16,10 +20,22 @@ EPILOG = Path(ledger.engines.slurm.__file__).parent / "epilog.sh"
 def _run(root: Path, job: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["/bin/sh", str(EPILOG)],
-        env={"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": job,
+        env={"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": job, "SLURMD_NODENAME": "n1",
              "GPULEDGER_EPILOG_CGROUP_ROOT": str(root), **env},
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
+
+
+@contextmanager
+def _sleepers(*jobs: str) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """A `sleep` per entry, each with SLURM_JOB_ID set to it (as a job's process has)."""
+    procs = [subprocess.Popen(["sleep", "60"], env={**os.environ, "SLURM_JOB_ID": j}) for j in jobs]
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 def _group(root: Path, rel: str, *pids: int) -> Path:
@@ -64,3 +80,39 @@ def test_no_job_or_a_job_without_cgroups_is_nothing_to_do(tmp_path: Path) -> Non
     for job in ("", "12x", "99"):
         done = _run(tmp_path, job)
         assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+def test_another_nodes_directory_of_the_job_is_left_to_that_nodes_epilog(tmp_path: Path) -> None:
+    """atk59 F6: several slurmd on one host (MULTIPLE_SLURMD, the test clusters) each have their
+    slurm_<node> directories; node n1's epilog emptied the job's on n2 too, a kill separate
+    hosts never see."""
+    with _sleepers("42") as (other_node,):
+        there = _group(tmp_path, "freezer/slurm_n2/uid_7/job_42/step_0", other_node.pid)
+        _group(tmp_path, "freezer/slurm_n1/uid_7/job_42/step_batch")
+        done = _run(tmp_path, "42", SLURM_JOB_UID="7")
+        time.sleep(0.2)
+        assert other_node.poll() is None, "node n1's epilog killed the job's process on n2"
+    assert (done.returncode, done.stderr) == (0, "")
+    assert there.exists() and not (tmp_path / "freezer/slurm_n1/uid_7/job_42").exists()
+
+
+def test_a_process_that_moved_into_its_owners_other_job_is_killed_there(tmp_path: Path) -> None:
+    """atk59 F2: a process of job 42 makes a sub-cgroup of the step of its owner's job 43 on the
+    same node (Slurm chowns it to the user) and moves there; job 42's own directories are gone.
+    It is killed by its job id in its environment; job 43's own process, another owner's and
+    another node's are not, and job 43's directories stay."""
+    with _sleepers("42", "43", "42", "42") as (moved, own, stranger, far):
+        hide = _group(tmp_path, "freezer/slurm_n1/uid_7/job_43/step_batch/hide", moved.pid)
+        _group(tmp_path, "freezer/slurm_n1/uid_7/job_43/step_batch/task_0", own.pid)
+        _group(tmp_path, "freezer/slurm_n1/uid_8/job_44/step_batch/hide", stranger.pid)
+        _group(tmp_path, "freezer/slurm_n2/uid_7/job_45/step_batch/hide", far.pid)
+        done = _run(tmp_path, "42", SLURM_JOB_UID="7")
+        assert moved.wait(timeout=5) == -9
+        time.sleep(0.2)
+        assert [p.poll() for p in (own, stranger, far)] == [None] * 3
+    assert done.returncode == 0 and hide.exists()
+    assert done.stderr.splitlines() == [
+        "gpuledger-epilog: job 42: killed 1 processes left in its cgroups",
+        "gpuledger-epilog: job 42: of them, in its owner's other jobs' cgroups (this job's id in"
+        f" their environment): {moved.pid} ",
+    ]

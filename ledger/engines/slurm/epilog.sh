@@ -9,15 +9,26 @@
 # (cgroup v1 chowns the step directory to the user) or a TERM-ignoring orphan of a killed script
 # runs on while the next job gets its GPUs.
 #
+# It acts on its own node alone (slurmd runs it on every node of the job): a one-host cluster of
+# several slurmd (MULTIPLE_SLURMD, slurm_<node> directories, as the test clusters are) keeps each
+# node's processes to its own epilog, as separate hosts would. And it sweeps the job owner's other
+# jobs on the node for processes of this job: a process may make a sub-cgroup of a step of its
+# owner's other job (also chowned to the user) and move there, out of every sweep of this job's
+# own tree; it keeps this job's id in its environment (SLURM_JOB_ID), and is killed by it.
+#
 # Plain POSIX sh: it runs without the project's venv. Quick when the tree is already empty (a few
 # globs). Always exits 0: an epilog that fails drains the node; what it could not kill it logs
 # (stderr and syslog, tag gpuledger-epilog).
 #   SLURM_JOB_ID       the job (set by slurmd)
+#   SLURM_JOB_UID      its owner (set by slurmd): whose other jobs' cgroups are swept
+#   SLURMD_NODENAME    this node (set by slurmd; else `hostname -s`): whose cgroup directories
 #   GPULEDGER_EPILOG_BOUND  seconds to keep killing before giving up (default 60; slurmd passes
 #                           none of its own environment: edit the default here)
 #   GPULEDGER_EPILOG_CGROUP_ROOT  where the cgroup hierarchies are (default /sys/fs/cgroup; tests)
 
 job="${SLURM_JOB_ID:-}"
+owner="${SLURM_JOB_UID:-}"
+node="${SLURMD_NODENAME:-$(hostname -s 2>/dev/null)}"
 bound="${GPULEDGER_EPILOG_BOUND:-60}"
 root="${GPULEDGER_EPILOG_CGROUP_ROOT:-/sys/fs/cgroup}"
 
@@ -34,40 +45,71 @@ case "$bound" in
 '' | *[!0-9]*) bound=60 ;;
 esac
 
-# the job's cgroup directories: cgroup v1, one per controller hierarchy
-# (<root>/<controller>/slurm[_<node>]/uid_<uid>/job_<id>), and cgroup v2 (22.05:
-# <root>[/unified]/system.slice/[<node>_]slurmstepd.scope/job_<id>)
+# this node's cgroup directories of job $1 (a glob: * for every job): cgroup v1, one per controller
+# hierarchy (<root>/<controller>/slurm[_<node>]/uid_<uid>/job_<id>; uid $2, * for any), and cgroup
+# v2 (22.05: <root>[/unified]/system.slice/[<node>_]slurmstepd.scope/job_<id>, no uid level)
 groups() {
-	for g in "$root"/*/slurm/uid_*/"job_$job" "$root"/*/slurm_*/uid_*/"job_$job" \
-		"$root"/system.slice/*slurmstepd.scope/"job_$job" \
-		"$root"/unified/system.slice/*slurmstepd.scope/"job_$job"; do
+	for g in "$root"/*/slurm/uid_$2/job_$1 "$root"/*/"slurm_$node"/uid_$2/job_$1 \
+		"$root"/system.slice/slurmstepd.scope/job_$1 \
+		"$root"/system.slice/"${node}_slurmstepd.scope"/job_$1 \
+		"$root"/unified/system.slice/slurmstepd.scope/job_$1 \
+		"$root"/unified/system.slice/"${node}_slurmstepd.scope"/job_$1; do
 		[ -d "$g" ] && echo "$g"
 	done
 	return 0
 }
 
-# the pids of every process in the tree below the job's directories (sub-cgroups included)
-members() {
-	for g in $dirs; do
+# the pids of every process in the tree below directories $1 (sub-cgroups included)
+procs() {
+	for g in $1; do
 		find "$g" -name cgroup.procs -exec cat {} + 2>/dev/null
 	done | sort -u
 }
 
-# a frozen v1 freezer group or v2 group holds its SIGKILLs until thawed
+# the processes of this job that moved into its owner's other jobs on this node: in their cgroups,
+# this job's id in their environment (a v2 job directory has no uid level: every job's is read)
+strays() {
+	case "$owner" in
+	'' | *[!0-9]*) return 0 ;;
+	esac
+	for pid in $(procs "$(groups '*' "$owner" | grep -v "/job_$job\$")"); do
+		tr '\0' '\n' 2>/dev/null <"/proc/$pid/environ" | grep -qx "SLURM_JOB_ID=$job" && echo "$pid"
+	done
+	return 0
+}
+
+# a frozen v1 freezer group or v2 group holds its SIGKILLs until thawed: this job's own, and the
+# groups its strays ($far) sit in
 thaw() {
 	for g in $dirs; do
 		find "$g" -name freezer.state -exec sh -c 'for f; do echo THAWED >"$f"; done' sh {} + 2>/dev/null
 		find "$g" -name cgroup.freeze -exec sh -c 'for f; do echo 0 >"$f"; done' sh {} + 2>/dev/null
 		[ -e "$g/cgroup.kill" ] && echo 1 >"$g/cgroup.kill" 2>/dev/null # v2, kernel 5.14+
 	done
+	for pid in $far; do
+		for g in $(sed -n 's/^[0-9]*:freezer://p' "/proc/$pid/cgroup" 2>/dev/null); do
+			[ -e "$root/freezer$g/freezer.state" ] && echo THAWED >"$root/freezer$g/freezer.state" 2>/dev/null
+		done
+		for g in $(sed -n 's/^0:://p' "/proc/$pid/cgroup" 2>/dev/null); do
+			for f in "$root$g/cgroup.freeze" "$root/unified$g/cgroup.freeze"; do
+				[ -e "$f" ] && echo 0 >"$f" 2>/dev/null
+			done
+		done
+	done
 	return 0
 }
 
-dirs=$(groups)
-[ -n "$dirs" ] || exit 0
+# everything to kill: every process of this job's own groups, and its strays
+look() {
+	far=$(strays)
+	left=$(printf '%s\n%s\n' "$(procs "$dirs")" "$far" | grep . | sort -u)
+}
+
+dirs=$(groups "$job" "*")
 start=$(date +%s)
 killed=0
-left=$(members)
+strayed=""
+look
 while [ -n "$left" ]; do
 	if [ $(($(date +%s) - start)) -ge "$bound" ]; then
 		say "$(echo "$left" | wc -l) processes still in its cgroups after ${bound} s, left alive:" \
@@ -78,10 +120,12 @@ while [ -n "$left" ]; do
 	for pid in $left; do
 		kill -9 "$pid" 2>/dev/null && killed=$((killed + 1))
 	done
+	[ -n "$far" ] && strayed="$strayed $(echo "$far" | tr '\n' ' ')"
 	sleep 0.1
-	left=$(members)
+	look
 done
 [ "$killed" -gt 0 ] && say "killed $killed processes left in its cgroups"
+[ -n "$strayed" ] && say "of them, in its owner's other jobs' cgroups (this job's id in their environment):$strayed"
 
 # the emptied directories, deepest first (a v1 job's are nobody's once its slurmstepd is gone)
 for g in $dirs; do
