@@ -363,6 +363,7 @@ def test_a_gang_whose_nodes_get_different_gpus_is_refused_with_why_under_sched_b
     assert got["finish_reason"] == "launch_failed", got
     assert "does not run heterogeneous jobs (SchedulerType=sched/builtin" in got["finish_note"]
     assert "SchedulerType=sched/builtin" in ledger.cli("explain", "1")
+    assert "SchedulerType=sched/builtin runs no heterogeneous job" in ledger.cli("status")
     ledger.submit("alice", 8, "echo ran >> runs-2")  # both nodes' every GPU
     ledger.wait("job 2 finished", lambda: ledger.jobs()[2]["status"] == "finished", 120)
     assert ledger.jobs()[2]["outcome"] == "completed", ledger.jobs()[2]

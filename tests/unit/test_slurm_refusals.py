@@ -148,12 +148,14 @@ def test_a_heterogeneous_gang_is_never_submitted_under_sched_builtin(tmp_path: P
     slurm = Slurm(None)
     ex = executor(tmp_path, slurm, "sched/builtin")
     ex.carry_out(Orders(launches=(gang(4, 2),)), 101.0)
-    (x,) = ex.observe(102.0, NODES).exits
+    seen = ex.observe(102.0, NODES)
+    (x,) = seen.exits
     assert x.reason == "launch_failed" and "does not run heterogeneous jobs" in x.note
+    assert "runs no heterogeneous job" in seen.engine_note  # `status` says so
     assert slurm.sbatches() == 0 and 5 not in ex._runs
     ex = executor(tmp_path / "b", Slurm(None), "sched/backfill")
     ex.carry_out(Orders(launches=(gang(4, 2),)), 101.0)
-    assert ex._runs[5].slurm_id == "42"
+    assert ex._runs[5].slurm_id == "42" and ex.observe(102.0, NODES).engine_note == ""
 
 
 # --- F3: a heterogeneous job's components ---

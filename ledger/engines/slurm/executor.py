@@ -53,7 +53,12 @@ from ledger.engines.slurm.leaked_runs import holding, unplace_leaked
 from ledger.engines.slurm.leaks import Leaks, held_with, unsure
 from ledger.engines.slurm.outage import Probe
 from ledger.engines.slurm.outputs import claim_outputs, files_umask, sbatch_env, sbatch_user
-from ledger.engines.slurm.refusals import het_refusal, sbatch_refusal, scheduler_type
+from ledger.engines.slurm.refusals import (
+    het_refusal,
+    sbatch_refusal,
+    scheduler_note,
+    scheduler_type,
+)
 from ledger.engines.slurm.restarts import Restarts
 from ledger.engines.slurm.run_loop import read_own_runs
 from ledger.engines.slurm.stop_loop import carry_stops, kill, resume_stops
@@ -549,6 +554,7 @@ class SlurmExecutor:
             running=frozenset(self._runs),
             unobserved=in_service(nodes),
             unobserved_why=self.cluster.away or "slurmctld does not answer",
+            engine_note=scheduler_note(self.scheduler),
             longest_s=self.max_time_s,
         )
 

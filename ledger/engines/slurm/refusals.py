@@ -57,6 +57,17 @@ def runs_het(scheduler: str) -> bool:
     return scheduler not in NO_HET_SCHEDULERS
 
 
+def scheduler_note(scheduler: str) -> str:
+    """Pure: what `status` says of a Slurm whose scheduler is `scheduler` ("" for nothing)."""
+    if runs_het(scheduler):
+        return ""
+    return (
+        f"Slurm's SchedulerType={scheduler} runs no heterogeneous job: a gang whose nodes get "
+        "different GPUs (not a multiple of its nodes' GPUs) ends launch_failed; sched/backfill "
+        "runs it"
+    )
+
+
 def het_refusal(job: Launch, pinned: Mapping[str, tuple[str, ...]], scheduler: str) -> str:
     """Pure: why `job` is not submitted to a Slurm whose scheduler is `scheduler`: its nodes
     need different GPUs (`words.gres_per_node`: a heterogeneous job) and that scheduler runs
