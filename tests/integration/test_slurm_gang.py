@@ -414,3 +414,49 @@ def test_a_heterogeneous_gang_under_sched_backfill_runs_once_and_its_components_
     finally:
         ledger.stop()
         _scheduler(ledger.cluster)
+
+
+def test_a_heterogeneous_gangs_ranks_and_their_children_on_both_nodes_get_the_sigterm(
+    ledger: Ledger,
+) -> None:
+    """Under sched/backfill, a preempted gang of 4 + 2 GPUs (a heterogeneous job) whose ranks
+    (`srun --het-group=0,1`) and a child of each note every signal: each one sees the SIGTERM
+    and lives the grace after it. atk59 F3: the child on the second node got none, the batch
+    script's pass to other nodes reading `SLURM_JOB_NUM_NODES` (1, its own component's)."""
+    nodes = ledger.cluster.nodes
+    assert len(nodes) == 2, nodes
+    grace = 8.0
+    _scheduler(ledger.cluster, "sched/backfill")
+    kids: list[int] = []
+    try:
+        ledger.up()
+        work = ledger.work
+        (work / "noted.py").write_text(NOTED)
+        notes = work / "notes"
+        gang = (f"trap 'echo \"$(date +%s.%N) leader $$ TERM\" >> {notes}' TERM;"
+                " srun --het-group=0,1 --ntasks-per-node=1 /usr/bin/python3"
+                f" {work}/noted.py rank {notes} & while :; do sleep 0.2; done")  # fmt: skip
+        ledger.submit("alice", 6, gang, "--grace", f"{grace:.0f}s")
+        started = lambda: sum(w == "start" for said in _notes(notes).values() for _, w in said)  # noqa: E731
+        ledger.wait("both ranks and their children", lambda: started() == 4, 180)
+        kids = [pid for _, pid in _notes(notes)]
+        assert sorted(_node_of(ledger, k) for k in kids) == sorted(nodes * 2), kids
+        ledger.wait("job 1 running", lambda: ledger.jobs()[1]["status"] == "running", 60)
+        ledger.cli("preempt", "1", "--reason", "the test makes room")
+        seen, done = _last_alive(kids)
+        assert done.wait(grace + 120), (kids, _notes(notes))
+        ledger.wait("job 1 finished", lambda: ledger.jobs()[1]["status"] == "finished", 120)
+        got = ledger.jobs()[1]
+        assert got["finish_reason"] == "preempted", got
+        noted = _notes(notes)
+        assert len([k for k in noted if k[0] != "leader"]) == 4, noted
+        for (who, pid), said in noted.items():
+            terms = [at for at, what in said if what in ("SIGTERM", "TERM")]
+            assert terms, (who, pid, said, noted)  # before: none for the second node's child
+            if who != "leader":
+                assert seen[pid] >= terms[0] + grace - 0.2, (who, pid, seen[pid], said)
+        assert "second copy" not in ledger.service_log()
+    finally:
+        _kill(ledger, kids)
+        ledger.stop()
+        _scheduler(ledger.cluster)
