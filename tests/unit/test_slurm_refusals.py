@@ -203,3 +203,16 @@ def test_the_executor_cancels_no_component_of_its_own_run(tmp_path: Path) -> Non
         ex.observe(t, NODES)
     assert not [a for a in slurm.calls if a[0] == "scancel"]
     assert not ex._stopping
+
+
+def test_a_failure_after_a_landed_sbatch_takes_nothing_back(tmp_path: Path) -> None:
+    """sbatch answered an id; what failed came after (the landing's read): the run is Slurm's
+    job, kept, never taken back for it."""
+    ex = executor(tmp_path, Slurm(None))
+
+    def landed(*_: object) -> str:
+        raise EngineError("scontrol -d: error: Invalid job id specified")
+
+    ex.cluster.landed = landed  # type: ignore[method-assign]
+    ex.carry_out(Orders(launches=(gang(4, 2),)), 101.0)
+    assert ex._runs[5].slurm_id == "42" and not ex._exits

@@ -443,7 +443,7 @@ class SlurmExecutor:
         if r.refused_since is None:
             r.refused_since = now
         why = sbatch_refusal(err.message, r.refused_since, now, self.start_within_s)
-        if not why:
+        if not why or r.slurm_id is not None:  # (a read after a landed sbatch: it runs)
             log.warning("job %s: sbatch failed, retrying next cycle: %s", r.job_id, err.line())
             return
         log.warning("job %s run %s: %s; taking it back", r.job_id, r.run, why)
