@@ -120,6 +120,9 @@ class Health(msgspec.Struct, frozen=True, kw_only=True):
     """False when nothing would run a placement (no executor): jobs wait, nothing is placed."""
     jobs_run_as: str = ""
     """Who jobs run as, in words."""
+    engine_note: str = ""
+    """What the engine's settings mean for jobs, in words ("" for nothing): Slurm under
+    sched/builtin refuses a gang whose nodes get different GPUs (docs/slurm.md)."""
     role: str = "single"
     """"single" (the only server of its store), "leader" or "standby" (docs/ha.md)."""
     leader: str = ""

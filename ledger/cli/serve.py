@@ -409,6 +409,8 @@ def status(ctx: Ctx, as_json: bool) -> None:
         click.echo(f"  executor      {h.executor}{placing}")
     if h.jobs_run_as:
         click.echo(f"  jobs run as   {h.jobs_run_as}")
+    if h.engine_note:
+        click.echo(f"  engine        {h.engine_note}")
     if h.engine_away is not None:
         since = "" if h.engine_away_since is None else f" since {format_time(h.engine_away_since)}"
         click.echo(

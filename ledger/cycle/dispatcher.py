@@ -332,6 +332,8 @@ class Dispatcher:
         """When the engine last went from seeing everything to not (None while it sees all)."""
         self.unobserved_why = ""
         """Why, when the engine says (`Observed.unobserved_why`)."""
+        self.engine_note = ""
+        """The engine's word on its settings at the last observation (`Observed.engine_note`)."""
 
     def _outage(self, unobserved: frozenset[str], now: float, why: str = "") -> None:
         """Keep what the engine cannot see, and say when that starts and ends."""
@@ -474,6 +476,7 @@ class Dispatcher:
         # 0. observe once and record it: node changes, starts, checkpoints and samples, exits
         seen, recorded = self.observe(now)
         self._outage(seen.unobserved, now, seen.unobserved_why)
+        self.engine_note = seen.engine_note
         self.foreign = seen.foreign
         self.stopping = seen.stopping
         finished = recorded.finished

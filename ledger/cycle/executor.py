@@ -286,6 +286,9 @@ class Observed:
     unobserved_why: str = ""
     """Why the engine observes no node at all, when that is why (slurmctld does not answer, or
     another cluster answers in its place); "" otherwise (a node's own: its slurmd)."""
+    engine_note: str = ""
+    """What the engine's own settings mean for the ledger's jobs, in words, for `status` (Slurm
+    under sched/builtin: a gang whose nodes get different GPUs is refused); "" for nothing."""
     longest_s: float | None = None
     """The longest time limit the engine starts (Slurm: the partition's MaxTime; None: no
     limit): a pending job asking for more is neither placed nor made room for."""

@@ -320,6 +320,7 @@ def _build(
             executor=svc.about.get("executor", ""),
             placing=svc.placing,
             jobs_run_as=svc.about.get("jobs_run_as", ""),
+            engine_note=svc.dispatcher.engine_note if svc.dispatcher else "",
             **_roles(worker, head),
             unobserved=tuple(sorted(svc.dispatcher.unobserved)) if svc.dispatcher else (),
             unobserved_since=svc.dispatcher.unobserved_since if svc.dispatcher else None,

@@ -82,15 +82,16 @@ class Cluster:
     def _recorded(self, name: str) -> int:
         return int((Path(self.conf).parent / f"{name}.pid").read_text().split()[0])
 
-    def up(self) -> None:
+    def up(self, **extra: str) -> None:
         """(Re)start whichever Slurm daemon is not running (a node a test left DOWN or drained
-        is resumed by `slurm up`)."""
+        is resumed by `slurm up`), with `extra` in `slurm up`'s environment."""
         # the data dir's own config says its ports, GPUs and node (the suite's cluster's are in the
         # environment, and another cluster, e.g. an unpinned one, must not take them)
         own = ("GPULEDGER_SLURMCTLD_PORT", "GPULEDGER_SLURMD_PORT", "GPULEDGER_SLURM_PINNED",
                "GPULEDGER_SLURM_NODE")  # fmt: skip
         env = {k: v for k, v in os.environ.items() if k not in own}
         env["GPULEDGER_SLURM_DATA"] = str(Path(self.conf).parent)
+        env.update(extra)
         done = subprocess.run(
             [str(SLURM_SCRIPT), "up"], env=env, capture_output=True, text=True, timeout=120
         )

@@ -383,3 +383,120 @@ def test_a_gangs_ranks_and_their_children_on_both_nodes_get_the_sigterm_and_the_
         assert terms, (who, pid, said, noted)  # before: none (SIGKILLed by their srun)
         if who != "leader":  # the grace from its SIGTERM (a late limit's: min(grace, 10 s))
             assert seen[pid] >= terms[0] + min(grace, 10.0) - 0.2, (who, pid, seen[pid], said)
+
+
+# --- atk59 F1, F3: a gang whose nodes get different GPUs (6 on 4-GPU nodes: 4 + 2) ---
+
+
+def test_a_gang_whose_nodes_get_different_gpus_is_refused_with_why_under_sched_builtin(
+    ledger: Ledger,
+) -> None:
+    """Such a gang is one heterogeneous Slurm job, which sched/builtin (the kit's) refuses at
+    every sbatch: the job ends `launch_failed` at once, its note (`jobs`, `explain`) saying
+    why, its command never run, and every GPU free again for a gang of whole nodes. Before, it
+    stayed `placed` for good, its 6 GPUs held, sbatch failing at every cycle (atk59 F1)."""
+    assert len(ledger.cluster.nodes) == 2, ledger.cluster.nodes
+    ledger.up()
+    ledger.submit("alice", 6, "echo ran >> runs-1")
+    ledger.wait("job 1 refused", lambda: ledger.jobs()[1]["status"] == "finished", 60)
+    got = ledger.jobs()[1]
+    assert got["finish_reason"] == "launch_failed", got
+    assert "does not run heterogeneous jobs (SchedulerType=sched/builtin" in got["finish_note"]
+    assert "SchedulerType=sched/builtin" in ledger.cli("explain", "1")
+    assert "SchedulerType=sched/builtin runs no heterogeneous job" in ledger.cli("status")
+    ledger.submit("alice", 8, "echo ran >> runs-2")  # both nodes' every GPU
+    ledger.wait("job 2 finished", lambda: ledger.jobs()[2]["status"] == "finished", 120)
+    assert ledger.jobs()[2]["outcome"] == "completed", ledger.jobs()[2]
+    assert not (ledger.work / "runs-1").exists()
+    assert (ledger.work / "runs-2").read_text().split() == ["ran"]
+
+
+def _scheduler(cluster: base.Cluster, scheduler: str = "") -> None:
+    """The cluster's slurmctld started again with `SchedulerType=scheduler` (""): the kit's)."""
+    pid = cluster.daemon_pid("slurmctld")
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while cluster.running("slurmctld"):
+        assert time.monotonic() < deadline, "slurmctld did not stop"
+        time.sleep(0.2)
+    cluster.up(**({"GPULEDGER_SLURM_SCHEDULER": scheduler} if scheduler else {}))
+    said = cluster.run("scontrol", "show", "config")
+    assert f"sched/{scheduler.split('/')[-1] or 'builtin'}" in said
+
+
+def test_a_heterogeneous_gang_under_sched_backfill_runs_once_and_its_components_are_one_run(
+    ledger: Ledger,
+) -> None:
+    """Under sched/backfill the gang runs as a heterogeneous job; its second component (the
+    first's id + 1, the same name and comment) is part of the run: never cancelled as "a second
+    copy" (atk59 F3: scancelled at every read, two kills accepted), its rank on the second node
+    runs to its end, the GPUs Slurm gave are read from both components, and the job completes
+    once."""
+    nodes = ledger.cluster.nodes
+    assert len(nodes) == 2, nodes
+    _scheduler(ledger.cluster, "sched/backfill")
+    try:
+        ledger.up()
+        rank = ("echo ran >> runs-1; srun --het-group=1 -n1 bash -c"
+                " 'sleep 6; echo rank2=$SLURMD_NODENAME >> ranks-1'")  # fmt: skip
+        ledger.submit("alice", 6, rank)
+        ledger.wait("job 1 finished", lambda: ledger.jobs()[1]["status"] == "finished", 120)
+        got = ledger.jobs()[1]
+        log = ledger.service_log()
+        assert "second copy" not in log, log[-3000:]  # before: its second component, cancelled
+        assert "Slurm gave GPUs" not in log, log[-3000:]  # before: component 0's alone
+        assert (got["outcome"], got["exit_code"]) == ("completed", 0), got
+        assert sorted((sl["node"], len(sl["gpu_indices"])) for sl in got["slots"]) == sorted(
+            zip(nodes, (4, 2), strict=True)
+        )
+        assert (ledger.work / "runs-1").read_text().split() == ["ran"]
+        assert (ledger.work / "ranks-1").read_text().split() == [f"rank2={nodes[1]}"]
+    finally:
+        ledger.stop()
+        _scheduler(ledger.cluster)
+
+
+def test_a_heterogeneous_gangs_ranks_and_their_children_on_both_nodes_get_the_sigterm(
+    ledger: Ledger,
+) -> None:
+    """Under sched/backfill, a preempted gang of 4 + 2 GPUs (a heterogeneous job) whose ranks
+    (`srun --het-group=0,1`) and a child of each note every signal: each one sees the SIGTERM
+    and lives the grace after it. atk59 F3: the child on the second node got none, the batch
+    script's pass to other nodes reading `SLURM_JOB_NUM_NODES` (1, its own component's)."""
+    nodes = ledger.cluster.nodes
+    assert len(nodes) == 2, nodes
+    grace = 8.0
+    _scheduler(ledger.cluster, "sched/backfill")
+    kids: list[int] = []
+    try:
+        ledger.up()
+        work = ledger.work
+        (work / "noted.py").write_text(NOTED)
+        notes = work / "notes"
+        gang = (f"trap 'echo \"$(date +%s.%N) leader $$ TERM\" >> {notes}' TERM;"
+                " srun --het-group=0,1 --ntasks-per-node=1 /usr/bin/python3"
+                f" {work}/noted.py rank {notes} & while :; do sleep 0.2; done")  # fmt: skip
+        ledger.submit("alice", 6, gang, "--grace", f"{grace:.0f}s")
+        started = lambda: sum(w == "start" for said in _notes(notes).values() for _, w in said)  # noqa: E731
+        ledger.wait("both ranks and their children", lambda: started() == 4, 180)
+        kids = [pid for _, pid in _notes(notes)]
+        assert sorted(_node_of(ledger, k) for k in kids) == sorted(nodes * 2), kids
+        ledger.wait("job 1 running", lambda: ledger.jobs()[1]["status"] == "running", 60)
+        ledger.cli("preempt", "1", "--reason", "the test makes room")
+        seen, done = _last_alive(kids)
+        assert done.wait(grace + 120), (kids, _notes(notes))
+        ledger.wait("job 1 finished", lambda: ledger.jobs()[1]["status"] == "finished", 120)
+        got = ledger.jobs()[1]
+        assert got["finish_reason"] == "preempted", got
+        noted = _notes(notes)
+        assert len([k for k in noted if k[0] != "leader"]) == 4, noted
+        for (who, pid), said in noted.items():
+            terms = [at for at, what in said if what in ("SIGTERM", "TERM")]
+            assert terms, (who, pid, said, noted)  # before: none for the second node's child
+            if who != "leader":
+                assert seen[pid] >= terms[0] + grace - 0.2, (who, pid, seen[pid], said)
+        assert "second copy" not in ledger.service_log()
+    finally:
+        _kill(ledger, kids)
+        ledger.stop()
+        _scheduler(ledger.cluster)

@@ -28,6 +28,7 @@ from ledger.engines.slurm.cluster import (
     scancel_args,
     term_args,
 )
+from ledger.engines.slurm.components import joined
 from ledger.engines.slurm.ends import (
     Ending,
     answering,
@@ -52,6 +53,12 @@ from ledger.engines.slurm.leaked_runs import holding, unplace_leaked
 from ledger.engines.slurm.leaks import Leaks, held_with, unsure
 from ledger.engines.slurm.outage import Probe
 from ledger.engines.slurm.outputs import claim_outputs, files_umask, sbatch_env, sbatch_user
+from ledger.engines.slurm.refusals import (
+    het_refusal,
+    sbatch_refusal,
+    scheduler_note,
+    scheduler_type,
+)
 from ledger.engines.slurm.restarts import Restarts
 from ledger.engines.slurm.run_loop import read_own_runs
 from ledger.engines.slurm.stop_loop import carry_stops, kill, resume_stops
@@ -167,7 +174,11 @@ class SlurmExecutor:
         self._foreign_seen: set[str] = set()
         self._accounting: bool | None = None
         self.start_within_s = start_within_s
-        """A run Slurm has not started this long after its submission is taken back."""
+        """A run Slurm has not started this long after its submission is taken back, and one
+        whose `sbatch` has failed this long (`refusals.sbatch_refusal`)."""
+        self.scheduler = ""
+        """Slurm's SchedulerType (`check`): under sched/builtin no heterogeneous job is
+        submitted (`refusals.het_refusal`; "": unknown, submitted)."""
         self.settle_s = 30.0
         """After an outage, how long nothing is decided while Slurm's view catches up (a
         restarted slurmctld lists a run that ended meanwhile as running until its slurmd says
@@ -259,6 +270,7 @@ class SlurmExecutor:
         if note := epilog_note(text, read_text):  # a file only the nodes have: no word
             log.warning("slurm: %s", note)
         self._accounting = "accounting_storage/none" not in text.replace(" ", "")
+        self.scheduler = scheduler_type(text)
         self.kill_wait_s = kill_wait(text, self.kill_wait_s)
         self.slurmd_timeout_s = kill_wait(text, self.slurmd_timeout_s, "SlurmdTimeout")
 
@@ -304,7 +316,7 @@ class SlurmExecutor:
         except EngineError as err:
             log.warning("slurm: %s; keeping the last known state", err.line())
             return False
-        self._view = {j.slurm_id: j for j in parse_jobs(text, self._parsed)}
+        self._view = {j.slurm_id: j for j in joined(parse_jobs(text, self._parsed))}
         return True
 
     def _held(self, ours: bool = False) -> dict[str, set[int]]:
@@ -352,6 +364,8 @@ class SlurmExecutor:
         job = r.launch
         if isinstance(who := sbatch_user(job.user, self.run_as), str):
             raise Refused(who)
+        if why := het_refusal(job, self._pinned, self.scheduler):  # sbatch would refuse it
+            raise Refused(why)  # for good, every cycle (atk59 F1)
         if not (out := job.stdout):  # `<log_dir>/job-<id>.log`, the user's (`own_log`)
             self.log_dir.mkdir(parents=True, exist_ok=True)
             out = str(own_log(self.log_dir, f"job-{job.job_id}.log", who.uid, who.gid))
@@ -415,10 +429,29 @@ class SlurmExecutor:
                 self._exits.append(Exit(r.job_id, -1, now, "launch_failed", "", "", str(why)))
                 continue
             except EngineError as err:
-                log.warning("job %s: sbatch failed, retrying next cycle: %s", r.job_id, err.line())
+                self._refused(r, err, now)
                 continue
             for sl in r.launch.slots:
                 held.setdefault(sl.node, set()).update(sl.gpu_indices)
+
+    def _refused(self, r: Run, err: EngineError, now: float) -> None:
+        """An `sbatch` of `r` failed: retried at the next cycle, or, Slurm's refusal (or one that
+        has repeated `start_within_s`), the run is taken back as one Slurm will not start
+        (`refusals.sbatch_refusal`): its `taken-back` mark (a late landing of a timed-out
+        sbatch ends before anything of the job's), its job `launch_failed` with Slurm's words.
+        Before, it was retried at every cycle for good, its GPUs held (atk59 F1)."""
+        if r.refused_since is None:
+            r.refused_since = now
+        why = sbatch_refusal(err.message, r.refused_since, now, self.start_within_s)
+        if not why or r.slurm_id is not None:  # (a read after a landed sbatch: it runs)
+            log.warning("job %s: sbatch failed, retrying next cycle: %s", r.job_id, err.line())
+            return
+        log.warning("job %s run %s: %s; taking it back", r.job_id, r.run, why)
+        run_dir = self._checkpoint_file(r.job_id, r.run).parent  # made by `_submit`
+        if self.may_act() and run_dir.is_dir() and not mark_taken_back(run_dir):
+            log.warning("job %s run %s: cannot mark %s taken back", r.job_id, r.run, run_dir)
+        del self._runs[r.job_id]
+        self._exits.append(Exit(r.job_id, -1, now, "launch_failed", "", "", why))
 
     # --- the executor protocol ---
 
@@ -521,6 +554,7 @@ class SlurmExecutor:
             running=frozenset(self._runs),
             unobserved=in_service(nodes),
             unobserved_why=self.cluster.away or "slurmctld does not answer",
+            engine_note=scheduler_note(self.scheduler),
             longest_s=self.max_time_s,
         )
 

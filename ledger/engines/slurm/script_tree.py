@@ -131,12 +131,22 @@ gpuledger_others() {
   gpuledger_l=(); gpuledger_group && gpuledger_steps && gpuledger_terml
 }
 gpuledger_far() {
-  local n=${SLURM_JOB_NUM_NODES:-1} s
-  [ "$n" -gt 1 ] 2>/dev/null && [ -n "${SLURM_JOB_ID-}" ] || return 0
+  local n=${SLURM_JOB_NUM_NODES:-1} s g f v
+  [ -n "${SLURM_JOB_ID-}" ] || return 0
   s=$(command -v srun) || return 0
+  f="$(declare -f gpuledger_group gpuledger_steps gpuledger_terml gpuledger_others)"
+  f+="; gpuledger_others"
+  if [ "${SLURM_HET_SIZE:-1}" -gt 1 ] 2>/dev/null; then
+    for ((g = 1; g < SLURM_HET_SIZE; g++)); do  # its cgroup is its component's job's
+      v=SLURM_JOB_ID_HET_GROUP_$g; [ -n "${!v-}" ] || continue
+      "$s" --jobid="$SLURM_JOB_ID" --het-group="$g" --overlap -Q -N1 --ntasks-per-node=1 \
+        bash -c "SLURM_JOB_ID=${!v}; $f" < /dev/null > /dev/null 2>&1 &
+    done
+    return 0
+  fi
+  [ "$n" -gt 1 ] 2>/dev/null || return 0
   "$s" --jobid="$SLURM_JOB_ID" --overlap -Q -N $((n - 1)) --ntasks-per-node=1 \
-    -x "${SLURMD_NODENAME-}" bash -c "$(declare -f gpuledger_group gpuledger_steps gpuledger_terml \
-    gpuledger_others); gpuledger_others" < /dev/null > /dev/null 2>&1 &
+    -x "${SLURMD_NODENAME-}" bash -c "$f" < /dev/null > /dev/null 2>&1 &
 }"""
 """`gpuledger_pass`, the batch script's pass of a SIGTERM it gets (the executor's stop, which
 signals the job's steps and the batch shell, never `srun`: `SlurmExecutor._signal`; or Slurm's
@@ -144,8 +154,12 @@ own termination, which signals the same): SIGTERM to every process of its step's
 itself, its own helpers and `srun` (`gpuledger_live`, `gpuledger_terml`), and to the processes of
 the job's other steps on this node that are not their tasks (`gpuledger_steps`); in no cgroup,
 to what runs below its command's child. `gpuledger_far` does the same on the job's other nodes
-(`gpuledger_others`, in a step of its own: `srun --overlap`, in the background), so every
-process of a gang, a rank's children on every node too, gets the SIGTERM and the grace."""
+(`gpuledger_others`, in a step of its own: `srun --overlap`, in the background; in a
+heterogeneous job, one per later component, `--het-group`, its cgroup named by the
+component's own id, `SLURM_JOB_ID_HET_GROUP_<g>`, where the step's `SLURM_JOB_ID` is the
+first's: the batch script's `SLURM_JOB_NUM_NODES` is its own component's, 1, atk59 F3), so
+every process of a gang, a
+rank's children on every node too, gets the SIGTERM and the grace."""
 
 
 def pass_lines() -> list[str]:

@@ -408,8 +408,8 @@ def resumed_stops(
     out: list[tuple[SlurmJob, Stopping | None, float]] = []
     for j in sorted(view.values(), key=lambda j: j.slurm_id):
         tag = j.tag(ledger_id)
-        if tag is None or j.partition != partition or j.slurm_id in skip:
-            continue
+        if tag is None or j.partition != partition or j.slurm_id in skip or j.het_component:
+            continue  # (a later component is its first's: stopped with it, atk59 F3)
         sr = stopped.get(tag)
         if sr is None and j.ended:
             continue
@@ -445,7 +445,8 @@ def lost_in(state: State) -> frozenset[str]:
 
 def tagged(view: Mapping[str, SlurmJob], ledger_id: str, job_id: int, run: int) -> SlurmJob | None:
     """Pure: the Slurm job of run `run` of `job_id` (its tag), None when Slurm lists none."""
-    return next((j for j in view.values() if j.tag(ledger_id) == (job_id, run)), None)
+    return next((j for j in view.values()
+                 if j.tag(ledger_id) == (job_id, run) and not j.het_component), None)  # fmt: skip
 
 
 def earlier_alive(

@@ -75,12 +75,15 @@ def duplicates(
     with the Slurm id to keep: theirs when its command may have started (not waiting) while the
     executor's own has not (listed waiting, its start not recorded), else the executor's. A
     copy that has ended is none (it holds nothing; its end is not the run's), nor one judged
-    while the executor's own is not listed (forgotten, or not listed yet)."""
+    while the executor's own is not listed (forgotten, or not listed yet), nor a later
+    component of a heterogeneous job (`components`: its own, with the same comment)."""
     listed = {j.slurm_id: j for j in view}
     out: list[tuple[SlurmJob, str]] = []
     for j in sorted(listed.values(), key=lambda j: j.slurm_id):
         tag = j.tag(ledger_id)
         if tag is None or j.partition != partition or j.ended or tag not in carried:
+            continue
+        if j.het_component:  # part of its first component's job, never a copy (atk59 F3)
             continue
         ours, started = carried[tag]
         if ours == j.slurm_id:
@@ -108,6 +111,8 @@ def adoptable(
     for j in view:
         tag = j.tag(ledger_id)
         if tag is None or j.partition != partition or runs.get(tag[0]) != tag[1]:
+            continue
+        if j.het_component:  # its first component is the run (atk59 F3)
             continue
         if tag not in best or _adoption_key(j) < _adoption_key(best[tag]):
             best[tag] = j
@@ -171,7 +176,7 @@ def landed(view: Iterable[SlurmJob], waiting: Iterable[Tag], ledger_id: str,
     want, out = set(waiting), {}
     for j in sorted(view, key=lambda j: j.slurm_id):
         tag = j.tag(ledger_id)
-        if tag in want and j.partition == partition and tag not in out:
+        if tag in want and j.partition == partition and tag not in out and not j.het_component:
             out[tag] = j
     return out
 

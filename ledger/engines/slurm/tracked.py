@@ -192,6 +192,9 @@ class Run:
     adopted: bool = False
     """Adopted after a restart of the service before it was recorded started: a hold in
     CONFIGURING may have gone unseen, so its `launched` mark says when it started (`real_start`)."""
+    refused_since: float | None = None
+    """When its `sbatch` first failed (`SlurmExecutor._refused`): retried until the take-back
+    time."""
     reaping_told: bool = False
     """Its `reaping` mark was reported (`SlurmExecutor._reaping`): once per run here (after a
     restart again, which the ledger's `reaping_commands` drops when it holds it)."""

@@ -226,6 +226,8 @@ class SlurmJob:
     """Its StdOut (and StdErr when another file): a run adopted after a restart keeps them."""
     exit_signal: int = 0
     """`ExitCode`'s second part: the signal that killed its batch script (0: none)."""
+    het_job_id: str = ""
+    """Its heterogeneous job's id (`HetJobId`, its first component's), "" for any other job."""
 
     def tag(self, ledger_id: str) -> tuple[int, int] | None:
         """(job id, run) for a run this ledger submitted; None for a foreign job."""
@@ -239,6 +241,11 @@ class SlurmJob:
         """Its job's own grace as its comment says (`submit --grace`); None: none said."""
         m = _TAG.match(self.comment)
         return None if m is None or m.group(4) is None else float(m.group(4))
+
+    @property
+    def het_component(self) -> bool:
+        """A later component of a heterogeneous job (`sbatch ... : ...`): part of its first."""
+        return bool(self.het_job_id) and self.het_job_id != self.slurm_id
 
     @property
     def ended(self) -> bool:
@@ -294,6 +301,7 @@ def _parse_job(line: str) -> SlurmJob:
         comment=(rec.get("Comment") or "").strip(),
         exit_code=exit_code(rec.get("ExitCode", "0:0")),
         exit_signal=exit_signal(rec.get("ExitCode", "0:0")),
+        het_job_id=rec.get("HetJobId", ""),
         reason=rec.get("Reason", ""),
         started=rec.get("StartTime", "Unknown") not in ("Unknown", "None", "")
         and rec.get("JobState") not in WAITING,
@@ -631,7 +639,7 @@ def sbatch_args(
     if job.ulimits is not None:  # the submitter's are the script's (`script.ulimit_lines`),
         common.append("--propagate=NONE")  # never the service's (`submit --propagate=NONE`
         # recorded none: the node's, as sbatch's; atk47-s F6: it got the service's core 0)
-    gres = [_gres_of(sl.gpu_indices, pinned.get(sl.node, ())) for sl in job.slots]
+    gres = gres_per_node(job, pinned)
     groups: list[list[str]] = []
     if len(set(gres)) == 1:
         groups.append(
@@ -651,6 +659,11 @@ def sbatch_args(
     for g in groups[1:]:
         args += [":", *g]
     return args
+
+
+def gres_per_node(job: Launch, pinned: Mapping[str, tuple[str, ...]]) -> list[str]:
+    """Pure: the `--gres` of each of the job's nodes: more than one kind is a heterogeneous job."""
+    return [_gres_of(sl.gpu_indices, pinned.get(sl.node, ())) for sl in job.slots]
 
 
 def _gres_of(indices: tuple[int, ...], types: tuple[str, ...]) -> str:
