@@ -49,7 +49,7 @@ from ledger.engines.supervise import JOB_NOFILE_VAR
 from ledger.engines.supervised import SupervisedExecutor, handled_jobs
 from ledger.server import identity, whatifs
 from ledger.server.app import create_asgi
-from ledger.server.connections import Limits, fit_files, limits_from_env
+from ledger.server.connections import Limits, fit_files, limits_from_env, positive_settings
 from ledger.server.ha import Leadership, relay_word
 from ledger.server.ha_front import HAFront
 from ledger.server.leadstart import _leadership
@@ -220,6 +220,7 @@ def make_executor(
             cluster,
             abandoned,
             handed_over,
+            slurm_vanish_after_s(os.environ),
         )
     if config.executor == "agents":
         from ledger.engines.agents import AgentExecutor
@@ -246,6 +247,16 @@ def make_executor(
             extra_env={"GPULEDGER_HOME": str(home.resolve())},
         )
     return NoExecutor()
+
+
+def slurm_vanish_after_s(env: Mapping[str, str]) -> float | None:
+    """`GPULEDGER_SLURM_VANISH_AFTER_S`: how long a run of Slurm's executor may be missing from
+    every read before it counts as gone (None: not set, the executor's own 30 s); InvalidCommand
+    (one line) for a value that is not a positive number."""
+    from ledger.engines.slurm.opening import VANISH_AFTER_ENV
+
+    got = positive_settings(dict(env), ((VANISH_AFTER_ENV, "vanish_after_s", float),))
+    return got.get("vanish_after_s")
 
 
 def _one_server(home: Path) -> IO[bytes]:

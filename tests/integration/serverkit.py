@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -18,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ledger.wire import SOCKET_NAME
 
 GPULEDGER = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or "gpuledger"
 
@@ -138,6 +141,44 @@ class Server:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         return self.proc.wait(timeout=timeout)
+
+
+def socket_read(home: Path, path: str, timeout: float = 60) -> Any:
+    """A GET of the server running on `home` over its Unix socket, as the CLI's own read there:
+    as the test's OS user, root (the kernel's peer credentials; root's reads are never metered),
+    no token. OSError when no server answers there (none started, stopped, killed mid-read)."""
+    conn = _UnixHTTP(str(home / SOCKET_NAME), timeout)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        status, body = resp.status, resp.read()
+    finally:
+        conn.close()
+    assert status == 200, (path, status, body)
+    return json.loads(body)
+
+
+def read_served(home: Path, query: str, *cli_args: str) -> Any:
+    """Root's read `GET /v1/QUERY` of the server running on `home` (`socket_read`): the rows
+    the CLI's `CLI_ARGS --json` prints through it, without a `gpuledger` process a read (a
+    poll that started one every ~0.1 s spent ~0.2 s of CPU each, its imports); while no
+    server answers there (stopped, killed, not started yet), the CLI's, which reads the
+    store."""
+    try:
+        return socket_read(home, f"/v1/{query}")
+    except OSError:  # no server there, or it went away mid-read
+        return json.loads(cli(home, *cli_args, "--json", GPULEDGER_USER="root").stdout)
+
+
+class _UnixHTTP(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.unix_path)
 
 
 def start_server(

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ledger.engines.supervised import live_processes
+from tests.integration.serverkit import read_served
 from tests.integration.test_up_jobs_survive import (
     Service,
     cli,
@@ -76,7 +77,7 @@ def _alive(pid: int) -> bool:
 
 
 def _row(home: Path, job: int) -> dict[str, object]:
-    rows = json.loads(cli(home, "queue", "--state", "running", "--json").stdout)
+    rows = read_served(home, "queue?state=running&limit=50", "queue", "--state", "running")
     return next((r for r in rows if r["job_id"] == job), {})
 
 

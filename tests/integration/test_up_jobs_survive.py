@@ -20,7 +20,7 @@ import pytest
 
 from ledger.engines.supervised import live_processes
 from tests.integration import waits
-from tests.integration.serverkit import workdir
+from tests.integration.serverkit import read_served, workdir
 from tests.integration.userkit import shared_dir
 
 GPULEDGER = shutil.which("gpuledger", path=str(Path(sys.executable).parent)) or "gpuledger"
@@ -57,11 +57,12 @@ def output(entry: str) -> Path:
 
 
 def jobs(home: Path) -> dict[int, dict[str, Any]]:
-    return {j["job_id"]: j for j in json.loads(cli(home, "jobs", "--json").stdout)}
+    """`jobs --json`'s rows (the newest 200, its default)."""
+    return {j["job_id"]: j for j in read_served(home, "jobs?limit=200", "jobs")}
 
 
 def events(home: Path, tag: str) -> list[dict[str, Any]]:
-    rows = json.loads(cli(home, "log", "--json", "--limit", "10000").stdout)
+    rows = read_served(home, "log?limit=10000", "log", "--limit", "10000")
     return [r["event"] for r in rows if r["event"]["type"] == tag]
 
 

@@ -21,6 +21,11 @@ from schemas.errors import EngineAway, EngineError, InvalidCommand
 
 log = logging.getLogger("gpuledger.slurm")
 
+VANISH_AFTER_ENV = "GPULEDGER_SLURM_VANISH_AFTER_S"
+"""How long a submitted run may be missing from every read of Slurm's before it counts as gone
+(`SlurmExecutor.vanish_after_s`, 30 s; read by the server, `ledger.server.run`): a test that
+waits past it sets a shorter one (it had no setting: the tests slept 45 s)."""
+
 PING_TIMEOUT_S = 3.0
 """`scontrol ping` answers at once whether slurmctld is up or down (a refused connection); a
 controller host that drops packets is given this long."""
@@ -65,6 +70,7 @@ def open_executor(
     cluster: Mapping[str, object] | None = None,
     abandoned: Set[tuple[int, int]] = frozenset(),
     handed_over: bool = False,
+    vanish_after_s: float | None = None,
 ) -> SlurmOpening:
     """The executor of `partition`. When slurmctld answers, it is opened now: Slurm must let
     gpu-ledger own the partition, whose GPU nodes are registered in the ledger by `actor` (an
@@ -75,7 +81,8 @@ def open_executor(
     (`cluster.Watch`, asked again whenever slurmctld answers after being away). `abandoned`:
     runs (job, run) `--abandon-runs` left on another cluster, never adopted (recorded lost).
     `handed_over`: this server took the lease after its last holder's clean stop: no `sbatch`
-    of its is in flight, and placed runs are submitted at once (`takeover.InFlight`)."""
+    of its is in flight, and placed runs are submitted at once (`takeover.InFlight`).
+    `vanish_after_s`: `SlurmExecutor.vanish_after_s` (`VANISH_AFTER_ENV`; None: its own)."""
     if not partition:
         raise InvalidCommand(
             "the Slurm executor needs the partition gpu-ledger owns",
@@ -84,6 +91,8 @@ def open_executor(
     slurm = SlurmExecutor(
         partition, ledger_id(ledger), log_dir, grace_s=grace_s, run_as=run_as, may_act=may_act
     )
+    if vanish_after_s is not None:  # `GPULEDGER_SLURM_VANISH_AFTER_S`
+        slurm.vanish_after_s = vanish_after_s
     slurm.fence_s = node_fence_s  # `serve --node-fence`, as for the node agents
     slurm.abandoned = frozenset(abandoned)  # `--abandon-runs`: recorded lost (atk45ha L1)
     slurm.in_flight.handed_over = handed_over  # a clean handover: nothing waits
