@@ -47,9 +47,15 @@ def _left(runs: Path) -> str:
 def _reaping(home: Path, job: int) -> tuple[list[int], float]:
     """Once the job's command has ended (it reads `stopping`): its live leftovers (/proc) and
     their SIGKILL time."""
-    wait_for(f"job {job}'s command ended", lambda: "its command exited"
-             in str(_row(home, job).get("reason", "")), timeout=60, home=home)  # fmt: skip
-    kill_at = float(_row(home, job)["kill_at"])  # type: ignore[arg-type]
+    seen: dict[str, object] = {}
+
+    def ended() -> bool:  # one read, the row and its kill time both (a second read for the
+        seen.clear()  # kill time, at load ~20, got a row without it: KeyError 'kill_at')
+        seen.update(_row(home, job))
+        return "its command exited" in str(seen.get("reason", "")) and "kill_at" in seen
+
+    wait_for(f"job {job}'s command ended", ended, timeout=60, home=home)
+    kill_at = float(seen["kill_at"])  # type: ignore[arg-type]
     left = [p for lp in procs(home) for p in _session(lp.pid) if _alive(p)]
     assert left, "its child was already gone"
     return left, kill_at
