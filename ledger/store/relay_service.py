@@ -41,6 +41,7 @@ from ledger.store.relay import (
     RelayUnavailable,
     open_store,
 )
+from ledger.store.relay_flush import flush
 from ledger.store.relay_health import (
     DEFAULT_CHECK_S,
     SKIPPED_SHOWN,
@@ -491,7 +492,7 @@ class RelayService:
             self._wait_for_previous()
             self._publish_until_stopped()
             if self.health.state != "stopped" and self._flushing and self._going_on():
-                self._flush()
+                flush(self)
             elif self.health.state != "stopped" and self.may_act is not None and self.may_act():
                 # taken again at once: not "another server's" (atk56-25 F3)
                 log.info("relay: stopped at position %d, not flushed (this server's lease ran "
@@ -675,59 +676,6 @@ class RelayService:
         else:
             log.debug("relay: %s", e.line())
         self._set("unavailable", error=e.line())
-
-    def _flush(self) -> None:
-        """Publish what was committed before stop(), within `flush_s` (its deadline ends the
-        round under way too), while the lease (if any) is this server's."""
-        deadline = self._deadline or time.monotonic() + self.flush_s
-        while self._going_on() and not self._cut:
-            try:
-                published = self._publish()
-                relay = self.relay
-                assert relay is not None
-                if relay.position >= relay.store_head():
-                    self._flushed(relay, published)
-                    return
-            except ConnectEnded:  # the flush's deadline passed while it connected
-                break
-            except RelayError as e:
-                if not self._going_on():  # the lease went meanwhile: no fault (atk56-25 F3)
-                    log.info("relay: round ended, the lease is another server's: %s", e.line())
-                    break
-                if not isinstance(e, RelayUnavailable):
-                    log.error("relay stopped: %s", e.line())
-                    self._set("stopped", error=e.line())
-                    return
-                self._unavailable(e)
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(0.2)
-        head = self._store_head()
-        if head <= self.health.position:
-            return
-        log.error(
-            "relay: %d event(s) not published at exit (topic at position %d, store at %d): the "
-            "next relay publishes them",
-            head - self.health.position,
-            self.health.position,
-            head,
-        )
-
-    def _flushed(self, relay: Relay, published: int) -> None:
-        """Say the flush is done: "flushed" only over a topic found the one the relay published
-        to since the watcher's last interval (a commit of this round, or asked now); it said
-        "flushed" 4 s after the topic was deleted, an idle relay not having looked (atk56-25
-        F3)."""
-        from ledger.store.relay_topic import same_topic
-
-        late = not published and self.clock.now() - self._checked > self.check_s + 1
-        mark = relay.mark
-        if late and not (mark and same_topic(self.bootstrap, self.topic, mark.topic_id, 2.0)):
-            log.warning("relay: topic %s is not the one the relay published to (deleted or made "
-                        "again): not flushed; the next relay publishes the store's log to it",
-                        self.topic)  # fmt: skip
-            return
-        log.info("relay: flushed, topic at position %d", relay.position)
 
     def _store_head(self) -> int:
         if self.relay is not None:
