@@ -356,7 +356,7 @@ class Lease:
         self._cons: dict[str, Any] = {}
         """Its connections: the renewals' own ("renew", its own thread's: `Leadership`) and
         the rest's ("lease"): a renewal never waits behind a report's statements."""
-        self._notices: dict[str, list[str]] = {"lease": [], "renew": []}
+        self._notices: dict[str, list[str]] = {"lease": [], "renew": [], "relay": []}
         self._earlier: str | None = None
         """The admission text an earlier version recorded that this server read last and found
         to agree with its own by meaning (`earlier_admission`): the take passes it (`_AGREES`)."""
@@ -436,6 +436,27 @@ class Lease:
     def may_act(self) -> bool:
         """Is this server the leader now, by its own clock (a fifth of the lease to spare)?"""
         return self.epoch > 0 and time.monotonic() < self.deadline
+
+    def holds(self) -> bool:
+        """Whether this server holds the lease now by its own clock *and* by the store's answer
+        (the row names its epoch and has not expired in the database's clock), on a connection
+        of the relay's: its relay asks before its producer's `init_transactions` and before each
+        transaction. A leader paused or cut off in the middle of its relay's connect went on with
+        it after another server took the lease, and its init (the ledger's one transactional id)
+        fenced the new leader's relay (atk58 F5). False when the store does not answer."""
+        if not self.may_act():
+            return False
+        try:
+            rows = self._run(
+                "SELECT 1 FROM {leader} WHERE id = 1 AND holder = %s AND epoch = %s "
+                "AND expires_at > clock_timestamp()",
+                (self.holder, self.epoch),
+                "relay",
+            )
+        except Exception as err:  # the store away: not known to be ours, so not acted on
+            log.debug("the relay's lease check had no answer: %s", err)
+            return False
+        return bool(rows) and self.may_act()
 
     @property
     def settings(self) -> Settings:

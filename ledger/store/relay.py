@@ -159,6 +159,7 @@ class Relay:
         going_on: Callable[[], bool] | None = None,
         deadline: Callable[[], float | None] | None = None,
         stopped: Callable[[], bool] = lambda: False,
+        holds: Callable[[], bool] | None = None,
     ) -> None:
         self.recorder = recorder
         self.bootstrap = bootstrap
@@ -216,6 +217,10 @@ class Relay:
         it ends at its next step once told, `ConnectEnded`)."""
         self._stopped = stopped
         """Whether its service was told to stop: an `init_transactions` under way ends then."""
+        self._holds = holds
+        """The store's answer on the lease its server publishes under (None: no lease), asked
+        before its producer's `init_transactions` and before each transaction: an ex-leader
+        whose connect went on after the takeover fenced the new leader's relay (atk58 F5)."""
         self._refused: RelayError | None = None
         """Why it publishes no more on this topic (`refuse`)."""
         self._remade: str | None = remade
@@ -257,6 +262,10 @@ class Relay:
         except KafkaError as e:
             raise unavailable(self.bootstrap, e) from e
         try:
+            if not self._held():  # the store's answer, not this server's clock (atk58 F5)
+                raise ConnectEnded(f"relay: connect ended on {self.topic} before its producer "
+                                   "was initialised: the store says the lease is not this "
+                                   "server's")  # fmt: skip
             # in steps: a stop or the lease's end cuts it (its own wait is the producer's)
             if not init_transactions(producer, self._bounded(self.timeout_s), self._goes_on,
                                      self._stopped):  # fmt: skip
@@ -416,6 +425,10 @@ class Relay:
             records = following
         return total
 
+    def _held(self) -> bool:
+        """Whether the store says its server holds the lease (True: no lease to hold)."""
+        return self._holds is None or self._holds()
+
     def _goes_on(self) -> bool:
         """Whether the round goes on (`publish_pending`'s `going_on` and `deadline`)."""
         deadline = self._deadline()
@@ -573,6 +586,8 @@ class Relay:
         RelayUnavailable and leave the transaction open, for the next producer's
         init_transactions (or the broker's transaction timeout) to abort."""
         producer = self.producer
+        if not self._held():  # nothing begun: the new leader's relay publishes it (atk58 F5)
+            raise _Ended
         try:
             producer.begin_transaction()
             yield

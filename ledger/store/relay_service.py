@@ -110,6 +110,7 @@ class RelayService:
         stall_s: float | None = None,
         mark_every_s: float = MARK_EVERY_S,
         may_act: Callable[[], bool] | None = None,
+        holds: Callable[[], bool] | None = None,
         after: RelayService | None = None,
     ) -> None:
         self.home = home
@@ -132,6 +133,11 @@ class RelayService:
         self.may_act = may_act
         """The lease this server leads by (None: no lease): once false the round ends at once,
         uncommitted, and nothing is flushed (the next leader's relay publishes it)."""
+        self.holds = holds
+        """The store's answer on that lease (None: no lease), asked before the producer's init
+        and each transaction (`Relay`), and when fenced: an ex-leader's relay gives up quietly,
+        the leader's connects again at once (atk58 F5)."""
+        self._refenced = 0  # fenced in a row under the lease: the first reconnect waits for none
         self._after = after
         """This server's previous relay (stopped on a step-down): this one connects only once
         its thread ended (two of one process fenced each other: atk55-25 F3)."""
@@ -546,22 +552,33 @@ class RelayService:
                 return
             delay = 0.2
             self._not_ready_since = None
+            if published:
+                self._refenced = 0
             if not published:
                 self._stop.wait(self.interval_s)
 
     def _fenced_under_lease(self, e: RelayError) -> None:
-        """Fenced while this server holds the lease: by the relay of a server whose lease ran
-        out in the middle of its connect (its `init_transactions` came after this one's); its
-        round ends at once without its lease, so this relay connects again (every `held_every_s`,
-        saying so each time) rather than stopping until the next leadership change."""
-        log.warning("relay: %s, while this server holds the lease (a previous leader's relay "
-                    "connecting late?): connecting again in %.0f s", e.line(),
-                    self.held_every_s)  # fmt: skip
-        self._unavailable(e)
+        """Fenced while this server holds the lease (the store says so): by another producer of
+        this ledger's transactional id, an ex-leader whose connect went on after the takeover
+        (paused or cut off in the middle of it). It connects again at once (its init fences the
+        other), waiting 0.2 s, 0.4 s, ... up to `held_every_s` only if fenced again in a row, and
+        its health says so: it waited 5 s, or, fenced in the middle of a transaction, stalled
+        up to `timeout_s` (30 s) and blamed the broker (atk58 F5). The store saying the lease is
+        another's: the round ends quietly, as after a step-down."""
+        if self.holds is not None and not self.holds():
+            log.info("relay: round ended, the lease is another server's: %s", e.line())
+            return
+        why = (f"fenced by another producer of this ledger (an ex-leader) after position "
+               f"{self._position()} (its transactional id {self.transactional_id!r}, which every "
+               "server of the ledger shares): connecting again")  # fmt: skip
+        self._refenced += 1
+        wait = 0.0 if self._refenced == 1 else min(self.held_every_s, 0.1 * 2**self._refenced)
+        log.warning("relay: %s %s", why, f"after {wait:.1f} s" if wait else "at once")
+        self._set("connecting", error=why)
         relay, self.relay = self.relay, None
         if relay is not None:
             relay.close()
-        self._stop.wait(self.held_every_s)
+        self._stop.wait(wait)
 
     def _topic_changed(self) -> bool:
         """After the relay refused its topic (`TopicRefused`: its start gone, settings that lose
@@ -635,6 +652,7 @@ class RelayService:
                     going_on=self._going_on,  # its connect too ends once told (atk56-25 F2)
                     deadline=self._round_deadline,
                     stopped=self._stop.is_set,
+                    holds=self.holds,
                 )
                 self._remade_why = None
             published = self.relay.publish_pending(self._going_on, self._round_deadline)
