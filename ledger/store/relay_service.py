@@ -539,7 +539,9 @@ class RelayService:
                 continue
             except RelayError as e:  # fenced, another ledger's topic, no store: not retried
                 if not self._going_on():  # the lease ran out: the new leader's relay fenced it
-                    log.info("relay: round ended, the lease is another server's: %s", e.line())
+                    log.info("relay: round ended, the lease is another server's: %s",
+                             "its relay took the producer over" if isinstance(e, RelayFenced)
+                             else e.line())  # fmt: skip
                     continue
                 if isinstance(e, RelayFenced) and self.may_act is not None:
                     self._fenced_under_lease(e)
@@ -566,7 +568,8 @@ class RelayService:
         up to `timeout_s` (30 s) and blamed the broker (atk58 F5). The store saying the lease is
         another's: the round ends quietly, as after a step-down."""
         if self.holds is not None and not self.holds():
-            log.info("relay: round ended, the lease is another server's: %s", e.line())
+            log.info("relay: round ended, the lease is another server's: its relay took the "
+                     "producer over")  # fmt: skip
             return
         why = (f"fenced by another producer of this ledger (an ex-leader) after position "
                f"{self._position()} (its transactional id {self.transactional_id!r}, which every "
