@@ -230,6 +230,8 @@ class Relay:
         self.remade_note = ""
         """The last time the topic was found made again or truncated: why (`relay status`)."""
         self.remakes = 0
+        self.remade_from = 1
+        """The position it published the log again from then (m+1: 1..m on the topic already)."""
         """How many times the relay published from the start for it (its position went back)."""
         self.record_limit = self._topic_limit()
         """The largest record the topic takes: a larger event is never sent (RecordTooLarge)."""
@@ -309,6 +311,7 @@ class Relay:
                         "(%d events)%s", why, found.position + 1, self.store_head(),
                         again_after(found.position))  # fmt: skip
             self.remade_note, self._remade = why, None
+            self.remade_from = found.position + 1
             self.remakes += 1
         if not mark.appended and (self.mark is None or self.mark.appended):
             log.warning("%s", create_time_text(self.topic))  # once, and again after a change

@@ -750,6 +750,7 @@ class RelayService:
                 skipped=relay.skipped[:SKIPPED_SHOWN] if relay is not None else old.skipped,
                 foreign=len(relay.skipped) if relay is not None else old.foreign,
                 remade=relay.remade_note if relay is not None else old.remade,
+                remade_from=relay.remade_from if relay is not None else old.remade_from,
                 appended=appended_of(relay, old.appended),
                 checked=self._checked,
                 topic_id=relay.mark.topic_id if relay and relay.mark else old.topic_id,

@@ -22,7 +22,7 @@ from ledger.store.relay_service import RelayService
 
 
 def _relay(position: int, head: int, reconnects: bool = False) -> Any:
-    relay = SimpleNamespace(position=position, remakes=0, remade_note="", skipped=(),
+    relay = SimpleNamespace(position=position, remakes=0, remade_note="", remade_from=1, skipped=(),
                             mark=SimpleNamespace(topic_id="id-1", appended=True),
                             reconnects=reconnects)  # fmt: skip
     relay.store_head = lambda: head
