@@ -139,16 +139,23 @@ class ServiceLoop:
             self.lead(self.executor)
 
     def lead(
-        self, executor: Executor, *, epoch: int = 0, may_act: Callable[[], bool] | None = None
+        self,
+        executor: Executor,
+        *,
+        epoch: int = 0,
+        may_act: Callable[[], bool] | None = None,
+        holds: Callable[[], bool] | None = None,
     ) -> None:
         """Take up the leader's work: the executor, the relay, the dispatcher, and the recovery
         of what runs (adopted from the executor's own view: agents' reports, Slurm's list).
         `epoch` and `may_act`: the lease this server leads by (docs/ha.md); the dispatcher
-        passes the epoch with its orders and carries none out once `may_act()` is false."""
+        passes the epoch with its orders and carries none out once `may_act()` is false.
+        `holds`: the store's answer on that lease, which the relay asks before it touches its
+        transactional producer (`RelayService`, atk58 F5)."""
         assert self.projector is not None, "open() first"
         self.executor = executor
         if self.relay is None:
-            self._start_relay(may_act)
+            self._start_relay(may_act, holds)
         self.dispatcher = Dispatcher(
             self.ledger,
             ProjectionRanks(self.projector),
@@ -376,7 +383,9 @@ class ServiceLoop:
         outage shows as relay lag."""
         return self.ledger.source()
 
-    def _start_relay(self, may_act: Callable[[], bool] | None = None) -> None:
+    def _start_relay(
+        self, may_act: Callable[[], bool] | None = None, holds: Callable[[], bool] | None = None
+    ) -> None:
         """The relay thread (GPULEDGER_KAFKA_TOPIC and GPULEDGER_KAFKA_TRANSACTIONAL_ID override
         the topic and the relay's transactional id), when the service has Kafka; `may_act`: the
         lease it publishes under (its round ends once it runs out)."""
@@ -393,6 +402,7 @@ class ServiceLoop:
                 connect_timeout_s=connect_timeout(),
                 flush_s=flush_timeout(),
                 may_act=may_act,
+                holds=holds,
                 after=self._stepped_down_relay,
             ).start()
             self._stepped_down_relay = None

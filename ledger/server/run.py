@@ -593,6 +593,7 @@ def _roles(
             ),
             epoch=ha.lease.epoch,
             may_act=ha.lease.may_act,
+            holds=ha.lease.holds,
         )
         service.record_settings(config.interval.seconds, config.executor, config.grace.seconds)
         log.info("leading at epoch %d from position %d", ha.lease.epoch, ledger.position)

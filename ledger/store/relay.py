@@ -56,27 +56,17 @@ from ledger.store.relay_producer import (
     new_producer,
 )
 from ledger.store.relay_progress import (
-    Anchor,
     Committed,
     Kept,
-    Word,
     again_after,
-    anchor,
-    beyond,
     elsewhere,
-    words,
 )
 from ledger.store.relay_raw import RawRecord, RawSource, open_store, read_raw, too_large
 from ledger.store.relay_tail import (
     Found,
-    bookmark,
-    first_position,
     held_at,
     held_text,
     last_published,
-    not_taken,
-    store_digests,
-    tail_windows,
     unavailable,
 )
 from ledger.store.relay_topic import (
@@ -169,6 +159,7 @@ class Relay:
         going_on: Callable[[], bool] | None = None,
         deadline: Callable[[], float | None] | None = None,
         stopped: Callable[[], bool] = lambda: False,
+        holds: Callable[[], bool] | None = None,
     ) -> None:
         self.recorder = recorder
         self.bootstrap = bootstrap
@@ -226,6 +217,10 @@ class Relay:
         it ends at its next step once told, `ConnectEnded`)."""
         self._stopped = stopped
         """Whether its service was told to stop: an `init_transactions` under way ends then."""
+        self._holds = holds
+        """The store's answer on the lease its server publishes under (None: no lease), asked
+        before its producer's `init_transactions` and before each transaction: an ex-leader
+        whose connect went on after the takeover fenced the new leader's relay (atk58 F5)."""
         self._refused: RelayError | None = None
         """Why it publishes no more on this topic (`refuse`)."""
         self._remade: str | None = remade
@@ -235,6 +230,8 @@ class Relay:
         self.remade_note = ""
         """The last time the topic was found made again or truncated: why (`relay status`)."""
         self.remakes = 0
+        self.remade_from = 1
+        """The position it published the log again from then (m+1: 1..m on the topic already)."""
         """How many times the relay published from the start for it (its position went back)."""
         self.record_limit = self._topic_limit()
         """The largest record the topic takes: a larger event is never sent (RecordTooLarge)."""
@@ -267,6 +264,10 @@ class Relay:
         except KafkaError as e:
             raise unavailable(self.bootstrap, e) from e
         try:
+            if not self._held():  # the store's answer, not this server's clock (atk58 F5)
+                raise ConnectEnded(f"relay: connect ended on {self.topic} before its producer "
+                                   "was initialised: the store says the lease is not this "
+                                   "server's")  # fmt: skip
             # in steps: a stop or the lease's end cuts it (its own wait is the producer's)
             if not init_transactions(producer, self._bounded(self.timeout_s), self._goes_on,
                                      self._stopped):  # fmt: skip
@@ -310,6 +311,7 @@ class Relay:
                         "(%d events)%s", why, found.position + 1, self.store_head(),
                         again_after(found.position))  # fmt: skip
             self.remade_note, self._remade = why, None
+            self.remade_from = found.position + 1
             self.remakes += 1
         if not mark.appended and (self.mark is None or self.mark.appended):
             log.warning("%s", create_time_text(self.topic))  # once, and again after a change
@@ -344,125 +346,11 @@ class Relay:
         return Committed(mark.topic_id, offset, self._stamp if mark.appended else None)
 
     def _bookmark(self, topic_id: str = "", fresh: bool = False) -> tuple[Found, list[int]]:
-        """The position of our last committed record on the topic, and the offsets of the
-        foreign records after it (written by another producer: skipped, the store being the
-        source of truth).
+        """Our last committed record on the topic and the foreign offsets after it
+        (`relay_bookmark.read_bookmark`)."""
+        from ledger.store.relay_bookmark import read_bookmark
 
-        Reads back from the end in growing windows, keeping a digest of each record, never its value
-        (`relay_tail`). Our last record is the one with the highest readable position whose key, tag
-        header and bytes equal the store's at that position (its headers the relay's, each once) and
-        that is the record our progress names (`relay_progress.anchor`: the store's row, shared by
-        every server, when its MAC verifies under our state key and it names this topic id
-        `topic_id` and the record's offset; or the relay's own last commit on this topic, after a
-        reconnect), or comes right after the best taken so far (`Scan.follows`), from that record or
-        from the start of the log: no gap either way. Neither our signature nor a position within
-        our progress makes a record ours: a saved record of the relay's put back onto the topic made
-        again was the bookmark, and the events before it never reached the topic (atk52-25 F1). With
-        none known (no row, one of an earlier version or that does not verify, another topic id;
-        `fresh`: the topic made again) the whole topic is read from its start. An older record
-        copied to the tail is foreign, and so is anything after ours the store does not hold (a
-        forged event, however well it links). With signing keys, a record right after ours that
-        continues the chain from it *and* carries our signature is no forgery: the topic holds
-        events this store lacks (a store replaced by an older copy, or another relay with our
-        keys), and the relay refuses the topic. So it does when the whole topic holds none of our
-        records but records that chain (another ledger's topic).
-        """
-        source = RawSource(self.recorder)
-
-        def digests(positions: set[int]) -> Mapping[int, bytes]:
-            return store_digests(
-                lambda after, until, page: follow(source, after, until, page=page),
-                source.head(),
-                positions,
-            )
-
-        head = self.store_head()
-        word = self.kept.word(head)
-        if word.position is None and (self.kept.key is not None or self.keys is not None):
-            # no table, yet a relay that signs (its rows, or its records): a store of this
-            # version whose table was dropped (`gpuledger init` makes it), and relay.json, with
-            # no MAC, vouched again (atk49-25 F9): it is a floor, never a vouch
-            log.warning(
-                "relay: the store keeps no progress table for topic %s, yet this relay signs "
-                "(a dropped table?): relay.json is not taken as a vouch; only records following "
-                "the start of the log (or signed) are its own, read on up to it",
-                self.topic,
-            )
-            word = Word(0, True)
-        kept = word.position
-        for text in beyond(head, **{"the store's progress row": kept, "relay.json": self.progress}):
-            log.warning(
-                "relay: %s on topic %s: not taken (a progress is written only after a commit "
-                "of the store's events; someone edited it)",
-                text,
-                self.topic,
-            )
-        if kept and kept <= head and not word.verified:
-            log.warning(
-                "relay: the store's progress row on topic %s (position %d) does not verify under "
-                "the state key: not taken as a vouch (edited, or written by an earlier version "
-                "or under another server's key); only records following the start of the log "
-                "are its own, read on up to it; the row is rewritten at the next write",
-                self.topic,
-                kept,
-            )
-        _vouch, floor = words(word, self.progress, head)
-        floor = max(floor, self.position)
-        start = None if fresh else anchor(word, topic_id, head)
-        mine = None if fresh else self._committed()  # a reconnect on its last commit's topic
-        if (
-            mine is not None
-            and mine.topic_id == topic_id
-            and self.position <= head
-            and (start is None or start.position < self.position)
-        ):
-            start = Anchor(mine.offset, self.position, mine.stamp)
-        why = None if start is None else not_taken(
-            self.bootstrap, start.offset, self.topic, self.config, self.timeout_s,
-            self.connect_timeout_s, start.stamp,
-        )  # fmt: skip
-        if start is not None and why is not None:
-            log.warning(
-                "relay: the record its progress names on %s (position %d, offset %d) %s: not "
-                "taken as its own; the topic is read from its start",
-                self.topic,
-                start.position,
-                start.offset,
-                why,
-            )
-            start = None
-        windows = tail_windows(self.bootstrap, self.topic, self.config,
-                               self._bounded(self.timeout_s), self.connect_timeout_s,
-                               from_start=start is None, check=self._connecting)  # fmt: skip
-
-        def starts() -> bool:  # no copies of later events at its start (`bookmark`)
-            return (
-                first_position(
-                    self.bootstrap, self.topic, self.config, self.timeout_s, self.connect_timeout_s
-                )
-                == 1
-            )
-
-        return bookmark(windows, digests, self.keys, self._refusal, start, floor, starts)
-
-    def _refusal(self, position: int, ours: int) -> RelayError:
-        """The topic holds another log: say where it disagrees with the store (`position`: the
-        last one the window names; `ours`: the position of our last record on it, kept in the
-        error's `published` field)."""
-        head = self.recorder.max_notification_id() or 0
-        if position > head:
-            return RelayError(
-                f"topic {self.topic} is ahead of the store: it has position {position} signed "
-                f"with our key, the store ends at {head}",
-                hint="the store was replaced by an older copy, or another relay signs with our "
-                "key; publish to a new topic",
-                published=ours,
-            )
-        return RelayError(
-            f"topic {self.topic} differs from the store at position {position}",
-            hint="the topic belongs to another ledger; publish to a new topic",
-            published=ours,
-        )
+        return read_bookmark(self, topic_id, fresh)
 
     # --- publishing -----------------------------------------------------------------------------
 
@@ -539,6 +427,10 @@ class Relay:
             total += len(fits)
             records = following
         return total
+
+    def _held(self) -> bool:
+        """Whether the store says its server holds the lease (True: no lease to hold)."""
+        return self._holds is None or self._holds()
 
     def _goes_on(self) -> bool:
         """Whether the round goes on (`publish_pending`'s `going_on` and `deadline`)."""
@@ -697,6 +589,8 @@ class Relay:
         RelayUnavailable and leave the transaction open, for the next producer's
         init_transactions (or the broker's transaction timeout) to abort."""
         producer = self.producer
+        if not self._held():  # nothing begun: the new leader's relay publishes it (atk58 F5)
+            raise _Ended
         try:
             producer.begin_transaction()
             yield

@@ -70,6 +70,11 @@ class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
     remade: str = ""
     """The last time the relay found its topic deleted and made again (or truncated) under it:
     why; it published the store's log again from position 1 then (atk50-25 F1)."""
+    remade_from: int = 1
+    """The position the relay published the log again from after `remade`: 1, or m+1 where it
+    found positions 1..m of the log on the topic made again already, in order (a relay of this
+    ledger committed them there before it stopped or lost its lease: atk58 F2). It said
+    "published again from position 1" there too (stop 58's closing note)."""
     again_to: int = 0
     """While the relay publishes the store's log again from position 1 (its topic deleted, made
     again or truncated under it: `remade`), the store's head when it began, until its position
@@ -106,9 +111,17 @@ class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
             return ""
         why = f" ({self.remade})" if self.remade else ""
         return (
-            f"publishing the store's log again from position 1{why}: position "
+            f"publishing the store's log again from {self.remade_text}{why}: position "
             f"{self.position:,} of {self.again_to:,}"
         )
+
+    @property
+    def remade_text(self) -> str:
+        """Where the log was published again from: "position 1", or "position m+1 (positions
+        1..m were on it already)"."""
+        start = max(1, self.remade_from)
+        kept = f" (positions 1..{start - 1:,} were on it already)" if start > 1 else ""
+        return f"position {start:,}{kept}"
 
     def stale(self, now: float) -> bool:
         """Whether a running service should have rewritten this record by `now`."""
@@ -209,7 +222,7 @@ class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
         if self.republishing:
             text += f"; {self.republishing}"
         elif self.remade:
-            text += f"; {self.remade}: published again from position 1"
+            text += f"; {self.remade}: published again from {self.remade_text}"
         return text + (f": {self.error}" if self.error else "")
 
 

@@ -14,7 +14,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kafka import KafkaProducer
-from kafka.errors import KafkaError, KafkaTimeoutError, ProducerFencedError
+from kafka.errors import (
+    InvalidProducerEpochError,
+    KafkaError,
+    KafkaTimeoutError,
+    ProducerFencedError,
+)
 
 from ledger.store.relay_topic import producer_sizes
 from projections.kafka_wire import client_config, patience
@@ -31,7 +36,7 @@ def new_producer(
     """A transactional producer for the relay, its batches sized to the topic's `record_limit`
     (raises KafkaError when it cannot be made)."""
     ms = int(timeout_s * 1000)
-    return KafkaProducer(
+    producer = KafkaProducer(
         bootstrap_servers=bootstrap,
         transactional_id=transactional_id,
         enable_idempotence=True,
@@ -49,6 +54,22 @@ def new_producer(
         **patience(connect_timeout_s),
         **client_config(config),
     )
+    no_epoch_bump(producer)
+    return producer
+
+
+def no_epoch_bump(producer: Any) -> None:
+    """Turn off kafka-python's own recovery from a batch refused for its epoch (KIP-360: it
+    bumps the epoch, and when the broker refuses that, initialises the transactional id afresh
+    from its sender thread): under a lease, a refused epoch means another producer of the
+    ledger's transactional id initialised since, and only the relay may decide, by the store's
+    answer on the lease, whether to initialise again. A resumed ex-leader's batch in flight
+    was refused and its client's fresh init fenced the new leader's relay (atk58 F5); the new
+    leader's came back READY with its transaction lost ("Invalid transition ... READY to
+    COMMITTING_TRANSACTION", taken for a broker outage). Off, the refusal is fatal: `fenced`."""
+    manager = getattr(producer, "_transaction_manager", None)
+    if manager is not None and hasattr(manager, "_supports_epoch_bump"):
+        manager._supports_epoch_bump = lambda: False
 
 
 INIT_STEP_S = 0.2
@@ -112,12 +133,21 @@ def fenced(producer: Any, e: BaseException) -> bool:
     """Whether `e` means another producer took our transactional id.
 
     kafka-python raises ProducerFencedError once; later calls on the same producer raise a plain
-    KafkaError ("... in an error state: ProducerFencedError"), so look at its last error too.
+    KafkaError ("... in an error state: ProducerFencedError"), so look at its last error too. A
+    batch the broker refused for its epoch (another producer of the id initialised since, in
+    the middle of a transaction) puts the producer in its KIP-360 recovery, BUMPING_PRODUCER_EPOCH,
+    and the next send or commit fails with an IllegalStateError ("Cannot call send in state
+    BUMPING_PRODUCER_EPOCH", "Invalid transition ..."): fenced too. It was taken for a broker
+    outage, and the relay's health blamed the broker (atk58 F5).
     """
-    if isinstance(e, ProducerFencedError):
+    if isinstance(e, (ProducerFencedError, InvalidProducerEpochError)):
         return True
     manager = getattr(producer, "_transaction_manager", None)
-    return isinstance(getattr(manager, "last_error", None), ProducerFencedError)
+    if isinstance(getattr(manager, "last_error", None), (ProducerFencedError,
+                                                          InvalidProducerEpochError)):  # fmt: skip
+        return True
+    bumping = getattr(manager, "is_bumping_epoch", None)
+    return bool(callable(bumping) and bumping()) or "BUMPING_PRODUCER_EPOCH" in str(e)
 
 
 def discard(producer: Any) -> None:

@@ -41,6 +41,7 @@ from ledger.store.relay import (
     RelayUnavailable,
     open_store,
 )
+from ledger.store.relay_flush import flush
 from ledger.store.relay_health import (
     DEFAULT_CHECK_S,
     SKIPPED_SHOWN,
@@ -109,6 +110,7 @@ class RelayService:
         stall_s: float | None = None,
         mark_every_s: float = MARK_EVERY_S,
         may_act: Callable[[], bool] | None = None,
+        holds: Callable[[], bool] | None = None,
         after: RelayService | None = None,
     ) -> None:
         self.home = home
@@ -131,6 +133,11 @@ class RelayService:
         self.may_act = may_act
         """The lease this server leads by (None: no lease): once false the round ends at once,
         uncommitted, and nothing is flushed (the next leader's relay publishes it)."""
+        self.holds = holds
+        """The store's answer on that lease (None: no lease), asked before the producer's init
+        and each transaction (`Relay`), and when fenced: an ex-leader's relay gives up quietly,
+        the leader's connects again at once (atk58 F5)."""
+        self._refenced = 0  # fenced in a row under the lease: the first reconnect waits for none
         self._after = after
         """This server's previous relay (stopped on a step-down): this one connects only once
         its thread ended (two of one process fenced each other: atk55-25 F3)."""
@@ -491,7 +498,7 @@ class RelayService:
             self._wait_for_previous()
             self._publish_until_stopped()
             if self.health.state != "stopped" and self._flushing and self._going_on():
-                self._flush()
+                flush(self)
             elif self.health.state != "stopped" and self.may_act is not None and self.may_act():
                 # taken again at once: not "another server's" (atk56-25 F3)
                 log.info("relay: stopped at position %d, not flushed (this server's lease ran "
@@ -532,7 +539,9 @@ class RelayService:
                 continue
             except RelayError as e:  # fenced, another ledger's topic, no store: not retried
                 if not self._going_on():  # the lease ran out: the new leader's relay fenced it
-                    log.info("relay: round ended, the lease is another server's: %s", e.line())
+                    log.info("relay: round ended, the lease is another server's: %s",
+                             "its relay took the producer over" if isinstance(e, RelayFenced)
+                             else e.line())  # fmt: skip
                     continue
                 if isinstance(e, RelayFenced) and self.may_act is not None:
                     self._fenced_under_lease(e)
@@ -545,22 +554,34 @@ class RelayService:
                 return
             delay = 0.2
             self._not_ready_since = None
+            if published:
+                self._refenced = 0
             if not published:
                 self._stop.wait(self.interval_s)
 
     def _fenced_under_lease(self, e: RelayError) -> None:
-        """Fenced while this server holds the lease: by the relay of a server whose lease ran
-        out in the middle of its connect (its `init_transactions` came after this one's); its
-        round ends at once without its lease, so this relay connects again (every `held_every_s`,
-        saying so each time) rather than stopping until the next leadership change."""
-        log.warning("relay: %s, while this server holds the lease (a previous leader's relay "
-                    "connecting late?): connecting again in %.0f s", e.line(),
-                    self.held_every_s)  # fmt: skip
-        self._unavailable(e)
+        """Fenced while this server holds the lease (the store says so): by another producer of
+        this ledger's transactional id, an ex-leader whose connect went on after the takeover
+        (paused or cut off in the middle of it). It connects again at once (its init fences the
+        other), waiting 0.2 s, 0.4 s, ... up to `held_every_s` only if fenced again in a row, and
+        its health says so: it waited 5 s, or, fenced in the middle of a transaction, stalled
+        up to `timeout_s` (30 s) and blamed the broker (atk58 F5). The store saying the lease is
+        another's: the round ends quietly, as after a step-down."""
+        if self.holds is not None and not self.holds():
+            log.info("relay: round ended, the lease is another server's: its relay took the "
+                     "producer over")  # fmt: skip
+            return
+        why = (f"fenced by another producer of this ledger (an ex-leader) after position "
+               f"{self._position()} (its transactional id {self.transactional_id!r}, which every "
+               "server of the ledger shares): connecting again")  # fmt: skip
+        self._refenced += 1
+        wait = 0.0 if self._refenced == 1 else min(self.held_every_s, 0.1 * 2**self._refenced)
+        log.warning("relay: %s %s", why, f"after {wait:.1f} s" if wait else "at once")
+        self._set("connecting", error=why)
         relay, self.relay = self.relay, None
         if relay is not None:
             relay.close()
-        self._stop.wait(self.held_every_s)
+        self._stop.wait(wait)
 
     def _topic_changed(self) -> bool:
         """After the relay refused its topic (`TopicRefused`: its start gone, settings that lose
@@ -634,6 +655,7 @@ class RelayService:
                     going_on=self._going_on,  # its connect too ends once told (atk56-25 F2)
                     deadline=self._round_deadline,
                     stopped=self._stop.is_set,
+                    holds=self.holds,
                 )
                 self._remade_why = None
             published = self.relay.publish_pending(self._going_on, self._round_deadline)
@@ -675,59 +697,6 @@ class RelayService:
         else:
             log.debug("relay: %s", e.line())
         self._set("unavailable", error=e.line())
-
-    def _flush(self) -> None:
-        """Publish what was committed before stop(), within `flush_s` (its deadline ends the
-        round under way too), while the lease (if any) is this server's."""
-        deadline = self._deadline or time.monotonic() + self.flush_s
-        while self._going_on() and not self._cut:
-            try:
-                published = self._publish()
-                relay = self.relay
-                assert relay is not None
-                if relay.position >= relay.store_head():
-                    self._flushed(relay, published)
-                    return
-            except ConnectEnded:  # the flush's deadline passed while it connected
-                break
-            except RelayError as e:
-                if not self._going_on():  # the lease went meanwhile: no fault (atk56-25 F3)
-                    log.info("relay: round ended, the lease is another server's: %s", e.line())
-                    break
-                if not isinstance(e, RelayUnavailable):
-                    log.error("relay stopped: %s", e.line())
-                    self._set("stopped", error=e.line())
-                    return
-                self._unavailable(e)
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(0.2)
-        head = self._store_head()
-        if head <= self.health.position:
-            return
-        log.error(
-            "relay: %d event(s) not published at exit (topic at position %d, store at %d): the "
-            "next relay publishes them",
-            head - self.health.position,
-            self.health.position,
-            head,
-        )
-
-    def _flushed(self, relay: Relay, published: int) -> None:
-        """Say the flush is done: "flushed" only over a topic found the one the relay published
-        to since the watcher's last interval (a commit of this round, or asked now); it said
-        "flushed" 4 s after the topic was deleted, an idle relay not having looked (atk56-25
-        F3)."""
-        from ledger.store.relay_topic import same_topic
-
-        late = not published and self.clock.now() - self._checked > self.check_s + 1
-        mark = relay.mark
-        if late and not (mark and same_topic(self.bootstrap, self.topic, mark.topic_id, 2.0)):
-            log.warning("relay: topic %s is not the one the relay published to (deleted or made "
-                        "again): not flushed; the next relay publishes the store's log to it",
-                        self.topic)  # fmt: skip
-            return
-        log.info("relay: flushed, topic at position %d", relay.position)
 
     def _store_head(self) -> int:
         if self.relay is not None:
@@ -781,6 +750,7 @@ class RelayService:
                 skipped=relay.skipped[:SKIPPED_SHOWN] if relay is not None else old.skipped,
                 foreign=len(relay.skipped) if relay is not None else old.foreign,
                 remade=relay.remade_note if relay is not None else old.remade,
+                remade_from=relay.remade_from if relay is not None else old.remade_from,
                 appended=appended_of(relay, old.appended),
                 checked=self._checked,
                 topic_id=relay.mark.topic_id if relay and relay.mark else old.topic_id,

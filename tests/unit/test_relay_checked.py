@@ -61,7 +61,7 @@ def test_the_watchers_check_of_the_same_topic_is_kept_in_the_health(
     service = RelayService(tmp_path, "127.0.0.1:9", topic="t")
     mark = SimpleNamespace(topic_id="id-1")
     relay: Any = SimpleNamespace(published_mark=(mark, 5), position=5, remakes=0,
-                                 remade_note="", mark=None, skipped=())  # fmt: skip
+                                 remade_note="", remade_from=1, mark=None, skipped=())  # fmt: skip
     relay.store_head = lambda: 5
     service.relay = relay
     service._marked_at = time.monotonic()  # the offsets were asked lately: the id alone now

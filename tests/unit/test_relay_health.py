@@ -30,7 +30,12 @@ def test_the_health_names_a_few_foreign_offsets_and_counts_the_rest(tmp_path: ob
     assert isinstance(tmp_path, Path)
     service = RelayService(tmp_path, "127.0.0.1:9", topic="t")
     relay = SimpleNamespace(
-        skipped=tuple(range(100, 300_100)), position=5, remakes=0, remade_note="", mark=None
+        skipped=tuple(range(100, 300_100)),
+        position=5,
+        remakes=0,
+        remade_note="",
+        remade_from=1,
+        mark=None,
     )
     relay.store_head = lambda: 5
     service.relay = relay  # type: ignore[assignment]
@@ -124,6 +129,7 @@ def test_a_send_the_clients_connection_was_not_ready_for_is_retried_without_a_wo
             reconnects=False,
             remakes=0,
             remade_note="",
+            remade_from=1,
             skipped=(),
             mark=None,
         )

@@ -34,6 +34,7 @@ class _Connected:
     remakes = 0
     skipped: tuple[int, ...] = ()
     remade_note = ""
+    remade_from = 1
     mark = None
 
     def __init__(self, position: int, head: int) -> None:

@@ -16,8 +16,9 @@ import pytest
 from ledger.history import tamper
 from ledger.store import EVENTS_DB
 from ledger.store.application import Ledger
-from ledger.store.relay import Relay, open_store, read_raw, tail_windows
+from ledger.store.relay import Relay, open_store, read_raw
 from ledger.store.relay_progress import TABLE, Kept, Word, keep, read, words
+from ledger.store.relay_tail import tail_windows
 from projections.kafka_wire import SigningKeys, record_headers
 from schemas import commands as c
 from tests.unit.test_relay_tail import KEYS, TOPIC, Spec, Topic

@@ -32,7 +32,7 @@ def _relay(deadline: Any) -> tuple[Relay, _Producer]:
     producer = _Producer()
     relay.producer, relay.timeout_s, relay.position = producer, 30.0, 0
     relay.transactional_id, relay.waiting_since = "t", None
-    relay._going_on, relay._deadline = None, deadline
+    relay._going_on, relay._deadline, relay._holds = None, deadline, None
     relay._check_sent = lambda: None  # type: ignore[method-assign]
     return relay, producer
 

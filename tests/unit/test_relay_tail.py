@@ -16,8 +16,9 @@ from typing import Any, ClassVar, NamedTuple
 import msgspec
 import pytest
 
-from ledger.store.relay import Relay, RelayError, tail_windows
+from ledger.store.relay import Relay, RelayError
 from ledger.store.relay_progress import Kept, Word
+from ledger.store.relay_tail import tail_windows
 from projections.chain import link
 from projections.kafka_wire import (
     POSITION_HEADER,

@@ -17,11 +17,12 @@ import pytest
 from ledger.store import relay_topic
 from ledger.store.application import Ledger
 from ledger.store.relay import RelayUnavailable
+from ledger.store.relay_flush import flush
 from ledger.store.relay_service import RelayService
 
 
 def _relay(position: int, head: int, reconnects: bool = False) -> Any:
-    relay = SimpleNamespace(position=position, remakes=0, remade_note="", skipped=(),
+    relay = SimpleNamespace(position=position, remakes=0, remade_note="", remade_from=1, skipped=(),
                             mark=SimpleNamespace(topic_id="id-1", appended=True),
                             reconnects=reconnects)  # fmt: skip
     relay.store_head = lambda: head
@@ -58,7 +59,7 @@ def test_an_error_of_a_flush_after_the_lease_went_is_info(
 
     service._publish = publish  # type: ignore[method-assign]
     with caplog.at_level(logging.INFO, "gpuledger.relay"):
-        service._flush()
+        flush(service)
     lines = _lines(caplog)
     assert not [m for lvl, m in lines if lvl >= logging.WARNING and "KafkaTimeout" in m], lines
     assert any("the lease is another server's" in m for _, m in lines), lines
@@ -87,7 +88,7 @@ def test_flushed_is_said_only_over_the_topic_the_relay_published_to(
     service._publish = lambda: 0  # type: ignore[method-assign]  # idle: nothing to send
     monkeypatch.setattr(relay_topic, "same_topic", lambda *a: same)
     with caplog.at_level(logging.INFO, "gpuledger.relay"):
-        service._flush()
+        flush(service)
     said = " ".join(m for _, m in _lines(caplog))
     assert ("relay: flushed, topic at position 9" in said) == same, said
     assert ("not flushed" in said) == (not same), said
