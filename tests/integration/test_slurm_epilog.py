@@ -12,6 +12,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.integration import test_slurm as base
 from tests.integration.test_slurm import Cluster, Ledger
 from tests.integration.test_slurm_stepd import _remove_groups, _stepd_of
@@ -143,8 +145,52 @@ def test_a_child_that_escaped_into_a_sub_cgroup_ends_before_the_next_job(ledger:
     assert ended["reason"] == "time_limit" and ended["ended_at"] >= last - 1, (ended, last)
 
 
+FORKER = """
+import os, signal, sys, time
+for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+    signal.signal(sig, signal.SIG_IGN)
+while True:  # a new pid every ~3 ms, each parent gone at once
+    if os.fork():
+        os._exit(0)
+    with open(sys.argv[1], "a") as out:
+        out.write(f"{time.time():.6f}\\n")
+    time.sleep(0.003)
+"""
+"""A process that keeps forking, each parent exiting: its pids outrun a sweep that reads a
+cgroup's pids and then each one's environment (atk59b N1)."""
+
+
+def _in_hide(node: str, slurm_id: str) -> set[int]:
+    """The pids in the `hide` sub-cgroup of Slurm job `slurm_id`'s batch step (freezer)."""
+    found: set[int] = set()
+    for procs in Path("/sys/fs/cgroup/freezer").glob(
+        f"slurm_{node}/uid_*/job_{slurm_id}/step_batch/hide/cgroup.procs"
+    ):
+        with contextlib.suppress(OSError):
+            found |= {int(p) for p in procs.read_text().split()}
+    return found
+
+
+def _kill_hidden(node: str, slurm_id: str) -> None:
+    """Every process in that `hide` sub-cgroup killed: frozen first (a forking one outruns
+    a kill by pid), SIGKILLed, thawed."""
+    for state in Path("/sys/fs/cgroup/freezer").glob(
+        f"slurm_{node}/uid_*/job_{slurm_id}/step_batch/hide/freezer.state"
+    ):
+        with contextlib.suppress(OSError):
+            state.write_text("FROZEN")
+            deadline = time.monotonic() + 5
+            while state.read_text().strip() != "FROZEN" and time.monotonic() < deadline:
+                time.sleep(0.01)
+            for pid in (state.parent / "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+            state.write_text("THAWED")
+
+
+@pytest.mark.parametrize("forks", [False, True], ids=["one-pid", "forking"])
 def test_a_process_that_moved_into_its_owners_other_job_ends_before_the_next_job(
-    ledger: Ledger,
+    ledger: Ledger, forks: bool
 ) -> None:
     """atk59 F2: alice's job 2 forks a TERM-ignoring process that makes a sub-cgroup of the batch
     step of her job 1 on the same node (in the freezer and devices hierarchies: Slurm chowns
@@ -159,9 +205,11 @@ def test_a_process_that_moved_into_its_owners_other_job_ends_before_the_next_job
     ledger.wait("job 1 to run", lambda: ledger.jobs()[1]["status"] == "running", timeout=120)
     (linked,) = ledger.of("job.engine_linked.v1", 1)
     steps = f"/sys/fs/cgroup/{{freezer,devices}}/slurm_{node}/uid_*/job_{linked['engine_job_id']}"
+    (work / "forker.py").write_text(FORKER)
+    then = f"exec /usr/bin/python3 {work}/forker.py {work}/esc" if forks else _loop("esc", work)
     escape = (
         f"( trap '' TERM HUP INT; for d in {steps}/step_batch; do mkdir $d/hide &&"
-        f" echo $BASHPID > $d/hide/cgroup.procs; done; echo esc=$BASHPID; {_loop('esc', work)} ) & "
+        f" echo $BASHPID > $d/hide/cgroup.procs; done; echo esc=$BASHPID; {then} ) & "
     )
     ledger.submit("alice", 1, escape + "sleep 600")
     ledger.submit("bob", 2, "sleep 600")
@@ -172,17 +220,21 @@ def test_a_process_that_moved_into_its_owners_other_job_ends_before_the_next_job
         timeout=120,
     )  # fmt: skip
     (esc,) = pids(ledger.log_of(2), "esc")
-    slurm_id = _slurm_id(esc)
-    moved = Path(f"/proc/{esc}/cgroup").read_text()
-    assert moved.count(f"job_{linked['engine_job_id']}/step_batch/hide") == 2, moved
+    (linked2,) = ledger.of("job.engine_linked.v1", 2)
+    slurm_id, hidden = str(linked2["engine_job_id"]), str(linked["engine_job_id"])
+    if not forks:
+        moved = Path(f"/proc/{esc}/cgroup").read_text()
+        assert moved.count(f"job_{hidden}/step_batch/hide") == 2, moved
+    assert _in_hide(node, hidden), "job 2's process never moved into job 1"
     try:
         ledger.cli("cancel", "2", actor="alice")
         ledger.submit("bob", 1, f"date +%s.%N >> {work}/next; sleep 1")
         ledger.wait("job 4 to start", lambda: (work / "next").exists(), timeout=180)
-        escapee_alive = alive(esc)
+        escapee_alive = bool(_in_hide(node, hidden))
         jobs = ledger.jobs()
     finally:
-        _end(ledger, slurm_id, esc)
+        _kill_hidden(node, hidden)
+        _end(ledger, slurm_id)
     last = _times(work / "esc")[-1]
     (started,) = _times(work / "next")
     assert not escapee_alive, "job 2's process that moved into job 1 outlived job 2's end"

@@ -108,6 +108,10 @@ def test_sbatch_refusal() -> None:
     assert sbatch_refusal("sbatch failed: [Errno 2] No such file", 100.0, 101.0, 300.0) == ""
     node = "sbatch --x: sbatch: error: Batch job submission failed: Invalid node name specified"
     assert sbatch_refusal(node, 100.0, 101.0, 300.0) == ""  # the node's drain requeues it
+    paused = ("sbatch --x: sbatch: error: Batch job submission failed: Required partition not "
+              "available (inactive or drain)")  # fmt: skip
+    assert sbatch_refusal(paused, 100.0, 101.0, 300.0) == ""  # an admin's pause (atk59b N4)
+    assert "not retried" in sbatch_refusal(paused, 100.0, 400.0, 300.0)
 
 
 # --- F1: the executor ---

@@ -78,6 +78,38 @@ strays() {
 	return 0
 }
 
+# the v1 freezer groups users made below the steps of the owner's other jobs on this node (Slurm
+# makes none there): frozen while this job's strays are looked for and killed, so a stray that
+# keeps forking (each parent gone before its environment is read) cannot outrun the look (atk59b
+# N1: one forking every 2-4 ms lived ~12 s beside the next job); thawed once they are killed. Other
+# processes in them (the other job's own) are held for that moment only.
+made() {
+	case "$owner" in
+	'' | *[!0-9]*) return 0 ;;
+	esac
+	for g in $(groups '*' "$owner" | grep -v "/job_$job\$" | grep "^$root/freezer/"); do
+		find "$g" -mindepth 2 -type d 2>/dev/null
+	done
+	return 0
+}
+hold() { # FROZEN or THAWED: every group `made` found; FROZEN waits (1 s at most) until it is
+	for d in $held; do
+		echo "$1" >"$d/freezer.state" 2>/dev/null
+	done
+	[ "$1" = FROZEN ] || return 0
+	for i in 1 2 3 4 5 6 7 8 9 10; do
+		frozen=1
+		for d in $held; do
+			[ "$(cat "$d/freezer.state" 2>/dev/null)" = FREEZING ] && frozen=0
+		done
+		[ "$frozen" = 1 ] && break
+		sleep 0.1
+	done
+	return 0
+}
+trap 'hold THAWED' EXIT
+trap 'hold THAWED; exit 0' HUP INT TERM
+
 # a frozen v1 freezer group or v2 group holds its SIGKILLs until thawed: this job's own, and the
 # groups its strays ($far) sit in
 thaw() {
@@ -99,8 +131,11 @@ thaw() {
 	return 0
 }
 
-# everything to kill: every process of this job's own groups, and its strays
+# everything to kill: every process of this job's own groups, and its strays (the groups they may
+# hide in frozen first: `hold`)
 look() {
+	held=$(made)
+	hold FROZEN
 	far=$(strays)
 	left=$(printf '%s\n%s\n' "$(procs "$dirs")" "$far" | grep . | sort -u)
 }
@@ -116,14 +151,16 @@ while [ -n "$left" ]; do
 			"$(echo "$left" | tr '\n' ' ')"
 		break
 	fi
-	thaw
-	for pid in $left; do
+	for pid in $left; do # killed while frozen: each dies once thawed, before it can fork again
 		kill -9 "$pid" 2>/dev/null && killed=$((killed + 1))
 	done
+	thaw
+	hold THAWED
 	[ -n "$far" ] && strayed="$strayed $(echo "$far" | tr '\n' ' ')"
 	sleep 0.1
 	look
 done
+hold THAWED
 [ "$killed" -gt 0 ] && say "killed $killed processes left in its cgroups"
 [ -n "$strayed" ] && say "of them, in its owner's other jobs' cgroups (this job's id in their environment):$strayed"
 
