@@ -134,6 +134,21 @@ def _kill(ledger: Ledger, kids: list[int]) -> None:
         kill_of_job(kid, ours)
 
 
+def _two_ranks(ledger: Ledger) -> list[int]:
+    """Job 1, alice's 8 GPUs over both nodes (grace 3 s), started by the service: one rank a
+    node (`srun`), each ignoring SIGTERM and never ending; their pids once both run."""
+    nodes = ledger.cluster.nodes
+    assert len(nodes) == 2, f"the gang tests need a cluster of two nodes, not {nodes}"
+    ledger.up()
+    ranks = ("srun -N2 --ntasks-per-node=1 bash -c 'trap \"\" TERM; echo rank=$$;"
+             " echo $$ > rank-$SLURM_NODEID.pid; while :; do sleep 0.2; done'")  # fmt: skip
+    ledger.submit("alice", 8, ranks, "--grace", "3s")
+    work = ledger.work
+    ledger.wait("both ranks", lambda: all((work / f"rank-{i}.pid").is_file()
+                and (work / f"rank-{i}.pid").read_text().strip() for i in (0, 1)), 180)  # fmt: skip
+    return [int((work / f"rank-{i}.pid").read_text()) for i in (0, 1)]
+
+
 @pytest.mark.parametrize(("code", "outcome"), [(0, "completed"), (3, "failed")])
 def test_a_gangs_own_exit_before_a_preempt_is_its_outcome_and_its_leftovers_hold_both_nodes(
     ledger: Ledger, code: int, outcome: str
@@ -194,15 +209,7 @@ def test_a_preempted_gang_is_stopped_on_both_nodes_before_the_next_job_starts(
     charge) is its last rank's death, not the batch step's `EndTime` (s56: a rank was seen alive
     5.4 s after the recorded end at load 59)."""
     nodes = ledger.cluster.nodes
-    assert len(nodes) == 2, f"the gang tests need a cluster of two nodes, not {nodes}"
-    ledger.up()
-    ranks = ("srun -N2 --ntasks-per-node=1 bash -c 'trap \"\" TERM; echo rank=$$;"
-             " echo $$ > rank-$SLURM_NODEID.pid; while :; do sleep 0.2; done'")  # fmt: skip
-    ledger.submit("alice", 8, ranks, "--grace", "3s")
-    work = ledger.work
-    ledger.wait("both ranks", lambda: all((work / f"rank-{i}.pid").is_file()
-                and (work / f"rank-{i}.pid").read_text().strip() for i in (0, 1)), 180)  # fmt: skip
-    kids = [int((work / f"rank-{i}.pid").read_text()) for i in (0, 1)]
+    kids = _two_ranks(ledger)
     try:
         assert sorted(_node_of(ledger, k) for k in kids) == sorted(nodes), kids
         assert _slurm_state(ledger, 1) == "RUNNING" and _slurm_nodes(ledger, 1) == sorted(nodes)
@@ -236,16 +243,7 @@ def test_a_killed_gang_that_ends_while_the_service_is_down_ends_by_slurms_end_no
     restart's read (62.4 s late after a 60 s outage) and, the SIGKILL forgotten, `killed:
     false`, "Slurm: FAILED". Its end is now Slurm's end of the job (at most KillWait and a kill's
     landing after the batch step's), never before its last rank's death, and it was killed."""
-    nodes = ledger.cluster.nodes
-    assert len(nodes) == 2, f"the gang tests need a cluster of two nodes, not {nodes}"
-    ledger.up()
-    ranks = ("srun -N2 --ntasks-per-node=1 bash -c 'trap \"\" TERM; echo rank=$$;"
-             " echo $$ > rank-$SLURM_NODEID.pid; while :; do sleep 0.2; done'")  # fmt: skip
-    ledger.submit("alice", 8, ranks, "--grace", "3s")
-    work = ledger.work
-    ledger.wait("both ranks", lambda: all((work / f"rank-{i}.pid").is_file()
-                and (work / f"rank-{i}.pid").read_text().strip() for i in (0, 1)), 180)  # fmt: skip
-    kids = [int((work / f"rank-{i}.pid").read_text()) for i in (0, 1)]
+    kids = _two_ranks(ledger)
     try:
         ledger.wait("job 1 running", lambda: ledger.jobs()[1]["status"] == "running", 60)
         seen, gone = _last_alive(kids)
