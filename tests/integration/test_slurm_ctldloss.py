@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -298,7 +299,16 @@ def test_a_second_launch_slurm_makes_while_the_service_is_down_never_runs_the_co
             break
         time.sleep(0.5)
     ledger.up()
-    ledger.wait("run 0's end", lambda: bool(ledger.of("job.engine_ended.v1", 1)), timeout=120)
+
+    def run0_ends() -> list[dict[str, Any]]:
+        """Run 0's end: its job's (`engine_ended`), or, where the dispatcher preempted it for
+        the node Slurm drained before its end was read (min-runtime 0: always preemptible;
+        CI of stop 59, load ~10: the test waited for an `engine_ended` that comes only after
+        run 1, on the node it resumes after this wait), its stopped run's (`run_ended`)."""
+        stopped = [e for e in ledger.of("job.run_ended.v2", 1) if e["run"] == 0]
+        return ledger.of("job.engine_ended.v1", 1) + stopped
+
+    ledger.wait("run 0's end", lambda: bool(run0_ends()), timeout=120)
     # slurmd still ran the first launch when Slurm's second came ("Duplicate jobid"): Slurm
     # drained the node, as its admin would see; the admin resumes it
     cl = ledger.cluster
@@ -315,10 +325,10 @@ def test_a_second_launch_slurm_makes_while_the_service_is_down_never_runs_the_co
     print(f"Slurm's second launch: {'made' if second else 'none, the first taken back'}")
     ends = ledger.of("job.engine_ended.v1", 1)
     assert all(e["reason"] != "cancelled" for e in ends), ends
-    first_end = min(ends, key=lambda e: e["ended_at"])
+    first_end = min(run0_ends(), key=lambda e: e["ended_at"])
     last0 = max(t for _, run, t in lines if run == 0)
     if ("end", 0) not in {(w, r) for w, r, _ in lines}:  # killed by Slurm: requeued
-        assert first_end["reason"] == "node_failure", ends
+        assert first_end.get("reason", "node_failure") == "node_failure", run0_ends()
         assert 1 in starts and min(t for w, r, t in lines if r == 1) > last0, lines
     assert last0 - 1.0 <= first_end["ended_at"] <= last0 + 5.0, (first_end, last0)
     assert ledger.jobs()[1]["outcome"] == "completed", ledger.jobs()[1]
@@ -448,11 +458,14 @@ def test_a_step_slurmctld_forgot_is_ended_by_the_clean_up_and_its_id_runs_again(
     `Cluster.clean` ends it: slurmd holds no step slurmctld does not know, and the next
     submissions, up to and with the reused id, run on a node that stays up. On the code before,
     `clean` looked at slurmctld's view alone and returned with the orphan's step held."""
-    for _ in range(5):  # slurmd took slurmctld's abort before it was stopped: again
+    # slurmd took slurmctld's abort before it was stopped: again. Even a real-time watcher lost
+    # 5 tries in a row once (stop 59, load 0.1, after passing 3 runs of 3): slurmctld may send the
+    # abort before its "Orphan" line reaches the file; each try is ~20 s
+    for _ in range(12):
         if (held := _orphan_held(slurm)) is not None:
             break
     else:
-        raise AssertionError("slurmd took slurmctld's orphan abort at once 5 times in a row")
+        raise AssertionError("slurmd took slurmctld's orphan abort at once 12 times in a row")
     orphan, slurmd = held
     try:
         slurm.clean()
