@@ -10,7 +10,6 @@ import os
 import signal
 import socket
 import subprocess
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from schemas.errors import LedgerError
 from tests.integration import waits
 from tests.integration.serverkit import GPULEDGER, Server, cli, env_for, init_on_store, make_token
 from tests.integration.test_node_agents import Agent
+from tests.integration.userkit import marks_dir
 
 LEASE = os.environ.get("GPULEDGER_HA_LEASE", "2s")
 """The servers' lease (docs/ha.md measures failover with the default, 5s, too)."""
@@ -222,8 +222,7 @@ def job_on_agents(root: Path, dsn: str, *args: str) -> JobOnAgents:
     init_on_store(home, root, dsn, "node-a", 2, "sim")
     cli(home, "node", "add", "node-b", "--gpus", "2", "--gpu-type", "sim", GPULEDGER_USER="root")
     token = make_token(home, "--user", "alice")
-    marks = Path(tempfile.mkdtemp(prefix="gpuledger-marks-"))
-    marks.chmod(0o1777)  # the job runs as nobody
+    marks = marks_dir()  # the job runs as nobody
     g = make_group(root, dsn, 2, *args, home=home)
     agents = {}
     for node in ("node-a", "node-b"):

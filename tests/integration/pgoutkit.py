@@ -11,7 +11,6 @@ other test wrote to."""
 
 from __future__ import annotations
 
-import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from tests.integration.hakit import Group, make_group
 from tests.integration.serverkit import BUDGET, cli, make_token
 from tests.integration.test_node_agents import Agent
 from tests.integration.test_pg_failover import Pg
+from tests.integration.userkit import marks_dir
 
 NODE_LOST_S, FENCE_S = 3, 12
 """The node's lease is 3 + 12 - 3 = 12 s (`LEASE_MARGIN_S`): above a server's keep delay with
@@ -66,8 +66,7 @@ def agent_world(tmp_path: Path, dsn: str, nodes: tuple[str, ...]) -> AgentWorld:
         cli(home, "node", "add", node, "--gpus", "2", "--gpu-type", "sim", GPULEDGER_USER="root")
     node_tokens = {n: make_token(home, "--node", n, "--name", n) for n in nodes}
     token = make_token(home, "--user", "alice")
-    marks = Path(tempfile.mkdtemp(prefix="gpuledger-marks-"))
-    marks.chmod(0o1777)  # the jobs run as nobody
+    marks = marks_dir()  # the jobs run as nobody
     g = make_group(tmp_path, dsn, 2, "--executor", "agents", "--run-as", "service",
                    "--interval", "0.5s", "--node-lost-after", f"{NODE_LOST_S}s",
                    "--node-fence", f"{FENCE_S}s", "--grace", "1s", home=home)  # fmt: skip

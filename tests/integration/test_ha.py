@@ -9,7 +9,6 @@ import http.client
 import json
 import os
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from tests.integration import waits
 from tests.integration.hakit import Group, PgProxy, log_events, make_group, wait_cycled_after
 from tests.integration.serverkit import cli, init_on_store, make_token
 from tests.integration.test_node_agents import Agent, held_twice
+from tests.integration.userkit import marks_dir
 
 
 @pytest.fixture
@@ -249,8 +249,7 @@ def test_kill_9_of_the_leader_while_jobs_run_on_3_agents_kills_no_job_runs_none_
         cli(home, "node", "add", node, "--gpus", "2", "--gpu-type", "sim", GPULEDGER_USER="root")
         node_tokens[node] = make_token(home, "--node", node, "--name", node)
     cli(home, "node", "remove", "n1", GPULEDGER_USER="root")
-    marks = Path(tempfile.mkdtemp(prefix="gpuledger-marks-"))  # the jobs run as nobody (the
-    marks.chmod(0o1777)  # service runs as root): a directory every account may write
+    marks = marks_dir()  # the jobs run as nobody (the service runs as root)
     g = make_group(tmp_path, dsn, 3, "--executor", "agents", "--run-as", "service",
                    "--interval", "0.5s", "--node-lost-after", "60s", home=home)  # fmt: skip
     agents: list[Agent] = []

@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from tests.integration.serverkit import cli, init_on_store, make_token
 from tests.integration.test_ha_settings import one_line, serve
 from tests.integration.test_node_agents import Agent
 from tests.integration.test_pg_outage_agents import JOB
+from tests.integration.userkit import marks_dir
 
 SLOW_FOR_S = 60.0
 """How long the leader is slowed: the attack lost a node every ~23 s."""
@@ -58,8 +58,7 @@ def test_a_slow_leader_the_standby_names_is_asked_again_and_no_node_is_lost(
     init_on_store(home, tmp_path, pg_store, "node-a", 2, "sim")
     node_token = make_token(home, "--node", "node-a", "--name", "node-a")
     token = make_token(home, "--user", "alice")
-    marks = Path(tempfile.mkdtemp(prefix="gpuledger-marks-"))
-    marks.chmod(0o1777)  # the job runs as nobody
+    marks = marks_dir()  # the job runs as nobody
     g = make_group(tmp_path, pg_store, 2, "--executor", "agents", "--run-as", "service",
                    "--interval", "0.5s", "--node-lost-after", f"{NODE_LOST_S}s",
                    "--node-fence", "16s", "--grace", "1s", home=home)  # fmt: skip

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import grp
@@ -101,3 +102,13 @@ def shared_dir(prefix: str = "gpuledger-") -> Iterator[Path]:
         yield top
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+def marks_dir() -> Path:
+    """A directory every account may write (sticky: 1777), for the marks of jobs that run as
+    nobody (the service runs as root), removed when the test process exits (the HA tests left
+    one in /tmp a test)."""
+    marks = Path(tempfile.mkdtemp(prefix="gpuledger-marks-"))
+    marks.chmod(0o1777)
+    atexit.register(shutil.rmtree, marks, True)
+    return marks
