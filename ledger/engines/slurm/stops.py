@@ -284,8 +284,9 @@ def stopped_end(
     gang = len(expand_hostlist(j.nodes)) > 1
     seen = now if gang else completing_seen
     end = processes_end(j.end_time, "CANCELLED" if st.killed or gang else j.state, now, seen)
-    if gang and st.seen_running_at is None and end is not None and kill_wait_s is not None:
-        end = min(end, end_of_job(j.end_time, kill_wait_s))  # unwatched (atk59 F4)
+    unwatched = gang and st.seen_running_at is None  # since the stop was taken up (atk59 F4)
+    if unwatched and end is not None and j.end_time is not None and kill_wait_s is not None:
+        end = min(end, end_of_job(j.end_time, kill_wait_s))
     at = high = now if end is None else min(now, end)
     away, settle_s = outage
     in_outage = (
@@ -320,11 +321,11 @@ def stopped_end(
                 started_at=None if began is None else min(began, at))  # fmt: skip
 
 
-def end_of_job(end_time: float | None, kill_wait_s: float) -> float:
+def end_of_job(end_time: float, kill_wait_s: float) -> float:
     """Pure: by when Slurm's end of a job has killed the processes of every step on every node,
     from its batch step's EndTime (whole seconds): KillWait after its SIGTERM, and a kill's
     landing (`KILL_LANDS_S`)."""
-    return (end_time or 0.0) + 1.0 + kill_wait_s + KILL_LANDS_S
+    return end_time + 1.0 + kill_wait_s + KILL_LANDS_S
 
 
 def forgotten_end(

@@ -16,14 +16,20 @@ from ledger.engines.proc import write_atomic
 from ledger.engines.slurm.words import SbatchUser, SlurmJob
 
 
+def _keep(log_dir: Path, name: str, data: bytes, *, sync: bool) -> None:
+    """`<log_dir>/stops/<name>` written (the service's alone: 0600 in a 0700 directory); best
+    effort, as every note of a stop here."""
+    stops = log_dir / "stops"
+    with contextlib.suppress(OSError):
+        stops.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_atomic(stops / name, data, sync=sync, mode=0o600)
+
+
 def note_stop(log_dir: Path, slurm_id: str, since: float) -> None:
     """Keep when the stop of Slurm job `slurm_id` began (`<log_dir>/stops/<id>`, the service's
     alone): a restart reads it back (`noted_stop`). Best effort: without it, a restart gives
     the run its whole grace again."""
-    stops = log_dir / "stops"
-    with contextlib.suppress(OSError):
-        stops.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_atomic(stops / slurm_id, repr(since).encode(), sync=False, mode=0o600)
+    _keep(log_dir, slurm_id, repr(since).encode(), sync=False)
 
 
 def noted_stop(log_dir: Path, slurm_id: str) -> float | None:
@@ -50,10 +56,7 @@ def note_unheard(log_dir: Path, slurm_id: str) -> None:
     word alone), in `<log_dir>/stops/<id>.unheard`: a restart of the service judges the stop as
     this one did (`noted_unheard`; atk44s F2: a restart after the node's return took Slurm's
     CANCELLED for the processes' end and launched beside them). Best effort, as `note_stop`."""
-    stops = log_dir / "stops"
-    with contextlib.suppress(OSError):
-        stops.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_atomic(stops / (slurm_id + UNHEARD), b"", sync=True, mode=0o600)
+    _keep(log_dir, slurm_id + UNHEARD, b"", sync=True)
 
 
 def noted_unheard(log_dir: Path, slurm_id: str) -> bool:
@@ -69,10 +72,7 @@ def note_killed(log_dir: Path, slurm_id: str, at: float) -> None:
     `<log_dir>/stops/<id>.killed` (the service's alone): a restart that finds the run ended
     records it killed, not as Slurm's FAILED of that kill (atk59 F4: `killed: false`, "Slurm:
     FAILED", after a kill -9 of the service between the SIGKILL and the end). Best effort."""
-    stops = log_dir / "stops"
-    with contextlib.suppress(OSError):
-        stops.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_atomic(stops / (slurm_id + KILLED), repr(at).encode(), sync=True, mode=0o600)
+    _keep(log_dir, slurm_id + KILLED, repr(at).encode(), sync=True)
 
 
 def noted_killed(log_dir: Path, slurm_id: str) -> float | None:
@@ -92,10 +92,7 @@ def note_limited(log_dir: Path, slurm_id: str) -> None:
     to last before the stop's SIGTERM: a restart that finds the run ended records it
     `time_limit` (`noted_limited`; atk46-s F2: a service killed -9 after the limit's scancel
     came back and recorded it `cancelled` outside the ledger). Best effort, as `note_stop`."""
-    stops = log_dir / "stops"
-    with contextlib.suppress(OSError):
-        stops.mkdir(mode=0o700, parents=True, exist_ok=True)
-        write_atomic(stops / (slurm_id + LIMITED), b"", sync=True, mode=0o600)
+    _keep(log_dir, slurm_id + LIMITED, b"", sync=True)
 
 
 def noted_limited(log_dir: Path, slurm_id: str | None) -> bool:
