@@ -22,7 +22,7 @@ import psycopg
 import pytest
 
 from tests.integration import waits
-from tests.integration.hakit import GPULEDGER, Group, make_group
+from tests.integration.hakit import GPULEDGER, Group, Member, make_group
 from tests.integration.pgoutkit import pg_pair  # noqa: F401 (the fixture)
 from tests.integration.serverkit import BUDGET, cli, env_for, make_token, workdir
 from tests.integration.test_pg_failover import Pg
@@ -58,6 +58,12 @@ def _connected(pid: int, port: int) -> bool:
     return False
 
 
+def _says_away(m: Member) -> bool:
+    """Whether server `m` says its store away (its health's `store_error`): it takes no write."""
+    health = m.health()
+    return health is None or bool(health.get("store_error"))
+
+
 def _jobs_of(home: Path, word: str) -> list[int]:
     """The ids of the jobs whose command is `echo word`, as the log holds them."""
     out = cli(home, "log", "--json", "--limit", "10000", timeout=120)
@@ -76,7 +82,8 @@ def _kill_in_flight(
     once its append waits for the standby: the submit (still running), its environment (its
     job's, under --export=ALL: a retry under its key must send the same request) and its word.
     A submit that came after the leader saw the standby away (a loaded machine's slow CLI) is
-    refused at once: the standby resumed, and another one sent."""
+    refused at once: the standby resumed, and another one sent (so too when the leader says the
+    store away before the kill: the submit may have been refused)."""
     ended = []
     for attempt in range(4):
         leader = g.leader(timeout=60)
@@ -94,19 +101,23 @@ def _kill_in_flight(
         # first, and the CLI, refused a connection there, rightly took the other server's "no
         # write is taken" for the write's fate: it had reached no server, nothing was stored
         # (the likely cause of a failure seen once under load)
+        # and the leader not yet saying the store away (its own lease statement waited a third
+        # of the lease): a submit that reached it after that was refused, "no write is taken",
+        # and went on to the other server while its connection here stayed open and another
+        # append waited (stop 59's CI: the CLI took 4 s to start at load)
         try:
             waits.wait_for("the submit's append to wait on the standby, or the submit to end",
-                           lambda p=proc, at=leader.port: p.poll() is not None
-                           or (_connected(p.pid, at) and _append_waits(pg.dsn)), 60,
+                           lambda p=proc, m=leader: p.poll() is not None or _says_away(m)
+                           or (_connected(p.pid, m.port) and _append_waits(pg.dsn)), 60,
                            g.why)  # fmt: skip
         except BaseException:
             signal_all(frozen, signal.SIGCONT)
             raise
-        if proc.poll() is None:
+        if proc.poll() is None and not _says_away(leader):
             leader.kill(signal.SIGKILL)
             return proc, sent, said
-        ended.append(proc.communicate())
         signal_all(frozen, signal.SIGCONT)
+        ended.append(proc.communicate(timeout=120))
     raise AssertionError(f"no submit reached the leader before it saw the standby away: {ended}")
 
 
