@@ -213,7 +213,8 @@ def pg_outage_group(path: Path) -> str | None:
 
 REST_SECONDS = {
     **{g: sum(PG_OUTAGE_SECONDS[f] for f in files) for g, files in PG_OUTAGE_GROUPS.items()},
-    "integration/test_node_agents": 391,
+    "integration/test_node_agents": 260,
+    "integration/test_node_agents_ids": 130,
     "integration/test_dashboard_scale": 287,
     "integration/test_sbatch_like": 286,
     "integration/test_leader_exit_stop_up": 256,
@@ -230,7 +231,8 @@ PostgreSQL outage groups: `PG_OUTAGE_SECONDS`). The rest takes them first, longe
 the other files in their order: the outage files, then one group on one worker (~12 min in the
 last CI's timings), were taken halfway through the files (`test_pg_*`), where on three workers
 they would end minutes after the others; test_leader_exit_stop_up and test_ha_slurm_cluster,
-not listed before, were taken in file order."""
+not listed before, were taken in file order; test_node_agents' 391 s split with its identity
+tests (test_node_agents_ids.py, s60) as the two took 122 s and 60 s at load ~3."""
 
 
 PART = "GPULEDGER_TEST_PART"

@@ -20,8 +20,8 @@ from ledger.wire.client import Client
 from schemas import commands as c
 from schemas.errors import LedgerError
 from tests.integration import waits
+from tests.integration.agentkit import Agent
 from tests.integration.serverkit import GPULEDGER, Server, cli, env_for, init_on_store, make_token
-from tests.integration.test_node_agents import Agent
 from tests.integration.userkit import marks_dir
 
 LEASE = os.environ.get("GPULEDGER_HA_LEASE", "2s")

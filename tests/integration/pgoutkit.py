@@ -18,9 +18,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from tests.integration.agentkit import Agent
 from tests.integration.hakit import Group, make_group
 from tests.integration.serverkit import BUDGET, cli, make_token
-from tests.integration.test_node_agents import Agent
 from tests.integration.test_pg_failover import Pg
 from tests.integration.userkit import marks_dir
 

@@ -1,7 +1,7 @@
 """Node agents through the faults the outside kill tests found (issue 24, F2-F4, F10, F11): a
 job's supervisor killed with -9 while its node is cut off, an agent's state file or whole state
 directory lost while its jobs run, an admin's `node lost` of a node whose agent still runs. Real
-`serve` and `agent` processes (the cluster of test_node_agents.py), real jobs that fork.
+`serve` and `agent` processes (the cluster of agentkit.py), real jobs that fork.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.integration.test_node_agents import (
+from tests.integration.agentkit import (
     Cluster,
     alive,
     all_events,
@@ -29,7 +29,7 @@ from tests.integration.test_node_agents import (
 )
 from tests.integration.userkit import os_user
 
-__all__ = ["cluster", "template"]  # the fixtures, shared with test_node_agents.py
+__all__ = ["cluster", "template"]  # the fixtures, shared with agentkit.py
 
 # a job that forks: two children (one ignores SIGTERM), then waits; the first line is its pid
 FORKS = "echo $$; sleep 600 & (trap '' TERM; exec sleep 601) & wait"

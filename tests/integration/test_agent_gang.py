@@ -1,5 +1,5 @@
 """A gang's time limit on the node agents when its agents come back at different times
-(atk58 F3): real `serve` and `agent` processes (the cluster of test_node_agents.py), a real
+(atk58 F3): real `serve` and `agent` processes (the cluster of agentkit.py), a real
 two-node job whose parts note their SIGTERM, their lives read from /proc."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import signal
 import threading
 import time
 
-from tests.integration.test_node_agents import (
+from tests.integration.agentkit import (
     Cluster,
     alive,
     cluster,
@@ -17,7 +17,7 @@ from tests.integration.test_node_agents import (
     with_flags,
 )
 
-__all__ = ["cluster", "template"]  # the fixtures, shared with test_node_agents.py
+__all__ = ["cluster", "template"]  # the fixtures, shared with agentkit.py
 
 LIMIT_S, GRACE_S = 40, 15
 BOUND_S = min(GRACE_S, 10)

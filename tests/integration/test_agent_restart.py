@@ -1,5 +1,5 @@
 """A node agent restarted while one of its runs is an orphan slow to die (atk43 F6): real `serve`
-and `agent` processes (the cluster of test_node_agents.py), real jobs."""
+and `agent` processes (the cluster of agentkit.py), real jobs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import time
 from typing import Any
 
-from tests.integration.test_node_agents import (
+from tests.integration.agentkit import (
     Cluster,
     alive,
     all_events,
@@ -21,7 +21,7 @@ from tests.integration.test_node_agents import (
     with_flags,
 )
 
-__all__ = ["cluster", "template"]  # the fixtures, shared with test_node_agents.py
+__all__ = ["cluster", "template"]  # the fixtures, shared with agentkit.py
 
 NODE = "node-a"
 

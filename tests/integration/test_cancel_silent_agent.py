@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from ledger.cli.submit import SILENT_S
-from tests.integration.test_node_agents import (
+from tests.integration.agentkit import (
     Cluster,
     alive,
     cluster,

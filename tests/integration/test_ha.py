@@ -20,9 +20,9 @@ from ledger.wire.client import Client
 from schemas import commands as c
 from schemas.errors import LedgerError
 from tests.integration import waits
+from tests.integration.agentkit import Agent, held_twice
 from tests.integration.hakit import Group, PgProxy, log_events, make_group, wait_cycled_after
 from tests.integration.serverkit import cli, init_on_store, make_token
-from tests.integration.test_node_agents import Agent, held_twice
 from tests.integration.userkit import marks_dir
 
 

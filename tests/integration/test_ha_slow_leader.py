@@ -26,10 +26,10 @@ from ledger.wire.client import LIST_TIMEOUT_S, Client
 from schemas import commands as c
 from schemas.errors import LedgerError
 from tests.integration import waits
+from tests.integration.agentkit import Agent
 from tests.integration.hakit import log_events, make_group
 from tests.integration.serverkit import cli, init_on_store, make_token
 from tests.integration.test_ha_settings import one_line, serve
-from tests.integration.test_node_agents import Agent
 from tests.integration.test_pg_outage_agents import JOB
 from tests.integration.userkit import marks_dir
 

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 from ledger.wire.client import Client
+from tests.integration.agentkit import Agent
 from tests.integration.hakit import make_group
 from tests.integration.serverkit import init_on_store, make_token
-from tests.integration.test_node_agents import Agent
 
 NODE_LOST_S = 3
 

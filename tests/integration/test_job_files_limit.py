@@ -27,7 +27,7 @@ def _ran_with(home: Path, seen: Path) -> None:
     try:
         assert "open files: 4096" in server.log_path.read_text()  # the server raised its own
         # a submission that records no limits of its own (older, or `--propagate=NONE`); the
-        # submitter's are tests/integration/test_node_agents.py's
+        # submitter's are in tests/integration/test_node_agents.py
         cli(home, "submit", "-A", "ai2/olmo", "-G", "1", "--propagate=NONE", "--", "sh", "-c",
             f"echo $(ulimit -Sn) $(ulimit -Hn) > {seen}", GPULEDGER_USER="alice")  # fmt: skip
         deadline = time.monotonic() + 60

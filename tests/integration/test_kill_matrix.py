@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.jobwatch import ProcSampler, Verdict, job_script
-from tests.integration.test_node_agents import (  # noqa: F401 (fixtures)
+from tests.integration.agentkit import (  # noqa: F401 (fixtures)
     Cluster,
     all_events,
     audit_check,
@@ -29,6 +28,7 @@ from tests.integration.test_node_agents import (  # noqa: F401 (fixtures)
     template,
     wait_for,
 )
+from tests.integration.jobwatch import ProcSampler, Verdict, job_script
 
 ROUNDS = int(os.environ.get("GPULEDGER_KILL_ROUNDS", "1"))
 LATE_S = 30

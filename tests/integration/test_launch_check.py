@@ -15,7 +15,7 @@ import signal
 from pathlib import Path
 
 from ledger.agent.checks import TEST_HOLD_ENV
-from tests.integration.test_node_agents import Cluster, cluster, template, wait_for
+from tests.integration.agentkit import Cluster, cluster, template, wait_for
 
 __all__ = ["cluster", "template"]  # the fixtures
 

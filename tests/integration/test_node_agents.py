@@ -4,269 +4,39 @@ shell jobs. Killing or stopping any of them never kills or double-books a job.""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import pwd
 import resource
-import shutil
 import signal
-import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ledger.agent.identity import instance_id
-from ledger.engines.proc import start_time
-from ledger.engines.runs import read_identity
 from ledger.engines.supervised import live_processes
-from schemas.agent import AGENT_HEADER
-from tests.integration import userkit
-from tests.integration.serverkit import GPULEDGER, Server, cli, env_for, make_token, start_server
+from tests.integration import agentkit, userkit
+from tests.integration.agentkit import (
+    GPUS,
+    NODES,
+    RUNNER,
+    Cluster,
+    alive,
+    all_events,
+    audit_check,
+    held_twice,
+    limits_of,
+    os_user,
+    part_log,
+    running_pid,
+    until,
+    wait_for,
+    with_flags,
+)
+from tests.integration.serverkit import GPULEDGER, cli, env_for
 
-NODES = ("node-a", "node-b", "node-c")
-GPUS = 2
-SERVE = ("--executor", "agents", "--interval", "0.2s", "--node-lost-after", "5s", "--grace", "1s")
-BUDGET = """
-[accounts."ai2"]
-kind = "program"
-
-[accounts."ai2/olmo"]
-kind = "project"
-members = ["alice", "bob", "root"]
-"""
-
-
-def wait_for(what: str, cond: Callable[[], Any], timeout: float = 60, why: Callable[[], str] = str
-             ) -> Any:  # fmt: skip
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}\n{why()}")
-
-
-@dataclass
-class Agent:
-    node: str
-    state: Path
-    token: str
-    url: str
-    log: Path
-    args: tuple[str, ...] = ()
-    """The test's own agent flags, kept across restarts."""
-    proc: subprocess.Popen[bytes] | None = None
-    prefix: tuple[str, ...] = ()
-    """What the agent runs under (e.g. `unshare`: another machine's view of the same path)."""
-
-    def start(self, *extra: str, registered: bool = True) -> Agent:
-        """Start it; wait until it registers (not when `registered` is False: no server may
-        register it, e.g. while the store is away)."""
-        before = len(self.text())
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [*self.prefix, GPULEDGER, "agent", "--node", self.node, "--url", self.url,
-                 "--gpus", str(GPUS), "--gpu-type", "sim", "--state-dir", str(self.state),
-                 "--grace", "1s",
-                 "--heartbeat", "0.5s", "--run-as", "service", "--sample-every", "0.5s",
-                 "--check-every", "0.1s", *self.args, *extra],
-                env=env_for(self.state, GPULEDGER_NODE_TOKEN=self.token),
-                stdout=out, stderr=out,
-            )  # fmt: skip
-        if registered:
-            wait_for(f"{self.node} to register",
-                     lambda: "registered node" in self.text()[before:], why=self.text)  # fmt: skip
-        return self
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-    def named(self) -> dict[str, str]:
-        """The header this agent names itself with (`schemas.agent.AGENT_HEADER`): a request
-        made with it is this agent's own."""
-        return {AGENT_HEADER: instance_id(self.state)}
-
-    def kill(self, sig: int = signal.SIGKILL) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-        if sig in (signal.SIGKILL, signal.SIGTERM):
-            self.proc.wait(timeout=30)
-
-    def power_off(self) -> None:
-        """The node's host goes down: the agent and every process of its runs (supervisor,
-        watchdog, the job's whole process group) killed at once, and gone."""
-        self.kill(signal.SIGKILL)
-
-        def gone() -> bool:
-            for rundir in (self.state / "runs").glob("*/*"):
-                for name in ("supervisor", "watchdog", "job"):
-                    ident = read_identity(rundir / name)
-                    if ident is not None:
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(ident[0], signal.SIGKILL)
-            for p in live_processes(self.state):
-                for pid in (p.pid, *p.pids):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
-            return not live_processes(self.state)
-
-        wait_for("the host's processes to go", gone, 30)
-
-
-@dataclass
-class Cluster:
-    home: Path
-    server: Server
-    serve_args: tuple[str, ...] = ()
-    """The test's own `serve` flags, kept across restarts (see `setup`)."""
-    root: str = ""
-    """Root's token (`read`)."""
-    agents: dict[str, Agent] = field(default_factory=dict)
-
-    def cli(self, *args: str, user: str = "root", ok: bool = True) -> Any:
-        return cli(self.home, *args, ok=ok, GPULEDGER_USER=user)
-
-    def submit(self, gpus: int, script: str, *opts: str, user: str = "root") -> int:
-        """As root by default: root's own job runs as root, so it reaches the test's private
-        directories and the CLI; another ledger user's job runs as nobody (`run_as` service)."""
-        out = self.cli("submit", "-A", "ai2/olmo", "-G", str(gpus), "--min-runtime", "1h", *opts,
-                       "--", "sh", "-c", script, user=user)  # fmt: skip
-        return int(out.stdout.split()[2].rstrip(":"))
-
-    def read(self, query: str, *cli_args: str) -> Any:
-        """Root's read `GET /v1/QUERY` of the server: the rows the CLI's `CLI_ARGS --json`
-        prints through it, without a `gpuledger` process a read (the polls below started one
-        every ~0.1 s: most of the file's CPU); while no server answers (down for a restart),
-        the CLI's, which reads the store; the CLI's too for a cluster made without `root`."""
-        try:
-            if self.root:
-                return self.server.read(f"/v1/{query}", self.root)
-        except OSError:
-            pass
-        return json.loads(self.cli(*cli_args, "--json").stdout)
-
-    def jobs(self) -> dict[int, dict[str, Any]]:
-        return {j["job_id"]: j for j in json.loads(self.cli("jobs", "--json").stdout)}
-
-    def job(self, job_id: int) -> dict[str, Any]:
-        (row,) = self.read(f"jobs?job_ids={job_id}", "jobs", "--jobs", str(job_id))
-        return row  # type: ignore[no-any-return]
-
-    def events(self, tag: str) -> list[dict[str, Any]]:
-        rows = self.read("log?limit=10000", "log", "--limit", "10000")
-        return [r["event"] for r in rows if r["event"]["type"] == tag]
-
-    def nodes(self) -> dict[str, str]:
-        rows = self.read("nodes", "node", "list")
-        return {n["node"]: n["state"] for n in rows}
-
-    def restart_server(self, *extra: str) -> None:
-        """On the same port: the agents keep their URL."""
-        self.server = start_server(self.home, *SERVE, "--listen", f"127.0.0.1:{self.server.port}",
-                                   *self.serve_args, *extra,
-                                   log_name=f"serve-{time.monotonic_ns()}.log")  # fmt: skip
-
-    def why(self) -> str:
-        out = self.server.log_path.read_text(errors="replace")[-3000:]
-        for ag in self.agents.values():
-            out += f"\n--- {ag.node}\n" + ag.text()[-2000:]
-        return out + self.cli("log", "--tail", "20", ok=False).stdout
-
-    def wait_status(self, job_id: int, *status: str, timeout: float = 60) -> dict[str, Any]:
-        return wait_for(  # type: ignore[no-any-return]
-            f"job {job_id} to be {status}",
-            lambda: (j := self.job(job_id)) and j["status"] in status and j,
-            timeout, self.why,
-        )  # fmt: skip
-
-
-def part_log(entry: str) -> Path:
-    """A job's log as `jobs` shows it: `NODE:PATH`."""
-    return Path(entry.split(":", 1)[1])
-
-
-@pytest.fixture(scope="module")
-def template(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
-    """A ledger with budgets, three 2-GPU nodes and a node token each, and root's token (made
-    once)."""
-    home = tmp_path_factory.mktemp("template") / "home"
-    cli(home, "init", "--admin", "root")
-    budget = home.parent / "budget.toml"
-    budget.write_text(BUDGET)
-    cli(home, "budget", "apply", str(budget), GPULEDGER_USER="root")
-    tokens = {}
-    for node in NODES:
-        cli(home, "node", "add", node, "--gpus", str(GPUS), "--gpu-type", "sim",
-            GPULEDGER_USER="root")  # fmt: skip
-        tokens[node] = make_token(home, "--node", node, "--name", node)
-    tokens["root"] = make_token(home, "--user", "root")  # (`Cluster.read`)
-    return home, tokens
-
-
-@pytest.fixture
-def cluster(
-    template: tuple[Path, dict[str, str]], tmp_path: Path, request: pytest.FixtureRequest
-) -> Iterator[Cluster]:
-    src, tokens = template
-    home = tmp_path / "home"
-    shutil.copytree(src, home)
-    with socket.socket() as s:  # a fixed port, so a restarted server has the same URL
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    serve, agent = getattr(request, "param", ((), ()))
-    server = start_server(home, *SERVE, "--listen", f"127.0.0.1:{port}", *serve)
-    c = Cluster(home, server, serve, tokens["root"])
-    for node in NODES:
-        c.agents[node] = Agent(node, tmp_path / node, tokens[node], c.server.url,
-                               tmp_path / f"{node}.log", agent).start()  # fmt: skip
-    try:
-        yield c
-    finally:
-        for ag in c.agents.values():
-            if ag.proc is not None and ag.proc.poll() is None:
-                ag.proc.send_signal(signal.SIGCONT)
-                ag.kill(signal.SIGKILL)
-        c.server.stop(signal.SIGKILL)
-        for ag in c.agents.values():  # no job of a test outlives it
-            for p in live_processes(ag.state):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
-
-
-def with_flags(serve: tuple[str, ...] = (), agent: tuple[str, ...] = ()) -> pytest.MarkDecorator:
-    """A test's own `serve` and `agent` flags for its cluster."""
-    return pytest.mark.parametrize("cluster", [(serve, agent)], indirect=True, ids=[""])
-
-
-def alive(pid: int) -> bool:
-    return start_time(pid) is not None  # gone, or a zombie: not alive
-
-
-def held_twice(events: list[dict[str, Any]]) -> list[tuple[str, int]]:
-    holder: dict[tuple[str, int], int] = {}
-    clashes = []
-    for ev in events:
-        if ev["type"] == "job.placed.v1":
-            gpus = [(s["node"], i) for s in ev["slots"] for i in s["gpu_indices"]]
-            clashes += [g for g in gpus if g in holder]
-            holder.update(dict.fromkeys(gpus, ev["job_id"]))
-        elif ev["type"] in ("job.finished.v2", "job.preempted.v1"):
-            holder = {g: j for g, j in holder.items() if j != ev["job_id"]}
-    return clashes
-
-
-def all_events(c: Cluster) -> list[dict[str, Any]]:
-    rows = json.loads(c.cli("log", "--json", "--limit", "10000").stdout)
-    return [r["event"] for r in rows]
+template, cluster = agentkit.template, agentkit.cluster  # the fixtures
 
 
 def test_placements_run_on_their_nodes_and_report_exit_codes_and_the_job_token_is_scoped(
@@ -337,19 +107,6 @@ def test_a_gang_job_runs_one_part_per_node_and_a_failed_part_stops_the_others(
     wait_for("rank 0 to be stopped", lambda: not alive(pid), 15, c.why)
 
 
-def until(trigger: Path, code: int) -> str:
-    """A job that says its pid, runs until the test creates `trigger`, then exits with `code`."""
-    return f"echo $$; while [ ! -e {trigger} ]; do sleep 0.1; done; exit {code}"
-
-
-def running_pid(c: Cluster, job: int) -> tuple[str, int]:
-    """(node, pid) of a running one-node job, from its log."""
-    j = c.wait_status(job, "running")
-    log = part_log(j["logs"][0])
-    pid = int(wait_for(f"job {job}'s pid", lambda: log.read_text().split(), 30, c.why)[0])
-    return j["logs"][0].split(":", 1)[0], pid
-
-
 @with_flags(serve=("--node-lost-after", "60s"))
 def test_kill_9_of_agents_adopts_their_jobs_and_reports_exits_that_happened_meanwhile(
     cluster: Cluster,
@@ -381,12 +138,6 @@ def test_kill_9_of_agents_adopts_their_jobs_and_reports_exits_that_happened_mean
     assert (j["outcome"], j["exit_code"]) == ("completed", 0)
     assert len(c.events("job.placed.v1")) == 2  # each launched once, never again
     assert held_twice(all_events(c)) == []
-
-
-def audit_check(c: Cluster) -> str:
-    """`audit check` over the ledger and every agent's live processes (the server stopped)."""
-    states = [a for ag in c.agents.values() for a in ("--agent-state", str(ag.state))]
-    return str(c.cli("audit", "check", *states).stdout)
 
 
 def test_sigterm_and_kill_9_of_serve_then_a_restart_keep_jobs_running(cluster: Cluster) -> None:
@@ -599,29 +350,6 @@ def test_an_idle_job_is_listed_by_squatters_and_preempted_after_its_contract_for
     assert held_twice(all_events(c)) == []
 
 
-RUNNER = "glrunner"
-"""An OS account that submits in the run-as test (made by the test when missing)."""
-
-
-def os_user(name: str) -> pwd.struct_passwd:
-    """The OS account `name`, made with useradd when it does not exist (the test runs as root:
-    it fails, never skips, when the account cannot be made)."""
-    with userkit.accounts_locked():
-        with contextlib.suppress(KeyError):
-            return pwd.getpwnam(name)
-        made = subprocess.run(
-            ["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-            capture_output=True, text=True,
-        )  # fmt: skip
-    try:
-        return pwd.getpwnam(name)
-    except KeyError:
-        raise AssertionError(
-            f"cannot make the OS user {name!r} this test launches jobs as "
-            f"(useradd exited {made.returncode}: {made.stderr.strip()}); run the suite as root"
-        ) from None
-
-
 @with_flags(agent=("--run-as", "submitter"))
 def test_an_agent_running_as_root_launches_each_job_as_its_submitter(cluster: Cluster) -> None:
     c = cluster
@@ -790,369 +518,6 @@ def test_a_server_restarted_with_a_shorter_fence_shortens_the_nodes_lease_at_onc
     assert json.loads(lease.read_text())["node_fence_s"] == 4.0
 
 
-@with_flags(serve=("--node-lost-after", "60s"))
-def test_a_second_agent_for_a_node_on_another_state_dir_is_refused_and_launches_nothing(
-    cluster: Cluster, tmp_path: Path
-) -> None:
-    """atk37-23 F4 (and F6's variant): a second `gpuledger agent` for a node whose agent runs,
-    started on another state directory, knew none of the first's runs: it launched the node's
-    job again at once (the same launch alive twice); one started on another state directory
-    after the first was killed -9 took the node while the first's processes still ran. Now a
-    node has one agent: another is refused with one line (before it launches anything) while
-    the first's lease may still run, and the first, restarted on its own state directory,
-    adopts its job."""
-    c = cluster
-    go = c.home.parent / "go"
-    job = c.submit(1, until(go, 0))
-    node, pid = running_pid(c, job)
-    first = c.agents[node]
-    second = Agent(node, tmp_path / "second-state", first.token, c.server.url,
-                   tmp_path / "second.log")  # fmt: skip
-    try:
-        for when in ("while the first runs", "after the first was killed -9"):
-            second.start(registered=False)
-            assert second.proc is not None
-            try:
-                assert second.proc.wait(timeout=60) == 1, when
-            except subprocess.TimeoutExpired:
-                pytest.fail(f"a second agent {when} ran on: {second.text()[-2000:]}")
-            said = second.text().strip().splitlines()
-            assert said and said[-1].startswith("error: ") and "Traceback" not in second.text()
-            assert f"node '{node}' is held by another agent" in said[-1], said
-            assert "launched" not in second.text() and not live_processes(second.state)
-            if first.proc is not None and first.proc.poll() is None:
-                first.kill(signal.SIGKILL)
-        assert alive(pid) and c.job(job)["status"] == "running"
-        first.start()
-        assert f"adopted 1 running job(s): {job}" in first.text()
-        go.touch()
-        j = c.wait_status(job, "finished")
-        assert (j["outcome"], j["exit_code"]) == ("completed", 0)
-        assert len(c.events("job.placed.v1")) == 1 and len(c.events("job.started.v1")) == 1
-    finally:
-        if second.proc is not None and second.proc.poll() is None:
-            second.kill(signal.SIGKILL)
-        for p in live_processes(second.state):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(p.pid, signal.SIGKILL)
-
-
-def refused(ag: Agent, node: str, timeout: float = 30) -> str:
-    """Start `ag` and expect it refused for the node's holder: one error line, exit 1, nothing
-    launched. Returns its last line."""
-    ag.start(registered=False)
-    assert ag.proc is not None
-    try:
-        code = ag.proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"the other agent ran on: {ag.text()[-2000:]}")
-    said = ag.text().strip().splitlines()
-    assert code == 1 and said and said[-1].startswith("error: "), ag.text()[-2000:]
-    assert f"node '{node}' is held by another agent" in said[-1], said[-1]
-    assert "launched" not in ag.text() and "Traceback" not in ag.text()
-    return said[-1]
-
-
-def ran_once(c: Cluster, job: int, pid: int, go: Path) -> None:
-    """The holder's job lived through the other agent's try: still running, it completes when
-    let go, started once."""
-    assert alive(pid) and c.job(job)["status"] == "running"
-    go.touch()
-    j = c.wait_status(job, "finished")
-    assert (j["outcome"], j["exit_code"]) == ("completed", 0)
-    assert len(c.events("job.started.v1")) == 1
-
-
-def kill_rest(ag: Agent) -> None:
-    if ag.proc is not None and ag.proc.poll() is None:
-        ag.kill(signal.SIGKILL)
-    for p in live_processes(ag.state):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(p.pid, signal.SIGKILL)
-
-
-@with_flags(serve=("--node-lost-after", "60s"))
-def test_another_machine_with_the_same_node_and_state_dir_path_is_another_agent_and_refused(
-    cluster: Cluster, tmp_path: Path
-) -> None:
-    """atk38-23 F9: agents were told apart by a hash of their state directory's *path*: a
-    second machine started with the same `--node` and the same (default) state directory path
-    was the same agent to the server, taken while the first ran, and could launch the node's
-    running job again. Each agent now keeps a random id, made once in its state directory
-    (0600): the second machine (here: a mount namespace where another directory is mounted at
-    the same path) is another agent, refused while the first holds the node."""
-    c = cluster
-    go = c.home.parent / "go"
-    job = c.submit(1, until(go, 0))
-    node, pid = running_pid(c, job)
-    first = c.agents[node]
-    elsewhere = tmp_path / "other-machine-disk"
-    elsewhere.mkdir(mode=0o700)
-    # another machine's /run too: its host-wide lock is its own (`agent.host.hold_node`)
-    mount = (
-        'mount --bind "$1" "$2" && mount -t tmpfs -o mode=0755 none /run/gpuledger && '
-        'shift 2 && exec "$@"'
-    )
-    other = Agent(node, first.state, first.token, c.server.url, tmp_path / "other.log",
-                  prefix=("unshare", "-m", "sh", "-c", mount, "sh", str(elsewhere),
-                          str(first.state)))  # fmt: skip
-    try:
-        refused(other, node)
-        ident = first.state / "agent-id"
-        assert ident.stat().st_mode & 0o777 == 0o600 and len(ident.read_text().strip()) == 32
-        # the same path, another disk: another id
-        assert (elsewhere / "agent-id").read_text() != ident.read_text()
-        ran_once(c, job, pid, go)
-    finally:
-        kill_rest(other)
-
-
-@with_flags(serve=("--node-lost-after", "60s"))
-def test_after_a_server_restart_another_agent_is_still_refused_while_the_holder_may_run(
-    cluster: Cluster, tmp_path: Path
-) -> None:
-    """atk38-23 F4: the node's holder was kept in the server's memory only: after a restart,
-    a second agent (another state directory) that spoke first was taken for the node and
-    launched its running job again, a copy without its world, beside the first launch. The
-    holder is recorded (`node.agent_changed.v1`): the restarted server refuses the other agent,
-    and the holder, back, keeps its job."""
-    c = cluster
-    go = c.home.parent / "go"
-    job = c.submit(1, until(go, 0))
-    node, pid = running_pid(c, job)
-    first = c.agents[node]
-    first.kill(signal.SIGSTOP)
-    second = Agent(node, tmp_path / "second-state", first.token, c.server.url,
-                   tmp_path / "second.log")  # fmt: skip
-    try:
-        assert c.server.stop(signal.SIGKILL) == -signal.SIGKILL
-        c.restart_server()
-        refused(second, node)
-        assert not live_processes(second.state)
-        held = [e for e in c.events("node.agent_changed.v1") if e["node"] == node]
-        ident = (first.state / "agent-id").read_text().strip()
-        assert len(held) == 1 and held[0]["agent"] != ident  # a digest, never the id
-        assert first.proc is not None
-        first.proc.send_signal(signal.SIGCONT)
-        ran_once(c, job, pid, go)
-        assert len([e for e in c.events("node.agent_changed.v1") if e["node"] == node]) == 1
-    finally:
-        kill_rest(second)
-
-
-def launches(marks: Path) -> list[list[str]]:
-    """The lines each launch of a job wrote at its start (`world_script`)."""
-    return [ln.split("|") for ln in marks.read_text().splitlines()] if marks.exists() else []
-
-
-def world_script(marks: Path) -> str:
-    """A job that writes, at each launch: launch, pid, working directory, $MY_VAR, umask,
-    whether it has a job token; then ignores SIGTERM (it lives out its grace) and loops."""
-    return (
-        f'echo "$GPULEDGER_LAUNCH|$$|$(pwd)|$MY_VAR|$(umask)|${{GPULEDGER_JOB_TOKEN:+token}}" '
-        f'| tee -a {marks}; trap "" TERM; while :; do sleep 0.2; done'
-    )
-
-
-def take_node_when_free(ag: Agent, watch: Callable[[], None], timeout: float = 90) -> int:
-    """Start `ag` again and again (each refused one exits) until it registers, calling `watch`
-    meanwhile; returns how many times it was refused."""
-    deadline, tries = time.monotonic() + timeout, 0
-    while time.monotonic() < deadline:
-        before = len(ag.text())
-        ag.start(registered=False)
-        assert ag.proc is not None
-        while ag.proc.poll() is None and "registered node" not in ag.text()[before:]:
-            watch()
-            time.sleep(0.1)
-        if "registered node" in ag.text()[before:]:
-            return tries
-        assert "is held by another agent" in ag.text()[before:], ag.text()[-2000:]
-        tries += 1
-        watch()
-        time.sleep(0.5)
-    raise AssertionError(f"the agent never took the node: {ag.text()[-2000:]}")
-
-
-@with_flags(serve=("--node-fence", "4s"))
-def test_a_new_agent_waits_until_the_old_launch_is_gone_past_its_grace_then_the_job_runs_again(
-    cluster: Cluster, tmp_path: Path
-) -> None:
-    """atk38-23 F5: after kill -9 of a node's agent, the server held the node for the old
-    agent's last request + the node-lost timeout + the fence only, but the node's fence SIGTERMs
-    a job at its lease's end and SIGKILLs it only after its grace: a new agent (another state
-    directory) took the node and launched the job again while its first launch lived on in its
-    grace (~26 s twice on the same GPUs). Now the new agent is refused while a run of the node
-    may be alive: until its node is lost and its fence (with the job's grace) has passed, so
-    the job ends `node_failure` by the node-lost rules (resumable: requeued), and only then
-    does the node take work again. Launch 1 ran once; launch 2 started after it was gone."""
-    c = cluster
-    marks = tmp_path / "marks"
-    job = c.submit(2, world_script(marks), "--resumable", "--grace", "8s")
-    node = c.wait_status(job, "running")["logs"][0].split(":", 1)[0]
-    wait_for("the job's start", lambda: launches(marks), 30, c.why)
-    first_pid = int(launches(marks)[0][1])
-    c.agents[node].kill(signal.SIGKILL)
-    twice: list[str] = []
-
-    def watch() -> None:
-        if len(launches(marks)) > 1 and alive(first_pid):
-            twice.append(str(launches(marks)))
-
-    other = Agent(node, tmp_path / "other-state", c.agents[node].token, c.server.url,
-                  tmp_path / "other.log")  # fmt: skip
-    try:
-        assert take_node_when_free(other, watch) >= 1
-        wait_for("the job's second launch", lambda: (watch(), len(launches(marks)) > 1)[1],
-                 60, c.why)  # fmt: skip
-        assert twice == [], twice
-        assert [ln[0] for ln in launches(marks)] == ["1", "2"]  # launch 1 never again
-        [pre] = c.events("job.preempted.v1")
-        assert (pre["job_id"], pre["reason"]) == (job, "node_failure")
-        assert held_twice(all_events(c)) == []
-    finally:
-        kill_rest(other)
-
-
-@with_flags(serve=("--node-fence", "4s"))
-def test_a_job_its_rebooted_node_runs_again_after_a_server_restart_keeps_its_whole_world(
-    cluster: Cluster, tmp_path: Path
-) -> None:
-    """atk38-23 F8: after a server restart, a running job was republished with its command only;
-    its node, rebooted (processes and state directory gone), launched it again in the agent's
-    state directory, output to the agent's log directory, no environment of the submission, no
-    job token, while the ledger named the user's output file. Now the agent of the rebooted
-    node (a new id: its state directory is new) waits until the job's first launch is surely
-    gone (the node lost, its fence passed), and the job's next launch, wherever it runs, has
-    its whole world from the log: working directory, environment, output file, umask, token."""
-    c = cluster
-    marks = tmp_path / "marks"
-    wd = tmp_path / "proj"
-    wd.mkdir()
-    wd.chmod(0o755)
-    out = cli(c.home, "submit", "-A", "ai2/olmo", "-G", "2", "--min-runtime", "1h",
-              "--resumable", "-o", "out-%j.log", "--", "sh", "-c", world_script(marks), cwd=wd,
-              GPULEDGER_USER="root", MY_VAR="world-8")  # fmt: skip
-    job = int(out.stdout.split()[2].rstrip(":"))
-    node = c.wait_status(job, "running")["logs"][0].split(":", 1)[0]
-    wait_for("the job's start", lambda: launches(marks), 30, c.why)
-    ag = c.agents[node]
-    ag.power_off()  # the node reboots: every process and the state directory go
-    shutil.rmtree(ag.state)
-    assert c.server.stop(signal.SIGKILL) == -signal.SIGKILL
-    c.restart_server()
-    take_node_when_free(ag, lambda: None)
-    wait_for("the job's next launch", lambda: len(launches(marks)) > 1, 60, c.why)
-    [submitted] = [e for e in all_events(c) if e["type"].startswith("job.submitted")]
-    umask = f"{submitted['umask']:04o}"
-    for launch in launches(marks):
-        assert launch[2:] == [str(wd), "world-8", umask, "token"], launches(marks)
-    assert [ln[0] for ln in launches(marks)] == ["1", "2"]
-    assert (wd / f"out-{job}.log").read_text().count("world-8") == 2
-    j = c.job(job)
-    assert j["logs"] and all(part_log(x) == wd / f"out-{job}.log" for x in j["logs"])
-
-
-def test_an_agent_request_that_names_no_agent_is_refused_while_the_holder_runs(
-    cluster: Cluster,
-) -> None:
-    """atk39-23 F8: a request of the agent API without `X-Gpuledger-Agent` was not checked
-    (taken for an agent from before the header): with the node token alone, `curl` got the
-    node's whole list, job tokens included, while another agent held the node, and kept the
-    node alive. Every agent call must now name its agent: one that does not is refused (400,
-    one line) and says nothing of the node's runs."""
-    c = cluster
-    go = c.home.parent / "go"
-    job = c.submit(1, until(go, 0))
-    node, pid = running_pid(c, job)
-    token = c.agents[node].token
-    calls = {
-        "poll": ("GET", f"/v1/agent/poll?node={node}", None),
-        "heartbeat": ("POST", "/v1/agent/heartbeat", {"node": node}),
-        "report": ("POST", "/v1/agent/report", {"node": node}),
-        "register": ("POST", "/v1/agent/register", {"node": node, "gpus": GPUS, "gpu_type": "sim"}),
-    }
-    for name, (method, path, body) in calls.items():
-        status, reply = c.server.request(method, path, body, token=token)
-        assert status == 400, (name, status, reply)
-        assert "X-Gpuledger-Agent" in str(reply) and "parts" not in str(reply), (name, reply)
-        assert "\n" not in str(reply.get("error", "")), reply
-    assert alive(pid) and c.job(job)["status"] == "running"
-    go.touch()
-    assert c.wait_status(job, "finished")["outcome"] == "completed"
-
-
-OTHER_MACHINE = (
-    'mount -t tmpfs none /sys/fs/cgroup && mount --bind "$1" "$2" && '
-    'mount --bind "$3" /proc/sys/kernel/random/boot_id && '
-    "mount -t tmpfs -o mode=0755 none /run/gpuledger && "
-    'shift 3 && exec "$@"'
-)
-"""Run as `unshare -m -p -f --kill-child --mount-proc sh -c OTHER_MACHINE sh DISK PATH BOOT_ID
-AGENT...`: another machine's view of this one, with DISK (a copy of a state directory) at
-PATH, its own processes, cgroups, boot id and /run."""
-
-
-@with_flags(serve=("--node-lost-after", "60s"))
-def test_a_clone_of_the_nodes_disk_booted_elsewhere_is_another_agent_and_refused(
-    cluster: Cluster, tmp_path: Path
-) -> None:
-    """atk39-23 F4: a copy of a node's state directory (a cloned disk or VM) carried its
-    `agent-id`, so a second machine booted from it with the same `--node` was the holder to the
-    server: it reported the node's live job lost (its machine has no such process), the ledger
-    failed it, the real node's agent SIGTERMed the live job, and both machines launched the
-    next job. The id the agent sends is now bound to its host's boot id: the clone is another
-    agent, refused while the real node's run may be alive, and the job runs on, once."""
-    c = cluster
-    go = c.home.parent / "go"
-    job = c.submit(1, until(go, 0))
-    node, pid = running_pid(c, job)
-    first = c.agents[node]
-    disk = tmp_path / "cloned-disk"
-    subprocess.run(["cp", "-a", str(first.state), str(disk)], check=True)
-    (disk / "lock").unlink()
-    boot = tmp_path / "other-boot-id"
-    boot.write_text("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0\n")
-    machine = ("unshare", "-m", "-p", "-f", "--kill-child", "--mount-proc", "sh", "-c")
-    clone = Agent(node, first.state, first.token, c.server.url, tmp_path / "clone.log",
-                  prefix=(*machine, OTHER_MACHINE, "sh", str(disk), str(first.state), str(boot))
-                  )  # fmt: skip
-    try:
-        refused(clone, node)
-        assert (disk / "agent-id").read_text() == (first.state / "agent-id").read_text()
-        assert not c.events("job.engine_ended.v1")  # never reported lost
-        ran_once(c, job, pid, go)
-    finally:
-        kill_rest(clone)
-
-
-@with_flags(serve=("--node-lost-after", "60s"))
-def test_a_second_agent_given_the_holders_agent_id_on_the_same_host_is_refused(
-    cluster: Cluster, tmp_path: Path
-) -> None:
-    """atk39-23 F5: a second agent for a node on this host, on another state directory given
-    the holder's `agent-id` (a moved directory, a restored backup), was the same agent to the
-    server: accepted while the holder ran, it launched the node's running job again on the
-    same GPU. One agent per node on a host now holds a host-wide lock (`agent.host.hold_node`):
-    the second is refused in one line before it adopts, asks or launches anything."""
-    c = cluster
-    go = c.home.parent / "go"
-    job = c.submit(1, until(go, 0))
-    node, pid = running_pid(c, job)
-    first = c.agents[node]
-    copied = tmp_path / "copied-state"
-    copied.mkdir(mode=0o700)
-    shutil.copy2(first.state / "agent-id", copied / "agent-id")
-    second = Agent(node, copied, first.token, c.server.url, tmp_path / "copied.log")
-    try:
-        line = refused(second, node)
-        assert "on this host" in line and str(first.state) in line, line
-        assert not live_processes(copied)
-        ran_once(c, job, pid, go)
-    finally:
-        kill_rest(second)
-
-
 def test_the_longest_environment_and_log_path_submit_accepts_run_and_are_charged(
     cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -1216,16 +581,6 @@ def test_an_exit_while_its_agent_was_away_past_the_fence_is_recorded_at_its_real
     assert c.events("job.run_ended.v2")[-1]["ended_at"] == pytest.approx(really, abs=1.0)
     c.server.stop(signal.SIGTERM)
     assert ": 0 violations" in audit_check(c)
-
-
-def limits_of(text: str) -> dict[str, tuple[str, str]]:
-    """`/proc/PID/limits` as {name: (soft, hard)}."""
-    out = {}
-    for line in text.splitlines()[1:]:
-        words = line[:26].strip(), line[26:].split()
-        if len(words[1]) >= 2:
-            out[words[0]] = (words[1][0], words[1][1])
-    return out
 
 
 @with_flags(agent=("--run-as", "submitter"))

@@ -1,5 +1,5 @@
 """A job opens only its own GPUs' device files on a host without the cgroup v1 `devices`
-controller (atk43 F8): real server, real agents (the fixtures of test_node_agents.py), started as
+controller (atk43 F8): real server, real agents (the fixtures of agentkit.py), started as
 the attacker did in a mount namespace where /sys/fs/cgroup/devices is unmounted: a
 cgroup-v2-only host as far as the agent can tell. The agent attaches a BPF device program to the
 job's v2 group; where the kernel refuses one, the agent says so at start and in its status.
@@ -13,9 +13,9 @@ import os
 import signal
 from pathlib import Path
 
-from tests.integration import test_node_agents as base
+from tests.integration import agentkit as base
+from tests.integration.agentkit import Cluster, part_log, wait_for, with_flags
 from tests.integration.serverkit import cli
-from tests.integration.test_node_agents import Cluster, part_log, wait_for, with_flags
 
 template, cluster = base.template, base.cluster  # the node agents' suite's fixtures
 

@@ -1,5 +1,5 @@
 """A rebooted node's agent says so at once (docs/agent.md, "One agent per node"): real server,
-real agents (the fixtures of test_node_agents.py, kept apart: that file is long). The host's
+real agents (the fixtures of agentkit.py, kept apart: that file is long). The host's
 reboot is its processes killed and another boot id and uptime where the agent reads them
 (`GPULEDGER_AGENT_PROC`, a directory standing for /proc); its state directory survives, as a
 disk does."""
@@ -15,8 +15,8 @@ import pytest
 
 from ledger.agent.identity import BOOT_FILE, PROC_ENV
 from ledger.engines.supervised import live_processes
-from tests.integration import test_node_agents as base
-from tests.integration.test_node_agents import (
+from tests.integration import agentkit as base
+from tests.integration.agentkit import (
     Cluster,
     alive,
     launches,

@@ -1,15 +1,15 @@
 """A batch script reached through another account's directory (atk43 F1; the path rule, T19 in
 docs/security.md): real server, real agents running jobs as their submitters (the fixtures of
-test_node_agents.py, kept apart: that file is long), real OS accounts."""
+agentkit.py), real OS accounts."""
 
 from __future__ import annotations
 
 import os
 
-from tests.integration import test_node_agents as base
+from tests.integration import agentkit as base
 from tests.integration import userkit
+from tests.integration.agentkit import Cluster, with_flags
 from tests.integration.serverkit import cli
-from tests.integration.test_node_agents import Cluster, with_flags
 
 template, cluster = base.template, base.cluster  # the node agents' suite's fixtures
 

@@ -18,10 +18,10 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from tests.integration import test_node_agents as agents
+from tests.integration import agentkit as agents
+from tests.integration.agentkit import Cluster, alive, audit_check, part_log
 from tests.integration.sbatchkit import Served, ledger_home, os_user
 from tests.integration.serverkit import start_server
-from tests.integration.test_node_agents import Cluster, alive, audit_check, part_log
 from tests.integration.waits import wait_for
 
 template, cluster = agents.template, agents.cluster  # the node agents' fixtures

@@ -370,7 +370,7 @@ def test_tokenless_squatters_at_a_nodes_address_never_cut_its_agent_off(
     request and is admitted when that carries a valid token: the agent keeps its job and its
     node, and a restarted agent registers while the squatters hold on; a 65th tokenless
     connection of theirs is still refused 429."""
-    from tests.integration.test_node_agents import SERVE, Agent, Cluster, wait_for
+    from tests.integration.agentkit import SERVE, Agent, Cluster, wait_for
 
     home = tmp_path / "home"
     cli(home, "init", "--admin", "root")

@@ -10,9 +10,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from tests.integration import test_node_agents as agents
+from tests.integration import agentkit as agents
+from tests.integration.agentkit import Cluster, part_log
 from tests.integration.serverkit import GPULEDGER
-from tests.integration.test_node_agents import Cluster, part_log
 
 template, cluster = agents.template, agents.cluster
 """The node agents' tests' fixtures: three 2-GPU nodes, each with its real agent."""
