@@ -16,6 +16,8 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import resource
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -399,13 +401,57 @@ def longest_groups(seconds: Mapping[str, float], workers: int, top: int = 15) ->
             "the longest: " + ", ".join(f"{g} {s:,.0f} s" for g, s in ranked) + " ===")  # fmt: skip
 
 
+def costliest_groups(cpu: Mapping[str, float], wall: float, top: int = 15) -> str:
+    """Pure: the line after it: the groups' CPU seconds (their workers' and the processes those
+    reaped: servers, agents, CLIs; not Kafka's, PostgreSQL's or Slurm's daemons), the `top`
+    costliest first. On two cores the suite is CPU-bound (load 10-27 in CI), so a cut in these,
+    not in a group's wall seconds, is what shortens the run."""
+    total = sum(cpu.values())
+    ranked = sorted(cpu.items(), key=lambda gs: (-gs[1], gs[0]))[:top]
+    return (f"=== the groups' CPU seconds (theirs and their processes'): {total:,.0f} s, "
+            f"{total / max(1.0, wall):.2f} cores over their {wall:,.0f} s; the costliest: "
+            + ", ".join(f"{g} {s:,.0f} s" for g, s in ranked) + " ===")  # fmt: skip
+
+
 _SECONDS: dict[str, float] = {}
 """Each group's tests' own seconds in this run (`pytest_runtest_logreport`)."""
+_CPU: dict[str, float] = {}
+_BEGAN = [time.monotonic()]
+"""When this process began the run (the conftest's import)."""
+"""Each group's CPU seconds in this run (`_cpu_of`, carried in the reports' properties)."""
+CPU_KEY = "cpu_s"
+
+
+def _cpu_now() -> float:
+    """This process's CPU seconds and those of the children it has reaped."""
+    own, reaped = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+
+
+def _cpu_of(item: pytest.Item) -> Iterator[None]:
+    began = _cpu_now()
+    try:
+        yield
+    finally:
+        item.user_properties.append((CPU_KEY, _cpu_now() - began))
+
+
+pytest_runtest_setup = pytest.hookimpl(wrapper=True)(_cpu_of)
+pytest_runtest_call = pytest.hookimpl(wrapper=True)(_cpu_of)
+pytest_runtest_teardown = pytest.hookimpl(wrapper=True)(_cpu_of)
+"""Each phase's CPU seconds, in its report (made after the phase: xdist carries it to the
+controller); a phase's report holds the properties of the phases before it too."""
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     group = group_of_report(report.nodeid)
     _SECONDS[group] = _SECONDS.get(group, 0.0) + report.duration
+    spent = [v for k, v in report.user_properties if k == CPU_KEY]
+    if spent:  # the last one is this phase's: the ones before it were counted with theirs
+        _CPU[group] = _CPU.get(group, 0.0) + float(spent[-1])
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -416,6 +462,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     n = getattr(config.option, "numprocesses", None)
     workers = n if isinstance(n, int) and n > 0 else 1
     terminalreporter.write_line(longest_groups(_SECONDS, workers))
+    if _CPU:
+        wall = time.monotonic() - _BEGAN[0]
+        terminalreporter.write_line(costliest_groups(_CPU, wall))
 
 
 settings.register_profile("suite", deadline=None)

@@ -26,6 +26,7 @@ from tests.conftest import (
     SLURM_GROUPS,
     SLURM_SECONDS,
     TURNS,
+    costliest_groups,
     group_of_report,
     longest_groups,
     slurm_conf,
@@ -369,6 +370,16 @@ def test_a_run_ends_with_its_longest_groups_and_their_seconds_a_worker() -> None
     assert longest_groups(seconds, 3, top=2) == (
         "=== the groups' own seconds (set-up, call, tear-down): 181 s in 4 groups, 60 s a "
         "worker over 3; the longest: integration/test_server_schema 131 s, pg_outage-a 46 s ==="
+    )
+
+
+def test_a_run_says_its_groups_cpu_seconds_costliest_first() -> None:
+    """On two cores the suite is CPU-bound: the line after the seconds names where the CPU went
+    (s60: a group's wall seconds, inflated by the others' load, hid which cut would help)."""
+    cpu = {"slurm-a": 120.0, "integration/test_server": 300.4, "tests/unit/test_x.py": 0.5}
+    assert costliest_groups(cpu, 200.0, top=2) == (
+        "=== the groups' CPU seconds (theirs and their processes'): 421 s, 2.10 cores over "
+        "their 200 s; the costliest: integration/test_server 300 s, slurm-a 120 s ==="
     )
 
 
