@@ -114,6 +114,11 @@ class Health(msgspec.Struct, frozen=True, kw_only=True):
     store's log again from position 1 (its topic was deleted, made again or cut), that and its
     progress: "publishing the store's log again from position 1 (why): position P of H"; on a
     standby, whose relay it is and how old the word is."""
+    relay_checked_s_ago: float | None = None
+    """How long ago (s) this server's relay last found its topic the one it published to (its
+    check every second, a connect, a commit): more than 3 checks + 1 s on a live relay, its
+    position is no longer sure to be the topic's (docs/kafka.md). None: no relay here (a
+    standby tells no age of the leader's), or not known yet."""
     executor: str = ""
     """What runs the jobs: agents, local, slurm, record (placements only recorded), none."""
     placing: bool = True

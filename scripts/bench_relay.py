@@ -21,6 +21,15 @@ without it (the round as SQLite runs it); the barrier commit alone is timed too.
 
     python scripts/bench_relay.py --pg-barrier 200 --per-round 10
 
+`--pg-lease ROUNDS` measures the lease statement a relay under a lease makes before each Kafka
+transaction (`Lease.holds()`, on a connection of its own: the store says the lease is this
+server's, atk58 F5): the same private PostgreSQL, a lease taken as a leader takes it, rounds of
+`--per-round` submissions timed alternately with `holds=lease.holds` and without it (one
+transaction a round: one statement), the statement alone, and, in the same run, its raw limit:
+`SELECT 1` on a plain psycopg connection (one round trip, nothing read).
+
+    python scripts/bench_relay.py --pg-lease 200 --per-round 10
+
 Goal: relay >= 50% of raw. Prints events/s of both, the ratio per round and the median, and
 which CRC32C implementation kafka-python uses (the pure-Python fallback caps batching at
 ~18k records/s; the `crc32c` C extension is installed with `kafka-python[crc32c]`).
@@ -216,6 +225,73 @@ def pg_barrier(bootstrap: str, rounds: int, per_round: int) -> None:
     )
 
 
+def pg_lease(bootstrap: str, rounds: int, per_round: int) -> None:
+    """What the per-transaction lease statement costs (see the module docstring)."""
+    import psycopg
+    from bench_pg import database
+    from benchkit import postgres
+
+    from ledger.store import lease as lease_module
+    from ledger.store import locate
+
+    job = c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1, min_runtime_s=0, duration_s=60)
+    with postgres() as admin, tempfile.TemporaryDirectory(prefix="gpuledger-bench-lease-") as tmp:
+        dsn = database(admin, f"bench_lease_{uuid.uuid4().hex[:8]}")
+        home = Path(tmp)
+        locate.remember(home, dsn)
+        build_store(home, 1_000, store=dsn)
+        lease_module.setup(dsn)
+        lease = lease_module.Lease(dsn, "bench", "http://127.0.0.1:1", 60.0)
+        if not lease.acquire():
+            sys.exit("error: the lease could not be taken")
+        ledger = Ledger(home, SimClock(2_000.0), seeded_ids(2), store=dsn)
+        topic = f"bench-lease-{uuid.uuid4().hex[:8]}"
+        relay = Relay(open_store(home), bootstrap, topic=topic, transactional_id=f"b-{topic}",
+                      holds=lease.holds)  # fmt: skip
+        took: dict[str, list[float]] = {"held": [], "none": [], "holds": [], "raw": []}
+        raw = psycopg.connect(dsn, autocommit=True)
+        try:
+            relay.publish_pending()  # the store so far, and the producer's first connect
+            for i in range(2 * rounds):
+                held = i % 2 == 0
+                relay._holds = lease.holds if held else None  # the round as with no lease
+                ledger.execute_all([job] * per_round)
+                lease.renew()  # not timed: the leader's own thread renews it
+                t0 = time.perf_counter()
+                published = relay.publish_pending()
+                took["held" if held else "none"].append(time.perf_counter() - t0)
+                if published != per_round:
+                    sys.exit(f"error: a round published {published}, not {per_round}")
+                t0 = time.perf_counter()
+                if not lease.holds():
+                    sys.exit("error: the store says the lease is not this server's")
+                took["holds"].append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                raw.execute("SELECT 1").fetchall()
+                took["raw"].append(time.perf_counter() - t0)
+        finally:
+            raw.close()
+            relay.close()
+            ledger.close()
+            lease.release()
+            lease.close()
+            delete_topics(bootstrap, [topic])
+
+    def ms(xs: list[float]) -> str:
+        q = statistics.quantiles(xs, n=20)
+        return f"median {statistics.median(xs) * 1e3:6.2f} ms, p95 {q[18] * 1e3:6.2f} ms"
+
+    print(f"PostgreSQL relay rounds of {per_round} events (one transaction), "
+          f"{rounds} each way (no standby):")  # fmt: skip
+    print(f"  round with the lease statement   {ms(took['held'])}")
+    print(f"  round without it                 {ms(took['none'])}")
+    print(f"  Lease.holds() alone              {ms(took['holds'])}")
+    print(f"  raw limit: SELECT 1 (psycopg)    {ms(took['raw'])}")
+    extra = statistics.median(took["held"]) - statistics.median(took["none"])
+    ratio = statistics.median(took["raw"]) / statistics.median(took["holds"])
+    print(f"  cost per transaction (medians)   {extra * 1e3:+.2f} ms; raw / holds() {ratio:.0%}")
+
+
 def delete_topics(bootstrap: str, topics: list[str]) -> None:
     with contextlib.suppress(Exception):
         admin = KafkaAdminClient(bootstrap_servers=bootstrap, client_id="gpuledger-bench")
@@ -238,13 +314,26 @@ def main() -> None:
         metavar="ROUNDS",
         help="time PostgreSQL relay rounds with and without the barrier commit",
     )
-    ap.add_argument("--per-round", type=int, default=10, help="events per --pg-barrier round")
+    ap.add_argument(
+        "--pg-lease",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="time PostgreSQL relay rounds with and without the lease statement",
+    )
+    ap.add_argument(
+        "--per-round", type=int, default=10, help="events per --pg-barrier/--pg-lease round"
+    )
     args = ap.parse_args()
 
     print(f"machine: {machine()}")
     if args.pg_barrier:
         with broker(args.bootstrap) as bootstrap:
             pg_barrier(bootstrap, args.pg_barrier, args.per_round)
+        return
+    if args.pg_lease:
+        with broker(args.bootstrap) as bootstrap:
+            pg_lease(bootstrap, args.pg_lease, args.per_round)
         return
     print(f"kafka-python {version('kafka-python')}; CRC32C: {crc32c_implementation()}")
     with (

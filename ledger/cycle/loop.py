@@ -330,6 +330,13 @@ class ServiceLoop:
             return None
         return self.relay.health.position
 
+    def relay_checked_s_ago(self) -> float | None:
+        """How long ago this server's relay last found its topic the one it published to
+        (`RelayHealth.checked_s_ago`, by the relay's clock; None without Kafka, or not known)."""
+        if self.relay is None:
+            return None
+        return self.relay.health.checked_s_ago(self.relay.clock.now())
+
     def relay_state(self) -> tuple[str | None, str | None]:
         """(state, error) of the relay: a relay that cannot publish says so in health and
         status, never silently (None, None without Kafka); a position not known to be the

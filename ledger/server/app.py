@@ -299,6 +299,7 @@ def _build(
         head = ledger.position
         relay = svc.relay_position()  # None: no relay, or a position not known (atk58 F4)
         relay_state, relay_error = svc.relay_state()
+        checked = svc.relay_checked_s_ago()  # this server's relay's (`relay status` tells it)
         if relay_state is None and worker.ha is not None:  # a standby: the leader's relay
             relay, relay_state, relay_error = _leaders_relay(worker.ha, svc.kafka)
         st = svc.stats
@@ -317,6 +318,7 @@ def _build(
             last_error=st.last_error,
             relay_state=relay_state,
             relay_error=relay_error,
+            relay_checked_s_ago=None if checked is None else round(checked, 3),
             executor=svc.about.get("executor", ""),
             placing=svc.placing,
             jobs_run_as=svc.about.get("jobs_run_as", ""),

@@ -41,7 +41,7 @@ from ledger.server.peers import (
     same_address_words,
     server_states,
 )
-from ledger.server.store_seen import store_trouble
+from ledger.server.store_seen import lapsed, store_trouble
 from ledger.store.lease import (
     MARGIN,
     Holder,
@@ -217,10 +217,21 @@ class Leadership:
             return -math.inf
         return h.held_in_s - (time.monotonic() - self._leader_read_at) - sum(node)
 
+    def away(self) -> str | None:
+        """Why this server's store does not answer it, for a write's refusal: a lease statement
+        failed (`unreachable`), or its own lease ran out with its renewal unanswered and no
+        statement answered since (`store_seen.lapsed`: it knows of no election); None
+        otherwise."""
+        if self.unreachable is not None:
+            return self.unreachable
+        lease = self.lease
+        return lapsed(time.monotonic(), lease.deadline, lease.renewing, lease.answered_at,
+                      lease.answer_s)  # fmt: skip
+
     def leader_address(self) -> str:
         if self.acting():
             return self.lease.address
-        if self.unreachable is not None:  # nobody can lead meanwhile: a lease row that looks
+        if self.away() is not None:  # nobody can lead meanwhile: a lease row that looks
             return ""  # held may be a takeover the store never committed (atk33-28 F10)
         h = self.leader
         left = 0.0 if h is None else h.expires_in_s - (time.monotonic() - self._leader_read_at)

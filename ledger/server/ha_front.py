@@ -116,7 +116,8 @@ class HAFront:
                 return
             await self.app(scope, receive, self._stamped(send, agent))
             return
-        if await self._taking_over():
+        away = self.ha.away()  # its own lease ran out unanswered: no election to wait for
+        if away is None and await self._taking_over():
             await self.app(scope, receive, self._stamped(send, agent))
             return
         leader = self.ha.leader_address()
@@ -131,11 +132,8 @@ class HAFront:
                 return
             await self._forward(leader, scope, receive, send, headers)
             return
-        if self.ha.unreachable is not None:  # not "a standby": nobody can lead meanwhile
-            await self._refuse(
-                send,
-                f"{store_words(self.ha.unreachable)}: no write is taken until it does",
-            )
+        if away is not None:  # not "a standby": nobody can lead meanwhile, as far as it knows
+            await self._refuse(send, f"{store_words(away)}: no write is taken until it does")
             return
         await self._refuse(send, "this server is a standby")
 
@@ -175,7 +173,7 @@ class HAFront:
         deadline = time.monotonic() + TAKEOVER_WAIT_S
         while not self.ha.acting():
             leader = self.ha.leader_address()
-            electing = not leader and self.ha.unreachable is None
+            electing = not leader and self.ha.away() is None
             if not (self.ha.lease.may_act() or electing) or time.monotonic() > deadline:
                 return False
             self.ha.notify()
@@ -247,7 +245,8 @@ class HAFront:
         hint = "retry: the CLI and agents find the leader from their list of servers"
         if status == 504:
             hint = "`gpuledger log` and `gpuledger jobs` say what the ledger holds"
-        if self.ha.unreachable is not None:  # nobody can lead meanwhile: no leader to name
+        away = self.ha.away() is not None
+        if away:  # nobody can lead meanwhile: no leader to name
             leader, where = "", "reads still answer"
             hint = "retry once the store answers again; `gpuledger status` says when it does"
         body = msgspec.json.encode(
@@ -268,7 +267,7 @@ class HAFront:
         ]
         if leader:
             headers.append((LEADER_HEADER.encode(), leader.encode()))
-        if self.ha.unreachable is not None:
+        if away:
             headers.append((STORE_HEADER.encode(), b"away"))
         if unknown:
             headers.append((OUTCOME_HEADER.lower().encode(), b"unknown"))

@@ -76,6 +76,8 @@ class Figures(msgspec.Struct, frozen=True, kw_only=True):
     """False while the executor waits for its engine to answer (`LoopStats.engine_away`)."""
     relay_report_age_s: float | None = None
     """A standby's: how long ago the leader reported the relay lag it tells (None: not told)."""
+    relay_checked_s_ago: float | None = None
+    """How long ago this server's relay last found its topic its own (None: no relay here)."""
     role: str = "single"
     """This server's role: `single` (its own store), `leader` or `standby` (a shared store)."""
     epoch: int = 0
@@ -203,6 +205,13 @@ def families(f: Figures) -> list[Metric]:
             "A standby's: seconds since the leader reported the relay lag it tells.",
             [],
             [([], f.relay_report_age_s)],
+        )
+    if f.relay_checked_s_ago is not None:
+        gauge(
+            "gpuledger_relay_topic_checked_age_seconds",
+            "Seconds since this server's relay last found its topic the one it published to.",
+            [],
+            [([], f.relay_checked_s_ago)],
         )
     gauge(
         "gpuledger_node_heartbeat_age_seconds",
@@ -419,6 +428,7 @@ def service_figures(service: Any, ha: Any, view: Any) -> dict[str, Any]:
         # stayed frozen beside no lag (atk55-25 F5)
         "relay_report_age_s": None,
         **(told or {}),
+        "relay_checked_s_ago": service.relay_checked_s_ago(),
         "heartbeat_ages": {
             node: max(0.0, clock - at) for node, at in service.executor.heard_from().items()
         },

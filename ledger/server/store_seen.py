@@ -50,3 +50,23 @@ def stale_s(now: float, read_at: float, acting: bool, lease_s: float) -> float |
         return None
     age = now - read_at
     return age if age > lease_s else None
+
+
+def lapsed(
+    now: float, deadline: float, renewing: float | None, answered_at: float, answer_s: float
+) -> str | None:
+    """Pure: why a server whose own lease ran out takes no write, when its store does not answer
+    it: the lease ran out by its own clock (`deadline`, `Lease.deadline`: 0 when it holds none,
+    lost it to a renewal that found another holder, or handed it over), the renewal sent at
+    `renewing` has had no answer for a statement's time (`answer_s`; None: the last renewal
+    answered), and no lease statement answered after the deadline (`answered_at`). None
+    otherwise: a leader paused or starved past its lease reads the row at its next turn and
+    names the leader, or takes the lease again."""
+    if not deadline or now < deadline or renewing is None or answered_at >= deadline:
+        return None
+    if now - renewing < answer_s:
+        return None
+    return (
+        f"its renewal of this server's lease has had no answer for {now - renewing:.1f} s; "
+        f"the lease ran out {now - deadline:.1f} s ago"
+    )

@@ -243,9 +243,10 @@ class Worker:
             ) from None
 
     def _check_leading(self) -> None:
-        if self.ha is not None and self.ha.unreachable is not None:
+        away = None if self.ha is None else self.ha.away()
+        if away is not None:
             raise Unavailable(
-                f"{store_words(self.ha.unreachable)}: no write is taken until it does",
+                f"{store_words(away)}: no write is taken until it does",
                 hint="retry later; reads still answer",
             )
         if self.ha is not None and not self.ha.acting():

@@ -353,6 +353,11 @@ class Lease:
         was in flight (its worker had finished its cycle: no `sbatch` may still land)."""
         self.deadline = 0.0
         """monotonic time until which this server may act as leader (0: it is not leader)."""
+        self.renewing: float | None = None
+        """monotonic time the last renewal was sent while it has had no answer (under way, or
+        failed; None: it answered): a lease run out so is one the store did not answer."""
+        self.answered_at = 0.0
+        """monotonic time a statement of the lease last answered (`store_seen.lapsed`)."""
         self._cons: dict[str, Any] = {}
         """Its connections: the renewals' own ("renew", its own thread's: `Leadership`) and
         the rest's ("lease"): a renewal never waits behind a report's statements."""
@@ -406,6 +411,7 @@ class Lease:
                 watchdog.cancel()
             if any(SYNC_WAIT in n for n in notices):
                 raise NotCommitting(NOT_COMMITTING.format(round(self.answer_s + 0.1, 1)))
+            self.answered_at = time.monotonic()
             return rows
         except Exception as err:
             from psycopg.errors import QueryCanceled
@@ -484,6 +490,7 @@ class Lease:
             return False
         self.epoch = int(rows[0][0])
         self.handed_over = bool(rows[0][1])
+        self.renewing = None  # a renewal unanswered before says nothing of this lease
         self.deadline = sent + self.lease_s * (1 - MARGIN)
         return True
 
@@ -492,7 +499,7 @@ class Lease:
         one sent before PostgreSQL hung, run as it woke, extended a lease its holder had given
         up); False then, or when another server holds it (stop at once). A database that does
         not answer raises: the lease still runs until `deadline`."""
-        sent = time.monotonic()
+        sent = self.renewing = time.monotonic()
         rows = self._run(
             "UPDATE {leader} SET expires_at = now() + make_interval(secs => %s), "
             "stamp = stamp + 1 WHERE id = 1 AND holder = %s AND epoch = %s "
@@ -500,6 +507,7 @@ class Lease:
             (self.lease_s, self.holder, self.epoch),
             "renew",
         )
+        self.renewing = None
         if not rows:
             self.deadline = 0.0
             return False

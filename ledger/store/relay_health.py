@@ -139,12 +139,19 @@ class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
         live = self.state in WATCHING
         return live and not (now is not None and (self.stale(now) or self.unchecked_s(now)))
 
+    def checked_s_ago(self, now: float) -> float | None:
+        """How long ago (s) the topic was last found the one the relay published to (None: not
+        known, a record from before `checked` was kept): the one computation of the check's age
+        that `relay status` (`unchecked_s`), `/v1/health` (`relay_checked_s_ago`) and `/metrics`
+        (`gpuledger_relay_topic_checked_age_seconds`) tell."""
+        return max(0.0, now - self.checked) if self.checked else None
+
     def unchecked_s(self, now: float) -> float | None:
         """How long a live relay's topic has gone unchecked, when longer than `CHECK_LATE`
         checks (None: checked lately, or a record from before `checked` was kept)."""
-        if not self.checked or self.state not in WATCHING:
+        age = self.checked_s_ago(now)
+        if age is None or self.state not in WATCHING:
             return None
-        age = now - self.checked
         return age if age > CHECK_LATE * self.check_s + 1 else None
 
     def behind(self, now: float | None = None, head: int | None = None, unread: str = "") -> str:

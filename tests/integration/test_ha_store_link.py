@@ -12,10 +12,12 @@ from __future__ import annotations
 import http.client
 import json
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 from tests.integration import waits
-from tests.integration.hakit import make_group
+from tests.integration.hakit import Member, make_group
 from tests.integration.serverkit import GPULEDGER, env_for, init_on_store, make_token
 from tests.integration.test_ha import Proxy
 
@@ -73,6 +75,101 @@ def test_a_standby_cut_from_postgresql_marks_its_reads_and_the_cli_reads_its_own
     finally:
         g.stop()
         proxy.close()
+
+
+RENEWAL = b"stamp = stamp + 1 WHERE id = 1 AND holder"
+"""A text only the lease's renewal sends (`Lease.renew`)."""
+
+
+class RenewalsFirst(Proxy):
+    """Cuts a leader's renewals first (its other statements answer), then, a moment before its
+    lease runs out by its own clock (the last renewal's sending + four fifths of the lease),
+    the whole link: its store hangs for everything from just before the lease ran out, and the
+    statement that will fail (two thirds of a lease after it was sent) has not failed yet."""
+
+    def __init__(self, dsn: str, lease_s: float) -> None:
+        self.lease_s, self.renewals_cut = lease_s, threading.Event()
+        self.renewal_sent, self.timer = 0.0, None  # type: ignore[var-annotated]
+        super().__init__(dsn)
+
+    def passing(self, data: bytes, upward: bool, link: threading.Event) -> bytes | None:
+        if upward and RENEWAL in data:
+            if not self.renewals_cut.is_set():
+                self.renewal_sent = time.monotonic()
+                return super().passing(data, upward, link)
+            link.set()  # the renewals' connection: nothing more goes through it
+            if self.timer is None:
+                runs_out = self.renewal_sent + 0.8 * self.lease_s
+                self.timer = threading.Timer(runs_out - 0.8 - time.monotonic(), self.cut.set)
+                self.timer.start()
+        return None if link.is_set() else super().passing(data, upward, link)
+
+
+def _write(m: Member, token: str) -> tuple[int, str, str, float]:
+    """A submit to `m` alone: (status, X-Gpuledger-Store, body, seconds to its answer)."""
+    body = json.dumps({"actor": "", "account": "ai2/olmo", "gpus": 1}).encode()
+    conn = http.client.HTTPConnection("127.0.0.1", m.port, timeout=10)
+    began = time.monotonic()
+    try:
+        conn.request("POST", "/v1/commands/submit", body=body, headers={
+            "Authorization": f"Bearer {token}", "Content-Type": "application/json"})  # fmt: skip
+        resp = conn.getresponse()
+        text = resp.read().decode()
+        return (
+            resp.status,
+            resp.getheader("X-Gpuledger-Store") or "",
+            text,
+            (time.monotonic() - began),
+        )
+    finally:
+        conn.close()
+
+
+def test_a_leader_whose_lease_ran_out_while_its_store_hangs_refuses_writes_at_once_saying_so(
+    tmp_path: Path, pg_store: str
+) -> None:
+    """Its renewals go unanswered, then everything: its lease runs out by its own clock before
+    any statement has failed (the store is not yet known away). A write is answered at once,
+    503 with the store away and why, and the CLI goes on to the next server. Before, it named
+    itself the leader from the row it last read ("this server is a standby; the leader is"
+    itself), then, past that row's expiry, held writes up to `TAKEOVER_WAIT_S` as for an
+    election (stop 58's CI)."""
+    home = tmp_path / "server-0"
+    init_on_store(home, tmp_path, pg_store)
+    token = make_token(home, "--user", "alice")
+    proxy = RenewalsFirst(pg_store, 5.0)
+    g = make_group(tmp_path, pg_store, 2, "--interval", "0.5s", home=home)
+    g.lease = "5s"
+    cut, other = g.members
+    cut.dsn = proxy.via
+    try:
+        g.start(cut)
+        assert g.leader() is cut
+        g.start(other)
+        done = _cli(token, g.urls, "submit", "-A", "ai2/olmo", "-G", "1", "--min-runtime", "1h")
+        assert done.returncode == 0, done.stderr
+        proxy.renewals_cut.set()
+        waits.wait_for("the cut leader's lease to run out", lambda: (cut.health() or {}).get(
+            "role") == "standby", 30, g.why)  # fmt: skip
+        assert proxy.cut.is_set()  # the whole link was cut before it ran out
+        said = []
+        for _ in range(2):  # the row it last read held, then expired (an election, were it on)
+            status, store, text, took = _write(cut, token)
+            assert (status, store) == (503, "away"), (status, store, text, g.why())
+            assert took < 1.0, (took, text)
+            said.append(json.loads(text)["message"])
+            time.sleep(1.5)
+        assert said[0].startswith("the store does not answer (its renewal of this server's "
+                                  "lease has had no answer for "), said  # fmt: skip
+        assert said[1].startswith("the store does not answer ("), said
+        done = _cli(token, f"{cut.url},{other.url}", "submit", "-A", "ai2/olmo", "-G", "1",
+                    "--min-runtime", "1h")  # fmt: skip
+        assert done.returncode == 0, (done.stderr, g.why())
+    finally:
+        g.stop()
+        proxy.close()
+        if proxy.timer is not None:
+            proxy.timer.cancel()
 
 
 def _get(m: object, token: str) -> tuple[str, str]:

@@ -281,6 +281,7 @@ def test_a_standby_never_forwards_a_write_that_was_forwarded_to_it() -> None:
         lease=SimpleNamespace(address="http://me:1", may_act=lambda: False),
         role="standby",
         unreachable=None,
+        away=lambda: None,
         notify=lambda: None,
     )
     front = HAFront(None, ha, lambda: 0)  # type: ignore[arg-type]
@@ -338,6 +339,7 @@ def test_a_write_waits_for_a_server_about_to_lead_and_for_nothing_else(
         lease=SimpleNamespace(address="http://me:1", may_act=lambda: holds),
         role="standby",
         unreachable=unreachable,
+        away=lambda: unreachable,
         notify=lambda: None,
     )
     reached: list[str] = []

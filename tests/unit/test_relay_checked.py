@@ -72,3 +72,15 @@ def test_the_watchers_check_of_the_same_topic_is_kept_in_the_health(
     service._watch_topic(None)
     service._set("publishing", head=5)
     assert service.health.checked >= before
+
+
+def test_the_check_s_age_is_one_computation_whatever_the_state() -> None:
+    """`relay status` (`unchecked_s`), `/v1/health` (`relay_checked_s_ago`) and `/metrics`
+    (`gpuledger_relay_topic_checked_age_seconds`) tell one age (`checked_s_ago`): before, only
+    `relay status` said it (stop 59's closing note)."""
+    old = _record(NOW - 12)
+    assert old.checked_s_ago(NOW) == old.unchecked_s(NOW) == 12.0
+    stopped = msgspec.structs.replace(old, state="stopped")
+    assert (stopped.checked_s_ago(NOW), stopped.unchecked_s(NOW)) == (12.0, None)
+    assert _record(0.0).checked_s_ago(NOW) is None  # a record from before `checked` was kept
+    assert _record(NOW - 0.8).unchecked_s(NOW) is None  # checked lately: no age in the line

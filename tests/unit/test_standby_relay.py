@@ -138,6 +138,7 @@ def test_a_kept_scrape_drops_the_report_age_once_the_leaders_word_is_stale() -> 
     ha = SimpleNamespace(leader_relay=lambda: word[0], relay_word_s=relay_word_s(5.0),
                          role="standby", epoch=3, servers=lambda head: [])  # fmt: skip
     service = SimpleNamespace(relay_position=lambda: None, relay_state=lambda: (None, None),
+                              relay_checked_s_ago=lambda: None,
                               stats=SimpleNamespace(
         cycles=0, engine_away=None), executor=SimpleNamespace(heard_from=dict))  # fmt: skip
     view = SimpleNamespace(ledger=SimpleNamespace(position=30), moment=100.0)

@@ -130,7 +130,7 @@ def _front(read_at: float, acting: bool = False) -> tuple[HAFront, list[Any]]:
                          lease=SimpleNamespace(address="http://me:1", may_act=lambda: acting,
                                                lease_s=5.0, node=None),
                          role="leader" if acting else "standby", unreachable=None,
-                         notify=lambda: None)  # fmt: skip
+                         away=lambda: None, notify=lambda: None)  # fmt: skip
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": []})
