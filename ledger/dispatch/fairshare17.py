@@ -52,6 +52,9 @@ What changes, each a setting of its own so the tables can turn it off:
   order (s55's candidate, not chosen). `takeback_keep_owed_fs` (0, off; s58's candidate, not
   chosen: it loses Philly's wait): a job whose team holds no GPU and has used at most 1/X of its
   share is offered the kept runs at once (`keep_owed_to`), as the need rule's.
+  `takeback_keep_need_fs` (0, off; s60's candidate): the need rule serves only a job whose
+  team's share of the whole tree is at least that (`within_share`): a team over its share waits
+  by fairness, not by the keep.
 - **The next plans** (`plans_tried`, 4 built today; 1 in older records): when `weigh` refuses a
   least-loss plan, the search weighs the next on none of the nodes of the refused plan's dearest
   victim, up to `plans_tried` plans (`engine._next_plans`).
@@ -109,6 +112,7 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
     takeback_keep_need_s: float = 0.0
     takeback_keep_per_pool: bool = False
     takeback_keep_owed_fs: float = 0.0
+    takeback_keep_need_fs: float = 0.0
     debug_hold_window_s: float = 3_600.0
     plans_tried: int = 1
 
@@ -212,9 +216,26 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
         the job, now or in its reservation: the job needs its GPUs (atk56-26 F1: gangs under
         the yield share and single-node jobs on a kept node waited 71 h)."""
         need = self.takeback_keep_need_s  # the snapshot's time, as `victim_group` knows it
-        if need > 0 and snapshot.taken_at - job.submitted_at >= need:
+        if (
+            need > 0
+            and snapshot.taken_at - job.submitted_at >= need
+            and self.within_share(job, snapshot)
+        ):
             return True
         return self.keep_owed_to(job, snapshot)
+
+    def within_share(self, job: PendingJob, snapshot: Snapshot) -> bool:
+        """Whether `job`'s team may claim the kept runs by the need rule
+        (`takeback_keep_need_fs`, 0: every team): its share of the whole tree (`team_fs`:
+        allocated over used, decayed) is at least that, or unknown. A team over its share waits
+        by fairness, not by the keep: on Philly seed 2, 91 of the 130 kept runs the need rule
+        took back went to the one team asking 7.3 times its share, whose jobs waited because
+        it had had its share (s60-policy)."""
+        floor = self.takeback_keep_need_fs
+        if floor <= 0:
+            return True
+        share = team_fs(team_of(job.account, self.team_depth), snapshot.level_fs)
+        return share is None or share >= floor
 
     def keep_owed_to(self, job: PendingJob, snapshot: Snapshot) -> bool:
         """Whether `job`'s team is owed the kept runs at once (`takeback_keep_owed_fs`, 0:
