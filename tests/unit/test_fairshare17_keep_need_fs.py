@@ -46,3 +46,32 @@ def test_a_record_without_the_floor_decodes_to_every_team() -> None:
     raw.pop("takeback_keep_need_fs", None)  # a record made before
     old = msgspec.convert(raw, AnyPolicyConfig)
     assert isinstance(old, FairShare17Config) and old.takeback_keep_need_fs == 0.0
+
+
+def _gang_waited(waited_s: float, team_fs: float) -> Snapshot:
+    """`_waited_gang` with the gang submitted `waited_s` ago."""
+    snap = _waited_gang(team_fs)
+    gang = msgspec.structs.replace(snap.pending[0], submitted_at=snap.taken_at - waited_s)
+    return msgspec.structs.replace(snap, pending=[gang])
+
+
+def test_by_share_a_team_over_its_share_waits_the_bound_over_its_share() -> None:
+    # `takeback_keep_need_by_share`: the need bound (2 h) over the team's share when under 1,
+    # at most the keep's 72 h; a team within its share waits 2 h as before
+    built = registry.build("fairshare-17", {})
+    scaled = msgspec.structs.replace(built, takeback_keep_need_by_share=True)  # type: ignore[type-var]
+    assert preempted(_gang_waited(3 * H, 0.25), built) == [10]  # 2 h: every team
+    assert preempted(_gang_waited(3 * H, 0.25), scaled) == []  # 4x its share: 8 h
+    assert preempted(_gang_waited(9 * H, 0.25), scaled) == [10]
+    assert preempted(_gang_waited(3 * H, 2.0), scaled) == [10]  # within its share: 2 h
+    assert preempted(_gang_waited(71 * H, 0.0), scaled) == []  # no share left: the keep's 72 h
+    assert preempted(_gang_waited(73 * H, 0.0), scaled) == [10]
+
+
+def test_a_record_without_the_scaled_bound_decodes_to_one_bound() -> None:
+    config = registry.default_config("fairshare-17")
+    assert isinstance(config, FairShare17Config)
+    raw = msgspec.to_builtins(config)
+    raw.pop("takeback_keep_need_by_share", None)  # a record made before
+    old = msgspec.convert(raw, AnyPolicyConfig)
+    assert isinstance(old, FairShare17Config) and old.takeback_keep_need_by_share is False
