@@ -410,6 +410,17 @@ class FairShare17Config(FairShare16Config, frozen=True, kw_only=True, tag="fairs
     whole tree (allocated over decayed use) is at least this: a team that has used at most
     1/this of its share is owed them at once (s58, atk56-26 F1: the 2 h need bound still left
     W28's team at 52.5%); 0: never, what a record without the setting was written with."""
+    takeback_keep_need_fs: NonNegative = 0.0
+    """`takeback_keep_need_s` offers the kept runs only to a job whose team's share of the whole
+    tree (allocated over decayed use) is at least this: a team over its share waits by
+    fairness, not by the keep (s60-policy: on Philly seed 2 the heaviest team's jobs took 91 of
+    the 130 kept runs the need rule took back); 0: every team, what a record without the
+    setting was written with."""
+    takeback_keep_need_by_share: bool = False
+    """`takeback_keep_need_s` is, for a job of a team over its share of the whole tree, that
+    bound over the team's share (a team using k times its share waits k times as long), at most
+    `takeback_keep_s` (s60-policy); False: the same bound for every team, what a record without
+    the setting was written with."""
     free_order: Literal["oldest", "smallest", "team"] = "oldest"
     """"oldest": unfunded jobs go by submit time alone after every funded job (a requeue keeps
     its submit time); "smallest": by GPUs asked (fewest first), then by submit time; "team":

@@ -52,6 +52,11 @@ What changes, each a setting of its own so the tables can turn it off:
   order (s55's candidate, not chosen). `takeback_keep_owed_fs` (0, off; s58's candidate, not
   chosen: it loses Philly's wait): a job whose team holds no GPU and has used at most 1/X of its
   share is offered the kept runs at once (`keep_owed_to`), as the need rule's.
+  `takeback_keep_need_fs` (0, off; s60's candidate): the need rule serves only a job whose
+  team's share of the whole tree is at least that (`within_share`): a team over its share waits
+  by fairness, not by the keep. `takeback_keep_need_by_share` (False, off; s60's other
+  candidate): the need bound of a team over its share is the bound over its share
+  (`need_bound`: k times its share, k times the wait), at most `takeback_keep_s`.
 - **The next plans** (`plans_tried`, 4 built today; 1 in older records): when `weigh` refuses a
   least-loss plan, the search weighs the next on none of the nodes of the refused plan's dearest
   victim, up to `plans_tried` plans (`engine._next_plans`).
@@ -109,6 +114,8 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
     takeback_keep_need_s: float = 0.0
     takeback_keep_per_pool: bool = False
     takeback_keep_owed_fs: float = 0.0
+    takeback_keep_need_fs: float = 0.0
+    takeback_keep_need_by_share: bool = False
     debug_hold_window_s: float = 3_600.0
     plans_tried: int = 1
 
@@ -211,10 +218,41 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
         Offered last (`CLASS_KEPT`), a kept run is taken only when no plan without it places
         the job, now or in its reservation: the job needs its GPUs (atk56-26 F1: gangs under
         the yield share and single-node jobs on a kept node waited 71 h)."""
-        need = self.takeback_keep_need_s  # the snapshot's time, as `victim_group` knows it
-        if need > 0 and snapshot.taken_at - job.submitted_at >= need:
+        need = self.need_bound(job, snapshot)  # the snapshot's time, as `victim_group` knows it
+        if (
+            need > 0
+            and snapshot.taken_at - job.submitted_at >= need
+            and self.within_share(job, snapshot)
+        ):
             return True
         return self.keep_owed_to(job, snapshot)
+
+    def need_bound(self, job: PendingJob, snapshot: Snapshot) -> float:
+        """How long `job` waits before the need rule offers it the kept runs:
+        `takeback_keep_need_s`, and with `takeback_keep_need_by_share` that over its team's
+        share of the whole tree (`team_fs`) when the team uses more than its share (a team
+        using k times its share waits k times as long), at most `takeback_keep_s` (the keep's
+        own lapse). A team that gets nothing has a share above 1: its bound stays the same."""
+        need = self.takeback_keep_need_s
+        if need <= 0 or not self.takeback_keep_need_by_share:
+            return need
+        share = team_fs(team_of(job.account, self.team_depth), snapshot.level_fs)
+        if share is None or share >= 1.0:
+            return need
+        return min(self.takeback_keep_s, need / share) if share > 0 else self.takeback_keep_s
+
+    def within_share(self, job: PendingJob, snapshot: Snapshot) -> bool:
+        """Whether `job`'s team may claim the kept runs by the need rule
+        (`takeback_keep_need_fs`, 0: every team): its share of the whole tree (`team_fs`:
+        allocated over used, decayed) is at least that, or unknown. A team over its share waits
+        by fairness, not by the keep: on Philly seed 2, 91 of the 130 kept runs the need rule
+        took back went to the one team asking 7.3 times its share, whose jobs waited because
+        it had had its share (s60-policy)."""
+        floor = self.takeback_keep_need_fs
+        if floor <= 0:
+            return True
+        share = team_fs(team_of(job.account, self.team_depth), snapshot.level_fs)
+        return share is None or share >= floor
 
     def keep_owed_to(self, job: PendingJob, snapshot: Snapshot) -> bool:
         """Whether `job`'s team is owed the kept runs at once (`takeback_keep_owed_fs`, 0:
