@@ -371,7 +371,7 @@ def _notes(path: Path) -> dict[tuple[str, int], list[tuple[float, str]]]:
     return out
 
 
-@pytest.mark.parametrize("stop", ["limit", "preempt"])
+@pytest.mark.parametrize("stop", ["limit", "preempt", "scancel"])
 def test_a_gangs_ranks_and_their_children_on_both_nodes_get_the_sigterm_and_the_grace(
     ledger: Ledger, stop: str
 ) -> None:
@@ -380,7 +380,10 @@ def test_a_gangs_ranks_and_their_children_on_both_nodes_get_the_sigterm_and_the_
     every node died at the stop's SIGTERM, none seeing it (their children neither: Slurm gives a
     step's other processes only its SIGKILL). A two-node gang whose ranks and a child of each
     note every signal, stopped at its limit and by a preemption: every one saw the SIGTERM and
-    lived the grace after it (from /proc, this host's clock), then the job ended."""
+    lived the grace after it (from /proc, this host's clock), then the job ended. A plain
+    `scancel` of the job (its owner's, Slurm's own termination, as its TIMEOUT): the same, its
+    grace Slurm's KillWait (atk59 F5: the child on node 2 got only SIGKILL, the batch script's
+    pass step refused once Slurm revoked the job's credential)."""
     nodes = ledger.cluster.nodes
     assert len(nodes) == 2, f"the gang tests need a cluster of two nodes, not {nodes}"
     grace, limit = 8.0, 30.0
@@ -401,6 +404,9 @@ def test_a_gangs_ranks_and_their_children_on_both_nodes_get_the_sigterm_and_the_
         ledger.wait("job 1 running", lambda: ledger.jobs()[1]["status"] == "running", 60)
         if stop == "preempt":
             ledger.cli("preempt", "1", "--reason", "the test makes room")
+        elif stop == "scancel":
+            slurm_id = ledger.cluster.run("squeue", "-h", "-n", "gpuledger-1", "-o", "%i").strip()
+            ledger.cluster.run("scancel", slurm_id)
         else:  # the ranks run before the limit (else the case is not under test)
             assert time.time() < ledger.jobs()[1]["started_at"] + limit, ledger.jobs()[1]
         seen, done = _last_alive(kids)
@@ -409,7 +415,8 @@ def test_a_gangs_ranks_and_their_children_on_both_nodes_get_the_sigterm_and_the_
     finally:
         _kill(ledger, kids)
     got = ledger.jobs()[1]
-    assert got["finish_reason"] == ("time_limit" if stop == "limit" else "preempted"), got
+    want = {"limit": "time_limit", "preempt": "preempted", "scancel": "cancelled"}[stop]
+    assert got["finish_reason"] == want, got
     noted = _notes(notes)
     assert [who for who, _ in noted if who == "leader"], noted  # the batch step's command too
     assert len([k for k in noted if k[0] != "leader"]) == 4, noted

@@ -168,6 +168,8 @@ def batch_script(
     lines += pass_lines()  # (the reaping's functions too: defined before any signal)
     lines += [
         "gpuledger_signalled=0",
+        # a gang's watchers on its other nodes: Slurm's own SIGTERM passed on there (atk59 F5)
+        *(["gpuledger_watch"] if stopping_file else []),
         # the command runs in a child that catches the signals (so the command, which gets them
         # itself as the script passes them on, has them as they were) and writes
         # its code: bash's `wait` cannot say it once bash reaped the child inside a trap (it
