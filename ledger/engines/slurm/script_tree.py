@@ -178,10 +178,10 @@ first's: the batch script's `SLURM_JOB_NUM_NODES` is its own component's, 1, atk
 every process of a gang, a
 rank's children on every node too, gets the SIGTERM and the grace. A step launched at the
 SIGTERM cannot reach the other nodes when Slurm itself ends the job (a plain `scancel`, its
-TIMEOUT: slurmd revokes the job's credential before it signals the steps, and slurmctld lists
-the job completing, so the step is refused; atk59 F5: a rank's child on node 2 got only
-SIGKILL), so `gpuledger_watch`, before the command starts, launches the same pass as a
-watcher on each other node (`gpuledger_spread`: one task a node, `srun --overlap`), whose
+TIMEOUT: the job has ended before its steps are signalled, and slurmctld refuses the step,
+"Slurm job N has expired"; atk59 F5: a rank's child on node 2 got only SIGKILL), so
+`gpuledger_watch`, before the command starts, launches the same pass as a watcher on each
+other node (`gpuledger_spread`: one task a node, `srun --overlap`), whose
 task Slurm's own SIGTERM of the job's steps reaches on its node with the ranks'; it passes one
 SIGTERM on there (`gpuledger_others`), and `gpuledger_far` launches the step at the SIGTERM
 only where a watcher is not running (a cluster that refused it)."""
