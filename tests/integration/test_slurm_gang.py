@@ -134,15 +134,15 @@ def _kill(ledger: Ledger, kids: list[int]) -> None:
         kill_of_job(kid, ours)
 
 
-def _two_ranks(ledger: Ledger) -> list[int]:
-    """Job 1, alice's 8 GPUs over both nodes (grace 3 s), started by the service: one rank a
+def _two_ranks(ledger: Ledger, grace: str = "3s") -> list[int]:
+    """Job 1, alice's 8 GPUs over both nodes (`grace`), started by the service: one rank a
     node (`srun`), each ignoring SIGTERM and never ending; their pids once both run."""
     nodes = ledger.cluster.nodes
     assert len(nodes) == 2, f"the gang tests need a cluster of two nodes, not {nodes}"
     ledger.up()
     ranks = ("srun -N2 --ntasks-per-node=1 bash -c 'trap \"\" TERM; echo rank=$$;"
              " echo $$ > rank-$SLURM_NODEID.pid; while :; do sleep 0.2; done'")  # fmt: skip
-    ledger.submit("alice", 8, ranks, "--grace", "3s")
+    ledger.submit("alice", 8, ranks, "--grace", grace)
     work = ledger.work
     ledger.wait("both ranks", lambda: all((work / f"rank-{i}.pid").is_file()
                 and (work / f"rank-{i}.pid").read_text().strip() for i in (0, 1)), 180)  # fmt: skip
@@ -266,6 +266,43 @@ def test_a_killed_gang_that_ends_while_the_service_is_down_ends_by_slurms_end_no
     assert end["killed"] and "killed after its grace" in end["note"], (end, said)
 
 
+def test_a_gang_its_batch_script_killed_while_the_service_was_down_is_recorded_killed(
+    ledger: Ledger,
+) -> None:
+    """atk59b N3: the service killed -9 just after a preempted gang's SIGTERM (its ranks ignore
+    it), before the grace's SIGKILL; the batch script's own end SIGKILLed the command after the
+    grace (grace + KillWait + 1 s), Slurm's end of the job the ranks, and the restart, 20 s
+    after the last death, recorded `killed: false`, "Slurm: FAILED". The script's end record
+    now says it killed (the executor's own SIGKILL is kept as `stops/<id>.killed`): killed,
+    at Slurm's end of the job, never before the last rank's death nor at the restart."""
+    kids = _two_ranks(ledger, "6s")
+    run_dir = ledger.home / "jobs" / "checkpoints" / "1.0"
+    try:
+        ledger.wait("job 1 running", lambda: ledger.jobs()[1]["status"] == "running", 60)
+        seen, gone = _last_alive(kids)
+        ledger.cli("preempt", "1", "--reason", "the test makes room")
+        ledger.wait("the stop's SIGTERM", lambda: (run_dir / "signalled").exists(), 60)
+        ledger.kill9()
+        killed = list((ledger.home / "jobs" / "stops").glob("*.killed"))
+        assert killed == [], f"the executor's SIGKILL came first: not the case under test {killed}"
+        assert gone.wait(120), f"{kids} outlived the batch script's own end"
+        # the service is down past Slurm's end of the job (KillWait and a kill's landing after
+        # the batch script's end: 16 s) and 10 s more
+        time.sleep(30)
+        back = time.time()
+        ledger.up()
+        ledger.wait("job 1 finished", lambda: ledger.jobs()[1]["status"] == "finished", 120)
+    finally:
+        _kill(ledger, kids)
+    last = max(seen.values())
+    (end,) = ledger.of("job.run_ended.v2", 1)
+    said = ledger.service_log()[-4000:]
+    assert end["killed"] and "killed after its grace" in end["note"], (end["note"], said)
+    assert end["ended_at"] >= last - 1.0, (end["ended_at"], last)  # not before the last death
+    assert end["ended_at"] < back - 10, (end["ended_at"], last, back)  # not the restart's read
+    assert ledger.jobs()[1]["finish_reason"] == "preempted", ledger.jobs()[1]
+
+
 def test_slurm_down_stops_both_slurmd_of_a_two_node_cluster_even_without_its_record_of_one(
     tmp_path: Path,
 ) -> None:
@@ -334,7 +371,7 @@ def _notes(path: Path) -> dict[tuple[str, int], list[tuple[float, str]]]:
     return out
 
 
-@pytest.mark.parametrize("stop", ["limit", "preempt"])
+@pytest.mark.parametrize("stop", ["limit", "preempt", "scancel"])
 def test_a_gangs_ranks_and_their_children_on_both_nodes_get_the_sigterm_and_the_grace(
     ledger: Ledger, stop: str
 ) -> None:
@@ -343,7 +380,10 @@ def test_a_gangs_ranks_and_their_children_on_both_nodes_get_the_sigterm_and_the_
     every node died at the stop's SIGTERM, none seeing it (their children neither: Slurm gives a
     step's other processes only its SIGKILL). A two-node gang whose ranks and a child of each
     note every signal, stopped at its limit and by a preemption: every one saw the SIGTERM and
-    lived the grace after it (from /proc, this host's clock), then the job ended."""
+    lived the grace after it (from /proc, this host's clock), then the job ended. A plain
+    `scancel` of the job (its owner's, Slurm's own termination, as its TIMEOUT): the same, its
+    grace Slurm's KillWait (atk59 F5: the child on node 2 got only SIGKILL, the batch script's
+    pass step refused once Slurm revoked the job's credential)."""
     nodes = ledger.cluster.nodes
     assert len(nodes) == 2, f"the gang tests need a cluster of two nodes, not {nodes}"
     grace, limit = 8.0, 30.0
@@ -364,6 +404,9 @@ def test_a_gangs_ranks_and_their_children_on_both_nodes_get_the_sigterm_and_the_
         ledger.wait("job 1 running", lambda: ledger.jobs()[1]["status"] == "running", 60)
         if stop == "preempt":
             ledger.cli("preempt", "1", "--reason", "the test makes room")
+        elif stop == "scancel":
+            slurm_id = ledger.cluster.run("squeue", "-h", "-n", "gpuledger-1", "-o", "%i").strip()
+            ledger.cluster.run("scancel", slurm_id)
         else:  # the ranks run before the limit (else the case is not under test)
             assert time.time() < ledger.jobs()[1]["started_at"] + limit, ledger.jobs()[1]
         seen, done = _last_alive(kids)
@@ -372,7 +415,8 @@ def test_a_gangs_ranks_and_their_children_on_both_nodes_get_the_sigterm_and_the_
     finally:
         _kill(ledger, kids)
     got = ledger.jobs()[1]
-    assert got["finish_reason"] == ("time_limit" if stop == "limit" else "preempted"), got
+    want = {"limit": "time_limit", "preempt": "preempted", "scancel": "cancelled"}[stop]
+    assert got["finish_reason"] == want, got
     noted = _notes(notes)
     assert [who for who, _ in noted if who == "leader"], noted  # the batch step's command too
     assert len([k for k in noted if k[0] != "leader"]) == 4, noted

@@ -11,6 +11,8 @@ import signal
 import subprocess
 import time
 
+import pytest
+
 from tests.integration.test_slurm import (  # noqa: F401 (fixtures)
     GPULEDGER,
     SHOW,
@@ -92,3 +94,41 @@ def test_a_service_started_during_an_outage_adopts_the_runs_slurm_kept(
     assert (job["outcome"], job["exit_code"]) == ("completed", 0), job
     assert len(ledger.of("job.engine_linked.v1", 1)) == 1
     assert "adopted Slurm job" in ledger.service_log()
+
+
+@pytest.mark.parametrize("pause", ["INACTIVE", "DOWN"])
+def test_a_job_placed_while_an_admin_pauses_the_partition_waits_in_the_queue_and_runs_after(
+    ledger: Ledger,  # noqa: F811
+    pause: str,
+) -> None:
+    """atk59b N4: a partition paused (`State=INACTIVE`: sbatch refuses, "Required partition not
+    available"; `DOWN`: sbatch queues it PENDING, `PartitionDown`) while a job is placed: its
+    run was retried (or left pending) until the take-back time, 5 minutes, then the job ended
+    `launch_failed` for good, no fault of its own. Now it goes back to the queue (its run taken
+    back, nothing of it left in Slurm), `status` names the pause, nothing is placed meanwhile,
+    and it runs once the partition is UP again."""
+    c = ledger.cluster
+    ledger.up()
+    try:
+        c.run("scontrol", "update", f"PartitionName={c.partition}", f"State={pause}")
+        ledger.submit("alice", 1, SHOW + "echo ran >> runs-1")
+        paused = f"Slurm's partition {c.partition} is {pause}"
+        ledger.wait("the pause in status", lambda: paused in ledger.cli("status"), timeout=60)
+        time.sleep(8)  # many cycles (0.2 s) and partition reads (5 s): it waits
+        job = ledger.jobs()[1]
+        assert job["status"] == "pending", job  # before: placed, then launch_failed
+        # placed before the executor's read of the partition saw the pause (every 5 s): taken
+        # back to the queue, with why; placed after it: never placed while it lasts
+        if ledger.of("job.requeued.v1", 1):
+            said = ledger.cli("explain", "1") + ledger.cli("log", "--json", "--limit", "10000")
+            assert f"is {pause} (an admin's pause)" in said, said[-3000:]
+        listed = c.run("squeue", "-h", "-n", "gpuledger-1", "-o", "%i %T", check=False)
+        assert listed.strip() == "", listed  # nothing of it left in Slurm
+        assert not (ledger.work / "runs-1").exists()
+    finally:
+        c.run("scontrol", "update", f"PartitionName={c.partition}", "State=UP")
+    ledger.wait("job 1 finished", lambda: status(ledger, 1) == "finished", timeout=120)
+    job = ledger.jobs()[1]
+    assert (job["outcome"], job["exit_code"]) == ("completed", 0), job
+    assert (ledger.work / "runs-1").read_text().split() == ["ran"]
+    assert "outage" not in ledger.cli("status")

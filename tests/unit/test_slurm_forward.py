@@ -119,3 +119,28 @@ def test_a_stop_that_came_before_its_command_started_ends_the_run_without_it(
     )
     end = stopped_end(Stopping(since=0.0, run=(5, 0)), j, 2e9, never_ran=True)
     assert "the command never ran" in end.note and not end.by_itself, end
+
+
+def test_a_gangs_watcher_is_launched_before_the_sigterm_and_the_pass_at_it_only_without_one(
+    tmp_path: Path,
+) -> None:
+    """atk59 F5: a step launched at Slurm's own SIGTERM (a plain `scancel`, its TIMEOUT) is
+    refused (the job's credential revoked), so a rank's child on another node got only the
+    SIGKILL. The pass to the other nodes (`script_tree.gpuledger_watch`) is a step launched
+    before (here a fake `srun`, noting what it runs); the pass at the SIGTERM (`gpuledger_far`)
+    launches a step only while no watcher runs."""
+    from ledger.engines.slurm.script_tree import pass_lines
+
+    bin_dir, said = tmp_path / "bin", tmp_path / "srun-said"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(f'#!/bin/bash\nfor a; do l=$a; done\necho "$l" >> {said}\n'
+                                  'case $l in *"while :"*) exec sleep 30 ;; esac\n')  # fmt: skip
+    (bin_dir / "srun").chmod(0o755)
+    body = "\n".join([*pass_lines(), "gpuledger_watch; sleep 0.5; gpuledger_far; sleep 0.5",
+                      'kill "${gpuledger_watchers[@]}"; wait; gpuledger_far; wait'])  # fmt: skip
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "5",
+           "SLURM_JOB_NUM_NODES": "2", "SLURMD_NODENAME": "n1"}  # fmt: skip
+    subprocess.run(["/bin/bash", "-c", body], env=env, timeout=30, check=True)
+    runs = said.read_text().split("\n}; ")
+    steps = [r.split(";")[0].strip() for r in runs[1:]]
+    assert [s.split()[0] for s in steps] == ["trap", "gpuledger_others"], runs  # watch, far

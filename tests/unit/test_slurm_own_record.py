@@ -358,3 +358,53 @@ def test_a_run_slurms_backstop_ended_while_the_service_was_down_ends_time_limit(
     assert early is not None and early.reason == "exited"
     itself = vanished_end(r, "7", "", START + 90.0, OwnEnd(0, START + 40.0), START)
     assert itself is not None and (itself.reason, itself.exit_code) == ("exited", 0)
+
+
+def test_the_scripts_own_end_after_a_sigterm_says_killed_in_its_record(tmp_path: Path) -> None:
+    """atk59b N3: a SIGTERM-ignoring command stopped while the service was down was ended by its
+    batch script's own end (`after_term_s` after the SIGTERM: the executor's SIGKILL never
+    came), and its record said only `137 <time> 1`: the restart recorded it `killed: false`,
+    "Slurm: FAILED". The record now says it was killed (`<left> 1`), nothing left or not."""
+    job = Launch(5, (GpuSlot(node="n1", gpu_indices=(0,)),), ("bash", "-c", "trap '' TERM;"
+                 " while :; do sleep 0.2; done"), None, "alice", "ai2/olmo")  # fmt: skip
+    marks = {m: str(tmp_path / m) for m in ("launched", "ended", "signalled", "stopping", "alive")}
+    script = tmp_path / "batch"
+    script.write_text(batch_script(job, launched_file=marks["launched"],
+                                   ended_file=marks["ended"], signalled_file=marks["signalled"],
+                                   stopping_file=marks["stopping"], alive_file=marks["alive"],
+                                   after_term_s=2, own_end_s=1))  # fmt: skip
+    bash = subprocess.Popen(["/bin/bash", str(script)], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not Path(marks["launched"]).exists():
+            assert time.monotonic() < deadline and bash.poll() is None
+            time.sleep(0.05)
+        time.sleep(0.3)
+        bash.send_signal(signal.SIGTERM)
+        code = bash.wait(timeout=20)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(bash.pid, signal.SIGKILL)
+    own = own_end(tmp_path)
+    assert code == 137 and own is not None, (code, Path(marks["ended"]).read_text())
+    assert (own.exit_code, own.signalled, own.killed) == (137, True, True), own
+
+
+def test_a_stop_its_script_killed_after_the_grace_is_recorded_killed_at_its_real_end() -> None:
+    """atk59b N3: the stop's SIGTERM sent, the service down past the grace: the batch script's
+    own end SIGKILLed the command (its record: signalled, killed) and the restart found the job
+    ended `FAILED` 137. Recorded killed (as the executor's own SIGKILL, `tracked.note_killed`,
+    is), at its record's end on one node; a gang's at Slurm's end of the job (its ranks on the
+    other nodes die by it, after the batch script's record), never the restart's read."""
+    (j,) = parse_jobs(our_run("FAILED", "137:0", end=41.0))
+    st = Stopping(START + 5.0, run=(1, 0), grace_s=15.0)  # taken up at a restart: no SIGKILL
+    cut = OwnEnd(137, START + 40.6, True, left=1, killed=True)
+    x = stopped_end(st, j, START + 90.0, record=(cut, START + 39.0), kill_wait_s=10.0)
+    assert (x.engine_state, x.exit_code, x.at) == ("KILLED", 137, START + 40.6), x
+    assert "killed after its grace" in x.note, x
+    old = stopped_end(st, j, START + 90.0, record=(OwnEnd(137, START + 40.6, True), None))
+    assert old.engine_state == "FAILED" and "killed" not in old.note, old  # nothing killed
+    (gang,) = parse_jobs(our_run("FAILED", "137:0", end=41.0).replace("NodeList=vm",
+                                                                      "NodeList=vm[1-2]"))  # fmt: skip  # noqa: E501
+    g = stopped_end(st, gang, START + 90.0, record=(cut, START + 39.0), kill_wait_s=10.0)
+    assert g.engine_state == "KILLED" and g.at == START + 41.0 + 1.0 + 10.0 + 5.0, g

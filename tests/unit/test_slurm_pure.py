@@ -786,13 +786,13 @@ def test_while_slurmctld_does_not_answer_every_node_is_unobserved_and_it_is_aske
     assert calls[1][:3] == ["scontrol", "-o", "show"]
     del calls[1]
     seen = ex.observe(back, ledger_nodes)
-    # the jobs, which cluster answers (back from an outage: atk43ha F5), then the nodes, then
-    # the partition (its MaxTime, every probe_every_s)
+    # the jobs, which cluster answers (back from an outage: atk43ha F5), then the partition
+    # (its MaxTime and State, every probe_every_s: paused, nothing is submitted), then the nodes
     assert [a[:5] for a in calls[1:]] == [
         ["scontrol", "-d", "-o", "show", "job"],
         ["scontrol", "show", "config"],
-        ["scontrol", "-d", "-o", "show", "node"],
         ["scontrol", "-o", "show", "partition", "gpuledger"][:5],
+        ["scontrol", "-d", "-o", "show", "node"],
     ]
     ex.observe(back + 0.2, ledger_nodes)
     assert len(calls) == 7  # not the cluster nor the partition again so soon

@@ -280,18 +280,6 @@ def read_text(path: str) -> str | None:
         return None
 
 
-def max_time(read: Callable[[], str], partition: str, was: float | None) -> float | None:
-    """The partition's MaxTime (`words.partition_max_time`) as `read` (`scontrol -o show
-    partition`) says; `was` when slurmctld does not answer."""
-    from ledger.engines.slurm.words import partition_max_time
-
-    try:
-        return partition_max_time(read(), partition)
-    except EngineError as err:
-        log.warning("slurm partition: %s; keeping its MaxTime as it was", err.line())
-        return was
-
-
 def changed(recorded: Mapping[str, object], mine: Mapping[str, object]) -> str:
     """Pure: how the Slurm cluster of `mine` (this server's identity) differs from the one the
     store records (`recorded`: its admission settings), in words ("" when it is the same, or

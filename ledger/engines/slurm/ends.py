@@ -120,7 +120,8 @@ class OwnEnd:
     """How many processes the command left in the step's cgroup, which the script ended before
     its record (`script_tree`)."""
     killed: bool = False
-    """Whether they had to be killed (SIGKILL after the job's grace)."""
+    """Whether they had to be killed (SIGKILL after the job's grace), or the script's own end
+    SIGKILLed the command (`script._beating`: the executor's SIGKILL never came, atk59b N3)."""
 
     def tree_note(self) -> str:
         """Pure: what the record says of the processes the command left ("" for none)."""

@@ -23,7 +23,6 @@ from ledger.engines.slurm import tracked
 from ledger.engines.slurm.cluster import (
     OtherCluster,
     Watch,
-    max_time,
     read_text,
     scancel_args,
     term_args,
@@ -53,6 +52,7 @@ from ledger.engines.slurm.leaked_runs import holding, unplace_leaked
 from ledger.engines.slurm.leaks import Leaks, held_with, unsure
 from ledger.engines.slurm.outage import Probe
 from ledger.engines.slurm.outputs import claim_outputs, files_umask, sbatch_env, sbatch_user
+from ledger.engines.slurm.paused import paused_why, unplace_paused
 from ledger.engines.slurm.refusals import (
     het_refusal,
     sbatch_refusal,
@@ -95,6 +95,7 @@ from ledger.engines.slurm.words import (
     parse_jobs,
     parse_nodes,
     partition_max_time,
+    partition_state,
     sbatch_args,
 )
 from schemas.errors import EngineError
@@ -196,6 +197,9 @@ class SlurmExecutor:
         """The partition's MaxTime (None: unlimited): Slurm never starts a job asking for more,
         so the dispatcher neither places it nor makes room for it (`Observed.longest_s`)."""
         self._max_time_at: float | None = None
+        self.partition_state = "UP"
+        """The partition's `State` as last read (`_read_partition`): while it is not UP nothing
+        is submitted and the runs not started go back to the queue (`paused`, atk59b N4)."""
         self._pinned: dict[str, tuple[str, ...]] = {}
         """Node -> the GRES type of each of its GPUs, for nodes whose GPUs are pinned."""
         self.kill_wait_s = 30.0
@@ -479,11 +483,16 @@ class SlurmExecutor:
             self._completed.clear()  # recorded since: a job still placed runs (F3)
             self._read_runs(now)
             self._answered_at = now
-            self._try_submit(now)
+            self._read_partition(now)
+            paused = paused_why(self.partition, self.partition_state)
+            if not paused:
+                self._try_submit(now)
             changes, unseen = self._node_changes(nodes, now)
             self._hold_leaked()
             changes += unplace_leaked(self, now)  # runs waiting on a leaked GPU (atk45s F4)
-            self._read_max_time(now)
+            if paused:  # an admin's pause: its runs not started wait in the queue (N4)
+                changes += unplace_paused(self, paused, now)
+                unseen |= in_service(nodes)
             if self._settle_until is not None and now < self._settle_until:
                 unseen = in_service(nodes)  # what ended meanwhile is recorded; nothing is decided
             else:
@@ -505,7 +514,8 @@ class SlurmExecutor:
             checkpoints=tuple(checkpoints),
             exits=tuple(exits),
             unobserved=unseen,
-            unobserved_why="",  # it answers (settling, at most): no outage to name
+            # it answers (settling, at most): no outage to name, but a paused partition
+            unobserved_why=paused_why(self.partition, self.partition_state) if unseen else "",
         )
 
     def _reaping(self, now: float) -> tuple[Reaping, ...]:
@@ -539,12 +549,23 @@ class SlurmExecutor:
         self._exits = later + self._exits
         return changes, exits, unseen | lost
 
-    def _read_max_time(self, now: float) -> None:
-        """The partition's MaxTime, read again every `probe_every_s` (an admin may change it)."""
-        if self._max_time_at is None or now >= self._max_time_at:
-            self._max_time_at = now + self.probe_every_s
-            read = lambda: self._run(["scontrol", "-o", "show", "partition", self.partition])  # noqa: E731
-            self.max_time_s = max_time(read, self.partition, self.max_time_s)
+    def _read_partition(self, now: float) -> None:
+        """The partition's MaxTime and State, read again every `probe_every_s` (an admin may
+        change them); kept as they were when slurmctld does not answer."""
+        if self._max_time_at is not None and now < self._max_time_at:
+            return
+        self._max_time_at = now + self.probe_every_s
+        try:
+            text = self._run(["scontrol", "-o", "show", "partition", self.partition])
+        except EngineError as err:
+            log.warning("slurm partition: %s; keeping its MaxTime and State", err.line())
+            return
+        self.max_time_s = partition_max_time(text, self.partition)
+        state = partition_state(text, self.partition)
+        if state != self.partition_state:
+            log.warning("slurm partition %s: State=%s (was %s)", self.partition, state,
+                        self.partition_state)  # fmt: skip
+        self.partition_state = state
 
     def _blind(self, nodes: Mapping[str, Node]) -> Observed:
         """What an outage observes: nothing new, every node unobserved, the runs as last known."""
@@ -579,8 +600,8 @@ class SlurmExecutor:
                 # requeued and placed again in one cycle: its old run stops as any stop does
                 self._signal(old.slurm_id, now, self._grace_of(old), (old.job_id, old.run))
             self._runs[job.job_id] = Run(job.job_id, job.run, job)
-        if orders.launches:
-            self._try_submit(now)
+        if orders.launches and not paused_why(self.partition, self.partition_state):
+            self._try_submit(now)  # (paused: taken back to the queue at the next read)
         return ()
 
     def _grace_of(self, r: Run) -> float:

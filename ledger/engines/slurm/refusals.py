@@ -36,8 +36,8 @@ RETRIED = (
     "zero bytes were transmitted",
     "in standby mode",
     "partition not available",  # "Required partition not available (inactive or drain)": an
-    # admin's pause of the partition; a pause past the take-back time still takes it back
-    # (atk59b N4: every job placed meanwhile ended launch_failed at once)
+    # admin's pause of the partition, whose next read takes the run back to the queue (`paused`;
+    # atk59b N4: every job placed meanwhile ended launch_failed)
     "communication connection failure",
     "Invalid node name",  # a node taken out of the partition: requeued by its drain (atk44ha F2)
     "sbatch failed:",  # the executor's own: sbatch did not run, or did not answer in time

@@ -78,7 +78,8 @@ def batch_script(
     record, `<code> <epoch> <signalled: 0 or 1>` (a signal before the command ended: one that
     comes while the script ends what it left does not count, atk52-23 F2: a job whose command
     exited 0 then completed, as on the node agents), followed by ` <left> <killed: 0 or 1>` when
-    the command left processes, and exits with its code: how it really
+    the command left processes or the script's own end (below) SIGKILLed it (killed: 1, as the
+    executor's SIGKILL is kept: atk59b N3), and exits with its code: how it really
     ended when Slurm ends it NODE_FAIL (`ends`). A signal from before the launch mark until the
     command's wait begins ends the script at once, noted too: a run with the `launched` mark
     and neither record nor note was never killed (Slurm's kill in that gap once left a run
@@ -167,6 +168,8 @@ def batch_script(
     lines += pass_lines()  # (the reaping's functions too: defined before any signal)
     lines += [
         "gpuledger_signalled=0",
+        # a gang's watchers on its other nodes: Slurm's own SIGTERM passed on there (atk59 F5)
+        *(["gpuledger_watch"] if stopping_file else []),
         # the command runs in a child that catches the signals (so the command, which gets them
         # itself as the script passes them on, has them as they were) and writes
         # its code: bash's `wait` cannot say it once bash reaped the child inside a trap (it
@@ -191,7 +194,10 @@ def batch_script(
         # no code: the child was killed before its command ended (a signal at its start)
         f"{{ read -r gpuledger_rc < {code}; }} 2>/dev/null || gpuledger_rc=${{gpuledger_end:-143}}",
         'case "$gpuledger_rc" in "" | *[!0-9]*) gpuledger_rc=143 ;; esac',
-        'gpuledger_tree=; [ "$gpuledger_left" = 0 ] ||'
+        # its own end (`_beating`) SIGKILLed its command after the grace: the record says
+        # killed, as the executor's own SIGKILL would (atk59b N3: the service was down)
+        '[ -z "${gpuledger_cut-}" ] || gpuledger_killed=1',
+        'gpuledger_tree=; [ "$gpuledger_left$gpuledger_killed" = 00 ] ||'
         ' gpuledger_tree=" $gpuledger_left $gpuledger_killed"',
         f'{{ echo "$gpuledger_rc $EPOCHREALTIME $gpuledger_first$gpuledger_tree" > {part} &&'
         f" mv -f -- {part} {end}; }} 2>/dev/null",
@@ -346,5 +352,5 @@ def _beating(
         ' [ -n "$gpuledger_ends" ] && [ "$gpuledger_ends" -le "$gpuledger_e" ] ||'
         " gpuledger_ends=$gpuledger_e; };"
         ' [ -z "$gpuledger_ends" ] || [ "$EPOCHSECONDS" -lt "$gpuledger_ends" ] ||'
-        f"{kill} done",
+        f" {{ gpuledger_cut=1;{kill} }}; done",
     ]

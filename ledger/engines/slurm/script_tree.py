@@ -130,23 +130,40 @@ gpuledger_others() {
   shopt -s globstar nullglob
   gpuledger_l=(); gpuledger_group && gpuledger_steps && gpuledger_terml
 }
-gpuledger_far() {
-  local n=${SLURM_JOB_NUM_NODES:-1} s g f v
+gpuledger_spread() {
+  local n=${SLURM_JOB_NUM_NODES:-1} s g v
+  gpuledger_spread_pids=()
   [ -n "${SLURM_JOB_ID-}" ] || return 0
+  [ "${SLURM_HET_SIZE:-1}" -gt 1 ] 2>/dev/null || [ "$n" -gt 1 ] 2>/dev/null || return 0
   s=$(command -v srun) || return 0
-  f="$(declare -f gpuledger_group gpuledger_steps gpuledger_terml gpuledger_others)"
-  f+="; gpuledger_others"
   if [ "${SLURM_HET_SIZE:-1}" -gt 1 ] 2>/dev/null; then
     for ((g = 1; g < SLURM_HET_SIZE; g++)); do  # its cgroup is its component's job's
       v=SLURM_JOB_ID_HET_GROUP_$g; [ -n "${!v-}" ] || continue
       "$s" --jobid="$SLURM_JOB_ID" --het-group="$g" --overlap -Q -N1 --ntasks-per-node=1 \
-        bash -c "SLURM_JOB_ID=${!v}; $f" < /dev/null > /dev/null 2>&1 &
+        bash -c "SLURM_JOB_ID=${!v}; $1" < /dev/null > /dev/null 2>&1 &
+      gpuledger_spread_pids+=($!)
     done
     return 0
   fi
-  [ "$n" -gt 1 ] 2>/dev/null || return 0
   "$s" --jobid="$SLURM_JOB_ID" --overlap -Q -N $((n - 1)) --ntasks-per-node=1 \
-    -x "${SLURMD_NODENAME-}" bash -c "$f" < /dev/null > /dev/null 2>&1 &
+    -x "${SLURMD_NODENAME-}" bash -c "$1" < /dev/null > /dev/null 2>&1 &
+  gpuledger_spread_pids+=($!)
+}
+gpuledger_watch() {
+  local f
+  f="$(declare -f gpuledger_group gpuledger_steps gpuledger_terml gpuledger_others)"
+  gpuledger_spread "$f; trap 'trap \"\" TERM; gpuledger_others' TERM;
+    while :; do command -p sleep 60 & wait \$!; done"
+  gpuledger_watchers=("${gpuledger_spread_pids[@]}")
+}
+gpuledger_far() {
+  local p f
+  if [ "${#gpuledger_watchers[@]}" -gt 0 ]; then
+    for p in "${gpuledger_watchers[@]}"; do kill -0 "$p" 2>/dev/null || break; done
+    kill -0 "$p" 2>/dev/null && return 0  # each passes it on its node (`gpuledger_watch`)
+  fi
+  f="$(declare -f gpuledger_group gpuledger_steps gpuledger_terml gpuledger_others)"
+  gpuledger_spread "$f; gpuledger_others"
 }"""
 """`gpuledger_pass`, the batch script's pass of a SIGTERM it gets (the executor's stop, which
 signals the job's steps and the batch shell, never `srun`: `SlurmExecutor._signal`; or Slurm's
@@ -159,7 +176,15 @@ heterogeneous job, one per later component, `--het-group`, its cgroup named by t
 component's own id, `SLURM_JOB_ID_HET_GROUP_<g>`, where the step's `SLURM_JOB_ID` is the
 first's: the batch script's `SLURM_JOB_NUM_NODES` is its own component's, 1, atk59 F3), so
 every process of a gang, a
-rank's children on every node too, gets the SIGTERM and the grace."""
+rank's children on every node too, gets the SIGTERM and the grace. A step launched at the
+SIGTERM cannot reach the other nodes when Slurm itself ends the job (a plain `scancel`, its
+TIMEOUT: the job has ended before its steps are signalled, and slurmctld refuses the step,
+"Slurm job N has expired"; atk59 F5: a rank's child on node 2 got only SIGKILL), so
+`gpuledger_watch`, before the command starts, launches the same pass as a watcher on each
+other node (`gpuledger_spread`: one task a node, `srun --overlap`), whose
+task Slurm's own SIGTERM of the job's steps reaches on its node with the ranks'; it passes one
+SIGTERM on there (`gpuledger_others`), and `gpuledger_far` launches the step at the SIGTERM
+only where a watcher is not running (a cluster that refused it)."""
 
 
 def pass_lines() -> list[str]:

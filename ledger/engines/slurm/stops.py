@@ -282,35 +282,46 @@ def stopped_end(
     # read that found it ended (s56: a rank alive 5.4 s past the batch step's EndTime), killed
     # or ended in its grace (its batch script out first: Slurm's EndTime is the script's)
     gang = len(expand_hostlist(j.nodes)) > 1
+    own = record[0]
+    # its batch script's own end SIGKILLed it after the grace (`script._beating`), the
+    # executor's SIGKILL never sent (the service down: atk59b N3): killed all the same
+    cut = failed is None and not (by_itself or never_ran) and own is not None and own.signalled
+    cut = cut and own is not None and own.killed  # (forged: only its user's own run's word)
+    killed = st.killed or cut
     seen = now if gang else completing_seen
-    end = processes_end(j.end_time, "CANCELLED" if st.killed or gang else j.state, now, seen)
+    end = processes_end(j.end_time, "CANCELLED" if killed or gang else j.state, now, seen)
     unwatched = gang and st.seen_running_at is None  # since the stop was taken up (atk59 F4)
     if unwatched and end is not None and j.end_time is not None and kill_wait_s is not None:
         end = min(end, end_of_job(j.end_time, kill_wait_s))
     at = high = now if end is None else min(now, end)
     away, settle_s = outage
     in_outage = (
-        failed is None and not st.killed and away is not None and (by_itself or st.since <= away[1])
+        failed is None and not killed and away is not None and (by_itself or st.since <= away[1])
     )
     if in_outage:
         at = real_end(at, now, st.seen_running_at, away, settle_s)
-    note = f"Slurm: {j.state}" + (", killed after its grace" if st.killed else "")
-    state = "KILLED" if st.killed else j.state
+    note = f"Slurm: {j.state}" + (", killed after its grace" if killed else "")
+    note += " (by its batch script's own end: the executor's SIGKILL never came)" * cut
+    state = "KILLED" if killed else j.state
     code = j.exit_code
     low = max((t for t in (j.start_time, record[1]) if t is not None), default=None)
     if by_itself and failed is None:
-        code, at, _ = own_finish(record[0], j.state, code, at, low, high)
-    elif (st.killed or in_outage) and failed is None and not never_ran and record[0] is not None:
+        code, at, _ = own_finish(own, j.state, code, at, low, high)
+    elif cut:  # its record's code and end; a gang's ranks elsewhere die by Slurm's end of the
+        # job after its batch script's record (KillWait): no earlier than that (`end_of_job`)
+        code, t, _ = own_finish(own, "", code, at, low, high)
+        at = at if gang else t
+    elif (st.killed or in_outage) and failed is None and not never_ran and own is not None:
         # its own record: its command ended then, with that code; Slurm's end is the kill's,
         # late when a rewound slurmctld listed it running after that end (atk45s F2); a stop
         # begun before an outage of slurmctld whose kill could not be sent ended when its
         # record says, not at its last sighting before the outage (atk48-23 F2: 27 s early)
-        code, at, _ = own_finish(record[0], "", code, at, low, high)
+        code, at, _ = own_finish(own, "", code, at, low, high)
         after = "after its grace" if st.killed else "after an outage of slurmctld"
         note, state = f"Slurm: {j.state} {after}; its own end record", j.state
     if failed is not None:
         at, code, note = min(now, failed.at), failed.exit_code, f"{note}; {failed.note}"
-        state = "KILLED" if st.killed or failed.reason == "node_failure" else j.state
+        state = "KILLED" if killed or failed.reason == "node_failure" else j.state
     if by_itself and failed is None:
         note += ", ended by itself before the stop reached it"
     if never_ran:

@@ -383,6 +383,17 @@ def partition_max_time(text: str, partition: str) -> float | None:
     return None
 
 
+def partition_state(text: str, partition: str) -> str:
+    """Pure: the partition's `State` (UP, DOWN, DRAIN, INACTIVE) from `scontrol -o show
+    partition P` output; "UP" when unsaid (Slurm's default) or not found."""
+    for line in text.splitlines():
+        if line.startswith("PartitionName="):
+            rec = parse_record(line)
+            if rec.get("PartitionName") == partition:
+                return rec.get("State", "") or "UP"
+    return "UP"
+
+
 @dataclass(frozen=True)
 class SlurmNode:
     name: str
