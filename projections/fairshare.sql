@@ -123,6 +123,14 @@ changes AS (
            row_number() OVER (PARTITION BY account, changed_at ORDER BY position DESC) AS nth
     FROM account_history
     WHERE len(str_split(account, '/')) <= $team_depth
+      -- $under: the accounts its teams' allocations are made of alone: those under it and
+      -- the children of it and of its ancestors (their siblings split each level); the other
+      -- accounts' changes move none of its teams' figures, and at the people's depth they
+      -- were most of the moments (a project's review read 70,000 rows for 4 people: 0.5 s)
+      AND ($under::VARCHAR IS NULL OR starts_with(account || '/', $under::VARCHAR || '/')
+           OR NOT contains(account, '/')
+           OR starts_with($under::VARCHAR || '/',
+                          array_to_string(str_split(account, '/')[1:-2], '/') || '/'))
     WINDOW w AS (PARTITION BY account ORDER BY position
                  ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
 ),
@@ -162,12 +170,15 @@ spans AS (  -- (kind, key, gpus, lo, hi) clipped to [start, end); only the ones 
            least(coalesce(end_at, $end::DOUBLE), $end::DOUBLE) AS hi
     FROM job_intervals
     WHERE funded AND start_at < $end::DOUBLE AND (end_at IS NULL OR end_at > $start::DOUBLE)
+      -- (those under $under alone, as `keyed` keeps them: left out as they are read)
+      AND ($under::VARCHAR IS NULL OR starts_with(leaf || '/', $under::VARCHAR || '/'))
     UNION ALL
     SELECT 'demand', leaf, gpus, greatest(submitted_at, $start::DOUBLE),
            least(coalesce(finished_at, $end::DOUBLE), $end::DOUBLE)
     FROM jobs
     WHERE funded AND submitted_at < $end::DOUBLE
       AND (finished_at IS NULL OR finished_at > $start::DOUBLE)
+      AND ($under::VARCHAR IS NULL OR starts_with(leaf || '/', $under::VARCHAR || '/'))
     UNION ALL
     SELECT 'capacity', node, gpus, greatest(changed_at, $start::DOUBLE),
            least(coalesce(next_at, $end::DOUBLE), $end::DOUBLE)

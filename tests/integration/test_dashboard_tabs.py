@@ -379,3 +379,45 @@ def test_a_read_a_later_click_replaced_while_it_waited_is_never_asked(
     for route in held:
         route.abort()
     ctx.close()
+
+
+NOT_ANSWERING = "() => /not answering/.test(document.getElementById('status').textContent)"
+
+
+def test_a_paused_server_is_said_within_seconds_in_every_tab_which_go_on_once_it_runs(
+    served: Served, browser: Browser
+) -> None:
+    """A server paused (SIGSTOP: a suspended VM, a hung process) under two Queue tabs of one
+    browser: the tab whose read holds the lock said "not answering" after 10 s, the tab waiting
+    behind it only after ~30 s (the lock's 20 s bound, then its own read's 10 s: waiting is no
+    read of its own, and the other tab's read may hang on that tab's network). Now a tab whose
+    update is under way asks the server itself (`/v1/whoami`, on the event loop) and says within
+    seconds that it does not answer, the page shown kept; once the server runs again, every tab
+    updates on its own."""
+    ctx = signed_in(browser, served.tokens["root"])
+    ctx.add_init_script(SAID)
+    tabs = queue_tabs(ctx, served.server.url, 2)
+    rows = [page.locator("#queue tbody tr").count() for page in tabs]
+    was = [page.locator("#status").inner_text() for page in tabs]
+    pid = served.server.proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        took = []
+        for page in tabs:  # each tab's next timed read (5 s) hangs; one of them waits for the other
+            page.wait_for_function(NOT_ANSWERING, timeout=40_000)
+            took.append(time.monotonic() - stopped)
+        assert max(took) < 13, took  # before: 15-16 s and 34-36 s (the waiting tab's)
+        for page, n in zip(tabs, rows, strict=True):  # the page shown is kept and named
+            assert page.locator("#queue tbody tr").count() == n
+            line = page.locator("#status").inner_text()
+            assert "; the page shown was updated " in line, line
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    for page, line in zip(tabs, was, strict=True):  # each updates again, nothing clicked
+        page.wait_for_function(UPDATED, arg=line, timeout=30_000)
+    for page in tabs:
+        lines = said(page)
+        counts = [int(m.group(1)) for x in lines if (m := re.search(COUNTED, x))]
+        assert counts == sorted(counts), lines  # one counter
+    ctx.close()

@@ -41,7 +41,10 @@ let started = false;
 // refresh's, counting from the oldest read asked since the page was last drawn: a refresh a
 // click began while a read hung let the superseded one's timer run on, the line flipping
 // between two counters, and took "the server is not answering" as the page shown, saying
-// "nothing new shown" over rows on the screen (atk57-29 F2, F3).
+// "nothing new shown" over rows on the screen (atk57-29 F2, F3). An update under way 2 s also
+// looks at the server itself (`lookAtServer`, base.js): a look unanswered 3 s is said the same
+// way, counting from that look, so a paused server is said within seconds in every tab, the
+// tabs waiting behind another's read too (they said it after ~30 s, the one holding it after 10).
 const SILENT_MS = 10000;
 let silent = null;   // the one timer of `refresh`
 let drawn = 0;       // when the page was last drawn (Date.now())
@@ -51,9 +54,12 @@ async function refresh() {
   clearTimeout(timer);
   clearInterval(silent);
   const mine = ++refreshes;
+  const begun = Date.now();
   silent = setInterval(() => {
-    const quiet = unansweredFor(drawn);
-    if (quiet >= SILENT_MS) status(`the server is not answering (${Math.round(quiet / 1000)} s); ${updated ? `the page shown was ${updated}` : "nothing shown yet"}`, true);
+    if (Date.now() - begun >= SERVER_LOOK_AFTER_MS) lookAtServer();
+    const read = unansweredFor(drawn), looked = unheardFor();
+    const quiet = Math.max(read, looked);
+    if (read >= SILENT_MS || looked > 0) status(`the server is not answering (${Math.round(quiet / 1000)} s); ${updated ? `the page shown was ${updated}` : "nothing shown yet"}`, true);
   }, 1000);
   try {
     await PAGES[PAGE](!started);
@@ -69,7 +75,10 @@ async function refresh() {
     // nothing shown yet (a bad page address, say): the one line says why, not a blank page
     if (!started) main(el("p", { class: "err", id: "page-error" }, err.message));
   } finally {
-    if (mine === refreshes) clearInterval(silent);
+    if (mine === refreshes) {
+      clearInterval(silent);
+      forgetLooks();
+    }
   }
   if (mine === refreshes) timer = setTimeout(poll, POLL_MS[PAGE]);
 }

@@ -181,6 +181,49 @@ function unansweredFor(since) {
   return asked.length ? Date.now() - Math.min(...asked) : 0;
 }
 
+// Whether the server answers at all, looked at while this tab's update is under way: a tab
+// whose read waits behind another tab's (`pageRead`) asks nothing of its own for up to 20 s,
+// and its own read is said unanswered 10 s after it is asked, so a paused server (SIGSTOP, a
+// suspended VM) was said there only after ~30 s, the tab holding the lock after 10 s. The look
+// is `/v1/whoami`, answered on the server's event loop (no read of the pool, none of her 2 at
+// once): an update under way SERVER_LOOK_AFTER_MS asks it, one look at a time and one every
+// SERVER_LOOK_AFTER_MS at most (a slow read is a few looks), and a look unanswered
+// SERVER_LOOK_MS means the server does not answer (any answer, a 429 or a 401 too, means it
+// does). A read that hangs on another tab's network leaves the looks answered: not said here.
+const SERVER_LOOK_AFTER_MS = 2000;
+const SERVER_LOOK_MS = 3000;
+let looking = null;    // the look out ({at}), null when none
+let lookedAt = 0;      // when the last look was asked (one every SERVER_LOOK_AFTER_MS at most)
+let unheardSince = null;  // when the first look not answered since the last answer was asked
+
+function lookAtServer() {
+  if (looking || Date.now() - lookedAt < SERVER_LOOK_AFTER_MS) return;
+  const look = { at: Date.now() };
+  looking = look;
+  lookedAt = look.at;
+  unheardSince ??= look.at;
+  fetch("/v1/whoami", { headers: { Authorization: `Bearer ${token()}` }, signal: AbortSignal.timeout(PAGE_LOCK_MS) })
+    .then((resp) => {
+      unheardSince = null;
+      return resp.text();
+    })
+    .catch(() => {})  // given up or refused: unheard still, the next look asked
+    .finally(() => {
+      if (looking === look) looking = null;
+    });
+}
+
+// How long the server has not answered this tab's looks, 0 if it has (or under SERVER_LOOK_MS)
+function unheardFor() {
+  const quiet = unheardSince === null ? 0 : Date.now() - unheardSince;
+  return quiet >= SERVER_LOOK_MS ? quiet : 0;
+}
+
+function forgetLooks() {  // the update ended: a look still out says nothing of the next one
+  looking = null;
+  unheardSince = null;
+}
+
 async function post(path, body) {
   return answered(await posted(path, body), path);
 }
