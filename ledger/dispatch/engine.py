@@ -67,7 +67,7 @@ from ledger.dispatch.preemption import (
     plan_single_least,
     ready_key,
 )
-from ledger.dispatch.reservation import Frees, Hold, KeptSlots, soonest, start_plan
+from ledger.dispatch.reservation import Frees, Hold, KeptSlots, freest_node, soonest, start_plan
 from ledger.dispatch.snapshot import (
     PendingJob,
     RunningJob,
@@ -140,6 +140,10 @@ class _Cycle:
         self.held: list[GpuSlot] | None = None
         """The held nodes' free GPUs, taken out of the index while jobs that may not backfill
         are considered."""
+        self.drain_at: str | None = None
+        """The node the free tier's head drains (`Policy.drains_for`; at most one a cycle)."""
+        self.drained: list[GpuSlot] | None = None
+        """Its free GPUs, out of the index while the free tier's later jobs are considered."""
         self.live: dict[int, RunningJob] = {}
         self.preempted = False
         """Whether a job left `live` this cycle (until then every victim read is live)."""
@@ -257,6 +261,8 @@ class _Cycle:
         loose = (
             first.job_id if first is not None and not getattr(policy, "hold_binds", True) else None
         )
+        drains: Callable[[PendingJob, Snapshot], bool] | None = getattr(policy, "drains_for", None)
+        """Whether a waiting job drains a node for itself (older policies: never asked)."""
         wake = self.wake
         waited: set[tuple[str | None, str | None, int]] = set()  # shapes seen waiting
         # an order that placements move (`fairshare10.Charged`): handed out one job at a time,
@@ -271,6 +277,8 @@ class _Cycle:
         for at, job in enumerate(jobs):
             if reserved and (job.min_runtime_s > 0 and not job.debug) != (self.hidden is not None):
                 self._reserve(self.hidden is None)
+            if self.drain_at and (job.min_runtime_s > 0) == (self.drained is not None):
+                self._draining(self.drained is None)
             hold = self.hold
             if (
                 hold is not None
@@ -346,6 +354,8 @@ class _Cycle:
                 # most of a what-if's time at 9,000 pending, atk53-29 F2)
                 if seen_key is not None and epoch == self.epoch and moves == index.moves:
                     seen[seen_key] = (epoch, moves, wait)
+            if drains is not None and self.drain_at is None and not gang and drains(job, snapshot):
+                self._drain_for(job)
             if run is not None and run[1] == at and (run[2] is wait or run[2] == wait):
                 run[1] = at + 1
             else:
@@ -584,6 +594,32 @@ class _Cycle:
             self.held = None
             self.failed.clear()
 
+    def _drain_for(self, job: PendingJob) -> None:
+        """`job`, the free tier's first waiting job that drains (`Policy.drains_for`), holds
+        the node of its pools closest to free (`freest_node`; the debug reserve left out):
+        the free tier's later jobs are not placed on it this cycle, so it drains toward `job`
+        as its runs end (funded work, ranked before, still goes there)."""
+        pools = self.index.pools_for(job.gpu_type, job.cluster)
+        self.drain_at = freest_node(self.index, pools, job.gpus, set(self.reserved))
+        if self.drain_at is not None:
+            self.epoch += 1
+            self._draining(True)
+
+    def _draining(self, hide: bool) -> None:
+        """Take the drained node's free GPUs out of the index (`hide`) or give them back."""
+        if hide == (self.drained is not None):
+            return
+        self.epoch += 1
+        if hide:
+            assert self.drain_at is not None
+            have = len(self.index.free[self.drain_at])
+            self.drained = [self.index.take(self.drain_at, have)] if have else []
+        else:
+            assert self.drained is not None
+            self.index.release(self.drained)
+            self.drained = None
+            self.failed.clear()
+
     def _hold_for(self, job: PendingJob, gang: bool, window: float = math.inf) -> None:
         """Reserve for `job` the nodes of its pools whose GPUs it can have soonest: a running
         job gives its GPUs back at its contract's end when `job` may preempt it then, else when
@@ -689,6 +725,8 @@ class _Cycle:
         free = self.index.free
         reserve = set(self.reserved)
         held = set(self.hold.nodes) if self.hold is not None else set()
+        if self.drain_at is not None:
+            held.add(self.drain_at)
         every, kept = fragmentation_split(self.index, self.smallest, skip=reserve | held)
         return Idle(
             free=sum(map(len, free.values())),
@@ -699,6 +737,7 @@ class _Cycle:
         ), every
 
     def decision(self) -> Decision:
+        self._draining(False)
         self._reserve(False)
         self._holding(False)
         later = [t for t in self.wake if t > self.now]

@@ -266,3 +266,21 @@ def start_plan(
         )
         out.append((r, note))
     return nodes, out
+
+
+def freest_node(index: FreeIndex, pools: Sequence[Pool], gpus: int, skip: Set[str]) -> str | None:
+    """The node a waiting single-node job of `gpus` GPUs drains (`Policy.drains_for`): of the
+    active nodes of `pools` (but `skip`) that hold at least `gpus` GPUs, the one with the most
+    free now, then the first by name; None when there is none. No time is read: the node is
+    the one closest to holding the job, and it drains as its runs end (a reservation by node,
+    not by time: the free tier's runs declare no end)."""
+    free, size = index.free, index.size
+    best: tuple[int, str] | None = None
+    for pool in pools:
+        for n in pool.nodes:
+            if n in skip or size[n] < gpus:
+                continue
+            key = (-len(free[n]), n)
+            if best is None or key < best:
+                best = key
+    return None if best is None else best[1]
