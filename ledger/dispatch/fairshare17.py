@@ -66,7 +66,10 @@ What changes, each a setting of its own so the tables can turn it off:
   jobs are not placed there, so it drains toward the job as its runs end (Slurm's reservation
   for the top job, by node, not by time: the free tier's runs declare no end). On Philly the
   free tier's 8-GPU jobs waited 9.9 d on average behind its later 4-GPU jobs taking the
-  half-free nodes (`drains_for`, `engine._drain_for`).
+  half-free nodes (`drains_for`, `engine._drain_for`). `free_drain_takes` (False, off): the
+  head takes back instead the free tier's runs submitted after it on the node where that loses
+  least (each on that node alone; never an older run, never funded work) and is placed there
+  (`reservation.newer_runs_node`): the free tier oldest first by preemption too.
 - **A waiting debug job keeps a node** (`debug_hold`, on): a debug-lane job that cannot be placed
   (nor by preempting what its lane may) gets the cycle's reservation: the node it can have
   soonest, a running job freeing there at its contract's end when the debug job may preempt it,
@@ -126,6 +129,7 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
     debug_hold_window_s: float = 3_600.0
     plans_tried: int = 1
     free_drain_gpus: int = 0
+    free_drain_takes: bool = False
 
     @property
     def free_oldest(self) -> bool:

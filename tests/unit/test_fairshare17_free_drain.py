@@ -86,3 +86,46 @@ def test_a_record_without_the_setting_decodes_to_no_drain() -> None:
     old = msgspec.convert(raw, AnyPolicyConfig)
     assert isinstance(old, FairShare17Config) and old.free_drain_gpus == 0
     assert _placed(_half_free(1, (2, 4, False)), registry.policy_from_config(old)) == {2: "n1"}
+
+
+def _takes() -> object:
+    return msgspec.structs.replace(_drains(), free_drain_takes=True)  # type: ignore[type-var]
+
+
+def _newer(snap: Snapshot, *job_ids: int) -> Snapshot:
+    """`snap` with running jobs `job_ids` submitted after every pending job (at 100)."""
+    running = tuple(
+        msgspec.structs.replace(r, submitted_at=100.0) if r.job_id in job_ids else r
+        for r in snap.running
+    )
+    return msgspec.structs.replace(snap, running=running)
+
+
+def test_with_takes_the_head_takes_back_the_newer_free_tier_runs_of_a_node() -> None:
+    # run 10 (n1, 4 GPUs) was submitted after job 1: taken back, job 1 placed on n1
+    snap = _newer(_half_free(1, (2, 4, False)), 10)
+    d = decide(snap, _takes(), NOW)  # type: ignore[arg-type]
+    assert [p.job_id for p in d.preemptions] == [10]
+    assert d.preemptions[0].for_job == 1
+    assert {p.job_id: p.slots[0].node for p in d.placements} == {1: "n1"}
+    # nothing is held with takes: job 2 goes where it fits (n1 is full now; n2 has 2 free)
+    assert d.idle.held == 0
+    # without takes the drain holds n1; off, job 2 takes n1's half
+    assert not decide(snap, _drains(), NOW).preemptions  # type: ignore[arg-type]
+    assert _placed(snap, registry.build("fairshare-17", {})) == {2: "n1"}
+
+
+def test_takes_never_takes_an_older_run_nor_funded_work() -> None:
+    # run 10 is older than job 1 (submitted at 0): no node qualifies (n2's run 11 is older
+    # too, n3 holds funded work); job 1 waits and nothing is held
+    snap = _half_free(1, (2, 4, False))
+    d = decide(snap, _takes(), NOW)  # type: ignore[arg-type]
+    assert not d.preemptions and {p.job_id for p in d.placements} == {2}
+    funded = _newer(_half_free(1), 12)  # n3's funded run, submitted later: still not a victim
+    assert not decide(funded, _takes(), NOW).preemptions  # type: ignore[arg-type]
+
+
+def test_takes_chooses_the_node_losing_the_least_work() -> None:
+    # n1's newer run 10 (4 GPUs) lost 0.5 h, n2's newer run 11 (6 GPUs) too: n1 loses less
+    snap = _newer(_half_free(1), 10, 11)
+    assert [p.job_id for p in decide(snap, _takes(), NOW).preemptions] == [10]  # type: ignore[arg-type]
