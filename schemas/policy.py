@@ -434,6 +434,17 @@ class FairShare17Config(FairShare16Config, frozen=True, kw_only=True, tag="fairs
     without one); no funded non-debug job is placed on its free GPUs meanwhile."""
     debug_hold_window_s: NonNegative = 3_600.0
     """No such reservation when that node frees later than this from now (0: any time)."""
+    free_drain_gpus: Searches = 0
+    """The free tier's first waiting single-node job asking at least this many GPUs holds the
+    node closest to free (the most GPUs free now): no later unfunded job is placed on it while
+    it waits, so the node drains toward it as its runs end (s60-policy2, issue 26: on Philly
+    the free tier's 8-GPU jobs waited behind its later 4-GPU jobs taking the half-free nodes);
+    0: none, what a record without the setting was written with."""
+    free_drain_takes: bool = False
+    """Instead, that job takes back the free tier's runs submitted after it on the node where
+    that loses the least work (each on that node alone; none of an older job, none of funded
+    work) and is placed there; when no node allows it, nothing (s60-policy2). False: it holds
+    the node, what a record without the setting was written with."""
     plans_tried: Searches = 1
     """How many least-loss victim plans a search weighs: when `weigh` refuses one (it loses
     more funded work than it gains), the next cheapest on none of the nodes the refused plan's

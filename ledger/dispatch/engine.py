@@ -46,6 +46,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 
 import msgspec
 
+from ledger.dispatch import reservation
 from ledger.dispatch.decision import Carry, Decision, Idle
 from ledger.dispatch.ordering import KeptClasses, Ordered, SortKey
 from ledger.dispatch.placement import (
@@ -140,6 +141,8 @@ class _Cycle:
         self.held: list[GpuSlot] | None = None
         """The held nodes' free GPUs, taken out of the index while jobs that may not backfill
         are considered."""
+        self.drain_at: str | None = None  # the node the free tier's head drains (`_drain_for`)
+        self.drained: list[GpuSlot] | None = None  # its free GPUs out of the index (`_draining`)
         self.live: dict[int, RunningJob] = {}
         self.preempted = False
         """Whether a job left `live` this cycle (until then every victim read is live)."""
@@ -257,6 +260,7 @@ class _Cycle:
         loose = (
             first.job_id if first is not None and not getattr(policy, "hold_binds", True) else None
         )
+        drains: Callable[[PendingJob, Snapshot], bool] | None = getattr(policy, "drains_for", None)
         wake = self.wake
         waited: set[tuple[str | None, str | None, int]] = set()  # shapes seen waiting
         # an order that placements move (`fairshare10.Charged`): handed out one job at a time,
@@ -271,6 +275,8 @@ class _Cycle:
         for at, job in enumerate(jobs):
             if reserved and (job.min_runtime_s > 0 and not job.debug) != (self.hidden is not None):
                 self._reserve(self.hidden is None)
+            if self.drain_at and (job.min_runtime_s > 0) == (self.drained is not None):
+                self._draining(self.drained is None)
             hold = self.hold
             if (
                 hold is not None
@@ -346,6 +352,11 @@ class _Cycle:
                 # most of a what-if's time at 9,000 pending, atk53-29 F2)
                 if seen_key is not None and epoch == self.epoch and moves == index.moves:
                     seen[seen_key] = (epoch, moves, wait)
+            if drains is not None and self.drain_at is None and not gang and drains(job, snapshot):
+                slots = self._drain_for(job)
+                if slots is not None:  # it took back newer runs of its tier (`free_drain_takes`)
+                    self.placements.append(Placement(job_id=job.job_id, slots=slots))
+                    continue
             if run is not None and run[1] == at and (run[2] is wait or run[2] == wait):
                 run[1] = at + 1
             else:
@@ -584,6 +595,35 @@ class _Cycle:
             self.held = None
             self.failed.clear()
 
+    def _drain_for(self, job: PendingJob) -> tuple[GpuSlot, ...] | None:
+        """The free tier's waiting head (`Policy.drains_for`) holds the node closest to free
+        (`freest_node`), or takes a node's newer free-tier runs back (`newer_runs_node`)."""
+        pools, skip = self.index.pools_for(job.gpu_type, job.cluster), set(self.reserved)
+        if getattr(self.policy, "free_drain_takes", False):
+            found = reservation.newer_runs_node(self.index, pools, job, self.live, skip, self.now)
+            self.drain_at = ""  # tried: once a cycle, and nothing hidden
+            if found is None:
+                return None
+            for r in found[1]:
+                self._preempt(r, "fairness", job.job_id, "the free tier's older job takes back")
+            return (self.index.take(found[0], job.gpus),)
+        self.drain_at = reservation.freest_node(self.index, pools, job.gpus, skip)
+        self._draining(True)  # nothing when there is no such node
+        return None
+
+    def _draining(self, hide: bool) -> None:
+        """Take the drained node's free GPUs out of the index (`hide`) or give them back."""
+        if hide == (self.drained is not None):
+            return
+        self.epoch += 1
+        if hide and self.drain_at is not None:
+            have = len(self.index.free[self.drain_at])
+            self.drained = [self.index.take(self.drain_at, have)] if have else []
+        elif self.drained is not None:
+            self.index.release(self.drained)
+            self.drained = None
+            self.failed.clear()
+
     def _hold_for(self, job: PendingJob, gang: bool, window: float = math.inf) -> None:
         """Reserve for `job` the nodes of its pools whose GPUs it can have soonest: a running
         job gives its GPUs back at its contract's end when `job` may preempt it then, else when
@@ -689,6 +729,8 @@ class _Cycle:
         free = self.index.free
         reserve = set(self.reserved)
         held = set(self.hold.nodes) if self.hold is not None else set()
+        if self.drain_at:
+            held.add(self.drain_at)
         every, kept = fragmentation_split(self.index, self.smallest, skip=reserve | held)
         return Idle(
             free=sum(map(len, free.values())),
@@ -699,6 +741,7 @@ class _Cycle:
         ), every
 
     def decision(self) -> Decision:
+        self._draining(False)
         self._reserve(False)
         self._holding(False)
         later = [t for t in self.wake if t > self.now]

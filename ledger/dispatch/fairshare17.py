@@ -60,6 +60,16 @@ What changes, each a setting of its own so the tables can turn it off:
 - **The next plans** (`plans_tried`, 4 built today; 1 in older records): when `weigh` refuses a
   least-loss plan, the search weighs the next on none of the nodes of the refused plan's dearest
   victim, up to `plans_tried` plans (`engine._next_plans`).
+- **The free tier's head drains a node** (`free_drain_gpus`, 0: off; s60-policy2's
+  candidate): the first unfunded job left waiting that asks at least that many GPUs on one
+  node holds the node closest to free (most GPUs free now) for the cycle: the free tier's later
+  jobs are not placed there, so it drains toward the job as its runs end (Slurm's reservation
+  for the top job, by node, not by time: the free tier's runs declare no end). On Philly the
+  free tier's 8-GPU jobs waited 9.9 d on average behind its later 4-GPU jobs taking the
+  half-free nodes (`drains_for`, `engine._drain_for`). `free_drain_takes` (False, off): the
+  head takes back instead the free tier's runs submitted after it on the node where that loses
+  least (each on that node alone; never an older run, never funded work) and is placed there
+  (`reservation.newer_runs_node`): the free tier oldest first by preemption too.
 - **A waiting debug job keeps a node** (`debug_hold`, on): a debug-lane job that cannot be placed
   (nor by preempting what its lane may) gets the cycle's reservation: the node it can have
   soonest, a running job freeing there at its contract's end when the debug job may preempt it,
@@ -118,6 +128,8 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
     takeback_keep_need_by_share: bool = False
     debug_hold_window_s: float = 3_600.0
     plans_tried: int = 1
+    free_drain_gpus: int = 0
+    free_drain_takes: bool = False
 
     @property
     def free_oldest(self) -> bool:
@@ -344,6 +356,14 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
             yield v
         if last:
             yield from last
+
+    def drains_for(self, job: PendingJob, snapshot: Snapshot) -> bool:
+        """Whether `job`, left waiting, drains a node for itself (`free_drain_gpus`, 0: no
+        job): an unfunded job asking at least that many GPUs. The engine asks it of the free
+        tier's jobs in order and the first one that does holds the node closest to free for
+        the cycle (`engine._drain_for`): the free tier's later jobs are not placed there."""
+        floor = self.free_drain_gpus
+        return floor > 0 and job.min_runtime_s <= 0 and job.gpus >= floor
 
     def hold_window_for(self, job: PendingJob) -> float:
         """How far ahead `job`'s reservation may free (`engine._hold_for`'s window; inf: any

@@ -266,3 +266,69 @@ def start_plan(
         )
         out.append((r, note))
     return nodes, out
+
+
+def freest_node(index: FreeIndex, pools: Sequence[Pool], gpus: int, skip: Set[str]) -> str | None:
+    """The node a waiting single-node job of `gpus` GPUs drains (`Policy.drains_for`): of the
+    active nodes of `pools` (but `skip`) that hold at least `gpus` GPUs, the one with the most
+    free now, then the first by name; None when there is none. No time is read: the node is
+    the one closest to holding the job, and it drains as its runs end (a reservation by node,
+    not by time: the free tier's runs declare no end)."""
+    free, size = index.free, index.size
+    best: tuple[int, str] | None = None
+    for pool in pools:
+        for n in pool.nodes:
+            if n in skip or size[n] < gpus:
+                continue
+            key = (-len(free[n]), n)
+            if best is None or key < best:
+                best = key
+    return None if best is None else best[1]
+
+
+def newer_runs_node(
+    index: FreeIndex,
+    pools: Sequence[Pool],
+    job: PendingJob,
+    live: Mapping[int, RunningJob],
+    skip: Set[str],
+    now: float,
+) -> tuple[str, list[RunningJob]] | None:
+    """The node on which `job`, the free tier's waiting head (`Policy.drains_for` with
+    `free_drain_takes`), takes back runs: of the active nodes of `pools` (but `skip`) that
+    hold at least `job.gpus` GPUs and on which every run is an unfunded one on that node alone
+    submitted after `job` (the free tier's order: oldest first), the one whose runs lose the
+    fewest GPU-seconds of work, then with the most GPUs free, then the first by name; with
+    those runs (fewest first, enough to fit `job`: newest submissions first). None when none."""
+    on: dict[str, list[RunningJob]] = {}
+    bad: set[str] = set()
+    mine = (job.submitted_at, job.job_id)
+    for r in live.values():
+        nodes = {sl.node for sl in r.slots}
+        newer = r.min_runtime_s <= 0 and (r.submitted_at, r.job_id) > mine and len(nodes) == 1
+        for n in nodes:
+            if newer:
+                on.setdefault(n, []).append(r)
+            else:
+                bad.add(n)
+    free, size = index.free, index.size
+    best: tuple[float, int, str, list[RunningJob]] | None = None
+    for pool in pools:
+        for n in pool.nodes:
+            have = len(free[n])
+            if n in skip or n in bad or size[n] < job.gpus or have >= job.gpus:
+                continue
+            runs = sorted(on.get(n, []), key=lambda r: (-r.submitted_at, -r.job_id))
+            taken: list[RunningJob] = []
+            for r in runs:
+                if have >= job.gpus:
+                    break
+                taken.append(r)
+                have += r.gpus
+            if have < job.gpus:
+                continue
+            lost = sum(r.gpus * r.work_lost_s(now) for r in taken)
+            key = (lost, -len(free[n]), n, taken)
+            if best is None or key[:3] < best[:3]:
+                best = key
+    return None if best is None else (best[2], best[3])
