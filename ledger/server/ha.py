@@ -240,7 +240,14 @@ class Leadership:
     def lease_times(self) -> tuple[float | None, float | None]:
         """(seconds until the leader's lease expires, seconds since its holder last renewed it),
         now, from the row as last read (the database's clock) moved on by this server's own
-        clock; negative expiry: it ran out and nobody took it yet. (None, None): no lease seen."""
+        clock; negative expiry: it ran out and nobody took it yet. (None, None): no lease seen.
+        The leader itself says its own: from the sending of its last renewal that answered (the
+        row expires a lease after its commit, later), so it never says a lease run out while it
+        says it leads."""
+        if self.acting():  # its own renewal clock: the row as last read may be seconds old
+            # (a leader cut off said -0.5 s there while it still led: atk60-ha F4)
+            left = self.lease.deadline + self.lease.lease_s * MARGIN - time.monotonic()
+            return left, self.lease.lease_s - left
         h = self.leader
         if h is None:
             return None, None
