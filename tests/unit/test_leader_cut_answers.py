@@ -8,6 +8,7 @@ lease and says so in one form (atk60-ha, docs/ha.md "A server's own link to the 
   said, even when the cancel hangs too (it was abandoned after the cancel's own timeout);
 - F3: the statement so failed says it had no answer, not "server closed the connection";
 - F4: a leader's health gives its lease's end by its own renewals, never a row's older figure;
+- F5: a leader whose append has had no answer for a lease hands the lease over;
 - F6: the worker's store-away refusal is HAFront's: the same words and `X-Gpuledger-Store`."""
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pytest
 
 import ledger.store.lease as lease_mod
 from ledger.server.app import problem
-from ledger.server.ha import Leadership
+from ledger.server.ha import Leadership, append_stall_s
 from ledger.server.worker import Worker
 from ledger.store.lease import Holder, Lease, Unanswered
 from schemas.commands import SubmitJob
@@ -112,6 +113,23 @@ def test_a_leaders_health_says_its_own_lease_never_an_older_reads() -> None:
     ha.leading = False  # a standby: the row as read, moved on by its clock
     left, _ = ha.lease_times()
     assert left is not None and -0.6 < left < -0.4, left
+
+
+def test_a_leader_whose_append_waits_past_a_lease_hands_the_lease_over() -> None:
+    lease = OwnLease()
+    ha = Leadership(lease)  # type: ignore[arg-type]
+    ha.leading, ha._took_at = True, time.monotonic() - 30
+    assert ha.stall_s == append_stall_s(5.0) == 5.0
+    ha.appending = lambda: time.monotonic() - 4.0
+    ha._tick()
+    assert lease.released == [] and ha.stalled() is None  # 4 s: it waits
+    ha.appending = lambda: time.monotonic() - 5.5
+    assert ha.stalled() is not None
+    ha._tick()
+    assert lease.released == [False]  # expired now (its worker is in the append)
+    assert not ha.acting() and ha.changed.is_set()
+    ha._tick()
+    assert lease.took == 0  # not again before its worker has looked at the role
 
 
 class Leading:
