@@ -39,7 +39,7 @@ from ledger.server.agent_api import agent_routes
 from ledger.server.cache import ReadCache
 from ledger.server.commands import CommandPath
 from ledger.server.front import Front
-from ledger.server.ha_front import POSITION_HEADER
+from ledger.server.ha_front import POSITION_HEADER, STORE_HEADER
 from ledger.server.readpool import ReadPool, limits_from_env, sent_from_env
 from ledger.server.store_seen import stale_s
 from ledger.server.worker import Worker
@@ -113,6 +113,8 @@ def problem(err: LedgerError) -> Response[api.Problem]:
         headers = {"Retry-After": str(err.fields.get("retry_after", 1))}
     if err.fields.get("outcome") == "unknown":  # a write that may be stored all the same
         headers = {OUTCOME_HEADER: "unknown"}
+    if err.fields.get("store") == "away":  # the store does not answer: the CLI says it once
+        headers = {**(headers or {}), STORE_HEADER: "away"}
     return Response(
         body, status_code=status, media_type="application/problem+json", headers=headers
     )

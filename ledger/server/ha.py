@@ -103,6 +103,9 @@ class Leadership:
     members: list[Member] = field(default_factory=list)
     position: Callable[[], int] = lambda: 0
     """The log position this server has folded (reported for its lag)."""
+    appending: Callable[[], float | None] = lambda: None
+    """monotonic time the leader's append under way was begun (None: none under way):
+    one that waits past `stall_s` hands the lease over (`stalled`)."""
     relay: Callable[[], RelayWord | None] = lambda: None
     """This server's relay's health (None: it runs none), reported with its position: a
     standby tells the leader's from it (atk52-ha F4: "no Kafka" from every standby)."""
@@ -240,7 +243,14 @@ class Leadership:
     def lease_times(self) -> tuple[float | None, float | None]:
         """(seconds until the leader's lease expires, seconds since its holder last renewed it),
         now, from the row as last read (the database's clock) moved on by this server's own
-        clock; negative expiry: it ran out and nobody took it yet. (None, None): no lease seen."""
+        clock; negative expiry: it ran out and nobody took it yet. (None, None): no lease seen.
+        The leader itself says its own: from the sending of its last renewal that answered (the
+        row expires a lease after its commit, later), so it never says a lease run out while it
+        says it leads."""
+        if self.acting():  # its own renewal clock: the row as last read may be seconds old
+            # (a leader cut off said -0.5 s there while it still led: atk60-ha F4)
+            left = self.lease.deadline + self.lease.lease_s * MARGIN - time.monotonic()
+            return left, self.lease.lease_s - left
         h = self.leader
         if h is None:
             return None, None
@@ -324,6 +334,9 @@ class Leadership:
             if not self.lease.may_act():
                 self._stop.wait(0.1)  # taken at the turn's next try: renewed a third later
                 continue
+            if self.stalled() is not None:  # not renewed: handed over at the next turn
+                self._stop.wait(0.1)
+                continue
             if time.monotonic() < due:
                 self._stop.wait(min(0.1, max(0.01, due - time.monotonic())))
                 continue
@@ -339,6 +352,21 @@ class Leadership:
             if not kept:
                 log.error("lost the lease (epoch %d): another server leads", self.lease.epoch)
                 self._changed()
+
+    @property
+    def stall_s(self) -> float:
+        return append_stall_s(self.lease.lease_s)
+
+    def stalled(self) -> float | None:
+        """How long this leader's append under way has waited, once that is past `stall_s`
+        (None otherwise): its lease is no longer renewed, and is handed over (`_tick`). Over a
+        slow link (1 s a packet) renewals went through while no append committed for 17 s,
+        and every write waited with it: a standby forwards to the leader (atk60-ha F5)."""
+        began = self.appending()
+        if not self.leading or began is None:
+            return None
+        waited = time.monotonic() - began
+        return waited if waited > self.stall_s else None
 
     @property
     def ready_s(self) -> float:
@@ -382,6 +410,18 @@ class Leadership:
                 with self._turn:
                     self.lease.release(clean=False)  # its worker may be in an sbatch
                 self._changed()
+            elif held and (waited := self.stalled()) is not None:
+                log.error("the leader's append has had no answer for %.1f s (over %.1f s): "
+                          "handing the lease over (epoch %d)", waited, self.stall_s,
+                          self.lease.epoch)  # fmt: skip
+                self._took_at, self._held_back_at = 0.0, time.monotonic()
+                held = False
+                try:  # its waiting writes are answered once it stops acting (`Worker`)
+                    with self._turn:
+                        self.lease.release(clean=False)  # the append may still commit: fenced
+                finally:
+                    self.lease.deadline = 0.0
+                    self._changed()
             elif held:
                 pass  # renewed on its own clock (`_renew`)
             elif (not self.giving_up and not self._held_back_at and self.same_address is None
@@ -532,6 +572,17 @@ WAITS = (
     "with 503, and takes the lease once PostgreSQL commits again)"
 )
 """The one line a server says when the store commits none of its writes (docs/ha.md)."""
+
+
+APPEND_STALL_MIN_S = 5.0
+"""The shortest `append_stall_s`: a group commit retried after a broken connection may take
+`ledger.store.postgres.RETRY_FOR_S` (4 s) on a store that answers."""
+
+
+def append_stall_s(lease_s: float) -> float:
+    """Pure: how long a leader's append may wait before it hands the lease over: one lease,
+    `APPEND_STALL_MIN_S` at least (docs/ha.md, "A slow link")."""
+    return max(APPEND_STALL_MIN_S, lease_s)
 
 
 def relay_word(state: tuple[str | None, str | None], position: int | None) -> RelayWord | None:

@@ -62,6 +62,9 @@ _WAKE = _Task(None, None)
 
 AWAY_STOP_S = 2.0
 """How long a stop waits for the worker while the store does not answer (`Worker.stop`)."""
+LAPSE_LOOK_S = 0.25
+"""How often a write waiting on the worker looks whether this server still leads (`_answered`);
+it looks at its lease's deadline too."""
 READ_WAIT_S = 8.0
 """The longest a read waits for the worker thread on a PostgreSQL store (then 503): every read
 answers within 10 s while PostgreSQL is down (docs/security.md, row T5)."""
@@ -184,7 +187,7 @@ class Worker:
             loop.call_soon(self._gather, loop, 0, 0)
         pending.append(_Task(loop, future, command=command, key=key))
         self._track(future)
-        return await future  # type: ignore[no-any-return]
+        return await self._answered(future)  # type: ignore[no-any-return]
 
     def _gather(self, loop: asyncio.AbstractEventLoop, seen: int, turns: int) -> None:
         """Commit once a turn of `loop` brings no more commands (at most `gather_turns` turns):
@@ -228,7 +231,7 @@ class Worker:
             self._check_leading()
         task = _Task(*self._future(), call=fn)
         if write or self.service.ledger.dsn is None:
-            return await self._submit(task)
+            return await self._submit(task, write)
         # a PostgreSQL store that went away keeps the worker waiting on it (a cycle, a follow,
         # a connection's timeout): a read is answered 503 in one line past `READ_WAIT_S`, never
         # left hanging (it still runs when the worker gets to it; nothing is lost)
@@ -244,10 +247,11 @@ class Worker:
 
     def _check_leading(self) -> None:
         away = None if self.ha is None else self.ha.away()
-        if away is not None:
+        if away is not None:  # the words and header of HAFront's own (atk60-ha F6)
             raise Unavailable(
-                f"{store_words(away)}: no write is taken until it does",
-                hint="retry later; reads still answer",
+                f"{store_words(away)}: no write is taken until it does; reads still answer",
+                hint="retry once the store answers again; `gpuledger status` says when it does",
+                store="away",
             )
         if self.ha is not None and not self.ha.acting():
             where = self.ha.leader_address()
@@ -261,11 +265,41 @@ class Worker:
         loop = asyncio.get_running_loop()
         return loop, loop.create_future()
 
-    async def _submit(self, task: _Task) -> Any:
+    async def _submit(self, task: _Task, write: bool = False) -> Any:
         assert task.future is not None
         self._track(task.future)
         self._queue.put(task)
-        return await task.future
+        return await (self._answered(task.future) if write else task.future)
+
+    async def _answered(self, future: asyncio.Future[Any]) -> Any:
+        """A write's answer, or, once this server's lease has run out by its own clock while
+        the write still waits on the worker (its append unanswered: a silent link, a hung or
+        slow store, or one the leader handed the lease over for: `Leadership.stalled`), a 503
+        at once with its outcome unknown (`_lapsed`). Such writes waited for the whole outage,
+        a raw client for ever, while later ones were refused at once (atk60-ha F1)."""
+        ha = self.ha
+        while ha is not None and not future.done():
+            left = ha.lease.deadline - time.monotonic()
+            await asyncio.wait({future}, timeout=min(LAPSE_LOOK_S, max(0.02, left)))
+            if not future.done() and not ha.acting():
+                _refuse(future, self._lapsed())
+        return await future
+
+    def _lapsed(self) -> Unavailable:
+        """Why a write that waited on its append is answered now: this server stopped leading
+        (its lease ran out, or it handed it over) before the store answered it. The append is
+        fenced by the lease (its epoch, and the row's expiry in the database's clock), so it
+        lands only if it committed before any other server could lead: its client asks again
+        under its key (`X-Gpuledger-Outcome: unknown`; the CLI does), and is answered once."""
+        away = None if self.ha is None else self.ha.away()
+        why = "this server's lease ran out" if away is None else store_words(away)
+        return Unavailable(
+            f"{why}, and this write had no answer from the store before this server stopped "
+            "leading: it may still be stored",
+            hint="retry under its idempotency key: another server answers it, once (the CLI does)",
+            outcome="unknown",
+            store="away" if away is not None else "",
+        )
 
     def _track(self, future: asyncio.Future[Any]) -> None:
         self._open.add(future)

@@ -158,6 +158,10 @@ class Ledger(Application[UUID]):
         if self.dsn is not None:
             self.recorder.fence_epoch = epoch  # type: ignore[attr-defined]
 
+    def append_began(self) -> float | None:
+        """monotonic time the append under way began (None: none, or not a PostgreSQL store)."""
+        return getattr(self.recorder, "append_began", None) if self.dsn is not None else None
+
     def give_up_when(self, stop: Callable[[], bool]) -> None:
         """A PostgreSQL store's statements are tried again after a connection error only while
         `stop()` is false (a server stopping, a leader whose lease ran out; bounded anyway:

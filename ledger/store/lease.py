@@ -132,6 +132,14 @@ DDL holds the lease's tables a moment; a killed one's, waiting for a synchronous
 cancelled first (`cancel_orphans`)."""
 
 
+UNANSWERED = "a lease statement had no answer for {:.1f} s: its connection was given up"
+"""Why a lease statement failed when its watchdog abandoned its connection (`Lease._watch`)."""
+
+
+class Unanswered(Exception):
+    """A lease statement whose connection this server gave up: the store did not answer it."""
+
+
 class NotLeader(Exception):
     """An append of a server whose epoch was taken over (the fence refused it)."""
 
@@ -396,10 +404,12 @@ class Lease:
         atk33-28 F10); cancelled, it committed only here, unconfirmed, and counts as failed."""
         notices = self._notices[which]
         notices.clear()
+        abandoned = threading.Event()
         try:
             con = self._connection(which)
             answered = threading.Event()
-            watchdog = threading.Timer(self.answer_s + 0.1, self._watch, (con, answered))
+            watchdog = threading.Timer(self.answer_s + 0.1, self._watch,
+                                       (con, answered, abandoned))  # fmt: skip
             watchdog.daemon = True
             watchdog.start()
             try:
@@ -416,6 +426,11 @@ class Lease:
         except Exception as err:
             from psycopg.errors import QueryCanceled
 
+            if abandoned.is_set():  # its error is the socket this server shut, not the store's
+                gone = self._cons.pop(which, None)  # ("server closed the connection": atk60-ha F3)
+                if gone is not None:
+                    gone.close()
+                raise Unanswered(UNANSWERED.format(2 * self.answer_s + 0.1)) from err
             con = self._cons.pop(which, None)
             unconfirmed = isinstance(err, QueryCanceled) and _sync_waits(con)
             if con is not None:
@@ -424,7 +439,7 @@ class Lease:
                 raise NotCommitting(NOT_COMMITTING.format(round(self.answer_s, 1))) from err
             raise
 
-    def _watch(self, con: Any, answered: threading.Event) -> None:
+    def _watch(self, con: Any, answered: threading.Event, abandoned: threading.Event) -> None:
         """The watchdog of a statement unanswered past `answer_s`: cancel it (a commit waiting
         for a synchronous standby that is down ends so, `NotCommitting`), and if it is still
         unanswered `answer_s` later, abandon the connection (its socket shut: the statement
@@ -432,11 +447,16 @@ class Lease:
         storage stall) answers neither the statement, nor its own `statement_timeout`, nor the
         cancel, and TCP keepalives are answered by its host's kernel: the statement waited
         forever, the server never counted the store away, nobody kept the agents' node leases,
-        and every running job was fenced at the node lease's end (atk48-ha F5)."""
-        cancel_quietly(con, timeout=self.answer_s)
+        and every running job was fenced at the node lease's end (atk48-ha F5). The cancel
+        goes on its own thread: over a silent link it hangs too (its own `answer_s`), and the
+        connection was abandoned only after it, 5.2-5.6 s after the statement with a 5 s lease
+        where 3.4 s is said (atk60-ha F2)."""
+        threading.Thread(target=cancel_quietly, args=(con, self.answer_s), name="lease-cancel",
+                         daemon=True).start()  # fmt: skip
         if not answered.wait(self.answer_s):
             log.warning("a lease statement has had no answer for %.1f s: its connection is "
                         "abandoned", 2 * self.answer_s + 0.1)  # fmt: skip
+            abandoned.set()
             abandon_connection(con)
 
     def may_act(self) -> bool:

@@ -137,6 +137,9 @@ class LedgerPostgresRecorder(_Bounded, PostgresApplicationRecorder):
     NOTIFY (whose commit-time lock serialises every notifying transaction in the database)."""
 
     fence_epoch: int | None = None
+    append_began: float | None = None
+    """monotonic time the append under way began, its retries included (None: none under
+    way): a leader whose append waits too long hands its lease over (`Leadership.stalled`)."""
 
     def __init__(self, datastore: PostgresDatastore, *, events_table_name: str = EVENTS_TABLE):
         super().__init__(datastore, events_table_name=events_table_name)
@@ -192,7 +195,11 @@ class LedgerPostgresRecorder(_Bounded, PostgresApplicationRecorder):
         lost answer meets its own rows (an IntegrityError the ledger tells by the bytes).
         `builds_on`: the position before the first event and the link the writer folded there
         (0: not checked); `LogBehind` when the store has no such row (nothing inserted)."""
-        return self._bounded(type(self)._insert_once, stored_events, builds_on)  # type: ignore[no-any-return]
+        self.append_began = time.monotonic()
+        try:
+            return self._bounded(type(self)._insert_once, stored_events, builds_on)  # type: ignore[no-any-return]
+        finally:
+            self.append_began = None
 
     def select_notifications(self, *args: Any, **kwargs: Any) -> Any:
         fn = PostgresApplicationRecorder.select_notifications.__wrapped__

@@ -183,3 +183,37 @@ def _get(m: object, token: str) -> tuple[str, str]:
         return "", ""
     finally:
         conn.close()
+
+
+def test_a_write_the_leader_took_as_its_link_went_silent_is_answered_once_its_lease_ran_out(
+    tmp_path: Path, pg_store: str
+) -> None:
+    """atk60-ha F1: a write that reached the leader just after its link went silent waited on
+    its append for the whole partition (never answered while it lasted), while later writes
+    were refused at once. Now it is answered once the leader's own lease runs out (2 s here),
+    503 with its outcome unknown (it may still be stored: the append is fenced), and the CLI
+    goes on to the other server."""
+    home = tmp_path / "server-0"
+    init_on_store(home, tmp_path, pg_store)
+    token = make_token(home, "--user", "alice")
+    proxy = Proxy(pg_store)
+    g = make_group(tmp_path, pg_store, 2, "--interval", "0.5s", home=home)
+    cut, other = g.members
+    cut.dsn = proxy.via
+    try:
+        g.start(cut)
+        assert g.leader() is cut
+        g.start(other)
+        status, _, text, _ = _write(cut, token)
+        assert status == 200, text
+        proxy.cut.set()
+        status, _, text, took = _write(cut, token)  # its lease has a second or so left
+        assert status == 503, (status, text, g.why())
+        assert took < 4.0, (took, text)
+        assert "it may still be stored" in json.loads(text)["message"], text
+        done = _cli(token, f"{cut.url},{other.url}", "submit", "-A", "ai2/olmo", "-G", "1",
+                    "--min-runtime", "1h")  # fmt: skip
+        assert done.returncode == 0, (done.stderr, g.why())
+    finally:
+        g.stop()
+        proxy.close()
