@@ -87,10 +87,13 @@ def _lose_the_last_commit(
         env=env | {"GPULEDGER_URL": leader.url, "GPULEDGER_RETRY_S": "4"},
     )  # fmt: skip
     assert proc.returncode == 1 and "outcome is unknown" in proc.stderr, proc
-    before = _positions(pg.dsn)  # the primary shows the unconfirmed row to every session
     for m in g.members:  # both servers fold it
         waits.wait_for(f"{m.name} to list the unconfirmed job",
                        lambda m=m: "lost" in _words(home, m.url, token), 60, g.why)  # fmt: skip
+    # the primary shows the unconfirmed row to every session; read once it is there: a leader
+    # whose lease ran out while its append was queued says the outcome unknown before the
+    # append reaches the primary (atk60-ha F1), so the row may come after the CLI's answer
+    before = _positions(pg.dsn)
     time.sleep(settle_s)  # a relay beside them had the time to publish it
     # the standby host is lost with what its walreceiver had not written; then the primary
     for pid in _walreceivers(pg):
