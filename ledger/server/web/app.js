@@ -36,36 +36,49 @@ let started = false;
 
 // A page's read of this tab unanswered by the server for SILENT_MS (`unansweredFor`: waiting
 // behind another tab's read is not counted, `pageRead` bounds it) is said in the status line,
-// "the server is not answering (N s)", counting, until it answers: a hung server, or a network
-// that drops its packets, left "updated …" there for good. One timer says it, the latest
-// refresh's, counting from the oldest read asked since the page was last drawn: a refresh a
-// click began while a read hung let the superseded one's timer run on, the line flipping
-// between two counters, and took "the server is not answering" as the page shown, saying
-// "nothing new shown" over rows on the screen (atk57-29 F2, F3). An update under way 2 s also
-// looks at the server itself (`lookAtServer`, base.js): a look unanswered 3 s is said the same
-// way, counting from that look, so a paused server is said within seconds in every tab, the
-// tabs waiting behind another's read too (they said it after ~30 s, the one holding it after 10).
+// counting, until it answers: a hung server, or a network that drops its packets, left
+// "updated …" there for good. One ticker says it (`watch`), counting from the oldest read asked
+// since the page was last drawn: a refresh a click began while a read hung let the superseded
+// one's timer run on, the line flipping between two counters, and took the line as the page
+// shown, saying "nothing new shown" over rows on the screen (atk57-29 F2, F3). The same ticker
+// looks at the server every 2 s while the tab is shown (`lookAtServer`, base.js), whatever the
+// page's refresh period: a look unanswered for its limit says "the server is not answering
+// (N s)", counting from that look, so a paused server is said within seconds in every tab
+// (atk60-29 F1), and once a look is answered again the page updates at once. A read unanswered
+// while the looks asked since it are answered is this tab's, not the server's: said as such,
+// and given up and asked again at 20 s (READ_TIMEOUT_MS; it blamed the server and was never
+// asked again, atk60-29 F2).
 const SILENT_MS = 10000;
-let silent = null;   // the one timer of `refresh`
 let drawn = 0;       // when the page was last drawn (Date.now())
 let updated = null;  // what the status line said then ("updated 12:34:56")
+let updating = false;  // a refresh is under way
+let blamed = false;    // the status line says the server does not answer
+
+function watch() {
+  if (updating || document.visibilityState !== "hidden") lookAtServer();
+  const read = unansweredFor(drawn), looked = unheardFor();
+  const shown = updated ? `the page shown was ${updated}` : "nothing shown yet";
+  if (looked > 0 || (read >= SILENT_MS && heardAt < Date.now() - read)) {
+    blamed = true;
+    status(`the server is not answering (${Math.round(Math.max(read, looked) / 1000)} s); ${shown}`, true);
+  } else if (read >= SILENT_MS) {
+    status(`this tab's read has not been answered (${Math.round(read / 1000)} s) though the server answers (a slow read, or this tab's network); asked again every ${READ_TIMEOUT_MS / 1000} s; ${shown}`, true);
+  } else if (blamed && !updating) {
+    blamed = false;  // answered again: the page updated now, not at its next timed update
+    poll();
+  }
+}
 
 async function refresh() {
   clearTimeout(timer);
-  clearInterval(silent);
   const mine = ++refreshes;
-  const begun = Date.now();
-  silent = setInterval(() => {
-    if (Date.now() - begun >= SERVER_LOOK_AFTER_MS) lookAtServer();
-    const read = unansweredFor(drawn), looked = unheardFor();
-    const quiet = Math.max(read, looked);
-    if (read >= SILENT_MS || looked > 0) status(`the server is not answering (${Math.round(quiet / 1000)} s); ${updated ? `the page shown was ${updated}` : "nothing shown yet"}`, true);
-  }, 1000);
+  updating = true;
   try {
     await PAGES[PAGE](!started);
     started = true;
     drawn = Date.now();
     updated = `updated ${new Date(drawn).toLocaleTimeString(undefined, { hourCycle: "h23" })}`;
+    blamed = false;
     status(updated);
   } catch (err) {
     // superseded (its answer, or its failure: a hung read given up), the later refresh draws,
@@ -75,10 +88,7 @@ async function refresh() {
     // nothing shown yet (a bad page address, say): the one line says why, not a blank page
     if (!started) main(el("p", { class: "err", id: "page-error" }, err.message));
   } finally {
-    if (mine === refreshes) {
-      clearInterval(silent);
-      forgetLooks();
-    }
+    if (mine === refreshes) updating = false;
   }
   if (mine === refreshes) timer = setTimeout(poll, POLL_MS[PAGE]);
 }
@@ -89,7 +99,10 @@ async function refresh() {
 async function whoami() {
   for (let tries = 0; ; tries++) {
     try {
-      return await api("/v1/whoami", RETRIES_429, PAGE_LOCK_MS);
+      const asked = Date.now();
+      const me = await api("/v1/whoami", RETRIES_429, PAGE_LOCK_MS);
+      heard(asked);  // its round trip the first measure of the looks' (`lookLimit`)
+      return me;
     } catch (err) {
       if (err instanceof SignedOut) throw err;  // the login page is being opened
       const wait = Math.min(5, 2 ** tries);
@@ -123,6 +136,7 @@ async function start() {
   }
   ME = await whoami();
   document.getElementById("who").textContent = `${ME.actor}${ME.admin ? " (admin)" : ""}`;
+  setInterval(watch, 1000);
   await refresh();
 }
 

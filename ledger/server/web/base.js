@@ -126,7 +126,14 @@ async function pageRead(path) {
     unanswered.add(asked);
     if (holding) localStorage.setItem(READ_ASKED_KEY, String(asked.at));
     try {
-      return await api(path);
+      for (;;) {
+        try {
+          return await api(path, RETRIES_429, READ_TIMEOUT_MS);
+        } catch (err) {
+          if (err.name !== "TimeoutError") throw err;
+          await heardAfter(Date.now(), mine, path);  // given up: asked again once the server answers a look
+        }
+      }
     } finally {
       unanswered.delete(asked);
       if (holding) localStorage.removeItem(READ_ASKED_KEY);
@@ -176,35 +183,64 @@ function holderAsked(waited) {
 // of this tab's, and the server is not blamed for it (another tab's read that hangs may be its
 // own network's; the wait is bounded, `pageRead`, and this tab's own read counts from when it
 // is asked: atk57-29 F1).
+// A read given up and asked again (READ_TIMEOUT_MS) counts from its first asking, and a
+// superseded read given up while a later one is out leaves the count where it was (one counter).
+let oldestOut = null;
+
 function unansweredFor(since) {
   const asked = [...unanswered].map((a) => a.at).filter((at) => at >= since);
-  return asked.length ? Date.now() - Math.min(...asked) : 0;
+  if (!asked.length) {
+    oldestOut = null;
+    return 0;
+  }
+  oldestOut = oldestOut !== null && oldestOut >= since ? Math.min(oldestOut, ...asked) : Math.min(...asked);
+  return Date.now() - oldestOut;
 }
 
-// Whether the server answers at all, looked at while this tab's update is under way: a tab
-// whose read waits behind another tab's (`pageRead`) asks nothing of its own for up to 20 s,
-// and its own read is said unanswered 10 s after it is asked, so a paused server (SIGSTOP, a
-// suspended VM) was said there only after ~30 s, the tab holding the lock after 10 s. The look
-// is `/v1/whoami`, answered on the server's event loop (no read of the pool, none of her 2 at
-// once): an update under way SERVER_LOOK_AFTER_MS asks it, one look at a time and one every
-// SERVER_LOOK_AFTER_MS at most (a slow read is a few looks), and a look unanswered
-// SERVER_LOOK_MS means the server does not answer (any answer, a 429 or a 401 too, means it
-// does). A read that hangs on another tab's network leaves the looks answered: not said here.
-const SERVER_LOOK_AFTER_MS = 2000;
+// A page read not answered in READ_TIMEOUT_MS is given up and asked again (it had no time
+// limit: a read held by this tab's network hung for good, the page never updated again,
+// atk60-29 F2). The server answers a read within its own 10 s limit (an 8 s wait for the
+// worker before it); past 20 s the read is lost on the way (a dropped connection, a proxy) or
+// the server is paused: it is asked again once the server answers a look, so a paused server
+// is not asked a read every 20 s that it would all answer once it runs again.
+const READ_TIMEOUT_MS = 20000;
+
+async function heardAfter(since, mine, path) {
+  while (heardAt < since) {
+    if (refreshes !== mine) throw new Superseded(path);
+    lookAtServer();
+    await new Promise((done) => setTimeout(done, 500));
+  }
+  if (refreshes !== mine) throw new Superseded(path);
+}
+
+// Whether the server answers at all, looked at every SERVER_LOOK_EVERY_MS while the tab is
+// shown or its update is under way, whatever the page's own refresh period (`watch`, app.js).
+// The look is `/v1/whoami`, answered on the server's event loop (no read of the pool, none of
+// her 2 at once), one at a time; a look unanswered for its limit (`lookLimit`) means the server
+// does not answer (any answer, a 429 or a 401 too, means it does). A read that hangs on this
+// tab's or another tab's network leaves the looks answered: the server is not blamed for it.
+// Looked at only while an update was under way, a page refreshed every 15-30 s (Teams,
+// Budget, Preemptions, Finished) said a paused server 18-33 s after it stopped, or never for a
+// 15-22 s pause, its line saying "updated …" meanwhile (atk60-29 F1). A tab waiting behind
+// another tab's read (`pageRead`) asks nothing of its own for up to 20 s: the looks say it.
+const SERVER_LOOK_EVERY_MS = 2000;
 const SERVER_LOOK_MS = 3000;
 let looking = null;    // the look out ({at}), null when none
-let lookedAt = 0;      // when the last look was asked (one every SERVER_LOOK_AFTER_MS at most)
+let lookedAt = 0;      // when the last look was asked (one every SERVER_LOOK_EVERY_MS at most)
 let unheardSince = null;  // when the first look not answered since the last answer was asked
+let heardAt = 0;       // when a look (or the first whoami) was last answered
+const roundTrips = [];  // the last answered looks' round trips, ms
 
 function lookAtServer() {
-  if (looking || Date.now() - lookedAt < SERVER_LOOK_AFTER_MS) return;
+  if (looking || Date.now() - lookedAt < SERVER_LOOK_EVERY_MS) return;
   const look = { at: Date.now() };
   looking = look;
   lookedAt = look.at;
   unheardSince ??= look.at;
   fetch("/v1/whoami", { headers: { Authorization: `Bearer ${token()}` }, signal: AbortSignal.timeout(PAGE_LOCK_MS) })
     .then((resp) => {
-      unheardSince = null;
+      heard(look.at);
       return resp.text();
     })
     .catch(() => {})  // given up or refused: unheard still, the next look asked
@@ -213,15 +249,28 @@ function lookAtServer() {
     });
 }
 
-// How long the server has not answered this tab's looks, 0 if it has (or under SERVER_LOOK_MS)
-function unheardFor() {
-  const quiet = unheardSince === null ? 0 : Date.now() - unheardSince;
-  return quiet >= SERVER_LOOK_MS ? quiet : 0;
+function heard(asked) {  // an answer to a look (or to the first whoami) asked at `asked`
+  const now = Date.now();
+  if (asked >= (unheardSince ?? 0)) unheardSince = null;
+  heardAt = now;
+  roundTrips.push(now - asked);
+  if (roundTrips.length > 5) roundTrips.shift();
 }
 
-function forgetLooks() {  // the update ended: a look still out says nothing of the next one
-  looking = null;
-  unheardSince = null;
+// How long a look may go unanswered before the server is said not to answer: SERVER_LOOK_MS,
+// or twice the median of the last looks' round trips and a second, whichever is longer. A
+// network slow by 1.2 s each way flashed "the server is not answering (3 s)" while the server
+// answered everything (atk60-29 F3); the median leaves out the one look held across a pause.
+function lookLimit() {
+  if (!roundTrips.length) return SERVER_LOOK_MS;
+  const sorted = [...roundTrips].sort((a, b) => a - b);
+  return Math.max(SERVER_LOOK_MS, 2 * sorted[Math.floor(sorted.length / 2)] + 1000);
+}
+
+// How long the server has not answered this tab's looks, 0 if it has (or under `lookLimit`)
+function unheardFor() {
+  const quiet = unheardSince === null ? 0 : Date.now() - unheardSince;
+  return quiet >= lookLimit() ? quiet : 0;
 }
 
 async function post(path, body) {
