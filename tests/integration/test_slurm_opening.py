@@ -96,6 +96,33 @@ def test_a_service_started_during_an_outage_adopts_the_runs_slurm_kept(
     assert "adopted Slurm job" in ledger.service_log()
 
 
+def test_the_service_starts_while_an_admin_pauses_the_partition_and_runs_once_it_is_up(
+    ledger: Ledger,  # noqa: F811
+) -> None:
+    """atk60-slurm F1: `up` refused to start while the partition was paused ("partition
+    'gpuledger' is INACTIVE, not UP"): a restart during an admin's pause took the whole service
+    down until the pause ended. Now it starts, serves (a submission, `status` naming the pause),
+    submits nothing to Slurm meanwhile, and runs the job once the partition is UP."""
+    c = ledger.cluster
+    c.run("scontrol", "update", f"PartitionName={c.partition}", "State=INACTIVE")
+    try:
+        ledger.up()  # before: exit 1, "partition 'gpuledger' is INACTIVE, not UP"
+        paused = f"Slurm's partition {c.partition} is INACTIVE (an admin's pause)"
+        assert paused in ledger.service_log()
+        ledger.submit("alice", 1, SHOW + "echo ran >> runs-1")
+        ledger.wait("the pause in status", lambda: paused in ledger.cli("status"), timeout=60)
+        time.sleep(6)  # many cycles (0.2 s) and a partition read (5 s): it waits
+        assert ledger.jobs()[1]["status"] == "pending", ledger.jobs()[1]
+        listed = c.run("squeue", "-h", "-n", "gpuledger-1", "-o", "%i %T", check=False)
+        assert listed.strip() == "", listed  # nothing submitted to Slurm
+    finally:
+        c.run("scontrol", "update", f"PartitionName={c.partition}", "State=UP")
+    ledger.wait("job 1 finished", lambda: status(ledger, 1) == "finished", timeout=120)
+    job = ledger.jobs()[1]
+    assert (job["outcome"], job["exit_code"], job["preemptions"]) == ("completed", 0, 0), job
+    assert (ledger.work / "runs-1").read_text().split() == ["ran"]
+
+
 @pytest.mark.parametrize("pause", ["INACTIVE", "DOWN"])
 def test_a_job_placed_while_an_admin_pauses_the_partition_waits_in_the_queue_and_runs_after(
     ledger: Ledger,  # noqa: F811

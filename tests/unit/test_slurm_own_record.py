@@ -408,3 +408,74 @@ def test_a_stop_its_script_killed_after_the_grace_is_recorded_killed_at_its_real
                                                                       "NodeList=vm[1-2]"))  # fmt: skip  # noqa: E501
     g = stopped_end(st, gang, START + 90.0, record=(cut, START + 39.0), kill_wait_s=10.0)
     assert g.engine_state == "KILLED" and g.at == START + 41.0 + 1.0 + 10.0 + 5.0, g
+
+
+def test_a_single_node_run_whose_step_outlived_its_script_ends_by_slurms_end_of_the_job(
+    tmp_path: Path,
+) -> None:
+    """atk60-slurm F2: a single-node run whose command ran under `srun`, stopped while the service
+    was down and cut by its batch script's own end, was recorded ending at the script's record,
+    ~10 s before its step's processes died (Slurm's end of the job: KillWait after the batch
+    step's end). The script now marks a step still alive as it ends (`steps-left`), and such a
+    run ends as a gang's does; one with no step left keeps its record's true end."""
+    (j,) = parse_jobs(our_run("FAILED", "137:0", end=41.0))
+    st = Stopping(START + 5.0, run=(1, 0), grace_s=15.0)  # taken up at a restart: no SIGKILL
+    (tmp_path / "ended").write_text(f"137 {START + 40.6} 1 1 1\n")
+    plain = own_end(tmp_path)
+    assert plain is not None and (plain.at, plain.killed, plain.steps) == (
+        START + 40.6,
+        True,
+        False,
+    )
+    (tmp_path / "steps-left").touch()
+    cut = own_end(tmp_path)
+    assert cut is not None and cut.steps, cut
+    x = stopped_end(st, j, START + 90.0, record=(cut, START + 39.0), kill_wait_s=10.0)
+    assert (x.engine_state, x.exit_code) == ("KILLED", 137), x
+    assert x.at == START + 41.0 + 1.0 + 10.0 + 5.0, (x.at - START, x)  # before: its record's 40.6
+    alone = OwnEnd(137, START + 40.6, True, left=1, killed=True)
+    y = stopped_end(st, j, START + 90.0, record=(alone, START + 39.0), kill_wait_s=10.0)
+    assert y.at == START + 40.6, y
+
+
+def test_the_batch_script_marks_a_step_of_its_job_alive_as_it_ends(tmp_path: Path) -> None:
+    """The mark of atk60-slurm F2, in a fake cgroup tree (`/proc/self/cgroup` cannot be faked:
+    the function is run on its own): a process in `step_0` beside the script's `step_batch`
+    makes it; none there (or only in `step_extern`) does not."""
+    from ledger.engines.slurm.script_tree import steps_left_lines
+
+    job = tmp_path / "job_7"
+    for step in ("step_batch", "step_extern", "step_0"):
+        (job / step).mkdir(parents=True)
+        (job / step / "cgroup.procs").write_text("")
+    (job / "step_extern" / "cgroup.procs").write_text("1\n")
+    func, call = steps_left_lines(str(tmp_path / "ended"))
+    fake = f"gpuledger_group() {{ gpuledger_cg={job}/step_batch; }}\n"
+
+    def run() -> None:
+        subprocess.run(["/bin/bash", "-c", f"{func}\n{fake}{call}"], check=False)
+
+    run()
+    assert not (tmp_path / "steps-left").exists()
+    (job / "step_0" / "cgroup.procs").write_text("4242\n")
+    run()
+    assert (tmp_path / "steps-left").exists()
+
+
+def test_slurms_own_end_of_a_gang_unseen_completing_is_no_earlier_than_slurms_end_of_the_job() -> (
+    None
+):
+    """atk60-slurm F3: a gang's TIMEOUT while the service was down was recorded at its batch
+    node's last beat (`limit_kill_end`), 1.7 s before its rank on the other node died by Slurm's
+    end of the job (KillWait after its EndTime). Now a gang's, or a run's with a step left alive
+    (`steps-left`), is no earlier than that end, nor after the read; one node's alone as it was."""
+    from ledger.engines.slurm.stops import ended_by_slurm
+
+    (one,) = parse_jobs(our_run("TIMEOUT", "0:15", end=40.0))
+    (gang,) = parse_jobs(our_run("TIMEOUT", "0:15", end=40.0).replace("NodeList=vm",
+                                                                      "NodeList=vm[1-2]"))  # fmt: skip  # noqa: E501
+    beat = START + 48.9
+    assert ended_by_slurm(beat, one, START + 90.0, 10.0, False) == beat
+    assert ended_by_slurm(beat, one, START + 90.0, 10.0, True) == START + 40.0 + 16.0
+    assert ended_by_slurm(beat, gang, START + 90.0, 10.0, False) == START + 40.0 + 16.0
+    assert ended_by_slurm(beat, gang, START + 50.0, 10.0, False) == START + 50.0  # the read

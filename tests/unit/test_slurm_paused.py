@@ -9,12 +9,15 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from ledger.cycle.executor import Launch, NodeChange
 from ledger.engines.slurm import SlurmExecutor, parse_jobs
 from ledger.engines.slurm.launching import TAKEN_BACK
 from ledger.engines.slurm.paused import paused_why, unplace_paused
 from ledger.engines.slurm.tracked import Run
 from ledger.engines.slurm.words import partition_state
+from schemas.errors import EngineError
 from schemas.events import GpuSlot
 
 LID = "0123abcd4567"
@@ -72,3 +75,30 @@ def test_the_runs_not_started_go_back_to_the_queue_and_a_running_one_runs_on(
     assert set(ex._runs) == {3}
     assert all((ex._checkpoint_file(j, 0).parent / TAKEN_BACK).exists() for j in (1, 2))
     assert [a for a in calls if a[0] == "scancel"] and all("9" not in a for a in calls), calls
+
+
+CONFIG = (
+    "PriorityType = priority/basic\nPreemptType = preempt/none\n"
+    "ProctrackType = proctrack/cgroup\nEpilog = /etc/slurm/gpuledger-epilog.sh\nKillWait = 10 sec\n"
+)
+
+
+@pytest.mark.parametrize("state", ["INACTIVE", "DOWN", "DRAIN"])
+def test_the_service_starts_on_a_paused_partition_and_reads_it_paused(
+    tmp_path: Path, state: str
+) -> None:
+    """atk60-slurm F1: `up` (and `serve`) refused to start while an admin paused the partition
+    ("partition 'gpuledger' is INACTIVE, not UP"): a restart during a pause took the whole
+    service down. Now the check passes and the executor starts with the partition paused (it
+    submits nothing, takes its runs not started back); one that does not exist still refuses."""
+    ex = SlurmExecutor("gpuledger", LID, tmp_path)
+    part = PART.format(state)
+    ex._run = lambda args, *_, **__: CONFIG if args[1:2] == ["show"] else part  # type: ignore[method-assign]
+    ex.check()
+    assert ex.partition_state == state
+    assert paused_why(ex.partition, ex.partition_state).startswith(
+        f"Slurm's partition gpuledger is {state} (an admin's pause)"
+    )
+    part = PART.format("UP").replace("gpuledger", "other")
+    with pytest.raises(EngineError, match="Slurm has no partition 'gpuledger'"):
+        ex.check()

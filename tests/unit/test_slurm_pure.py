@@ -279,7 +279,9 @@ PART = "PartitionName=gpuledger AllowGroups=ALL State=UP PreemptMode=OFF Nodes=v
     [
         (GOOD + PART, []),
         (GOOD, ["Slurm has no partition 'gpuledger'"]),
-        (GOOD + PART.replace("State=UP", "State=DOWN"), ["partition 'gpuledger' is DOWN"]),
+        # an admin's pause is no refusal: the executor starts with it paused (atk60-slurm F1)
+        (GOOD + PART.replace("State=UP", "State=DOWN"), []),
+        (GOOD + PART.replace("State=UP", "State=INACTIVE"), []),
         (
             GOOD.replace("priority/basic", "priority/multifactor") + PART,
             ["PriorityType is priority/multifactor"],

@@ -122,6 +122,9 @@ class OwnEnd:
     killed: bool = False
     """Whether they had to be killed (SIGKILL after the job's grace), or the script's own end
     SIGKILLed the command (`script._beating`: the executor's SIGKILL never came, atk59b N3)."""
+    steps: bool = False
+    """A step of the job's (`srun`) still had processes on the node when the script wrote it
+    (`script_tree.STEPS_LEFT`): Slurm's end of the job ended them, later (atk60-slurm F2)."""
 
     def tree_note(self) -> str:
         """Pure: what the record says of the processes the command left ("" for none)."""

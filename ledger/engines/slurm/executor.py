@@ -256,13 +256,17 @@ class SlurmExecutor:
         return proc.stdout
 
     def check(self) -> None:
-        """Refuse to run on a partition where Slurm would reorder or preempt on its own."""
+        """Refuse to run on a partition where Slurm would reorder or preempt on its own (one
+        an admin paused is read as paused, `partition_state`: no refusal, atk60-slurm F1)."""
         text = self._run(["scontrol", "show", "config"])
         if why := self.cluster.learn(text):  # another cluster in this one's place (F5)
             raise OtherCluster(why, hint="start this server's cluster's slurmctld (docs/ha.md)")
         with contextlib.suppress(EngineError):  # a missing partition is reported below
             text += "\n" + self._run(["scontrol", "-o", "show", "partition", self.partition])
         self.max_time_s = partition_max_time(text, self.partition)
+        self.partition_state = partition_state(text, self.partition)  # paused: no refusal (F1)
+        if why := paused_why(self.partition, self.partition_state):
+            log.warning("slurm: %s; serving, placing nothing there until then", why)
         untracked_ok = self.env.get(UNTRACKED_OK, "") == "1"
         problems = check_config(text, self.partition, untracked_ok)
         if problems:

@@ -45,7 +45,7 @@ from ledger.engines.slurm.ends import (
 from ledger.engines.slurm.relaunch import RELAUNCHED
 from ledger.engines.slurm.script import TAKEN_BACK_EXIT, batch_script
 from ledger.engines.slurm.script_cluster import OTHER_CLUSTER_EXIT, OTHER_CLUSTER_WHY, cluster_lines
-from ledger.engines.slurm.script_tree import REAPING_MARK
+from ledger.engines.slurm.script_tree import REAPING_MARK, STEPS_LEFT
 from ledger.engines.slurm.stops import Stopping, forgotten_end
 from ledger.engines.slurm.words import (
     NEVER_STARTS,
@@ -177,7 +177,7 @@ def own_end(run_dir: Path) -> OwnEnd | None:
         return None
     if not math.isfinite(at):
         return None
-    return OwnEnd(code, at, words[2] == "1", written, left, killed)
+    return OwnEnd(code, at, words[2] == "1", written, left, killed, marked(run_dir, STEPS_LEFT))
 
 
 def _users_file(path: Path, size: int) -> tuple[bytes, float] | None:

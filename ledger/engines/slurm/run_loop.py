@@ -16,6 +16,7 @@ from ledger.engines.slurm import tracked
 from ledger.engines.slurm.ends import beat_window, limit_kill_end
 from ledger.engines.slurm.launching import (
     ended_by_record,
+    marked,
     never_ran_reason,
     never_starts,
     reaping_said,
@@ -24,7 +25,15 @@ from ledger.engines.slurm.launching import (
     tree_said,
 )
 from ledger.engines.slurm.restarts import vanished
-from ledger.engines.slurm.stops import gpus_differ, outage_of, placed_gpus, run_gpus, unseen_end
+from ledger.engines.slurm.script_tree import STEPS_LEFT
+from ledger.engines.slurm.stops import (
+    ended_by_slurm,
+    gpus_differ,
+    outage_of,
+    placed_gpus,
+    run_gpus,
+    unseen_end,
+)
 from ledger.engines.slurm.tracked import Run
 from ledger.engines.slurm.words import SLURM_ENDS_FIRST, WAITING, SlurmJob, end_reason
 from schemas.units import when
@@ -173,6 +182,8 @@ def end_of(ex: SlurmExecutor, r: Run, j: SlurmJob, now: float) -> tuple[int, flo
     code, at, own = run_end(run_dir, j, r.started_at, now, seen, r.seen_running_at, outage)
     if seen is None and j.state in SLURM_ENDS_FIRST:  # its KillWait (F2; F5: TIMEOUT)
         at = limit_kill_end(at, j.end_time, ex._seen.beat(run_dir, r.slurm_id, now), ex.kill_wait_s)  # fmt: skip  # noqa: E501
+        # a gang's ranks (a step's processes) die by Slurm's end of the job (atk60-slurm F3)
+        at = ended_by_slurm(at, j, now, ex.kill_wait_s, marked(run_dir, STEPS_LEFT))
     if j.end_time is not None and at < min(now, j.end_time) - 1:
         log.info("job %s (Slurm job %s) ended at %s (%s; Slurm says %s, when it heard)",
                  r.job_id, r.slurm_id, when(at), "its own end record" if own else

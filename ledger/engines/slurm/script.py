@@ -19,7 +19,7 @@ from ledger.engines.slurm.ends import (
 from ledger.engines.slurm.relaunch import guard_lines
 from ledger.engines.slurm.script_files import output_lines, touch, usable_lines, workdir_check
 from ledger.engines.slurm.script_gpus import gpus_check
-from ledger.engines.slurm.script_tree import pass_lines, reap_grace_s, reap_lines
+from ledger.engines.slurm.script_tree import pass_lines, reap_grace_s, reap_lines, steps_left_lines
 from ledger.engines.slurm.words import SbatchUser, job_environment
 
 WAIT = (
@@ -199,6 +199,8 @@ def batch_script(
         '[ -z "${gpuledger_cut-}" ] || gpuledger_killed=1',
         'gpuledger_tree=; [ "$gpuledger_left$gpuledger_killed" = 00 ] ||'
         ' gpuledger_tree=" $gpuledger_left $gpuledger_killed"',
+        # a step (`srun`) still alive here ends by Slurm's end of the job, later (atk60-slurm F2)
+        *steps_left_lines(ended_file),
         f'{{ echo "$gpuledger_rc $EPOCHREALTIME $gpuledger_first$gpuledger_tree" > {part} &&'
         f" mv -f -- {part} {end}; }} 2>/dev/null",
         'exit "$gpuledger_rc"',

@@ -92,6 +92,37 @@ the cgroups beside the script's own: not the batch step, not the extern one) tha
 tasks: Slurm signals a step's tasks alone (proctrack/cgroup: "inherited processes will only get
 SIGKILL"), so a rank's children would get no SIGTERM at all."""
 
+STEPS_LEFT = "steps-left"
+"""Beside the end record, made before it (`steps_left_lines`): when the batch script ended, a step
+of the job's on its node (an `srun` in the command) still had processes. Slurm's end of the job
+ends them, its KillWait after the script's end, so the run ended then, not at the script's
+record (atk60-slurm F2: recorded 10 s early). The job user's word: it can only make its own
+run's end later (`stops.stopped_end`, bounded by Slurm's end of the job)."""
+
+_STEPS_LEFT = r"""gpuledger_stepsleft() {
+  local d f p
+  shopt -s globstar nullglob
+  gpuledger_group || return 1
+  for d in "${gpuledger_cg%/*}"/step_*; do
+    case ${d##*/} in step_batch | step_extern) continue ;; esac
+    [ "$d" = "$gpuledger_cg" ] && continue
+    for f in "$d"/**/cgroup.procs; do
+      { read -r p < "$f"; } 2>/dev/null && [ -n "$p" ] && return 0
+    done
+  done
+  return 1
+}"""
+"""Succeeds when another step of the job's on this node (not the batch step, not the extern
+one) has a process: one the script's end leaves to Slurm's end of the job."""
+
+
+def steps_left_lines(ended_file: str) -> list[str]:
+    """Pure: the `STEPS_LEFT` mark, made beside `ended_file` when a step of the job's still has
+    processes on the node as the script ends (`_STEPS_LEFT`)."""
+    at = shlex.quote(posixpath.join(posixpath.dirname(ended_file), STEPS_LEFT))
+    return [_STEPS_LEFT, f"gpuledger_stepsleft && {{ : > {at}; }} 2>/dev/null"]
+
+
 _TERM_L = r"""gpuledger_terml() {
   local p l c
   for p in "${gpuledger_l[@]}"; do

@@ -270,6 +270,7 @@ def stopped_end(
     script's launch mark, its own start (`Exit.started_at`; no earlier than Slurm's StartTime,
     no later than its end), which the ledger keeps for a run it stopped before recording its
     start, its command having run (atk44s F3).
+    A run whose script left a step of the job's alive (`OwnEnd.steps`) ends as a gang does.
     A gang no read of this service saw alive since it took the stop up (`seen_running_at`: a
     restart found it ended) ended by Slurm's end of the job, `kill_wait_s` (KillWait) after its
     batch step's whole-second EndTime and a kill's landing (`KILL_LANDS_S`) at most, or at the
@@ -281,8 +282,10 @@ def stopped_end(
     # the executor's sight, and a loaded read may see none of it COMPLETING: its end is the
     # read that found it ended (s56: a rank alive 5.4 s past the batch step's EndTime), killed
     # or ended in its grace (its batch script out first: Slurm's EndTime is the script's)
-    gang = len(expand_hostlist(j.nodes)) > 1
     own = record[0]
+    # a single node's run whose command left a step (`srun`) alive as its script ended: its
+    # processes die by Slurm's end of the job too, as a gang's (atk60-slurm F2: 10 s early)
+    gang = len(expand_hostlist(j.nodes)) > 1 or (own is not None and own.steps)
     # its batch script's own end SIGKILLed it after the grace (`script._beating`), the
     # executor's SIGKILL never sent (the service down: atk59b N3): killed all the same
     cut = failed is None and not (by_itself or never_ran) and own is not None and own.signalled
@@ -337,6 +340,18 @@ def end_of_job(end_time: float, kill_wait_s: float) -> float:
     from its batch step's EndTime (whole seconds): KillWait after its SIGTERM, and a kill's
     landing (`KILL_LANDS_S`)."""
     return end_time + 1.0 + kill_wait_s + KILL_LANDS_S
+
+
+def ended_by_slurm(at: float, j: SlurmJob, now: float, kill_wait_s: float, steps: bool) -> float:
+    """Pure: the end of a run Slurm itself ended (its TIMEOUT, a plain `scancel`: `at`, from its
+    EndTime and its script's beat, `ends.limit_kill_end`) unseen COMPLETING, whose processes
+    include a step's the batch script does not hold (a gang's ranks, or `steps`: a step left
+    alive on its one node, `OwnEnd.steps`): they die by Slurm's end of the job (`end_of_job`),
+    so no earlier than that, nor after `now` (atk60-slurm F3: a gang's TIMEOUT while the
+    service was down was recorded 1.7 s before its last rank died, at its batch node's beat)."""
+    if j.end_time is None or not (steps or len(expand_hostlist(j.nodes)) > 1):
+        return at
+    return max(at, min(now, end_of_job(j.end_time, kill_wait_s)))
 
 
 def forgotten_end(

@@ -528,8 +528,8 @@ def check_config(config: str, partition: str, untracked_ok: bool = False) -> lis
     problems = []
     if part is None or part.get("PartitionName") != partition:
         problems.append(f"Slurm has no partition {partition!r}")
-    elif part.get("State", "UP") != "UP":
-        problems.append(f"partition {partition!r} is {part.get('State')}, not UP")
+    # (a partition an admin paused, State not UP, is no refusal: the executor starts with it
+    # paused, as a running one follows a pause, `paused`; atk60-slurm F1)
     priority = values.get("PriorityType", "")
     if priority != "priority/basic":
         problems.append(
