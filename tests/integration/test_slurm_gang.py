@@ -275,51 +275,15 @@ def test_a_gang_its_batch_script_killed_while_the_service_was_down_is_recorded_k
     after the last death, recorded `killed: false`, "Slurm: FAILED". The script's end record
     now says it killed (the executor's own SIGKILL is kept as `stops/<id>.killed`): killed,
     at Slurm's end of the job, never before the last rank's death nor at the restart."""
-    kids = _two_ranks(ledger, "6s")
-    run_dir = ledger.home / "jobs" / "checkpoints" / "1.0"
-    try:
-        ledger.wait("job 1 running", lambda: ledger.jobs()[1]["status"] == "running", 60)
-        seen, gone = _last_alive(kids)
-        ledger.cli("preempt", "1", "--reason", "the test makes room")
-        ledger.wait("the stop's SIGTERM", lambda: (run_dir / "signalled").exists(), 60)
-        ledger.kill9()
-        killed = list((ledger.home / "jobs" / "stops").glob("*.killed"))
-        assert killed == [], f"the executor's SIGKILL came first: not the case under test {killed}"
-        assert gone.wait(120), f"{kids} outlived the batch script's own end"
-        # the service is down past Slurm's end of the job (KillWait and a kill's landing after
-        # the batch script's end: 16 s) and 10 s more
-        time.sleep(30)
-        back = time.time()
-        ledger.up()
-        ledger.wait("job 1 finished", lambda: ledger.jobs()[1]["status"] == "finished", 120)
-    finally:
-        _kill(ledger, kids)
-    last = max(seen.values())
-    (end,) = ledger.of("job.run_ended.v2", 1)
-    said = ledger.service_log()[-4000:]
-    assert end["killed"] and "killed after its grace" in end["note"], (end["note"], said)
-    assert end["ended_at"] >= last - 1.0, (end["ended_at"], last)  # not before the last death
-    assert end["ended_at"] < back - 10, (end["ended_at"], last, back)  # not the restart's read
+    _preempted_and_killed_while_down(ledger, _two_ranks(ledger, "6s"))
     assert ledger.jobs()[1]["finish_reason"] == "preempted", ledger.jobs()[1]
 
 
-def test_a_one_node_run_with_a_step_its_script_killed_while_down_ends_with_its_step(
-    ledger: Ledger,
-) -> None:
-    """atk60-slurm F2: as above on one node, the command's rank in a step (`srun`): the batch
-    script's own end SIGKILLed what its step held, but the rank, in a step of its own, died only
-    by Slurm's end of the job (KillWait later), and the run was recorded ending at the script's
-    record, ~10 s before it. It now ends as a gang's, never before the rank's death."""
-    ledger.up()
-    # the rank (as atk60-slurm's: a python task ignoring TERM, HUP and INT) in the background
-    rank = ("trap '' TERM; srun -N1 -n1 /usr/bin/python3 -c 'import os, signal, time;"
-            " [signal.signal(s, signal.SIG_IGN) for s in (signal.SIGTERM, signal.SIGHUP,"
-            " signal.SIGINT)]; open(\"rank-0.pid\", \"w\").write(str(os.getpid()));"
-            " time.sleep(100000)' & while :; do sleep 0.2; done")  # fmt: skip
-    ledger.submit("alice", 1, rank, "--grace", "6s")
-    pid_file = ledger.work / "rank-0.pid"
-    ledger.wait("the rank", lambda: pid_file.is_file() and pid_file.read_text().strip() != "", 180)
-    kids = [int(pid_file.read_text())]
+def _preempted_and_killed_while_down(ledger: Ledger, kids: list[int]) -> None:
+    """Job 1 (its processes `kids` ignore SIGTERM) preempted, the service killed -9 after the
+    stop's SIGTERM and before its SIGKILL, kept down past Slurm's end of the job (KillWait and
+    a kill's landing after the batch script's end: 16 s) and 10 s more, then up: its run is
+    recorded killed, never before the last of `kids` died nor at the restart's read."""
     run_dir = ledger.home / "jobs" / "checkpoints" / "1.0"
     try:
         ledger.wait("job 1 running", lambda: ledger.jobs()[1]["status"] == "running", 60)
@@ -340,8 +304,27 @@ def test_a_one_node_run_with_a_step_its_script_killed_while_down_ends_with_its_s
     (end,) = ledger.of("job.run_ended.v2", 1)
     said = ledger.service_log()[-4000:]
     assert end["killed"] and "killed after its grace" in end["note"], (end["note"], said)
-    assert end["ended_at"] >= last - 1.0, (end["ended_at"], last)  # before: ~10 s before it
+    assert end["ended_at"] >= last - 1.0, (end["ended_at"], last)  # not before the last death
     assert end["ended_at"] < back - 10, (end["ended_at"], last, back)  # not the restart's read
+
+
+def test_a_one_node_run_with_a_step_its_script_killed_while_down_ends_with_its_step(
+    ledger: Ledger,
+) -> None:
+    """atk60-slurm F2: as above on one node, the command's rank in a step (`srun`): the batch
+    script's own end SIGKILLed what its step held, but the rank, in a step of its own, died only
+    by Slurm's end of the job (KillWait later), and the run was recorded ending at the script's
+    record, ~10 s before it. It now ends as a gang's, never before the rank's death."""
+    ledger.up()
+    # the rank (as atk60-slurm's: a python task ignoring TERM, HUP and INT) in the background
+    rank = ("trap '' TERM; srun -N1 -n1 /usr/bin/python3 -c 'import os, signal, time;"
+            " [signal.signal(s, signal.SIG_IGN) for s in (signal.SIGTERM, signal.SIGHUP,"
+            " signal.SIGINT)]; open(\"rank-0.pid\", \"w\").write(str(os.getpid()));"
+            " time.sleep(100000)' & while :; do sleep 0.2; done")  # fmt: skip
+    ledger.submit("alice", 1, rank, "--grace", "6s")
+    pid_file = ledger.work / "rank-0.pid"
+    ledger.wait("the rank", lambda: pid_file.is_file() and pid_file.read_text().strip() != "", 180)
+    _preempted_and_killed_while_down(ledger, [int(pid_file.read_text())])  # before: ~10 s early
 
 
 def test_slurm_down_stops_both_slurmd_of_a_two_node_cluster_even_without_its_record_of_one(
