@@ -9,7 +9,9 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MACHINE = re.compile(r"/work/(?:shared|main|atk|wt|final|notes|i\d+)\b|\bshared/traces\b|/root/|/home/runner/")
+MACHINE = re.compile(
+    r"/work/(?:shared|main|atk|wt|final|notes|i\d+)\b|\bshared/traces\b|/root/|/home/runner/"
+)
 """Where this project was built, and the directory the trace once came from."""
 NAMED = re.compile(r"examples/traces/[\w.-]+")
 
