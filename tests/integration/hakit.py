@@ -150,6 +150,17 @@ def make_group(root: Path, dsn: str, n: int, *args: str, home: Path | None = Non
     return Group(dsn, members, args)
 
 
+def lead_behind(g: Group, via: str) -> tuple[Member, Member]:
+    """Group `g`'s first server, on the store through `via` (a proxy the test cuts), started and
+    leading, then its second started: (first, second)."""
+    first, second = g.members
+    first.dsn = via
+    g.start(first)
+    assert g.leader() is first
+    g.start(second)
+    return first, second
+
+
 def log_events(home: Path, *, store: str = "") -> list[dict[str, Any]]:
     """Every event of the log, read from the store itself (no server)."""
     out = cli(home, "log", "--json", "--limit", "10000", timeout=120)

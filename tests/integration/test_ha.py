@@ -21,7 +21,14 @@ from schemas import commands as c
 from schemas.errors import LedgerError
 from tests.integration import waits
 from tests.integration.agentkit import Agent, held_twice
-from tests.integration.hakit import Group, PgProxy, log_events, make_group, wait_cycled_after
+from tests.integration.hakit import (
+    Group,
+    PgProxy,
+    lead_behind,
+    log_events,
+    make_group,
+    wait_cycled_after,
+)
 from tests.integration.serverkit import cli, init_on_store, make_token
 from tests.integration.userkit import marks_dir
 
@@ -352,12 +359,8 @@ def test_a_leader_cut_off_from_postgresql_stops_acting_before_another_server_lea
     proxy = Proxy(dsn)
     g = make_group(tmp_path, dsn, 2, "--interval", "0.5s", home=home)
     g.lease = "5s"
-    first, second = g.members
-    first.dsn = proxy.via
     try:
-        g.start(first)
-        assert g.leader() is first
-        g.start(second)
+        first, second = lead_behind(g, proxy.via)
         code, out = submit(token, g.urls)
         assert code == 0, out
         proxy.cut.set()

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from tests.integration import waits
-from tests.integration.hakit import Member, PgProxy, log_events, make_group
+from tests.integration.hakit import Member, PgProxy, lead_behind, log_events, make_group
 from tests.integration.serverkit import init_on_store, make_token
 
 HOLD_S = 12.0
@@ -71,12 +71,8 @@ def test_a_leader_whose_append_stalls_hands_over_and_the_write_is_stored_once(
     token = make_token(home, "--user", "alice")
     proxy = SlowAppends(pg_store)
     g = make_group(tmp_path, pg_store, 2, "--interval", "0.5s", home=home)
-    slow, other = g.members
-    slow.dsn = proxy.via
     try:
-        g.start(slow)
-        assert g.leader() is slow
-        g.start(other)
+        slow, other = lead_behind(g, proxy.via)
         status, _, text, _ = _submit(slow, token, "warm-up")  # its append statement prepared
         assert status == 200, text
         assert g.leader() is slow

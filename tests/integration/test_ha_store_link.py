@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from tests.integration import waits
-from tests.integration.hakit import Member, make_group
+from tests.integration.hakit import Member, lead_behind, make_group
 from tests.integration.serverkit import GPULEDGER, env_for, init_on_store, make_token
 from tests.integration.test_ha import Proxy
 
@@ -140,12 +140,8 @@ def test_a_leader_whose_lease_ran_out_while_its_store_hangs_refuses_writes_at_on
     proxy = RenewalsFirst(pg_store, 5.0)
     g = make_group(tmp_path, pg_store, 2, "--interval", "0.5s", home=home)
     g.lease = "5s"
-    cut, other = g.members
-    cut.dsn = proxy.via
     try:
-        g.start(cut)
-        assert g.leader() is cut
-        g.start(other)
+        cut, other = lead_behind(g, proxy.via)
         done = _cli(token, g.urls, "submit", "-A", "ai2/olmo", "-G", "1", "--min-runtime", "1h")
         assert done.returncode == 0, done.stderr
         proxy.renewals_cut.set()
@@ -198,12 +194,8 @@ def test_a_write_the_leader_took_as_its_link_went_silent_is_answered_once_its_le
     token = make_token(home, "--user", "alice")
     proxy = Proxy(pg_store)
     g = make_group(tmp_path, pg_store, 2, "--interval", "0.5s", home=home)
-    cut, other = g.members
-    cut.dsn = proxy.via
     try:
-        g.start(cut)
-        assert g.leader() is cut
-        g.start(other)
+        cut, other = lead_behind(g, proxy.via)
         status, _, text, _ = _write(cut, token)
         assert status == 200, text
         proxy.cut.set()
