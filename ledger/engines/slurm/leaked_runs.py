@@ -68,10 +68,18 @@ def unplace_leaked(ex: SlurmExecutor, now: float) -> list[NodeChange]:
                "(GresUsed): nothing starts there until Slurm frees it")  # fmt: skip
         log.warning("job %s run %s (Slurm job %s) waits on %s %s; taking it back to the queue",
                     r.job_id, r.run, r.slurm_id, node, why)  # fmt: skip
-        if ex.may_act() and not mark_taken_back(ex._checkpoint_file(r.job_id, r.run).parent):
-            log.warning("job %s run %s: cannot mark it taken back", r.job_id, r.run)
-        if r.slurm_id is not None:
-            ex._signal(r.slurm_id, now)  # it never ran: scancel at once
-        del ex._runs[r.job_id]
-        out.append(NodeChange(node, "unplace", why, jobs=(r.job_id,)))
+        out.append(take_back(ex, r, node, why, now))
     return out
+
+
+def take_back(ex: SlurmExecutor, r: Run, node: str, why: str, now: float) -> NodeChange:
+    """Take run `r`, which never started, back to the queue (`why`): its `taken-back` mark (a
+    late landing of its `sbatch` ends before anything of the job's), its `scancel` (a deposed
+    leader does neither), and the `unplace` of its job on `node`."""
+    run_dir = ex._checkpoint_file(r.job_id, r.run).parent
+    if ex.may_act() and run_dir.is_dir() and not mark_taken_back(run_dir):
+        log.warning("job %s run %s: cannot mark %s taken back", r.job_id, r.run, run_dir)
+    if r.slurm_id is not None:
+        ex._signal(r.slurm_id, now)  # it never ran: scancel at once
+    del ex._runs[r.job_id]
+    return NodeChange(node, "unplace", why, jobs=(r.job_id,))

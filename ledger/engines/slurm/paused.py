@@ -20,8 +20,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ledger.cycle.executor import NodeChange
-from ledger.engines.slurm.launching import mark_taken_back
-from ledger.engines.slurm.leaked_runs import pending
+from ledger.engines.slurm.leaked_runs import pending, take_back
 
 if TYPE_CHECKING:
     from ledger.engines.slurm.executor import SlurmExecutor
@@ -42,9 +41,7 @@ def paused_why(partition: str, state: str) -> str:
 
 def unplace_paused(ex: SlurmExecutor, why: str, now: float) -> list[NodeChange]:
     """Take the executor's runs that have not started back to the queue while the partition is
-    paused (`why`): not submitted yet (or refused), or pending in Slurm; each one's `taken-back`
-    mark (a late landing of its `sbatch` ends before anything of the job's), its `scancel` (a
-    deposed leader does neither), and an `unplace` of its job."""
+    paused (`why`): not submitted yet (or refused), or pending in Slurm (`take_back`)."""
     out = []
     for r in list(ex._runs.values()):
         if r.started or r.launch is None or not r.launch.slots:
@@ -52,11 +49,5 @@ def unplace_paused(ex: SlurmExecutor, why: str, now: float) -> list[NodeChange]:
         if r.slurm_id is not None and not pending(r, ex.view):
             continue  # Slurm runs it (or ends it): read as any run
         log.warning("job %s run %s: %s; back to the queue", r.job_id, r.run, why)
-        run_dir = ex._checkpoint_file(r.job_id, r.run).parent
-        if ex.may_act() and run_dir.is_dir() and not mark_taken_back(run_dir):
-            log.warning("job %s run %s: cannot mark %s taken back", r.job_id, r.run, run_dir)
-        if r.slurm_id is not None:
-            ex._signal(r.slurm_id, now)  # it never ran: scancel at once
-        del ex._runs[r.job_id]
-        out.append(NodeChange(r.launch.slots[0].node, "unplace", why, jobs=(r.job_id,)))
+        out.append(take_back(ex, r, r.launch.slots[0].node, why, now))
     return out
