@@ -38,6 +38,7 @@ from bench_api import Http, submits_over_http
 from benchkit import machine, postgres
 
 from ledger.store import locate
+from ledger.store.creating import NewLedger
 from ledger.store.pgread import PgSource
 
 GOAL_PER_S = 2_000
@@ -104,6 +105,7 @@ def over_http(dsn: str, clients: int, per_client: int) -> tuple[Http, int]:
     with tempfile.TemporaryDirectory() as tmp:
         home = Path(tmp) / "ledger"
         locate.remember(home, dsn)
+        NewLedger(home, store=dsn).close()  # its tables, as `init --store` makes them
         http = submits_over_http(home, clients, per_client)
         with PgSource(dsn) as source:  # the store's own reader: the size of a stored submit
             rows = source.read_tagged(0, 100, ["job.submitted.v1"])

@@ -369,16 +369,25 @@ def fold(worker: Worker, projector: Any = None) -> int:
     return int(projector.store.position())
 
 
-def take(worker: Worker) -> Copy:
+def take(worker: Worker, before: Copy | None = None) -> Copy:
     """On the worker thread (the lock held): the view to publish, a copy of the live state, the
-    moment, the foreign GPUs and how far the service's projection got."""
+    moment, the foreign GPUs and how far the service's projection got. The first event past the
+    projection is read from the store once per projection position: `before` (the view this
+    one replaces) keeps it while neither the projection nor the log's history moved (a store
+    read per group commit was a fifth of the worker's time under a stream of submits on
+    PostgreSQL, 2026-12-07)."""
     service = worker.service
     dispatcher = getattr(service, "dispatcher", None)
     ledger = service.ledger
     position = int(ledger.position)
     projected = _projected(service)
+    rewound = int(getattr(ledger, "rewound", 0))
     unprojected = None
-    if projected < position and not pooled.store_away(worker):
+    if projected >= position:
+        pass
+    elif _kept_unprojected(before, projected, rewound):
+        unprojected = before.unprojected  # type: ignore[union-attr]
+    elif not pooled.store_away(worker):
         with contextlib.suppress(Exception):  # the store went away: the lag is not known
             first = ledger.read(projected, 1)
             unprojected = (first[0][0], float(first[0][1].at)) if first else None
@@ -389,7 +398,18 @@ def take(worker: Worker) -> Copy:
         stopping=dict(getattr(dispatcher, "stopping", {})),
         projected=projected,
         unprojected=unprojected,
-        rewound=int(getattr(ledger, "rewound", 0)),
+        rewound=rewound,
+    )
+
+
+def _kept_unprojected(before: Copy | None, projected: int, rewound: int) -> bool:
+    """Whether `before`'s first event past the projection is still it: the same projection
+    position and history, and an event was found (events past a position never change)."""
+    return (
+        before is not None
+        and before.unprojected is not None
+        and before.projected == projected
+        and before.rewound == rewound
     )
 
 

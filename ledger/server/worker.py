@@ -164,7 +164,7 @@ class Worker:
         from ledger.server import copied
 
         if self.view is None or not copied.same(self.view, self):
-            self.view = copied.take(self)
+            self.view = copied.take(self, self.view)
             self.views += 1
 
     def nudge(self) -> None:
