@@ -37,10 +37,15 @@ def worker(ledger: FakeLedger, projected: int) -> Any:
     return SimpleNamespace(service=service, follow_error=None, ha=None)
 
 
-def test_commits_while_the_projection_stands_still_read_the_store_once() -> None:
+def opened() -> tuple[FakeLedger, Any, copied.Copy]:
+    """A log at 10 whose projection holds 4, and its first view."""
     ledger = FakeLedger(position=10)
     w = worker(ledger, projected=4)
-    view = copied.take(w)
+    return ledger, w, copied.take(w)
+
+
+def test_commits_while_the_projection_stands_still_read_the_store_once() -> None:
+    ledger, w, view = opened()
     for head in range(11, 60):  # 49 group commits, the projection still at 4
         ledger.position = head
         view = copied.take(w, view)
@@ -50,9 +55,7 @@ def test_commits_while_the_projection_stands_still_read_the_store_once() -> None
 
 
 def test_a_projection_that_moves_or_a_history_read_back_reads_the_first_event_again() -> None:
-    ledger = FakeLedger(position=10)
-    w = worker(ledger, projected=4)
-    view = copied.take(w)
+    ledger, w, view = opened()
     w.service.stats.projection_position = 7
     view = copied.take(w, view)
     assert view.unprojected == (8, 108.0)
@@ -62,9 +65,7 @@ def test_a_projection_that_moves_or_a_history_read_back_reads_the_first_event_ag
 
 
 def test_a_projection_that_caught_up_lags_by_nothing_and_reads_nothing() -> None:
-    ledger = FakeLedger(position=10)
-    w = worker(ledger, projected=4)
-    view = copied.take(w)
+    ledger, w, view = opened()
     w.service.stats.projection_position = 10
     view = copied.take(w, view)
     assert view.unprojected is None
