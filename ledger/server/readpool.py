@@ -186,7 +186,7 @@ class ReadPool:
     waiting (nice 10 on a busy machine) while it holds the lock would stall the worker and the
     event loop behind it (priority inversion); the audit queries' work is DuckDB's, without the
     lock, at nice 10. Each lane serves the people reading in turn, and the rest after a read is
-    its reader's own, `rest` times as long as it took times the people reading
+    its reader's own, `rest` times its work (the CPU time it took) times the people reading
     (`ledger.server.fairlane`): a lane is busy about a quarter of the time at most, besides the
     work shared by every reader that no one is charged (the queue preview: once per log
     position and 2 s at most), and one person looping reads delays another's by the one read
