@@ -20,7 +20,9 @@ decision history run here (docs/security.md, rows T5 and T6).
   DuckDB without working). The limit was wall-clock: a read in flight across a 28 s SIGSTOP
   of the server was stopped at SIGCONT and its caller told to narrow the query (atk60-29 F4);
   a pause of the process, or a machine so loaded that the read gets a tenth of a core, is no
-  part of the read's time now (`ReadTime`).
+  part of the read's time now (`ReadTime`). The thread's CPU is the query's whole work because
+  the database runs it on its caller's thread alone (`SET threads = 1`, above); on a
+  connection with more threads the others' share is not counted (the backstop still holds).
 - **A row and a byte limit** (`max_rows`, `max_bytes`): the result is fetched in record
   batches and the query stops at the first batch past either limit (nothing larger is held).
 - **Per-caller limits**: at most `per_caller` queries of one caller at a time and `per_minute`
