@@ -16,7 +16,9 @@ its first cycle and times every page --repeat times, two ways:
 A page's time is the sum of its endpoints' times in one load; medians and maxima over --repeat.
 
 At the end it prints how many reads ran on the server's worker thread (the thread that runs the
-dispatcher cycle: each delays it) and their time there, from `/metrics`.
+dispatcher cycle: each delays it) and their time there, and how long the reads waited for their
+turn in each lane of the read pool (a thread, or their reader's rest: `ledger.server.fairlane`),
+from `/metrics`.
 
 The job page's replay of the job's decisions (`/ui/api/job/{id}/replay`, loaded after the page,
 off the worker thread) is timed once per size and shown apart: it walks the log in memory.
@@ -215,7 +217,8 @@ def measure(
             }
         status, body, replay_ms = server.call("GET", f"/ui/api/job/{job}/replay", token=token)
         replay = {"status": status, "ms": replay_ms, "decisions": len(json.loads(body or b"[]"))}
-        on_worker = worker_reads(server.call("GET", "/metrics", token=token)[1])
+        scrape = server.call("GET", "/metrics", token=token)[1]
+        on_worker, lane_waits = worker_reads(scrape), lanes_waited(scrape)
     finally:
         server.stop()
     return {
@@ -226,6 +229,7 @@ def measure(
         "load": os.getloadavg()[0],
         "first_all": (first_all_ms, first_all_cpu),
         "on_worker": on_worker,
+        "lane_waits": lane_waits,
     }
 
 
@@ -238,6 +242,17 @@ def worker_reads(scrape: bytes) -> tuple[float, float]:
         if name in got:
             got[name] = float(value)
     return got["gpuledger_worker_reads_total"], got["gpuledger_worker_read_seconds_total"]
+
+
+def lanes_waited(scrape: bytes) -> dict[str, float]:
+    """Each read lane's reads' seconds waiting for their turn so far (a thread, their reader's
+    rest: `ledger.server.fairlane`), from a /metrics scrape."""
+    got = {}
+    for line in scrape.decode().splitlines():
+        if line.startswith("gpuledger_read_lane_wait_seconds_total{"):
+            labels, _, value = line.partition("} ")
+            got[labels.split('lane="')[1].rstrip('"')] = float(value)
+    return got
 
 
 def main() -> None:
@@ -286,6 +301,10 @@ def main() -> None:
         print(f"  job replay (apart): {rep['ms']:.0f} ms for {rep['decisions']} decisions")
         n, secs = r["on_worker"]
         print(f"  reads on the worker thread (the dispatcher's), all loads: {n:.0f}, {secs:.3f} s")
+        waits = ", ".join(f"{k} {v:.2f} s" for k, v in sorted(r["lane_waits"].items()))
+        print(
+            f"  reads' waits for their turn in the lanes (their reader's rest), all loads: {waits}"
+        )
     names = list(results[0]["pages"])
     for kind in ("cold", "warm"):
         print(f"\n{kind:<26}" + "".join(f"{r['events']:>14,}" for r in results))

@@ -29,6 +29,14 @@ priority, explain), `/metrics`, the dashboard's queue, nodes, teams (whole perio
 decisions (1,000 rows) and preemptions; they now run in the read pool on a copy of the live
 state, admitted like every read (`ledger/server/copied.py`).
 
+    python scripts/bench_reads.py --load looks [--tabs 50] [...]
+
+The loaded phases instead have `--tabs` dashboard tabs (spread over the four admins) each ask
+`/v1/whoami` every 2 s, as a shown tab looks at the server (`lookAtServer` in
+`ledger/server/web/base.js`). After the rounds, the looks' own cost: the server's CPU over
+`--seconds` with nothing asked, then with the tabs' looks alone; printed as CPU per look and
+share of a core.
+
 With `--pages`, a third phase per round has four people viewing job pages instead (row T6):
 each loads a job's page (`/ui/api/job/{id}`) and its decision replay
 (`/ui/api/job/{id}/replay`, replayed in a child process at nice 10, each decision once) for
@@ -65,6 +73,8 @@ LIVE = [
     "/ui/api/decisions?limit=1000", "/ui/api/preemptions?account=*&window=all",
 ]  # fmt: skip
 """The reads `--load live` loops (see the docstring)."""
+LOOK_EVERY_S = 2.0
+"""A shown dashboard tab's look at the server (`SERVER_LOOK_EVERY_MS` in base.js)."""
 SELF_JOIN = (
     "SELECT count(*) FROM events a, events b WHERE a.position + b.position = 7 AND a.tag <> b.tag"
 )
@@ -101,6 +111,8 @@ def phase(
     load: str = "queries",
     pages: bool = False,
     clients: int = 8,
+    tabs: int = 50,
+    watching: bool = True,
 ) -> dict[str, Any]:
     stop = threading.Event()
     small: list[float] = []
@@ -172,7 +184,8 @@ def phase(
                     viewed.append((status, time.perf_counter() - t0))
 
     threads = [threading.Thread(target=client) for _ in range(clients)]
-    threads += [threading.Thread(target=watch), threading.Thread(target=small_reads)]
+    if watching:
+        threads += [threading.Thread(target=watch), threading.Thread(target=small_reads)]
 
     def live(offset: int) -> None:
         paths = LIVE[offset:] + LIVE[:offset]
@@ -184,7 +197,19 @@ def phase(
             with lock:
                 queries.append((status, time.perf_counter() - t0))
 
-    if heavy and load == "live":
+    def tab(i: int) -> None:  # a shown dashboard tab's look every LOOK_EVERY_S
+        token = info["tokens"][AUDITORS[i % len(AUDITORS)]]
+        at = time.perf_counter() + LOOK_EVERY_S * i / tabs
+        while not stop.wait(max(0.0, at - time.perf_counter())):
+            t0 = time.perf_counter()
+            status, _raw, _ = serve.call("GET", "/v1/whoami", None, token)
+            with lock:
+                queries.append((status, time.perf_counter() - t0))
+            at += LOOK_EVERY_S
+
+    if heavy and load == "looks":
+        threads += [threading.Thread(target=tab, args=(i,)) for i in range(tabs)]
+    elif heavy and load == "live":
         threads += [threading.Thread(target=live, args=(i * 5,)) for i in range(2)]
     elif heavy and load == "pages":
         paths = ("/v1/log?limit=10000&after={}", "/v1/jobs?limit=10000&since={}")
@@ -213,6 +238,23 @@ def phase(
     }
 
 
+def cost_of_looks(serve: Serve, info: dict[str, Any], seconds: float, tabs: int) -> str:
+    """The server's CPU over `seconds` with nothing asked, then with `tabs` tabs' looks alone:
+    its CPU per look and share of a core (one line)."""
+    cpu0 = serve.cpu()
+    time.sleep(seconds)
+    quiet = serve.cpu() - cpu0
+    r = phase(serve, info, seconds, True, "looks", clients=0, tabs=tabs, watching=False)
+    looks = sum(s == 200 for s, _ in r["queries"])
+    per = (r["cpu"] - quiet * r["wall"] / seconds) / max(looks, 1)
+    return (
+        f"looks alone: {tabs} tabs, {looks} looks answered in {r['wall']:.1f} s, server CPU "
+        f"{r['cpu']:.2f} s against {quiet:.2f} s in {seconds:.0f} s with nothing asked: "
+        f"{per * 1e3:.2f} ms CPU a look, {per * looks / r['wall']:.3f} of a core; look p50 "
+        f"{p([t for s, t in r['queries'] if s == 200], 50) * 1e3:.1f} ms; load {r['load']:.1f}"
+    )
+
+
 def p(xs: list[float], q: int) -> float:
     return statistics.quantiles(xs, n=100, method="inclusive")[q - 1] if len(xs) > 1 else math.nan
 
@@ -223,7 +265,8 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, help="keep the log here (made once, reused)")
     ap.add_argument("--seconds", type=float, default=15.0)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--load", choices=("queries", "pages", "live"), default="queries")
+    ap.add_argument("--load", choices=("queries", "pages", "live", "looks"), default="queries")
+    ap.add_argument("--tabs", type=int, default=50, help="--load looks: tabs looking")
     ap.add_argument("--pages", action="store_true", help="a phase of job page views too")
     ap.add_argument("--clients", type=int, default=8, help="clients submitting at once")
     ap.add_argument(
@@ -245,7 +288,8 @@ def main() -> None:
             for _ in range(a.rounds):
                 for kind in kinds:
                     heavy = kind == "loaded"
-                    r = phase(serve, info, a.seconds, heavy, a.load, kind == "pages", a.clients)
+                    r = phase(serve, info, a.seconds, heavy, a.load, kind == "pages", a.clients,
+                              a.tabs)  # fmt: skip
                     out[kind].append(r)
                     q, v = r["queries"], r["viewed"]
                     print(
@@ -275,6 +319,8 @@ def main() -> None:
                         ),
                         flush=True,
                     )
+            if a.load == "looks":
+                print(cost_of_looks(serve, info, a.seconds, a.tabs), flush=True)
         finally:
             serve.stop()
     pooled = {

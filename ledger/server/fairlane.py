@@ -43,8 +43,8 @@ T = TypeVar("T")
 
 
 _charging = threading.local()
-"""The lane read running on this thread (`FairLane._serve`): the lane's clock (None: no lane
-read) and the time its read spent on shared work so far (`shared_work`)."""
+"""The lane read running on this thread (`FairLane._serve`): the lane's clock of work (None: no
+lane read) and the work its read spent on shared work so far (`shared_work`)."""
 
 
 @contextlib.contextmanager
@@ -77,9 +77,10 @@ class Turns:
 
     Each person's credit is lane time: it fills at an equal share of the lane's duty (1 /
     (1 + `rest`) of the time, shared by the people reading now) up to `burst_s`, and each read
-    spends its time. A person with no credit left waits until it is back to zero: one person
-    alone looping reads that take t each waits `rest` x t between them; a person who reads now
-    and then (a dashboard loading its parts) has credit and never waits for a rest at all."""
+    spends its time (its work: `FairLane.work`). A person with no credit left waits until it is
+    back to zero: one person alone looping reads that take t each waits `rest` x t between
+    them; a person who reads now and then (a dashboard loading its parts) has credit and never
+    waits for a rest at all."""
 
     rest: float = 3.0
     burst_s: float = 1.0
@@ -160,6 +161,12 @@ class FairLane:
     """Threads serving the lane; a person has one read under way at most (`Turns.running`), so
     one person looping long reads holds one thread and another person's read takes the other."""
     clock: Callable[[], float] = time.monotonic
+    work: Callable[[], float] = time.thread_time
+    """What a read is charged (`Turns.ran`): the CPU time of the lane's thread while it ran,
+    shared work left out: its own work, not the time it waited for a CPU or the interpreter
+    lock. Its wall time was charged: at load 18 a project's Budget review took 70-100 ms of
+    CPU and 250-630 ms in the lane (the rest waiting for a CPU, `/proc` schedstat), its reader
+    rested three times that, and her next pages waited 0.7-1.8 s for their turn (s61-dash)."""
     reads: int = 0
     """Reads the lane ran so far, and the time they waited for their turn (a thread, their
     reader's rest: `gpuledger_read_lane_wait_seconds`):"""
@@ -207,15 +214,15 @@ class FairLane:
                     self._cond.wait(None if got is None else max(0.0, got - self.clock()))
                     continue
             person, read = got
-            began = self.clock()
-            _charging.clock, _charging.shared = self.clock, 0.0
+            began, worked = self.clock(), self.work()
+            _charging.clock, _charging.shared = self.work, 0.0
             if read.done.set_running_or_notify_cancel():
                 try:
                     read.done.set_result(read.fn())
                 except BaseException as err:  # handed to the reader, who raises it
                     read.done.set_exception(err)
             _charging.clock = None
-            took = max(0.0, self.clock() - began - _charging.shared)  # their own work only
+            took = max(0.0, self.work() - worked - _charging.shared)  # their own work only
             with self._cond:
                 self.reads += 1
                 self.waited_s += max(0.0, began - read.at)

@@ -12,8 +12,17 @@ decision history run here (docs/security.md, rows T5 and T6).
   (`SET threads = 1`: no engine threads shared by all), and the pool's threads run at a lower
   priority (`nice`, 10: the kernel gives the worker thread about nine tenths of a core they
   compete for), so a heavy query takes the CPU the dispatcher leaves.
-- **A time limit** (`timeout_s`): a query still running then is interrupted
-  (`cursor.interrupt()`) and answered with one line saying so.
+- **A time limit** (`timeout_s`) on the read's own work: a query still running when its
+  thread has spent that much CPU time is interrupted (`cursor.interrupt()`) and answered with
+  one line saying so; and one that has been under way `awake_times` the limit of the
+  process's running time (its wall time, each look at it every `TICK_S` adding `GAP_S` at
+  most: a stopped process's gap counts once) is too, whatever its CPU (a read that waits in
+  DuckDB without working). The limit was wall-clock: a read in flight across a 28 s SIGSTOP
+  of the server was stopped at SIGCONT and its caller told to narrow the query (atk60-29 F4);
+  a pause of the process, or a machine so loaded that the read gets a tenth of a core, is no
+  part of the read's time now (`ReadTime`). The thread's CPU is the query's whole work because
+  the database runs it on its caller's thread alone (`SET threads = 1`, above); on a
+  connection with more threads the others' share is not counted (the backstop still holds).
 - **A row and a byte limit** (`max_rows`, `max_bytes`): the result is fetched in record
   batches and the query stops at the first batch past either limit (nothing larger is held).
 - **Per-caller limits**: at most `per_caller` queries of one caller at a time and `per_minute`
@@ -64,6 +73,14 @@ SWITCH_S = 0.0005
 """The interpreter's thread switch interval while reads run beside the worker (see `start`)."""
 STOP_WAIT_S = 5.0
 """How long a stop waits for the read threads once their queries are interrupted (`stop`)."""
+TICK_S = 0.1
+"""How often the reads under way are looked at for their time limit (`ReadTime`)."""
+GAP_S = 0.5
+"""The most running time one look adds to a read's: a longer gap between two looks is the
+process stopped (SIGSTOP, a suspended machine) or not given a CPU, not the read's."""
+AWAKE_TIMES = 2.0
+"""A read under way this many times its time limit of the process's running time is stopped,
+whatever its CPU time (`ReadTime`)."""
 TIMEOUT_ENV = "GPULEDGER_READ_TIMEOUT"
 MAX_ROWS_ENV = "GPULEDGER_READ_MAX_ROWS"
 
@@ -84,6 +101,46 @@ def sent_from_env() -> meters.Written:
     got = connections.positive_settings(dict(os.environ), settings)
     return meters.Written(**{"per_s": meters.READ_BYTES_PER_S, "burst": meters.READ_BYTES_BURST,
                              **got})  # fmt: skip
+
+
+@dataclass
+class ReadTime:
+    """One read's time as its limit counts it (pure): the CPU time its thread spent since it
+    began (`cpu` at each look, None where no thread clock is: then its running time alone, at
+    one times the limit) and its running time, each look adding its gap since the last one
+    `GAP_S` at most."""
+
+    cpu0: float | None
+    last: float
+    awake: float = 0.0
+    spent: float = 0.0
+
+    def past(self, cpu: float | None, now: float, limit_s: float, awake_times: float) -> bool:
+        """Look at the read at `now` (its thread's CPU clock reading `cpu`): whether it ran
+        past `limit_s` of work, or `awake_times` the limit of running time."""
+        self.awake += min(max(0.0, now - self.last), GAP_S)
+        self.last = now
+        if cpu is None or self.cpu0 is None:
+            return self.awake >= limit_s
+        self.spent = cpu - self.cpu0
+        return self.spent >= limit_s or self.awake >= awake_times * limit_s
+
+
+def _cpu_clock() -> int | None:
+    """The calling thread's CPU clock (Linux), None where there is none."""
+    try:
+        return time.pthread_getcpuclockid(threading.get_ident())
+    except (AttributeError, OSError):
+        return None
+
+
+def _cpu(clock: int | None) -> float | None:
+    if clock is None:
+        return None
+    try:
+        return time.clock_gettime(clock)
+    except OSError:  # (the thread ended: the read is over)
+        return None
 
 
 @dataclass
@@ -131,7 +188,7 @@ class ReadPool:
     waiting (nice 10 on a busy machine) while it holds the lock would stall the worker and the
     event loop behind it (priority inversion); the audit queries' work is DuckDB's, without the
     lock, at nice 10. Each lane serves the people reading in turn, and the rest after a read is
-    its reader's own, `rest` times as long as it took times the people reading
+    its reader's own, `rest` times its work (the CPU time it took) times the people reading
     (`ledger.server.fairlane`): a lane is busy about a quarter of the time at most, besides the
     work shared by every reader that no one is charged (the queue preview: once per log
     position and 2 s at most), and one person looping reads delays another's by the one read
@@ -172,6 +229,14 @@ class ReadPool:
     _ahead_busy: bool = False
     _stopped: bool = False
     """`stop` began: nothing more is run beside (`beside`)."""
+    awake_times: float = AWAKE_TIMES
+    _timed: dict[int, tuple[duckdb.DuckDBPyConnection, int | None, ReadTime]] = field(
+        default_factory=dict
+    )
+    """The reads under way by their cursor's id: the cursor, its thread's CPU clock, its time
+    (`_watch`)."""
+    _watching: threading.Event = field(default_factory=threading.Event)
+    """Set at `stop`: the thread looking at the reads' time ends."""
 
     def start(self) -> ReadPool:
         self._pool = ThreadPoolExecutor(
@@ -179,6 +244,7 @@ class ReadPool:
         )
         self._projecting = ThreadPoolExecutor(1, thread_name_prefix="projector")
         self._ahead = ThreadPoolExecutor(1, thread_name_prefix="ahead")
+        threading.Thread(target=self._watch, name="read-limits", daemon=True).start()
         for name in ("pages", "big", "live"):
             turns = Turns(rest=self.rest, cap_s=self.limits.timeout_s)
             self._lanes[name] = FairLane(turns, name=f"{name}-reads")
@@ -216,6 +282,7 @@ class ReadPool:
         unwind through DuckDB's C++ as it takes the lock back, and the process aborted ("FATAL:
         exception not rethrown", SIGABRT at a server's stop: once in the suite)."""
         self._stopped = True
+        self._watching.set()
         for pool in (self._pool, self._projecting, self._ahead):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
@@ -432,18 +499,34 @@ class ReadPool:
             assert self._base is not None
             cur = self._base.cursor()
             self._cursors.add(cur)  # interrupted at a stop (`stop`)
+            clock = _cpu_clock()
+            self._timed[id(cur)] = (cur, clock, ReadTime(_cpu(clock), time.monotonic()))
         self.queries += 1
-        timer = threading.Timer(self.limits.timeout_s, self._interrupt, (cur,))
-        timer.daemon = True
-        timer.start()
         try:
             return fn(cur, self.limits)
         finally:
-            timer.cancel()
             with self._lock:
                 self._cursors.discard(cur)
+                self._timed.pop(id(cur), None)
             cur.close()
 
-    def _interrupt(self, cur: duckdb.DuckDBPyConnection) -> None:
-        self.timed_out += 1
-        cur.interrupt()
+    def _watch(self) -> None:
+        """Every `TICK_S` until `stop`: the reads past their time limit interrupted
+        (`ReadTime`; one thread for every read, where each read had a timer thread of its
+        own)."""
+        while not self._watching.wait(TICK_S):
+            limit_s = self.limits.timeout_s
+            with self._lock:
+                timed = list(self._timed.items())
+            past = [
+                (key, cur)
+                for key, (cur, clock, took) in timed
+                if took.past(_cpu(clock), time.monotonic(), limit_s, self.awake_times)
+            ]
+            for key, cur in past:
+                with self._lock:  # still under way (not ended since the look)
+                    if self._timed.pop(key, (None,))[0] is not cur:
+                        continue
+                    self.timed_out += 1
+                    with contextlib.suppress(Exception):
+                        cur.interrupt()

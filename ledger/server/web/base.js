@@ -199,10 +199,11 @@ function unansweredFor(since) {
 
 // A page read not answered in READ_TIMEOUT_MS is given up and asked again (it had no time
 // limit: a read held by this tab's network hung for good, the page never updated again,
-// atk60-29 F2). The server answers a read within its own 10 s limit (an 8 s wait for the
-// worker before it); past 20 s the read is lost on the way (a dropped connection, a proxy) or
-// the server is paused: it is asked again once the server answers a look, so a paused server
-// is not asked a read every 20 s that it would all answer once it runs again.
+// atk60-29 F2). The server answers a read within its own 10 s limit (of the read's CPU, 20 s
+// of the server running at most; an 8 s wait for the worker before it); past 20 s the read is
+// lost on the way (a dropped connection, a proxy) or the server is paused: it is asked again
+// once the server answers a look, so a paused server is not asked a read every 20 s that it
+// would all answer once it runs again.
 const READ_TIMEOUT_MS = 20000;
 
 async function heardAfter(since, mine, path) {
