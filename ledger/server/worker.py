@@ -504,6 +504,10 @@ class Worker:
                     [t.key for t in writes],
                 )
             )
+        except LedgerError as err:  # an expected refusal of the whole commit: one line
+            # (fenced: another server leads; the store away), never a traceback (atk60-ha)
+            log.warning("group commit of %d command(s) not taken: %s", len(writes), err.message)
+            results = [err] * len(writes)
         except Exception as err:  # the store failed: nobody is acknowledged
             log.exception("group commit failed")
             results = [err] * len(writes)

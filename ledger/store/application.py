@@ -602,7 +602,8 @@ class Ledger(Application[UUID]):
             if "gpuledger: not the leader" not in str(err):
                 raise
             raise Unavailable(
-                "this server is not the leader any more: another server took over",
+                "this server is not the leader any more: another server took over (the store "
+                "fenced its append: nothing of it was written)",
                 hint="retry: clients find the leader",
             ) from err
 

@@ -188,3 +188,37 @@ def test_the_workers_store_away_refusal_is_the_fronts() -> None:
         "no write is taken until it does; reads still answer"
     )
     assert problem(err.value).headers["x-gpuledger-store"] == "away"
+
+
+def test_a_fenced_group_commit_is_one_log_line_saying_so(caplog: pytest.LogCaptureFixture) -> None:
+    """A deposed leader's append refused by the fence is an expected outcome: one line saying
+    another server leads, no traceback (atk60-ha: "group commit failed" and a traceback)."""
+    from types import SimpleNamespace
+
+    from ledger.store.application import Ledger
+
+    def fenced(commands: Any, keys: Any) -> Any:
+        ledger = Ledger.__new__(Ledger)
+        ledger.dsn = "postgresql://x"
+
+        class Recorder:
+            def insert_events(self, stored: Any, **kw: Any) -> Any:
+                from eventsourcing.persistence import PersistenceError
+
+                raise PersistenceError("gpuledger: not the leader (epoch 3)")
+
+        ledger.recorder, ledger.last_hash = Recorder(), ""  # type: ignore[assignment]
+        return ledger._insert([SimpleNamespace(originator_version=5)])  # type: ignore[list-item]
+
+    worker = Worker(SimpleNamespace(ledger=SimpleNamespace(execute_each=fenced)))  # type: ignore[arg-type]
+    task = SimpleNamespace(command=SubmitJob(actor="", account="a", gpus=1), key=None)
+    with caplog.at_level("WARNING", logger="gpuledger.server"):
+        ((_, result),) = worker._execute_each([task])  # type: ignore[list-item]
+    assert isinstance(result, Unavailable)
+    assert [(r.levelname, r.exc_info) for r in caplog.records] == [("WARNING", None)]
+    line = caplog.records[0].getMessage()
+    assert "\n" not in line
+    assert line == (
+        "group commit of 1 command(s) not taken: this server is not the leader any more: "
+        "another server took over (the store fenced its append: nothing of it was written)"
+    )
