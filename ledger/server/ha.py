@@ -104,8 +104,9 @@ class Leadership:
     position: Callable[[], int] = lambda: 0
     """The log position this server has folded (reported for its lag)."""
     appending: Callable[[], float | None] = lambda: None
-    """monotonic time the leader's append under way was begun (None: none under way):
-    one that waits past `stall_s` hands the lease over (`stalled`)."""
+    """monotonic time the leader's store call under way that its writes wait behind was begun
+    (its append, or any statement of its worker thread: a read; None: none under way): one
+    that waits past `stall_s` hands the lease over (`stalled`)."""
     relay: Callable[[], RelayWord | None] = lambda: None
     """This server's relay's health (None: it runs none), reported with its position: a
     standby tells the leader's from it (atk52-ha F4: "no Kafka" from every standby)."""
@@ -358,10 +359,11 @@ class Leadership:
         return append_stall_s(self.lease.lease_s)
 
     def stalled(self) -> float | None:
-        """How long this leader's append under way has waited, once that is past `stall_s`
-        (None otherwise): its lease is no longer renewed, and is handed over (`_tick`). Over a
-        slow link (1 s a packet) renewals went through while no append committed for 17 s,
-        and every write waited with it: a standby forwards to the leader (atk60-ha F5)."""
+        """How long this leader's store call under way (`appending`: its append, or a read its
+        worker waits on) has waited, once that is past `stall_s` (None otherwise): its lease is
+        no longer renewed, and is handed over (`_tick`). Over a slow link (1 s a packet)
+        renewals went through while no append committed for 17 s, and every write waited with
+        it: a standby forwards to the leader (atk60-ha F5); a slow read held them as long (s61)."""
         began = self.appending()
         if not self.leading or began is None:
             return None
@@ -411,7 +413,8 @@ class Leadership:
                     self.lease.release(clean=False)  # its worker may be in an sbatch
                 self._changed()
             elif held and (waited := self.stalled()) is not None:
-                log.error("the leader's append has had no answer for %.1f s (over %.1f s): "
+                log.error("the leader's store call (its append, or a read its writes wait "
+                          "behind) has had no answer for %.1f s (over %.1f s): "
                           "handing the lease over (epoch %d)", waited, self.stall_s,
                           self.lease.epoch)  # fmt: skip
                 self._took_at, self._held_back_at = 0.0, time.monotonic()

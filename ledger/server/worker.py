@@ -326,6 +326,11 @@ class Worker:
     # --- the thread ------------------------------------------------------------------------------
 
     @property
+    def thread_id(self) -> int | None:
+        """The worker thread's ident (None: not started): its store calls hold the writes."""
+        return None if self._thread is None else self._thread.ident
+
+    @property
     def started(self) -> bool:
         """Whether the worker thread was started (then the service's connection is its own)."""
         return self._thread is not None

@@ -222,3 +222,34 @@ def test_a_fenced_group_commit_is_one_log_line_saying_so(caplog: pytest.LogCaptu
         "group commit of 1 command(s) not taken: this server is not the leader any more: "
         "another server took over (the store fenced its append: nothing of it was written)"
     )
+
+
+def test_a_slow_read_on_the_worker_thread_counts_toward_the_stall_bound() -> None:
+    """The writes wait behind the worker thread whatever its store call: a slow read held them
+    until the lease ran out, where an append hands the lease over after `append_stall_s` (s61).
+    Any statement of the worker's thread now counts (`Ledger.store_call_began`, what
+    `Leadership.appending` reads); another thread's (an audit walk's) does not."""
+    from ledger.store.application import Ledger
+    from ledger.store.postgres import LedgerPostgresRecorder
+
+    recorder = LedgerPostgresRecorder.__new__(LedgerPostgresRecorder)
+    ledger = Ledger.__new__(Ledger)
+    ledger.dsn, ledger.recorder = "postgresql://x", recorder
+    gate = threading.Event()
+    reader = threading.Thread(target=lambda: recorder._bounded(lambda self: gate.wait(10)))
+    reader.start()
+    try:
+        time.sleep(0.3)
+        began = ledger.store_call_began(reader.ident)
+        assert began is not None and time.monotonic() - began >= 0.3
+        assert ledger.store_call_began(threading.get_ident()) is None  # another thread's
+        ha = Leadership(OwnLease())  # type: ignore[arg-type]
+        ha.leading = True
+        ha.appending = lambda: ledger.store_call_began(reader.ident)
+        assert ha.stalled() is None  # 0.3 s of 5 s
+        ha.appending = lambda: (began or 0.0) - 5.0
+        assert ha.stalled() is not None
+    finally:
+        gate.set()
+        reader.join()
+    assert ledger.store_call_began(reader.ident) is None
