@@ -90,10 +90,22 @@ class RenewalsFirst(Proxy):
     def __init__(self, dsn: str, lease_s: float) -> None:
         self.lease_s, self.renewals_cut = lease_s, threading.Event()
         self.renewal_sent, self.timer = 0.0, None  # type: ignore[var-annotated]
+        self._names: dict[int, bytes] = {}
         super().__init__(dsn)
 
+    def _renewal(self, data: bytes, link: threading.Event) -> bool:
+        """Whether `data` sends the renewal: its text, or, once psycopg prepared it (its fifth
+        run on the connection: the leader started more than ~8 s before the cut, at load),
+        its prepared statement's name on that connection (a Bind names it, not the text)."""
+        if RENEWAL in data:
+            if data[:1] == b"P":  # Parse: 'P', int32 length, the name, NUL, the SQL
+                self._names[id(link)] = data[5 : data.index(b"\x00", 5) + 1]
+            return True
+        name = self._names.get(id(link))
+        return name is not None and len(name) > 1 and b"\x00" + name in data
+
     def passing(self, data: bytes, upward: bool, link: threading.Event) -> bytes | None:
-        if upward and RENEWAL in data:
+        if upward and self._renewal(data, link):
             if not self.renewals_cut.is_set():
                 self.renewal_sent = time.monotonic()
                 return super().passing(data, upward, link)
