@@ -41,7 +41,7 @@ from ledger.server.peers import (
     same_address_words,
     server_states,
 )
-from ledger.server.store_seen import lapsed, store_trouble
+from ledger.server.store_seen import lapsed, store_trouble, unelected
 from ledger.store.lease import (
     MARGIN,
     Holder,
@@ -224,13 +224,16 @@ class Leadership:
     def away(self) -> str | None:
         """Why this server's store does not answer it, for a write's refusal: a lease statement
         failed (`unreachable`), or its own lease ran out with its renewal unanswered and no
-        statement answered since (`store_seen.lapsed`: it knows of no election); None
-        otherwise."""
+        statement answered since (`store_seen.lapsed`: it knows of no election), or, a standby,
+        no lease runs as it last read the row and its lease statement has had no answer
+        (`store_seen.unelected`: nobody is elected without the store); None otherwise."""
         if self.unreachable is not None:
             return self.unreachable
-        lease = self.lease
-        return lapsed(time.monotonic(), lease.deadline, lease.renewing, lease.answered_at,
-                      lease.answer_s)  # fmt: skip
+        lease, now = self.lease, time.monotonic()
+        if not self.leading:
+            asking = self._asking_since
+            return unelected(now, self.lease_times()[0], asking, lease.answer_s)
+        return lapsed(now, lease.deadline, lease.renewing, lease.answered_at, lease.answer_s)
 
     def leader_address(self) -> str:
         if self.acting():
@@ -469,8 +472,10 @@ class Leadership:
 
     def store_error(self) -> str | None:
         """Health's `store_error` (`store_seen.store_trouble`): any failed lease statement for a
-        lease after it, and one unanswered for a third of the lease (atk45ha F3)."""
-        return store_trouble(time.monotonic(), self.unreachable, self._erred,
+        lease after it, and one unanswered for a third of the lease (atk45ha F3); a standby's
+        unanswered statement while no lease runs says so (`away`: it waits for no election)."""
+        why = self.unreachable if self.leading else self.away()
+        return store_trouble(time.monotonic(), why, self._erred,
                              self._asking_since, self.lease.lease_s)  # fmt: skip
 
     def lease_read_s_ago(self) -> float | None:

@@ -253,3 +253,32 @@ def test_a_slow_read_on_the_worker_thread_counts_toward_the_stall_bound() -> Non
         gate.set()
         reader.join()
     assert ledger.store_call_began(reader.ident) is None
+
+
+def test_a_standby_whose_store_hangs_after_the_leaders_lease_ran_out_says_the_store_away() -> None:
+    """s61: once the leader's row it last read has run out, a standby whose lease statement
+    (its take) has had no answer for a statement's time waited as for an election: a write was
+    held `TAKEOVER_WAIT_S`, then "this server is a standby", and health named no reason. Nobody
+    is elected without the store: it says the store away, in one line, names no leader, and
+    its writes are refused at once (`HAFront`: no election to wait for)."""
+    lease = OwnLease()
+    lease.deadline = 0.0  # a standby: it holds no lease
+    ha = Leadership(lease)  # type: ignore[arg-type]
+    now = time.monotonic()
+    ha.leader, ha._leader_read_at = Holder(3, "other", "http://other:1", 0.5, 5.0), now - 1.0
+    ha._asking_since = now - 2.0  # its take sent 2 s ago (a statement's time: 1.7 s)
+    why = ha.away()
+    assert why is not None and why.startswith("a lease statement has had no answer for 2.0 s; "
+                                              "the leader's lease as this server last read it "
+                                              "ran out 0.5 s ago"), why  # fmt: skip
+    assert "\n" not in why
+    assert ha.store_error() == why  # health's store_error
+    assert (ha.role, ha.leader_address()) == ("standby", "")
+    assert not ha.lease.may_act()  # and it takes no lease: its take is the statement unanswered
+    ha._asking_since = now - 1.0  # an election: its statement not long unanswered yet
+    assert ha.away() is None
+    ha._asking_since = now - 2.0  # a live leader as read: the writes go there
+    ha.leader, ha._leader_read_at = Holder(3, "other", "http://other:1", 4.0, 5.0), now
+    assert ha.away() is None and ha.leader_address() == "http://other:1"
+    ha.leader = None  # no leader row read (released): the same
+    assert (ha.away() or "").endswith("no server holds the lease as this server last read it")
