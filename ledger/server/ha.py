@@ -230,10 +230,10 @@ class Leadership:
         if self.unreachable is not None:
             return self.unreachable
         lease, now = self.lease, time.monotonic()
-        if not self.leading:
-            asking = self._asking_since
-            return unelected(now, self.lease_times()[0], asking, lease.answer_s)
-        return lapsed(now, lease.deadline, lease.renewing, lease.answered_at, lease.answer_s)
+        why = lapsed(now, lease.deadline, lease.renewing, lease.answered_at, lease.answer_s)
+        if why is None and not self.leading:
+            why = unelected(now, self.lease_times()[0], self._asking_since, lease.answer_s)
+        return why
 
     def leader_address(self) -> str:
         if self.acting():
