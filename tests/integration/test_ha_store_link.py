@@ -221,3 +221,51 @@ def test_a_write_the_leader_took_as_its_link_went_silent_is_answered_once_its_le
     finally:
         g.stop()
         proxy.close()
+
+
+def test_a_standby_whose_store_hangs_as_the_leaders_lease_runs_out_says_the_store_away(
+    tmp_path: Path, pg_store: str
+) -> None:
+    """s61: the leader is killed, and the standby's link to PostgreSQL goes silent just before
+    the leader's lease (as the standby read the row) runs out: its take hangs. Nobody can be
+    elected without the store, so it says the store away: a write is answered 503 store away
+    within a statement's time (5 s lease: 1.7 s), health's `store_error` says why in one line
+    and names no leader, and it never says leader while cut. Before, the write waited 3 s
+    (`TAKEOVER_WAIT_S`) as for an election, then said "this server is a standby"."""
+    home = tmp_path / "server-0"
+    init_on_store(home, tmp_path, pg_store)
+    token = make_token(home, "--user", "alice")
+    proxy = Proxy(pg_store)
+    g = make_group(tmp_path, pg_store, 2, "--interval", "0.5s", home=home)
+    g.lease = "5s"
+    leader, standby = g.members
+    standby.dsn = proxy.via
+    try:
+        g.start(leader)
+        assert g.leader() is leader
+        g.start(standby)
+        waits.wait_for("the standby to name the leader", lambda: (standby.health() or {}).get(
+            "leader") == leader.url, 30, g.why)  # fmt: skip
+        leader.kill()
+
+        def left() -> float:
+            return float((standby.health() or {}).get("lease_expires_in_s") or 99.0)
+
+        waits.wait_for("the leader's lease to be about to run out", lambda: left() < 0.2, 30,
+                       g.why)  # fmt: skip
+        proxy.cut.set()  # its take, at the row's expiry, hangs
+        waits.wait_for("the row to run out", lambda: left() < -0.1, 10, g.why)
+        status, store, text, took = _write(standby, token)
+        assert (status, store) == (503, "away"), (status, store, text, took, g.why())
+        assert took < 2.5, (took, text)  # was 3 s and more: "this server is a standby"
+        health = standby.health() or {}
+        said = health.get("store_error") or ""
+        assert "no answer" in said and "\n" not in said, health
+        assert (health.get("role"), health.get("leader")) == ("standby", ""), health
+        end = time.monotonic() + 4.0
+        while time.monotonic() < end:  # it takes no lease without the store
+            assert (standby.health() or {}).get("role") != "leader", g.why()
+            time.sleep(0.25)
+    finally:
+        g.stop()
+        proxy.close()
