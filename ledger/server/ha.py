@@ -41,7 +41,7 @@ from ledger.server.peers import (
     same_address_words,
     server_states,
 )
-from ledger.server.store_seen import lapsed, store_trouble
+from ledger.server.store_seen import lapsed, store_trouble, unelected
 from ledger.store.lease import (
     MARGIN,
     Holder,
@@ -104,8 +104,9 @@ class Leadership:
     position: Callable[[], int] = lambda: 0
     """The log position this server has folded (reported for its lag)."""
     appending: Callable[[], float | None] = lambda: None
-    """monotonic time the leader's append under way was begun (None: none under way):
-    one that waits past `stall_s` hands the lease over (`stalled`)."""
+    """monotonic time the leader's store call under way that its writes wait behind was begun
+    (its append, or any statement of its worker thread: a read; None: none under way): one
+    that waits past `stall_s` hands the lease over (`stalled`)."""
     relay: Callable[[], RelayWord | None] = lambda: None
     """This server's relay's health (None: it runs none), reported with its position: a
     standby tells the leader's from it (atk52-ha F4: "no Kafka" from every standby)."""
@@ -223,13 +224,16 @@ class Leadership:
     def away(self) -> str | None:
         """Why this server's store does not answer it, for a write's refusal: a lease statement
         failed (`unreachable`), or its own lease ran out with its renewal unanswered and no
-        statement answered since (`store_seen.lapsed`: it knows of no election); None
-        otherwise."""
+        statement answered since (`store_seen.lapsed`: it knows of no election), or, a standby,
+        no lease runs as it last read the row and its lease statement has had no answer
+        (`store_seen.unelected`: nobody is elected without the store); None otherwise."""
         if self.unreachable is not None:
             return self.unreachable
-        lease = self.lease
-        return lapsed(time.monotonic(), lease.deadline, lease.renewing, lease.answered_at,
-                      lease.answer_s)  # fmt: skip
+        lease, now = self.lease, time.monotonic()
+        why = lapsed(now, lease.deadline, lease.renewing, lease.answered_at, lease.answer_s)
+        if why is None and not self.leading:
+            why = unelected(now, self.lease_times()[0], self._asking_since, lease.answer_s)
+        return why
 
     def leader_address(self) -> str:
         if self.acting():
@@ -358,10 +362,11 @@ class Leadership:
         return append_stall_s(self.lease.lease_s)
 
     def stalled(self) -> float | None:
-        """How long this leader's append under way has waited, once that is past `stall_s`
-        (None otherwise): its lease is no longer renewed, and is handed over (`_tick`). Over a
-        slow link (1 s a packet) renewals went through while no append committed for 17 s,
-        and every write waited with it: a standby forwards to the leader (atk60-ha F5)."""
+        """How long this leader's store call under way (`appending`: its append, or a read its
+        worker waits on) has waited, once that is past `stall_s` (None otherwise): its lease is
+        no longer renewed, and is handed over (`_tick`). Over a slow link (1 s a packet)
+        renewals went through while no append committed for 17 s, and every write waited with
+        it: a standby forwards to the leader (atk60-ha F5); a slow read held them as long (s61)."""
         began = self.appending()
         if not self.leading or began is None:
             return None
@@ -411,7 +416,8 @@ class Leadership:
                     self.lease.release(clean=False)  # its worker may be in an sbatch
                 self._changed()
             elif held and (waited := self.stalled()) is not None:
-                log.error("the leader's append has had no answer for %.1f s (over %.1f s): "
+                log.error("the leader's store call (its append, or a read its writes wait "
+                          "behind) has had no answer for %.1f s (over %.1f s): "
                           "handing the lease over (epoch %d)", waited, self.stall_s,
                           self.lease.epoch)  # fmt: skip
                 self._took_at, self._held_back_at = 0.0, time.monotonic()
@@ -466,8 +472,10 @@ class Leadership:
 
     def store_error(self) -> str | None:
         """Health's `store_error` (`store_seen.store_trouble`): any failed lease statement for a
-        lease after it, and one unanswered for a third of the lease (atk45ha F3)."""
-        return store_trouble(time.monotonic(), self.unreachable, self._erred,
+        lease after it, and one unanswered for a third of the lease (atk45ha F3); a standby's
+        unanswered statement while no lease runs says so (`away`: it waits for no election)."""
+        why = self.unreachable if self.leading else self.away()
+        return store_trouble(time.monotonic(), why, self._erred,
                              self._asking_since, self.lease.lease_s)  # fmt: skip
 
     def lease_read_s_ago(self) -> float | None:

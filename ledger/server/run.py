@@ -399,7 +399,7 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         worker.ha = ha
         worker.promote, worker.demote = _roles(ha, service, config, actor, cluster, abandoned)
         ha.position = lambda: ledger.position
-        ha.appending = ledger.append_began
+        ha.appending = lambda: ledger.store_call_began(worker.thread_id)
         ha.relay = lambda: relay_word(service.relay_state(), service.relay_position())
         ha.notify = worker.nudge
         # behind the connections' front (each request's caller claims its connection, one

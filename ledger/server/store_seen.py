@@ -52,6 +52,30 @@ def stale_s(now: float, read_at: float, acting: bool, lease_s: float) -> float |
     return age if age > lease_s else None
 
 
+def unelected(
+    now: float, row_left: float | None, asking_since: float | None, answer_s: float
+) -> str | None:
+    """Pure: why a standby takes no write while it would wait for an election, when its store
+    does not answer it: no lease runs as it last read the row (`row_left`, seconds until the
+    leader's lease expires moved on by its own clock: negative, it ran out; None: no leader,
+    or one that released the lease) and the lease statement it sent at `asking_since` has had
+    no answer for a statement's time (`answer_s`). Nobody takes the lease without the store,
+    so no election is under way as far as it knows: it says the store is away (before, it held
+    a write `TAKEOVER_WAIT_S` as for an election, then called itself "a standby", and health
+    named no reason for a third of the lease: s61). None otherwise (a live leader, the
+    statement answered, or not yet long unanswered)."""
+    if asking_since is None or (row_left is not None and row_left > 0):
+        return None
+    if now - asking_since < answer_s:
+        return None
+    ran_out = (
+        "no server holds the lease as this server last read it"
+        if row_left is None
+        else f"the leader's lease as this server last read it ran out {-row_left:.1f} s ago"
+    )
+    return f"a lease statement has had no answer for {now - asking_since:.1f} s; {ran_out}"
+
+
 def lapsed(
     now: float, deadline: float, renewing: float | None, answered_at: float, answer_s: float
 ) -> str | None:

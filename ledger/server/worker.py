@@ -326,6 +326,11 @@ class Worker:
     # --- the thread ------------------------------------------------------------------------------
 
     @property
+    def thread_id(self) -> int | None:
+        """The worker thread's ident (None: not started): its store calls hold the writes."""
+        return None if self._thread is None else self._thread.ident
+
+    @property
     def started(self) -> bool:
         """Whether the worker thread was started (then the service's connection is its own)."""
         return self._thread is not None
@@ -504,6 +509,10 @@ class Worker:
                     [t.key for t in writes],
                 )
             )
+        except LedgerError as err:  # an expected refusal of the whole commit: one line
+            # (fenced: another server leads; the store away), never a traceback (atk60-ha)
+            log.warning("group commit of %d command(s) not taken: %s", len(writes), err.message)
+            results = [err] * len(writes)
         except Exception as err:  # the store failed: nobody is acknowledged
             log.exception("group commit failed")
             results = [err] * len(writes)

@@ -162,6 +162,16 @@ class Ledger(Application[UUID]):
         """monotonic time the append under way began (None: none, or not a PostgreSQL store)."""
         return getattr(self.recorder, "append_began", None) if self.dsn is not None else None
 
+    def store_call_began(self, thread: int | None) -> float | None:
+        """monotonic time the oldest store call that writes wait behind began: the append under
+        way, or any statement of `thread` (the worker's: a read, a fold) (None: none, or not a
+        PostgreSQL store). A read held a leader's writes until its lease ran out, where an
+        append handed the lease over after `ha.append_stall_s` (s61)."""
+        if self.dsn is None:
+            return None
+        began = [self.append_began(), self.recorder.call_began(thread)]  # type: ignore[attr-defined]
+        return min((b for b in began if b is not None), default=None)
+
     def give_up_when(self, stop: Callable[[], bool]) -> None:
         """A PostgreSQL store's statements are tried again after a connection error only while
         `stop()` is false (a server stopping, a leader whose lease ran out; bounded anyway:
@@ -602,7 +612,8 @@ class Ledger(Application[UUID]):
             if "gpuledger: not the leader" not in str(err):
                 raise
             raise Unavailable(
-                "this server is not the leader any more: another server took over",
+                "this server is not the leader any more: another server took over (the store "
+                "fenced its append: nothing of it was written)",
                 hint="retry: clients find the leader",
             ) from err
 

@@ -72,7 +72,24 @@ class _Bounded:
 
     give_up: Callable[[], bool] = staticmethod(lambda: False)
 
+    def call_began(self, thread: int | None) -> float | None:
+        """monotonic time the statement under way on `thread` (its retries included) began
+        (None: none): a leader's worker held by a slow read stalls its writes as an append
+        does (`Leadership.stalled`)."""
+        return None if thread is None else self.__dict__.get("_calls", {}).get(thread)
+
     def _bounded(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        calls: dict[int, float] = self.__dict__.setdefault("_calls", {})
+        me = threading.get_ident()
+        if me in calls:  # a statement inside another (its time is the outer one's)
+            return self._tried(fn, *args, **kwargs)
+        calls[me] = time.monotonic()
+        try:
+            return self._tried(fn, *args, **kwargs)
+        finally:
+            calls.pop(me, None)
+
+    def _tried(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         began, tries = time.monotonic(), 0
         while True:
             try:

@@ -91,6 +91,10 @@ class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
     `CHECK_LATE` checks, the position is no longer sure to be the topic's (atk55-25 F2: an
     idle relay under load saw a deleted topic only 4-28 s later, and said "publishing,
     0 behind" meanwhile)."""
+    began: float = 0.0
+    """Wall-clock time this relay service started (0: not known, a record from before it was
+    kept). A relay that has not found its topic since (one that stopped at its start: a topic
+    ahead of the store) counts its check's age from it: at least that old (`checked_s_ago`)."""
     topic_id: str = ""
     """The id of the topic the relay published to, as its last connect read it ("": unknown):
     `relay status` asks the broker for it when the record's check is old (`checked`)."""
@@ -143,8 +147,11 @@ class RelayHealth(msgspec.Struct, frozen=True, kw_only=True):
         """How long ago (s) the topic was last found the one the relay published to (None: not
         known, a record from before `checked` was kept): the one computation of the check's age
         that `relay status` (`unchecked_s`), `/v1/health` (`relay_checked_s_ago`) and `/metrics`
-        (`gpuledger_relay_topic_checked_age_seconds`) tell."""
-        return max(0.0, now - self.checked) if self.checked else None
+        (`gpuledger_relay_topic_checked_age_seconds`) tell. A relay that has not found its topic
+        since it started counts from its start (`began`), whatever its state: a relay stopped
+        at its start gave None, which reads as "no relay here" (atk60-ha)."""
+        at = self.checked or self.began
+        return max(0.0, now - at) if at else None
 
     def unchecked_s(self, now: float) -> float | None:
         """How long a live relay's topic has gone unchecked, when longer than `CHECK_LATE`

@@ -266,7 +266,13 @@ class PgProxy:
     for tests that cut or slow a server's link to the store. Every connection is pumped both
     ways through `passing` (the bytes to send on, or None to swallow them), which a test's
     proxy overrides; `admit` says whether a new connection is answered at all (one that is not
-    is held open, never answered: a silent network, not a refused one)."""
+    is held open, never answered: a silent network, not a refused one).
+
+    As a network path does, it passes a close on: a connection PostgreSQL refuses (it is down)
+    is closed to its client, and the proxy goes on accepting (it stopped for good at the first
+    refusal); one side's close (PostgreSQL killed, the server dropping its connection) closes
+    the other's, unless `closing` says the path is silent (before, the other side heard nothing
+    for ever: behind it, a PostgreSQL kill -9 was a silent link for good, atk60-ha)."""
 
     def __init__(self, dsn: str) -> None:
         parts = urlsplit(dsn)
@@ -278,6 +284,7 @@ class PgProxy:
         self.via = urlunsplit(parts._replace(netloc=parts.netloc.replace(
             f"{parts.hostname}:{parts.port}", f"127.0.0.1:{self.port}")))  # fmt: skip
         self.held: list[socket.socket] = []
+        self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def admit(self) -> bool:
@@ -288,41 +295,80 @@ class PgProxy:
         `link` is the connection's own flag, for a proxy that changes once it saw something."""
         return data
 
+    def closing(self, upward: bool) -> bool:
+        """Whether a close of one side (the client's when `upward`) reaches the other."""
+        return True
+
+    def _hold(self, *socks: socket.socket) -> None:
+        with self._lock:
+            self.held.extend(socks)
+
+    def _drop(self, *socks: socket.socket) -> None:
+        with self._lock:
+            for s in socks:
+                with contextlib.suppress(ValueError):
+                    self.held.remove(s)
+                with contextlib.suppress(OSError):
+                    s.close()
+
     def _accept(self) -> None:
         while True:
             try:
                 conn, _ = self.sock.accept()
             except OSError:
                 return
-            self.held.append(conn)
+            self._hold(conn)
             if not self.admit():
                 continue  # accepted, never answered
-            up = socket.create_connection(self.upstream)
-            self.held.append(up)
-            link = threading.Event()
-            for a, b, upward in ((conn, up, True), (up, conn, False)):
-                threading.Thread(target=self._pump, args=(a, b, upward, link), daemon=True).start()
+            threading.Thread(target=self._connect, args=(conn,), daemon=True).start()
+
+    def _connect(self, conn: socket.socket) -> None:
+        try:
+            up = socket.create_connection(self.upstream, timeout=10)
+        except OSError:  # refused (PostgreSQL down): so is the client
+            self._drop(conn)
+            return
+        up.settimeout(None)
+        self._hold(up)
+        link, ends = threading.Event(), [2]
+        for a, b, upward in ((conn, up, True), (up, conn, False)):
+            threading.Thread(target=self._pump, args=(a, b, upward, link, ends),
+                             daemon=True).start()  # fmt: skip
 
     def _pump(self, src: socket.socket, dst: socket.socket, upward: bool,
-              link: threading.Event) -> None:  # fmt: skip
+              link: threading.Event, ends: list[int]) -> None:  # fmt: skip
         while True:
             try:
                 data = src.recv(65536)
             except OSError:
-                return
+                break
             if not data:
-                return
+                break
             sent = self.passing(data, upward, link)
             if sent is None:
                 continue  # swallowed: the other side hears nothing
             try:
                 dst.sendall(sent)
             except OSError:
-                return
+                break
+        if not self.closing(upward):
+            return  # a silent path: the other side hears nothing (closed with the proxy)
+        for s in (dst, src):  # wakes the other direction's pump, which ends too
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+        with self._lock:
+            ends[0] -= 1
+            last = ends[0] == 0
+        if last:
+            self._drop(src, dst)
 
     def close(self) -> None:
+        with contextlib.suppress(OSError):  # wakes the accept (a close alone leaves it listening)
+            self.sock.shutdown(socket.SHUT_RDWR)
         self.sock.close()
-        for s in self.held:
+        with self._lock:
+            held, self.held = self.held, []
+        for s in held:
             with contextlib.suppress(OSError):
                 s.close()
 

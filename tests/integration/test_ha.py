@@ -351,6 +351,9 @@ class Proxy(PgProxy):
     def passing(self, data: bytes, upward: bool, link: threading.Event) -> bytes | None:
         return None if self.cut.is_set() else data
 
+    def closing(self, upward: bool) -> bool:
+        return not self.cut.is_set()
+
 
 def test_a_leader_cut_off_from_postgresql_stops_acting_before_another_server_leads(
     tmp_path: Path, ha_home: tuple[Path, str, str]

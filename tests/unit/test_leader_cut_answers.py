@@ -188,3 +188,97 @@ def test_the_workers_store_away_refusal_is_the_fronts() -> None:
         "no write is taken until it does; reads still answer"
     )
     assert problem(err.value).headers["x-gpuledger-store"] == "away"
+
+
+def test_a_fenced_group_commit_is_one_log_line_saying_so(caplog: pytest.LogCaptureFixture) -> None:
+    """A deposed leader's append refused by the fence is an expected outcome: one line saying
+    another server leads, no traceback (atk60-ha: "group commit failed" and a traceback)."""
+    from types import SimpleNamespace
+
+    from ledger.store.application import Ledger
+
+    def fenced(commands: Any, keys: Any) -> Any:
+        ledger = Ledger.__new__(Ledger)
+        ledger.dsn = "postgresql://x"
+
+        class Recorder:
+            def insert_events(self, stored: Any, **kw: Any) -> Any:
+                from eventsourcing.persistence import PersistenceError
+
+                raise PersistenceError("gpuledger: not the leader (epoch 3)")
+
+        ledger.recorder, ledger.last_hash = Recorder(), ""  # type: ignore[assignment]
+        return ledger._insert([SimpleNamespace(originator_version=5)])  # type: ignore[list-item]
+
+    worker = Worker(SimpleNamespace(ledger=SimpleNamespace(execute_each=fenced)))  # type: ignore[arg-type]
+    task = SimpleNamespace(command=SubmitJob(actor="", account="a", gpus=1), key=None)
+    with caplog.at_level("WARNING", logger="gpuledger.server"):
+        ((_, result),) = worker._execute_each([task])  # type: ignore[list-item]
+    assert isinstance(result, Unavailable)
+    assert [(r.levelname, r.exc_info) for r in caplog.records] == [("WARNING", None)]
+    line = caplog.records[0].getMessage()
+    assert "\n" not in line
+    assert line == (
+        "group commit of 1 command(s) not taken: this server is not the leader any more: "
+        "another server took over (the store fenced its append: nothing of it was written)"
+    )
+
+
+def test_a_slow_read_on_the_worker_thread_counts_toward_the_stall_bound() -> None:
+    """The writes wait behind the worker thread whatever its store call: a slow read held them
+    until the lease ran out, where an append hands the lease over after `append_stall_s` (s61).
+    Any statement of the worker's thread now counts (`Ledger.store_call_began`, what
+    `Leadership.appending` reads); another thread's (an audit walk's) does not."""
+    from ledger.store.application import Ledger
+    from ledger.store.postgres import LedgerPostgresRecorder
+
+    recorder = LedgerPostgresRecorder.__new__(LedgerPostgresRecorder)
+    ledger = Ledger.__new__(Ledger)
+    ledger.dsn, ledger.recorder = "postgresql://x", recorder
+    gate = threading.Event()
+    reader = threading.Thread(target=lambda: recorder._bounded(lambda self: gate.wait(10)))
+    reader.start()
+    try:
+        time.sleep(0.3)
+        began = ledger.store_call_began(reader.ident)
+        assert began is not None and time.monotonic() - began >= 0.3
+        assert ledger.store_call_began(threading.get_ident()) is None  # another thread's
+        ha = Leadership(OwnLease())  # type: ignore[arg-type]
+        ha.leading = True
+        ha.appending = lambda: ledger.store_call_began(reader.ident)
+        assert ha.stalled() is None  # 0.3 s of 5 s
+        ha.appending = lambda: (began or 0.0) - 5.0
+        assert ha.stalled() is not None
+    finally:
+        gate.set()
+        reader.join()
+    assert ledger.store_call_began(reader.ident) is None
+
+
+def test_a_standby_whose_store_hangs_after_the_leaders_lease_ran_out_says_the_store_away() -> None:
+    """s61: once the leader's row it last read has run out, a standby whose lease statement
+    (its take) has had no answer for a statement's time waited as for an election: a write was
+    held `TAKEOVER_WAIT_S`, then "this server is a standby", and health named no reason. Nobody
+    is elected without the store: it says the store away, in one line, names no leader, and
+    its writes are refused at once (`HAFront`: no election to wait for)."""
+    lease = OwnLease()
+    lease.deadline = 0.0  # a standby: it holds no lease
+    ha = Leadership(lease)  # type: ignore[arg-type]
+    now = time.monotonic()
+    ha.leader, ha._leader_read_at = Holder(3, "other", "http://other:1", 0.5, 5.0), now - 1.0
+    ha._asking_since = now - 2.0  # its take sent 2 s ago (a statement's time: 1.7 s)
+    why = ha.away()
+    assert why is not None and why.startswith("a lease statement has had no answer for 2.0 s; "
+                                              "the leader's lease as this server last read it "
+                                              "ran out 0.5 s ago"), why  # fmt: skip
+    assert "\n" not in why
+    assert ha.store_error() == why  # health's store_error
+    assert (ha.role, ha.leader_address()) == ("standby", "")
+    assert not ha.lease.may_act()  # and it takes no lease: its take is the statement unanswered
+    ha._asking_since = now - 1.0  # an election: its statement not long unanswered yet
+    assert ha.away() is None
+    ha._asking_since = now - 2.0  # a live leader as read: the writes go there
+    ha.leader, ha._leader_read_at = Holder(3, "other", "http://other:1", 4.0, 5.0), now
+    assert ha.away() is None and ha.leader_address() == "http://other:1"
+    ha.leader = None  # no leader row read (released): the same
+    assert (ha.away() or "").endswith("no server holds the lease as this server last read it")

@@ -84,3 +84,22 @@ def test_the_check_s_age_is_one_computation_whatever_the_state() -> None:
     assert (stopped.checked_s_ago(NOW), stopped.unchecked_s(NOW)) == (12.0, None)
     assert _record(0.0).checked_s_ago(NOW) is None  # a record from before `checked` was kept
     assert _record(NOW - 0.8).unchecked_s(NOW) is None  # checked lately: no age in the line
+
+
+def test_a_relay_that_never_found_its_topic_counts_its_checks_age_from_its_start() -> None:
+    """atk60-ha: a relay stopped at its start ("topic ... is ahead of the store") had
+    `relay_checked_s_ago` None in health, which reads as no relay, though kafka.md gives the
+    age whatever the state: it counts from the relay's start now, a floor."""
+    never = msgspec.structs.replace(_record(0.0), state="stopped", began=NOW - 30)
+    assert never.checked_s_ago(NOW) == 30.0
+    assert msgspec.structs.replace(never, checked=NOW - 5).checked_s_ago(NOW) == 5.0
+
+
+def test_the_services_health_keeps_its_start_through_a_stop(tmp_path: Path) -> None:
+    before = time.time()
+    service = RelayService(tmp_path, "127.0.0.1:9", topic="t")
+    service._set("stopped", error="topic t is ahead of the store", head=0)
+    assert service.health.state == "stopped" and service.health.checked == 0.0
+    assert service.health.began >= before
+    age = service.health.checked_s_ago(time.time())
+    assert age is not None and age < 60

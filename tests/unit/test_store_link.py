@@ -62,6 +62,7 @@ class FlakyLease:
     """A lease whose statements fail on the turns listed (a link that drops packets)."""
 
     epoch, lease_s, address, node = 0, 5.0, "http://me:1", None
+    answer_s, deadline, renewing, answered_at = 5.0 / 3, 0.0, None, 0.0  # a standby's (`away`)
 
     def __init__(self, failing: set[int]) -> None:
         self.failing, self.turn = failing, 0
