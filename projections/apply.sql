@@ -24,10 +24,10 @@
 --
 -- Each statement is set-based over the whole batch, so the result does not depend on where batch
 -- boundaries fall (a test checks batch size 1 against one big batch). A statement whose input
--- table is empty is skipped (`ends`: the batch's JobPreempted and JobFinished, the rows of
--- `b_ends`; `starts`: its JobStarted, the `started` rows of `b_jobev`: counted in Python, so a
--- batch of holds and decisions runs neither interval update: each costs a few milliseconds of
--- planning however empty). Sections start with `-- name:` and list their input in `-- needs:`;
+-- table is empty is skipped (`ends`: the batch's JobPreempted, JobUnplaced and JobFinished, the
+-- rows of `b_ends`; `starts`: its JobStarted, the `started` rows of `b_jobev`: counted in
+-- Python, so a batch of holds and decisions runs neither interval update: each costs a few
+-- milliseconds of planning however empty). Sections start with `-- name:` and list their input in `-- needs:`;
 -- `always` sections run for every batch (and once when the projector starts, so that the views
 -- over their temp tables can be bound), `setup` sections only when the projector starts.
 -- Parameters: $first, $last (the batch's first and last positions), $events, $unknown.
@@ -67,6 +67,7 @@ SELECT job_id, position, coalesce(f.ended_at, s.started_at, occurred_at) AS even
                 WHEN 'job.started.v1'        THEN 'started'
                 WHEN 'job.preempted.v1'      THEN 'preempted'
                 WHEN 'job.requeued.v1'       THEN 'requeued'
+                WHEN 'job.unplaced.v1'       THEN 'unplaced'
                 WHEN 'job.finished.v1'       THEN 'finished'
                 WHEN 'job.finished.v2'       THEN 'finished'
                 WHEN 'job.held.v1'           THEN 'held'
@@ -83,6 +84,7 @@ LEFT JOIN b_engine_ended x USING (position)
 LEFT JOIN b_engine_linked l USING (position)
 WHERE position BETWEEN $first AND $last
   AND tag IN ('job.placed.v1', 'job.started.v1', 'job.preempted.v1', 'job.requeued.v1',
+              'job.unplaced.v1',
               'job.finished.v1', 'job.finished.v2', 'job.checkpointed.v1', 'job.held.v1',
               'job.released.v1', 'job.engine_ended.v1', 'job.engine_linked.v1');
 
@@ -91,6 +93,8 @@ WHERE position BETWEEN $first AND $last
 -- Each job's events of the batch folded into the changes they make, mirroring evolve():
 --   placed: status placed, placed_at and checkpoint_at = its time  started: running, started_at
 --   preempted: placed_at, started_at cleared, preemptions + 1      requeued: pending
+--   unplaced: pending, placed_at and started_at cleared (a run taken back unstarted: no
+--             preemption; its next placement is a new run, as `placements` counts runs)
 --   finished: finished, outcome, exit_code                         checkpointed: checkpoint_at
 --   held, released: held (the last one)     started: logs      engine_ended: engine_reason
 --   finished: finish_reason, finish_note    engine_linked: engine_job_id
@@ -99,14 +103,15 @@ WHERE position BETWEEN $first AND $last
 CREATE OR REPLACE TEMP TABLE b_job_changes AS
 SELECT job_id,
     arg_max(CASE kind WHEN 'placed' THEN 'placed' WHEN 'started' THEN 'running'
-                      WHEN 'requeued' THEN 'pending' ELSE 'finished' END, position)
-        FILTER (WHERE kind IN ('placed', 'started', 'requeued', 'finished'))   AS status,
-    bool_or(kind IN ('placed', 'preempted'))                                   AS touched_placed,
+                      WHEN 'requeued' THEN 'pending' WHEN 'unplaced' THEN 'pending'
+                      ELSE 'finished' END, position)
+        FILTER (WHERE kind IN ('placed', 'started', 'requeued', 'unplaced', 'finished')) AS status,
+    bool_or(kind IN ('placed', 'preempted', 'unplaced'))                       AS touched_placed,
     arg_max_null(CASE WHEN kind = 'placed' THEN event_at END, position)
-        FILTER (WHERE kind IN ('placed', 'preempted'))                         AS placed_at,
-    bool_or(kind IN ('started', 'preempted'))                                  AS touched_started,
+        FILTER (WHERE kind IN ('placed', 'preempted', 'unplaced'))             AS placed_at,
+    bool_or(kind IN ('started', 'preempted', 'unplaced'))                      AS touched_started,
     arg_max_null(CASE WHEN kind = 'started' THEN event_at END, position)
-        FILTER (WHERE kind IN ('started', 'preempted'))                        AS started_at,
+        FILTER (WHERE kind IN ('started', 'preempted', 'unplaced'))            AS started_at,
     arg_max(event_at, position) FILTER (WHERE kind IN ('placed', 'checkpointed')) AS checkpoint_at,
     arg_max(event_at, position) FILTER (WHERE kind = 'finished')               AS finished_at,
     arg_max(outcome, position) FILTER (WHERE kind = 'finished')                AS outcome,
@@ -129,11 +134,12 @@ GROUP BY job_id;
 -- name: b_ends
 -- needs: setup
 -- The events that release a job's GPUs. (A non-resumable preemption is JobPreempted then
--- JobFinished: the first one ends the interval.)
+-- JobFinished: the first one ends the interval. A run taken back unstarted, JobUnplaced, ends
+-- it `unplaced`: never started, nothing charged.)
 CREATE OR REPLACE TEMP VIEW b_ends AS
 SELECT job_id, position, event_at,
-       CASE WHEN kind = 'preempted' THEN 'preempted' ELSE outcome END AS end_reason
-FROM b_jobev WHERE kind IN ('preempted', 'finished');
+       CASE WHEN kind IN ('preempted', 'unplaced') THEN kind ELSE outcome END AS end_reason
+FROM b_jobev WHERE kind IN ('preempted', 'unplaced', 'finished');
 
 -- name: jobs_submitted
 -- needs: b_submitted

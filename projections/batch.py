@@ -445,7 +445,8 @@ def _build(records: Sequence[Row], rows: pa.Table | None) -> Batch:
     }
     counts = {name: t.num_rows for name, t in tables.items()}
     counts["b_jobev"] = sum(len(groups[c].positions) for c in _LIFECYCLE if c in groups)
-    counts["ends"] = counts["b_preempted"] + counts["b_finished"]  # `b_ends` (apply.sql)
+    unplaced = len(groups[e.JobUnplaced].positions) if e.JobUnplaced in groups else 0
+    counts["ends"] = counts["b_preempted"] + counts["b_finished"] + unplaced  # `b_ends`
     counts["starts"] = counts["b_started"]
     del groups  # free the decoded events while the collector is paused
     return Batch(
@@ -593,6 +594,7 @@ _LIFECYCLE = (
     e.JobStarted,
     e.JobPreempted,
     e.JobRequeued,
+    e.JobUnplaced,
     e.JobFinished,
     e.CheckpointReported,
     e.JobHeld,

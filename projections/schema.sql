@@ -107,10 +107,10 @@ CREATE TABLE jobs (
     finish_note        VARCHAR             -- and in words, when there is more to say
 );
 
--- Job intervals: one row per placement, from JobPlaced to the JobPreempted / JobFinished that
--- released its GPUs (end_* NULL while it still holds them), with its run's real start (the first
--- JobStarted inside it: its started_at) and, for a run the ledger stopped, its real end (the
--- first JobRunEnded of its run). Usage is computed from these rows: from run_start_at to the
+-- Job intervals: one row per placement, from JobPlaced to the JobPreempted / JobUnplaced /
+-- JobFinished that released its GPUs (end_* NULL while it still holds them), with its run's real
+-- start (the first JobStarted inside it: its started_at) and, for a run the ledger stopped, its
+-- real end (the first JobRunEnded of its run). Usage is computed from these rows: from run_start_at to the
 -- earlier of end_at and run_end_at (fairtree-2), or from start_at to end_at (fairtree-1).
 CREATE TABLE job_intervals (
     job_id         BIGINT  NOT NULL,
@@ -118,7 +118,7 @@ CREATE TABLE job_intervals (
     start_at       DOUBLE  NOT NULL,
     end_position   BIGINT,
     end_at         DOUBLE,
-    end_reason     VARCHAR,                -- preempted | completed | failed | cancelled
+    end_reason     VARCHAR,                -- preempted | unplaced | completed | failed | cancelled
     account        VARCHAR NOT NULL,       -- the project
     user_name      VARCHAR NOT NULL,
     leaf           VARCHAR NOT NULL,       -- <project>/<user>, the account charged

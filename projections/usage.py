@@ -8,7 +8,7 @@ intervals charged to the user leaf `<account>/<user>` with the GPU type of the f
 projection's `job_intervals`), as the policy's `charge` says: from the run's real start
 (`JobStarted.started_at`) to a stopped run's real end as its engine first reports it
 (`JobRunEnded`, or `JobEngineEnded` for the job's last run), counted to its release
-(`JobPreempted`, `JobFinished`) until then, or to `JobFinished` at the run's real end
+(`JobPreempted`, `JobUnplaced`, `JobFinished`) until then, or to `JobFinished` at the run's real end
 (`fairtree-3`); the same but to the release when a stopped run's end came later (`fairtree-2`;
 the projection also ends a stopped run's charge at its `JobRunEnded` when that is earlier: the
 fold under `fairtree-2` does not, as no log it folded has one: the simulator's kernel names no
@@ -38,6 +38,10 @@ from projections import fairshare as fs
 from schemas import events as e
 
 FOLD = "fold"
+
+_Release = e.JobPreempted | e.JobUnplaced | e.JobFinished
+"""The events that release a job's GPUs (a run taken back unstarted is charged nothing: it
+never started, but under `fairtree-1` from its placement, as a preemption)."""
 """`RankInputs.computed_by` of ranks computed by this fold ("": the projection's SQL)."""
 
 Accounts = tuple[tuple[str, str | None, str, int], ...]
@@ -71,7 +75,8 @@ class UsageFold:
         """Half-life mode: leaf -> (decayed usage of its closed intervals, as of time)."""
         self._shape: tuple[Accounts, fs.TreeShape] | None = None
         self._runs: dict[int, int] = {}
-        """Jobs not finished -> their preemptions so far: the run of their current placement."""
+        """Jobs not finished -> their runs preempted or taken back unstarted so far: the run of
+        their current placement."""
         self._stopped: dict[tuple[int, int], fs.Interval] = {}
         """`CHARGE_REAL`: (job, run) -> the interval of a run the ledger stopped, closed at its
         release until its engine reports the run's real end (computed one by one)."""
@@ -97,12 +102,12 @@ class UsageFold:
                 start = ev.at if ev.started_at is None else ev.started_at
                 node_type, _ = self._placed.pop(ev.job_id)
                 self._open[ev.job_id] = self._interval(spec, start, node_type)
-        elif isinstance(ev, e.JobPreempted | e.JobFinished):
+        elif isinstance(ev, e.JobPreempted | e.JobUnplaced | e.JobFinished):
             self._released(ev)
         elif isinstance(ev, e.JobRunEnded | e.JobEngineEnded):
             self._run_ended(ev)
 
-    def _released(self, ev: e.JobPreempted | e.JobFinished) -> None:
+    def _released(self, ev: _Release) -> None:
         """A job's GPUs are released: its interval closes at the release (at its run's real
         end when the finish says it), or, under `CHARGE_REAL` when its run was stopped, waits
         for the run's real end (`_run_ended`), counted to the release until then."""
@@ -133,7 +138,7 @@ class UsageFold:
             self._close(iv, ev.at)
 
     def _keep_unstarted(self, key: tuple[int, int], spec: tuple[str, str, int],
-                        placed: tuple[str | None, float], ev: e.JobPreempted | e.JobFinished) -> None:  # fmt: skip  # noqa: E501
+                        placed: tuple[str | None, float], ev: _Release) -> None:  # fmt: skip
         """A placement released before any `JobStarted`: kept for a `JobRunEnded` that says its
         run started (`fs.OWN_START_KEPT_S`), released as the projection's interval ends (a
         finish at its run's real end when it says it); those placed longer ago are dropped."""

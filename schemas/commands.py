@@ -252,6 +252,15 @@ class RequeueJob(JobCommand, frozen=True, kw_only=True, tag="requeue"):
     reason: Text = ""
 
 
+class UnplaceJob(JobCommand, frozen=True, kw_only=True, tag="job.unplace"):
+    """An engine takes back a placed run it never started and cannot start (`JobUnplaced`):
+    the job goes back to the queue, same id. An engine's report (or an admin's, as every
+    engine report may be)."""
+
+    run: Count
+    reason: Text = ""
+
+
 class DecisionBody(msgspec.Struct, frozen=True, kw_only=True):
     """What one dispatcher cycle decided, as it hands it to the ledger: the decision record's
     fields (`events.CycleDecided`, which keeps the outcomes by reference) with the placements and
@@ -424,6 +433,7 @@ AnyCommand = (
     | HoldJob
     | ReleaseJob
     | RequeueJob
+    | UnplaceJob
     | ApplyDecision
     | PreemptJob
     | StartJob

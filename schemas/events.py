@@ -309,6 +309,18 @@ class JobRequeued(JobEvent, frozen=True, kw_only=True, tag="job.requeued.v1"):
     """A resumable job goes back to the queue (after a preemption or a lost node)."""
 
 
+class JobUnplaced(JobEvent, frozen=True, kw_only=True, tag="job.unplaced.v1"):
+    """Its engine took a placed run that never started back (Slurm would not start it: the
+    partition an admin paused, a leaked GPU, a node the partition does not list): the job is
+    pending again, same id, its GPUs free, and its next placement is a new run. Not a
+    preemption: no contract of its was cut, and nothing ran to charge (docs/slurm.md)."""
+
+    run: Count
+    """The run taken back (0 for the first): as `JobRunEnded.run`."""
+    reason: Text = ""
+    """Why its engine could not start it, in words."""
+
+
 class JobHeld(JobEvent, frozen=True, kw_only=True, tag="job.held.v1"):
     """A pending job is held (like `scontrol hold`): the dispatcher skips it until released."""
 
@@ -550,6 +562,7 @@ AnyEvent = (
     | JobStarted
     | JobPreempted
     | JobRequeued
+    | JobUnplaced
     | JobHeld
     | JobReleased
     | JobFinished

@@ -154,6 +154,10 @@ def _record_agent(state: State, actor: str, _: Any) -> None:
     _require_system(state, actor, "record a node's agent")
 
 
+def _unplace(state: State, actor: str, _: Any) -> None:
+    _require_system(state, actor, "take back runs that never started")
+
+
 def _decides(state: State, actor: str, _: Any) -> None:
     """Only the dispatcher (or the simulator's) decides and places: a system actor, not a node's
     or a job's. No person does, admins included: a decision is data `replay` re-derives, and
@@ -187,6 +191,7 @@ _EVENT_RULES: dict[type[e.Event], Rule] = {
     e.NodeReturned: _admin_or_engine("return nodes"),
     e.NodeLost: _lose_node,
     e.NodeAgentChanged: _record_agent,
+    e.JobUnplaced: _unplace,
     e.NodeRemoved: _admin("remove nodes"),
     e.TokenIssued: _issue_token,
     e.CycleDecided: _decides,
@@ -210,6 +215,7 @@ _CAUSES: dict[type[c.Command], type[e.Event]] = {
     c.ReturnNode: e.NodeReturned,
     c.MarkNodeLost: e.NodeLost,
     c.RecordNodeAgent: e.NodeAgentChanged,
+    c.UnplaceJob: e.JobUnplaced,
     c.RemoveNode: e.NodeRemoved,
     c.IssueToken: e.TokenIssued,
 }

@@ -342,6 +342,18 @@ def _requeue(state: State, cmd: c.RequeueJob, s: _Stamp) -> list[e.AnyEvent]:
     return out + _drained_after(state, (sl.node for sl in job.slots), {cmd.job_id}, s)
 
 
+def _unplace(state: State, cmd: c.UnplaceJob, s: _Stamp) -> list[e.AnyEvent]:
+    """An engine's take-back of a run it never started (`JobUnplaced`): not a preemption."""
+    job = state.job(cmd.job_id)
+    if job.status != "placed" or job.run != cmd.run:
+        raise InvalidTransition(
+            f"job {cmd.job_id} is {job.outcome or job.status} (run {job.run + 1}): only a placed "
+            f"run not started can be taken back, not run {cmd.run + 1}"
+        )
+    unplaced = e.JobUnplaced(**s.kw(), job_id=cmd.job_id, run=cmd.run, reason=cmd.reason)
+    return [unplaced, *_drained_after(state, (sl.node for sl in job.slots), {cmd.job_id}, s)]
+
+
 def _preemption_events(
     job: Job, p: c.Preemption, cycle_id: str | None, s: _Stamp, limits: bool = False
 ) -> list[e.AnyEvent]:
@@ -608,7 +620,7 @@ def _checkpoint(state: State, cmd: c.ReportCheckpoint, s: _Stamp) -> list[e.AnyE
 
 def _leader_ended(state: State, cmd: c.ReportLeaderEnded, s: _Stamp) -> list[e.AnyEvent]:
     job = state.job(cmd.job_id)
-    if job.status != "running" or job.preemptions != cmd.run:
+    if job.status != "running" or job.run != cmd.run:
         raise InvalidTransition(f"job {cmd.job_id} is {job.status}, not running run {cmd.run}")
     if job.reaping_kill_at is not None:
         raise InvalidTransition(f"job {cmd.job_id}'s command has already been reported ended")
@@ -697,6 +709,7 @@ _HANDLERS: dict[type, Callable[[State, c.AnyCommand, _Stamp], list[e.AnyEvent]]]
     c.HoldJob: _hold,  # type: ignore[dict-item]
     c.ReleaseJob: _release_job,  # type: ignore[dict-item]
     c.RequeueJob: _requeue,  # type: ignore[dict-item]
+    c.UnplaceJob: _unplace,  # type: ignore[dict-item]
     c.ApplyDecision: _apply_decision,  # type: ignore[dict-item]
     c.PreemptJob: _preempt,  # type: ignore[dict-item]
     c.StartJob: _start,  # type: ignore[dict-item]

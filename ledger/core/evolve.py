@@ -60,7 +60,7 @@ def _placed_lost(state: State, name: str) -> None:
     """A node lost with no fence: the runs placed there (their launch in doubt, none recorded
     started) may run there unheard (`Node.placed_lost`, atk51-23 F1)."""
     jobs = state.jobs
-    placed = {(j, jobs[j].preemptions) for j in state.node_jobs.get(name, ())
+    placed = {(j, jobs[j].run) for j in state.node_jobs.get(name, ())
               if jobs[j].status == "placed"}  # fmt: skip
     if placed:
         node = state.nodes[name]
@@ -211,6 +211,14 @@ def evolve(state: State, event: e.AnyEvent) -> State:
                 reaping_left=0,
                 leader_exit_code=None,
             )
+        case e.JobUnplaced():  # never started: nothing to stop, no preemption (pending again)
+            job = state.jobs[event.job_id]
+            _release(state, job)
+            state.jobs[event.job_id] = msgspec.structs.replace(
+                job, status="pending", slots=(), placed_at=None, started_at=None,
+                unplaced=job.unplaced + 1, engine="", engine_job_id="", lost_at=None,
+                doubt_until=None,
+            )  # fmt: skip
         case e.JobHeld():
             state.jobs[event.job_id] = msgspec.structs.replace(state.jobs[event.job_id], held=True)
         case e.JobReleased():
@@ -249,11 +257,7 @@ def evolve(state: State, event: e.AnyEvent) -> State:
                 state.jobs[event.job_id] = msgspec.structs.replace(held, checkpoint_at=event.at)
         case e.LeaderEnded():
             ending = state.jobs.get(event.job_id)
-            if (
-                ending is not None
-                and ending.status == "running"
-                and ending.preemptions == event.run
-            ):
+            if ending is not None and ending.status == "running" and ending.run == event.run:
                 state.jobs[event.job_id] = msgspec.structs.replace(
                     ending, reaping_kill_at=event.kill_at, leader_ended_at=event.leader_ended_at,
                     reaping_left=event.left, leader_exit_code=event.exit_code,
@@ -367,12 +371,12 @@ def _stopped(state: State, job: Job, at: float, why: str, at_once: bool = False)
     `at_once` (a cancel of a job whose command had exited 0: what is left of it)."""
     running = job.status == "running" and job.engine
     if (running or _launched_unheard(state, job)) and job.slots:
-        key = (job.job_id, job.preemptions)
+        key = (job.job_id, job.run)
         s, began = job.spec, job.started_at
         past = began is not None and s.time_limit_s is not None and at >= began + s.time_limit_s
         state.stopped_runs[key] = StoppedRun(
             job_id=job.job_id,
-            run=job.preemptions,
+            run=job.run,
             slots=job.slots,
             at=at,
             grace_s=s.grace_s,

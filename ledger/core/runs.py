@@ -43,9 +43,9 @@ def confirm_run_ended(state: State, cmd: c.ConfirmRunEnded, s: Stamp) -> list[e.
     job = state.jobs.get(cmd.job_id)
     if job is None and not 0 < cmd.job_id < state.next_job_id:
         raise UnknownEntity(f"unknown job {cmd.job_id}", job_id=cmd.job_id)
-    if job is not None and cmd.run > job.preemptions:
+    if job is not None and cmd.run > job.run:
         raise InvalidTransition(
-            f"job {cmd.job_id} has had {job.preemptions + 1} run(s), not {cmd.run + 1}",
+            f"job {cmd.job_id} has had {job.run + 1} run(s), not {cmd.run + 1}",
             job_id=cmd.job_id,
         )
     if (cmd.job_id, cmd.run) in state.run_ends:
@@ -113,7 +113,7 @@ def ended_meanwhile(job: Job, cmd: c.ConfirmRunEnded) -> bool:
         and (cmd.exit_code == 0 or (cmd.exit_decides and cmd.exit_code is not None))
         and job.active
         and job.status != "running"
-        and cmd.run == job.preemptions - 1
+        and cmd.run == job.run - 1
     )
 
 

@@ -69,6 +69,9 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     outcome: e.FinishOutcome | None = None
     exit_code: int | None = None
     preemptions: int = 0
+    """Its runs ended by a preemption (or a requeue, or with their node) so far."""
+    unplaced: int = 0
+    """Its runs its engine took back unstarted (`JobUnplaced`): runs, not preemptions."""
     takebacks: tuple[tuple[str, float], ...] = ()
     """An unfunded job's preemptions for a funded non-debug job: (that job's account, when), in
     order (`fairshare-17` counts those of another team's work); () for a funded job, and in a
@@ -104,6 +107,12 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def funded(self) -> bool:
         return self.spec.min_runtime_s > 0
+
+    @property
+    def run(self) -> int:
+        """Its current (or next) run, 0 for the first, as engines number runs: every run
+        preempted or taken back unstarted before it."""
+        return self.preemptions + self.unplaced
 
     @property
     def active(self) -> bool:

@@ -46,5 +46,5 @@ class UtilTracker:
                 self.low_since.setdefault(event.job_id, event.at)
             else:
                 self.low_since.pop(event.job_id, None)
-        elif isinstance(event, e.JobPreempted | e.JobFinished | e.JobPlaced):
+        elif isinstance(event, e.JobPreempted | e.JobUnplaced | e.JobFinished | e.JobPlaced):
             self.low_since.pop(event.job_id, None)

@@ -60,7 +60,8 @@ if TYPE_CHECKING:  # the projector brings DuckDB's Python API, the application e
 
 log = logging.getLogger("gpuledger.dispatcher")
 
-_UTIL_TAGS = [tag_of(t) for t in (e.UtilisationSampled, e.JobPlaced, e.JobPreempted, e.JobFinished)]
+_UTIL_TAGS = [tag_of(t) for t in (e.UtilisationSampled, e.JobPlaced, e.JobPreempted, e.JobUnplaced,
+                                   e.JobFinished)]  # fmt: skip
 DISPATCHER = "@dispatcher"
 IDLE_RECORD_S = 60.0
 """A cycle that decides nothing while jobs wait is recorded at most this often (the record
@@ -409,7 +410,7 @@ class Dispatcher:
             for j in self.ledger.state.jobs.values()
             if j.status in ("placed", "running")
         }
-        known = self.executor.adopt({jid: j.preemptions for jid, j in held.items()}, now)
+        known = self.executor.adopt({jid: j.run for jid, j in held.items()}, now)
         relaunch: list[int] = []
         lost: list[Exit] = []
         for job_id in sorted(set(held) - known):

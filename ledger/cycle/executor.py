@@ -98,7 +98,7 @@ def launch_of(job_id: int, job: Job, user: str) -> Launch:
         spec.duration_s,
         user,
         spec.account,
-        run=job.preemptions,
+        run=job.run,
         time_limit_s=spec.time_limit_s,
         grace_s=spec.grace_s,
         debug=spec.debug,

@@ -53,6 +53,8 @@ def lifecycle_lines(
                 out.append(f"{who} {ev.outcome}")
             case e.JobPreempted():
                 out.append(f"job {ev.job_id} preempted ({ev.reason})")
+            case e.JobUnplaced():
+                out.append(f"job {ev.job_id} back in the queue, never started ({ev.reason})")
     return out
 
 

@@ -68,18 +68,19 @@ def node_command(change: NodeChange, actor: str = EXECUTOR) -> c.AnyCommand:
     return c.ReturnNode(actor=actor, node=change.node)
 
 
-def unplace_commands(change: NodeChange, state: State, actor: str = EXECUTOR) -> list[c.RequeueJob]:
-    """Pure: the jobs placed on `change.node` and not started, back to the queue (`RequeueJob`:
-    a preemption recorded with why, then the job pending again, same id), as an `unplace`
-    says: the engine cannot start them there (a node another cluster's partition does not
-    list: they waited there for good after `--new-settings`, issue 28). None when none is."""
+def unplace_commands(change: NodeChange, state: State, actor: str = EXECUTOR) -> list[c.UnplaceJob]:
+    """Pure: the jobs placed on `change.node` and not started, back to the queue (`UnplaceJob`:
+    their run taken back with why, never run, no preemption; the job pending again, same id),
+    as an `unplace` says: the engine cannot start them there (a node another cluster's
+    partition does not list: they waited there for good after `--new-settings`, issue 28; a
+    leaked GPU; a partition an admin paused). None when none is."""
     placed = sorted(
         j
         for j in state.node_jobs.get(change.node, ())
         if state.jobs[j].status == "placed" and (not change.jobs or j in change.jobs)
     )
     why = f"node {change.node} cannot run it: {change.reason}"[:1000]
-    return [c.RequeueJob(actor=actor, job_id=j, reason=why) for j in placed]
+    return [c.UnplaceJob(actor=actor, job_id=j, run=state.jobs[j].run, reason=why) for j in placed]
 
 
 def start_commands(
@@ -142,7 +143,7 @@ def reaping_commands(reaping: Sequence[Reaping], jobs: Mapping[int, Job]) -> lis
                             exit_code=rp.exit_code)
         for rp in reaping
         if (job := jobs.get(rp.job_id)) is not None and job.status == "running"
-        and job.preemptions == rp.run and job.reaping_kill_at is None
+        and job.run == rp.run and job.reaping_kill_at is None
     ]  # fmt: skip
 
 
@@ -228,7 +229,7 @@ def _requeued_placed(state: State, job_id: int, run: int) -> bool:
     return (
         job is not None
         and job.status in ("pending", "placed")
-        and run == job.preemptions - 1
+        and run == job.run - 1
         and (job_id, run) not in state.run_ends
     )
 
@@ -244,12 +245,12 @@ def record(ledger: Recorder, seen: Observed, engine: str, now: float | None = No
     `now`, runs in doubt whose fence has passed end there too (`runs.settle_commands`)."""
     for change in seen.nodes:
         if change.change == "unplace":  # none, nearly always: no command, no word
-            for requeue in unplace_commands(change, ledger.state):
+            for unplace in unplace_commands(change, ledger.state):
                 try:
-                    ledger.execute(requeue)
-                    log.warning("job %s is back in the queue: %s", requeue.job_id, requeue.reason)
+                    ledger.execute(unplace)
+                    log.warning("job %s is back in the queue: %s", unplace.job_id, unplace.reason)
                 except LedgerError as err:
-                    log.info("job %s not requeued: %s", requeue.job_id, err.line())
+                    log.info("job %s not taken back: %s", unplace.job_id, err.line())
         else:
             _record_node(ledger, change)
     starts = start_commands(seen.starts, ledger.state.jobs, engine)

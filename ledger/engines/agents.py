@@ -320,7 +320,7 @@ class AgentExecutor:
             for sl in job.slots:
                 self.last_seen.setdefault(sl.node, now)
             if job.status == "placed":
-                if job.preemptions:  # an earlier run may live anywhere
+                if job.run:  # an earlier run may live anywhere
                     grace = self.grace_s if spec.grace_s is None else spec.grace_s
                     self.fence.adopted(job_id, nodes, {}, grace)
                 continue

@@ -225,8 +225,8 @@ class _Charges:
         self.last: dict[int, _Charge] = {}
         """Job -> the charge of its last placement."""
         self.runs: dict[int, int] = {}
-        """Job -> its preemptions so far: the run of its next placement (as executors number
-        runs, `JobEngineLinked.run`)."""
+        """Job -> its runs preempted or taken back unstarted so far: the run of its next
+        placement (as executors number runs, `JobEngineLinked.run`)."""
 
     def decided(self, ev: e.CycleDecided) -> None:
         if ev.ranks is not None:
@@ -266,6 +266,8 @@ class _Charges:
                 self.closed.append(ch)
 
     def released(self, pos: int, job: int, end: float, preempted: bool) -> None:
+        """The placement's GPUs released at `end`; `preempted`: its job's next run is a new one
+        (a preemption, or a run taken back unstarted)."""
         if preempted:
             self.runs[job] = self.runs.get(job, 0) + 1
         ch = self.open.pop(job, None)
@@ -366,6 +368,9 @@ class _Checker:
             self.charges.started(ev)
         elif isinstance(ev, e.JobPreempted):
             self._preempted(pos, ev)
+            self._release(ev.job_id)
+            self.charges.released(pos, ev.job_id, ev.at, preempted=True)
+        elif isinstance(ev, e.JobUnplaced):  # never started: no contract cut, nothing ran
             self._release(ev.job_id)
             self.charges.released(pos, ev.job_id, ev.at, preempted=True)
         elif isinstance(ev, e.JobFinished):

@@ -399,6 +399,11 @@ def explain_history(
                 )
                 how = "on request" if asked else "automatically (resumable)"
                 out.append(f"{when(ev.at)} requeued {how}, same job id.")
+            case e.JobUnplaced():
+                why = f": {ev.reason}" if ev.reason else ""
+                out.append(f"{when(ev.at)} its run {ev.run + 1} taken back by {ev.actor} before "
+                           f"it started{why}; never ran, nothing charged, not a preemption: "
+                           "back in the queue, same job id.")  # fmt: skip
             case e.JobHeld():
                 why = f" ({ev.reason})" if ev.reason else ""
                 out.append(f"{when(ev.at)} held by {ev.actor}{why}.")
@@ -408,7 +413,7 @@ def explain_history(
                 last_end = ev
                 out.append(finish_line(ev))
                 if ev.reason == "time_limit" and not ev.actor.startswith("@"):  # a cancel
-                    cut.add(job.preemptions)  # past its limit: killed at once (`cancels`)
+                    cut.add(job.run)  # past its limit: killed at once (`cancels`)
             case e.JobEngineEnded() if runs and not e.fenced(ev):  # as `apply.sql` reads it
                 engine_end.setdefault(runs - 1, _real(ev.ended_at, ev.at))
             case e.JobRunEnded():

@@ -48,7 +48,7 @@ def _history(store: Store, job_id: int) -> list[e.AnyEvent]:
 
 _JOB_EVENTS = (
     e.JobSubmitted, e.JobPlaced, e.JobStarted, e.JobPreempted, e.JobHeld, e.JobReleased,
-    e.JobRequeued, e.JobFinished, e.CheckpointReported, e.LeaderEnded,
+    e.JobRequeued, e.JobUnplaced, e.JobFinished, e.CheckpointReported, e.LeaderEnded,
 )  # fmt: skip
 
 
@@ -237,8 +237,8 @@ def explain_told(
     if (
         current.lines is not None
         and current.earlier
-        and any(isinstance(ev, e.JobPreempted) for ev in history)
-    ):
+        and any(isinstance(ev, e.JobPreempted | e.JobUnplaced) for ev in history)
+    ):  # placed before: what became of those runs
         lines += ["Earlier:", *told[1:]]
     lines += earlier_runs_said(job, state, now)
     return v.ExplainView(
@@ -287,8 +287,8 @@ def _history_texts(history: Sequence[e.AnyEvent], told: list[str]) -> list[tuple
     told event, in order, after its headline)."""
     tellable = (
         e.JobSubmitted, e.JobPlaced, e.JobStarted, e.CheckpointReported, e.JobPreempted,
-        e.JobRequeued, e.JobHeld, e.JobReleased, e.JobFinished, e.JobRunEnded, e.JobKillOrdered,
-        e.LeaderEnded,
+        e.JobRequeued, e.JobUnplaced, e.JobHeld, e.JobReleased, e.JobFinished, e.JobRunEnded,
+        e.JobKillOrdered, e.LeaderEnded,
     )  # fmt: skip
     shown = [ev for ev in history if isinstance(ev, tellable)]
     return list(zip(shown, told[1 : 1 + len(shown)], strict=False))

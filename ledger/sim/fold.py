@@ -178,6 +178,14 @@ class JobFold:
                     self._preempted(j, ev)
                 j.preemptions += 1
                 j.placed_at = j.checkpoint_at = None
+            case e.JobUnplaced():  # an engine's take-back of a run never started: it waits
+                j = self.jobs[ev.job_id]  # again, nothing held, nothing lost (not a preemption)
+                if j.placed_at is not None:
+                    self._holding -= j.gpus
+                j.placed_at = j.checkpoint_at = None
+                if j.queued_since is None:
+                    j.queued_since = ev.at
+                    self._pending(j, +1)
             case e.JobRequeued():
                 j = self.jobs[ev.job_id]
                 if j.queued_since is None:

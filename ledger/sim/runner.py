@@ -489,7 +489,8 @@ class Simulation:
                 self.executor.checkpoint(ev.job_id, ev.at)
             case e.JobPreempted():
                 self._running.pop(ev.job_id, None)
-            case e.JobRequeued():
+            case e.JobRequeued() | e.JobUnplaced():
+                self._running.pop(ev.job_id, None)
                 self._pending[ev.job_id] = self.ledger.state.jobs[ev.job_id].spec.min_runtime_s > 0
             case e.JobFinished():
                 self._running.pop(ev.job_id, None)

@@ -114,6 +114,8 @@ def _track(runs: dict[int, _Run], ev: e.AnyEvent) -> None:
                 r.first_placed_at = ev.at
         case e.CheckpointReported():
             runs[ev.job_id].checkpoint_at = ev.at
+        case e.JobUnplaced():  # never started: no work done
+            runs[ev.job_id].placed_at = None
         case e.JobPreempted():
             r = runs[ev.job_id]
             if r.spec.resumable and r.placed_at is not None and r.checkpoint_at is not None:

@@ -291,6 +291,9 @@ class _Sim:
             match ev:
                 case e.JobSubmitted() | e.JobRequeued():
                     self.pending.add(ev.job_id)
+                case e.JobUnplaced():
+                    self.running.pop(ev.job_id, None)
+                    self.pending.add(ev.job_id)
                 case e.JobPlaced():
                     self.pending.discard(ev.job_id)
                     spec = self.ledger.state.jobs[ev.job_id].spec

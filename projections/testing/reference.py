@@ -336,6 +336,9 @@ def _apply(s: RefState, pos: int, ev: e.AnyEvent) -> None:
             )
         case e.JobRequeued():
             _touch(s, ev.job_id, pos)["status"] = "pending"
+        case e.JobUnplaced():  # a run taken back unstarted: pending again, no preemption
+            _touch(s, ev.job_id, pos).update(status="pending", placed_at=None, started_at=None)
+            _close(s, ev.job_id, pos, ev.at, "unplaced")
         case e.JobFinished():
             ended = ev.at if ev.ended_at is None else ev.ended_at
             _touch(s, ev.job_id, pos).update(

@@ -146,7 +146,7 @@ def test_a_job_placed_while_an_admin_pauses_the_partition_waits_in_the_queue_and
         assert job["status"] == "pending", job  # before: placed, then launch_failed
         # placed before the executor's read of the partition saw the pause (every 5 s): taken
         # back to the queue, with why; placed after it: never placed while it lasts
-        if ledger.of("job.requeued.v1", 1):
+        if ledger.of("job.unplaced.v1", 1):
             said = ledger.cli("explain", "1") + ledger.cli("log", "--json", "--limit", "10000")
             assert f"is {pause} (an admin's pause)" in said, said[-3000:]
         listed = c.run("squeue", "-h", "-n", "gpuledger-1", "-o", "%i %T", check=False)
@@ -159,3 +159,47 @@ def test_a_job_placed_while_an_admin_pauses_the_partition_waits_in_the_queue_and
     assert (job["outcome"], job["exit_code"]) == ("completed", 0), job
     assert (ledger.work / "runs-1").read_text().split() == ["ran"]
     assert "outage" not in ledger.cli("status")
+
+
+def test_a_run_pending_in_slurm_when_the_partition_is_paused_is_taken_back_not_preempted(
+    ledger: Ledger,  # noqa: F811
+) -> None:
+    """atk60-slurm F5: a run taken back during a pause was recorded as an admin preemption
+    (`job.preempted.v1` "requeued by @executor ...", `explain` "preempted for admin ... inside
+    its contract", `jobs --json` `preemptions: 1`, `report preemptions` "suffered 1") though it
+    never ran. Now it is `job.unplaced.v1`: no preemption anywhere, and the job's next run runs
+    once. Deterministic: a reservation of the partition's nodes for another user keeps the run
+    pending in Slurm (it cannot start) until the pause is seen."""
+    c = ledger.cluster
+    ledger.up()
+    c.run("scontrol", "create", "reservation", "ReservationName=gpuledger-f5", "StartTime=now",
+          "Duration=30", "Users=root", f"Nodes={','.join(c.nodes)}")  # fmt: skip
+    try:
+        ledger.submit("alice", 1, SHOW + "echo ran >> runs-1", "--min-runtime", "1h")
+
+        def pending() -> bool:
+            return any("job=1:" in j["comment"] and j["state"] == "PENDING"
+                       for j in c.jobs().values())  # fmt: skip
+
+        ledger.wait("its run pending in Slurm", pending, timeout=60)
+        c.run("scontrol", "update", f"PartitionName={c.partition}", "State=DOWN")
+        back = ("job.unplaced.v1", "job.preempted.v1")
+        ledger.wait("its take-back", lambda: any(ledger.of(k, 1) for k in back), timeout=60)
+        said = ledger.cli("explain", "1")
+    finally:
+        c.run("scontrol", "delete", "ReservationName=gpuledger-f5", check=False)
+        c.run("scontrol", "update", f"PartitionName={c.partition}", "State=UP")
+    assert ledger.of("job.preempted.v1", 1) == [] and ledger.of("job.requeued.v1", 1) == []
+    (unplaced,) = ledger.of("job.unplaced.v1", 1)
+    assert (unplaced["run"], unplaced["actor"]) == (0, "@executor"), unplaced
+    assert f"Slurm's partition {c.partition} is DOWN (an admin's pause)" in unplaced["reason"]
+    assert "taken back by @executor before it started" in said and "preempted" not in said, said
+    ledger.wait("job 1 finished", lambda: status(ledger, 1) == "finished", timeout=120)
+    job = ledger.jobs()[1]
+    assert (job["outcome"], job["exit_code"], job["preemptions"], job["placements"]) == (
+        "completed", 0, 0, 2
+    ), job  # fmt: skip
+    report = json.loads(ledger.cli("report", "preemptions", "--json"))
+    assert (report["suffered"], report["caused"], report["rows"]) == (0, 0, []), report
+    assert (ledger.work / "runs-1").read_text().split() == ["ran"]  # its next run, once
+    assert [ev["run"] for ev in ledger.of("job.engine_linked.v1", 1)][-1:] == [1]

@@ -503,9 +503,10 @@ def test_the_later_of_two_reported_ends_counts() -> None:
     assert [v.code for v in check_history(events)] == ["RUN_GPU_HELD_TWICE"]
 
 
-def _leak_take_back(started: bool) -> list[e.AnyEvent]:
+def _leak_take_back(started: bool, recorded_before: bool = False) -> list[e.AnyEvent]:
     """Alice's job (1 h contract) placed on n1; the Slurm executor takes it back at T0 + 2 as a
-    leaked GPU's take-back does (`unplace_commands`: a `RequeueJob` by @executor), its run
+    leaked GPU's take-back does (`unplace_commands`: an `UnplaceJob` by @executor; a
+    `RequeueJob` as it was recorded before, `recorded_before`, or of a started run), its run
     started first or not."""
     from ledger.cycle.executor import NodeChange
     from ledger.cycle.record import unplace_commands
@@ -528,8 +529,10 @@ def _leak_take_back(started: bool) -> list[e.AnyEvent]:
             evolve(state, ev)
             out.append(ev)
     why = "Slurm counts GPU 3 allocated with no job holding it (GresUsed)"
-    requeue = c.RequeueJob(actor="@executor", job_id=1, reason=f"node n1 cannot run it: {why}")
-    if not started:  # the executor's own command, as it records a leak's take-back
+    requeue: c.AnyCommand = c.RequeueJob(
+        actor="@executor", job_id=1, reason=f"node n1 cannot run it: {why}"
+    )
+    if not started and not recorded_before:  # the executor's own, as it records a take-back
         [requeue] = unplace_commands(NodeChange("n1", "unplace", why, jobs=(1,)), state)
     for ev in decide(state, requeue, T0 + 2, new_id):
         evolve(state, ev)
@@ -541,8 +544,9 @@ def test_an_executors_take_back_of_a_run_that_never_started_breaks_no_contract()
     """atk46-s F3: a run placed on a GPU Slurm leaked, taken back (back to the queue) before it
     started, was flagged PREEMPTED_IN_CONTRACT: a placement never started has run none of its
     contract. A started run requeued inside its contract still is a violation."""
-    report = check(_leak_take_back(started=False))
-    assert report.violations == () and report.noted == ()
+    for before in (False, True):  # a log written before `job.unplaced` reads as it did
+        report = check(_leak_take_back(started=False, recorded_before=before))
+        assert report.violations == () and report.noted == ()
     events = _leak_take_back(started=True)
     pos = next(i for i, ev in enumerate(events, 1) if isinstance(ev, e.JobPreempted))
     assert [v.line() for v in check(events).violations] == [
@@ -569,5 +573,6 @@ def test_audit_preemptions_does_not_call_a_never_started_take_back_inside_its_co
             Projector(store, ListSource(records)).catch_up()
             return [r["inside_contract"] for r in dicts(store.con, preemptions(None, None))]
 
-    assert inside(_leak_take_back(started=False)) == [False]
+    assert inside(_leak_take_back(started=False)) == []  # `job.unplaced`: no preemption
+    assert inside(_leak_take_back(started=False, recorded_before=True)) == [False]
     assert inside(_leak_take_back(started=True)) == [True]

@@ -1224,10 +1224,11 @@ def test_the_jobs_placed_on_a_node_slurm_does_not_list_go_back_to_the_queue(
     assert led.state.jobs[2].status == "pending" and led.state.jobs[2].slots == ()
     assert led.state.jobs[1].status == "running"
     assert (led.state.nodes["n1"].state, led.state.nodes["a1"].state) == ("draining", "drained")
-    said = [ev for ev in led.events if isinstance(ev, e.JobPreempted)]
-    assert [(ev.job_id, ev.note) for ev in said] == [
-        (2, f"requeued by @executor: node a1 cannot run it: {UNLISTED}")
+    said = [ev for ev in led.events if isinstance(ev, e.JobUnplaced)]  # never ran: no preemption
+    assert [(ev.job_id, ev.run, ev.reason) for ev in said] == [
+        (2, 0, f"node a1 cannot run it: {UNLISTED}")
     ]
+    assert not any(isinstance(ev, e.JobPreempted) for ev in led.events)
     before = len(led.events)
     record(led, Observed(nodes=tuple(node_changes(only_n2, led.state.nodes))), "slurm")
     assert len(led.events) == before  # the next read: nothing more to say

@@ -397,7 +397,7 @@ def vet_runs_left(
     import os
 
     how = changed(json.loads(admission or "{}"), slurm)
-    held = runs_held(((j.job_id, j.status, j.preemptions) for j in state.jobs.values()),
+    held = runs_held(((j.job_id, j.status, j.run) for j in state.jobs.values()),
                      state.stopped_runs)  # fmt: skip
     if not how or not held:
         return set()
