@@ -277,6 +277,10 @@ class LedgerGroup(click.Group):
             fail(e.line(), e.code)
         except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
             raise
+        except KeyboardInterrupt:  # Ctrl-C: 130, and click's newline (it ends the "^C" a
+            if sys.stderr.isatty():  # terminal echoed) only there: a blank line in a log file
+                click.echo(err=True)  # otherwise (atk61-29b F4)
+            sys.exit(EXIT_INTERRUPTED)
         except BrokenPipeError:
             _quiet_pipe()
         except Exception as e:  # an environment problem, or a bug
@@ -320,12 +324,16 @@ Update = Callable[..., None]
 
 
 @contextlib.contextmanager
-def progress(what: str, total: float | None = None, *, unit: str = "") -> Iterator[Update]:
+def progress(
+    what: str, total: float | None = None, *, unit: str = "", percent: bool = False
+) -> Iterator[Update]:
     """The one progress display of the commands that can run for more than a second (replay,
     what-if, audit verify, projection rebuild, simulate): on a terminal, a transient bar on
     stderr with done/total (thousands separated, as the result lines print them) and the time
     left; quiet when stderr is not a terminal (a pipe, a log file, CI). `unit` follows the
-    counts ("days"). `update(done, total=None, what=None)`: a `what` names the stage that
+    counts ("days"); `percent` shows done/total as a percent instead, for a count in no unit
+    a user could check (the what-if's work estimate: it was labelled "submissions", atk61-29b
+    F1). `update(done, total=None, what=None)`: a `what` names the stage that
     begins (a command of several stages: `audit verify`'s chain, snapshots, projection)."""
     if not sys.stderr.isatty():
         yield lambda done, total=None, what=None: None
@@ -339,6 +347,8 @@ def progress(what: str, total: float | None = None, *, unit: str = "") -> Iterat
         def render(self, task: Task) -> Text:
             if task.total is None and not task.completed:  # waiting: no "0/?" (atk36-29 F2)
                 return Text("")
+            if percent and task.total:
+                return Text(f"{100 * task.completed / task.total:.0f}%", style="progress.download")
             of = "?" if task.total is None else f"{int(task.total):,}"
             return Text(f"{int(task.completed):,}/{of}", style="progress.download")
 
