@@ -64,6 +64,7 @@ def print_table(
     file: IO[str] | None = None,
     whole: Sequence[int] = (),
     records: bool = False,
+    free: Sequence[int] = (),
 ) -> None:
     """A table without borders, as rich prints one (`box=None`), on stdout or `file`. Anywhere
     but a terminal, a table of plain ASCII cells is written directly, one line per row: byte for
@@ -74,10 +75,19 @@ def print_table(
     never cuts (the names that tell rows apart); the others wrap (and fold) to make room.
     `records`: a table wider than the terminal is printed one row at a time, a line per column
     (psql's expanded display, `\\x auto`): a row of a dozen figures squeezed into 80 columns
-    cut every one to "100.…" (`simulate run`, atk47-29 F6)."""
+    cut every one to "100.…" (`simulate run`, atk47-29 F6). `free`: the free-text columns
+    (a rule, a path): on a terminal too narrow for the table, each row's free text goes on lines
+    of its own below it, wrapped, and every other column stays whole (their headers wrap at
+    spaces); too narrow even for those, a record a row (`report preemptions` at 100 columns cut
+    "prog1/t…" and "2026-01-…" and wrapped the rule over 6 lines, atk61-29b F5)."""
     out = file or sys.stdout
-    if records and out.isatty() and _wider_than(console(file=file).width, header, rows):
-        _print_records(header, rows, file)
+    width = console(file=file).width if out.isatty() else 0
+    if (records or free) and out.isatty() and _wider_than(width, header, rows):
+        below = _free_below(width, header, rows, free) if free else None
+        if below is None:
+            _print_records(header, rows, file)
+        else:
+            click.echo("\n".join(below), file=file)
         return
     cells = (c for row in (header, *rows) for c in row)
     if title is None and not out.isatty() and all(c.isascii() and c.isprintable() for c in cells):
@@ -107,6 +117,47 @@ def _wider_than(width: int, header: Sequence[str], rows: Sequence[Sequence[str]]
     spaces between) passes `width` columns."""
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
     return sum(widths) + 2 * len(widths) > width
+
+
+NBSP = "\u00a0"
+
+
+def _free_below(
+    width: int, header: Sequence[str], rows: Sequence[Sequence[str]], free: Sequence[int]
+) -> list[str] | None:
+    """Pure: the table's lines with the `free` columns moved below each row (`name: text; ...`,
+    wrapped to `width`, indented), the others whole, their headers wrapped at spaces to the
+    widest cell; None when even those pass `width`."""
+    import textwrap
+
+    kept = [i for i in range(len(header)) if i not in free]
+    heads = [header[i].split(" ") for i in kept]
+    widths = [
+        max(max((len(str(r[i])) for r in rows), default=0), *(len(w) for w in words))
+        for i, words in zip(kept, heads, strict=True)
+    ]
+    if sum(widths) + 2 * len(widths) > width:
+        return None
+    wrapped = [textwrap.wrap(header[i], w) or [""] for i, w in zip(kept, widths, strict=True)]
+    tall = max(len(h) for h in wrapped)
+    cells = [[""] * (tall - len(h)) + h for h in wrapped]  # bottom-aligned, as rich puts them
+    rowed = [[*(c[k] for c in cells)] for k in range(tall)]
+    rowed += [[str(row[i]) for i in kept] for row in rows]
+    lines = []
+    for k, cols in enumerate(rowed):
+        lines.append(" " + "  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
+        if k >= tall:  # a row: its free text below it
+            # a name and its value's first word on one line (no-break spaces, put back after)
+            said = "; ".join(f"{header[i]}: {rows[k - tall][i]}".replace(" ", NBSP, 1 + header[i]
+                             .count(" ")) for i in free)  # fmt: skip
+            lines += [
+                ln.replace(NBSP, " ")
+                for ln in textwrap.wrap(
+                    said, width - 1, initial_indent="     ", subsequent_indent="       ",
+                    break_on_hyphens=False,
+                )
+            ]  # fmt: skip
+    return [ln.rstrip() for ln in lines]
 
 
 def _print_records(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pty
+import re
 import select
 import shutil
 import signal
@@ -173,3 +174,48 @@ def test_a_rebuild_stopped_part_way_leaves_no_half_built_copy(world: Path, tmp_p
         source.close()
     assert sorted(p.name for p in projection_path(home).parent.iterdir()) == ["ledger.duckdb"]
     assert projection_path(home).read_bytes() == before
+
+
+def table_on_a_terminal(args: list[str], cwd: Path, columns: int) -> str:
+    """What `gpuledger ARGS` prints with stdout on a terminal `columns` wide."""
+    import fcntl
+    import struct
+    import termios
+
+    main, other = pty.openpty()
+    fcntl.ioctl(other, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+    environ = {k: v for k, v in env().items() if k not in ("COLUMNS", "LINES")}
+    proc = subprocess.Popen([GPULEDGER, *args], env=environ, cwd=cwd, stdout=other,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    os.close(other)
+    got = b""
+    while True:
+        ready, _, _ = select.select([main], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            got += chunk
+        elif proc.poll() is not None:
+            break
+    os.close(main)
+    assert proc.wait(timeout=60) == 0
+    return re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", got.decode()).replace("\r", "")
+
+
+@pytest.mark.parametrize("columns", [80, 100, 160])
+@pytest.mark.parametrize("command", [["report", "preemptions", "--since", "2026-01-01"], ["jobs"]])
+def test_the_tables_keep_names_and_dates_whole_on_a_narrow_terminal(
+    world: Path, tmp_path: Path, command: list[str], columns: int
+) -> None:
+    """At 100 columns `report preemptions` printed `prog1/t…` and `2026-01-…`, and `jobs`
+    `prog1/…` and `2026-0…` (atk61-29b F5)."""
+    shown = table_on_a_terminal(["--home", str(world), *command], tmp_path, columns)
+    lines = [ln for ln in shown.splitlines() if "GPU-hours lost" not in ln]  # the table's
+    assert "…" not in shown and max(len(ln) for ln in lines) <= columns, shown
+    names = re.findall(r"prog\d/team\d\d", shown)
+    dates = re.findall(r"2026-01-0\d[ T]\d\d:\d\d:\d\dZ", shown)
+    assert len(names) >= 10 and len(dates) >= 10, shown
