@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import shutil
+import signal
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, as_completed, wait
 from pathlib import Path
@@ -368,9 +369,12 @@ _SUBMITTED: Any = None
 """A pool process's shared counts of jobs submitted, one a run (`_share`)."""
 
 
-def _share(counts: Any) -> None:
+def _share(counts: Any = None) -> None:
+    """A pool process's start: its shared counts, and a Ctrl-C that ends it quietly (the CLI's
+    handler it inherits printed a traceback from each idle one, atk61-29b F4)."""
     global _SUBMITTED
     _SUBMITTED = counts
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _run_counted(
@@ -620,7 +624,7 @@ def sweep_cmd(
     report_dir.mkdir(parents=True, exist_ok=True)
     with (
         progress("sweep", len(tasks), unit="runs done") as update,  # none showed (atk61-29b F2)
-        ProcessPoolExecutor(max_workers=min(parallel, len(tasks))) as pool,
+        ProcessPoolExecutor(max_workers=min(parallel, len(tasks)), initializer=_share) as pool,
         (report_dir / "runs.jsonl").open("a") as runs,
     ):
         futures = {
