@@ -672,13 +672,14 @@ def known_account(con: Con, account: str | None) -> None:
     count: their history stays; so does a person's node): the one answer of the queue, jobs,
     finished and preemption reads, not an empty page."""
     from schemas.errors import UnknownEntity
+    from schemas.units import shorten
 
     if account is None:
         return
     if not con.execute(
         "SELECT 1 FROM account_history WHERE account = $a LIMIT 1", {"a": account.rstrip("/")}
     ).fetchone():
-        raise UnknownEntity(f"no account {account!r}", hint="see `gpuledger account tree`")
+        raise UnknownEntity(f"no account {shorten(account)}", hint="see `gpuledger account tree`")
 
 
 def preemption_report(

@@ -30,7 +30,15 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from schemas.bounds import TEN_YEARS_S, Epoch, PositiveInterval, PositiveSeconds, Seconds, check
+from schemas.bounds import (
+    TEN_YEARS_S,
+    YEAR_3000,
+    Epoch,
+    PositiveInterval,
+    PositiveSeconds,
+    Seconds,
+    check,
+)
 from schemas.errors import InvalidCommand
 
 _WRITTEN = re.compile(r"^(\d+(?:\.\d+)?)([smhdw]?)$")
@@ -138,12 +146,33 @@ def parse_time(text: str, option: str = "--at") -> float:
             dt = datetime.fromisoformat(text)
         except ValueError as e:
             raise InvalidCommand(
-                f"invalid time {text!r}", hint="use ISO 8601, e.g. 2026-11-29T12:00"
+                f"invalid time {shorten(text)}", hint="use ISO 8601, e.g. 2026-11-29T12:00"
             ) from e
         if dt.tzinfo is None:
             dt = dt.replace(tzinfo=UTC)
         at = dt.timestamp()
+    # in the option's own words, not the type's ("must be float >= 0.0, got -3600.0",
+    # atk61-29b); the value cut (a 10,000-character one was echoed whole)
+    why = (
+        "not a time" if not math.isfinite(at)
+        else "before 1970-01-01T00:00:00Z, the earliest time the ledger keeps" if at < 0
+        else "after 3000-01-01T00:00:00Z, the latest time the ledger keeps" if at > YEAR_3000
+        else None
+    )  # fmt: skip
+    if why is not None:
+        raise InvalidCommand(
+            f"invalid {option} {shorten(text)}: {why}",
+            hint="use ISO 8601, e.g. 2026-11-29T12:00, or seconds since 1970",
+        )
     return float(check(at, Epoch, option))
+
+
+def shorten(text: str, most: int = 60) -> str:
+    """Pure: `text` quoted as an error names it, cut to `most` characters with its length said
+    (an `-A` of 10,000 characters was echoed whole in one error line, atk61-29b)."""
+    if len(text) <= most:
+        return repr(text)
+    return f"{text[:most]!r}... ({len(text):,} characters)"
 
 
 class _Written:

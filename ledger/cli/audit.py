@@ -120,13 +120,19 @@ def replay(
             }
         )
     else:
-        rate = len(results) / elapsed if elapsed > 0 else float("inf")
-        click.echo(
-            f"{len(results)} decisions replayed in {elapsed:.2f} s ({rate:.1f}/s): {same} "
-            f"identical, {differ} differ, {failed} cannot be replayed"
-        )
+        click.echo(replay_summary(len(results), elapsed, same, differ, failed))
     if same != len(results):
         sys.exit(1)
+
+
+def replay_summary(n: int, elapsed: float, same: int, differ: int, failed: int) -> str:
+    """Pure: `replay`'s last line, its counts written as its bar's (`1,778`; it said `1778`
+    under a bar of `1,778/1,778`, atk61-29b)."""
+    rate = n / elapsed if elapsed > 0 else float("inf")
+    return (
+        f"{n:,} decisions replayed in {elapsed:.2f} s ({rate:.1f}/s): {same:,} identical, "
+        f"{differ:,} differ, {failed:,} cannot be replayed"
+    )
 
 
 def _print_replay(result: CycleReplay, show: int) -> None:
@@ -203,7 +209,12 @@ def whatif(
         )
     if keep is not None and keep.exists() and any(keep.iterdir()):
         raise InvalidCommand(f"{keep} is not empty", hint="--keep needs a new directory")
-    with projection(ctx, quiet=True) as store, progress("what-if", unit="submissions") as update:
+    # the work is an estimate (decisions weighed by the queue, and the submissions, of both
+    # runs): a percent of it, not a count in a unit the report then contradicts (atk61-29b F1)
+    with (
+        projection(ctx, quiet=True) as store,
+        progress("what-if", unit="of the estimated work", percent=True) as update,
+    ):
         report = wi.run_whatif(
             ctx.home,
             store,
@@ -667,7 +678,9 @@ def audit_check(ctx: Ctx, agent_states: tuple[Path, ...], as_json: bool) -> None
         from ledger.history import tables
 
         ctx.local_only()  # --agent-state names directories of this host, not the server's
-        report = tables.scan_history(ctx.home)
+        # the whole log, as through the server ("events checked"): no bar had it (atk61-29b F3)
+        with progress(STAGES["check"], tm.store_head(ctx.home)) as update:
+            report = tables.scan_history(ctx.home, progress=update)
         live = tables.live_violations(
             ctx.home, lambda: ctx.ledger(live=True), live_processes, agent_states
         )

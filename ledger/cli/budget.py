@@ -12,6 +12,7 @@ from ledger.cli._common import Ctx, pass_ctx
 from schemas import api
 from schemas.commands import AnyCommand
 from schemas.errors import InvalidCommand
+from schemas.units import plural
 
 
 @click.group("budget")
@@ -60,11 +61,11 @@ def budget_apply(ctx: Ctx, file: Path, dry_run: bool, prune: bool) -> None:
     commands = [ch.command for ch in changes]
     if dry_run:
         _check(ctx, data, str(file), prune, commands)
-        click.echo(f"plan: {len(changes)} changes (dry run: nothing appended)")
+        click.echo(f"plan: {plural(len(changes), 'change')} (dry run: nothing appended)")
         return
     appended = ctx.execute_all(commands)
     click.echo(
-        f"applied {len(changes)} changes as {len(appended.events)} events "
+        f"applied {plural(len(changes), 'change')} as {plural(len(appended.events), 'event')} "
         f"(position {appended.position})"
     )
 

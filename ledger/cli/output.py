@@ -64,6 +64,7 @@ def print_table(
     file: IO[str] | None = None,
     whole: Sequence[int] = (),
     records: bool = False,
+    free: Sequence[int] = (),
 ) -> None:
     """A table without borders, as rich prints one (`box=None`), on stdout or `file`. Anywhere
     but a terminal, a table of plain ASCII cells is written directly, one line per row: byte for
@@ -74,10 +75,19 @@ def print_table(
     never cuts (the names that tell rows apart); the others wrap (and fold) to make room.
     `records`: a table wider than the terminal is printed one row at a time, a line per column
     (psql's expanded display, `\\x auto`): a row of a dozen figures squeezed into 80 columns
-    cut every one to "100.…" (`simulate run`, atk47-29 F6)."""
+    cut every one to "100.…" (`simulate run`, atk47-29 F6). `free`: the free-text columns
+    (a rule, a path): on a terminal too narrow for the table, each row's free text goes on lines
+    of its own below it, wrapped, and every other column stays whole (their headers wrap at
+    spaces); too narrow even for those, a record a row (`report preemptions` at 100 columns cut
+    "prog1/t…" and "2026-01-…" and wrapped the rule over 6 lines, atk61-29b F5)."""
     out = file or sys.stdout
-    if records and out.isatty() and _wider_than(console(file=file).width, header, rows):
-        _print_records(header, rows, file)
+    width = console(file=file).width if out.isatty() else 0
+    if (records or free) and out.isatty() and _wider_than(width, header, rows):
+        below = _free_below(width, header, rows, free) if free else None
+        if below is None:
+            _print_records(header, rows, file)
+        else:
+            click.echo("\n".join(below), file=file)
         return
     cells = (c for row in (header, *rows) for c in row)
     if title is None and not out.isatty() and all(c.isascii() and c.isprintable() for c in cells):
@@ -107,6 +117,47 @@ def _wider_than(width: int, header: Sequence[str], rows: Sequence[Sequence[str]]
     spaces between) passes `width` columns."""
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=True)]
     return sum(widths) + 2 * len(widths) > width
+
+
+NBSP = "\u00a0"
+
+
+def _free_below(
+    width: int, header: Sequence[str], rows: Sequence[Sequence[str]], free: Sequence[int]
+) -> list[str] | None:
+    """Pure: the table's lines with the `free` columns moved below each row (`name: text; ...`,
+    wrapped to `width`, indented), the others whole, their headers wrapped at spaces to the
+    widest cell; None when even those pass `width`."""
+    import textwrap
+
+    kept = [i for i in range(len(header)) if i not in free]
+    heads = [header[i].split(" ") for i in kept]
+    widths = [
+        max(max((len(str(r[i])) for r in rows), default=0), *(len(w) for w in words))
+        for i, words in zip(kept, heads, strict=True)
+    ]
+    if sum(widths) + 2 * len(widths) > width:
+        return None
+    wrapped = [textwrap.wrap(header[i], w) or [""] for i, w in zip(kept, widths, strict=True)]
+    tall = max(len(h) for h in wrapped)
+    cells = [[""] * (tall - len(h)) + h for h in wrapped]  # bottom-aligned, as rich puts them
+    rowed = [[*(c[k] for c in cells)] for k in range(tall)]
+    rowed += [[str(row[i]) for i in kept] for row in rows]
+    lines = []
+    for k, cols in enumerate(rowed):
+        lines.append(" " + "  ".join(c.ljust(w) for c, w in zip(cols, widths, strict=True)))
+        if k >= tall:  # a row: its free text below it
+            # a name and its value's first word on one line (no-break spaces, put back after)
+            said = "; ".join(f"{header[i]}: {rows[k - tall][i]}".replace(" ", NBSP, 1 + header[i]
+                             .count(" ")) for i in free)  # fmt: skip
+            lines += [
+                ln.replace(NBSP, " ")
+                for ln in textwrap.wrap(
+                    said, width - 1, initial_indent="     ", subsequent_indent="       ",
+                    break_on_hyphens=False,
+                )
+            ]  # fmt: skip
+    return [ln.rstrip() for ln in lines]
 
 
 def _print_records(
@@ -277,6 +328,10 @@ class LedgerGroup(click.Group):
             fail(e.line(), e.code)
         except (click.exceptions.Exit, click.ClickException, click.Abort, SystemExit):
             raise
+        except KeyboardInterrupt:  # Ctrl-C: 130, and click's newline (it ends the "^C" a
+            if sys.stderr.isatty():  # terminal echoed) only there: a blank line in a log file
+                click.echo(err=True)  # otherwise (atk61-29b F4)
+            sys.exit(EXIT_INTERRUPTED)
         except BrokenPipeError:
             _quiet_pipe()
         except Exception as e:  # an environment problem, or a bug
@@ -320,12 +375,16 @@ Update = Callable[..., None]
 
 
 @contextlib.contextmanager
-def progress(what: str, total: float | None = None, *, unit: str = "") -> Iterator[Update]:
+def progress(
+    what: str, total: float | None = None, *, unit: str = "", percent: bool = False
+) -> Iterator[Update]:
     """The one progress display of the commands that can run for more than a second (replay,
     what-if, audit verify, projection rebuild, simulate): on a terminal, a transient bar on
     stderr with done/total (thousands separated, as the result lines print them) and the time
     left; quiet when stderr is not a terminal (a pipe, a log file, CI). `unit` follows the
-    counts ("days"). `update(done, total=None, what=None)`: a `what` names the stage that
+    counts ("days"); `percent` shows done/total as a percent instead, for a count in no unit
+    a user could check (the what-if's work estimate: it was labelled "submissions", atk61-29b
+    F1). `update(done, total=None, what=None)`: a `what` names the stage that
     begins (a command of several stages: `audit verify`'s chain, snapshots, projection)."""
     if not sys.stderr.isatty():
         yield lambda done, total=None, what=None: None
@@ -339,6 +398,8 @@ def progress(what: str, total: float | None = None, *, unit: str = "") -> Iterat
         def render(self, task: Task) -> Text:
             if task.total is None and not task.completed:  # waiting: no "0/?" (atk36-29 F2)
                 return Text("")
+            if percent and task.total:
+                return Text(f"{100 * task.completed / task.total:.0f}%", style="progress.download")
             of = "?" if task.total is None else f"{int(task.total):,}"
             return Text(f"{int(task.completed):,}/{of}", style="progress.download")
 

@@ -204,7 +204,8 @@ def jobs(
             "-" if r.exit_code is None else str(r.exit_code), ",".join(r.nodes) or "-",
             r.logs[0] if r.logs else "-",
         ))  # fmt: skip
-    print_table(header, rows)
+    # narrow: contract, start, end, nodes and log below each row, whole (atk61-29b F5)
+    print_table(header, rows, free=(5, 7, 8, 11, 12))
     if more:  # (atk47-29 F5: it stopped at 200 rows without a word)
         click.echo(f"the newest {limit} shown; more match: --limit N, or --before-id "
                    f"{selected[-1].job_id} for the next page", err=True)  # fmt: skip

@@ -12,8 +12,11 @@ command works on it afterwards. See docs/simulation.md.
 from __future__ import annotations
 
 import json
+import multiprocessing
+import shutil
+import signal
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, as_completed, wait
 from pathlib import Path
 from typing import Any
 
@@ -338,20 +341,53 @@ def _run_all(
     workload = build_workload(kw)
     if kw["dump"] is not None:
         _dump(workload, kw["dump"])
-    if parallel > 1 and len(policies) > 1:
-        return _run_parallel(policies, kw, knobs, workload, home, parallel)
-    results = []
     made = submissions_made(workload, float(kw["days"]))
-    for policy in policies:
-        with progress(policy, made(float("inf")), unit="jobs submitted") as update:
+    # a compare cut short (Ctrl-C) removes the policies' ledgers it made: a rerun of the same
+    # command was refused by the one it finished ("already holds a ledger", atk61-29b F4)
+    made_here = [home / p for p in policies if compare and not (home / p).exists()]
+    try:
+        if parallel > 1 and len(policies) > 1:
+            return _run_parallel(policies, kw, knobs, workload, home, parallel, made)
+        results = []
+        for policy in policies:
+            with progress(policy, made(float("inf")), unit="jobs submitted") as update:
 
-            def told(done: float, total: float, events: int, update: Any = update) -> None:
-                update(made(done))
+                def told(done: float, total: float, events: int, update: Any = update) -> None:
+                    update(made(done))
 
-            target = home / policy if compare else home
-            config = _config(policy, kw, knobs[policy])
-            results.append(run_simulation(workload, config, target, told))
-    return results
+                target = home / policy if compare else home
+                config = _config(policy, kw, knobs[policy])
+                results.append(run_simulation(workload, config, target, told))
+        return results
+    except BaseException:
+        for path in made_here:
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
+_SUBMITTED: Any = None
+"""A pool process's shared counts of jobs submitted, one a run (`_share`)."""
+
+
+def _share(counts: Any = None) -> None:
+    """A pool process's start: its shared counts, and a Ctrl-C that ends it quietly (the CLI's
+    handler it inherits printed a traceback from each idle one, atk61-29b F4)."""
+    global _SUBMITTED
+    _SUBMITTED = counts
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _run_counted(
+    slot: int, workload: Workload, config: SimConfig, home: Path, days: float
+) -> RunResult:
+    """One policy of a parallel compare (a pool process): its jobs submitted so far in its slot
+    of the shared counts, which the parent's bar sums."""
+    made = submissions_made(workload, days)
+
+    def told(done: float, total: float, events: int) -> None:
+        _SUBMITTED[slot] = made(done)
+
+    return run_simulation(workload, config, home, told)
 
 
 def _run_parallel(
@@ -361,21 +397,38 @@ def _run_parallel(
     workload: Workload,
     home: Path,
     parallel: int,
+    made: Callable[[float], int],
 ) -> list[RunResult]:
     """The policies of a compare in up to `parallel` processes at once (each run is its own
     ledger in `home/<policy>`, seeded, so the results are those of one run after another);
-    a line on stderr as each ends, results in the order asked."""
-    with ProcessPoolExecutor(max_workers=min(parallel, len(policies))) as pool:
+    one bar of the jobs submitted summed over the runs (no bar at all showed, atk61-29b F2), a
+    line on stderr as each ends, results in the order asked."""
+    counts = multiprocessing.get_context().Array("q", len(policies), lock=False)
+    total = made(float("inf")) * len(policies)
+    with (
+        progress("compare", total, unit="jobs submitted") as update,
+        ProcessPoolExecutor(
+            max_workers=min(parallel, len(policies)), initializer=_share, initargs=(counts,)
+        ) as pool,
+    ):
         futures = {
-            pool.submit(run_simulation, workload, _config(p, kw, knobs[p]), home / p): p
-            for p in policies
+            pool.submit(
+                _run_counted, k, workload, _config(p, kw, knobs[p]), home / p, float(kw["days"])
+            ): p
+            for k, p in enumerate(policies)
         }
         done: dict[str, RunResult] = {}
-        for future in as_completed(futures):
-            result = future.result()
-            done[futures[future]] = result
-            m = result.metrics
-            click.echo(f"{futures[future]}: done ({m.wall_s:.1f} s, {m.events:,} events)", err=True)
+        waiting = set(futures)
+        while waiting:
+            ended, waiting = wait(waiting, timeout=0.5, return_when=FIRST_COMPLETED)
+            update(sum(counts))
+            for future in ended:
+                result = future.result()
+                done[futures[future]] = result
+                m = result.metrics
+                click.echo(
+                    f"{futures[future]}: done ({m.wall_s:.1f} s, {m.events:,} events)", err=True
+                )
     return [done[p] for p in policies]
 
 
@@ -570,7 +623,8 @@ def sweep_cmd(
     report_dir = kw["report_dir"] or ctx.home / "report"
     report_dir.mkdir(parents=True, exist_ok=True)
     with (
-        ProcessPoolExecutor(max_workers=min(parallel, len(tasks))) as pool,
+        progress("sweep", len(tasks), unit="runs done") as update,  # none showed (atk61-29b F2)
+        ProcessPoolExecutor(max_workers=min(parallel, len(tasks)), initializer=_share) as pool,
         (report_dir / "runs.jsonl").open("a") as runs,
     ):
         futures = {
@@ -587,6 +641,7 @@ def sweep_cmd(
             click.echo(
                 f"{_sweep_label(*cells[i])} {p}: done ({result.metrics.cpu_s:.1f} s CPU)", err=True
             )
+            update(len(done))
     table = [(_sweep_label(c, s), [done[(i, p)] for p in names]) for i, (c, s) in enumerate(cells)]
     title = f"Sweep of the workload family ({kw['family_spec'] or 'defaults'})"
     out = report.write_sweep(table, report_dir, title)

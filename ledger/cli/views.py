@@ -210,13 +210,26 @@ def report_preemptions(
         "at", "side", "job", "account", "user", "gpus", "reason", "victim rule", "for job",
         "for account", "lost GPU-h",
     )  # fmt: skip
-    print_table(header, [
-        (when(r.preempted_at), r.side, str(r.job_id), r.account or "-", r.user_name or "-",
-         "-" if r.gpus is None else str(r.gpus), r.reason, times_in(r.rule or "-"),
-         "-" if r.for_job is None else str(r.for_job), r.for_account or "-",
-         f"{r.lost_gpu_hours:,.1f}")
-        for r in rep.rows
-    ])  # fmt: skip
+    print_table(
+        header,
+        [
+            (
+                when(r.preempted_at),
+                r.side,
+                str(r.job_id),
+                r.account or "-",
+                r.user_name or "-",
+                "-" if r.gpus is None else str(r.gpus),
+                r.reason,
+                times_in(r.rule or "-"),
+                "-" if r.for_job is None else str(r.for_job),
+                r.for_account or "-",
+                f"{r.lost_gpu_hours:,.1f}",
+            )
+            for r in rep.rows
+        ],
+        free=(6, 7),
+    )  # fmt: skip (narrow: the reason and rule below each row, atk61-29b F5)
     click.echo(
         f"{when(start)} to {when(end)}: suffered {rep.suffered}, caused {rep.caused}; "
         f"GPU-hours lost {rep.lost_gpu_hours:,.1f} (by the jobs it preempted "

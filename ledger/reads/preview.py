@@ -26,7 +26,7 @@ from ledger.reads.layer import utilisation
 from ledger.reads.stopping import kill_words, stopping_note
 from schemas import views as v
 from schemas.errors import InvalidCommand, UnknownEntity
-from schemas.units import when
+from schemas.units import shorten, when
 
 if TYPE_CHECKING:  # a read loads what it uses: the dispatcher only when it previews
     from ledger.core.jobs import Blocked
@@ -114,7 +114,7 @@ def known_account(state: State, account: str | None) -> None:
     """Pure: UnknownEntity when the filter's `account` names no node of the budget tree (a
     closed one counts: its jobs stay), as the preemption report answers; not an empty page."""
     if account is not None and account.rstrip("/") not in state.accounts:
-        raise UnknownEntity(f"no account {account!r}", hint="see `gpuledger account tree`")
+        raise UnknownEntity(f"no account {shorten(account)}", hint="see `gpuledger account tree`")
 
 
 def queue(

@@ -113,6 +113,16 @@ def test_budget_dry_run_prints_the_diff_and_appends_nothing(home: Path, tmp_path
     assert tree["ai2/olmo"] == 5 and tree["ai2/tulu/erin"] == 1
 
 
+def test_one_budget_change_is_said_in_the_singular(home: Path, tmp_path: Path) -> None:
+    """ "plan: 1 changes" (atk61-29b)."""
+    changed = tmp_path / "changed.toml"
+    changed.write_text(BUDGET.replace("shares = 3", "shares = 5"))
+    out = run(home, "budget", "apply", str(changed), "--dry-run").stdout
+    assert out.endswith("plan: 1 change (dry run: nothing appended)\n"), out
+    out = run(home, "budget", "apply", str(changed)).stdout
+    assert "applied 1 change as 1 event " in out, out
+
+
 def test_submit_and_list_jobs(home: Path) -> None:
     out = run(
         home,

@@ -319,7 +319,7 @@ def test_budget_apply_and_audit_exports_go_through_a_running_server(tmp_path: Pa
     assert snoop.stderr.startswith("error: ") and snoop.stderr.count("\n") == 1
     m = re.fullmatch(
         r"  \+ member dave -> ai2/tulu shares=1\n"
-        r"applied 1 changes as (\d+) events \(position (\d+)\)\n",
+        r"applied 1 change as (\d+) events \(position (\d+)\)\n",
         applied.stdout,
     )
     assert m is not None, applied.stdout

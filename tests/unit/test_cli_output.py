@@ -192,3 +192,44 @@ def test_a_run_summary_too_wide_for_the_terminal_is_printed_as_records(
     monkeypatch.setattr(output, "console", lambda **_: Console(file=narrow, width=80))
     print_table(["policy", "owed"], [["fifo", "90.0%"]], records=True, file=narrow)
     assert "-[ 1 ]" not in narrow.getvalue() and "fifo" in narrow.getvalue()
+
+
+PREEMPTIONS = ("at", "side", "job", "account", "user", "gpus", "reason", "victim rule", "for job",
+               "for account", "lost GPU-h")  # fmt: skip
+PREEMPTED = [
+    ("2026-01-01 11:55:21Z", "suffered", "12345", "prog3/team06", "r054", "8", "debug",
+     "debug lane: unfunded, 8 GPUs, loses 3.34 GPU-h", "12346", "prog1/team07", "3.3"),
+    ("2026-01-02 09:00:00Z", "caused", "42", "prog2/team02", "r017", "8", "fairshare",
+     "over share: prog2 at 140% of its share, newest first", "48", "prog1/team10", "11.3"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("width", [80, 100, 160])
+def test_names_and_dates_stay_whole_with_the_free_text_below_on_a_narrow_terminal(
+    monkeypatch: pytest.MonkeyPatch, width: int
+) -> None:
+    """atk61-29b F5: `report preemptions` at 100 columns cut "prog1/t…" and "2026-01-…" and
+    wrapped the rule over 6 lines (140 lines for 20 rows). Past the terminal's width the rule
+    and reason go below each row (a record a row when even the rest does not fit); the table
+    as it was when it fits."""
+    from ledger.cli import output
+
+    out = _Terminal()
+    monkeypatch.setattr(output, "console", lambda **_: Console(file=out, width=width))
+    print_table(PREEMPTIONS, PREEMPTED, free=(6, 7), file=out)
+    text = out.getvalue()
+    lines = text.splitlines()
+    assert "…" not in text and max(len(ln) for ln in lines) <= width, text
+    for row in PREEMPTED:  # every name, date and number whole on a line of its own row
+        for cell in (row[0], row[3], row[9], row[2], row[10]):
+            assert any(cell in ln for ln in lines), (cell, text)
+    rows = [ln for ln in lines if ln.startswith(" 2026-")]
+    if width >= 100:  # the table, each row's reason and rule whole below it (161 to fit)
+        assert len(rows) == 2 and len(lines) <= 2 + 2 * 2, text
+        assert all(f"victim rule: {r[7]}" in text.replace("\n       ", " ") for r in PREEMPTED)
+    else:  # too narrow even without the rule: a record a row
+        assert lines[0].startswith("-[ 1 ]"), text
+    wide = _Terminal()
+    monkeypatch.setattr(output, "console", lambda **_: Console(file=wide, width=170))
+    print_table(PREEMPTIONS, PREEMPTED, free=(6, 7), file=wide)
+    assert len(wide.getvalue().splitlines()) == 3, wide.getvalue()  # it fits: a line a row
