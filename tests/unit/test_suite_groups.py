@@ -45,9 +45,12 @@ TESTS = "".join(f"def test_{i}():\n    time.sleep(0.2)\n\n\n" for i in range(4))
 def _environ(part: str | None = None) -> dict[str, str]:
     """This environment for a nested session, with `PART` as given (none: unset). The suite's
     own run has it set (scripts/test's two parts), and a nested session inherited it: CI ran
-    only its non-Slurm tests and these tests failed."""
+    only its non-Slurm tests and these tests failed. Only pytest-xdist of the installed plugins
+    is loaded: the others' imports (schemathesis, faker, anyio, hypothesis) cost each nested
+    process ~2 CPU s, most of this file's 52 s, and none of them groups or orders a test."""
     env = {k: v for k, v in os.environ.items() if k != PART}
-    return env | ({PART: part} if part is not None else {})
+    plugins = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_PLUGINS": "xdist.plugin"}
+    return env | plugins | ({PART: part} if part is not None else {})
 
 
 def test_each_slurm_group_runs_on_one_worker_of_its_own_and_the_rest_spreads(
