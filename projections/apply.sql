@@ -73,6 +73,7 @@ SELECT job_id, position, coalesce(f.ended_at, s.started_at, occurred_at) AS even
                 WHEN 'job.held.v1'           THEN 'held'
                 WHEN 'job.released.v1'       THEN 'released'
                 WHEN 'job.engine_ended.v1'   THEN 'engine_ended'
+                WHEN 'job.engine_ended.v2'   THEN 'engine_ended'
                 WHEN 'job.engine_linked.v1'  THEN 'engine_linked'
                 ELSE 'checkpointed' END                                       AS kind,
        f.outcome, f.exit_code, f.reason, f.note, s.logs, x.reason AS engine_reason,
@@ -86,7 +87,8 @@ WHERE position BETWEEN $first AND $last
   AND tag IN ('job.placed.v1', 'job.started.v1', 'job.preempted.v1', 'job.requeued.v1',
               'job.unplaced.v1',
               'job.finished.v1', 'job.finished.v2', 'job.checkpointed.v1', 'job.held.v1',
-              'job.released.v1', 'job.engine_ended.v1', 'job.engine_linked.v1');
+              'job.released.v1', 'job.engine_ended.v1', 'job.engine_ended.v2',
+              'job.engine_linked.v1');
 
 -- name: b_job_changes
 -- needs: always

@@ -28,6 +28,8 @@ from schemas.events import (
     CycleDecidedV2,
     CycleDecidedV3,
     Event,
+    JobEngineEnded,
+    JobEngineEndedV1,
     JobFinished,
     JobFinishedV1,
     JobRunEnded,
@@ -229,6 +231,12 @@ def run_ended_v1_to_v2(ev: JobRunEndedV1) -> JobRunEnded:
     return JobRunEnded(**msgspec.structs.asdict(ev))
 
 
+def engine_ended_v1_to_v2(ev: JobEngineEndedV1) -> JobEngineEnded:
+    """Pure: a v1 engine's end as v2: the same end, `killed` None (v1 did not say whether its
+    processes were killed; its note may)."""
+    return JobEngineEnded(**msgspec.structs.asdict(ev))
+
+
 def configured_v1_to_v2(ev: ServiceConfiguredV1) -> ServiceConfigured:
     """Pure: v1 service settings as v2, `grace_s` None: the grace was not recorded (the reads
     count the default, `bounds.DEFAULT_GRACE_S`, as they did)."""
@@ -243,6 +251,8 @@ def upcast(event: StoredEvent) -> AnyEvent:
         return finished_v1_to_v2(event)
     if isinstance(event, JobRunEndedV1):
         return run_ended_v1_to_v2(event)
+    if isinstance(event, JobEngineEndedV1):
+        return engine_ended_v1_to_v2(event)
     if isinstance(event, ServiceConfiguredV1):
         return configured_v1_to_v2(event)
     if isinstance(event, CycleDecidedV1):

@@ -335,6 +335,9 @@ class FinishJob(JobCommand, frozen=True, kw_only=True, tag="job.finish"):
     ended_at: Epoch | None = None
     """When the run really ended, when the engine knows (its exit file, Slurm's End); recorded
     as the job's end and charged to it (kept between its placement and the command's time)."""
+    killed: bool | None = None
+    """Its processes outlived their grace and were killed, as the engine knows (None: it does
+    not say); recorded in its JobEngineEnded."""
 
 
 class ConfirmRunEnded(JobCommand, frozen=True, kw_only=True, tag="job.run_ended"):

@@ -396,7 +396,7 @@ def fenced(ev: JobEngineEnded) -> bool:
     return ev.engine_state == FENCED_STATE
 
 
-class JobEngineEnded(JobEvent, frozen=True, kw_only=True, tag="job.engine_ended.v1"):
+class _EngineEnded(JobEvent, frozen=True, kw_only=True):
     """How the execution engine says a run ended, recorded with the run's JobFinished."""
 
     engine: Name
@@ -412,6 +412,22 @@ class JobEngineEnded(JobEvent, frozen=True, kw_only=True, tag="job.engine_ended.
     note: Text = ""
     """What else the engine says: why a launch failed, processes the leader left behind that
     had to be killed after the grace."""
+
+
+class JobEngineEndedV1(_EngineEnded, frozen=True, kw_only=True, tag="job.engine_ended.v1"):
+    """The first record of how the engine says a run ended, without whether it was killed.
+    Still read: `schemas.codec` upcasts it to `JobEngineEnded` (v2) with `killed` None (not
+    said)."""
+
+
+class JobEngineEnded(_EngineEnded, frozen=True, kw_only=True, tag="job.engine_ended.v2"):
+    """How the execution engine says a run ended, recorded with the run's JobFinished, and
+    whether its processes outlived their grace and were killed."""
+
+    killed: bool | None = None
+    """Its processes outlived their grace and were killed (the engine's SIGKILL, or the
+    executor's), as `JobRunEnded.killed` says of a stopped run; False: they ended within it;
+    None: the engine does not say (every v1 record; engines that do not know)."""
 
 
 class _RunEnded(JobEvent, frozen=True, kw_only=True):
@@ -590,6 +606,7 @@ StoredEvent = (
     | JobSubmittedV1
     | JobFinishedV1
     | JobRunEndedV1
+    | JobEngineEndedV1
     | ServiceConfiguredV1
 )
 """Every version that may be stored; `schemas.codec` upcasts the older ones."""

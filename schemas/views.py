@@ -249,8 +249,9 @@ class QueueRow(_View, frozen=True, kw_only=True):
     (`ledger.reads.stopping`)."""
     sort_key: list[float | int | str]
     code: str
-    """NEXT_CYCLE (placed in the next cycle), HELD, WAIT_DEPENDENCY, WAIT_ARRAY_LIMIT, the
-    dispatcher's WAIT_* code; PLACED or RUNNING for a job that holds GPUs (`--state
+    """NEXT_CYCLE (placed in the next cycle), HELD, WAIT_DEPENDENCY, WAIT_ARRAY_LIMIT,
+    PARTITION_TIME_LIMIT (its time limit over the engine's longest: Slurm's partition MaxTime),
+    the dispatcher's WAIT_* code; PLACED or RUNNING for a job that holds GPUs (`--state
     running`)."""
     reason: str
     submitted_at: float

@@ -283,6 +283,9 @@ class _LocalHandles:
     def heard_from(self) -> dict[str, float]:
         return {}  # no service hears from nodes in an embedded read
 
+    def longest_s(self) -> float | None:
+        return None  # no service observes an engine in an embedded read
+
     @property
     def viewer(self) -> str:
         return self.ctx.viewer(self.ledger.state)

@@ -592,6 +592,7 @@ def _finish(state: State, cmd: c.FinishJob, s: _Stamp) -> list[e.AnyEvent]:
                 exit_code=cmd.exit_code,
                 ended_at=ended_at,
                 note=cmd.note,
+                killed=cmd.killed,
             )
         )
     return out + _drained_after(state, (sl.node for sl in job.slots), {cmd.job_id}, s)

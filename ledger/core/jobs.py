@@ -468,7 +468,10 @@ class _Ends:
 
 # --- who may run now ------------------------------------------------------------------------
 
-BlockCode = Literal["WAIT_DEPENDENCY", "WAIT_ARRAY_LIMIT"]
+BlockCode = Literal["WAIT_DEPENDENCY", "WAIT_ARRAY_LIMIT", "PARTITION_TIME_LIMIT"]
+"""`PARTITION_TIME_LIMIT` (Slurm's `PartitionTimeLimit`): a time limit over the longest its
+engine starts (`ledger.reads.preview.too_long_waits`); the reads' alone, `blocked` gives the
+other two."""
 
 
 @dataclass(frozen=True)

@@ -237,12 +237,15 @@ def preview_carried(
     low_util_since: Mapping[int, float] | None = None,
     *,
     unavailable: Mapping[str, frozenset[int]] | None = None,
+    longest_s: float | None = None,
 ) -> tuple[Snapshot, Decision, Carried]:
     """`preview`, made from what an earlier preview handed on (`carried`, None: nothing), as a
     cycle's snapshot and decision are made from the last cycle's (`snapshot_kept`,
     `decide_carried`: equal in every answer to one made from nothing, only the jobs and nodes
     that changed since are looked at again; nothing kept is ever changed, so two previews may
-    start from one `carried` at once), and what to hand the next."""
+    start from one `carried` at once), and what to hand the next. `longest_s`: the longest
+    time limit the engine starts, as the service last observed it (`Observed.longest_s`): a
+    job asking for more is left out, as a cycle leaves it out."""
     position = ledger.catch_up()
     leaf_ranks, level_fs = ranks.ranks(now, position)
     usage, shares = usage_shares(ranks, policy, now, position)
@@ -258,6 +261,7 @@ def preview_carried(
         low_util_since=low_util_since,
         position=position,
         unavailable=unavailable,
+        longest_s=longest_s,
         hold_stopping=True,  # as a cycle does
         hold_lost=True,
         hold_placed=True,
@@ -335,6 +339,9 @@ class Dispatcher:
         """Why, when the engine says (`Observed.unobserved_why`)."""
         self.engine_note = ""
         """The engine's word on its settings at the last observation (`Observed.engine_note`)."""
+        self.longest_s: float | None = None
+        """The longest time limit the engine starts, at the last observation
+        (`Observed.longest_s`): the reads say why a job asking for more waits."""
 
     def _outage(self, unobserved: frozenset[str], now: float, why: str = "") -> None:
         """Keep what the engine cannot see, and say when that starts and ends."""
@@ -480,6 +487,7 @@ class Dispatcher:
         self.engine_note = seen.engine_note
         self.foreign = seen.foreign
         self.stopping = seen.stopping
+        self.longest_s = seen.longest_s
         finished = recorded.finished
         # 1. snapshot at position P
         position = self.ledger.catch_up()

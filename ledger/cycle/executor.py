@@ -178,6 +178,10 @@ class Exit:
     started_at: float | None = None
     """A stopped run's own start, where the ledger recorded none (`ConfirmRunEnded.started_at`:
     stopped while placed, though its command ran)."""
+    killed: bool | None = None
+    """A run's end (`Observed.exits`): its processes outlived their grace and were killed, as
+    the engine knows (`FinishJob.killed`, `JobEngineEnded.killed`); None: not said. A stopped
+    run's says it by `engine_state` "KILLED"."""
 
 
 @dataclass(frozen=True)

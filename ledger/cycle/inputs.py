@@ -90,12 +90,17 @@ last call: below it, walking every live job is cheaper (docs/simulation.md, "Spe
 round")."""
 
 
-def _too_long(time_limit_s: float | None, longest_s: float | None) -> bool:
+def too_long(time_limit_s: float | None, longest_s: float | None) -> bool:
     """Pure: the engine would never start a run of this time limit (counted, as Slurm counts
-    it, in whole minutes rounded up)."""
+    it, in whole minutes rounded up: `slurm_minutes`)."""
     if time_limit_s is None or longest_s is None:
         return False
-    return max(1, math.ceil(time_limit_s / 60)) * 60.0 > longest_s
+    return slurm_minutes(time_limit_s) * 60.0 > longest_s
+
+
+def slurm_minutes(time_limit_s: float) -> int:
+    """Pure: a time limit as Slurm counts it, in whole minutes rounded up (at least 1)."""
+    return max(1, math.ceil(time_limit_s / 60))
 
 
 def snapshot_from_state(
@@ -321,7 +326,7 @@ def _jobs_walked(
             spec = job.spec
             job_id = spec.job_id
             if job_id in waiting or (
-                longest_s is not None and _too_long(spec.time_limit_s, longest_s)
+                longest_s is not None and too_long(spec.time_limit_s, longest_s)
             ):
                 continue
             known = made_pending.get(job_id)
@@ -445,7 +450,7 @@ def _jobs_kept(
         status = job.status
         if status == "pending":
             job_id = job.spec.job_id
-            if job.held or job_id in waiting or _too_long(job.spec.time_limit_s, longest_s):
+            if job.held or job_id in waiting or too_long(job.spec.time_limit_s, longest_s):
                 continue
             known = last.pending.get(job_id)
             wait = known[1] if known is not None and known[0] is job else pending_view(job)

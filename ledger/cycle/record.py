@@ -168,6 +168,7 @@ def exit_command(ex: Exit, jobs: Mapping[int, Job], engine: str) -> c.FinishJob 
         engine_state=ex.engine_state,
         ended_at=ex.at,
         note=ex.note[:1000],
+        killed=ex.killed,
     )
 
 

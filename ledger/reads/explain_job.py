@@ -19,7 +19,7 @@ from ledger.reads.explain import (
     stopping_said,
 )
 from ledger.reads.layer import Viewer, redact_event
-from ledger.reads.preview import _reason, _starts, live, readable
+from ledger.reads.preview import _reason, _starts, live, readable, too_long_waits
 from ledger.reads.stopping import is_stopping, past_limit
 from schemas import events as e
 from schemas import views as v
@@ -113,12 +113,17 @@ def explain(
     now: float,
     preview: tuple[Snapshot, Decision] | None = None,
     viewer: Viewer | None = None,
+    longest_s: float | None = None,
 ) -> v.ExplainView:
     """Why a job is pending, placed where it is, or was preempted: structured, and in words.
     `preview`: `live(...)` at `now` when the caller already holds it. `viewer`: who reads; a
-    job whose private parts they may not see is told from its `redact_event`ed history."""
+    job whose private parts they may not see is told from its `redact_event`ed history.
+    `longest_s`: the engine's longest time limit, as the service last observed it
+    (`preview.too_long_waits`)."""
     job = ledger.state.jobs.get(job_id)
-    current = None if job is None else explain_now(ledger, store, job, policy, now, preview)
+    current = (
+        None if job is None else explain_now(ledger, store, job, policy, now, preview, longest_s)
+    )
     return explain_told(store, job_id, job, current, now, viewer, live=ledger.state)
 
 
@@ -149,9 +154,11 @@ def explain_now(
     policy: Policy | None,
     now: float,
     preview: tuple[Snapshot, Decision] | None = None,
+    longest_s: float | None = None,
 ) -> Now:
     """The part of `explain` the live state answers (on the thread that owns it); a job that
-    is not pending needs no state (`ledger` None)."""
+    is not pending needs no state (`ledger` None). A job whose time limit is over the engine's
+    longest (`longest_s`) waits for that, with no estimated start (`too_long_waits`)."""
     held = job.held
     status: v.JobStatusWord = "held" if held and job.status == "pending" else job.status
     if is_stopping(job, now):
@@ -171,12 +178,16 @@ def explain_now(
         what = "its dependency" if waits.code == "WAIT_DEPENDENCY" else "its array's limit"
         blocking = _blocking(state, job) if waits.code == "WAIT_DEPENDENCY" else []
         assert store is not None and policy is not None
-        snapshot, decision = preview or live(ledger, store, policy, now)  # as `queue` says
+        snapshot, decision = preview or live(ledger, store, policy, now, longest_s=longest_s)
         start = _starts(state, snapshot, decision, policy, now, job_id).get(job_id)
         return Now(status, waits.code, waits.reason, blocking=tuple(blocking), start=start,
                    after=(f"It may not run yet ({what}): {waits.reason}.",))  # fmt: skip
+    long = too_long_waits(state, longest_s).get(job_id)
+    if long is not None:  # never placed while it is: no start to estimate (atk60-slurm F4)
+        line = f"It may not run yet (the partition's MaxTime): {long.reason}."
+        return Now(status, long.code, long.reason, after=(line,))
     assert store is not None and policy is not None
-    snapshot, decision = preview or live(ledger, store, policy, now)
+    snapshot, decision = preview or live(ledger, store, policy, now, longest_s=longest_s)
     lines = [readable(x) for x in explain_pending(job, decision, snapshot, now, policy, state)]
     order = [j.job_id for _, j in decision.order]
     if job_id not in order:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Final, Literal, NamedTuple
 
 from ledger.dispatch.ordering import jobs_of, key_at
 from ledger.reads.estimates import (
@@ -26,7 +26,7 @@ from ledger.reads.layer import utilisation
 from ledger.reads.stopping import kill_words, stopping_note
 from schemas import views as v
 from schemas.errors import InvalidCommand, UnknownEntity
-from schemas.units import shorten, when
+from schemas.units import format_duration, shorten, when
 
 if TYPE_CHECKING:  # a read loads what it uses: the dispatcher only when it previews
     from ledger.core.jobs import Blocked
@@ -46,11 +46,13 @@ def live(
     policy: Policy,
     now: float,
     foreign: Mapping[str, frozenset[int]] | None = None,
+    longest_s: float | None = None,
 ) -> tuple[Snapshot, Decision]:
     """What the dispatcher would decide at `now` (nothing is appended), with the GPUs `foreign`
     work holds (node -> indices, as the service last observed its engine) busy, as the
-    dispatcher counts them."""
-    snapshot, decision, _ = live_carried(ledger, store, policy, now, foreign)
+    dispatcher counts them, and the jobs whose time limit is over `longest_s` (the engine's
+    longest, as last observed: `too_long_waits`) left out, as it leaves them out."""
+    snapshot, decision, _ = live_carried(ledger, store, policy, now, foreign, longest_s=longest_s)
     return snapshot, decision
 
 
@@ -61,6 +63,8 @@ def live_carried(
     now: float,
     foreign: Mapping[str, frozenset[int]] | None = None,
     carried: Carried | None = None,
+    *,
+    longest_s: float | None = None,
 ) -> tuple[Snapshot, Decision, Carried]:
     """`live`, made from what an earlier one handed on (`carried`; None: nothing), and what to
     hand the next (`ledger.cycle.dispatcher.preview_carried`: the same answer, byte for byte,
@@ -69,8 +73,52 @@ def live_carried(
 
     util = utilisation(store, ledger.state)
     return preview_carried(
-        ledger, StoreRanks(store), policy, now, carried, util.low_since, unavailable=foreign
-    )
+        ledger, StoreRanks(store), policy, now, carried, util.low_since, unavailable=foreign,
+        longest_s=longest_s,
+    )  # fmt: skip
+
+
+TOO_LONG: Final = "PARTITION_TIME_LIMIT"
+"""The wait code of a job whose time limit is over the longest its engine starts (Slurm's
+reason for such a job, `PartitionTimeLimit`)."""
+
+
+def too_long_waits(state: State, longest_s: float | None) -> dict[int, Blocked]:
+    """Pure: the pending (not held) jobs whose time limit, in Slurm's whole minutes, is over
+    `longest_s` (the engine's longest: Slurm's partition `MaxTime`, as the service last read
+    it; None: no limit), by job id, with why. The dispatcher leaves them out of its snapshot
+    (`ledger.cycle.inputs.too_long`): they are never placed, nor room made for them, until the
+    limit is raised, so no start is estimated (atk60-slurm F4: `queue` said `NEXT_CYCLE` with a
+    start 25 s ahead, `explain` "placed in the next cycle", for as long as it waited)."""
+    from ledger.core.jobs import Blocked
+    from ledger.cycle.inputs import slurm_minutes, too_long
+
+    if longest_s is None:
+        return {}
+    out: dict[int, Blocked] = {}
+    for job_id in sorted(state.active):
+        job = state.jobs[job_id]
+        limit = job.spec.time_limit_s
+        if job.status != "pending" or job.held or limit is None or not too_long(limit, longest_s):
+            continue
+        minutes = slurm_minutes(limit)
+        counted = "" if minutes * 60 == limit else f", {minutes}m in Slurm's whole minutes"
+        out[job_id] = Blocked(
+            TOO_LONG,
+            f"its time limit ({format_duration(limit)}{counted}) is over the partition's "
+            f"MaxTime ({format_duration(longest_s)}): Slurm would never start it "
+            "(PartitionTimeLimit), so it is not placed until an admin raises MaxTime",
+        )
+    return out
+
+
+def held_waits(state: State, longest_s: float | None) -> dict[int, Blocked]:
+    """Pure: every pending job the dispatcher does not consider yet, by job id, with why: a
+    dependency or an array's limit (`jobs.blocked_now`), a time limit over the engine's longest
+    (`too_long_waits`)."""
+    from ledger.core.jobs import blocked_now
+
+    return too_long_waits(state, longest_s) | blocked_now(state)
 
 
 _RAW_TIME = re.compile(r"\bt=(\d+(?:\.\d+)?(?:e\+?\d+)?)")
@@ -124,10 +172,12 @@ def queue(
     now: float,
     f: v.QueueFilter,
     preview: tuple[Snapshot, Decision] | None = None,
+    longest_s: float | None = None,
 ) -> list[v.QueueRow]:
     """Pending (and held) work in dispatch order with its sort key, why it waits and an
     estimated start, filtered like squeue (-u, -A, --state), the first `f.limit` rows. `preview`:
-    `live(...)` at `now` when the caller already holds it.
+    `live(...)` at `now` when the caller already holds it (of the same `longest_s`: the
+    engine's longest time limit, as the service last observed it, `too_long_waits`).
 
     Only the rows shown are built (their reason text, their estimated start, which needs the
     jobs ahead of them alone): at 10k pending a page of 50 costs what 50 rows cost. No preview
@@ -140,7 +190,7 @@ def queue(
 
     def preview_of() -> tuple[Snapshot, Decision]:
         if not held:
-            held.append(live(ledger, store, policy, now))
+            held.append(live(ledger, store, policy, now, longest_s=longest_s))
         return held[0]
 
     if f.state in QUEUED and (preview is not None or _any_pending(state, f)):
@@ -170,7 +220,8 @@ def queue(
                 )
             )  # fmt: skip
     if f.state in QUEUED:
-        rows += _blocked_rows(state, f, now, f.limit - len(rows), preview_of, policy)
+        room = f.limit - len(rows)
+        rows += _blocked_rows(state, f, now, room, preview_of, policy, longest_s)
     if f.state in ("held", "queued", "all") and len(rows) < f.limit:
         for job in sorted(state.jobs.values(), key=lambda j: j.job_id):
             if len(rows) >= f.limit:
@@ -224,6 +275,7 @@ def queue_page(
     preview: tuple[Snapshot, Decision] | None = None,
     held: HeldBack | None = None,
     kept: Callable[[Callable[[], Starts]], Starts] | None = None,
+    longest_s: float | None = None,
 ) -> QueuePage:
     """The queue `queue` gives (the same rows, the same filters), sorted by one column, the
     `f.limit` rows from `offset`, with the true total. The whole queue is sorted on what every
@@ -235,7 +287,8 @@ def queue_page(
     starts (`compute()`), kept by the caller with the preview (the server's: once per
     position), used for a page that shows a held-back job or a pending one past the first
     `SHALLOW` in dispatch order (each such page computed them again: 0.1-0.3 s of CPU at 1M
-    events, atk51-29 F5)."""
+    events, atk51-29 F5). `longest_s`: the engine's longest time limit, as the service last
+    observed it (`too_long_waits`), of `preview` and `held` too when given."""
     if sort not in QUEUE_SORTS:
         raise InvalidCommand(f"no such column to sort by: {sort!r}", hint=", ".join(QUEUE_SORTS))
     state = ledger.state
@@ -245,7 +298,7 @@ def queue_page(
     decision: Decision | None = None
     waits_at: list[Unplaceable | None] | None = None
     if f.state in QUEUED and (preview is not None or _any_pending(state, f)):
-        snapshot, decision = preview or live(ledger, store, policy, now)
+        snapshot, decision = preview or live(ledger, store, policy, now, longest_s=longest_s)
         pending = {p.job_id: p for p in snapshot.pending}
         # each place's wait read from the decision's runs, the jobs without their sort keys:
         # of the whole queue the page needs its order, codes and counts, nothing else built
@@ -265,9 +318,7 @@ def queue_page(
     waits: dict[int, Blocked] = {}
     every_wait: Mapping[int, Blocked] = {}
     if f.state in QUEUED:
-        from ledger.core.jobs import blocked_now
-
-        every_wait = held.waits if held is not None else blocked_now(state)
+        every_wait = held.waits if held is not None else held_waits(state, longest_s)
         for job_id, why in sorted(every_wait.items()):
             s = state.jobs[job_id].spec
             if (f.user and s.user != f.user) or not _under(s.account, f.account, s.user):
@@ -300,7 +351,7 @@ def queue_page(
     starts: dict[int, float | None] = {}
     unbuilt = any(others.get(x[1], False) is None for x in page if x[0] is None)
     if (shown or unbuilt) and (snapshot is None or decision is None):
-        snapshot, decision = preview or live(ledger, store, policy, now)
+        snapshot, decision = preview or live(ledger, store, policy, now, longest_s=longest_s)
     if held is None and snapshot is not None and (shown or unbuilt):
         held = _held(state, snapshot, policy, every_wait)
     whole = (snapshot, decision, held)
@@ -379,24 +430,28 @@ def _starts(
 
 class HeldBack(NamedTuple):
     """The pending jobs a dependency or an array's limit holds (`jobs.blocked`, as every read
-    counts them) and their sort keys (`blocked_keys`): what every queue page and estimate at
-    one position and snapshot share (the server's, with its preview: atk50-29 F9)."""
+    counts them), or a time limit over the engine's longest (`too_long_waits`), and the sort
+    keys of the first two (`blocked_keys`; a job too long is never placed while it is: no
+    estimate): what every queue page and estimate at one position and snapshot share (the
+    server's, with its preview: atk50-29 F9)."""
 
     waits: Mapping[int, Blocked]
     keys: list[tuple[SortKey, int]]
 
 
-def held_back(state: State, snapshot: Snapshot, policy: Policy) -> HeldBack:
-    """Pure: `HeldBack` of `state`, keyed by `policy` over `snapshot`."""
-    from ledger.core.jobs import blocked_now
-
-    return _held(state, snapshot, policy, blocked_now(state))
+def held_back(
+    state: State, snapshot: Snapshot, policy: Policy, longest_s: float | None = None
+) -> HeldBack:
+    """Pure: `HeldBack` of `state`, keyed by `policy` over `snapshot`, `longest_s` the engine's
+    longest time limit (`too_long_waits`)."""
+    return _held(state, snapshot, policy, held_waits(state, longest_s))
 
 
 def _held(
     state: State, snapshot: Snapshot, policy: Policy, waits: Mapping[int, Blocked]
 ) -> HeldBack:
-    return HeldBack(waits, blocked_keys(state, snapshot, policy, waits))
+    keyed = {i: w for i, w in waits.items() if w.code != TOO_LONG}
+    return HeldBack(waits, blocked_keys(state, snapshot, policy, keyed))
 
 
 def _blocked_rows(
@@ -406,15 +461,14 @@ def _blocked_rows(
     room: int,
     preview_of: Callable[[], tuple[Snapshot, Decision]],
     policy: Policy,
+    longest_s: float | None = None,
 ) -> list[v.QueueRow]:
-    """The pending jobs that may not run yet (a dependency, an array's limit), in job order,
-    with why; the estimate is the earliest the dependency or the array's limit lets it run
-    (what it waits for reaching its time limits) and its GPUs are free, at its place in the
-    dispatch order (`_starts`)."""
-    from ledger.core.jobs import blocked_now
-
+    """The pending jobs that may not run yet (a dependency, an array's limit, a time limit over
+    the engine's longest), in job order, with why; the estimate is the earliest the dependency
+    or the array's limit lets it run (what it waits for reaching its time limits) and its GPUs
+    are free, at its place in the dispatch order (`_starts`); none for a time limit too long."""
     rows: list[v.QueueRow] = []
-    waits = blocked_now(state)
+    waits = held_waits(state, longest_s)
     starts: dict[int, float | None] | None = None
     for job_id, why in sorted(waits.items()):
         if len(rows) >= room:
@@ -519,7 +573,9 @@ def _any_pending(state: State, f: v.QueueFilter) -> bool:
     )
 
 
-def queue_codes(state: State, snapshot: Snapshot, decision: Decision) -> list[tuple[str, str]]:
+def queue_codes(
+    state: State, snapshot: Snapshot, decision: Decision, longest_s: float | None = None
+) -> list[tuple[str, str]]:
     """Pure: each queued job's account and code as `queue` gives them (pending in dispatch
     order, then held), without the rest of its row (the counts of /metrics)."""
     accounts = {p.job_id: p.account for p in snapshot.pending}
@@ -528,9 +584,7 @@ def queue_codes(state: State, snapshot: Snapshot, decision: Decision) -> list[tu
     for _, job in decision.order:
         wait = waits.get(job.job_id)
         out.append((accounts[job.job_id], wait.code if wait else "NEXT_CYCLE"))
-    from ledger.core.jobs import blocked_now
-
-    stopped = blocked_now(state)
+    stopped = held_waits(state, longest_s)
     waiting = [(state.jobs[i].spec.account, b.code) for i, b in sorted(stopped.items())]
     held = sorted(
         (j.job_id, j.spec.account) for j in state.jobs.values() if j.held and j.status == "pending"

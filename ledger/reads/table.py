@@ -53,6 +53,12 @@ class Handles(Protocol):
         """When the service last heard from each node, as its engine knows it (none: no service)."""
         ...
 
+    def longest_s(self) -> float | None:
+        """The longest time limit the service's engine starts, as it last observed it (Slurm's
+        partition MaxTime; None: no limit, or no service): the dispatcher places no job asking
+        for more, and the queue and explain say so (`preview.too_long_waits`)."""
+        ...
+
     @property
     def viewer(self) -> str:
         """Who reads: what the reads marked `personal` show depends on it."""
@@ -248,7 +254,7 @@ def _preview(h: Handles, a: QueueArgs | ExplainArgs, policy: Any) -> tuple[float
         return now, None
     from ledger.reads import preview as previews
 
-    return now, previews.live(h.ledger, h.store(), policy, now, foreign)
+    return now, previews.live(h.ledger, h.store(), policy, now, foreign, h.longest_s())
 
 
 def _queue(h: Handles, a: QueueArgs) -> list[v.QueueRow]:
@@ -258,7 +264,8 @@ def _queue(h: Handles, a: QueueArgs) -> list[v.QueueRow]:
     # the policy named, else the one the service recorded running with, else the default
     policy = registry.build(a.policy or h.ledger.state.policy)
     now, preview = _preview(h, a, policy)
-    return previews.queue(h.ledger, h.store(), policy, now, _queue_filter(a), preview)
+    f = _queue_filter(a)
+    return previews.queue(h.ledger, h.store(), policy, now, f, preview, h.longest_s())
 
 
 def _queue_total(h: Handles, a: QueueArgs) -> int:
@@ -269,7 +276,9 @@ def _queue_total(h: Handles, a: QueueArgs) -> int:
     policy = registry.build(a.policy or h.ledger.state.policy)
     now, preview = _preview(h, a, policy)
     f = msgspec.structs.replace(_queue_filter(a), limit=1)
-    return previews.queue_page(h.ledger, h.store(), policy, now, f, preview=preview).total
+    return previews.queue_page(
+        h.ledger, h.store(), policy, now, f, preview=preview, longest_s=h.longest_s()
+    ).total
 
 
 def _priority(h: Handles, a: QueueArgs) -> list[v.PriorityRow]:
@@ -290,7 +299,9 @@ def _explain(h: Handles, a: ExplainArgs) -> v.ExplainView:
     from ledger.reads import layer as reads
 
     viewer = reads.Viewer(h.viewer, h.ledger.state)
-    return explain_job.explain(h.ledger, h.store(), a.job_id, policy, now, preview, viewer)
+    return explain_job.explain(
+        h.ledger, h.store(), a.job_id, policy, now, preview, viewer, h.longest_s()
+    )
 
 
 def _squatters(h: Handles, a: SquattersArgs) -> list[v.SquatterRow]:

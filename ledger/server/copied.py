@@ -114,6 +114,10 @@ class Copy:
     rewound: int = 0
     """`Ledger.rewound` when published: a state read back from the log at the same position
     (the log held other events there: atk51-ha F2) is a new view too."""
+    longest_s: float | None = None
+    """The longest time limit the engine starts, as the service last observed it
+    (`Observed.longest_s`, Slurm's partition MaxTime; None: no limit): a job asking for more
+    is never placed, and the queue and explain say so (`preview.too_long_waits`)."""
 
 
 @dataclass
@@ -144,6 +148,9 @@ class CopiedHandles:
     def stopping(self) -> Mapping[str, frozenset[int]]:
         return self.copy.stopping
 
+    def longest_s(self) -> float | None:
+        return self.copy.longest_s
+
     def heard_from(self) -> Mapping[str, float]:
         """As the service's engine knew it when the read began (`ServiceHandles.copied` asks
         it on the event loop: it moves with every beat, no append publishes it)."""
@@ -169,10 +176,12 @@ class CopiedHandles:
             last = None if self.cache is None else self.cache.last(PREVIEW)
             was = None if last is None else last.carried
             carried = was[1] if was is not None and was[0] == state.policy else None
+            longest = self.longest_s()
             snapshot, decision, carried = previews.live_carried(
-                self.ledger, self.store(), policy, self.now(), self.foreign(), carried
-            )
-            held = previews.held_back(state, snapshot, policy)
+                self.ledger, self.store(), policy, self.now(), self.foreign(), carried,
+                longest_s=longest,
+            )  # fmt: skip
+            held = previews.held_back(state, snapshot, policy, longest)
             return LivePreview(policy.version, (snapshot, decision), self.now(), held,
                                KeptStarts(), (state.policy, carried))  # fmt: skip
 
@@ -399,6 +408,7 @@ def take(worker: Worker, before: Copy | None = None) -> Copy:
         projected=projected,
         unprojected=unprojected,
         rewound=rewound,
+        longest_s=getattr(dispatcher, "longest_s", None),
     )
 
 
@@ -424,6 +434,7 @@ def same(view: Copy, worker: Worker) -> bool:
         and view.foreign == getattr(dispatcher, "foreign", {})
         and view.stopping == getattr(dispatcher, "stopping", {})
         and view.rewound == int(getattr(service.ledger, "rewound", 0))
+        and view.longest_s == getattr(dispatcher, "longest_s", None)
     )
 
 

@@ -252,7 +252,7 @@ def families(f: Figures) -> list[Metric]:
 
 
 GPU_RESOURCE = "nvidia.com/gpu"
-INADMISSIBLE = frozenset({"HELD", "WAIT_DEPENDENCY", "WAIT_ARRAY_LIMIT"})
+INADMISSIBLE = frozenset({"HELD", "WAIT_DEPENDENCY", "WAIT_ARRAY_LIMIT", "PARTITION_TIME_LIMIT"})
 """The wait codes of jobs the dispatcher does not consider (Kueue's "inadmissible")."""
 
 
@@ -479,7 +479,7 @@ def read_figures(handles: Any, tallies: Tallies | None, taken: dict[str, Any]) -
     snapshot, decision = handles.live_preview().live
     by_code: dict[str, int] = {}
     by_team: dict[str, int] = {}
-    queue = previews.queue_codes(ledger.state, snapshot, decision)
+    queue = previews.queue_codes(ledger.state, snapshot, decision, handles.longest_s())
     for account, code in queue:
         by_code[code] = by_code.get(code, 0) + 1
         by_team[team_of(account)] = by_team.get(team_of(account), 0) + 1

@@ -408,7 +408,7 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             page = previews.queue_page(
                 h.ledger, h.store(), policy, got.now, filt, code=code, sort=sort,
                 descending=descending, offset=offset, preview=got.live, held=got.held,
-                kept=got.starts,
+                kept=got.starts, longest_s=h.longest_s(),
             )  # fmt: skip
             return QueuePageView(
                 total=page.total,
@@ -478,7 +478,8 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             if known is not None:
                 policy = registry.build(ledger.state.policy)
                 current = explain_job.explain_now(
-                    ledger, store, known, policy, now, None if preview is None else preview.live
+                    ledger, store, known, policy, now, None if preview is None else preview.live,
+                    h.longest_s(),
                 )  # fmt: skip
             viewer = reads.Viewer(caller.actor, ledger.state)
             row = reads.job(store, job_id, now, viewer)

@@ -82,6 +82,9 @@ class PooledHandles:
     def heard_from(self) -> Mapping[str, float]:
         return {}
 
+    def longest_s(self) -> float | None:
+        return None
+
 
 def check_page(name: str, args: Any) -> None:
     """One line for a page larger than `PAGE_MAX`."""

@@ -91,7 +91,7 @@ def test_a_job_whose_supervisor_was_killed_still_stops_at_its_nodes_fence(cluste
     # F11: launch 0 is charged until the fence, when its lease stopped it, not to the loss
     events = all_events(c)
     [lost] = [ev for ev in events if ev["type"] == "node.lost.v1" and ev["node"] == node]
-    [end] = [ev for ev in events if ev["type"] == "job.engine_ended.v1" and ev["job_id"] == job]
+    [end] = [ev for ev in events if ev["type"] == "job.engine_ended.v2" and ev["job_id"] == job]
     assert end["ended_at"] >= lost["at"] + lost["fence_s"], (end, lost)
     c.agents[node].proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
     wait_for("the node to return", lambda: c.nodes()[node] == "active", 30, c.why)

@@ -180,6 +180,6 @@ def test_the_kill_matrix_double_books_nothing_and_runs_nothing_twice(
         [e for e in events if e.get("job_id") == other],
     )
     assert verdict.launches >= len(jobs)
-    assert [e for e in events if e["type"] == "job.engine_ended.v1" and e["reason"] == "lost"] == []
+    assert [e for e in events if e["type"] == "job.engine_ended.v2" and e["reason"] == "lost"] == []
     # the cut-off runs were gone before the ledger requeued them
     assert verdict.times["stop to last stale process"] < verdict.times["stop to requeued"]

@@ -79,7 +79,7 @@ def test_placements_run_on_their_nodes_and_report_exit_codes_and_the_job_token_i
     checkpoints = c.events("job.checkpointed.v1")
     assert [e["job_id"] for e in checkpoints] == [mine]  # nothing appended for `other`
     assert checkpoints[0]["actor"] == f"@job:{mine}"
-    engine = {e["job_id"]: e for e in c.events("job.engine_ended.v1")}
+    engine = {e["job_id"]: e for e in c.events("job.engine_ended.v2")}
     assert engine[bad]["engine"] == "agent" and engine[bad]["exit_code"] == 3
     assert engine[limited]["reason"] == "time_limit" and got[limited]["outcome"] == "failed"
     assert held_twice(all_events(c)) == []
@@ -130,7 +130,7 @@ def test_kill_9_of_agents_adopts_their_jobs_and_reports_exits_that_happened_mean
     assert f"adopted 1 running job(s): {b}" in c.agents[node_b].text()
     j = c.wait_status(a, "finished")
     assert (j["outcome"], j["exit_code"]) == ("failed", 7)
-    [ended] = [e for e in c.events("job.engine_ended.v1") if e["job_id"] == a]
+    [ended] = [e for e in c.events("job.engine_ended.v2") if e["job_id"] == a]
     assert (ended["engine"], ended["reason"], ended["exit_code"]) == ("agent", "exited", 7)
     assert c.job(b)["status"] == "running" and alive(pid_b)  # adopted, not relaunched
     go_b.touch()

@@ -292,7 +292,7 @@ def test_a_clone_of_the_nodes_disk_booted_elsewhere_is_another_agent_and_refused
     try:
         refused(clone, node)
         assert (disk / "agent-id").read_text() == (first.state / "agent-id").read_text()
-        assert not c.events("job.engine_ended.v1")  # never reported lost
+        assert not c.events("job.engine_ended.v2")  # never reported lost
         ran_once(c, job, pid, go)
     finally:
         kill_rest(clone)

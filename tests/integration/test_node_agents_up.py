@@ -68,7 +68,7 @@ def test_up_runs_a_job_through_its_local_agent(home: Path) -> None:
     assert entry == f"local:{out}"  # NODE:PATH, as an agent reports it
     assert Path(entry.split(":", 1)[1]).read_text().split() == ["local", "0", "1"]
     assert entry in cli(home, "explain", "1").stdout
-    [ended] = events(home, "job.engine_ended.v1")
+    [ended] = events(home, "job.engine_ended.v2")
     assert (ended["engine"], ended["engine_job_id"], ended["exit_code"]) == ("agent", "1.1", 3)
     [token] = [t for t in events(home, "token.issued.v1") if t["scope"] == "node"]
     assert (token["scope_node"], token["name"]) == ("local", "local agent of local")

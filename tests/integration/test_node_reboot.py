@@ -70,7 +70,7 @@ def test_a_rebooted_nodes_agent_ends_its_runs_at_once_not_after_node_lost_and_th
     assert "held by another agent" not in said, said
     [pre] = wait_for("the run's end", lambda: c.events("job.preempted.v1"), 30, c.why)
     assert (pre["job_id"], pre["reason"]) == (job, "node_failure"), pre
-    [ended] = [e for e in c.events("job.engine_ended.v1") if e["job_id"] == job]
+    [ended] = [e for e in c.events("job.engine_ended.v2") if e["job_id"] == job]
     assert f"node {node}: its host rebooted" in ended["note"], ended
     wait_for("the job's next launch", lambda: len(launches(marks)) == 2, 60, c.why)
     go.touch()

@@ -412,7 +412,7 @@ def test_jobs_run_on_the_gpus_the_ledger_chose_and_their_endings_are_recorded(
         (slot,) = placed[job_id]
         assert cuda_devices(ledger.log_of(job_id)) == slot["gpu_indices"], ledger.service_log()
     assert "user=nobody" in ledger.log_of(2)
-    ended = {ev["job_id"]: ev for ev in events if ev["type"] == "job.engine_ended.v1"}
+    ended = {ev["job_id"]: ev for ev in events if ev["type"] == "job.engine_ended.v2"}
     assert {j: (ev["exit_code"], ev["reason"], ev["engine_state"]) for j, ev in ended.items()} == {
         1: (3, "exited", "FAILED"),
         2: (0, "exited", "COMPLETED"),
@@ -608,7 +608,7 @@ def test_kill_9_of_the_service_of_slurmctld_and_of_slurmd_loses_and_double_books
     assert running(1, 2), seen()  # as the ledger last knew
     ledger.up()
     ledger.wait("the exit seen while away", lambda: ledger.jobs()[2]["outcome"] == "failed")
-    assert ledger.of("job.engine_ended.v1", 2)[0]["exit_code"] == 5
+    assert ledger.of("job.engine_ended.v2", 2)[0]["exit_code"] == 5
     ledger.wait("the third job to run and end", lambda: ledger.jobs()[3]["outcome"] is not None)
     assert running(1), seen()
     # 2. slurmctld dies and comes back: the running job is neither lost nor run twice (it saves
@@ -638,7 +638,7 @@ def test_kill_9_of_the_service_of_slurmctld_and_of_slurmd_loses_and_double_books
     events = ledger.events()
     assert held_twice(events) == []
     assert [
-        ev for ev in events if ev["type"] == "job.engine_ended.v1" and ev["reason"] == "lost"
+        ev for ev in events if ev["type"] == "job.engine_ended.v2" and ev["reason"] == "lost"
     ] == []
     linked = [ev["job_id"] for ev in events if ev["type"] == "job.engine_linked.v1"]
     assert sorted(linked) == [1, 2, 3]  # every job ran exactly once
@@ -704,7 +704,7 @@ def test_a_node_slurm_marks_down_is_lost_its_jobs_end_or_requeue_and_it_returns(
         ("node_failure", "its run ended with its node (NODE_FAIL)")
     ]
     assert len(ledger.of("job.requeued.v1", 1)) == 1
-    (ended,) = ledger.of("job.engine_ended.v1", 2)
+    (ended,) = ledger.of("job.engine_ended.v2", 2)
     assert (ended["reason"], ended["engine_job_id"]) == ("node_failure", first[2])
     lost = jobs[2]  # as sacct shows it: NODE_FAIL on its node, with its Slurm job id
     assert (lost["finish_reason"], lost["nodes"], lost["engine_job_id"]) == (
@@ -811,7 +811,7 @@ def test_serve_runs_http_submissions_under_slurm_and_a_kill_9_of_it_loses_nothin
         row = jobs(server)[failing]
         assert (row["outcome"], row["exit_code"]) == ("failed", 7)
         history = events(server)
-        ended = [ev for ev in history if ev["type"] == "job.engine_ended.v1"]
+        ended = [ev for ev in history if ev["type"] == "job.engine_ended.v2"]
         assert [(ev["job_id"], ev["exit_code"], ev["engine_state"]) for ev in ended] == [
             (failing, 7, "FAILED")
         ]

@@ -217,7 +217,7 @@ def test_a_run_slurm_rewinds_to_pending_runs_once_and_is_never_recorded_cancelle
     assert starts.count(0) == 1, f"run 0's command ran {starts.count(0)} times: {starts}"
     job = ledger.jobs()[1]
     assert job["finish_reason"] != "cancelled" and job["outcome"] == "completed", job
-    ends = ledger.of("job.engine_ended.v1", 1)
+    ends = ledger.of("job.engine_ended.v2", 1)
     assert all(e["reason"] != "cancelled" for e in ends), ends
     last0 = max(t for _, run, t in lines if run == 0)
     first_end = min(ends, key=lambda e: e["ended_at"])
@@ -261,7 +261,7 @@ def test_a_run_that_exits_0_while_slurmctld_and_the_service_are_down_completes_o
     assert [w for w, _, _ in lines] == ["start", "end"], lines
     job = ledger.jobs()[1]
     assert (job["outcome"], job["exit_code"]) == ("completed", 0), job
-    ends = ledger.of("job.engine_ended.v1", 1)
+    ends = ledger.of("job.engine_ended.v2", 1)
     assert len(ends) == 1, (ends, ledger.service_log()[-4000:])
     (ended,) = ends
     assert real - 1.0 <= ended["ended_at"] <= real + 1.5, (ended, real)
@@ -306,7 +306,7 @@ def test_a_second_launch_slurm_makes_while_the_service_is_down_never_runs_the_co
         CI of stop 59, load ~10: the test waited for an `engine_ended` that comes only after
         run 1, on the node it resumes after this wait), its stopped run's (`run_ended`)."""
         stopped = [e for e in ledger.of("job.run_ended.v2", 1) if e["run"] == 0]
-        return ledger.of("job.engine_ended.v1", 1) + stopped
+        return ledger.of("job.engine_ended.v2", 1) + stopped
 
     ledger.wait("run 0's end", lambda: bool(run0_ends()), timeout=120)
     # slurmd still ran the first launch when Slurm's second came ("Duplicate jobid"): Slurm
@@ -323,7 +323,7 @@ def test_a_second_launch_slurm_makes_while_the_service_is_down_never_runs_the_co
     # `_job_complete ... WEXITSTATUS 0`, seen at load 10): the run once and completed, below
     second = relaunched or "Duplicate jobid" in _ctld_log(ledger)
     print(f"Slurm's second launch: {'made' if second else 'none, the first taken back'}")
-    ends = ledger.of("job.engine_ended.v1", 1)
+    ends = ledger.of("job.engine_ended.v2", 1)
     assert all(e["reason"] != "cancelled" for e in ends), ends
     first_end = min(run0_ends(), key=lambda e: e["ended_at"])
     last0 = max(t for _, run, t in lines if run == 0)
@@ -376,7 +376,7 @@ def test_a_run_no_read_saw_start_that_exits_0_in_the_outage_is_completed(
     assert [w for w, _, _ in _lines(log)] == ["start", "end"], _lines(log)
     job = ledger.jobs()[1]
     assert (job["outcome"], job["exit_code"]) == ("completed", 0), (job, ledger.service_log()[-3000:])  # fmt: skip  # noqa: E501
-    (ended,) = ledger.of("job.engine_ended.v1", 1)
+    (ended,) = ledger.of("job.engine_ended.v2", 1)
     assert ended["reason"] != "cancelled" and real - 1.0 <= ended["ended_at"] <= real + 1.5, ended
     (started,) = ledger.of("job.started.v1", 1)
     assert began - 2.0 <= started["started_at"] <= began + 1.0, (started, began)

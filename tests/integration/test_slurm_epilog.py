@@ -96,7 +96,7 @@ def test_the_orphans_of_a_job_whose_slurmstepd_and_script_were_killed_end_before
         assert leader in killed and all(alive(p) for p in left)
         ledger.wait("job 2 to start", lambda: (work / "next").exists(), timeout=240)
         orphans_alive = [p for p in left if alive(p)]
-        (ended,) = ledger.of("job.engine_ended.v1", 1)
+        (ended,) = ledger.of("job.engine_ended.v2", 1)
     finally:
         _end(ledger, slurm_id, *left)
     last = max(_times(work / "kid")[-1], _times(work / "daemon")[-1])
@@ -135,7 +135,7 @@ def test_a_child_that_escaped_into_a_sub_cgroup_ends_before_the_next_job(ledger:
     try:
         ledger.wait("job 2 to start", lambda: (work / "next").exists(), timeout=180)
         escapee_alive = alive(esc)
-        (ended,) = ledger.of("job.engine_ended.v1", 1)
+        (ended,) = ledger.of("job.engine_ended.v2", 1)
     finally:
         _end(ledger, slurm_id, esc)
     last = _times(work / "esc")[-1]

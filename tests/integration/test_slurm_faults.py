@@ -151,7 +151,7 @@ def test_slurm_outages_and_a_down_node_double_book_nothing_and_run_nothing_twice
             if ev["type"] == "job.finished.v2" and ev["job_id"] in real}  # fmt: skip
     late = {j: round(at - real[j], 1) for j, at in ends.items() if at > real[j] + 1.5}
     assert late == {}, (late, _summary(jobs))
-    assert [ev for ev in events if ev["type"] == "job.engine_ended.v1" and ev["reason"] == "lost"
+    assert [ev for ev in events if ev["type"] == "job.engine_ended.v2" and ev["reason"] == "lost"
             ] == []  # fmt: skip
 
 

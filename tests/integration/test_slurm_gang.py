@@ -451,6 +451,68 @@ def test_a_gangs_ranks_and_their_children_on_both_nodes_get_the_sigterm_and_the_
             assert seen[pid] >= terms[0] + min(grace, 10.0) - 0.2, (who, pid, seen[pid], said)
 
 
+def test_a_gangs_timeout_while_the_service_is_down_is_recorded_killed_and_run_once(
+    ledger: Ledger,
+) -> None:
+    """atk60-slurm F3: a gang (`-t 40s --grace 8s`, its ranks and their children on both
+    nodes noting every signal and ignoring it) whose service is killed -9 while it runs, so
+    Slurm's backstop TIMEOUT ends it (SIGTERM to every process, SIGKILL `KillWait` later), back
+    once Slurm no longer lists it: its end was recorded `time_limit` with `killed` null
+    (`job.engine_ended.v1` had none). Now `killed` says what the processes' notes show (each
+    got the SIGTERM and lived `KillWait` past it: killed), its end is not before the last
+    death, and nothing ran twice (one Slurm job, each process started once)."""
+    nodes = ledger.cluster.nodes
+    assert len(nodes) == 2, f"the gang tests need a cluster of two nodes, not {nodes}"
+    limit, kill_wait = 40.0, 10.0  # the kit's KillWait
+    ledger.up()
+    work = ledger.work
+    (work / "noted.py").write_text(NOTED)
+    notes = work / "notes"
+    gang = (f"trap 'echo \"$(date +%s.%N) leader $$ TERM\" >> {notes}' TERM;"
+            f" srun -N2 --ntasks-per-node=1 /usr/bin/python3 {work}/noted.py rank {notes} &"
+            " while :; do sleep 0.2; done")  # fmt: skip
+    ledger.submit("alice", 8, gang, "--grace", "8s", "-t", f"{limit:.0f}s")
+    started = lambda: sum(w == "start" for said in _notes(notes).values() for _, w in said)  # noqa: E731
+    ledger.wait("both ranks and their children", lambda: started() == 4, 180)
+    kids = [pid for who, pid in _notes(notes) if who != "leader"]
+    try:
+        ledger.wait("job 1 running", lambda: ledger.jobs()[1]["status"] == "running", 60)
+        began = ledger.jobs()[1]["started_at"]
+        ledger.kill9()  # before its limit: the executor stops nothing, Slurm's backstop ends it
+        assert time.time() < began + limit, "the limit came first: not the case under test"
+        seen, done = _last_alive(kids)
+        assert done.wait(300), (kids, _notes(notes))  # backstop: 2 min, checked every ~30 s
+        deadline = time.monotonic() + 120
+        while _slurm_state(ledger, 1) != "":  # ended in Slurm (no longer COMPLETING)
+            assert time.monotonic() < deadline, _slurm_state(ledger, 1)
+            time.sleep(0.5)
+        ledger.up()
+        ledger.wait("job 1 finished", lambda: ledger.jobs()[1]["status"] == "finished", 120)
+    finally:
+        _kill(ledger, kids)
+    got = ledger.jobs()[1]
+    said = ledger.service_log()[-4000:]
+    assert got["finish_reason"] == "time_limit", (got, said)
+    noted = _notes(notes)
+    assert len([k for k in noted if k[0] != "leader"]) == 4, noted
+    outlived = []
+    for (who, pid), lines in noted.items():
+        if who == "leader":
+            continue
+        terms = [at for at, what in lines if what == "SIGTERM"]
+        assert terms, (who, pid, lines)  # Slurm's TERM reached every rank and child
+        outlived.append(seen[pid] >= terms[0] + kill_wait - 1.0)  # alive until Slurm's KILL
+    assert all(outlived), (outlived, noted, seen)  # what the processes show: killed
+    (end,) = ledger.of("job.engine_ended.v2", 1)
+    assert end["killed"] is True, (end, said)  # before: no `killed` (null)
+    assert end["ended_at"] >= max(seen.values()) - 1.0, (end, seen)  # not before the last death
+    # nothing ran twice: one placement, one Slurm job, each process started once
+    assert (
+        len(ledger.of("job.placed.v1", 1)) == 1 and len(ledger.of("job.engine_linked.v1", 1)) == 1
+    )
+    assert sum(w == "start" for lines in noted.values() for _, w in lines) == 4, noted
+
+
 # --- atk59 F1, F3: a gang whose nodes get different GPUs (6 on 4-GPU nodes: 4 + 2) ---
 
 

@@ -141,7 +141,7 @@ def test_a_job_slurm_ends_node_fail_that_runs_on_and_completes_is_recorded_compl
     assert (job["outcome"], job["exit_code"]) == ("completed", 0), job
     (finished,) = ledger.of("job.finished.v2", 1)
     assert abs(finished["ended_at"] - float(end.split()[1])) <= 1.0, (finished, end)
-    (ended,) = ledger.of("job.engine_ended.v1", 1)
+    (ended,) = ledger.of("job.engine_ended.v2", 1)
     assert (ended["reason"], ended["engine_state"]) == ("exited", "NODE_FAIL"), ended
     assert len(_lines(work, "start")) == 1
     cl.up()  # slurmd back (the fixture resumes the node)
@@ -246,7 +246,7 @@ def test_a_job_that_makes_its_marks_unwritable_ends_with_its_node_once_the_node_
     job = ledger.jobs()[1]
     assert job["finish_reason"] == "node_lost", job
     assert last - 0.5 <= job["finished_at"] <= last + 12.0, (job, last)
-    (ended,) = ledger.of("job.engine_ended.v1", 1)
+    (ended,) = ledger.of("job.engine_ended.v2", 1)
     assert (ended["reason"], ended["engine_state"]) == ("node_failure", "NODE_FAIL"), ended
 
 
@@ -378,7 +378,7 @@ def test_a_launch_slurm_restarts_without_its_gpus_never_runs_its_command(ledger:
         time.sleep(0.5)
     assert "JobState=PENDING" in restarted, f"Slurm did not requeue the failed launch: {restarted}"
     cl.up()  # slurmd back: Slurm starts the requeued launch again, without its GRES
-    ended = lambda: ledger.of("job.engine_ended.v1", 1)  # noqa: E731
+    ended = lambda: ledger.of("job.engine_ended.v2", 1)  # noqa: E731
     try:  # Slurm holds a requeued launch 120 s (its BeginTime) before it starts it again
         ledger.wait("the restarted launch to end", lambda: bool(ended()), timeout=240)
     except AssertionError as err:

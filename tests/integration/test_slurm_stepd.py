@@ -68,9 +68,9 @@ def test_a_child_left_when_slurmstepd_is_killed_ends_before_the_run_is_recorded_
     os.kill(_stepd_of(leader_pid), signal.SIGKILL)
     try:
         (work / "stop").touch()  # its leader exits 0; the child is left
-        ledger.wait("job 1's end", lambda: bool(ledger.of("job.engine_ended.v1", 1)), timeout=90)
+        ledger.wait("job 1's end", lambda: bool(ledger.of("job.engine_ended.v2", 1)), timeout=90)
         assert not alive(child), "the child outlived the end the ledger recorded"
-        (ended,) = ledger.of("job.engine_ended.v1", 1)
+        (ended,) = ledger.of("job.engine_ended.v2", 1)
         ledger.wait("job 2 to start", lambda: (work / "next").exists(), timeout=90)
     finally:
         kill_of_job(child, {slurm_id})

@@ -61,8 +61,8 @@ def _run_ended(led: Ledger, job: int = 1) -> Callable[[], bool]:
 def _any_end(led: Ledger, job: int = 1) -> Callable[[], bool]:
     """A condition: the ledger recorded how a run of `job` ended, whoever ended it: the end of
     a run it stopped (`job.run_ended.v2`) or its engine's end of a running one
-    (`job.engine_ended.v1`). For `_until_quiet(..., ended=)`."""
-    return lambda: bool(led.of("job.run_ended.v2", job) or led.of("job.engine_ended.v1", job))
+    (`job.engine_ended.v2`). For `_until_quiet(..., ended=)`."""
+    return lambda: bool(led.of("job.run_ended.v2", job) or led.of("job.engine_ended.v2", job))
 
 
 def _node(led: Ledger) -> dict[str, Any]:

@@ -95,7 +95,7 @@ def test_a_slurm_jobs_orphans_and_setsid_children_end_before_its_end_is_recorded
 
     for job_id in (1, 2):
         ledger.wait(
-            f"job {job_id}'s end", lambda j=job_id: bool(ledger.of("job.engine_ended.v1", j))
+            f"job {job_id}'s end", lambda j=job_id: bool(ledger.of("job.engine_ended.v2", j))
         )
         # the moment its end is recorded, no process of its tree runs any more
         left = [p for p in tree(job_id) if alive(p)]
@@ -111,7 +111,7 @@ def test_a_slurm_jobs_orphans_and_setsid_children_end_before_its_end_is_recorded
     assert ledger.jobs()[1]["outcome"] == "completed"
     # its batch script ended what the leader left (its TERM-ignoring daemon killed after the
     # grace) before its end record, which says so (atk46-s F4)
-    (ended,) = ledger.of("job.engine_ended.v1", 1)
+    (ended,) = ledger.of("job.engine_ended.v2", 1)
     assert re.search(r"left \d processes in the job's cgroup, killed after", ended["note"]), ended
 
 

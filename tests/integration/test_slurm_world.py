@@ -607,3 +607,40 @@ def test_a_run_adopted_after_a_kill_9_keeps_its_output_and_error_files(ledger: L
     ledger.cli("cancel", "1")
     ledger.wait("the cancel", lambda: status(ledger, 1) == "finished")
     ledger.stop()
+
+
+def test_a_job_over_the_partitions_max_time_says_why_it_waits_and_runs_once_it_is_raised(
+    ledger: Ledger,
+) -> None:
+    """atk60-slurm F4: with the partition's MaxTime below a job's limit (`MaxTime=1`, `-t 5`)
+    the job is never placed (Slurm would never start it) until MaxTime is raised, but `queue`
+    gave it `NEXT_CYCLE` with an estimated start 25 s ahead and `explain` "It would be placed
+    in the next cycle" for as long as it waited. Now both say why, Slurm's reason's name as its
+    code, with no estimated start, while it holds; once MaxTime is raised it runs, once."""
+    part = ledger.cluster.partition
+    ledger.up()
+    try:
+        ledger.cluster.run("scontrol", "update", f"PartitionName={part}", "MaxTime=1")
+        ledger.wait("the executor to read MaxTime",
+                    lambda: f"partition {part}: MaxTime=1 (was UNLIMITED)" in ledger.service_log())  # fmt: skip  # noqa: E501
+        ledger.submit("alice", 1, "sleep 1", "-t", "5")
+        rows: list[dict[str, Any]] = []
+        for _ in range(5):  # as long as it waits (several of the executor's reads)
+            time.sleep(3)
+            (row,) = json.loads(ledger.cli("queue", "--json"))
+            rows.append(row)
+            assert (row["job_id"], row["code"]) == (1, "PARTITION_TIME_LIMIT"), rows
+            assert row["estimated_start_at"] is None, rows
+            assert "time limit (5m) is over the partition's MaxTime (1m)" in row["reason"], rows
+        said = json.loads(ledger.cli("explain", "1", "--json"))
+        assert (said["code"], said["estimated_start_at"]) == ("PARTITION_TIME_LIMIT", None), said
+        lines = "\n".join(said["lines"])
+        assert "next cycle" not in lines, lines
+        assert "It may not run yet (the partition's MaxTime): its time limit (5m) is over the "\
+            "partition's MaxTime (1m)" in lines, lines  # fmt: skip
+        assert status(ledger, 1) == "pending" and not ledger.of("job.placed.v1", 1)
+    finally:
+        ledger.cluster.run("scontrol", "update", f"PartitionName={part}", "MaxTime=INFINITE")
+    ledger.wait("the job to run and end", lambda: status(ledger, 1) == "finished", 90)
+    assert ledger.jobs()[1]["finish_reason"] == "completed", ledger.jobs()[1]
+    assert len(ledger.of("job.engine_linked.v1", 1)) == 1  # placed and run once

@@ -206,7 +206,7 @@ def test_sigterm_and_kill_9_of_up_leave_jobs_running_and_a_restart_adopts_them(
     assert finished == {1: ("failed", 6), 2: ("failed", 3), 3: ("completed", 0)}
     ended = {
         ev["job_id"]: (ev["engine"], ev["engine_job_id"], ev["reason"], ev["exit_code"])
-        for ev in events(home, "job.engine_ended.v1")
+        for ev in events(home, "job.engine_ended.v2")
     }
     assert ended == {
         1: ("agent", "1.1", "exited", 6),

@@ -625,7 +625,7 @@ def test_every_event_type_is_in_the_union_and_tagged() -> None:
     assert len(e.TAGS) == len(stored) == len(set(stored))
     later = {e.CycleDecided: "v4", e.CycleDecidedV3: "v3", e.CycleDecidedV2: "v2"}
     later |= {e.JobSubmitted: "v2", e.JobFinished: "v2", e.JobRunEnded: "v2"}
-    later |= {e.ServiceConfigured: "v2"}
+    later |= {e.ServiceConfigured: "v2", e.JobEngineEnded: "v2"}
     assert all(e.tag_of(cls).endswith(".v1") for cls in stored if cls not in later)
     assert all(e.tag_of(cls).endswith("." + version) for cls, version in later.items())
 

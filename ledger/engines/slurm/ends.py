@@ -25,7 +25,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ledger.engines.slurm.words import exit_code, slurm_time
+from ledger.engines.slurm.words import SLURM_ENDS_FIRST, exit_code, slurm_time
 from schemas.events import EndReason
 
 BEAT_EVERY_S = 2
@@ -132,6 +132,32 @@ class OwnEnd:
             return ""
         how = "killed after the job's grace" if self.killed else "ended at SIGTERM"
         return f"its command left {self.left} processes in the job's cgroup, {how}"
+
+
+def ended_killed(
+    state: str, script_killed: bool, own: OwnEnd | None, stopped: bool, gang: bool
+) -> bool | None:
+    """Pure: whether the processes of a run Slurm reports ended outlived their grace and were
+    killed (`Exit.killed`, `job.engine_ended.v2`), as its batch script and Slurm's state say:
+    - its batch script killed by a signal (`SlurmJob.script_killed`: it wrote no end record)
+      while Slurm ended the job (`state` in `SLURM_ENDS_FIRST`: its TIMEOUT, a `scancel`: the
+      SIGKILL `KillWait` after the SIGTERM) or the ledger stopped it (`stopped`: the executor's
+      SIGKILL after the grace): killed. Killed by the job's own process, nobody's grace ran out:
+      not said (None);
+    - else its own end record (`own`): killed when it says its script SIGKILLed what the
+      command left after the grace, or its own end cut the command (`OwnEnd.killed`); not
+      killed when it says none was, on its one node. A gang's ranks on its other nodes, or a
+      step left alive on its node (`OwnEnd.steps`), are out of the record's sight: not said;
+    - no record (a node that does not share the run's directory): not said.
+    Before, such an end said nothing of it (atk60-slurm F3: `killed` null for a gang that
+    Slurm's TIMEOUT SIGKILLed while the service was down)."""
+    if script_killed:
+        return True if state.split()[0] in SLURM_ENDS_FIRST or stopped else None
+    if own is None:
+        return None
+    if own.killed:
+        return True
+    return None if gang or own.steps else False
 
 
 @dataclass(frozen=True)

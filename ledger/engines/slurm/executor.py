@@ -564,7 +564,11 @@ class SlurmExecutor:
         except EngineError as err:
             log.warning("slurm partition: %s; keeping its MaxTime and State", err.line())
             return
-        self.max_time_s = partition_max_time(text, self.partition)
+        longest = partition_max_time(text, self.partition)
+        if longest != self.max_time_s:  # a job asking for more waits for it (`queue`, `explain`)
+            log.warning("slurm partition %s: MaxTime=%s (was %s)", self.partition,
+                        _minutes(longest), _minutes(self.max_time_s))  # fmt: skip
+        self.max_time_s = longest
         state = partition_state(text, self.partition)
         if state != self.partition_state:
             log.warning("slurm partition %s: State=%s (was %s)", self.partition, state,
@@ -739,3 +743,8 @@ class SlurmExecutor:
     def shutdown(self, now: float) -> list[Exit]:
         """Slurm runs on without us; the next start adopts the runs."""
         return []
+
+
+def _minutes(max_time_s: float | None) -> str:
+    """Pure: a partition's MaxTime as Slurm writes it in minutes (None: `UNLIMITED`)."""
+    return "UNLIMITED" if max_time_s is None else f"{max_time_s / 60:g}"

@@ -13,12 +13,13 @@ from typing import TYPE_CHECKING
 
 from ledger.cycle.executor import Exit, Start
 from ledger.engines.slurm import tracked
-from ledger.engines.slurm.ends import beat_window, limit_kill_end
+from ledger.engines.slurm.ends import beat_window, ended_killed, limit_kill_end
 from ledger.engines.slurm.launching import (
     ended_by_record,
     marked,
     never_ran_reason,
     never_starts,
+    own_end,
     reaping_said,
     run_end,
     script_killed,
@@ -35,7 +36,13 @@ from ledger.engines.slurm.stops import (
     unseen_end,
 )
 from ledger.engines.slurm.tracked import Run
-from ledger.engines.slurm.words import SLURM_ENDS_FIRST, WAITING, SlurmJob, end_reason
+from ledger.engines.slurm.words import (
+    SLURM_ENDS_FIRST,
+    WAITING,
+    SlurmJob,
+    end_reason,
+    expand_hostlist,
+)
 from schemas.units import when
 
 if TYPE_CHECKING:
@@ -116,9 +123,10 @@ def read_own_runs(ex: SlurmExecutor, now: float) -> None:
         elif j.ended:
             del ex._runs[job_id]
             ex._wrong_gpus.ran(job_id)
-            code, at, note = end_of(ex, r, j, now)
+            code, at, note, killed = end_of(ex, r, j, now)
             reason = "time_limit" if r.limited else end_reason(j.state)
-            ex._exits.append(Exit(job_id, code, at, reason, r.slurm_id, j.state, note, run=r.run))  # fmt: skip  # noqa: E501
+            ex._exits.append(Exit(job_id, code, at, reason, r.slurm_id, j.state, note, run=r.run,
+                                  killed=killed))  # fmt: skip
         elif j.state == "RUNNING" and r.started and (own := ended_unseen(ex, r, now)):
             del ex._runs[job_id]  # its own record, its beat stale: Slurm's word is stale
             log.warning("job %s (Slurm job %s) ended at %s by its own end record, though "
@@ -170,9 +178,12 @@ def ended_unseen(ex: SlurmExecutor, r: Run, now: float) -> tuple[int, float, str
     return ended_by_record(run_dir, r.started_at, now, beat_window(ex.kill_wait_s))
 
 
-def end_of(ex: SlurmExecutor, r: Run, j: SlurmJob, now: float) -> tuple[int, float, str]:
+def end_of(
+    ex: SlurmExecutor, r: Run, j: SlurmJob, now: float
+) -> tuple[int, float, str, bool | None]:
     """How (exit code) and when a run ended (`run_end`: Slurm's word, or, where Slurm did not
-    decide it, its own end record's: a completion slurmctld heard late is not charged); note."""
+    decide it, its own end record's: a completion slurmctld heard late is not charged); note;
+    whether its processes were killed after their grace (`ends.ended_killed`)."""
     assert r.slurm_id is not None
     seen = ex._completing.get(r.slurm_id)
     if r.slurm_id not in ex._stopping:
@@ -193,7 +204,9 @@ def end_of(ex: SlurmExecutor, r: Run, j: SlurmJob, now: float) -> tuple[int, flo
     killed = "" if own or ledgers else script_killed(run_dir, j.state, code, r.started_at, now,
                                                        grace, signal)  # fmt: skip
     tree = "" if j.script_killed else tree_said(run_dir)  # not its script's record (F4)
-    return code, at, "; ".join(filter(None, (killed, tree)))
+    gang = len(expand_hostlist(j.nodes)) > 1
+    cut = ended_killed(j.state, j.script_killed, own_end(run_dir), ledgers, gang)
+    return code, at, "; ".join(filter(None, (killed, tree))), cut
 
 
 def node_failed(ex: SlurmExecutor, r: Run, j: SlurmJob, now: float) -> None:
