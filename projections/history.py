@@ -679,7 +679,9 @@ def known_account(con: Con, account: str | None) -> None:
     if not con.execute(
         "SELECT 1 FROM account_history WHERE account = $a LIMIT 1", {"a": account.rstrip("/")}
     ).fetchone():
-        raise UnknownEntity(f"no account {shorten(account)}", hint="see `gpuledger account tree`")
+        raise UnknownEntity(
+            f"no account {shorten(account)}", hint="see `gpuledger account tree`", param="account"
+        )
 
 
 def preemption_report(

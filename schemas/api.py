@@ -47,6 +47,9 @@ class Problem(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     code: str
     message: str = ""
     hint: str = ""
+    param: str = ""
+    """The query parameter whose value was refused, when one was (the dashboard drops it and
+    says so beside its filter); "" otherwise."""
 
 
 SILENT_S = 5.0

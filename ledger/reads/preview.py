@@ -162,7 +162,9 @@ def known_account(state: State, account: str | None) -> None:
     """Pure: UnknownEntity when the filter's `account` names no node of the budget tree (a
     closed one counts: its jobs stay), as the preemption report answers; not an empty page."""
     if account is not None and account.rstrip("/") not in state.accounts:
-        raise UnknownEntity(f"no account {shorten(account)}", hint="see `gpuledger account tree`")
+        raise UnknownEntity(
+            f"no account {shorten(account)}", hint="see `gpuledger account tree`", param="account"
+        )
 
 
 def queue(

@@ -107,6 +107,7 @@ def problem(err: LedgerError) -> Response[api.Problem]:
         code=err.code,
         message=err.message,
         hint=err.hint,
+        param=str(err.fields.get("param", "")),
     )
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     if status == 429:
@@ -128,13 +129,16 @@ def _http_error(_: Request[Any, Any, Any], err: HTTPException) -> Response[api.P
     code = "invalid" if isinstance(err, ValidationException) else "http"
     detail = str(err.detail)
     extra = getattr(err, "extra", None)
+    param = ""
     if isinstance(extra, list) and extra:
         detail += ": " + "; ".join(
             f"{x.get('key', '')} {x.get('message', '')}".strip()
             for x in extra
             if isinstance(x, dict)
         )
-    body = api.Problem(title=code, status=err.status_code, detail=detail, code=code)
+        # the parameter refused (`state=bogus`): named, as a LedgerError's `param`
+        param = next((str(x["key"]) for x in extra if isinstance(x, dict) and x.get("key")), "")
+    body = api.Problem(title=code, status=err.status_code, detail=detail, code=code, param=param)
     return Response(body, status_code=err.status_code, media_type="application/problem+json")
 
 

@@ -89,6 +89,17 @@ class TeamsView(msgspec.Struct, frozen=True, kw_only=True):
 class QueueEntry(msgspec.Struct, frozen=True, kw_only=True):
     row: v.QueueRow
     parts: list[v.KeyPart]
+    name: str = ""
+    """The job's name (`submit -J`; public, as in squeue): no page showed it (atk61-29a F7)."""
+
+
+def job_name(state: Any, job_id: int) -> str:
+    """Pure: a queue row's job's name in the live state ("" when its job is gone from it: a
+    stopped run, `State.stopped_of`, keeps its own)."""
+    job = state.jobs.get(job_id)
+    if job is not None:
+        return str(job.spec.job_name)
+    return next((str(r.job_name) for r in state.stopped_of(job_id) if r.job_name), "")
 
 
 class QueuePageView(msgspec.Struct, frozen=True, kw_only=True):
@@ -398,10 +409,11 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
             # refused before the position's shared preview is waited for (atk52-29 F5: a
             # misspelt sort took 4-12 s for its 400, an unknown code gave an empty page)
             if sort not in previews.QUEUE_SORTS:
-                raise InvalidCommand(f"no such column to sort by: {sort!r}",
+                raise InvalidCommand(f"no such column to sort by: {sort!r}", param="sort",
                                      hint=", ".join(previews.QUEUE_SORTS))  # fmt: skip
             if code is not None and code not in QUEUE_CODES:
-                raise InvalidCommand(f"no such wait code: {code!r}", hint=", ".join(QUEUE_CODES))
+                raise InvalidCommand(f"no such wait code: {code!r}", hint=", ".join(QUEUE_CODES),
+                                     param="reason")  # fmt: skip
             previews.known_account(h.ledger.state, filt.account)
             got = live_preview(h)
             policy = registry.build(h.ledger.state.policy)
@@ -417,7 +429,11 @@ def routes(worker: Worker, handles: Any, person: Callable[[Any], Any], pool: Rea
                 codes=page.codes,
                 at=got.now,
                 rows=[
-                    QueueEntry(row=r, parts=previews.key_parts(got.policy_version, r.sort_key))
+                    QueueEntry(
+                        row=r,
+                        parts=previews.key_parts(got.policy_version, r.sort_key),
+                        name=job_name(h.ledger.state, r.job_id),
+                    )
                     for r in page.rows
                 ],
             )

@@ -248,6 +248,7 @@ def check(schema: Schema, pairs: list[tuple[str, str]], where: str) -> None:
             raise InvalidCommand(
                 f"query parameter {name!r} of {where} is not {article} {word}: {_shown(value)}",
                 hint=f"give {spelled}",
+                param=name,
             )
         if param.many:
             given.setdefault(name, []).append(value)
@@ -255,6 +256,7 @@ def check(schema: Schema, pairs: list[tuple[str, str]], where: str) -> None:
             raise InvalidCommand(
                 f"query parameter {name!r} of {where} is given more than once",
                 hint="give it once",
+                param=name,
             )
         else:
             given[name] = value
@@ -262,8 +264,12 @@ def check(schema: Schema, pairs: list[tuple[str, str]], where: str) -> None:
         try:
             msgspec.convert(given, schema.struct, strict=False)
         except msgspec.ValidationError as err:
+            # the parameter refused named (`param`: the dashboard drops it, atk61-29a F3)
+            at = re.search(r"`\$\.(\w+)", str(err))
             raise InvalidCommand(
-                f"invalid query of {where}: {_query_words(str(err))}", hint="see /v1/openapi.json"
+                f"invalid query of {where}: {_query_words(str(err))}",
+                hint="see /v1/openapi.json",
+                param=at.group(1) if at else "",
             ) from err
 
 

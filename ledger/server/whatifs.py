@@ -41,7 +41,7 @@ from ledger.server import children
 from ledger.sim import whatif as wi
 from schemas import commands as c
 from schemas.bounds import AccountPath, Shares
-from schemas.errors import InvalidCommand, Unavailable
+from schemas.errors import InvalidCommand, NotAuthorised, Unavailable, UnknownEntity
 
 log = logging.getLogger("gpuledger.server")
 
@@ -134,6 +134,7 @@ def may_ask(state: Any, now: float, caller: Any, ask: WhatIfAsk) -> tuple[int, b
     from ledger.store.clock import random_ids
 
     change = c.SetShares(actor="", account=ask.account, shares=ask.shares, reason="what-if")
+    unknown(state, caller.actor, ask.account)
     # who may first (a caller refused learns nothing of the account), then an open account
     b.check(state, [ident.act(caller, change)], now, random_ids())
     acct = state.accounts[ask.account]
@@ -142,6 +143,20 @@ def may_ask(state: Any, now: float, caller: Any, ask: WhatIfAsk) -> tuple[int, b
         accounts={ask.account: b.BudgetAccount(kind=acct.kind, shares=ask.shares)}
     )
     return acct.shares, budgets, end
+
+
+def unknown(state: Any, actor: str, account: str) -> None:
+    """Pure: an account that does not exist, said as such (404, its whole name) to whoever may
+    ask a what-if at all (an admin, or a manager of some account: every page answers "no
+    account" for it); to anyone else 403 with no name (the shares check said "it needs a manager
+    of '<b>x<'", the parent cut at a '/' inside the name: atk61-29a F6)."""
+    if account in state.accounts:
+        return
+    if state.is_admin(actor) or state.managers.get(actor):
+        raise UnknownEntity(f"no account {account!r}", hint="see `gpuledger account tree`")
+    raise NotAuthorised(
+        f"{actor!r} may not ask a what-if: only managers and admins may", actor=actor
+    )
 
 
 def period_start(end: float) -> float:

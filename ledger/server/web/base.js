@@ -36,11 +36,12 @@ function pct(x) {
   return x === null || x === undefined ? "—" : `${(100 * x).toFixed(1)}%`;
 }
 
+// a table in its own box: wider than the window, it scrolls sideways there, never the page
 function table(head, rows, attrs) {
-  return el("table", attrs || {},
+  return el("div", { class: "scroll" }, el("table", attrs || {},
     el("thead", {}, el("tr", {}, head.map((h) =>
       el("th", { class: /^[#]|GPU|Shares|Usage|LevelFS|FairShare|owed|delivered|burst|by |\bcount|placed|preempted|considered/i.test(h) ? "num" : null }, h)))),
-    el("tbody", {}, rows));
+    el("tbody", {}, rows)));
 }
 
 function td(value, attrs) {
@@ -77,14 +78,18 @@ async function api(path, retries = RETRIES_429, timeoutMs = 0) {
     return api(path, retries - 1, timeoutMs);
   }
   if (resp.status === 401) {
-    localStorage.removeItem(TOKEN_KEY);
-    location.assign(`/ui/login?next=${encodeURIComponent(location.pathname + location.search)}`);
+    signOut();
     throw new SignedOut("signed out");
   }
   heardFrom(resp.headers.get("Date"));
   const body = await resp.json();
-  if (!resp.ok) throw new Error(body.detail || `${resp.status}`);
+  if (!resp.ok) throw Object.assign(new Error(body.detail || `${resp.status}`), { param: body.param || null });
   return body;
+}
+
+function signOut() {  // the token refused (a 401, to a read or to a look): the login page
+  localStorage.removeItem(TOKEN_KEY);
+  location.assign(`/ui/login?next=${encodeURIComponent(location.pathname + location.search)}`);
 }
 
 // A page's read (its first and its timed ones) waits for the one under way in another tab of
@@ -242,6 +247,7 @@ function lookAtServer() {
   fetch("/v1/whoami", { headers: { Authorization: `Bearer ${token()}` }, signal: AbortSignal.timeout(PAGE_LOCK_MS) })
     .then((resp) => {
       heard(look.at);
+      if (resp.status === 401) signOut();  // revoked: out now, not at the next read (atk61-29a F4)
       return resp.text();
     })
     .catch(() => {})  // given up or refused: unheard still, the next look asked

@@ -6,14 +6,14 @@
 const queueState = { user: "", account: "", state: "queued", reason: "", mine: false,
   sort: "order", descending: false, offset: 0, limit: 100 };
 const QUEUE_COLUMNS = [  // [heading, sort column or null, width]
-  ["#", "order", "4.5em"], ["job", "job", "5em"], ["user", "user", "6.5em"], ["account", "account", "10.5em"],
+  ["#", "order", "4.5em"], ["job", "job", "6em"], ["user", "user", "6.5em"], ["account", "account", "10.5em"],
   ["GPUs", "gpus", "4.5em"], ["state", "state", "5.5em"], ["code", "code", "10em"], ["reason", null, "auto"],
   ["sort key", null, "8em"], ["submitted", "submitted", "8.5em"], ["waiting", null, "5.5em"],
   ["est. start", null, "8.5em"],
 ];
 
 const RUNNING_COLUMNS = [  // the running view (state=running), like squeue -t R: TIME, TIME_LIMIT, TIME_LEFT
-  ["job", "job", "5em"], ["user", "user", "6.5em"], ["account", "account", "10.5em"], ["GPUs", "gpus", "4.5em"],
+  ["job", "job", "6em"], ["user", "user", "6.5em"], ["account", "account", "10.5em"], ["GPUs", "gpus", "4.5em"],
   ["state", "state", "5.5em"], ["nodes", null, "auto"], ["submitted", "submitted", "8.5em"], ["waited", null, "5.5em"],
   ["started", null, "8.5em"], ["elapsed", null, "7em"], ["time limit", null, "7em"], ["remaining", null, "7em"],
 ];
@@ -33,9 +33,20 @@ function squeezed(s, most = 16) {
   return `${s.slice(0, head)}…${s.slice(s.length - (most - head - 1))}`;
 }
 
-function queueCells(r, parts, running) {
+// A job's id, its link, and its name below it (public, as in squeue: no page showed it,
+// atk61-29a F7), cut to its cell, whole on hover; its own direction (<bdi>: a name's
+// right-to-left override reorders nothing beside it)
+function jobName(name) {
+  return name ? el("bdi", { class: "name", title: name, "data-col": "name" }, name) : null;
+}
+
+function jobCell(id, name) {
+  return td([el("a", { href: `/ui/job?id=${id}` }, id), jobName(name)]);
+}
+
+function queueCells(r, parts, running, name) {
   if (running) {
-    return [td(el("a", { href: `/ui/job?id=${r.job_id}` }, r.job_id)), td(r.user, { title: r.user }),
+    return [jobCell(r.job_id, name), td(r.user, { title: r.user }),
       td(squeezed(r.account), { title: r.account, "data-col": "account" }), td(r.gpus, { class: "num" }), td(stateCell(r.state, r.kill_at)),
       td(r.nodes.join(", ") || "—", { class: "wrap" }), td(timeEl(r.submitted_at)), td(dur(r.waiting_s)),
       td(timeEl(r.started_at)), td(ticking("elapsed", r.started_at), { "data-col": "elapsed" }),
@@ -52,15 +63,42 @@ function queueCells(r, parts, running) {
     : localised(r.reason);
   // its position whole at every width (4.5em: "9…" for every position from 1,000 on: atk49-29 F2)
   return [td(r.order === null ? "—" : r.order, { class: "num", "data-col": "order", title: r.order === null ? null : `#${r.order} in dispatch order` }),
-    td(el("a", { href: `/ui/job?id=${r.job_id}` }, r.job_id)), td(r.user, { title: r.user }),
+    jobCell(r.job_id, name), td(r.user, { title: r.user }),
     td(squeezed(r.account), { title: r.account, "data-col": "account" }), td(r.gpus, { class: "num" }), td(stateCell(r.state, r.kill_at)),
     td(r.code, { "data-col": "code", title: r.code }), td(reason, { class: "wrap", "data-col": "reason" }),
     td(parts.map(keyPart), { class: "wrap" }),
     td(timeEl(r.submitted_at)), td(dur(r.waiting_s)), td(timeEl(r.estimated_start_at))];
 }
 
+// A value of the address the server refuses (`sort=bogus`, `state=bogus`, `reason=NOPE`,
+// `account=nope`: its answer names the parameter, `param`) is dropped, as `offset=-5` is, and
+// said beside the filters, the page drawn with its filters, headers and pager: the one error
+// line replaced the page, and the only way out was to edit the address (atk61-29a F3).
+const dropped = [];  // what was dropped, said until a filter is changed
+
+function droppedBad(err, state, defaults) {
+  const k = err.param;
+  if (!k || !(k in state) || state[k] === defaults[k]) return false;
+  dropped.push(`${k}=${state[k]} dropped: ${err.message}`);
+  state[k] = defaults[k];
+  document.getElementById("filters")?.replaceWith(PAGE === "queue" ? queueFilters() : finishedFilters());
+  return true;
+}
+
+function filterRow(...kids) {
+  return el("div", { class: "filters", id: "filters" }, ...kids,
+    dropped.length ? el("span", { class: "err", id: "filter-error" }, dropped.join("; ")) : null);
+}
+
+function filtersChanged(state) {
+  state.offset = 0;
+  dropped.length = 0;
+  document.getElementById("filter-error")?.remove();
+  refresh();
+}
+
 function queueFilters() {
-  const again = () => { queueState.offset = 0; refresh(); };
+  const again = () => filtersChanged(queueState);
   const input = (name, ph) => el("input", { id: `f-${name}`, placeholder: ph, value: queueState[name],
     on: { change: (ev) => { queueState[name] = ev.target.value.trim(); again(); } } });
   const sel = el("select", { id: "f-state", on: { change: (ev) => { queueState.state = ev.target.value; again(); } } },
@@ -70,7 +108,7 @@ function queueFilters() {
     el("option", { value: "" }, "any reason"));
   const mine = el("input", { type: "checkbox", id: "f-mine", checked: queueState.mine,
     on: { change: (ev) => { queueState.mine = ev.target.checked; again(); } } });
-  return el("div", { class: "filters" }, input("user", "user"), input("account", "account (and below)"), sel,
+  return filterRow(input("user", "user"), input("account", "account (and below)"), sel,
     reason, el("label", {}, mine, " my jobs"));
 }
 
@@ -129,7 +167,13 @@ async function queuePage(first) {
   if (user) q.set("user", user);
   if (queueState.account) q.set("account", queueState.account);
   if (queueState.reason) q.set("reason", queueState.reason);
-  const page = await pageRead(`/ui/api/queue?${q}`);
+  let page;
+  try {
+    page = await pageRead(`/ui/api/queue?${q}`);
+  } catch (err) {
+    if (!droppedBad(err, queueState, QUEUE_DEFAULTS)) throw err;
+    return queuePage(false);
+  }
   if (page.total && page.offset >= page.total) {  // the queue shrank under this page
     queueState.offset = Math.max(0, Math.floor((page.total - 1) / queueState.limit) * queueState.limit);
     return queuePage(false);
@@ -151,18 +195,19 @@ async function queuePage(first) {
   const body = el("table", { id: "queue", class: "fixed", "data-view": running ? "running" : "queued" },
     el("colgroup", {}, columns.map(([, , w]) => el("col", { style: w === "auto" ? null : `width:${w}` }))),
     el("thead", {}, head),
-    el("tbody", {}, page.rows.map(({ row: r, parts }) => el("tr", { "data-job": r.job_id }, queueCells(r, parts, running)))));
-  document.getElementById("queue-body").replaceChildren(pager(page.total, page.offset, page.limit), body);
+    el("tbody", {}, page.rows.map(({ row: r, parts, name }) => el("tr", { "data-job": r.job_id }, queueCells(r, parts, running, name)))));
+  document.getElementById("queue-body").replaceChildren(pager(page.total, page.offset, page.limit), el("div", { class: "scroll" }, body));
 }
 
 // --- finished jobs (like sacct) ------------------------------------------------------------
 
 const finishedState = { user: "", account: "", reason: "", mine: false, offset: 0, limit: 100 };
+const FINISHED_DEFAULTS = { ...finishedState };
 const FINISH_REASONS = ["completed", "failed", "cancelled", "time_limit", "preempted", "node_lost",
   "dependency_never_satisfied", "launch_failed"];
 
 function finishedFilters() {
-  const again = () => { finishedState.offset = 0; refresh(); };
+  const again = () => filtersChanged(finishedState);
   const input = (name, ph) => el("input", { id: `f-${name}`, placeholder: ph, value: finishedState[name],
     on: { change: (ev) => { finishedState[name] = ev.target.value.trim(); again(); } } });
   const reason = el("select", { id: "f-reason", on: { change: (ev) => { finishedState.reason = ev.target.value; again(); } } },
@@ -170,7 +215,7 @@ function finishedFilters() {
     FINISH_REASONS.map((r) => el("option", { value: r, selected: r === finishedState.reason }, r)));
   const mine = el("input", { type: "checkbox", id: "f-mine", checked: finishedState.mine,
     on: { change: (ev) => { finishedState.mine = ev.target.checked; again(); } } });
-  return el("div", { class: "filters" }, input("user", "user"), input("account", "account (and below)"), reason,
+  return filterRow(input("user", "user"), input("account", "account (and below)"), reason,
     el("label", {}, mine, " my jobs"));
 }
 
@@ -188,10 +233,16 @@ async function finishedPage(first) {
   if (user) q.set("user", user);
   if (finishedState.account) q.set("account", finishedState.account);
   if (finishedState.reason) q.set("reason", finishedState.reason);
-  const page = await pageRead(`/ui/api/finished?${q}`);
+  let page;
+  try {
+    page = await pageRead(`/ui/api/finished?${q}`);
+  } catch (err) {
+    if (!droppedBad(err, finishedState, FINISHED_DEFAULTS)) throw err;
+    return finishedPage(false);
+  }
   const body = table(["job", "user", "account", "GPUs", "end", "exit", "submitted", "started", "ended", "elapsed", "nodes"],
     page.rows.map((j) => el("tr", { "data-job": j.job_id },
-      td(el("a", { href: `/ui/job?id=${j.job_id}` }, j.job_id)), td(j.user), td(j.account, { title: j.account }),
+      jobCell(j.job_id, j.job_name), td(j.user), td(j.account, { title: j.account }),
       td(j.gpus, { class: "num" }), td(j.finish_reason || j.outcome || "—", { "data-col": "reason" }),
       td(j.exit_code === null ? "—" : j.exit_code, { class: "num" }), td(timeEl(j.submitted_at)),
       td(timeEl(j.started_at)), td(timeEl(j.finished_at)), td(dur(j.elapsed_s), { "data-col": "elapsed" }),
@@ -215,7 +266,7 @@ async function jobPage() {
   const j = data.job, x = data.explain;
   const facts = table(["field", "value"], [
     ["status", j.kill_at === null ? j.status + (j.outcome ? ` (${j.outcome})` : "") : stateCell(j.status, j.kill_at)],
-    ["user", j.user], ["account", j.account],
+    ["name", j.job_name ? el("bdi", { id: "job-name" }, j.job_name) : "none"], ["user", j.user], ["account", j.account],
     ["GPUs", `${j.gpus}${j.gpu_type ? " × " + j.gpu_type : ""}`], ["nodes", j.nodes.join(", ") || "—"],
     ["funded", j.funded], ["resumable", j.resumable], ["min runtime", dur(j.min_runtime_s)],
     ["submitted", timeEl(j.submitted_at)], ["started", timeEl(j.started_at)], ["finished", timeEl(j.finished_at)],

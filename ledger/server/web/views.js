@@ -85,6 +85,27 @@ async function nodesPage() {
 
 // --- decisions ------------------------------------------------------------------------------
 
+// A recorded event as [field, value] rows, its fields named by their path ("ranks.usage.window_s"):
+// times (`at`, `*_at`) in the page's form (the viewer's zone, UTC on hover), an absent value
+// (null, "") left out, an empty list or map said "none"; it was the raw JSON, a literal `null`
+// and epoch seconds (atk61-29a F2).
+function recordRows(value, name = "") {
+  if (value === null || value === undefined || value === "") return [];
+  if (Array.isArray(value)) {
+    const item = (x) => (Array.isArray(x) ? x.join(" ") : x !== null && typeof x === "object"
+      ? recordRows(x).map(([k, v]) => `${k} ${v instanceof Node ? v.textContent : v}`).join(" · ") : String(x));
+    return [[name, value.length ? value.map(item).join(", ") : "none"]];
+  }
+  if (typeof value === "object") {
+    const rows = Object.entries(value).flatMap(([k, v]) => recordRows(v, name ? `${name}.${k}` : k));
+    return rows.length || name === "" ? rows : [[name, "none"]];
+  }
+  const key = name.split(".").pop();
+  if (typeof value === "number" && (key === "at" || key.endsWith("_at"))) return [[name, timeEl(value)]];
+  if (typeof value === "boolean") return [[name, value ? "yes" : "no"]];
+  return [[name, String(value)]];
+}
+
 const decisionsState = { before: null };  // the page: the cycles before this position (null: the newest)
 
 async function decisionsPage() {
@@ -130,7 +151,8 @@ async function decisionsPage() {
         ["waiting by code", rec.waiting.counts.map(([c, n]) => `${c}: ${n}`).join(", ") || "—"],
         ["wake at", timeEl(rec.wake_at)], ["skipped empty cycles before", rec.skipped_cycles],
       ].map(([k, v]) => el("tr", {}, td(k), td(v === null || v === undefined ? "—" : v)))),
-      el("h2", {}, "The record"), el("pre", {}, JSON.stringify(rec, null, 1)));
+      el("h2", {}, "The record"),
+      table(["field", "value"], recordRows(rec).map(([k, v]) => el("tr", {}, td(k, { class: "tag" }), td(v))), { id: "decision-record" }));
   }
   main(el("h1", {}, "Decisions"), el("p", { class: "legend" },
     el("span", {}, el("i", { class: "sw", style: "background:var(--delivered)" }), "placed"),
@@ -186,7 +208,8 @@ async function preemptionsPage(first) {
   const who = rep.account ? `${rep.account} and below` : "every team";
   main(el("h1", {}, "Preemptions suffered and caused"), filters,
     el("p", { id: "preempt-summary", "data-start": rep.start, "data-end": rep.end, "data-account": rep.account || "", "data-side": rep.side },
-      `${who}, `, timeEl(rep.start), " – ", timeEl(rep.end), `: suffered ${rep.suffered}, caused ${rep.caused}; `,
+      // the whole period has no start (`null`): said, not "—" (atk61-29a F5)
+      `${who}, `, rep.start === null ? "from the log's start to " : [timeEl(rep.start), " – "], timeEl(rep.end), `: suffered ${rep.suffered}, caused ${rep.caused}; `,
       `GPU-hours lost ${num(rep.lost_gpu_hours, 1)} (by the jobs it preempted ${num(rep.caused_lost_gpu_hours, 1)})`),
     table(["at", "side", "job", "account", "user", "GPUs", "reason", "victim rule", "for job", "for account", "lost GPU-h"],
       rows, { id: "preemptions" }),
