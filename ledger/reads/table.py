@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
 import msgspec
 
 from schemas import views as v
+from schemas.bounds import FloatSeconds
 from schemas.errors import InvalidCommand
 
 if TYPE_CHECKING:  # the CLI in client mode imports this table: keep it light
@@ -117,7 +118,7 @@ class ExplainArgs(_Args, frozen=True, kw_only=True):
 class SquattersArgs(_Args, frozen=True, kw_only=True):
     threshold: Annotated[float, msgspec.Meta(ge=0, le=100)] | None = None
     """Utilisation % below which a job is idle (default: the recorded policy's setting)."""
-    idle_s: Annotated[float, msgspec.Meta(ge=0, le=10 * 365 * 86400.0)] | None = None
+    idle_s: FloatSeconds | None = None
     """How long it must have been idle (default: the recorded policy's `squat_after_s`)."""
     at: v.Epoch | None = None
     """The moment idleness is measured at (default now; after the log's last event)."""

@@ -23,6 +23,26 @@ def test_committed_schemas_match_the_code() -> None:
     )
 
 
+def test_the_schemas_are_the_same_whatever_was_imported_first() -> None:
+    """An annotation equal to another but for an int where it has a float (`Meta(ge=0)` and
+    `Meta(ge=0.0)` are equal, so Python's caches hand out whichever was made first) rendered
+    `"minimum": 0` or `0.0` by import order: the check failed after test_openapi's imports
+    (a `SquattersArgs.idle_s` of its own, 2026-12-07)."""
+    import subprocess
+    import sys
+
+    code = (  # what test_openapi does before: the document rendered, then served once
+        "from ledger.server import app as a\n"
+        "a.offline_document()\n"
+        "from litestar.testing import TestClient\n"
+        "with TestClient(a.offline_app()) as c: c.get('/v1/openapi.json')\n"
+        "from schemas import export as x\n"
+        "print(x.check(x.JSON_DIR))\n"
+    )
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert got.stdout.strip() == "[]", got.stdout + got.stderr
+
+
 def test_export_writes_one_file_per_event_type_named_by_tag(tmp_path: Path) -> None:
     written = [p for p in x.export(tmp_path) if p.parent == tmp_path]
     assert [p.name for p in written] == sorted(f"{t}.json" for t in TAGS)
