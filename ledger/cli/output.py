@@ -351,6 +351,12 @@ class LedgerGroup(click.Group):
             )
 
 
+def interrupted() -> bool:
+    """Whether this command's process has seen a Ctrl-C (`_on_sigint`), even one some library
+    swallowed on its way up."""
+    return _SIGINT_SEEN[0]
+
+
 def _stopped_if_interrupted() -> None:
     """After a Ctrl-C (`_on_sigint`), whatever a command broke on the way is the stop asked
     for: exit 130, no error line."""

@@ -12,11 +12,8 @@ command works on it afterwards. See docs/simulation.md.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import shutil
-import signal
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, as_completed, wait
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +21,7 @@ import click
 
 from ledger.cli._common import Ctx, pass_ctx
 from ledger.cli.output import print_table, progress
+from ledger.cli.sim_pool import run_parallel, run_sweep, submissions_made
 from ledger.core import budget as b
 from ledger.dispatch import registry
 from ledger.sim import report
@@ -324,16 +322,6 @@ def _dump(workload: Workload, path: Path) -> None:
     click.echo(f"wrote {len(workload.jobs)} jobs to {path} and the budget tree to {toml}", err=True)
 
 
-def submissions_made(workload: Workload, days: float) -> Callable[[float], int]:
-    """Pure: how many of the workload's jobs inside `days` are submitted `s` seconds into the
-    run: `simulate run`'s bar counts them, a known total that moves with the work (atk48-29 F4:
-    whole days, "0/1 days" while the bar moved)."""
-    from bisect import bisect_right
-
-    at = sorted(j.submit_s for j in workload.jobs if j.submit_s < days * 86_400.0)
-    return lambda s: bisect_right(at, s)
-
-
 def _run_all(
     policies: list[str], kw: dict[str, Any], home: Path, compare: bool, parallel: int = 1
 ) -> list[RunResult]:
@@ -347,7 +335,8 @@ def _run_all(
     made_here = [home / p for p in policies if compare and not (home / p).exists()]
     try:
         if parallel > 1 and len(policies) > 1:
-            return _run_parallel(policies, kw, knobs, workload, home, parallel, made)
+            runs = [(p, _config(p, kw, knobs[p]), home / p) for p in policies]
+            return run_parallel(runs, workload, float(kw["days"]), parallel)
         results = []
         for policy in policies:
             with progress(policy, made(float("inf")), unit="jobs submitted") as update:
@@ -363,73 +352,6 @@ def _run_all(
         for path in made_here:
             shutil.rmtree(path, ignore_errors=True)
         raise
-
-
-_SUBMITTED: Any = None
-"""A pool process's shared counts of jobs submitted, one a run (`_share`)."""
-
-
-def _share(counts: Any = None) -> None:
-    """A pool process's start: its shared counts, and a Ctrl-C that ends it quietly (the CLI's
-    handler it inherits printed a traceback from each idle one, atk61-29b F4)."""
-    global _SUBMITTED
-    _SUBMITTED = counts
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def _run_counted(
-    slot: int, workload: Workload, config: SimConfig, home: Path, days: float
-) -> RunResult:
-    """One policy of a parallel compare (a pool process): its jobs submitted so far in its slot
-    of the shared counts, which the parent's bar sums."""
-    made = submissions_made(workload, days)
-
-    def told(done: float, total: float, events: int) -> None:
-        _SUBMITTED[slot] = made(done)
-
-    return run_simulation(workload, config, home, told)
-
-
-def _run_parallel(
-    policies: list[str],
-    kw: dict[str, Any],
-    knobs: dict[str, dict[str, str]],
-    workload: Workload,
-    home: Path,
-    parallel: int,
-    made: Callable[[float], int],
-) -> list[RunResult]:
-    """The policies of a compare in up to `parallel` processes at once (each run is its own
-    ledger in `home/<policy>`, seeded, so the results are those of one run after another);
-    one bar of the jobs submitted summed over the runs (no bar at all showed, atk61-29b F2), a
-    line on stderr as each ends, results in the order asked."""
-    counts = multiprocessing.get_context().Array("q", len(policies), lock=False)
-    total = made(float("inf")) * len(policies)
-    with (
-        progress("compare", total, unit="jobs submitted") as update,
-        ProcessPoolExecutor(
-            max_workers=min(parallel, len(policies)), initializer=_share, initargs=(counts,)
-        ) as pool,
-    ):
-        futures = {
-            pool.submit(
-                _run_counted, k, workload, _config(p, kw, knobs[p]), home / p, float(kw["days"])
-            ): p
-            for k, p in enumerate(policies)
-        }
-        done: dict[str, RunResult] = {}
-        waiting = set(futures)
-        while waiting:
-            ended, waiting = wait(waiting, timeout=0.5, return_when=FIRST_COMPLETED)
-            update(sum(counts))
-            for future in ended:
-                result = future.result()
-                done[futures[future]] = result
-                m = result.metrics
-                click.echo(
-                    f"{futures[future]}: done ({m.wall_s:.1f} s, {m.events:,} events)", err=True
-                )
-    return [done[p] for p in policies]
 
 
 def _print(results: list[RunResult], out: dict[str, Path], as_json: bool) -> None:
@@ -618,31 +540,23 @@ def sweep_cmd(
         raise InvalidCommand("the sweep has no workload", hint="give --seeds")
     for cell, seed in cells:  # every workload's settings are checked before any run
         _cell_workload({**kw, "seed": seed, "days": min(kw["days"], 0.01)}, cell)
-    tasks = [(i, p, {**kw, "seed": s}, cell) for i, (cell, s) in enumerate(cells) for p in names]
-    done: dict[tuple[int, str], RunResult] = {}
+    labels = [_sweep_label(c, s) for c, s in cells]
+    tasks = [
+        (
+            ctx.home / f"{i + 1:03d}" / p,
+            labels[i],
+            p,
+            _sweep_one,
+            ({**kw, "seed": s}, cell, p, knobs[p]),
+        )
+        for i, (cell, s) in enumerate(cells)
+        for p in names
+    ]
     report_dir = kw["report_dir"] or ctx.home / "report"
     report_dir.mkdir(parents=True, exist_ok=True)
-    with (
-        progress("sweep", len(tasks), unit="runs done") as update,  # none showed (atk61-29b F2)
-        ProcessPoolExecutor(max_workers=min(parallel, len(tasks)), initializer=_share) as pool,
-        (report_dir / "runs.jsonl").open("a") as runs,
-    ):
-        futures = {
-            pool.submit(_sweep_one, k, cell, p, knobs[p], ctx.home / f"{i + 1:03d}" / p): (i, p)
-            for i, p, k, cell in tasks
-        }
-        for future in as_completed(futures):
-            i, p = futures[future]
-            done[(i, p)] = result = future.result()
-            # each run's report as it ends: a sweep cut short keeps the runs it finished
-            line = {"workload": _sweep_label(*cells[i]), "run": report.summary(result)}
-            runs.write(json.dumps(line, sort_keys=True) + "\n")
-            runs.flush()
-            click.echo(
-                f"{_sweep_label(*cells[i])} {p}: done ({result.metrics.cpu_s:.1f} s CPU)", err=True
-            )
-            update(len(done))
-    table = [(_sweep_label(c, s), [done[(i, p)] for p in names]) for i, (c, s) in enumerate(cells)]
+    done = run_sweep(tasks, ctx.home, report_dir, parallel)
+    table = [(labels[i], [done[ctx.home / f"{i + 1:03d}" / p] for p in names])
+             for i in range(len(cells))]  # fmt: skip
     title = f"Sweep of the workload family ({kw['family_spec'] or 'defaults'})"
     out = report.write_sweep(table, report_dir, title)
     if kw["as_json"]:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -118,7 +119,30 @@ def _worst_fixed(m: Metrics) -> str:
     return f"{_pct(m.fixed_worst_hourly)} / {_pct(m.fixed_worst_daily)}"
 
 
-def row(r: RunResult) -> dict[str, str]:
+class _Measured(Protocol):
+    @property
+    def metrics(self) -> Metrics: ...
+
+
+@dataclass(frozen=True)
+class Done:
+    """A finished run as a sweep keeps it (a line of its `runs.jsonl`): its `summary` and its
+    metrics, what the sweep's table needs, also of a run an earlier, interrupted sweep did."""
+
+    summary: dict[str, Any]
+    metrics: Metrics
+
+    @classmethod
+    def of(cls, r: RunResult) -> Done:
+        return cls(summary(r), r.metrics)
+
+    @classmethod
+    def read(cls, data: dict[str, Any]) -> Done:
+        """Pure: a run from its summary (`summary`, through JSON)."""
+        return cls(data, msgspec.convert(data["metrics"], Metrics))
+
+
+def row(r: _Measured) -> dict[str, str]:
     """Pure: one printed row of a run (the `COLUMNS`)."""
     m = r.metrics
     lost = f"{m.lost_gpu_h:,.0f} ({_pct(m.lost_share)}; funded {_pct(m.lost_funded_share)})"
@@ -303,7 +327,7 @@ CHURN_NOTE = (
 )
 
 
-def sweep_markdown(cells: Sequence[tuple[str, Sequence[RunResult]]], title: str) -> str:
+def sweep_markdown(cells: Sequence[tuple[str, Sequence[_Measured]]], title: str) -> str:
     """Pure: one table for a sweep: a row per (workload, policy) with the `COLUMNS` and where
     the idle GPU-hours were, workloads in the order given."""
     header = ["workload", *(h for _, h in COLUMNS), "idle: reserve / held / fragmented / other"]
@@ -321,12 +345,12 @@ def sweep_markdown(cells: Sequence[tuple[str, Sequence[RunResult]]], title: str)
 
 
 def write_sweep(
-    cells: Sequence[tuple[str, Sequence[RunResult]]], out: Path, title: str
+    cells: Sequence[tuple[str, Sequence[Done]]], out: Path, title: str
 ) -> dict[str, Path]:
     """Write `<out>/sweep.json` (every run's summary, by workload) and `<out>/sweep.md`."""
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "sweep.json", "markdown": out / "sweep.md"}
-    data = [{"workload": label, "runs": [summary(r) for r in rs]} for label, rs in cells]
+    data = [{"workload": label, "runs": [r.summary for r in rs]} for label, rs in cells]
     paths["json"].write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     paths["markdown"].write_text(sweep_markdown(cells, title))
     return paths

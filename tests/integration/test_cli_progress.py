@@ -4,6 +4,7 @@ known total, quiet when not a terminal; and what a Ctrl-C leaves behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import re
@@ -152,6 +153,78 @@ def test_a_compare_stopped_part_way_can_be_run_again(tmp_path: Path) -> None:
     assert not (home / "fifo").exists() and not (home / "fairshare").exists()
     again = quietly([*args, "--days", "0.2"], tmp_path)
     assert again.returncode == 0, again.stderr
+
+
+def stopped_alone(
+    args: list[str], cwd: Path, until: str | Path, after: float = 0.0
+) -> tuple[subprocess.CompletedProcess[str], float]:
+    """`gpuledger ARGS` sent SIGINT to its own process alone (`kill -INT PID`, `timeout -s
+    INT`, a supervisor) `after` seconds after a line of its stderr starts with `until` (or
+    the path `until` exists): what it did, and how long it took to end after the signal."""
+    proc = subprocess.Popen(
+        [GPULEDGER, *args], env=env(), cwd=cwd, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    said = ""
+    while isinstance(until, Path) and not until.exists() and proc.poll() is None:
+        time.sleep(0.1)
+    for line in proc.stderr if isinstance(until, str) else []:
+        said += line
+        if line.startswith(until):
+            break
+    time.sleep(after)
+    os.kill(proc.pid, signal.SIGINT)
+    sent = time.monotonic()
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, said + err), (
+        time.monotonic() - sent
+    )
+
+
+def test_a_parallel_compare_stops_its_runs_on_a_sigint_to_it_alone(tmp_path: Path) -> None:
+    """The bar froze and it exited 130 only when its runs had ended (26.7 s); once in four the
+    signal was lost and it wrote a report, exit 0 (atk61-29c F1)."""
+    home = tmp_path / "c"
+    args = ["--home", str(home), "simulate", "compare", *SMALL, "--policies", "fifo,fairshare",
+            "--parallel", "2", "--days", "28"]  # fmt: skip
+    stopped, took = stopped_alone(args, tmp_path, home / "fairshare", after=1.0)
+    assert stopped.returncode == 130, stopped.stderr
+    assert took < 10, took
+    assert "Traceback" not in stopped.stderr and "done" not in stopped.stderr, stopped.stderr
+    assert not (home / "fifo").exists() and not (home / "fairshare").exists()
+    assert not (home / "report").exists()
+
+
+@pytest.mark.parametrize("parallel", ["1", "2"])
+def test_a_sweep_cut_short_keeps_what_it_recorded_and_a_rerun_goes_on(
+    tmp_path: Path, parallel: str
+) -> None:
+    """Stopped, it left empty run folders and finished runs runs.jsonl did not have; run
+    again, it was refused: "001/fifo already holds a ledger" (atk61-29c F2)."""
+    home = tmp_path / "s"
+    args = ["--home", str(home), "simulate", "sweep", "--family", "", "--seeds", "1,2,3",
+            "--nodes", "4", "--policies", "fifo,fairshare", "--parallel", parallel]  # fmt: skip
+    stopped, took = stopped_alone([*args, "--days", "1"], tmp_path, "seed=1 fifo: done")
+    assert stopped.returncode == 130, stopped.stderr
+    assert took < 10, took
+    runs = (home / "report" / "runs.jsonl").read_text().splitlines()
+    said = [ln for ln in stopped.stderr.splitlines() if ln.endswith("CPU)")]
+    assert 1 <= len(runs) == len(said) < 6, stopped.stderr
+    recorded = sorted("/".join(Path(json.loads(r)["run"]["home"]).parts[-2:]) for r in runs)
+    kept = sorted(f"{p.parent.name}/{p.name}" for p in home.glob("0*/*"))
+    assert kept == recorded, (kept, recorded)
+    assert all(any(p.iterdir()) for p in home.glob("0*")), list(home.glob("0*/*"))
+    again = quietly([*args, "--days", "1"], tmp_path)
+    assert again.returncode == 0, again.stderr
+    redone = [ln for ln in again.stderr.splitlines() if ln.endswith("CPU)")]
+    assert len(redone) == 6 - len(runs), again.stderr
+    assert len((home / "report" / "runs.jsonl").read_text().splitlines()) == 6
+    assert len(json.loads((home / "report" / "sweep.json").read_text())) == 3
+    assert "report:" in again.stdout, again.stdout
 
 
 def test_a_rebuild_stopped_part_way_leaves_no_half_built_copy(world: Path, tmp_path: Path) -> None:
