@@ -11,6 +11,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import signal
 import sqlite3
 import sys
@@ -22,6 +23,7 @@ import click
 import msgspec
 
 from schemas.errors import EnvironmentProblem, InvalidCommand, LedgerError
+from schemas.units import shorten
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -182,10 +184,41 @@ EXIT_INTERRUPTED = 130
 """Ctrl-C (SIGINT): the shell's 128 + 2, and no error line (the user stopped it)."""
 
 
+LONGEST_VALUE = 100
+"""An error line names a value (an option's, an argument's, a path) whole up to this length;
+a longer one is cut (`cut_values`)."""
+_QUOTED = re.compile(
+    r"""(?<!\w)(?:'(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*")(?!\w)|[^\s'"]*[^\s'":,.;)]"""
+)
+
+
+def cut_values(line: str, most: int = LONGEST_VALUE) -> str:
+    """Pure: `line` with every quoted value, and every word, longer than `most` characters cut
+    as `shorten` cuts one (`'xxx…'... (10,000 characters)`): a 10,000-character `--window`,
+    `jobs --status`, `log --tail`, `explain` JOB_ID, `simulate --set`, ... was echoed whole in
+    a 10,049-character error line, click's "Invalid value" and the ledger's own alike
+    (atk61-29c F3); every error line goes through here once (`fail`)."""
+
+    def cut(m: re.Match[str]) -> str:
+        text = m.group(0)
+        quoted = text[0] in "'\"" and len(text) > 1 and text[-1] == text[0]
+        inner = text[1:-1] if quoted else text
+        if len(inner) <= most:
+            return text
+        return (
+            f"{text[0]}{inner[:60]}{text[0]}... ({len(inner):,} characters)"
+            if quoted
+            else shorten(inner)
+        )
+
+    return _QUOTED.sub(cut, line)
+
+
 def fail(message: str, code: str, exit_code: int = EXIT_REJECTED) -> None:
     """The error contract: one line on stderr, `error: <message> [<code>]`, and the exit code.
-    `code` is a stable word (a LedgerError's `code`, `usage`, `environment`, `internal`)."""
-    first = " ".join(message.split())
+    `code` is a stable word (a LedgerError's `code`, `usage`, `environment`, `internal`); a
+    long value in it is cut (`cut_values`)."""
+    first = cut_values(" ".join(message.split()))
     try:
         click.echo(f"error: {first} [{code}]", err=True)
     finally:
