@@ -173,6 +173,8 @@ def run_sweep(
         runs_path.open("a") as runs,
     ):
         update(len(done))
+        if runs.tell() and not runs_path.read_bytes().endswith(b"\n"):
+            runs.write("\n")  # a line cut short by a kill stays alone, no record
         futures: dict[Future[RunResult], tuple[Path, str, str]] = {}
 
         def record(future: Future[RunResult]) -> None:
