@@ -325,5 +325,6 @@ def approx(seconds: float | None) -> str:
 
 
 def plural(n: int, word: str) -> str:
-    """`1 GPU`, `2 GPUs`, `0 jobs`."""
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+    """`1 GPU`, `2 GPUs`, `0 jobs`, `1,802 jobs` (thousands separated, as the ranges print
+    counts: explain's "1802 jobs needing 6980 GPUs", atk61-29c)."""
+    return f"{n} {word}" if n == 1 else f"{n:,} {word}s"

@@ -58,6 +58,19 @@ def console(*, stderr: bool = False, file: IO[str] | None = None) -> Console:
     return Console(highlight=False, width=width, stderr=stderr)
 
 
+def fold_fields(parts: Sequence[str], width: int) -> str:
+    """Pure: `parts` (a summary's fields) on one line, or on a terminal `width` wide (0: not
+    one) on as many as they need, broken between fields only, the later lines indented: the
+    `report preemptions` summary (120 characters) wrapped mid-field at 80 and 100 columns."""
+    lines = [parts[0]] if parts else []
+    for part in parts[1:]:
+        if width and len(lines[-1]) + 1 + len(part) > width:
+            lines.append("  " + part)
+        else:
+            lines[-1] += " " + part
+    return "\n".join(lines)
+
+
 def print_table(
     header: Sequence[str],
     rows: Sequence[Sequence[str]],

@@ -107,6 +107,19 @@ def _rows_asked(limit: int, tasks: bool) -> int:
     return max(limit, MAX_ARRAY_TASKS) if tasks else min(limit + 1, max(limit, MAX_READ_ROWS))
 
 
+NAME_SHOWN = 24
+"""The most of a job's name `jobs` prints (the dashboard's Queue cuts it to a line too)."""
+
+
+def cut_name(name: str) -> str:
+    """Pure: a job's name as `jobs` lists it: "-" for none, cut to `NAME_SHOWN` characters with
+    "…" (`gpuledger jobs` had no name column; squeue shows NAME by default, atk61-29c)."""
+    name = " ".join(name.split())
+    if not name:
+        return "-"
+    return name if len(name) <= NAME_SHOWN else name[: NAME_SHOWN - 1] + "…"
+
+
 @click.command()
 @click.option(
     "--status",
@@ -184,8 +197,8 @@ def jobs(
         echo_json(selected)
         return
     header = (
-        "job", "account", "user", "gpus", "state", "contract", "submitted", "start", "end",
-        "elapsed", "exit", "nodes", "log",
+        "job", "name", "account", "user", "gpus", "state", "contract", "submitted", "start",
+        "end", "elapsed", "exit", "nodes", "log",
     )  # fmt: skip
     rows: list[tuple[str, ...]] = []
     for r in selected:
@@ -198,14 +211,14 @@ def jobs(
         # a stopping job (past its limit, in its grace) ends by its SIGKILL at the latest
         end = format_time(r.finished_at) if r.kill_at is None else f"by {format_time(r.kill_at)}"
         rows.append((
-            str(r.job_id), r.account, r.user, str(r.gpus), state, contract,
+            str(r.job_id), cut_name(r.job_name), r.account, r.user, str(r.gpus), state, contract,
             format_time(r.submitted_at), format_time(r.started_at), end,
             "-" if r.elapsed_s is None else span(r.elapsed_s),
             "-" if r.exit_code is None else str(r.exit_code), ",".join(r.nodes) or "-",
             r.logs[0] if r.logs else "-",
         ))  # fmt: skip
     # narrow: contract, start, end, nodes and log below each row, whole (atk61-29b F5)
-    print_table(header, rows, free=(5, 7, 8, 11, 12))
+    print_table(header, rows, free=(6, 8, 9, 12, 13))
     if more:  # (atk47-29 F5: it stopped at 200 rows without a word)
         click.echo(f"the newest {limit} shown; more match: --limit N, or --before-id "
                    f"{selected[-1].job_id} for the next page", err=True)  # fmt: skip

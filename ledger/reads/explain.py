@@ -107,7 +107,8 @@ def explain_pending(
         return [*out, "The dispatcher did not consider it (no such pending job in the snapshot)."]
     i = order.index(spec.job_id)
     out.append(
-        f"It is #{i + 1} of {len(order)} in the queue (sort key {key_text(decision.order[i][0])})."
+        f"It is #{i + 1:,} of {len(order):,} in the queue "
+        f"(sort key {key_text(decision.order[i][0])})."
     )
     out.append(_rank_line(spec.account, spec.user, snapshot))
     ahead = _pending_by_id(snapshot, order[:i])

@@ -89,6 +89,15 @@ def test_audit_check_shows_its_walk_over_the_log(world: Path, tmp_path: Path) ->
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
 
 
+def test_a_rebuild_says_its_phase_before_its_count_starts(world: Path, tmp_path: Path) -> None:
+    """The bar sat at `0/304,777 -:--:--` for 2-7 s of a 12 s rebuild (atk61-29c)."""
+    home = tmp_path / "copy"
+    shutil.copytree(world, home)
+    code, shown = on_a_terminal(["--home", str(home), "projection", "rebuild"], tmp_path)
+    assert code == 0, shown
+    assert "reading the log's first events" in shown, shown
+
+
 def test_a_parallel_compare_shows_one_bar_of_the_jobs_of_all_its_runs(tmp_path: Path) -> None:
     """Nothing for 6.9 s of 8.0 s, then one `done` line a run (atk61-29b F2)."""
     args = ["simulate", "compare", *SMALL, "--days", "0.5", "--policies", "fairshare,fifo",
@@ -286,10 +295,13 @@ def test_the_tables_keep_names_and_dates_whole_on_a_narrow_terminal(
     world: Path, tmp_path: Path, command: list[str], columns: int
 ) -> None:
     """At 100 columns `report preemptions` printed `prog1/t…` and `2026-01-…`, and `jobs`
-    `prog1/…` and `2026-0…` (atk61-29b F5)."""
+    `prog1/…` and `2026-0…` (atk61-29b F5); the summary line of `report preemptions` wrapped
+    mid-field at 80 and 100 (atk61-29c). `jobs` has a name column (atk61-29c)."""
     shown = table_on_a_terminal(["--home", str(world), *command], tmp_path, columns)
-    lines = [ln for ln in shown.splitlines() if "GPU-hours lost" not in ln]  # the table's
-    assert "…" not in shown and max(len(ln) for ln in lines) <= columns, shown
+    lines = shown.splitlines()  # the summary's too (it wrapped mid-field, atk61-29c)
+    assert max(len(ln) for ln in lines) <= columns, shown
+    assert "…" not in shown, shown
+    assert command != ["jobs"] or "name" in shown, shown
     names = re.findall(r"prog\d/team\d\d", shown)
     dates = re.findall(r"2026-01-0\d[ T]\d\d:\d\d:\d\dZ", shown)
     assert len(names) >= 10 and len(dates) >= 10, shown

@@ -218,3 +218,9 @@ def test_a_wrong_type_is_told_by_its_value_once(body: bytes, said: str) -> None:
     with pytest.raises(msgspec.ValidationError) as err:
         msgspec.json.decode(body, type=Ask)
     assert describe(err.value, msgspec.json.decode(body)) == said
+
+
+def test_plural_separates_thousands() -> None:
+    """Explain said "1802 jobs needing 6980 GPUs" beside a range of "3,034" (atk61-29c)."""
+    assert units.plural(1802, "job") == "1,802 jobs"
+    assert units.plural(1, "GPU") == "1 GPU" and units.plural(0, "GPU") == "0 GPUs"
