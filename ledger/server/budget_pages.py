@@ -23,6 +23,7 @@ from ledger.server.fairlane import FairSlot
 from ledger.server.pages import WEEK_S, json_response
 from ledger.server.whatifs import REVIEW_S
 from schemas.errors import UnknownEntity
+from schemas.units import shorten
 
 READ_SHARE = 19
 """A what-if's work after its simulation (the projection caught up, what happened read back), as
@@ -84,7 +85,9 @@ def routes(kit: Kit) -> list[HTTPRouteHandler]:
             rows = reads.shares(store, at, UsagePolicy(window_s=WEEK_S))
             kids = [r for r in rows if (r.parent or "") == chosen]
             if chosen and not any(r.account == chosen for r in rows):
-                raise UnknownEntity(f"no open account {chosen!r}", account=chosen)
+                raise UnknownEntity(
+                    f"no open account {shorten(chosen)}", account=chosen, param="account"
+                )
             depth = chosen.count("/") + 2 if chosen else 1
             used = {
                 r.name: r.usage_gpu_hours

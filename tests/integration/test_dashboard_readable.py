@@ -56,6 +56,25 @@ def test_a_decisions_record_names_its_fields_and_shows_its_times_in_the_pages_fo
     assert errors == []
 
 
+def test_the_decisions_summary_and_a_jobs_labels_are_no_raw_json(
+    served: Served, browser: Browser
+) -> None:
+    """atk61-29c F5: the summary's "policy" row was `fairshare-7 {"version":...}`
+    (JSON.stringify), and the job page showed `Labels {}`."""
+    s = served
+    position = latest_decision(s)
+    page, errors = visit(s, browser, f"/ui/decisions?position={position}", "#decision")
+    summary = page.locator("#decision table").first.inner_text()
+    assert "{" not in summary and '"' not in summary, summary
+    assert "policy.version" in page.locator("#decision-record").inner_text()
+    job = s.dash.job_b
+    page.goto(f"{s.server.url}/ui/job?id={job}")
+    page.wait_for_selector("#job-labels", timeout=20_000)
+    text = page.locator("#job-private").inner_text()
+    assert "{" not in text and "}" not in text, text
+    assert errors == []
+
+
 BAD = [
     ("queue", "sort=bogus", "sort", "bogus"),
     ("queue", "state=bogus", "state", "bogus"),
@@ -92,6 +111,42 @@ def test_a_bad_value_in_a_pages_address_is_dropped_and_said_beside_the_filters(
     for query, param in (("state=bogus", "state"), ("sort=x", "sort"), ("account=nope", "account")):
         status, body = s.server.request("GET", f"/ui/api/queue?{query}", token=s.tokens["root"])
         assert status in (400, 404) and body["param"] == param, (query, status, body)
+    assert errors == [] or all("40" in e for e in errors), errors  # (the refused reads)
+
+
+LONG = "A" * 1025
+MORE_BAD = [  # (address, what shows when drawn, words said beside the filters)
+    (f"queue?account={LONG}&limit=20", "#queue thead th", ["account=AAAA", "1,025 characters"]),
+    (f"finished?reason={LONG}&limit=20", "#finished thead th", ["reason=AAAA", "dropped"]),
+    ("budget?account=nope", "#budget thead th", ["account=nope dropped"]),
+    ("preemptions?account=nope", "#preemptions thead th", ["account=nope dropped"]),
+    ("preemptions?side=bogus&window=bogus", "#preemptions thead th",
+     ["side=bogus dropped", "window=bogus dropped"]),
+]  # fmt: skip
+
+
+def test_more_bad_addresses_keep_the_page_and_say_what_was_dropped(
+    served: Served, browser: Browser
+) -> None:
+    """atk61-29c F4: a value over 1,024 characters was a raw 400 JSON from the page route;
+    `/ui/budget?account=nope` and `/ui/preemptions?account=nope` only an error line; a bad
+    side or window on Preemptions and a bad position on Decisions dropped without a word."""
+    s = served
+    page, errors = watched(signed_in(browser, s.tokens["root"]))
+    for address, drawn, words in MORE_BAD:
+        page.goto(f"{s.server.url}/ui/{address}")
+        page.wait_for_selector(f"{drawn}, #page-error", timeout=20_000)
+        assert page.locator("#page-error").count() == 0, (
+            address,
+            page.locator("main").inner_text(),
+        )
+        said = page.locator("#filter-error").inner_text()
+        assert all(w in said for w in words) and LONG not in said, (address, said)
+    for position in ("-1", "abc", "1e3"):
+        page.goto(f"{s.server.url}/ui/decisions?position={position}")
+        page.wait_for_selector("#decisions thead th", timeout=20_000)
+        said = page.locator("#decision-error").inner_text()
+        assert f"position={position} dropped" in said, (position, said)
     assert errors == [] or all("40" in e for e in errors), errors  # (the refused reads)
 
 
@@ -221,4 +276,30 @@ def test_a_jobs_name_shows_on_the_queue_finished_and_job_pages_escaped_and_cut(
     got.wait_for()
     assert got.get_attribute("title") == HOSTILE
     assert page.evaluate("window.__x") is None  # the markup never ran
+    assert errors == []
+
+
+def test_the_queue_at_1024_px_keeps_its_codes_whole_and_reasons_to_two_lines(
+    served: Served, browser: Browser
+) -> None:
+    """atk61-29c F6: at 1,024 px the code column showed `WAIT_RESOUR…` and the reason wrapped
+    to 5-7 lines (a row ~145 px tall, 4 jobs a screen)."""
+    s = served
+    page, errors = watched(signed_in(browser, s.tokens["root"]))
+    page.set_viewport_size({"width": 1024, "height": 800})
+    page.goto(f"{s.server.url}/ui/queue")
+    page.wait_for_selector("#queue tbody tr [data-col=reason] .clamp")
+    cells = page.evaluate(
+        "() => [...document.querySelectorAll('#queue tbody tr')].map((tr) => {"
+        " const code = tr.querySelector('[data-col=code]'), why = tr.querySelector('.clamp');"
+        " const line = parseFloat(getComputedStyle(why).lineHeight) || 18;"
+        " return { cut: code.scrollWidth > code.clientWidth + 1, code: code.textContent,"
+        " lines: why.getBoundingClientRect().height / line, title: why.title,"
+        " text: why.textContent }; })"
+    )
+    assert cells, "no queued job"
+    for c in cells:
+        assert not c["cut"], c
+        assert c["lines"] <= 2.2, c
+    assert any(c["title"] for c in cells), cells  # a waiting job's whole reason, on hover
     assert errors == []

@@ -334,6 +334,14 @@ function main(...kids) {
   m.replaceChildren(...kids.filter((k) => k !== null && k !== undefined && k !== false));
 }
 
+// a value of the address named in a page's note: cut past 60 characters, its length said (a
+// 1,025-character `account=` was named whole, atk61-29c F4)
+const cutValue = (v) => (String(v).length > 60 ? `${String(v).slice(0, 60)}… (${String(v).length.toLocaleString()} characters)` : String(v));
+
+// what a page dropped from its address, said beside its filters (`filterNote`) until a filter
+// is changed: the Queue's and Finished's rule, on Preemptions, Budget and Decisions too
+const droppedNote = (said) => (said.length ? el("span", { class: "err", id: "filter-error" }, said.join("; ")) : null);
+
 function toUrl(q) {  // a page's state in its URL, replaced (no history entry per change)
   const url = `${location.pathname}${q.size ? "?" + q : ""}`;
   if (url !== location.pathname + location.search) history.replaceState(null, "", url);

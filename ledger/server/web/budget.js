@@ -287,19 +287,34 @@ const turnText = (t) => (!t || (t.ahead === 0 && t.running_s === null) ? "The wh
   : t.running_s === null ? `Waiting for ${t.ahead} what-if${t.ahead > 1 ? "s" : ""} ahead of yours (one runs at a time)…`
   : `The what-if is running: ${t.steps ? `${Math.floor(100 * t.step / t.steps)}% of its work done, ` : ""}${dur(t.running_s)} so far (4 weeks: about a minute on an idle server, minutes on a busy one)…`);
 
+const budgetDropped = [];  // an account of the address the server refused (`droppedNote`)
+
+// the page's read; an account the server refuses (`account=nope`) is dropped and said, the
+// page drawn for the default: "no open account 'nope'" replaced the page (atk61-29c F4)
+async function budgetRead() {
+  const q = new URLSearchParams();
+  if (budgetState.account !== null) q.set("account", budgetState.account);
+  try {
+    return await pageRead(`/ui/api/budget?${q}`);
+  } catch (err) {
+    if (err instanceof Superseded || err.param !== "account" || !budgetState.account) throw err;
+    budgetDropped.push(`account=${cutValue(budgetState.account)} dropped: ${err.message}`);
+    budgetState.account = null;
+    return budgetRead();
+  }
+}
+
 async function budgetPage(first) {
   if (first && new URLSearchParams(location.search).has("account")) {  // a bookmarked or sent review
     budgetState.account = new URLSearchParams(location.search).get("account").trim();
   }
-  const q = new URLSearchParams();
-  if (budgetState.account !== null) q.set("account", budgetState.account);
-  const data = await pageRead(`/ui/api/budget?${q}`);
+  const data = await budgetRead();
   if (budgetState.account === null) budgetState.account = data.account;
   budgetState.children = data.children;
   toUrl(new URLSearchParams(data.account ? { account: data.account } : {}));
   const input = el("input", { id: "b-account", list: "b-managed", value: data.account,
     placeholder: "account (empty: the programs)",
-    on: { change: (ev) => { budgetState.account = ev.target.value.trim(); budgetState.whatif = null; refresh(); } } });
+    on: { change: (ev) => { budgetState.account = ev.target.value.trim(); budgetState.whatif = null; budgetDropped.length = 0; refresh(); } } });
   const rows = data.children.map((c) => el("tr", { "data-account": c.account },
     td(c.account.split("/").pop(), { title: c.account }), td(c.kind),
     td(c.raw_shares, { class: "num", "data-col": "raw_shares" }),
@@ -312,7 +327,7 @@ async function budgetPage(first) {
     td(el("button", { type: "button", class: "whatif", on: { click: () => { budgetState.whatif = c.account; budgetState.shares = null; refresh(); } } }, "what if…"))));
   const chosen = data.children.find((c) => c.account === budgetState.whatif);
   main(el("h1", {}, `Budget review: ${data.account || "the programs"}`),
-    el("div", { class: "filters" }, input, el("datalist", { id: "b-managed" }, data.managed.map((a) => el("option", { value: a })))),
+    el("div", { class: "filters" }, input, el("datalist", { id: "b-managed" }, data.managed.map((a) => el("option", { value: a }))), droppedNote(budgetDropped)),
     el("p", { id: "budget-period", "data-start": data.start, "data-at": data.at, class: "muted" },
       "Each child's shares of its parent, and over the last 4 weeks (", timeEl(data.start), " – ", timeEl(data.at),
       "): funded usage, owed (its share of the capacity, capped hour by hour by its demand) and delivered."),

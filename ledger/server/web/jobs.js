@@ -65,10 +65,17 @@ function queueCells(r, parts, running, name) {
   return [td(r.order === null ? "—" : r.order, { class: "num", "data-col": "order", title: r.order === null ? null : `#${r.order} in dispatch order` }),
     jobCell(r.job_id, name), td(r.user, { title: r.user }),
     td(squeezed(r.account), { title: r.account, "data-col": "account" }), td(r.gpus, { class: "num" }), td(stateCell(r.state, r.kill_at)),
-    td(r.code, { "data-col": "code", title: r.code }), td(reason, { class: "wrap", "data-col": "reason" }),
+    td(codeWords(r.code), { class: "wrap", "data-col": "code", title: r.code }),
+    td(el("span", { class: "clamp", title: holding ? null : localisedText(r.reason), on: { click: (ev) => ev.currentTarget.classList.toggle("open") } }, reason),
+      { class: "wrap", "data-col": "reason" }),
     td(parts.map(keyPart), { class: "wrap" }),
     td(timeEl(r.submitted_at)), td(dur(r.waiting_s)), td(timeEl(r.estimated_start_at))];
 }
+
+// A wait code whole at every width, broken only after its underscores (`WAIT_RESOURCES` was
+// cut to `WAIT_RESOUR…` at 1,024 px; the reason beside it is two lines, whole on hover or a
+// click: it wrapped to 5-7 lines, 4 jobs a screen: atk61-29c F6)
+const codeWords = (code) => String(code ?? "").split(/(?<=_)/).flatMap((w, i) => (i ? [el("wbr"), w] : [w]));
 
 // A value of the address the server refuses (`sort=bogus`, `state=bogus`, `reason=NOPE`,
 // `account=nope`: its answer names the parameter, `param`) is dropped, as `offset=-5` is, and
@@ -79,7 +86,7 @@ const dropped = [];  // what was dropped, said until a filter is changed
 function droppedBad(err, state, defaults) {
   const k = err.param;
   if (!k || !(k in state) || state[k] === defaults[k]) return false;
-  dropped.push(`${k}=${state[k]} dropped: ${err.message}`);
+  dropped.push(`${k}=${cutValue(state[k])} dropped: ${err.message}`);
   state[k] = defaults[k];
   document.getElementById("filters")?.replaceWith(PAGE === "queue" ? queueFilters() : finishedFilters());
   return true;
@@ -87,7 +94,7 @@ function droppedBad(err, state, defaults) {
 
 function filterRow(...kids) {
   return el("div", { class: "filters", id: "filters" }, ...kids,
-    dropped.length ? el("span", { class: "err", id: "filter-error" }, dropped.join("; ")) : null);
+    droppedNote(dropped));
 }
 
 function filtersChanged(state) {
@@ -256,6 +263,15 @@ async function finishedPage(first) {
 
 let replayed = null, replayedFor = null, replayedTop = 0;
 
+// A job's labels as the decision record's fields, by name, "none" when it has none: it was the
+// raw JSON, `{}` (atk61-29c F5).
+function labelsTable(labels) {
+  const rows = recordRows(labels || {});
+  return rows.length
+    ? table(["label", "value"], rows.map(([k, v]) => el("tr", {}, td(k, { class: "tag" }), td(v))), { id: "job-labels" })
+    : el("p", { id: "job-labels", class: "muted" }, "none");
+}
+
 async function jobPage() {
   const id = new URLSearchParams(location.search).get("id");
   if (!id || !/^\d+$/.test(id)) {
@@ -277,7 +293,7 @@ async function jobPage() {
   ].map(([k, v]) => el("tr", {}, td(k), td(v instanceof Node ? v : String(v)))), { id: "job-facts" });
   const priv = data.private
     ? el("div", { id: "job-private" }, el("h2", {}, "Command"), el("pre", { id: "job-command" }, j.command.join(" ") || "(none)"),
-      el("h2", {}, "Labels"), el("pre", {}, JSON.stringify(data.labels, null, 1)),
+      el("h2", {}, "Labels"), labelsTable(data.labels),
       el("h2", {}, "Logs"), el("pre", { id: "job-logs" }, j.logs.join("\n") || "(none yet)"))
     : el("p", { id: "job-private", class: "muted" }, "Command, labels and logs: only the owner, the managers above its account and admins see them.");
   const decisions = table(["cycle", "decided", "placed", "preempted", "considered", "replay"],

@@ -130,7 +130,9 @@ async function decisionsPage() {
     { id: "decisions" });
   let detail = null;
   let d = null;
-  if (chosen && /^\d+$/.test(chosen)) {
+  if (chosen !== null && !/^\d+$/.test(chosen)) {  // dropped without a word (atk61-29c F4)
+    detail = el("p", { class: "err", id: "decision-error" }, `position=${cutValue(chosen)} dropped: not a whole number from 0: choose a cycle below.`);
+  } else if (chosen) {
     try {
       d = await pageRead(`/ui/api/decision/${chosen}`);
     } catch (err) {  // no decision there: said inline, the cycles stay listed (atk48-29 F10)
@@ -144,7 +146,8 @@ async function decisionsPage() {
       el("h2", {}, `Cycle ${rec.cycle_id}`),
       table(["", ""], [
         ["decided", timeEl(d.row.decided_at)], ["based on position", rec.based_on],
-        ["policy", rec.policy === null || rec.policy === undefined ? rec.policy_version : `${rec.policy_version} ${JSON.stringify(rec.policy)}`],
+        // its version, the settings by name in the record below: it printed them as raw JSON (atk61-29c F5)
+        ["policy", rec.policy === null || rec.policy === undefined ? rec.policy_version : `${rec.policy_version} (its settings: policy.* in the record below)`],
         ["ranks read at", rec.ranks ? `${rec.ranks.position}${rec.ranks.digest ? ` (digest ${rec.ranks.digest})` : ""}` : "—"],
         ["placed", rec.placed.join(", ") || "none"], ["preempted", rec.preempted.join(", ") || "none"],
         ["considered", rec.waiting.considered],
@@ -165,21 +168,41 @@ async function decisionsPage() {
 const preemptState = { account: null, side: "both", window: "30d", offset: 0 };
 const PREEMPT_PAGE = 200;
 
-function preemptFromUrl() {  // a bookmarked or sent view (atk48-29 F10), as the queue's
+const preemptDropped = [];  // what the address held that was dropped (`droppedNote`)
+
+// a bookmarked or sent view (atk48-29 F10), as the queue's: a side or window it cannot be is
+// dropped and said (it was dropped without a word, atk61-29c F4)
+function preemptFromUrl() {
   const u = new URLSearchParams(location.search);
   if (u.has("account")) preemptState.account = u.get("account") === "*" ? "" : u.get("account");
-  if (["both", "of", "by"].includes(u.get("side"))) preemptState.side = u.get("side");
-  if (["7d", "30d", "90d", "all"].includes(u.get("window"))) preemptState.window = u.get("window");
+  for (const [k, known] of [["side", ["both", "of", "by"]], ["window", ["7d", "30d", "90d", "all"]]]) {
+    if (known.includes(u.get(k))) preemptState[k] = u.get(k);
+    else if (u.has(k)) preemptDropped.push(`${k}=${cutValue(u.get(k))} dropped: not one of ${known.join(", ")}`);
+  }
   const n = Number(u.get("offset"));
   if (u.has("offset") && Number.isInteger(n) && n >= 0 && n <= 1e9) preemptState.offset = n;
 }
 
-async function preemptionsPage(first) {
-  if (first) preemptFromUrl();
+// the page's read; an account the server refuses (`account=nope`: its answer names the
+// parameter) is dropped and said, the page drawn for the default (the error line replaced the
+// page, as the Queue's did: atk61-29c F4)
+async function preemptRead() {
   const q = new URLSearchParams({ side: preemptState.side, window: preemptState.window,
     offset: preemptState.offset, limit: PREEMPT_PAGE });
   if (preemptState.account !== null) q.set("account", preemptState.account || "*");  // "*": every team (no name has one)
-  const data = await pageRead(`/ui/api/preemptions?${q}`);
+  try {
+    return await pageRead(`/ui/api/preemptions?${q}`);
+  } catch (err) {
+    if (err instanceof Superseded || err.param !== "account" || !preemptState.account) throw err;
+    preemptDropped.push(`account=${cutValue(preemptState.account)} dropped: ${err.message}`);
+    preemptState.account = null;
+    return preemptRead();
+  }
+}
+
+async function preemptionsPage(first) {
+  if (first) preemptFromUrl();
+  const data = await preemptRead();
   const rep = data.report;
   if (first || preemptState.account === null) preemptState.account = rep.account || "";
   const u = new URLSearchParams({ account: preemptState.account || "*" });
@@ -187,7 +210,7 @@ async function preemptionsPage(first) {
   if (preemptState.window !== "30d") u.set("window", preemptState.window);
   if (preemptState.offset) u.set("offset", preemptState.offset);
   toUrl(u);
-  const choose = (key) => (ev) => { preemptState[key] = ev.target.value.trim(); preemptState.offset = 0; refresh(); };
+  const choose = (key) => (ev) => { preemptState[key] = ev.target.value.trim(); preemptState.offset = 0; preemptDropped.length = 0; refresh(); };
   const accounts = el("datalist", { id: "managed" }, data.managed.map((a) => el("option", { value: a })));
   const filters = el("div", { class: "filters" },
     el("input", { id: "p-account", list: "managed", placeholder: "account (and below); empty: all",
@@ -197,7 +220,7 @@ async function preemptionsPage(first) {
         el("option", { value: v, selected: v === preemptState.side }, t))),
     el("select", { id: "p-window", on: { change: choose("window") } },
       [["7d", "last 7 days"], ["30d", "last 30 days"], ["90d", "last 90 days"], ["all", "whole period"]].map(([v, t]) =>
-        el("option", { value: v, selected: v === preemptState.window }, t))));
+        el("option", { value: v, selected: v === preemptState.window }, t))), droppedNote(preemptDropped));
   const rows = rep.rows.map((r) => el("tr", { "data-position": r.position, "data-job": r.job_id },
     td(timeEl(r.preempted_at)), td(r.side, { "data-col": "side" }),
     td(el("a", { href: `/ui/job?id=${r.job_id}` }, r.job_id)), td(r.account || "—"), td(r.user_name || "—"),
