@@ -811,7 +811,7 @@ def _pending(reason: str) -> str:
 
 @pytest.mark.parametrize(
     ("reason", "after_s", "taken"),
-    [("PartitionTimeLimit", 0.0, True), ("Resources", 299.0, False), ("Resources", 300.0, True)],
+    [("AccountNotAllowed", 0.0, True), ("Resources", 299.0, False), ("Resources", 300.0, True)],
 )
 def test_a_run_slurm_will_not_start_is_taken_back_and_explained(
     tmp_path: Path, reason: str, after_s: float, taken: bool
