@@ -354,7 +354,9 @@ def test_a_gang_with_a_smaller_last_node_is_one_heterogeneous_job() -> None:
     split = args.index(":")
     assert args[split - 2 :] == ["--nodelist=n1", "--gres=gpu:4", ":", "--partition=gpu",
                                  "--nodes=1", "--nodelist=n2", "--gres=gpu:1"]  # fmt: skip
-    assert not any(a.startswith(("--uid", "--gid", "--time", "--chdir")) for a in args)
+    assert not any(a.startswith(("--uid", "--gid", "--chdir")) for a in args)
+    assert [a for a in args if a.startswith("--time")] == ["--time=UNLIMITED"]  # no limit (F3)
+    assert args.index("--time=UNLIMITED") < split  # the job's, once
 
 
 def test_the_batch_script_sets_the_ledgers_variables_and_execs_the_command() -> None:
