@@ -82,6 +82,7 @@ SLURM_SECONDS: dict[str, float] = {
     "test_slurm_stepd": 44,
     "test_slurm_stops": 460,
     "test_slurm_stopend": 330,
+    "test_slurm_takeback_doubt": 200,  # (2026-12-07: 110 s of it the DefaultTime job's 100 s)
     "test_slurm_trees": 230,
     "test_slurm_unpinned": 84,
     "test_slurm_world": 662,

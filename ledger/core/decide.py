@@ -347,8 +347,8 @@ def _unplace(state: State, cmd: c.UnplaceJob, s: _Stamp) -> list[e.AnyEvent]:
     job = state.job(cmd.job_id)
     if job.status != "placed" or job.run != cmd.run:
         raise InvalidTransition(
-            f"job {cmd.job_id} is {job.outcome or job.status} (run {job.run + 1}): only a placed "
-            f"run not started can be taken back, not run {cmd.run + 1}"
+            f"job {cmd.job_id} is {job.outcome or job.status} (run {job.run}): only a placed "
+            f"run not started can be taken back, not run {cmd.run}"
         )
     unplaced = e.JobUnplaced(**s.kw(), job_id=cmd.job_id, run=cmd.run, reason=cmd.reason)
     return [unplaced, *_drained_after(state, (sl.node for sl in job.slots), {cmd.job_id}, s)]

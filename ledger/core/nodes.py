@@ -124,7 +124,7 @@ def _remove_node(state: State, cmd: c.RemoveNode, s: Stamp) -> list[e.AnyEvent]:
     lost = {(sr.job_id, sr.run) for sr in state.stopped_runs.values()
             if sr.placed and sr.why == NODE_LOST}  # fmt: skip
     lost.update(node.placed_lost)
-    runs = [f"job {job} (run {run + 1}{', placed when the node was lost' * ((job, run) in lost)})"
+    runs = [f"job {job} (run {run}{', placed when the node was lost' * ((job, run) in lost)})"
             for job, run in sorted({*stopping, *node.placed_lost})]  # fmt: skip
     if runs:  # as `scontrol delete` refuses a node with jobs (atk50b-23 F1, atk51-23 F1)
         raise InvalidTransition(

@@ -45,7 +45,7 @@ def confirm_run_ended(state: State, cmd: c.ConfirmRunEnded, s: Stamp) -> list[e.
         raise UnknownEntity(f"unknown job {cmd.job_id}", job_id=cmd.job_id)
     if job is not None and cmd.run > job.run:
         raise InvalidTransition(
-            f"job {cmd.job_id} has had {job.run + 1} run(s), not {cmd.run + 1}",
+            f"job {cmd.job_id} is at its run {job.run}, not run {cmd.run}",
             job_id=cmd.job_id,
         )
     if (cmd.job_id, cmd.run) in state.run_ends:

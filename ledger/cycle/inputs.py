@@ -92,10 +92,11 @@ round")."""
 
 def too_long(time_limit_s: float | None, longest_s: float | None) -> bool:
     """Pure: the engine would never start a run of this time limit (counted, as Slurm counts
-    it, in whole minutes rounded up: `slurm_minutes`)."""
-    if time_limit_s is None or longest_s is None:
+    it, in whole minutes rounded up: `slurm_minutes`), nor run one with none (None) unlimited:
+    Slurm would stop it at its partition's MaxTime, a limit nobody asked for (atk61-slurm F3)."""
+    if longest_s is None:
         return False
-    return slurm_minutes(time_limit_s) * 60.0 > longest_s
+    return time_limit_s is None or slurm_minutes(time_limit_s) * 60.0 > longest_s
 
 
 def slurm_minutes(time_limit_s: float) -> int:

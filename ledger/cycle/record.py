@@ -73,14 +73,20 @@ def unplace_commands(change: NodeChange, state: State, actor: str = EXECUTOR) ->
     their run taken back with why, never run, no preemption; the job pending again, same id),
     as an `unplace` says: the engine cannot start them there (a node another cluster's
     partition does not list: they waited there for good after `--new-settings`, issue 28; a
-    leaked GPU; a partition an admin paused). None when none is."""
+    leaked GPU; a partition an admin paused). None when none is. With no node, the jobs it
+    names wherever they are placed (a run adopted after a restart: its engine does not know
+    where the ledger placed it), why alone."""
+    on = state.node_jobs.get(change.node, ()) if change.node else change.jobs
     placed = sorted(
         j
-        for j in state.node_jobs.get(change.node, ())
-        if state.jobs[j].status == "placed" and (not change.jobs or j in change.jobs)
+        for j in on
+        if j in state.jobs
+        and state.jobs[j].status == "placed"
+        and (not change.jobs or j in change.jobs)
     )
-    why = f"node {change.node} cannot run it: {change.reason}"[:1000]
-    return [c.UnplaceJob(actor=actor, job_id=j, run=state.jobs[j].run, reason=why) for j in placed]
+    why = (f"node {change.node} cannot run it: " if change.node else "") + change.reason
+    return [c.UnplaceJob(actor=actor, job_id=j, run=state.jobs[j].run, reason=why[:1000])
+            for j in placed]  # fmt: skip
 
 
 def start_commands(

@@ -209,7 +209,7 @@ def launch_refusal(
     command again after its job had completed (atk55-23 F1)."""
     j, run = check.job_id, check.run
     if r is None or r.run != run or node not in r.nodes or part is None or part.run != run:
-        return f"run {run + 1} of job {j} is no longer its placement on {node}"
+        return f"run {run} of job {j} is no longer its placement on {node}"
     if part.job_token != check.job_token:
         return f"job {j}'s part on {node} was handed out again since"
     if job is None or job.status not in ("placed", "running") or job.reaping_kill_at is not None:

@@ -150,7 +150,7 @@ class _Runs:
                         position=b.position,
                         at=b.start,
                         code="JOB_RUN_TWICE",
-                        message=f"job {job}'s run {b.run + 1} started while its run {a.run + 1} "
+                        message=f"job {job}'s run {b.run} started while its run {a.run} "
                         f"was alive (until {a.end:.3f}, {a.end - b.start:.3f} s later)",  # type: ignore[operator]
                         job_id=job,
                     )
@@ -165,7 +165,7 @@ class _Runs:
                         at=b.start,
                         code="RUN_GPU_HELD_TWICE",
                         message=f"GPU {index} of node {node!r} held by job {b.job} (run "
-                        f"{b.run + 1}) while job {a.job} (run {a.run + 1}) still ran on it, "
+                        f"{b.run}) while job {a.job} (run {a.run}) still ran on it, "
                         f"{a.end - b.start:.3f} s",  # type: ignore[operator]
                         job_id=b.job,
                     )
@@ -291,7 +291,7 @@ class _Charges:
                 end = min(end, ch.run_end)  # as fairtree-2's run rule charges a stopped run
             if end <= start:
                 continue
-            what = f"job {ch.job}'s run {ch.run + 1} was charged from {start:.3f} to {end:.3f}"
+            what = f"job {ch.job}'s run {ch.run} was charged from {start:.3f} to {end:.3f}"
             what += f" (charged from the {'placement' if ch.rule == CHARGE_PLACEMENT else 'run'})"
             if ch.began is None:
                 gpu_s = ch.gpus * (end - start)
@@ -482,7 +482,7 @@ class _Checker:
                 both = set(held.gpu_indices) & set(sl.gpu_indices)
                 if held.node == sl.node and both:
                     gpus |= both
-                    runs.append(f"job {sr.job_id}'s run {sr.run + 1} (stopped {sr.at:.3f})")
+                    runs.append(f"job {sr.job_id}'s run {sr.run} (stopped {sr.at:.3f})")
         if runs:
             self.flag(
                 pos,

@@ -273,7 +273,7 @@ def _detail(ev: e.AnyEvent) -> str:
             return "requeued (resumable): pending again"
         case e.JobUnplaced():
             why = f": {ev.reason}" if ev.reason else ""
-            return f"run {ev.run + 1} taken back before it started{why}; pending again"
+            return f"run {ev.run} taken back before it started{why}; pending again"
         case e.UtilisationSampled():
             mean = sum(ev.gpu_utilisation) / max(1, len(ev.gpu_utilisation))
             return f"utilisation {mean:.0f}%"

@@ -248,14 +248,14 @@ def run_ended_line(
     if not started and ev.started_at is None:
         note = f" ({ev.note})" if ev.note else ""
         return (
-            f"{when(_real(ev.ended_at, ev.at))} its run {ev.run + 1} ended{note}: it never "
+            f"{when(_real(ev.ended_at, ev.at))} its run {ev.run} ended{note}: it never "
             f"started, so it was not charged{_recorded(ev.ended_at, ev.at)}."
         )
     held = "held, and charged," if charged_to is None else "held"
     charge = "" if charged_to is None else f" (charged until {when(charged_to)}, the job's end)"
     if ev.note.startswith(FORGOTTEN_PREFIX):  # no engine's word: an admin's (atk51-23 F2)
         return (
-            f"{when(ev.at)} its run {ev.run + 1} was forgotten ({ev.note}): its GPUs were "
+            f"{when(ev.at)} its run {ev.run} was forgotten ({ev.note}): its GPUs were "
             f"{held} until then{charge}."
         )
     how = (
@@ -272,7 +272,7 @@ def run_ended_line(
         else ""
     )
     return (
-        f"{when(_real(ev.ended_at, ev.at))} its run {ev.run + 1} really ended ({how}): its "
+        f"{when(_real(ev.ended_at, ev.at))} its run {ev.run} really ended ({how}): its "
         f"GPUs were {held} until then{charge}{began}{_recorded(ev.ended_at, ev.at)}."
     )
 
@@ -282,13 +282,13 @@ def _kill_line(ev: e.JobKillOrdered, last_end: e.JobFinished | None) -> str:
     same command: atk50b-23 F2), or by a second cancel."""
     with_end = last_end is not None and last_end.at == ev.at and last_end.actor == ev.actor
     if with_end and last_end is not None and last_end.reason == "cancelled":
-        return (f"{when(ev.at)} its earlier run {ev.run + 1}, still in its grace, is killed "
+        return (f"{when(ev.at)} its earlier run {ev.run}, still in its grace, is killed "
                 "at once (SIGKILL) by that cancel.")  # fmt: skip
     if last_end is not None and not _a_cancel(last_end):  # its first cancel (atk51-23)
         return (f"{when(ev.at)} cancelled by {ev.actor} after it had ended "
-                f"({last_end.reason}): its run {ev.run + 1} in its grace is killed at once "
+                f"({last_end.reason}): its run {ev.run} in its grace is killed at once "
                 "(SIGKILL).")  # fmt: skip
-    return (f"{when(ev.at)} cancelled again by {ev.actor}: its run {ev.run + 1} in its grace "
+    return (f"{when(ev.at)} cancelled again by {ev.actor}: its run {ev.run} in its grace "
             "is killed at once (SIGKILL).")  # fmt: skip
 
 
@@ -376,7 +376,7 @@ def explain_history(
                 out.append(f"{when(ev.at)} reported a checkpoint.")
             case e.LeaderEnded():
                 out.append(f"{when(ev.leader_ended_at)} its command exited, leaving "
-                           f"{ev.left} process(es) of its run {ev.run + 1}: SIGTERM sent, "
+                           f"{ev.left} process(es) of its run {ev.run}: SIGTERM sent, "
                            f"SIGKILL at {when(ev.kill_at)} at the latest.")  # fmt: skip
             case e.JobPreempted():
                 # the note describes this job (e.g. "unfunded"): keep it next to the reason, so
@@ -402,7 +402,7 @@ def explain_history(
                 out.append(f"{when(ev.at)} requeued {how}, same job id.")
             case e.JobUnplaced():
                 why = f": {ev.reason}" if ev.reason else ""
-                out.append(f"{when(ev.at)} its run {ev.run + 1} taken back by {ev.actor} before "
+                out.append(f"{when(ev.at)} its run {ev.run} taken back by {ev.actor} before "
                            f"it started{why}; never ran, nothing charged, not a preemption: "
                            "back in the queue, same job id.")  # fmt: skip
             case e.JobHeld():
@@ -561,7 +561,7 @@ def earlier_runs_said(job: Job, state: State | None, now: float) -> list[str]:
         where = "; ".join(f"{sl.node} GPUs {','.join(map(str, sl.gpu_indices))}"
                           for sl in sr.slots)  # fmt: skip
         kill = kill_words(stopped_kill_at(sr, state.grace_s), now)
-        out.append(f"Its earlier run {sr.run + 1} ({sr.why or 'stopped'}) is still stopping on "
+        out.append(f"Its earlier run {sr.run} ({sr.why or 'stopped'}) is still stopping on "
                    f"{where} (SIGTERM sent, {kill}): its next run is launched only once those "
                    "processes are gone.")  # fmt: skip
     return out

@@ -83,6 +83,14 @@ TOO_LONG: Final = "PARTITION_TIME_LIMIT"
 reason for such a job, `PartitionTimeLimit`)."""
 
 
+NO_LIMIT: Final = (
+    "it has no time limit and the partition's MaxTime is {}: Slurm would stop it there, so it "
+    "is not placed until an admin makes MaxTime UNLIMITED (or it is submitted again with a time "
+    "limit within MaxTime)"
+)
+"""Why a job with no time limit waits on a partition with a MaxTime (atk61-slurm F3)."""
+
+
 def too_long_waits(state: State, longest_s: float | None) -> dict[int, Blocked]:
     """Pure: the pending (not held) jobs whose time limit, in Slurm's whole minutes, is over
     `longest_s` (the engine's longest: Slurm's partition `MaxTime`, as the service last read
@@ -99,7 +107,10 @@ def too_long_waits(state: State, longest_s: float | None) -> dict[int, Blocked]:
     for job_id in sorted(state.active):
         job = state.jobs[job_id]
         limit = job.spec.time_limit_s
-        if job.status != "pending" or job.held or limit is None or not too_long(limit, longest_s):
+        if job.status != "pending" or job.held or not too_long(limit, longest_s):
+            continue
+        if limit is None:  # Slurm would stop it at MaxTime (atk61-slurm F3)
+            out[job_id] = Blocked(TOO_LONG, NO_LIMIT.format(format_duration(longest_s)))
             continue
         minutes = slurm_minutes(limit)
         counted = "" if minutes * 60 == limit else f", {minutes}m in Slurm's whole minutes"

@@ -491,7 +491,7 @@ def test_audit_check_finds_a_charge_from_placement_before_the_run_started(home: 
     assert code == 1, out
     [line] = [line for line in out.splitlines() if "CHARGED" in line]
     assert line == (
-        f"position {finished}: CHARGED_BEFORE_START: job {job.job_id}'s run 1 was charged from "
+        f"position {finished}: CHARGED_BEFORE_START: job {job.job_id}'s run 0 was charged from "
         f"{T0 + 30_000:.3f} to {T0 + 31_000:.3f} (charged from the placement) but started at "
         f"{T0 + 30_600:.3f}: 1200.0 GPU-s before its run"
     )

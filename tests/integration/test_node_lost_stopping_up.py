@@ -188,7 +188,7 @@ def test_the_first_cancel_of_a_requeued_node_lost_job_kills_its_earlier_run(home
     assert jobs(home)[1]["status"] in ("pending", "placed"), jobs(home)[1]
     # F5: the reads name the earlier run still stopping (they said only pending / no job)
     told = cli(home, "explain", "1").stdout
-    assert "Its earlier run 1 (node_lost) is still stopping on local GPUs" in told, told
+    assert "Its earlier run 0 (node_lost) is still stopping on local GPUs" in told, told
     assert "(stopping: 1)" in cli(home, "node", "list").stdout
     said = cli(home, "cancel", "1", actor="bob").stdout
     while any(_alive(p) for p in procs):
@@ -225,7 +225,7 @@ def test_a_node_whose_lost_run_still_stops_is_not_removed_and_its_run_is_killed_
     cli(home, "node", "lost", "local", "--reason", "test")
     removed = cli(home, "node", "remove", "local", ok=False)
     assert removed.returncode != 0, removed.stdout
-    assert "job 1 (run 1)" in removed.stderr and "--force" in removed.stderr, removed.stderr
+    assert "job 1 (run 0)" in removed.stderr and "--force" in removed.stderr, removed.stderr
     assert cli(home, "node", "add", "local", "--gpus", "2", "--gpu-type", "sim", ok=False
                ).returncode != 0  # fmt: skip
     up.proc.kill()  # kill -9 before its SIGKILL

@@ -42,7 +42,7 @@ def test_a_node_lost_while_its_launch_was_unheard_is_not_removed_until_the_launc
     removed = cli(home, "node", "remove", "local", ok=False)
     # the old code: `removed local`, and nothing ever killed them
     assert removed.returncode != 0, removed.stdout
-    assert f"job {job} (run 1, placed when the node was lost)" in removed.stderr, removed.stderr
+    assert f"job {job} (run 0, placed when the node was lost)" in removed.stderr, removed.stderr
     assert all(_alive(p) for p in procs), procs
     restart = time.time()
     up = Service(home)  # its agent adopts the launch and stops it (the ledger no longer runs it)
@@ -68,7 +68,7 @@ def test_force_forgets_a_cancelled_run_and_its_afterany_dependent_runs(home: Pat
     for lp in live_processes(home / "agents" / "local"):
         os.killpg(lp.pid, signal.SIGKILL)
     refused = cli(home, "node", "remove", "local", ok=False)
-    assert refused.returncode != 0 and "job 1 (run 1)" in refused.stderr, refused.stderr
+    assert refused.returncode != 0 and "job 1 (run 0)" in refused.stderr, refused.stderr
     cli(home, "node", "remove", "local", "--force")
     cli(home, "node", "return", "other")
     submit(home, "alice", 1, "sleep 600", "-d", "afterany:1")  # job 2

@@ -210,7 +210,7 @@ def test_a_cancelled_run_is_recorded_and_charged_to_its_real_end_after_its_grace
     charged = usage_gpu_s(c, "root")
     assert abs(charged - 2 * (real_end - row["started_at"])) <= 2.0, (charged, row, real_end)
     explain = c.cli("explain", str(job)).stdout
-    assert "its run 1 really ended" in explain and "charged, until then" in explain, explain
+    assert "its run 0 really ended" in explain and "charged, until then" in explain, explain
     # atk33-23 F3: as it was between the cancel and the real end, the job shows no end after
     # that moment (the later report of the real end is not yet in the log then)
     at = math.ceil(cancelled + 0.5)  # whole seconds, before `real_end`

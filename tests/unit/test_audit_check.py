@@ -478,7 +478,7 @@ def test_a_gpu_held_by_two_live_runs_is_a_violation_however_late_the_end_is_repo
     [v] = check_history(events)
     assert v.code == "RUN_GPU_HELD_TWICE" and v.job_id == 2
     assert v.message == (
-        "GPU 0 of node 'n1' held by job 2 (run 1) while job 1 (run 1) still ran on it, 10.000 s"
+        "GPU 0 of node 'n1' held by job 2 (run 0) while job 1 (run 0) still ran on it, 10.000 s"
     )
 
 
@@ -493,7 +493,7 @@ def test_a_job_alive_in_two_launches_is_a_violation() -> None:
               _run_ended(1, 0, T0 + 8, T0 + 9), _engine_ended(1, 1, T0 + 50)]  # fmt: skip
     [v] = check_history(events)
     assert v.code == "JOB_RUN_TWICE" and v.job_id == 1
-    assert "job 1's run 2 started while its run 1 was alive" in v.message
+    assert "job 1's run 1 started while its run 0 was alive" in v.message
 
 
 def test_the_later_of_two_reported_ends_counts() -> None:

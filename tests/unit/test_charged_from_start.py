@@ -176,7 +176,7 @@ def test_placement_charges_of_fairtree_1_are_charges_outside_a_run() -> None:
     assert found == [("CHARGED_WITHOUT_RUN", 2), ("CHARGED_BEFORE_START", 1)]
     lines = [v.message for v in check(events).violations]
     assert lines[1] == (
-        f"job 1's run 1 was charged from {T0:.3f} to {T0 + 2 * H:.3f} (charged from the "
+        f"job 1's run 0 was charged from {T0:.3f} to {T0 + 2 * H:.3f} (charged from the "
         f"placement) but started at {T0 + H:.3f}: 7200.0 GPU-s before its run"
     )
     assert "never started: 3600.0 GPU-s outside any run" in lines[0]

@@ -663,7 +663,7 @@ NODE_LOST = [
        e.NodeReturned, setup=(S1, P1, lost("n1")), want_nodes={"n1": "active"}),
     err("a node lost while a job was placed there is not removed (its launch may live)",
         c.RemoveNode(actor="root", node="n1"), InvalidTransition,
-        "job 1 (run 1, placed when the node was lost)", setup=(S1, P1, lost("n1"))),
+        "job 1 (run 0, placed when the node was lost)", setup=(S1, P1, lost("n1"))),
     ok("a lost node is removed by force", c.RemoveNode(actor="root", node="n1", force=True),
        e.NodeRemoved, setup=(S1, P1, lost("n1")), want_nodes={"n1": "removed"}),
     ok("a lost node that held no placed job is removed", c.RemoveNode(actor="root", node="n1"),

@@ -209,7 +209,7 @@ def test_the_end_of_a_stopped_run_is_recorded_for_any_run_the_job_had(
     try:
         _run(s, counter_ids, later, T0 + 50)
     except InvalidTransition as err:
-        assert "has had 1 run(s), not 2" in str(err)
+        assert "is at its run 0, not run 1" in str(err)
     else:
         raise AssertionError("a run the job never had was recorded")
 

@@ -66,7 +66,7 @@ def test_a_cancelled_launch_that_never_started_names_no_node(tmp_path: Path) -> 
 
 def test_a_cancelled_launch_that_never_started_is_explained_never_started() -> None:
     said = _explained(_cancelled_unstarted())
-    (end,) = [s for s in said if "its run 1" in s]
+    (end,) = [s for s in said if "its run 0" in s]
     assert "never started" in end and "not charged" in end, said
     assert "held, and charged" not in end, said
 

@@ -82,7 +82,7 @@ def test_a_job_whose_command_exited_reads_stopping_and_frees_its_gpus_at_its_sig
     assert estimated_starts(state, snap, decision, now)[3] == 42.0
     said = explain_history(state.jobs[1], history, {}, now, 30.0)
     assert said[0].endswith(" is stopping."), said
-    assert any("its command exited, leaving 2 process(es) of its run 1" in s for s in said), said
+    assert any("its command exited, leaving 2 process(es) of its run 0" in s for s in said), said
     assert said[-1].startswith("It is stopping: its command exited at "), said
 
 

@@ -126,7 +126,7 @@ def test_a_removed_node_is_gone_and_a_fenced_loss_leaves_nothing_stopping(
     org_ledger.execute(c.MarkNodeLost(actor="root", node="n1", reason="dead"))
     assert len(org_ledger.state.stopped_runs) == 1
     # refused while the run may live: its agent could never kill it (atk50b-23 F1)
-    with pytest.raises(InvalidTransition, match=r"still has runs stopping: job \d+ \(run 1\)"):
+    with pytest.raises(InvalidTransition, match=r"still has runs stopping: job \d+ \(run 0\)"):
         org_ledger.execute(c.RemoveNode(actor="root", node="n1"))
     assert len(org_ledger.state.stopped_runs) == 1
     org_ledger.execute(c.RemoveNode(actor="root", node="n1", force=True))
@@ -215,7 +215,7 @@ def test_explain_says_a_failed_lost_jobs_charge_ended_with_it_and_names_the_canc
     engine.gone = [resumable]
     d.cycle(clock.now())
     said = " ".join(_said(org_ledger, resumable, clock.now()))
-    assert "its earlier run 1, still in its grace, is killed at once (SIGKILL) by that" in said
+    assert "its earlier run 0, still in its grace, is killed at once (SIGKILL) by that" in said
     assert "cancelled again" not in said and "held, and charged, until then" in said, said
 
 
@@ -233,7 +233,7 @@ def test_a_requeued_jobs_earlier_run_still_stopping_is_named_by_node_list_and_ex
     assert state.jobs[a].status == "pending"
     assert stopping_on(state, now) == {"n1": [a]}  # was {}: only finished jobs were named
     (said,) = earlier_runs_said(state.jobs[a], state, now)
-    assert said.startswith("Its earlier run 1 (node_lost) is still stopping on n1 GPUs 0,1,"), said
+    assert said.startswith("Its earlier run 0 (node_lost) is still stopping on n1 GPUs 0,1,"), said
     assert f"SIGKILL at {when(lost_at + 60)} at the latest" in said, said
     assert earlier_runs_said(state.jobs[a], None, now) == []
 

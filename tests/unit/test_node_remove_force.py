@@ -58,7 +58,7 @@ def test_a_node_lost_while_a_job_was_placed_there_is_not_removed_until_it_return
     assert org_ledger.state.nodes["n1"].placed_lost == ((a, 0),)
     # the old code removed it: its launch, if it ran, lived on with no agent (atk51-23 F1)
     with pytest.raises(
-        InvalidTransition, match=rf"job {a} \(run 1, placed when the node was lost\)"
+        InvalidTransition, match=rf"job {a} \(run 0, placed when the node was lost\)"
     ):
         org_ledger.execute(c.RemoveNode(actor="root", node="n1"))
     org_ledger.execute(c.ReturnNode(actor="root", node="n1"))  # its agent is back
@@ -92,7 +92,7 @@ def test_force_forgets_a_cancelled_run_so_its_dependents_and_the_new_nodes_gpus_
     assert where(org_ledger, a) == (("n1", tuple(range(8))),)
     org_ledger.execute(c.CancelJob(actor="alice", job_id=a))  # stopping: 120 s of grace
     org_ledger.execute(c.DrainNode(actor="root", node="n1", reason="dead"))
-    with pytest.raises(InvalidTransition, match=rf"still has runs stopping: job {a} \(run 1\)"):
+    with pytest.raises(InvalidTransition, match=rf"still has runs stopping: job {a} \(run 0\)"):
         org_ledger.execute(c.RemoveNode(actor="root", node="n1"))
     out = org_ledger.execute(c.RemoveNode(actor="root", node="n1", force=True))
     (ended,) = [ev for ev in out.events if isinstance(ev, e.JobRunEnded)]
@@ -147,4 +147,4 @@ def test_explain_of_the_first_cancel_of_a_node_lost_failed_job_does_not_say_agai
     history = [ev for _, ev in org_ledger.read(0, 100_000) if getattr(ev, "job_id", None) == a]
     said = " ".join(explain_history(org_ledger.state.jobs[a], history, {}, clock.now(), 30))
     assert "cancelled again" not in said, said
-    assert "cancelled by alice after it had ended (node_lost): its run 1 in its grace" in said
+    assert "cancelled by alice after it had ended (node_lost): its run 0 in its grace" in said

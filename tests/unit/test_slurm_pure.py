@@ -354,7 +354,9 @@ def test_a_gang_with_a_smaller_last_node_is_one_heterogeneous_job() -> None:
     split = args.index(":")
     assert args[split - 2 :] == ["--nodelist=n1", "--gres=gpu:4", ":", "--partition=gpu",
                                  "--nodes=1", "--nodelist=n2", "--gres=gpu:1"]  # fmt: skip
-    assert not any(a.startswith(("--uid", "--gid", "--time", "--chdir")) for a in args)
+    assert not any(a.startswith(("--uid", "--gid", "--chdir")) for a in args)
+    assert [a for a in args if a.startswith("--time")] == ["--time=UNLIMITED"]  # no limit (F3)
+    assert args.index("--time=UNLIMITED") < split  # the job's, once
 
 
 def test_the_batch_script_sets_the_ledgers_variables_and_execs_the_command() -> None:
@@ -811,7 +813,7 @@ def _pending(reason: str) -> str:
 
 @pytest.mark.parametrize(
     ("reason", "after_s", "taken"),
-    [("PartitionTimeLimit", 0.0, True), ("Resources", 299.0, False), ("Resources", 300.0, True)],
+    [("AccountNotAllowed", 0.0, True), ("Resources", 299.0, False), ("Resources", 300.0, True)],
 )
 def test_a_run_slurm_will_not_start_is_taken_back_and_explained(
     tmp_path: Path, reason: str, after_s: float, taken: bool

@@ -255,7 +255,7 @@ def test_explain_says_the_run_was_taken_back_before_it_started_not_preempted() -
     said = "\n".join(lines)
     assert "preempt" not in said.replace("not a preemption", ""), said
     assert (
-        f"its run 1 taken back by @executor before it started: node n1 cannot run it: {WHY}; "
+        f"its run 0 taken back by @executor before it started: node n1 cannot run it: {WHY}; "
         "never ran, nothing charged, not a preemption: back in the queue, same job id."
     ) in said, said
 

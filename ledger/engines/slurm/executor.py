@@ -38,11 +38,13 @@ from ledger.engines.slurm.ends import (
 from ledger.engines.slurm.foreign import others
 from ledger.engines.slurm.launching import (
     LAUNCHED,
+    TAKEN_BACK,
     MarksSeen,
     WrongGpus,
     mark_stopping,
     mark_taken_back,
     mark_time,
+    marked,
     never_ran,
     node_fail_end,
     reaping_said,
@@ -146,6 +148,7 @@ class SlurmExecutor:
         self._parsed: dict[str, SlurmJob] = {}  # the last read's lines (`parse_jobs`)
         self._starts: list[Start] = []
         self._exits: list[Exit] = []
+        self._unplaced: list[NodeChange] = []  # runs read taken back (`leaked_runs.doubted`)
         self._completing: dict[str, float] = {}
         """Our Slurm job -> the last read showing it COMPLETING (`processes_end`)."""
         self._stopped: list[Exit] = []
@@ -492,6 +495,7 @@ class SlurmExecutor:
             if not paused:
                 self._try_submit(now)
             changes, unseen = self._node_changes(nodes, now)
+            changes, self._unplaced = changes + self._unplaced, []
             self._hold_leaked()
             changes += unplace_leaked(self, now)  # runs waiting on a leaked GPU (atk45s F4)
             if paused:  # an admin's pause: its runs not started wait in the queue (N4)
@@ -723,9 +727,11 @@ class SlurmExecutor:
                                           self.partition):  # fmt: skip
             logs = tracked.noted_logs(self.log_dir, job_id, run) or j.logs
             # a hold no read saw: its launch mark says when it started (atk45s F1)
-            launched = mark_time(self._checkpoint_file(job_id, run).parent, LAUNCHED, now)
+            run_dir = self._checkpoint_file(job_id, run).parent
+            launched = mark_time(run_dir, LAUNCHED, now)
             self._runs[job_id] = Run(job_id, run, None, j.slurm_id, logs=logs,
                                      launch_seen=launched, adopted=True,
+                                     taken_back=marked(run_dir, TAKEN_BACK),  # (atk61-slurm F1)
                                      limited=tracked.ended_limited(self.log_dir, j, self.job_limit(job_id)))  # fmt: skip  # noqa: E501
             log.info("adopted Slurm job %s as job %s run %s", j.slurm_id, job_id, run)
             self._restarts.submitted(job_id, run, j.slurm_id)  # a reused id? (atk44s F6)

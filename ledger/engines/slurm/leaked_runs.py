@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from ledger.cycle.executor import NodeChange
-from ledger.engines.slurm.launching import mark_taken_back
+from ledger.engines.slurm.launching import TAKEN_BACK_WHY, mark_taken_back
 from ledger.engines.slurm.tracked import Run
 from ledger.engines.slurm.words import WAITING, SlurmJob
 
@@ -72,14 +72,45 @@ def unplace_leaked(ex: SlurmExecutor, now: float) -> list[NodeChange]:
     return out
 
 
+def placed_on(r: Run) -> str:
+    """Pure: the node of the run's first GPUs; "" for a run adopted after a restart (the ledger
+    knows where it placed it: `record.unplace_commands`)."""
+    return r.launch.slots[0].node if r.launch is not None and r.launch.slots else ""
+
+
 def take_back(ex: SlurmExecutor, r: Run, node: str, why: str, now: float) -> NodeChange:
     """Take run `r`, which never started, back to the queue (`why`): its `taken-back` mark (a
     late landing of its `sbatch` ends before anything of the job's), its `scancel` (a deposed
-    leader does neither), and the `unplace` of its job on `node`."""
+    leader does neither), and the `unplace` of its job on `node` ("": wherever it is placed)."""
     run_dir = ex._checkpoint_file(r.job_id, r.run).parent
     if ex.may_act() and run_dir.is_dir() and not mark_taken_back(run_dir):
         log.warning("job %s run %s: cannot mark %s taken back", r.job_id, r.run, run_dir)
-    if r.slurm_id is not None:
+    if r.slurm_id is not None and pending(r, ex.view):
         ex._signal(r.slurm_id, now)  # it never ran: scancel at once
     del ex._runs[r.job_id]
     return NodeChange(node, "unplace", why, jobs=(r.job_id,))
+
+
+DOUBTED = (
+    "taken back by the executor before the service restarted (its taken-back mark), not yet "
+    "back in the queue: it never ran"
+)
+
+
+def doubted(ex: SlurmExecutor, r: Run, j: SlurmJob, now: float) -> bool:
+    """A run adopted with its `taken-back` mark (`Run.taken_back`): the last service began its
+    take-back (the mark, before its `scancel` and the record of it) and was killed before the
+    record (atk61-slurm F1). Before, the run stayed placed, its script ended at the mark once
+    Slurm started it, and its job ended `launch_failed` for good, though it never ran. Now the
+    take-back is finished whether the partition is paused or UP again: cancelled while Slurm
+    keeps it pending, its job back in the queue (`unplace`) once Slurm ended it unrun; its
+    next run runs once. True when taken back (a run Slurm runs is read as any: its script ends
+    at the mark, or it had begun before the mark and runs)."""
+    if not r.taken_back or r.started:
+        return False
+    if not pending(r, ex.view) and not (j.ended and ex._never_ran(r, j) == TAKEN_BACK_WHY):
+        return False
+    log.warning("job %s run %s (Slurm job %s): %s; back to the queue", r.job_id, r.run,
+                r.slurm_id, DOUBTED)  # fmt: skip
+    ex._unplaced.append(take_back(ex, r, placed_on(r), DOUBTED, now))
+    return True

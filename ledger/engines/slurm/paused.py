@@ -11,8 +11,9 @@ submitted yet, refused, or pending in Slurm) back to the queue (its `taken-back`
 and an `unplace` naming its job: requeued, never run, nothing charged), and reports the
 partition's nodes unobserved with the pause as why (`status`: nothing is placed on or preempted
 from them, as nothing can start there), until the partition is UP again. A job Slurm refuses
-for itself (`PartitionTimeLimit`, `AccountNotAllowed`, a `sbatch` refusal of its own) still
-ends `launch_failed` with Slurm's words (`refusals`)."""
+for itself (`AccountNotAllowed`, a `sbatch` refusal of its own) still ends `launch_failed` with
+Slurm's words (`refusals`); a run pending under a MaxTime lowered below its limit goes back to
+the queue (`run_loop.over_max_time`)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ledger.cycle.executor import NodeChange
-from ledger.engines.slurm.leaked_runs import pending, take_back
+from ledger.engines.slurm.leaked_runs import pending, placed_on, take_back
 
 if TYPE_CHECKING:
     from ledger.engines.slurm.executor import SlurmExecutor
@@ -41,13 +42,14 @@ def paused_why(partition: str, state: str) -> str:
 
 def unplace_paused(ex: SlurmExecutor, why: str, now: float) -> list[NodeChange]:
     """Take the executor's runs that have not started back to the queue while the partition is
-    paused (`why`): not submitted yet (or refused), or pending in Slurm (`take_back`)."""
+    paused (`why`): not submitted yet (or refused), or pending in Slurm (`take_back`), adopted
+    after a restart too (atk61-slurm F4: one stayed placed the whole pause)."""
     out = []
     for r in list(ex._runs.values()):
-        if r.started or r.launch is None or not r.launch.slots:
+        if r.started or (r.slurm_id is None and not placed_on(r)):
             continue
         if r.slurm_id is not None and not pending(r, ex.view):
             continue  # Slurm runs it (or ends it): read as any run
         log.warning("job %s run %s: %s; back to the queue", r.job_id, r.run, why)
-        out.append(take_back(ex, r, r.launch.slots[0].node, why, now))
+        out.append(take_back(ex, r, placed_on(r), why, now))
     return out

@@ -25,6 +25,7 @@ from ledger.engines.slurm.launching import (
     script_killed,
     tree_said,
 )
+from ledger.engines.slurm.leaked_runs import doubted, placed_on, take_back
 from ledger.engines.slurm.restarts import vanished
 from ledger.engines.slurm.script_tree import STEPS_LEFT
 from ledger.engines.slurm.stops import (
@@ -82,8 +83,14 @@ def read_own_runs(ex: SlurmExecutor, now: float) -> None:
         if ex._restarts.check(r, j, now, ex.kill_wait_s, ex._pinned, ex._runs,
                               (ex._starts, ex._exits)):  # fmt: skip
             continue  # Slurm launched it again: never the ledger's (atk43s F4, F6, F11)
+        if doubted(ex, r, j, now):
+            continue  # a take-back a restart cut short: finished as one (atk61-slurm F1)
         if j.state in WAITING and not r.started:
             r.submitted_at = now if r.submitted_at is None else r.submitted_at  # adopted
+            if j.reason == MAX_TIME:  # MaxTime lowered under it: it waits in the queue (F2)
+                ex._max_time_at = None  # read again now: placed once MaxTime allows
+                ex._unplaced.append(take_back(ex, r, placed_on(r), over_max_time(), now))
+                continue
             why = never_starts(j.reason, now - r.submitted_at, ex.start_within_s)
             if why:
                 ex._take_back(r, why, now)
@@ -148,6 +155,18 @@ def read_own_runs(ex: SlurmExecutor, now: float) -> None:
 REAP_MARGIN_S = 10.0
 """How long past the SIGKILL its batch script set for what a command left (`REAPING_MARK`) a run
 still listed is let be before its time limit stops it after all."""
+
+
+MAX_TIME = "PartitionTimeLimit"
+"""Slurm's pending reason for a job whose `--time` is over its partition's MaxTime."""
+
+
+def over_max_time() -> str:
+    """Pure: why a run pending in Slurm under a MaxTime lowered below its `--time` goes back to
+    the queue (atk61-slurm F2: it ended `launch_failed` for good): it waits there as any job over
+    MaxTime (`PARTITION_TIME_LIMIT`), placed once MaxTime allows."""
+    return (f"Slurm will not start it under the partition's MaxTime ({MAX_TIME}): it waits in "
+            "the queue until MaxTime allows it")  # fmt: skip
 
 
 def reaped_past_limit(ex: SlurmExecutor, r: Run, now: float) -> bool:

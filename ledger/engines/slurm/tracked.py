@@ -192,6 +192,9 @@ class Run:
     refused_since: float | None = None
     """When its `sbatch` first failed (`SlurmExecutor._refused`): retried until the take-back
     time."""
+    taken_back: bool = False
+    """Adopted with its `taken-back` mark: the last service began to take it back and may not
+    have recorded it (`leaked_runs.doubted`): finished as a take-back, never `launch_failed`."""
     reaping_told: bool = False
     """Its `reaping` mark was reported (`SlurmExecutor._reaping`): once per run here (after a
     restart again, which the ledger's `reaping_commands` drops when it holds it)."""

@@ -641,8 +641,7 @@ def sbatch_args(
         common.append(f"--chdir={slurm_path(job.workdir)}")
     elif who.home:
         common.append(f"--chdir={slurm_path(who.home)}")
-    if job.time_limit_s is not None:
-        common.append(f"--time={backstop_minutes(job.time_limit_s, grace_s, max_time_s)}")
+    common.append(f"--time={backstop_minutes(job.time_limit_s, grace_s, max_time_s)}")
     if who.uid is not None:
         common.append(f"--uid={who.uid}")
     if who.gid is not None:
@@ -757,13 +756,14 @@ def processes_end(
     return max(end_time, float(math.floor(now)))
 
 
-def backstop_minutes(time_limit_s: float, grace_s: float, max_time_s: float | None) -> int:
+def backstop_minutes(time_limit_s: float | None, grace_s: float, max_time_s: float | None) -> int | str:  # fmt: skip  # noqa: E501
     """Pure: the `--time` (whole minutes) asked of Slurm for a run the executor stops at its
-    limit itself (SIGTERM, the job's grace, then scancel): past the limit and the grace by at
-    least a minute (Slurm checks limits every ~30 s), so Slurm's own TIMEOUT, which would give
-    the job only KillWait, never comes first; it stops the run only when the service is down.
-    Never above the partition's MaxTime (Slurm would not start it): there the grace is what
-    MaxTime leaves."""
+    limit itself (SIGTERM, the job's grace, then scancel): past limit and grace by a minute or
+    more (Slurm checks every ~30 s: its TIMEOUT, with KillWait, never comes first; it acts only
+    while the service is down), never over MaxTime (Slurm would not start it; the grace is what
+    is left). No limit: `UNLIMITED`, never DefaultTime (its TIMEOUT killed it: atk61-slurm F3)."""
+    if time_limit_s is None:
+        return "UNLIMITED"
     minutes = max(1, math.ceil((time_limit_s + max(0.0, grace_s)) / 60)) + 1
     if max_time_s is not None:
         minutes = min(minutes, max(1, int(max_time_s // 60)))
