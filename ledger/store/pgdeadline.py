@@ -11,7 +11,9 @@ on it fails at once with `WORDS`; the pool drops the broken connection and the n
 takes a new one. `abandon(thread)` does it at once, for the lease (a worker that holds up a
 lease it took: `Leadership._tick`).
 
-An edge (threads, sockets): one watcher thread per process, started at the first loan.
+The projector's own reads (`pgread.PgSource`) are watched too: a standby's follow waited
+there. An edge (threads, sockets): one watcher thread per process, started at the first loan
+once a deadline is set.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ WORDS = "the store has not answered for {:.1f} s (over {:g} s): its connection w
 
 deadline_s: float | None = None
 """How long a connection may stay lent (None: no deadline, the default outside `serve`)."""
-_lent: dict[int, tuple[Any, float]] = {}
-"""The connection each thread holds now, and since when (monotonic)."""
+_lent: dict[int, list[tuple[Any, float]]] = {}
+"""The connections each thread holds now (the innermost last), and since when (monotonic)."""
 _abandoned: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
 """Connections whose socket this module shut: how long they had been lent."""
 _lock = threading.Lock()
@@ -46,8 +48,8 @@ def lend(conn: Any) -> None:
     """`conn` is now used by this thread (a statement, a transaction or the pool's check)."""
     global _watcher
     with _lock:
-        _lent[threading.get_ident()] = (conn, time.monotonic())
-        if _watcher is None:
+        _lent.setdefault(threading.get_ident(), []).append((conn, time.monotonic()))
+        if _watcher is None and deadline_s is not None:  # (none outside `serve`)
             _watcher = threading.Thread(target=_watching, name="store-deadline", daemon=True)
             _watcher.start()
 
@@ -56,8 +58,11 @@ def returned(conn: Any) -> None:
     """This thread is done with `conn`."""
     with _lock:
         me = threading.get_ident()
-        if me in _lent and _lent[me][0] is conn:
-            del _lent[me]
+        held = [loan for loan in _lent.get(me, []) if loan[0] is not conn]
+        if held:
+            _lent[me] = held
+        else:
+            _lent.pop(me, None)
 
 
 def abandoned(conn: Any) -> str | None:
@@ -70,19 +75,20 @@ def abandoned(conn: Any) -> str | None:
 
 
 def lent_for(thread: int | None) -> float | None:
-    """How long `thread` has held its connection (None: it holds none)."""
-    loan = None if thread is None else _lent.get(thread)
-    return None if loan is None else time.monotonic() - loan[1]
+    """How long `thread` has held its oldest connection (None: it holds none)."""
+    loans = [] if thread is None else list(_lent.get(thread, []))
+    return time.monotonic() - loans[0][1] if loans else None
 
 
 def abandon(thread: int | None) -> float | None:
-    """Shut the socket of the connection `thread` holds (its statement fails at once); how long
-    it had held it (None: it holds none)."""
-    loan = None if thread is None else _lent.get(thread)
-    if loan is None:
+    """Shut the socket of every connection `thread` holds (its statement fails at once); how
+    long it had held the oldest (None: it holds none)."""
+    loans = [] if thread is None else list(_lent.get(thread, []))
+    if not loans:
         return None
-    waited = time.monotonic() - loan[1]
-    _shut(loan[0], waited)
+    waited = time.monotonic() - loans[0][1]
+    for conn, since in loans:
+        _shut(conn, time.monotonic() - since)
     return waited
 
 
@@ -103,7 +109,7 @@ def _watching() -> None:
 def _look() -> None:
     now, limit = time.monotonic(), deadline_s
     with _lock:
-        late = [(c, now - t) for c, t in _lent.values() if over(now, t, limit)]
+        late = [(c, now - t) for ls in _lent.values() for c, t in ls if over(now, t, limit)]
     for conn, waited in late:
         if abandoned(conn) is None:
             log.warning(WORDS.format(waited, limit or waited))
