@@ -248,7 +248,23 @@ class Leadership:
             return ""  # held may be a takeover the store never committed (atk33-28 F10)
         h = self.leader
         left = 0.0 if h is None else h.expires_in_s - (time.monotonic() - self._leader_read_at)
+        if h is not None and h.address == self.lease.address:  # never itself while it does not
+            return ""  # act: it took the lease and is taking up the work (atk61-ha F4)
         return h.address if h is not None and left > 0 else ""  # never a lease seen expire
+
+    def taking_up(self) -> str | None:
+        """Why this server, holding a lease it took, does not act yet: its worker is taking up
+        the leader's work, and how long its store call has waited once that is a second or more
+        (a table lock, a slow store); None when it leads or holds no lease. It said "standby"
+        naming itself the leader for 13 s while a DBA's lock held its worker (atk61-ha F4)."""
+        if self.leading or not self.lease.may_act():
+            return None
+        began = self.appending()
+        waited = 0.0 if began is None else time.monotonic() - began
+        slow = (f": its store call has waited {waited:.1f} s (the store is locked or slow)"
+                if waited >= 1.0 else "")  # fmt: skip
+        return (f"this server took the lease (epoch {self.lease.epoch}) and its worker is "
+                f"taking up the leader's work{slow}")  # fmt: skip
 
     def lease_times(self) -> tuple[float | None, float | None]:
         """(seconds until the leader's lease expires, seconds since its holder last renewed it),
@@ -420,7 +436,7 @@ class Leadership:
                 )  # fmt: skip
                 log.error("took the lease (epoch %d) but the worker %s: handing it over",
                           self.lease.epoch, why)  # fmt: skip
-                self.held_back = (f"took the lease but the worker {why}: handed it over; "
+                self.held_back = (f"took the lease but its worker {why}: handed it over; "
                                   "takes it again once the worker is free")  # fmt: skip
                 self._took_at, self._held_back_at = 0.0, time.monotonic()
                 held = False
@@ -489,6 +505,9 @@ class Leadership:
         why = self.unreachable if self.leading else self.away()
         if why is None and self.held_back is not None and not self.leading:
             return self.held_back
+        taking = self.taking_up() if why is None else None
+        if taking is not None and "waited" in taking:
+            return taking
         return store_trouble(time.monotonic(), why, self._erred,
                              self._asking_since, self.lease.lease_s)  # fmt: skip
 
