@@ -468,6 +468,7 @@ class Leadership:
                     raise _GaveUp
                 self._took_at = time.monotonic()
                 self._uncommitted = None
+                self._erred = None  # its take committed: a new leader says no old failure
                 log.info("took the lease: leading at epoch %d", self.lease.epoch)
                 self._changed()
             self.leader, self._leader_read_at = self.lease.leader(), time.monotonic()

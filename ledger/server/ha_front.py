@@ -313,6 +313,10 @@ class HAFront:
             return
         try:
             status, reply, kind, outcome = call.result()
+        except ConnectionRefusedError as err:  # nothing was sent: not taken (atk61-ha F6)
+            await self._refuse(send, f"the leader {leader} refused the connection ({err}): this "
+                               "write was not sent, so it is not taken; retry")  # fmt: skip
+            return
         except OSError as err:  # (sent, maybe taken: its answer lost)
             await self._refuse(send, f"the leader did not answer ({err})", unknown=True)
             return
