@@ -303,11 +303,8 @@ def _build(
         needed)."""
         svc = worker.service
         head = ledger.position
-        relay = svc.relay_position()  # None: no relay, or a position not known (atk58 F4)
-        relay_state, relay_error = svc.relay_state()
+        relay, relay_state, relay_error, last_error = relay_health(worker)
         checked = svc.relay_checked_s_ago()  # this server's relay's (`relay status` tells it)
-        if relay_state is None and worker.ha is not None:  # a standby: the leader's relay
-            relay, relay_state, relay_error = _leaders_relay(worker.ha, svc.kafka)
         st = svc.stats
         return api.Health(
             status="up" if worker.accepting else "stopping",
@@ -321,7 +318,7 @@ def _build(
             projection_lag=max(0, head - st.projection_position),
             relay_position=relay,
             relay_lag=None if relay is None else max(0, head - relay),
-            last_error=st.last_error,
+            last_error=last_error,
             relay_state=relay_state,
             relay_error=relay_error,
             relay_checked_s_ago=None if checked is None else round(checked, 3),
@@ -474,6 +471,23 @@ def _build(
 
 PAGE_SHELLS = frozenset({"/", "/ui/{page:str}"})
 """Routes whose query string is the browser script's (the dashboard's page shells)."""
+
+
+def relay_health(worker: Any) -> tuple[int | None, str | None, str | None, str | None]:
+    """Health's relay position, state and error, and its `last_error`: this server's relay,
+    or, on a server that runs none or does not act as leader, the leader's as it reported it
+    (`_leaders_relay`: a leader resumed past its lease, before its worker stepped down, said its
+    own "publishing" while standby); its own relay stopped is its last error too (it said
+    None: atk61-ha F6)."""
+    svc = worker.service
+    relay = svc.relay_position()  # None: no relay, or a position not known (atk58 F4)
+    state, error = svc.relay_state()
+    last_error = svc.stats.last_error
+    if last_error is None and state == "stopped" and error:
+        last_error = f"the relay stopped: {error}"
+    if worker.ha is not None and (state is None or not worker.ha.acting()):
+        relay, state, error = _leaders_relay(worker.ha, svc.kafka)
+    return relay, state, error, last_error
 
 
 def _leaders_relay(ha: Any, kafka: str | None = None) -> tuple[int | None, str | None, str | None]:

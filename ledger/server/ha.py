@@ -126,6 +126,12 @@ class Leadership:
     """Set when the role may have changed: the worker looks at its next turn, at once."""
     notify: Callable[[], None] = lambda: None
     """Wakes the worker (its next turn looks at the role)."""
+    abandon: Callable[[], float | None] = lambda: None
+    """Shut the store connection the worker waits on (its statement fails at once), and how
+    long it had waited (None: it waits on none): a lease it took and cannot act on."""
+    held_back: str | None = None
+    """Why this server handed back a lease it took and takes none until its worker turns
+    (health's `store_error` meanwhile: it said nothing, atk61-ha F1)."""
     turned_at: float = 0.0
     """monotonic time the worker last looked at the role (`Worker._take_role`)."""
     failed_at: float = 0.0
@@ -242,7 +248,23 @@ class Leadership:
             return ""  # held may be a takeover the store never committed (atk33-28 F10)
         h = self.leader
         left = 0.0 if h is None else h.expires_in_s - (time.monotonic() - self._leader_read_at)
+        if h is not None and h.address == self.lease.address:  # never itself while it does not
+            return ""  # act: it took the lease and is taking up the work (atk61-ha F4)
         return h.address if h is not None and left > 0 else ""  # never a lease seen expire
+
+    def taking_up(self) -> str | None:
+        """Why this server, holding a lease it took, does not act yet: its worker is taking up
+        the leader's work, and how long its store call has waited once that is a second or more
+        (a table lock, a slow store); None when it leads or holds no lease. It said "standby"
+        naming itself the leader for 13 s while a DBA's lock held its worker (atk61-ha F4)."""
+        if self.leading or not self.lease.may_act():
+            return None
+        began = self.appending()
+        waited = 0.0 if began is None else time.monotonic() - began
+        slow = (f": its store call has waited {waited:.1f} s (the store is locked or slow)"
+                if waited >= 1.0 else "")  # fmt: skip
+        return (f"this server took the lease (epoch {self.lease.epoch}) and its worker is "
+                f"taking up the leader's work{slow}")  # fmt: skip
 
     def lease_times(self) -> tuple[float | None, float | None]:
         """(seconds until the leader's lease expires, seconds since its holder last renewed it),
@@ -395,21 +417,27 @@ class Leadership:
         a write of this server commits again."""
         held = self.lease.may_act()
         if self._held_back_at and self.turned_at > self._held_back_at:
-            self._held_back_at = 0.0
+            self._held_back_at, self.held_back = 0.0, None
         self._asking_since = time.monotonic()
         try:
             if held and self._unready():
                 # renewing a lease nobody here acts on locks every server out (after an outage
                 # one held it ~30 s so, while its worker still waited on the store: atk33-28 F7)
                 failed = self.failed_at > self._took_at
-                why = (
+                waited = None if failed else self.abandon()  # a statement a cut swallowed
+                why = (  # fails now: the worker turns and this server takes the lease again
                     "could not take up the leader's work"
                     if failed
                     else "has not taken up "
-                    f"the leader's work within {self.ready_s:.1f} s (waiting on the store?)"
-                )
+                    f"the leader's work within {self.ready_s:.1f} s ("
+                    + ("waiting on the store?" if waited is None else "its store statement "
+                       f"had no answer for {waited:.1f} s: its connection is abandoned")
+                    + ")"
+                )  # fmt: skip
                 log.error("took the lease (epoch %d) but the worker %s: handing it over",
                           self.lease.epoch, why)  # fmt: skip
+                self.held_back = (f"took the lease but its worker {why}: handed it over; "
+                                  "takes it again once the worker is free")  # fmt: skip
                 self._took_at, self._held_back_at = 0.0, time.monotonic()
                 held = False
                 with self._turn:
@@ -440,6 +468,7 @@ class Leadership:
                     raise _GaveUp
                 self._took_at = time.monotonic()
                 self._uncommitted = None
+                self._erred = None  # its take committed: a new leader says no old failure
                 log.info("took the lease: leading at epoch %d", self.lease.epoch)
                 self._changed()
             self.leader, self._leader_read_at = self.lease.leader(), time.monotonic()
@@ -475,6 +504,11 @@ class Leadership:
         lease after it, and one unanswered for a third of the lease (atk45ha F3); a standby's
         unanswered statement while no lease runs says so (`away`: it waits for no election)."""
         why = self.unreachable if self.leading else self.away()
+        if why is None and self.held_back is not None and not self.leading:
+            return self.held_back
+        taking = self.taking_up() if why is None else None
+        if taking is not None and "waited" in taking:
+            return taking
         return store_trouble(time.monotonic(), why, self._erred,
                              self._asking_since, self.lease.lease_s)  # fmt: skip
 
@@ -591,6 +625,14 @@ def append_stall_s(lease_s: float) -> float:
     """Pure: how long a leader's append may wait before it hands the lease over: one lease,
     `APPEND_STALL_MIN_S` at least (docs/ha.md, "A slow link")."""
     return max(APPEND_STALL_MIN_S, lease_s)
+
+
+def statement_bound_s(lease_s: float, lock_timeout_s: float) -> float:
+    """Pure: how long a store connection of a server may stay lent before it is abandoned
+    (`ledger.store.pgdeadline`): twice a leader's `append_stall_s` (a stalled leader hands its
+    lease over first), and past the store's lock timeout (a lock wait ends in PostgreSQL's
+    own words first): 12 s with a 5 s lease and the default 10 s lock timeout."""
+    return max(2 * append_stall_s(lease_s), lock_timeout_s + 2.0)
 
 
 def relay_word(state: tuple[str | None, str | None], position: int | None) -> RelayWord | None:

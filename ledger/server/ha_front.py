@@ -120,6 +120,8 @@ class HAFront:
         if away is None and await self._taking_over():
             await self.app(scope, receive, self._stamped(send, agent))
             return
+        if away is None:  # the take it waited on had no answer for a statement's time: the
+            away = self.ha.away()  # store's words, not "a standby" (atk61-ha F2)
         leader = self.ha.leader_address()
         forwardable = (
             "authorization" in headers
@@ -135,7 +137,9 @@ class HAFront:
         if away is not None:  # not "a standby": nobody can lead meanwhile, as far as it knows
             await self._refuse(send, f"{store_words(away)}: no write is taken until it does")
             return
-        await self._refuse(send, "this server is a standby")
+        held = self.ha.held_back  # it handed back a lease it took: why (atk61-ha F1, F4)
+        await self._refuse(send, self.ha.taking_up() or "this server is a standby"
+                           + (f": it {held}" if held else ""))  # fmt: skip
 
     def _stamped(self, send: Send, agent: bool = False) -> Send:
         async def stamped(message: Any) -> None:
@@ -309,6 +313,10 @@ class HAFront:
             return
         try:
             status, reply, kind, outcome = call.result()
+        except ConnectionRefusedError as err:  # nothing was sent: not taken (atk61-ha F6)
+            await self._refuse(send, f"the leader {leader} refused the connection ({err}): this "
+                               "write was not sent, so it is not taken; retry")  # fmt: skip
+            return
         except OSError as err:  # (sent, maybe taken: its answer lost)
             await self._refuse(send, f"the leader did not answer ({err})", unknown=True)
             return

@@ -14,10 +14,11 @@ decision history run here (docs/security.md, rows T5 and T6).
   compete for), so a heavy query takes the CPU the dispatcher leaves.
 - **A time limit** (`timeout_s`) on the read's own work: a query still running when its
   thread has spent that much CPU time is interrupted (`cursor.interrupt()`) and answered with
-  one line saying so; and one that has been under way `awake_times` the limit of the
-  process's running time (its wall time, each look at it every `TICK_S` adding `GAP_S` at
-  most: a stopped process's gap counts once) is too, whatever its CPU (a read that waits in
-  DuckDB without working). The limit was wall-clock: a read in flight across a 28 s SIGSTOP
+  one line saying so; and one that has been under way `awake_times` the limit of its
+  running time (its wall time, each look at it every `TICK_S` adding `GAP_S` at most: a
+  stopped process's gap counts once; less the time its thread waited for a CPU and the time
+  the process was stopped in short spells: atk61-ha F3) is too, whatever its CPU (a read that
+  waits in DuckDB without working). The limit was wall-clock: a read in flight across a 28 s SIGSTOP
   of the server was stopped at SIGCONT and its caller told to narrow the query (atk60-29 F4);
   a pause of the process, or a machine so loaded that the read gets a tenth of a core, is no
   part of the read's time now (`ReadTime`). The thread's CPU is the query's whole work because
@@ -108,18 +109,34 @@ class ReadTime:
     """One read's time as its limit counts it (pure): the CPU time its thread spent since it
     began (`cpu` at each look, None where no thread clock is: then its running time alone, at
     one times the limit) and its running time, each look adding its gap since the last one
-    `GAP_S` at most."""
+    `GAP_S` at most, less the time its thread waited for a CPU meanwhile (`queued`: its
+    run-queue wait so far, `/proc/.../schedstat`; None: not known) and the time the process
+    was stopped (`stopped`, `stopped_s`): what is left is the read's work and its own waits.
+    Counted as wall time, a read with two busy loops beside it, or in 100 ms slices of a CPU
+    quota, was cut after 0.4 s of its 2 s limit's CPU (atk61-ha F3)."""
 
     cpu0: float | None
     last: float
     awake: float = 0.0
     spent: float = 0.0
+    queued: float | None = None
 
-    def past(self, cpu: float | None, now: float, limit_s: float, awake_times: float) -> bool:
+    def past(
+        self,
+        cpu: float | None,
+        now: float,
+        limit_s: float,
+        awake_times: float,
+        queued: float | None = None,
+        stopped: float = 0.0,
+    ) -> bool:
         """Look at the read at `now` (its thread's CPU clock reading `cpu`): whether it ran
         past `limit_s` of work, or `awake_times` the limit of running time."""
-        self.awake += min(max(0.0, now - self.last), GAP_S)
-        self.last = now
+        gap = max(0.0, min(max(0.0, now - self.last), GAP_S) - stopped)
+        if queued is not None and self.queued is not None:
+            gap = max(0.0, gap - max(0.0, queued - self.queued))
+        self.awake += gap
+        self.last, self.queued = now, queued
         if cpu is None or self.cpu0 is None:
             return self.awake >= limit_s
         self.spent = cpu - self.cpu0
@@ -132,6 +149,28 @@ def _cpu_clock() -> int | None:
         return time.pthread_getcpuclockid(threading.get_ident())
     except (AttributeError, OSError):
         return None
+
+
+def _queued(tid: int | None) -> float | None:
+    """How long thread `tid` (native id; None: the caller's) has waited for a CPU so far (s: the
+    run-queue wait, `/proc/self/task/TID/schedstat`'s second field), None where it is not
+    known (another system, a kernel without schedstats, the thread ended)."""
+    path = "/proc/thread-self/schedstat" if tid is None else f"/proc/self/task/{tid}/schedstat"
+    try:
+        with open(path, "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def stopped_s(gap: float, queued: float | None, tick_s: float) -> float:
+    """Pure: how long the process was stopped (SIGSTOP, a suspended machine) in a watcher's
+    `gap` between two looks that should be `tick_s` apart, of which its own thread waited
+    `queued` for a CPU (None: not known, then none counted stopped): the rest of the oversleep,
+    past half a tick of timer slack."""
+    if queued is None:
+        return 0.0
+    return max(0.0, gap - 1.5 * tick_s - queued)
 
 
 def _cpu(clock: int | None) -> float | None:
@@ -230,7 +269,7 @@ class ReadPool:
     _stopped: bool = False
     """`stop` began: nothing more is run beside (`beside`)."""
     awake_times: float = AWAKE_TIMES
-    _timed: dict[int, tuple[duckdb.DuckDBPyConnection, int | None, ReadTime]] = field(
+    _timed: dict[int, tuple[duckdb.DuckDBPyConnection, tuple[int | None, int], ReadTime]] = field(
         default_factory=dict
     )
     """The reads under way by their cursor's id: the cursor, its thread's CPU clock, its time
@@ -499,8 +538,9 @@ class ReadPool:
             assert self._base is not None
             cur = self._base.cursor()
             self._cursors.add(cur)  # interrupted at a stop (`stop`)
-            clock = _cpu_clock()
-            self._timed[id(cur)] = (cur, clock, ReadTime(_cpu(clock), time.monotonic()))
+            clock, tid = _cpu_clock(), threading.get_native_id()
+            took = ReadTime(_cpu(clock), time.monotonic(), queued=_queued(tid))
+            self._timed[id(cur)] = (cur, (clock, tid), took)
         self.queries += 1
         try:
             return fn(cur, self.limits)
@@ -514,14 +554,21 @@ class ReadPool:
         """Every `TICK_S` until `stop`: the reads past their time limit interrupted
         (`ReadTime`; one thread for every read, where each read had a timer thread of its
         own)."""
+        looked, waited = time.monotonic(), _queued(None)
         while not self._watching.wait(TICK_S):
             limit_s = self.limits.timeout_s
+            now, mine = time.monotonic(), _queued(None)
+            own = None if mine is None or waited is None else mine - waited
+            stopped = stopped_s(now - looked, own, TICK_S)
+            looked, waited = now, mine
             with self._lock:
                 timed = list(self._timed.items())
             past = [
                 (key, cur)
-                for key, (cur, clock, took) in timed
-                if took.past(_cpu(clock), time.monotonic(), limit_s, self.awake_times)
+                for key, (cur, (clock, tid), took) in timed
+                if took.past(
+                    _cpu(clock), time.monotonic(), limit_s, self.awake_times, _queued(tid), stopped
+                )
             ]
             for key, cur in past:
                 with self._lock:  # still under way (not ended since the look)

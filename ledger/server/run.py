@@ -50,7 +50,7 @@ from ledger.engines.supervised import SupervisedExecutor, handled_jobs
 from ledger.server import identity, whatifs
 from ledger.server.app import create_asgi
 from ledger.server.connections import Limits, fit_files, limits_from_env, positive_settings
-from ledger.server.ha import Leadership, relay_word
+from ledger.server.ha import Leadership, relay_word, statement_bound_s
 from ledger.server.ha_front import HAFront
 from ledger.server.leadstart import _leadership
 from ledger.server.leadstart import _runs_left as _runs_left
@@ -58,7 +58,7 @@ from ledger.server.leadstart import service_account as service_account
 from ledger.server.leadstart import settings_of as settings_of
 from ledger.server.protocol import protocol_for
 from ledger.server.worker import Worker
-from ledger.store import lease, locate
+from ledger.store import lease, locate, pgdeadline
 from ledger.store.application import Ledger
 from ledger.wire import SOCKET_NAME
 from ledger.wire.config import ServeConfig, check_grace, slurm_jobs_dir
@@ -400,6 +400,8 @@ def serve(home: Path, config: ServeConfig, actor: str = "", *, up: Up | None = N
         worker.promote, worker.demote = _roles(ha, service, config, actor, cluster, abandoned)
         ha.position = lambda: ledger.position
         ha.appending = lambda: ledger.store_call_began(worker.thread_id)
+        ha.abandon = lambda: pgdeadline.abandon(worker.thread_id)
+        pgdeadline.deadline_s = statement_bound_s(ha.lease.lease_s, ledger.lock_timeout_s())
         ha.relay = lambda: relay_word(service.relay_state(), service.relay_position())
         ha.notify = worker.nudge
         # behind the connections' front (each request's caller claims its connection, one

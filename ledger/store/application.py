@@ -172,6 +172,12 @@ class Ledger(Application[UUID]):
         began = [self.append_began(), self.recorder.call_began(thread)]  # type: ignore[attr-defined]
         return min((b for b in began if b is not None), default=None)
 
+    def lock_timeout_s(self) -> float:
+        """A PostgreSQL store's lock timeout (s; 0: not a PostgreSQL store)."""
+        if self.dsn is None:
+            return 0.0
+        return float(self.recorder.datastore.lock_timeout)  # type: ignore[attr-defined]
+
     def give_up_when(self, stop: Callable[[], bool]) -> None:
         """A PostgreSQL store's statements are tried again after a connection error only while
         `stop()` is false (a server stopping, a leader whose lease ran out; bounded anyway:

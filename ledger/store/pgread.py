@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 from uuid import UUID
 
+from ledger.store import pgdeadline
 from ledger.store.embedded import StoredRecord
 from ledger.store.sessions import own_name
 from projections.errors import SourceUnavailable
@@ -270,20 +271,26 @@ class PgSource:
             try:
                 if self._con.closed:
                     self._con = connect(self.dsn)
-                with self._con.cursor() as cur:
-                    cur.execute(query, params, prepare=True)
-                    rows: list[tuple[Any, ...]] = cur.fetchall()
-                    return rows
+                pgdeadline.lend(self._con)  # bounded in a server (`pgdeadline`, atk61-ha F1)
+                try:
+                    with self._con.cursor() as cur:
+                        cur.execute(query, params, prepare=True)
+                        rows: list[tuple[Any, ...]] = cur.fetchall()
+                        return rows
+                finally:
+                    pgdeadline.returned(self._con)
             except psycopg.errors.UndefinedTable as err:
                 return self._no_table(query, err)
             except psycopg.Error as err:
                 broken = isinstance(err, psycopg.OperationalError) or self._con.closed
+                abandoned = pgdeadline.abandoned(self._con)
                 if broken:
                     self._con.close()
-                    if attempt == 0:
+                    if attempt == 0 and abandoned is None:
                         continue
                 raise SourceUnavailable(
-                    f"cannot read the PostgreSQL store {self.path}: {_first_line(err)}",
+                    f"cannot read the PostgreSQL store {self.path}: "
+                    f"{abandoned or _first_line(err)}",
                     path=self.path,
                 ) from err
         raise AssertionError("unreachable")

@@ -21,7 +21,7 @@ import contextlib
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from eventsourcing.persistence import (
@@ -41,6 +41,7 @@ from psycopg.sql import SQL, Identifier, Literal
 from psycopg_pool import ConnectionPool
 from psycopg_pool.base import AttemptWithBackoff
 
+from ledger.store import pgdeadline
 from ledger.store.appended import LogBehind
 from ledger.store.lease import NOT_COMMITTING, SCHEMA_LOCK, SYNC_WAIT
 from ledger.store.pgread import (
@@ -348,7 +349,35 @@ def _note_returned(conn: Any) -> None:
 
 def _check_if_idle(conn: Any) -> None:
     if time.monotonic() - _returned.get(conn, 0.0) > PING_AFTER_S:
-        ConnectionPool.check_connection(conn)
+        pgdeadline.lend(conn)  # its round trip is bounded as a statement is
+        try:
+            ConnectionPool.check_connection(conn)
+        finally:
+            pgdeadline.returned(conn)
+
+
+def _deadlined(get_connection: Callable[[], Any]) -> Callable[[], Any]:
+    """The datastore's `get_connection`, each connection watched while it is lent
+    (`pgdeadline`): one whose socket the deadline shut fails in its words, one line."""
+
+    @contextlib.contextmanager
+    def lent() -> Iterator[Any]:
+        held = None
+        try:
+            with get_connection() as conn:  # (it turns psycopg's errors into its own)
+                held = conn
+                pgdeadline.lend(conn)
+                try:
+                    yield conn
+                finally:
+                    pgdeadline.returned(conn)
+        except (InterfaceError, OperationalError) as err:
+            why = None if held is None else pgdeadline.abandoned(held)
+            if why is None:
+                raise
+            raise OperationalError(why) from err
+
+    return lent
 
 
 def _schema_exists(con: Any, dsn: str) -> None:
@@ -406,6 +435,7 @@ class LedgerPostgresFactory(PostgresFactory):
         pool = self.datastore.pool
         pool.kwargs = {**params, "row_factory": dict_row}
         pool._check, pool._reset = _check_if_idle, _note_returned  # (not yet open)
+        self.datastore.get_connection = _deadlined(self.datastore.get_connection)  # type: ignore[method-assign]
         _capped_backoff(pool)
 
 

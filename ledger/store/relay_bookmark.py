@@ -149,11 +149,14 @@ def refusal(relay: Relay, position: int, ours: int) -> RelayError:
     error's `published` field)."""
     head = relay.store_head()
     if position > head:
+        signed = relay.keys is not None  # (unsigned records say nothing of a key: atk61-ha F6)
         return RelayError(
-            f"topic {relay.topic} is ahead of the store: it has position {position} signed "
-            f"with our key, the store ends at {head}",
-            hint="the store was replaced by an older copy, or another relay signs with our "
-            "key; publish to a new topic",
+            f"topic {relay.topic} is ahead of the store: it has position {position}"
+            + (" signed with our key" if signed else "")
+            + f", the store ends at {head}",
+            hint="the store was replaced by an older copy, or another relay "
+            + ("signs with our key" if signed else "publishes there")
+            + "; publish to a new topic",
             published=ours,
         )
     return RelayError(

@@ -258,6 +258,9 @@ def test_a_standby_whose_store_hangs_as_the_leaders_lease_runs_out_says_the_stor
         status, store, text, took = _write(standby, token)
         assert (status, store) == (503, "away"), (status, store, text, took, g.why())
         assert took < 2.5, (took, text)  # was 3 s and more: "this server is a standby"
+        # the store's words from the first refusal, also one that waited on the take (it said
+        # "this server is a standby; reads still answer" for a statement's time: atk61-ha F2)
+        assert json.loads(text)["message"].startswith("the store does not answer ("), text
         health = standby.health() or {}
         said = health.get("store_error") or ""
         assert "no answer" in said and "\n" not in said, health

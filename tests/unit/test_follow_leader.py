@@ -283,6 +283,8 @@ def test_a_standby_never_forwards_a_write_that_was_forwarded_to_it() -> None:
         unreachable=None,
         away=lambda: None,
         notify=lambda: None,
+        taking_up=lambda: None,
+        held_back=None,
     )
     front = HAFront(None, ha, lambda: 0)  # type: ignore[arg-type]
 
@@ -528,3 +530,43 @@ def test_a_slow_leader_the_standby_names_is_asked_again_though_it_let_a_request_
     assert client.get("jobs") == []  # timed out on the leader, named by the standby, answered
     assert client.url == lead.url and len(lead.seen) == 2 and len(stand.seen) == 1
     client.close()
+
+
+def test_a_write_forwarded_to_a_leader_that_refuses_the_connection_is_said_not_taken() -> None:
+    """atk61-ha F6: a standby forwarding to a killed leader (its port refuses) answered 503
+    "outcome unknown", "the leader did not answer ([Errno 111] Connection refused)": a refused
+    connect carried nothing, so the write is not taken, and a retry is safe."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from ledger.server.ha_front import HAFront
+
+    gone = refused_url()
+    ha = SimpleNamespace(
+        acting=lambda: False,
+        leader_address=lambda: gone,
+        lease=SimpleNamespace(address="http://me:1", may_act=lambda: False),
+        role="standby",
+        unreachable=None,
+        away=lambda: None,
+        notify=lambda: None,
+        taking_up=lambda: None,
+        held_back=None,
+    )
+    front = HAFront(None, ha, lambda: 0)  # type: ignore[arg-type]
+    sent: list[Any] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    async def receive() -> Any:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/commands/submit", "query_string": b"",
+             "headers": [(b"authorization", b"Bearer x"), (b"content-length", b"2")]}  # fmt: skip
+    asyncio.run(front(scope, receive, send))
+    assert sent[0]["status"] == 503
+    names = [k for k, _ in sent[0]["headers"]]
+    assert b"x-gpuledger-outcome" not in names, sent[0]
+    message = json.loads(sent[1]["body"])["message"]
+    assert "was not sent, so it is not taken" in message, message

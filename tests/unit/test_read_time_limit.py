@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from ledger.server.readpool import GAP_S, ReadTime
+from ledger.server.readpool import GAP_S, ReadTime, stopped_s
 
 CHILD = r"""
 import asyncio, json, sys, time
@@ -118,3 +118,40 @@ def test_a_gap_between_two_looks_counts_gap_s_at_most() -> None:
     assert not no_clock.past(None, 0.4, limit_s=1.0, awake_times=2.0)
     assert not no_clock.past(None, 0.8, limit_s=1.0, awake_times=2.0)
     assert no_clock.past(None, 1.2, limit_s=1.0, awake_times=2.0)  # running time, at 1x
+
+
+def test_a_read_waiting_for_a_cpu_is_not_cut_by_its_running_time() -> None:
+    """atk61-ha F3: two busy loops beside a read at nice 10 left it ~8% of a CPU, and the
+    backstop (twice the limit of running time, wall time in gaps under `GAP_S`) cut a read of
+    1.43 s of CPU under a 2 s limit after 9.15 s. Its time waiting for a CPU is not its own."""
+    took = ReadTime(cpu0=0.0, last=0.0, queued=0.0)
+    now = cpu = queued = 0.0
+    while now < 17.0:  # 1.36 s of CPU in 17 s: within its 2 s
+        now, cpu, queued = now + 0.1, cpu + 0.008, queued + 0.092
+        assert not took.past(cpu, now, limit_s=2.0, awake_times=2.0, queued=queued), now
+    while not took.past(cpu, now, limit_s=2.0, awake_times=2.0, queued=queued):
+        now, cpu, queued = now + 0.1, cpu + 0.008, queued + 0.092
+    assert took.spent == pytest.approx(2.0, abs=0.01)  # its CPU limit, not the backstop
+
+
+def test_a_process_stopped_in_short_spells_is_not_the_reads_time() -> None:
+    """A 20% duty cycle (stopped 0.4 s, run 0.1 s, as a CPU quota): the watcher's own
+    oversleep, not spent waiting for a CPU, is the process stopped (`stopped_s`)."""
+    assert stopped_s(0.5, 0.0, 0.1) == pytest.approx(0.35)
+    assert stopped_s(0.5, 0.4, 0.1) == 0.0  # it waited for a CPU: not stopped
+    assert stopped_s(0.5, None, 0.1) == 0.0  # not known: none counted
+    assert stopped_s(0.1, 0.0, 0.1) == 0.0
+    took = ReadTime(cpu0=0.0, last=0.0, queued=0.0)
+    now = cpu = 0.0
+    for _ in range(20):  # 10 s: 2 s of CPU, its limit
+        now, cpu = now + 0.5, cpu + 0.098
+        assert not took.past(cpu, now, 2.0, 2.0, queued=0.0, stopped=stopped_s(0.5, 0.0, 0.1))
+    assert took.awake < 4.0
+
+
+def test_a_read_that_waits_without_working_is_still_cut_with_the_queue_known() -> None:
+    took = ReadTime(cpu0=0.0, last=0.0, queued=0.0)
+    now = 0.0
+    while not took.past(0.0, now, limit_s=1.0, awake_times=2.0, queued=0.0):
+        now += 0.1
+    assert now == pytest.approx(2.0)

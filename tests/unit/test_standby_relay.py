@@ -150,3 +150,34 @@ def test_a_kept_scrape_drops_the_report_age_once_the_leaders_word_is_stale() -> 
     word[0] = (RelayWord("publishing", 25, ""), 60.0)  # the leader paused: stale
     stale = msgspec.structs.replace(fresh, **service_figures(service, ha, view))
     assert (stale.relay_lag, stale.relay_report_age_s) == (None, None)
+
+
+def test_a_server_that_does_not_act_tells_the_leaders_relay_and_a_stopped_relay_is_its_error() -> (
+    None
+):
+    """atk61-ha F6: a server resumed past its lease, before its worker stepped down, said its
+    own relay "publishing" while standby; a stopped relay left health's `last_error` None."""
+    from ledger.server.app import relay_health
+
+    leaders = SimpleNamespace(leader_relay=lambda: (RelayWord("publishing", 9, ""), 1.0),
+                              leader_address=lambda: "http://b", relay_word_s=5.0)  # fmt: skip
+    own = SimpleNamespace(
+        relay_position=lambda: 7,
+        relay_state=lambda: ("publishing", None),
+        stats=SimpleNamespace(last_error=None),
+        kafka="k:9092",
+    )
+    resumed = SimpleNamespace(service=own, ha=SimpleNamespace(acting=lambda: False, **vars(
+        leaders)))  # fmt: skip
+    relay, state, error, _ = relay_health(resumed)
+    assert (relay, state) == (9, "publishing") and "http://b" in (error or ""), error
+    leading = SimpleNamespace(service=own, ha=SimpleNamespace(acting=lambda: True))
+    assert relay_health(leading)[:3] == (7, "publishing", None)
+    stopped = SimpleNamespace(
+        relay_position=lambda: 7,
+        relay_state=lambda: ("stopped", "topic t is ahead of the store"),
+        stats=SimpleNamespace(last_error=None),
+        kafka="k:9092",
+    )
+    alone = SimpleNamespace(service=stopped, ha=None)
+    assert relay_health(alone)[3] == "the relay stopped: topic t is ahead of the store"
