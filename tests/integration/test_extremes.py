@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from ledger.cli import cli
 from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks
+from ledger.cycle.executor import Orders, Start
 from ledger.cycle.inputs import snapshot_from_state
 from ledger.dispatch.policy import FairShare
 from ledger.sim.kernel import KernelExecutor
@@ -34,6 +35,16 @@ ZERO = f"{PROGRAM}/{'z' * 63}"
 USER = "u" * 63
 TEXT = "t" * 1_000
 LATE = b.YEAR_3000 - 10 * 86_400.0
+
+
+class Engine(KernelExecutor):
+    """The simulated engine, which can be paused (as Slurm's partition an admin paused): its
+    placements then never start."""
+
+    paused = False
+
+    def carry_out(self, orders: Orders, now: float) -> tuple[Start, ...]:
+        return () if self.paused else super().carry_out(orders, now)
 
 
 def build(home: Path) -> None:
@@ -95,7 +106,7 @@ def build(home: Path) -> None:
             ledger,
             ProjectionRanks(Projector(store, source)),
             FairShare(margin=1e9, search_budget=b.INT32_MAX),  # as the service's settings say
-            KernelExecutor(engine="e" * 63),
+            engine := Engine(engine="e" * 63),
         )
         d.cycle(0.0)  # job 1 takes both whole nodes; 2 and 3 wait
         state = ledger.state
@@ -168,10 +179,19 @@ def build(home: Path) -> None:
                     c.FinishJob(
                         actor="@executor", job_id=job.job_id, exit_code=2**31 - 1,
                         engine="e" * 63, engine_job_id="9" * 63, engine_state="S" * 63,
+                        note=TEXT, killed=True,
                     )
                 )  # fmt: skip
         ledger.execute(c.SubmitJob(actor=USER, account=PROJECT, gpus=1, min_runtime_s=1))
-        d.cycle(LATE + 3)  # placed: cancelled below, then cancelled again in its grace
+        engine.paused = True
+        d.cycle(LATE + 3)  # placed, never started: its engine takes the runs back
+        for job in list(ledger.state.jobs.values()):
+            if job.status == "placed":
+                ledger.execute(
+                    c.UnplaceJob(actor="@executor", job_id=job.job_id, run=job.run, reason=TEXT)
+                )
+        engine.paused = False
+        d.cycle(LATE + 3)  # placed again: cancelled below, then cancelled again in its grace
         for job in list(ledger.state.jobs.values()):
             if job.active:
                 ledger.execute(c.CancelJob(actor=USER, job_id=job.job_id))
@@ -235,8 +255,9 @@ def test_every_read_survives_the_extremes(home: Path, args: tuple[str, ...]) -> 
         # decides: reported, exit 1; the dispatcher's own decisions replay identically
         assert out.exit_code == 1, out.output[-2000:]
         # (5 since a stopped run's GPUs are held until its end is recorded, atk47-23 F8: the
-        # cycle right after the requeue places nothing, as its old run still holds them)
-        assert "5 decisions replayed" in out.output and "4 identical, 1 differ" in out.output
+        # cycle right after the requeue places nothing, as its old run still holds them; 6 since
+        # the paused engine's placements, taken back, are placed again by a cycle of their own)
+        assert "6 decisions replayed" in out.output and "5 identical, 1 differ" in out.output
         return
     assert out.exit_code == 0, out.output[-2000:]
     assert "Infinity" not in out.output and "NaN" not in out.output

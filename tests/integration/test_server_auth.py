@@ -231,6 +231,13 @@ CASES: dict[str, Case] = {
         ADMIN,  # job 1 has finished (`job.finish`): it is on no node, so no node speaks of it
         succeeds=False,  # job 1's run was never stopped
     ),
+    "job.unplace": Case(
+        "POST",
+        "/v1/commands/job.unplace",
+        cmd(job_id=2, run=0, reason="the partition is down"),
+        ADMIN,  # an engine's report, or an admin's; a node's agent never takes a run back
+        succeeds=False,  # job 2 was cancelled (`cancel`): no placed run to take back
+    ),
     "service.configure": Case(
         "POST",
         "/v1/commands/service.configure",
