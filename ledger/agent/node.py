@@ -608,8 +608,14 @@ class NodeAgent:
                 )
             )
             log.info("job %s (run %s) exited with %s (%s)", ex.job_id, run, ex.exit_code, ex.reason)
+        # a run that checkpointed just before it ended, both seen by this observation, has
+        # left the executor's runs: its checkpoint names the run of its end (it was dropped:
+        # a job's checkpoint said through its file while its start was not yet recorded was
+        # lost when the job ended within the same look)
+        ended = {ex.job_id: _run_of(ex.engine_job_id) for ex in seen.exits}
         for job_id in seen.checkpoints:
             current = self._current_run(job_id)
+            current = ended.get(job_id) if current is None else current
             if current is not None:
                 self.outbox.checkpoints.append(a.PartCheckpoint(job_id=job_id, run=current))
         for sample in seen.samples:

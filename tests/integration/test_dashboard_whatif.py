@@ -375,7 +375,10 @@ def _until_child(r: Reviewed) -> list[int]:
     while not _child_of(r.server.proc.pid) and time.monotonic() < deadline:
         time.sleep(0.01)
     found = _child_of(r.server.proc.pid)
-    assert found, "the what-if's child never started"
+    # the server's words (a what-if refused or waiting, a failed child) for a failure seen
+    # once in a whole run at load and never alone
+    log = r.server.log_path.read_text(errors="replace")[-3000:]
+    assert found, f"the what-if's child never started; the server's log ends:\n{log}"
     return found
 
 

@@ -89,6 +89,11 @@ def _kill_in_flight(
     ended = []
     for attempt in range(4):
         leader = g.leader(timeout=60)
+        # a leader still saying the store away (the last try's frozen standby: a lease
+        # statement that failed says so for a lease after it) would refuse this try too: the
+        # whole run at load spent its 4 tries so, each submit stored once the standby resumed
+        waits.wait_for("the leader to say the store back", lambda m=leader: not _says_away(m),
+                       60, g.why)  # fmt: skip
         first = [leader] + [m for m in g.members if m is not leader]
         frozen = pg.pids("standby")
         signal_all(frozen, signal.SIGSTOP)
