@@ -41,22 +41,33 @@ def stopping_pool(workers: int, counts: Any = None) -> Iterator[ProcessPoolExecu
     a Ctrl-C, its worker processes are killed at once (SIGTERM) instead of waited for. A
     Ctrl-C to the parent alone froze the bar until every run had ended, and once in four it
     was lost: the runs finished, a report was written, exit 0 (atk61-29c F1). A Ctrl-C the
-    CLI saw but that some library swallowed is raised again when the block ends."""
-    pool = ProcessPoolExecutor(max_workers=workers, initializer=_share, initargs=(counts,))
-    try:
-        yield pool
+    CLI saw but that some library swallowed is raised again when the block ends. Inside, a
+    Ctrl-C is raised only where the block checks `output.interrupted()` (after each `wait`):
+    raised inside `wait`, it left a future's lock held and the command hung at its exit."""
+    with output.sigint_at_safe_points():
+        pool = ProcessPoolExecutor(max_workers=workers, initializer=_share, initargs=(counts,))
+        try:
+            yield pool
+            if output.interrupted():
+                raise KeyboardInterrupt
+        except BaseException:
+            processes = list((pool._processes or {}).values())
+            for p in processes:
+                with contextlib.suppress(OSError):
+                    p.terminate()
+            pool.shutdown(wait=False, cancel_futures=True)
+            for p in processes:
+                p.join(timeout=5)
+            raise
+        pool.shutdown(wait=True)
         if output.interrupted():
             raise KeyboardInterrupt
-    except BaseException:
-        processes = list((pool._processes or {}).values())
-        for p in processes:
-            with contextlib.suppress(OSError):
-                p.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
-        for p in processes:
-            p.join(timeout=5)
-        raise
-    pool.shutdown(wait=True)
+
+
+def _stop_if_interrupted() -> None:
+    """A Ctrl-C seen inside `stopping_pool`, raised at this safe point."""
+    if output.interrupted():
+        raise KeyboardInterrupt
 
 
 def submissions_made(workload: Workload, days: float) -> Callable[[float], int]:
@@ -103,6 +114,7 @@ def run_parallel(
         waiting = set(futures)
         while waiting:
             ended, waiting = wait(waiting, timeout=0.5, return_when=FIRST_COMPLETED)
+            _stop_if_interrupted()
             update(sum(counts))
             for future in ended:
                 result = future.result()
@@ -193,6 +205,7 @@ def run_sweep(
                     futures[pool.submit(fn, *args, home)] = (home, label, policy)
                 while futures:
                     ended, _ = wait(list(futures), timeout=0.5, return_when=FIRST_COMPLETED)
+                    _stop_if_interrupted()
                     for future in ended:
                         record(future)
         except BaseException:
