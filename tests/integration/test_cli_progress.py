@@ -138,7 +138,12 @@ def interrupted(
                 break
     time.sleep(after)
     os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # killed and reaped: its pipes and process left open failed
+        os.killpg(proc.pid, signal.SIGKILL)  # the next test on this worker (s61-red-C)
+        out, err = proc.communicate()
+        raise AssertionError(f"{args} did not end 120 s after its Ctrl-C: {said + err}") from None
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, said + err)
 
 
