@@ -201,9 +201,22 @@ def test_a_submit_whose_leader_died_in_its_commit_is_answered_once_never_refused
         assert _jobs_of(home, word) == [int(got[1])]
         # 2 the standby away past the budget: the outcome is unknown, said with the key; the
         #   same submit under that key is answered with the first one's job, no second
-        proc, sent, word = _kill_in_flight(g, pg_pair, env | {"GPULEDGER_RETRY_S": "6"}, "out")
-        out, err = proc.communicate(timeout=120)
-        signal_all(pg_pair.pids("standby"), signal.SIGCONT)
+        for again_try in range(3):
+            proc, sent, word = _kill_in_flight(g, pg_pair, env | {"GPULEDGER_RETRY_S": "6"},
+                                               f"out{again_try}-")  # fmt: skip
+            out, err = proc.communicate(timeout=120)
+            signal_all(pg_pair.pids("standby"), signal.SIGCONT)
+            if "no write is taken" not in err:
+                break
+            time.sleep(5.0)  # a write that was stored after all shows by then: not retried
+            if _jobs_of(home, word):
+                break
+            # the leader said the store away between the test's look and the submit's arrival
+            # (its lease statement waited a third of the lease): refused there, the submit went
+            # on and was refused by the other server too, and nothing was stored: the true
+            # answer, not the case under test (the whole run of 2026-12-07, twice): again
+            g.start(next(m for m in g.members if not m.alive()))
+            g.leader(timeout=60)
         assert proc.returncode == 1, (out, err)
         lines = [x for x in err.splitlines() if x.strip()]
         assert len(lines) == 1 and "outcome is unknown" in lines[0], err
