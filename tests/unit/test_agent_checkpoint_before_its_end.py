@@ -24,7 +24,8 @@ class Executor:
         return None
 
 
-def test_a_checkpoint_seen_with_its_runs_end_is_reported_for_that_run() -> None:
+def agent() -> Any:
+    """An agent of node n3 with an empty outbox, whose executor has no run (no process)."""
     ag: Any = object.__new__(node.NodeAgent)
     ag.ex = Executor()
     ag.s = SimpleNamespace(node="n3")
@@ -32,6 +33,11 @@ def test_a_checkpoint_seen_with_its_runs_end_is_reported_for_that_run() -> None:
     ag.finished = set()
     ag._out_lock = threading.Lock()
     ag._no_reaping = False
+    return ag
+
+
+def test_a_checkpoint_seen_with_its_runs_end_is_reported_for_that_run() -> None:
+    ag = agent()
     end = Exit(98, 0, 1000.0, "exited", "98.3", "EXITED", run=2)
     node.NodeAgent._queue(ag, Observed(checkpoints=(98,), exits=(end,)))
     assert ag.outbox.checkpoints == [a.PartCheckpoint(job_id=98, run=2)]
@@ -39,12 +45,6 @@ def test_a_checkpoint_seen_with_its_runs_end_is_reported_for_that_run() -> None:
 
 
 def test_a_checkpoint_of_a_job_with_no_run_here_is_still_dropped() -> None:
-    ag: Any = object.__new__(node.NodeAgent)
-    ag.ex = Executor()
-    ag.s = SimpleNamespace(node="n3")
-    ag.outbox = node.Outbox()
-    ag.finished = set()
-    ag._out_lock = threading.Lock()
-    ag._no_reaping = False
+    ag = agent()
     node.NodeAgent._queue(ag, Observed(checkpoints=(98,)))
     assert ag.outbox.checkpoints == []
