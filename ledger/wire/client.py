@@ -504,6 +504,10 @@ class _Server:
         An NDJSON answer is read line by line, each given to `on_line` but the last (the body
         returned): the socket's timeout applies between two lines."""
         self._abandoned = False
+        delivered = False
+        """The first attempt's request was written and the server closed the connection without
+        an answer: it may have been read and applied (a server killed in its commit closes
+        cleanly), so the second attempt's refused connection is no proof it never arrived."""
         for attempt in (0, 1):
             conn = self._connection()
             try:
@@ -526,8 +530,11 @@ class _Server:
                 ):
                     # a kept-alive connection the server closed (found on reading the answer,
                     # or, idle longer, on sending: then nothing was sent): once more
+                    delivered = isinstance(err, http.client.RemoteDisconnected)
                     continue
-                refused = isinstance(err, ConnectionRefusedError | FileNotFoundError)
+                refused = not delivered and isinstance(
+                    err, ConnectionRefusedError | FileNotFoundError
+                )
                 timed_out = isinstance(err, TimeoutError)
                 kind = _Refused if refused else _TimedOut if timed_out else Unavailable
                 raise kind(

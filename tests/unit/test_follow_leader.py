@@ -190,6 +190,48 @@ def test_a_write_that_may_be_stored_is_asked_again_under_its_key_and_never_said_
         Client(f"{x.url},{y.url}", "tok").execute(cmd)
 
 
+def test_a_server_that_closed_on_a_read_request_leaves_the_write_in_doubt_though_it_is_gone(
+    fakes: tuple[Fake, Fake], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A leader killed -9 in its commit had read the whole request, so its socket closes
+    cleanly (the client reads `RemoteDisconnected`, not a reset), and the client's one more
+    try on a new connection is refused: the write may be stored all the same. Before, that
+    refusal made it "never arrived", so the next server's "no write is taken" was said as its
+    fate (stop 61's CI, test_pg_outage_in_doubt); a keyless write was sent to the next server
+    again."""
+    import socket
+
+    monkeypatch.setenv("GPULEDGER_RETRY_S", "0.6")
+    _, y = fakes
+    y.answer = _away(False)
+    dying = socket.socket()
+    dying.bind(("127.0.0.1", 0))
+    dying.listen()
+    url = f"http://127.0.0.1:{dying.getsockname()[1]}"
+
+    def read_then_die() -> None:  # reads the request whole, then closes: its port refuses
+        conn, _ = dying.accept()
+        conn.recv(65536)
+        dying.close()
+        conn.close()
+
+    threading.Thread(target=read_then_die, daemon=True).start()
+    cmd = c.CancelJob(actor="", job_id=1)
+    with pytest.raises(Unavailable, match="outcome is unknown") as got:
+        Client(f"{url},{y.url}", "tok").execute(cmd)
+    assert "no write is taken" not in got.value.line() and y.seen
+    # a write without a key is not sent on to the next server: it may have been applied
+    y.seen.clear()
+    dying = socket.socket()
+    dying.bind(("127.0.0.1", 0))
+    dying.listen()
+    url = f"http://127.0.0.1:{dying.getsockname()[1]}"
+    threading.Thread(target=read_then_die, daemon=True).start()
+    with pytest.raises(Unavailable, match="cannot reach"):
+        Client(f"{url},{y.url}", "tok").post("x/write", {"a": 1})
+    assert y.seen == []
+
+
 def test_a_submit_in_doubt_is_told_to_send_it_again_under_its_key() -> None:
     from ledger.wire.client import _in_doubt
 
