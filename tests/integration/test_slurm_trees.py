@@ -118,13 +118,15 @@ def test_a_slurm_jobs_orphans_and_setsid_children_end_before_its_end_is_recorded
 def test_no_job_is_preempted_for_a_job_over_the_partitions_max_time(ledger: Ledger) -> None:
     """F6: Slurm never starts a job whose time limit is over the partition's MaxTime, so the
     ledger neither places it nor preempts for it (before: it preempted a running job, then the
-    placement failed with PartitionTimeLimit). Once an admin raises MaxTime it runs."""
+    placement failed with PartitionTimeLimit). Once an admin raises MaxTime it runs. The
+    running job asks a limit within MaxTime: one with none waits too on a partition with a
+    MaxTime (`PARTITION_TIME_LIMIT`; `tests/unit/test_slurm_no_limit.py`)."""
     victim = "trap 'exit 0' TERM; while true; do sleep 0.2; done"
     part = f"partitionname={ledger.cluster.partition}"
-    ledger.cluster.run("scontrol", "update", part, "maxtime=1")  # one minute
+    ledger.cluster.run("scontrol", "update", part, "maxtime=10")  # ten minutes
     try:
         ledger.up()
-        ledger.submit("bob", 4, victim, "--min-runtime", "0", "--resumable")
+        ledger.submit("bob", 4, victim, "--min-runtime", "0", "--resumable", "-t", "10")
         ledger.wait("the unfunded job to run", lambda: status(ledger, 1) == "running")
         ledger.submit("alice", 4, "sleep 1", "--min-runtime", "1h", "-t", "2h")
         # a window of many cycles (0.2 s each): the funded job would preempt the unfunded one
