@@ -157,6 +157,12 @@ class ProcSampler(threading.Thread):
         return self.spans
 
 
+def cpu_seconds(pid: int) -> float:
+    """The CPU time process `pid` has spent so far, all its threads (user and system)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _state(pid: str) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 

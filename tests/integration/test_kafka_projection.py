@@ -44,6 +44,7 @@ from projections.store import Store, projection_path, scalar
 from projections.testing import compare as audit
 from projections.testing.synthetic import Shape, append_to_store, synthetic_events
 from schemas import commands as c
+from tests.integration.jobwatch import cpu_seconds
 from tests.integration.serverkit import workdir
 
 pytestmark = pytest.mark.kafka
@@ -503,11 +504,6 @@ def test_quarantine_sets_foreign_records_aside_and_applies_every_real_event(
         with Store(":memory:") as reference:
             Projector(reference, ListSource(records)).catch_up()
             assert audit.dump(store, READ_MODELS) == audit.dump(reference, READ_MODELS)
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def test_follow_with_quarantine_waits_past_a_foreign_tail_and_applies_the_real_event(

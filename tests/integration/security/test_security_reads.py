@@ -19,6 +19,7 @@ import pytest
 from ledger.server.pooled import REFUSED_HOLD_S
 from ledger.store.application import Ledger
 from schemas import commands as c
+from tests.integration.jobwatch import cpu_seconds
 from tests.integration.serverkit import Server, make_token, set_up_ledger, start_server
 
 TIMEOUT_S = 4.0
@@ -79,15 +80,22 @@ def sql(w: World, who: str, query: str) -> tuple[int, object]:
 
 
 def test_a_query_stops_at_its_time_limit_and_its_row_limit_with_one_line(world: World) -> None:
-    began = time.monotonic()
+    """The limit counts the read's own work, its thread's CPU time (readpool.ReadTime): on a
+    loaded machine the read gets a share of a core, so its wall time is longer (stop 61's CI at
+    load ~20: 37.7 s for a 4 s limit). What the server spent meanwhile, all its threads, is the
+    read's work and a little of its cycle's: at least the limit, and not much past it."""
+    pid = world.server.proc.pid
+    began, cpu0 = time.monotonic(), cpu_seconds(pid)
     status, body = sql(world, "root", SELF_JOIN)
-    took = time.monotonic() - began
+    took, spent = time.monotonic() - began, cpu_seconds(pid) - cpu0
     assert status == 400, body
     assert isinstance(body, dict)
     assert body["message"] == (
         f"the query ran past its time limit of {TIMEOUT_S:g} s and was stopped"
     )
-    assert TIMEOUT_S <= took < TIMEOUT_S + 20, took
+    assert TIMEOUT_S <= took < 120, took
+    # the cycle every 0.2 s and the request cost the idle server ~2% of a core
+    assert TIMEOUT_S * 0.95 <= spent < TIMEOUT_S + 1 + 0.1 * took, (spent, took)
     # narrow rows: past the row limit well within the time limit, even at load
     status, body = sql(world, "root", "SELECT a.position FROM events a, events b")
     assert status == 400 and isinstance(body, dict), body
@@ -200,6 +208,11 @@ def measure(w: World, seconds: float, heavy: bool, reads: bool = False) -> Phase
             status, answer = w.server.request(
                 "GET", path.format(next(after) % 50), token=w.tokens["bob"]
             )
+            # past his bytes' allowance (4 MiB/s after 32 MiB: pages of up to 10,000 rows, so an
+            # idle server sends them faster than that: the alone run of stop 61's CI) he is
+            # refused, held `REFUSED_HOLD_S`, and asks again at once, as a hostile loop would
+            if status == 429 and isinstance(answer, dict) and answer.get("code") == "busy":
+                continue
             if status != 200:
                 failures.append(answer)
                 return
