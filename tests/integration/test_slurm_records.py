@@ -21,10 +21,21 @@ from tests.integration.test_slurm import Ledger, status
 cluster, slurm, ledger = base.cluster, base.slurm, base.ledger  # the Slurm suite's fixtures
 
 
-def _partition(led: Ledger, state: str) -> None:
-    led.cluster.run(
-        "scontrol", "update", f"PartitionName={led.cluster.partition}", f"State={state}"
-    )
+RESERVATION = "gpuledger-held"
+
+
+def _hold(led: Ledger, held: bool) -> None:
+    """Slurm keeps the ledger's runs pending (a reservation of the cluster's nodes for root), or
+    lets them start. Not a partition set DOWN: the service reads that as a pause within 5 s and
+    takes its pending runs back, so whether Slurm held one first was a race, lost at load (the
+    fresh-clone run of 2026-12-07: "timed out waiting for Slurm to hold the job")."""
+    c = led.cluster
+    if held:
+        nodes = ",".join(c.nodes)
+        c.run("scontrol", "create", "reservation", f"ReservationName={RESERVATION}",
+              "StartTime=now", "Duration=30", "Users=root", f"Nodes={nodes}")  # fmt: skip
+    else:
+        c.run("scontrol", "delete", f"ReservationName={RESERVATION}", check=False)
 
 
 def _until(what: str, pred: object, timeout: float = 60) -> None:
@@ -35,24 +46,24 @@ def _until(what: str, pred: object, timeout: float = 60) -> None:
 
 
 def test_a_run_first_seen_after_it_ended_keeps_slurms_times_and_gpus(ledger: Ledger) -> None:
-    """F1, F11: the job waits in Slurm (partition down) while the service is paused; it runs
+    """F1, F11: the job waits in Slurm (its nodes reserved) while the service is paused; it runs
     and ends; the service is killed with -9 and started 5 s later. `jobs` shows the job's own
     start and end (Slurm's, in whole seconds: within 2 s of the job's clock; not the restart),
     `explain` starts its line with the real start, the run's GPUs are recorded, and the job saw
     GPULEDGER_NODELIST."""
     work = ledger.work
     ledger.up()
-    _partition(ledger, "DOWN")
+    _hold(ledger, True)
     try:
         ledger.submit("alice", 1, f'date +%s.%N > {work}/began; echo "NL=$GPULEDGER_NODELIST"; '
                       f"sleep 2; date +%s.%N > {work}/ended")  # fmt: skip
-        # pending (the partition is down); earlier tests' ended jobs stay listed (MinJobAge)
+        # pending (its nodes reserved); earlier tests' ended jobs stay listed (MinJobAge)
         held = lambda: any(j["state"] == "PENDING" for j in ledger.cluster.jobs().values())  # noqa: E731
         _until("Slurm to hold the job", held)
         assert ledger.proc is not None
         ledger.proc.send_signal(signal.SIGSTOP)  # nothing more is recorded until the restart
     finally:
-        _partition(ledger, "UP")
+        _hold(ledger, False)
     try:  # Slurm schedules it at its next pass (sched/builtin: within SchedulerInterval, 60 s)
         _until("the job to end in Slurm", lambda: (work / "ended").exists(), 240)
     except BaseException:

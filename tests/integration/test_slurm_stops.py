@@ -210,8 +210,16 @@ def test_a_cancels_grace_counts_from_the_cancel_across_a_restart(ledger: Ledger)
     ledger.up()
     serving = time.time()  # it has adopted what Slurm runs by now
     # atk36-23 F1's twin: after the restart its GPU is `stopping` while its processes live
-    ledger.wait("its GPU shown stopping", lambda: _node(ledger)["stopping_gpus"] == [gpu])
-    assert _node(ledger)["free_gpus"] == 3 and time.time() - _times(work / "alive")[-1] < 2
+    # one read says both (two reads, at load, saw it stopping and then its end: free 4)
+    seen: list[tuple[float, dict[str, Any]]] = []
+
+    def stopping() -> bool:
+        seen.append((time.time(), _node(ledger)))
+        return seen[-1][1]["stopping_gpus"] == [gpu]
+
+    ledger.wait("its GPU shown stopping", stopping)
+    read_at, node = seen[-1]
+    assert node["free_gpus"] == 3 and read_at - _times(work / "alive")[-1] < 2, node
     last = _until_quiet(work / "alive", ended=_run_ended(ledger))
     # KillWait (10 s), not a new grace first (20 s + KillWait: 30 s); 24 s: CI at load ~10
     assert last - serving <= 24.0, (last, serving)

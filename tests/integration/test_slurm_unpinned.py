@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import slurm_group
 from tests.integration.test_slurm import BUDGET, GPULEDGER, SLURM_SCRIPT, Cluster, Ledger, status
-from tests.integration.test_slurm_records import _partition, _until
+from tests.integration.test_slurm_records import _hold, _until
 
 
 def _free_port() -> int:
@@ -79,14 +79,14 @@ def ledger(plain: Cluster) -> Iterator[Ledger]:
 def test_a_run_first_seen_after_it_ended_keeps_its_gpus_on_an_unpinned_node(
     ledger: Ledger,
 ) -> None:
-    """Issue 23's note: the service is killed while Slurm holds the job (partition down), the
+    """Issue 23's note: the service is killed while Slurm holds the job (its node reserved), the
     job runs and ends, the service starts again and adopts a run that has ended: Slurm's record
     no longer names the GPU indices (`gpu:1`), and the run was linked with no GPUs
     (`job.engine_linked.v1` gpus []). It keeps the GPUs it was placed on (Slurm was asked for
     those, and took them: they were the free ones), and the finished job its node and GPUs."""
     work = ledger.work
     ledger.up()
-    _partition(ledger, "DOWN")
+    _hold(ledger, True)
     try:
         ledger.submit("alice", 2, f'echo "GPUS=$SLURM_JOB_GPUS"; date +%s.%N > {work}/ended')
         held = lambda: any(j["state"] == "PENDING" for j in ledger.cluster.jobs().values())  # noqa: E731
@@ -94,7 +94,7 @@ def test_a_run_first_seen_after_it_ended_keeps_its_gpus_on_an_unpinned_node(
         ledger.kill9()  # nothing more is recorded: not its start, not its end
         assert ledger.of("job.started.v1", 1) == []
     finally:
-        _partition(ledger, "UP")
+        _hold(ledger, False)
     _until("the job to end in Slurm", lambda: (work / "ended").exists(), 120)
     ledger.up()
     ledger.wait("the job to be recorded", lambda: status(ledger, 1) == "finished")
