@@ -412,6 +412,9 @@ class ConfigureService(Command, frozen=True, kw_only=True, tag="service.configur
     executor: Name
     grace_s: Seconds | None = None
     """The grace it gives a job stopped without one of its own (`serve`/`up --grace`)."""
+    max_time_s: PositiveSeconds | None = None
+    """The longest time limit its engine starts (Slurm's partition MaxTime; None: no limit),
+    as the service observed it (`ServiceConfigured.max_time_s`)."""
 
 
 AnyCommand = (

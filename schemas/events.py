@@ -280,6 +280,13 @@ class JobSubmitted(_Submitted, frozen=True, kw_only=True, tag="job.submitted.v2"
     its node's hard limit (then at that hard limit, and its error file says so). None (recorded
     before the field, or over HTTP without one) or empty (`submit --propagate=NONE`): the job
     keeps the limits its engine gives it."""
+    max_time_s: PositiveSeconds | None = None
+    """The engine's longest time limit (Slurm's partition MaxTime) as the service last
+    recorded it (`ServiceConfigured.max_time_s`) when the job was submitted without a time
+    limit of its own: `time_limit_s` was taken from it (`ledger.core.jobs.taken_limit`: MaxTime
+    less the job's grace and a minute, so the ledger stops it itself before Slurm's TIMEOUT
+    would, as Slurm gives a job without `--time` its partition's limit). None: `time_limit_s`
+    is the job's own (or none, on an engine without a MaxTime)."""
 
 
 class JobPlaced(JobEvent, frozen=True, kw_only=True, tag="job.placed.v1"):
@@ -553,6 +560,11 @@ class ServiceConfigured(_Configured, frozen=True, kw_only=True, tag="service.con
     grace_s: Seconds | None = None
     """`serve`/`up --grace`: the grace of a job stopped without its own, which every read counts
     its SIGKILL with (atk48-23 F4); None (upcast from v1): `bounds.DEFAULT_GRACE_S`."""
+    max_time_s: PositiveSeconds | None = None
+    """The longest time limit its engine starts (Slurm's partition MaxTime), as the service last
+    observed it; recorded again whenever it changes. A job submitted without a time limit of its
+    own takes its limit from it (`JobSubmitted.max_time_s`). None: no limit (MaxTime=UNLIMITED,
+    an engine without one), or recorded before the field."""
 
 
 AnyEvent = (

@@ -310,6 +310,12 @@ def span(seconds: float) -> str:
     return f"{s}s"
 
 
+def limit_words(seconds: float) -> str:
+    """A time limit in words, exact: '2m', '55s', '8m30s (510s)', '1d23h (172710s)'."""
+    exact = format_duration(seconds)
+    return exact if seconds < 60 or not exact.endswith("s") else f"{span(seconds)} ({exact})"
+
+
 def approx(seconds: float | None) -> str:
     """A duration in one rounded unit ('45s', '15m', '1.5h', '2.0d'), for summaries that compare
     many of them; '-' for none."""

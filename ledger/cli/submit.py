@@ -39,7 +39,7 @@ from schemas import commands as c
 from schemas.bounds import ENV_NAME_PATTERN, LIMIT_NAMES, MAX_ARRAY_TASKS, MAX_ENV_VALUE
 from schemas.errors import InvalidCommand, LedgerError
 from schemas.events import JobFinished, JobKillOrdered, JobSubmitted
-from schemas.units import format_duration, parse_duration, parse_job_time
+from schemas.units import format_duration, limit_words, parse_duration, parse_job_time
 
 ENV_NAME = re.compile(ENV_NAME_PATTERN)
 
@@ -526,8 +526,26 @@ def submit(ctx: Ctx, /, **given: Any) -> None:
             f"submitted array job {job.job_id} to {job.account}: {len(jobs)} tasks (jobs "
             f"{job.job_id}-{jobs[-1].job_id}), {job.gpus} GPUs each, {funded}{debug}"
         )
-        return
-    click.echo(f"submitted job {job.job_id} to {job.account}: {job.gpus} GPUs, {funded}{debug}")
+    else:
+        click.echo(f"submitted job {job.job_id} to {job.account}: {job.gpus} GPUs, {funded}{debug}")
+    if job.max_time_s is not None and job.time_limit_s is not None:
+        click.echo(taken_note(job, cmd.min_runtime_s))
+
+
+def taken_note(job: JobSubmitted, asked_min_runtime_s: int | None) -> str:
+    """Pure: the one line `submit` says of a job given no time limit on a partition with a
+    MaxTime: the limit it took from it (as Slurm gives a job without `--time` its partition's
+    limit) and, when its asked contract was longer, that the contract was cut to it."""
+    assert job.max_time_s is not None and job.time_limit_s is not None
+    cut = asked_min_runtime_s is not None and asked_min_runtime_s > job.min_runtime_s
+    asked = format_duration(asked_min_runtime_s)
+    contract = f"; its contract ({asked}) is cut to it" if cut else ""
+    limit, longest = limit_words(job.time_limit_s), limit_words(job.max_time_s)
+    return (
+        f"note: no time limit given: its limit is {limit}, the partition's MaxTime ({longest}) "
+        f"less its grace and a minute, at which the ledger stops it{contract} (-t asks another, "
+        "within MaxTime)"
+    )
 
 
 def _submission(ctx: Ctx, g: Mapping[str, Any]) -> c.SubmitJob:

@@ -25,7 +25,7 @@ from ledger.core.runs import drained_after as _drained_after
 from ledger.core.state import DRAINED_NOTE, Account, Job, State
 from schemas import commands as c
 from schemas import events as e
-from schemas.bounds import check_command
+from schemas.bounds import check_command, job_grace
 from schemas.errors import (
     ContractViolation,
     InvalidCommand,
@@ -282,8 +282,12 @@ def _submit(state: State, cmd: c.SubmitJob, s: _Stamp) -> list[e.AnyEvent]:
             hint="ask for at most the cap; 0 runs unfunded",
             min_runtime_s=min_runtime,
         )
-    if cmd.time_limit_s is not None:
-        min_runtime = min(min_runtime, cmd.time_limit_s)
+    limit, taken_from = cmd.time_limit_s, None
+    if limit is None and state.max_time_s is not None:  # Slurm's rule: the partition's limit
+        taken_from = state.max_time_s
+        limit = jobs.taken_limit(taken_from, job_grace(cmd.grace_s, state.grace_s))
+    if limit is not None:  # no protection past the limit
+        min_runtime = min(min_runtime, limit)
     debug = (
         cmd.time_limit_s is not None
         and cmd.time_limit_s <= DEBUG_TIME_LIMIT_S
@@ -298,7 +302,8 @@ def _submit(state: State, cmd: c.SubmitJob, s: _Stamp) -> list[e.AnyEvent]:
         min_runtime_s=min_runtime,
         resumable=cmd.resumable,
         priority=cmd.priority,
-        time_limit_s=cmd.time_limit_s,
+        time_limit_s=limit,
+        max_time_s=taken_from,
         debug=debug,
         command=cmd.command,
         labels=cmd.labels,
@@ -690,6 +695,7 @@ def _configure(state: State, cmd: c.ConfigureService, s: _Stamp) -> list[e.AnyEv
             interval_s=cmd.interval_s,
             executor=cmd.executor,
             grace_s=cmd.grace_s,
+            max_time_s=cmd.max_time_s,
         )
     ]
 

@@ -61,6 +61,22 @@ Envelope = Callable[[], Mapping[str, Any]]
 _ASSIGNMENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=")
 
 
+TAKEN_MARGIN_S = 60
+"""What a limit taken from Slurm's MaxTime leaves before MaxTime besides the job's grace: Slurm
+checks time limits about every 30 s, so its TIMEOUT (with only KillWait) never comes first, as
+the `--time` backstop leaves a minute past a limit and its grace (`backstop_minutes`)."""
+
+
+def taken_limit(max_time_s: int, grace_s: float) -> int:
+    """Pure: the time limit of a job submitted without one on an engine whose longest is
+    `max_time_s` (Slurm's partition MaxTime: as Slurm gives a job without `--time` its
+    partition's limit, rather than never running it): MaxTime less the job's grace and a minute
+    (`TAKEN_MARGIN_S`), so the ledger stops it at its limit itself (SIGTERM, its grace, then
+    SIGKILL) and Slurm's `--time` stays a backstop. At least 30 s (a MaxTime of a minute or
+    two under a long grace: the grace is then what MaxTime leaves, as for a limit of its own)."""
+    return max(min(30, max_time_s), int(max_time_s - grace_s - TAKEN_MARGIN_S))
+
+
 def default_job_name(command: Sequence[str]) -> str:
     """Pure: a job's name when it is given none: its program's file name, as sbatch names a job
     after its script. The first word that is not a shell assignment (`NAME=value`): a command

@@ -307,6 +307,13 @@ class State:
         grace = None if self.service is None else self.service.grace_s
         return DEFAULT_GRACE_S if grace is None else float(grace)
 
+    @property
+    def max_time_s(self) -> int | None:
+        """The longest time limit the service's engine starts (Slurm's partition MaxTime), as
+        it last recorded observing it (`ServiceConfigured.max_time_s`); None: no limit, or none
+        recorded. A job submitted without a time limit takes its limit from it."""
+        return None if self.service is None else self.service.max_time_s
+
     def run_grace(self, job: Job) -> float:
         """The grace a stop of `job`'s run gets (`Job.grace`, with the service's current grace
         when its placement's is unknown)."""

@@ -39,6 +39,7 @@ from projections.source import EventSource
 from projections.store import Store
 from schemas import commands as c
 from schemas.errors import EngineAway, LedgerError
+from schemas.units import format_duration
 
 if TYPE_CHECKING:
     from ledger.store.relay_service import RelayService
@@ -218,7 +219,9 @@ class ServiceLoop:
             self.store.empty()
 
     def record_settings(self, interval_s: float, executor: str, grace_s: int | None = None) -> None:
-        record_settings(self.ledger, self.policy, interval_s, executor, self.log, grace_s)
+        longest = getattr(self.executor, "max_time_s", None)  # Slurm's MaxTime, as checked
+        record_settings(self.ledger, self.policy, interval_s, executor, self.log, grace_s,
+                        max_time_s(longest))  # fmt: skip
 
     def shut_executor(self) -> None:
         """Shut the executor down, recording the exits of runs that end with it (once: `close`
@@ -273,6 +276,7 @@ class ServiceLoop:
                 idle = Decision(based_on=position, policy_version=self.policy.version)
                 return CycleResult(position, idle, appended=False)
             result = self.dispatcher.cycle(now)
+            record_longest(self.ledger, self.dispatcher.longest_s, self.log)
             self._log_lifecycles()
             self.stats.last_error = None
         except LedgerError as err:
@@ -435,26 +439,59 @@ def record_settings(
     executor: str,
     log: logging.Logger,
     grace_s: int | None = None,
+    longest_s: int | None = None,
 ) -> None:
     """Append `service.configured` when the service runs with other settings than the ones
     last recorded (a restart with the same settings appends nothing). `grace_s`: its `--grace`
-    (the grace of a job stopped without its own), which every read counts a SIGKILL with."""
+    (the grace of a job stopped without its own), which every read counts a SIGKILL with;
+    `longest_s`: its engine's longest time limit (Slurm's MaxTime, `max_time_s`)."""
     config = registry.config_of(policy)
     now = ledger.state.service
-    if now is not None and (now.policy, now.interval_s, now.executor, now.grace_s) == (
-        config,
-        interval_s,
-        executor,
-        grace_s,
-    ):
+    if now is not None and (
+        now.policy, now.interval_s, now.executor, now.grace_s, now.max_time_s
+    ) == (config, interval_s, executor, grace_s, longest_s):  # fmt: skip
         return
     ledger.execute(
         c.ConfigureService(
-            actor=SERVICE, policy=config, interval_s=interval_s, executor=executor, grace_s=grace_s
+            actor=SERVICE,
+            policy=config,
+            interval_s=interval_s,
+            executor=executor,
+            grace_s=grace_s,
+            max_time_s=longest_s,
         )
     )
     grace = "" if grace_s is None else f", grace {grace_s}s"
     log.info("recorded settings: %s every %gs, executor %s%s", config, interval_s, executor, grace)
+
+
+def max_time_s(longest_s: float | None) -> int | None:
+    """Pure: an engine's longest time limit as `ServiceConfigured.max_time_s` records it (whole
+    seconds, at least 1; None: no limit)."""
+    return None if longest_s is None else max(1, int(longest_s))
+
+
+def record_longest(ledger: Ledger, longest_s: float | None, log: logging.Logger) -> None:
+    """Append `service.configured` with the engine's longest time limit (Slurm's partition
+    MaxTime, as a cycle observed it) when it is not the one last recorded, the other settings
+    as recorded: a job submitted without a time limit takes its limit from the recorded one
+    (`JobSubmitted.max_time_s`), so the same log gives every job the same limit. Nothing while
+    no settings are recorded (`record_settings` records it with them)."""
+    now, longest = ledger.state.service, max_time_s(longest_s)
+    if now is None or now.max_time_s == longest:
+        return
+    ledger.execute(
+        c.ConfigureService(
+            actor=SERVICE,
+            policy=now.policy,
+            interval_s=now.interval_s,
+            executor=now.executor,
+            grace_s=now.grace_s,
+            max_time_s=longest,
+        )
+    )
+    shown = "UNLIMITED" if longest is None else format_duration(longest)
+    log.info("recorded the engine's longest time limit (MaxTime): %s", shown)
 
 
 MIN_WAIT_S = 0.05

@@ -23,7 +23,7 @@ from ledger.reads.stopping import (
     stopping_note,
 )
 from schemas import events as e
-from schemas.units import key_text, plural, span, times_in, when
+from schemas.units import key_text, limit_words, plural, span, times_in, when
 
 if TYPE_CHECKING:  # annotations only: `explain`'s time words load without the dispatcher
     from ledger.core.state import Job, State, StoppedRun
@@ -341,7 +341,8 @@ def explain_history(
         lines = len(out)
         match ev:
             case e.JobSubmitted():
-                out.append(f"{when(ev.at)} submitted by {ev.actor} to {ev.account}{_world(ev)}.")
+                out.append(f"{when(ev.at)} submitted by {ev.actor} to {ev.account}{_world(ev)}"
+                           f"{taken_words(ev)}.")  # fmt: skip
             case e.JobPlaced():
                 runs += 1
                 where = "; ".join(
@@ -430,8 +431,35 @@ def explain_history(
     out = _in_time_order(out, times, ends)
     if job.status in ("placed", "running"):
         out.append(contract_line(job, now))
-        out += limit_line(job, now, default_grace_s)
+        out += taken_line(job, now) + limit_line(job, now, default_grace_s)
     return out
+
+
+def taken_words(ev: e.JobSubmitted) -> str:
+    """Pure: ", with no time limit of its own: ..." for a job whose limit was taken from the
+    partition's MaxTime (`JobSubmitted.max_time_s`); "" otherwise."""
+    if ev.max_time_s is None or ev.time_limit_s is None:
+        return ""
+    limit, longest = limit_words(ev.time_limit_s), limit_words(ev.max_time_s)
+    return (
+        f", with no time limit of its own: its limit is {limit}, the partition's MaxTime "
+        f"({longest}) less its grace and a minute (Slurm gives a job without --time its "
+        "partition's limit; the ledger stops it there itself, before Slurm's TIMEOUT)"
+    )
+
+
+def taken_line(job: Job, now: float) -> list[str]:
+    """Pure: when a running job whose limit was taken from the partition's MaxTime is stopped
+    (its contract never runs past it: `decide` cuts it to the limit); [] otherwise."""
+    s, start = job.spec, job.started_at
+    if s.max_time_s is None or s.time_limit_s is None or start is None:
+        return []
+    if now >= start + s.time_limit_s:
+        return []  # past it: `limit_line` says it is stopping
+    limit, longest = limit_words(s.time_limit_s), limit_words(s.max_time_s)
+    return [f"Its time limit ({limit}, from the partition's MaxTime of {longest}) stops it at "
+            f"{when(start + s.time_limit_s)} (SIGTERM, then its grace): nothing protects it "
+            "past that."]  # fmt: skip
 
 
 def _line_time(ev: e.AnyEvent) -> float:

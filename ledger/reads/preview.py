@@ -84,11 +84,13 @@ reason for such a job, `PartitionTimeLimit`)."""
 
 
 NO_LIMIT: Final = (
-    "it has no time limit and the partition's MaxTime is {}: Slurm would stop it there, so it "
-    "is not placed until an admin makes MaxTime UNLIMITED (or it is submitted again with a time "
-    "limit within MaxTime)"
+    "it has no time limit (it was submitted while the partition had no MaxTime) and the "
+    "partition's MaxTime is {}: Slurm would stop it there, so it is not placed until an admin "
+    "makes MaxTime UNLIMITED (or it is submitted again: it then takes its limit from MaxTime)"
 )
-"""Why a job with no time limit waits on a partition with a MaxTime (atk61-slurm F3)."""
+"""Why a job with no time limit waits on a partition with a MaxTime (atk61-slurm F3): one
+submitted while a MaxTime is recorded takes its limit from it (`JobSubmitted.max_time_s`), so
+only one submitted before waits so."""
 
 
 def too_long_waits(state: State, longest_s: float | None) -> dict[int, Blocked]:
@@ -114,11 +116,14 @@ def too_long_waits(state: State, longest_s: float | None) -> dict[int, Blocked]:
             continue
         minutes = slurm_minutes(limit)
         counted = "" if minutes * 60 == limit else f", {minutes}m in Slurm's whole minutes"
+        taken = job.spec.max_time_s
+        was = "" if taken is None else f", taken from its MaxTime of {format_duration(taken)}"
+        again = "" if taken is None else " (or it is submitted again: it takes today's MaxTime)"
         out[job_id] = Blocked(
             TOO_LONG,
-            f"its time limit ({format_duration(limit)}{counted}) is over the partition's "
+            f"its time limit ({format_duration(limit)}{counted}{was}) is over the partition's "
             f"MaxTime ({format_duration(longest_s)}): Slurm would never start it "
-            "(PartitionTimeLimit), so it is not placed until an admin raises MaxTime",
+            f"(PartitionTimeLimit), so it is not placed until an admin raises MaxTime{again}",
         )
     return out
 

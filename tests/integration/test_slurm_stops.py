@@ -3,7 +3,8 @@ ignores SIGTERM lives on `KillWait` after Slurm's EndTime (the scancel), holding
 recorded and charged to its processes' real end (F1); a whole-minute `-t` gets the job's own
 grace, not Slurm's TIMEOUT and KillWait (F7); a cancel's grace counts from the cancel across a
 restart of the service (F2); meanwhile `node list` shows its GPUs `stopping`, not free, after
-a restart too (atk36-23 F1).
+a restart too (atk36-23 F1); a job without `-t` on a partition with a MaxTime runs with a limit
+taken from it and is stopped there by the executor (s62).
 Real Slurm (KillWait=10), `gpuledger up --executor slurm`."""
 
 from __future__ import annotations
@@ -440,3 +441,47 @@ def test_a_preemption_in_a_time_limits_grace_kills_at_once_and_records_the_end(
         ledger.cli("queue", "--state", "running", "--json")), 30)  # fmt: skip
     row = ledger.jobs()[1]
     assert (row["status"], row["finish_reason"]) == ("finished", "time_limit"), row
+
+
+def test_a_job_without_a_limit_runs_on_a_partition_with_a_max_time_and_stops_at_its_limit(
+    ledger: Ledger,
+) -> None:
+    """s62 (issues 23/24): on a partition with MaxTime=2, a job submitted without `-t` waited
+    PARTITION_TIME_LIMIT for good (e4a7d9c4). Now it takes its limit from MaxTime, as Slurm
+    does: MaxTime less its grace (5 s) and a minute, 55 s, recorded at submit (`submit` says
+    so), shown by `jobs`, `queue` and `explain` (which names MaxTime); the executor stops it
+    there itself (SIGTERM, its grace, then SIGKILL), long before Slurm's TIMEOUT at MaxTime,
+    and it is recorded `time_limit`."""
+    work, c = ledger.work, ledger.cluster
+    part = f"PartitionName={c.partition}"
+    c.run("scontrol", "update", part, "MaxTime=2")
+    try:
+        ledger.up()
+        said = ledger.cli("submit", "-A", "ai2/olmo", "-G", "1", "--grace", "5s",
+                          "--min-runtime", "1h", "--", "bash", "-c", _stubborn(work),
+                          actor="alice")  # fmt: skip
+        assert "its limit is 55s, the partition's MaxTime (2m)" in said, said
+        assert "its contract (1h) is cut to it" in said, said
+        ledger.wait("the job to run", lambda: status(ledger, 1) == "running")
+        row = ledger.jobs()[1]
+        started = row["started_at"]
+        assert (row["time_limit_s"], row["min_runtime_s"]) == (55, 55), row
+        (queued,) = json.loads(ledger.cli("queue", "--state", "running", "--json"))
+        assert queued["time_limit_s"] == 55 and 0 < queued["remaining_s"] <= 55, queued
+        told = ledger.cli("explain", "1")
+        assert "with no time limit of its own: its limit is 55s, the partition's MaxTime" in told
+        assert "Its contract protects it until" in told and "nothing protects it past" in told
+        last = _until_quiet(work / "alive", 150, lambda: status(ledger, 1) == "finished")
+    finally:
+        c.run("scontrol", "update", part, "MaxTime=UNLIMITED", check=False)
+    terms, log = _times(work / "term"), ledger.service_log()[-3000:]
+    limit = started + 55
+    # the executor's SIGTERM at the limit (late under load), then its 5 s grace, then SIGKILL:
+    # all before Slurm's TIMEOUT, which MaxTime (120 s) would bring no sooner than 120 s
+    assert terms and limit - 1.0 <= terms[0] <= started + 100, (terms, started, log)
+    kill_from = max(limit + 5.0, terms[0] + min(5.0, LATE_TERM_GRACE_S))
+    assert kill_from - 1.5 <= last <= kill_from + 7.0 and last < started + 115, (terms, last, log)
+    ledger.wait("the job's end", lambda: status(ledger, 1) == "finished")
+    row = ledger.jobs()[1]
+    assert row["finish_reason"] == "time_limit" and row["time_limit_s"] == 55, row
+    assert abs(row["finished_at"] - last) <= 2.0, (row, last)  # the ledger's stop: no TIMEOUT

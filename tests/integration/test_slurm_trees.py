@@ -119,14 +119,14 @@ def test_no_job_is_preempted_for_a_job_over_the_partitions_max_time(ledger: Ledg
     """F6: Slurm never starts a job whose time limit is over the partition's MaxTime, so the
     ledger neither places it nor preempts for it (before: it preempted a running job, then the
     placement failed with PartitionTimeLimit). Once an admin raises MaxTime it runs. The
-    running job asks a limit within MaxTime: one with none waits too on a partition with a
-    MaxTime (`PARTITION_TIME_LIMIT`; `tests/unit/test_slurm_no_limit.py`)."""
+    running job asks no limit: it takes its limit from MaxTime and runs, as under Slurm
+    (s62; e4a7d9c4 kept it waiting PARTITION_TIME_LIMIT; `tests/unit/test_slurm_no_limit.py`)."""
     victim = "trap 'exit 0' TERM; while true; do sleep 0.2; done"
     part = f"partitionname={ledger.cluster.partition}"
     ledger.cluster.run("scontrol", "update", part, "maxtime=10")  # ten minutes
     try:
         ledger.up()
-        ledger.submit("bob", 4, victim, "--min-runtime", "0", "--resumable", "-t", "10")
+        ledger.submit("bob", 4, victim, "--min-runtime", "0", "--resumable")  # no -t
         ledger.wait("the unfunded job to run", lambda: status(ledger, 1) == "running")
         ledger.submit("alice", 4, "sleep 1", "--min-runtime", "1h", "-t", "2h")
         # a window of many cycles (0.2 s each): the funded job would preempt the unfunded one
@@ -135,6 +135,7 @@ def test_no_job_is_preempted_for_a_job_over_the_partitions_max_time(ledger: Ledg
             assert ledger.of("job.preempted.v1") == [], ledger.service_log()[-2000:]
             time.sleep(0.5)
         assert status(ledger, 2) == "pending" and status(ledger, 1) == "running"
+        assert ledger.jobs()[1]["time_limit_s"] == 600 - 2 - 60  # MaxTime, its grace, a minute
         ledger.cluster.run("scontrol", "update", part, "maxtime=UNLIMITED")
         ledger.wait("job 2 to run once MaxTime allows it", lambda: status(ledger, 2) != "pending",
                     timeout=90)  # fmt: skip
