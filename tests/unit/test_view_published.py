@@ -106,3 +106,29 @@ def test_the_worker_publishes_before_it_rests() -> None:
     w._wait()
     assert w.view.ledger.position == 6
     assert ledger.state.copies == 2
+
+
+def test_a_pause_between_group_commits_copies_nothing_and_a_read_waits_for_no_rest() -> None:
+    w, ledger = worker()
+    w.rest_s = 5.0
+    w._moved_at = None  # nothing due: the worker rests until work comes
+    for _ in range(3):
+        commit(w)
+    assert (w.view.ledger.position, w.answered, ledger.state.copies) == (2, 6, 1)
+    soon = _Task(None, None, command=HoldJob(actor="alice", job_id=1))
+    threading.Timer(0.1, w._queue.put, args=(soon,)).start()
+    assert w._wait() is soon  # the next group came within `rest_s`: no copy meanwhile
+    assert ledger.state.copies == 1
+
+    got: list[Any] = []
+    resting = threading.Thread(target=lambda: got.append(w._wait()))
+    resting.start()  # in its first `rest_s`, the view behind the writes answered
+
+    async def read() -> int:
+        view = await asyncio.wait_for(w.current_view(), 1.0)  # not `rest_s` later
+        return int(view.ledger.position)
+
+    assert asyncio.run(read()) == 6
+    w._queue.put(None)
+    resting.join(5.0)
+    assert got == [None]
