@@ -303,8 +303,9 @@ FREEING_PATHS = frozenset(f"/v1/commands/{cls.__struct_config__.tag}" for cls in
 
 def frees(value: Any) -> bool:
     """Whether the write `value` (a command, a batch) is made only of `FREEING` commands."""
-    commands = value.commands if isinstance(value, api.Batch) else (value,)
-    return bool(commands) and all(isinstance(cmd, FREEING) for cmd in commands)
+    if not isinstance(value, api.Batch):
+        return isinstance(value, FREEING)
+    return bool(value.commands) and all(isinstance(cmd, FREEING) for cmd in value.commands)
 
 
 def reserve(value: Any, body: bytes) -> int:

@@ -6,11 +6,15 @@ preemptions pages and `/metrics` need the live state, which only the worker thre
 They read a view of it the worker publishes (`Worker.view`, `take`: `State.copy`, its dicts and
 sets copied, their values immutable, about 1 ms at 10k live jobs, with what the engine was last
 seen holding) whenever the state moved (a group commit, a call that writes, a cycle, a
-standby's follow), before those moves are answered, whether or not anyone reads it: a read
-asked after a write was acknowledged sees it, and asks the worker nothing, so it never waits
-behind a dispatcher cycle (the first read after a quiet spell neither), and no cycle waits
-behind it. Only a read before the worker's first turn asks the worker thread to publish one
-(and a standby's read while its view is behind its follow). The read itself, the dispatcher's
+standby's follow), before those moves are answered, and, after a group commit, only while
+someone reads (a read in the last `worker.WANTED_S`) or once the worker rests, or before it
+runs a cycle, a call or idle work (`Worker._publish_after_writes`: a copy per group commit was
+a fifth of the worker's time under a stream of submits nobody read): a read asked after a
+write was acknowledged sees it (`Worker.current_view`: a view behind the writes answered is
+waited for, one group commit at most), and asks the worker nothing, so it never waits behind
+a dispatcher cycle (the first read after a quiet spell neither), and no cycle waits behind
+it. Only a read before the worker's first turn asks the worker thread to publish one (and a
+standby's read while its view is behind its follow). The read itself, the dispatcher's
 preview decision included, runs in the read pool (a lane of its own,
 `ledger.server.fairlane`: one thread at the service's priority serving the people reading in
 turn, each resting after their own reads, so another person's small reads of the projection
@@ -257,7 +261,7 @@ async def projected_read(
 async def view(worker: Worker, pool: ReadPool) -> Copy:
     """The published view of the live state at the moment now (the worker thread is asked to
     publish one only when none is yet: a read before its first turn)."""
-    got: Copy | None = worker.viewed()
+    got: Copy | None = await worker.current_view()
     if got is None or (not worker.leading() and got.ledger.position < _position(worker)):
         # none yet; or a standby whose follow folded more than its view shows (no write of
         # this server's waits on it, but a read asked at a position it has now folded does)
@@ -426,11 +430,16 @@ def _kept_unprojected(before: Copy | None, projected: int, rewound: int) -> bool
 def same(view: Copy, worker: Worker) -> bool:
     """Whether `view` still shows the live state (nothing `take` copies has moved): a few
     comparisons, no copy."""
+    return view.ledger.position == _position(worker) and only_appended(view, worker)
+
+
+def only_appended(view: Copy, worker: Worker) -> bool:
+    """Whether nothing `take` copies has moved since `view` but the log's position (and the
+    state with it: a group commit's appends), if that."""
     service = worker.service
     dispatcher = getattr(service, "dispatcher", None)
     return (
-        view.ledger.position == int(service.ledger.position)
-        and view.projected == _projected(service)
+        view.projected == _projected(service)
         and view.foreign == getattr(dispatcher, "foreign", {})
         and view.stopping == getattr(dispatcher, "stopping", {})
         and view.rewound == int(getattr(service.ledger, "rewound", 0))

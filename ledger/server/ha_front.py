@@ -95,10 +95,14 @@ class HAFront:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         agent = scope["path"].startswith("/v1/agent/")
         read = scope["method"] in ("GET", "HEAD") and not agent
-        if agent and self.ha.unreachable and self.ha.keeps():
+        keeping = agent and self.ha.unreachable and self.ha.keeps()
+        if not keeping and self.ha.acting():  # the leader's every request: nothing more to read
+            await self.app(scope, receive, self._stamped(send, agent))
+            return
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        if keeping:
             keep = await self._keep(scope, receive, headers)
             await self._refuse(send, "the store does not answer; "
                                + ("this server keeps the node's lease" if keep else "retry"),

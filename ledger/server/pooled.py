@@ -171,7 +171,7 @@ async def _answer(
 
     service = worker.service
     target = int(service.ledger.position)
-    view = worker.viewed()  # who may see what as of the view the worker published, if one is
+    view = await worker.current_view()  # who may see what as of the view the worker published
     if view is not None:
         seen = reads.Viewer(viewer, view.ledger.state).detached().state
     else:

@@ -14,11 +14,13 @@ The worker thread runs reads and calls in order, a dispatcher cycle whenever one
 ahead-of-time work of the read cache once the log has stayed still.
 
 Whoever moves the live state (a group commit, a call, a cycle, a standby's follow) publishes it,
-before anyone is answered, whether or not anyone reads it (`view`: `ledger.server.copied.take`,
-an immutable copy, taken only when the state moved): the pages, `/metrics` and the previews
+before anyone is answered (`view`: `ledger.server.copied.take`, an immutable copy, taken only
+when the state moved; after a group commit only while someone reads, else before this thread
+rests or runs anything else: `_publish_after_writes`): the pages, `/metrics` and the previews
 read that view in the read pool and never ask this thread anything, the first read after a
-quiet spell too (docs/server.md, "Reads beside the worker"). Nothing the dispatcher decides
-reads the view.
+quiet spell too (docs/server.md, "Reads beside the worker"); a read that finds it behind the
+writes answered waits for the next one (`current_view`). Nothing the dispatcher decides reads
+the view.
 
 One of several servers on a PostgreSQL store (`ha`, docs/ha.md) cycles only while it leads: at
 each turn the worker turns the lease into a role (`promote` once it holds it, `demote` once it
@@ -65,6 +67,9 @@ AWAY_STOP_S = 2.0
 LAPSE_LOOK_S = 0.25
 """How often a write waiting on the worker looks whether this server still leads (`_answered`);
 it looks at its lease's deadline too."""
+WANTED_S = 1.0
+"""After a read took the view, how long the worker publishes one after every group commit
+(`_publish_after_writes`): a page's reads, or a stream of them, never wait for a view."""
 READ_WAIT_S = 8.0
 """The longest a read waits for the worker thread on a PostgreSQL store (then 503): every read
 answers within 10 s while PostgreSQL is down (docs/security.md, row T5)."""
@@ -76,7 +81,10 @@ class Worker:
     tick_s: float = 2.0
     max_batch: int = 256
     accepting: bool = True
-    _queue: queue.SimpleQueue[_Task | None] = field(default_factory=queue.SimpleQueue)
+    _queue: queue.SimpleQueue[_Task | list[_Task] | None] = field(default_factory=queue.SimpleQueue)
+    """What the worker thread is handed: a task, the tasks one event loop gathered for a group
+    commit (one item: one wake-up of the thread, and the whole group in its next turn), None
+    to stop."""
     quiet_s: float = 0.5
     """How long the log must stay still before `idle` hooks run: not between a burst's writes,
     nor in the moment after an append, when the reads it prompts arrive (a page loaded after an
@@ -99,6 +107,12 @@ class Worker:
     """Held by whoever touches the ledger: the worker thread, or the event loop committing."""
     _open: set[asyncio.Future[Any]] = field(default_factory=set)
     """The HTTP side's requests waiting on the worker (`refuse_waiting`)."""
+    _lapsing: dict[asyncio.AbstractEventLoop, set[asyncio.Future[Any]]] = field(
+        default_factory=dict
+    )
+    """The writes each event loop waits on while this server leads one of several (`_answered`),
+    and the loops with a look at them due (`_look_later`):"""
+    _looking: set[asyncio.AbstractEventLoop] = field(default_factory=set)
     _pending: dict[asyncio.AbstractEventLoop, list[_Task]] = field(default_factory=dict)
     """The commands each event loop is gathering for its next group commit."""
     gather_turns: int = 6
@@ -126,10 +140,26 @@ class Worker:
     view: Any = None
     """The live state as of the last change that was answered (`copied.Copy`: the state copied
     at a log position, with what the engine was last seen holding), published under the lock
-    by whoever moved it, before the moves are acknowledged, whether or not anyone reads it (a
-    read after a quiet spell waits for nothing); None only until the worker's first turn."""
+    by whoever moved it, before the moves are acknowledged (after a group commit nobody reads,
+    before the worker rests: `_publish_after_writes`; a read after a quiet spell waits for
+    nothing); None only until the worker's first turn."""
     views: int = 0
-    """Views published so far."""
+    """Views published so far, and group commits after which none was (`_publish_after_writes`):"""
+    skipped: int = 0
+    answered: int = 0
+    """The log's position once the last group commit the worker thread answered was made: a
+    read's view holds at least this (`current_view`)."""
+    rest_s: float = 0.002
+    """How long the worker waits for more work before it publishes a view behind the writes
+    answered (`_wait`): the next group of a stream of submits comes sooner, and a copy at every
+    pause between two group commits was most of the copies left (bench_pg, 2026-12-07)."""
+    _read_at: float = -math.inf
+    """monotonic time a read last took the view (`viewed`)."""
+    _view_waiting: list[tuple[asyncio.AbstractEventLoop, asyncio.Future[Any], int]] = field(
+        default_factory=list
+    )
+    """The reads waiting for a view at a position (`current_view`), under `_waiting_lock`."""
+    _waiting_lock: threading.Lock = field(default_factory=threading.Lock)
     calls: int = 0
     """Calls run on the worker thread so far (atomic batches, agents' reports, the calls reads
     still make), and their time there (`gpuledger_worker_call_seconds`): every moment the
@@ -149,8 +179,28 @@ class Worker:
 
     def viewed(self) -> Any:
         """On the event loop: the published view (None: none yet; `publish_view` on this
-        thread takes one)."""
+        thread takes one), which may be behind the writes answered (`current_view`)."""
+        self._read_at = time.monotonic()
         return self.view
+
+    async def current_view(self) -> Any:
+        """On the event loop: the published view once it holds every write answered so far
+        (None: none yet). It does at once unless writes have streamed in with no read for
+        `WANTED_S` (`_publish_after_writes`); then this waits for the worker's next
+        publication: its group commit under way and the next at most, never a cycle or a
+        call (published before them), nor the worker's rest (published before it)."""
+        got = self.viewed()
+        target = self.answered
+        if got is None or got.ledger.position >= target:
+            return got
+        loop, future = self._future()
+        with self._waiting_lock:
+            self._view_waiting.append((loop, future, target))
+        got = self.view  # published meanwhile, before the worker took the waiting list
+        if got.ledger.position >= target:
+            return got
+        self._queue.put(_WAKE)  # a worker between two group commits publishes at once
+        return await future
 
     def publish_view(self) -> Any:
         """On the worker thread (the lock held): publish the view now and return it."""
@@ -166,6 +216,36 @@ class Worker:
         if self.view is None or not copied.same(self.view, self):
             self.view = copied.take(self, self.view)
             self.views += 1
+        if self._view_waiting:
+            self._hand_view()
+
+    def _publish_after_writes(self) -> None:
+        """After a group commit: the view published only when a read took one in the last
+        `WANTED_S`, or when more than the log's position moved. Copying the live state at
+        every group commit (~1 ms at 10k live jobs) was a fifth of the worker's time under a
+        stream of submits with nobody reading (bench_pg, 2026-12-07); a read that finds the
+        view behind the writes answered waits for the next one (`current_view`), published
+        before the worker rests, runs a cycle, a call or idle work."""
+        from ledger.server import copied
+
+        view = self.view
+        if (
+            view is not None
+            and time.monotonic() - self._read_at > WANTED_S
+            and copied.only_appended(view, self)
+        ):
+            self.skipped += 1
+            return
+        self._publish()
+
+    def _hand_view(self) -> None:
+        """The reads waiting for a view (`current_view`) that this one satisfies, answered."""
+        at = self.view.ledger.position
+        with self._waiting_lock:
+            ready = [w for w in self._view_waiting if w[2] <= at]
+            self._view_waiting = [w for w in self._view_waiting if w[2] > at]
+        for loop, future, _ in ready:
+            loop.call_soon_threadsafe(_settle_one, _Task(loop, future), self.view)
 
     def nudge(self) -> None:
         """Look at the role (and follow the log) at once, from any thread."""
@@ -207,8 +287,8 @@ class Worker:
         # one of several servers: a store behind a cut network may hang a transaction, never
         # the event loop (it still refuses writes and answers health once the lease runs out)
         if self.ha is not None or not self._lock.acquire(blocking=False):
-            for task in tasks:
-                self._queue.put(task)
+            if tasks:  # as one item: a put per command was a tenth of the event loop's time
+                self._queue.put(tasks)  # under bench_pg, and woke the worker for a part
             return
         try:
             wake = self._moved_at is None
@@ -277,13 +357,36 @@ class Worker:
         slow store, or one the leader handed the lease over for: `Leadership.stalled`), a 503
         at once with its outcome unknown (`_lapsed`). Such writes waited for the whole outage,
         a raw client for ever, while later ones were refused at once (atk60-ha F1)."""
-        ha = self.ha
-        while ha is not None and not future.done():
-            left = ha.lease.deadline - time.monotonic()
-            await asyncio.wait({future}, timeout=min(LAPSE_LOOK_S, max(0.02, left)))
-            if not future.done() and not ha.acting():
-                _refuse(future, self._lapsed())
+        if self.ha is not None and not future.done():
+            loop = future.get_loop()
+            waiting = self._lapsing.setdefault(loop, set())
+            waiting.add(future)
+            future.add_done_callback(waiting.discard)
+            if loop not in self._looking:
+                self._look_later(loop)
         return await future
+
+    def _look_later(self, loop: asyncio.AbstractEventLoop) -> None:
+        """`_look` on `loop` in `LAPSE_LOOK_S`, or at the lease's deadline if sooner: one timer
+        for all the writes waiting there (a wait with a timeout of its own per write was a
+        twentieth of the event loop's time under a stream of submits, 2026-12-07)."""
+        assert self.ha is not None
+        left = self.ha.lease.deadline - time.monotonic()
+        self._looking.add(loop)
+        loop.call_later(min(LAPSE_LOOK_S, max(0.02, left)), self._look, loop)
+
+    def _look(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On `loop`: the writes waiting there answered `_lapsed` once this server no longer
+        acts; looked at again while any waits."""
+        self._looking.discard(loop)
+        waiting = self._lapsing.get(loop)
+        if not waiting or self.ha is None:
+            return
+        if not self.ha.acting():
+            for future in list(waiting):
+                _refuse(future, self._lapsed())
+        if waiting:
+            self._look_later(loop)
 
     def _lapsed(self) -> Unavailable:
         """Why a write that waited on its append is answered now: this server stopped leading
@@ -367,15 +470,26 @@ class Worker:
             with self._lock:
                 stopping = self._turn(first)
 
-    def _wait(self) -> _Task | None:
+    def _wait(self) -> _Task | list[_Task] | None:
         """Without the lock: the next item of the queue (None: stop), or `_WAKE` once something
         is due (a cycle, or idle work after the log has stayed still for `quiet_s`)."""
         while True:
+            if self._view_waiting and self.view is not None:  # a read waits for the view
+                with self._lock:
+                    self._publish()
             wake = self._next_cycle
             if self._moved_at is not None:
                 wake = min(wake, self._moved_at + self.quiet_s)
             try:
-                item = self._queue.get(timeout=max(0.0, wake - time.monotonic()))
+                try:  # the next group of a stream comes within `rest_s`: no copy between
+                    item = self._queue.get(
+                        timeout=min(self.rest_s, max(0.0, wake - time.monotonic()))
+                    )
+                except queue.Empty:
+                    if self.view is not None:  # once it rests, it holds every write answered
+                        with self._lock:  # (the first: the first turn's, as a read's first)
+                            self._publish()
+                    item = self._queue.get(timeout=max(0.0, wake - time.monotonic()))
             except queue.Empty:
                 now, moved = time.monotonic(), self._moved_at
                 if now >= self._next_cycle or (moved is not None and now >= moved + self.quiet_s):
@@ -384,10 +498,11 @@ class Worker:
             if item is not _WAKE:  # _WAKE in the queue: the log moved, the wait is recomputed
                 return item
 
-    def _turn(self, first: _Task | None) -> bool:
+    def _turn(self, first: _Task | list[_Task] | None) -> bool:
         """With the lock: what is queued, then what is due; True once told to stop."""
         stopping = first is None
-        tasks: list[_Task] = [] if first is None or first is _WAKE else [first]
+        tasks: list[_Task] = []
+        _take(tasks, first)
         while len(tasks) < self.max_batch:
             try:
                 more = self._queue.get_nowait()
@@ -395,19 +510,24 @@ class Worker:
                 break
             if more is None:
                 stopping = True
-            elif more is not _WAKE:
-                tasks.append(more)
+            _take(tasks, more)
         if self.ha is not None:
+            role = (self.ha.leading, self._epoch)
             self._take_role()
-            self._publish()
+            if (self.ha.leading, self._epoch) != role:
+                self._publish()
         self._handle(tasks)
         now = time.monotonic()
         if not tasks and self._moved_at is not None and now >= self._moved_at + self.quiet_s:
+            self._publish()  # the work done ahead is done on the view
             self._when_idle()
         if time.monotonic() >= self._next_cycle or stopping:
+            self._publish()  # a read meanwhile finds the writes answered: it waits for no cycle
             self._cycle()
             self._freeze()
-        self._publish()
+            self._publish()
+        else:
+            self._publish_after_writes()
         return stopping
 
     def _freeze(self) -> None:
@@ -472,10 +592,13 @@ class Worker:
         writes = [t for t in tasks if t.command is not None]
         if tasks:  # writes, and calls that may write (batches, agents' reports)
             self._moved_at = time.monotonic()
-        if writes:
-            done = self._execute_each(writes)
-            self._publish()
+        for at in range(0, len(writes), self.max_batch):
+            done = self._execute_each(writes[at : at + self.max_batch])
+            self.answered = int(self.service.ledger.position)
+            self._publish_after_writes()
             _resolve_all(done)
+        if any(t.call is not None for t in tasks):
+            self._publish()  # a read meanwhile waits for no call (a batch of 2,000 commands)
         called = False
         for t in tasks:
             if t.call is not None:
@@ -598,6 +721,14 @@ def _failed(what: str, err: BaseException) -> None:
         log.error("%s: the store: %s", what, (str(err).strip().splitlines() or ["?"])[0])
     else:
         log.error("%s", what, exc_info=err)
+
+
+def _take(tasks: list[_Task], item: _Task | list[_Task] | None) -> None:
+    """`item` of the worker's queue added to the turn's `tasks` (None and `_WAKE`: none)."""
+    if isinstance(item, list):
+        tasks += item
+    elif item is not None and item is not _WAKE:
+        tasks.append(item)
 
 
 def _resolve_all(done: list[tuple[_Task, Any]]) -> None:

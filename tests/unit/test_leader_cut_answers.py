@@ -176,6 +176,29 @@ def test_a_write_waiting_on_its_append_is_answered_once_the_lease_runs_out(
     assert headers.get("x-gpuledger-store") == ("away" if away else None)
 
 
+def test_the_writes_waiting_on_their_appends_share_one_look_at_the_lease() -> None:
+    """One timer on the event loop for every write waiting (a wait with a timeout of its own
+    per write was a twentieth of the event loop's time under a stream of submits), and each
+    still answered once the lease runs out."""
+    worker = Worker(service=None)  # type: ignore[arg-type]
+    worker.ha = Leading(0.5, None)  # type: ignore[assignment]
+    command = SubmitJob(actor="alice", account="ai2/olmo", gpus=1)
+
+    async def writes() -> tuple[int, list[BaseException | None]]:
+        scheduled = asyncio.get_running_loop()._scheduled  # type: ignore[attr-defined]
+        before = len(scheduled)  # this test's own time limit
+        tasks = [asyncio.ensure_future(worker.execute(command)) for _ in range(50)]
+        await asyncio.sleep(0.05)
+        timers = len(scheduled) - before
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        return timers, [d if isinstance(d, BaseException) else None for d in done]
+
+    timers, errors = asyncio.run(asyncio.wait_for(writes(), 5.0))
+    assert timers == 1
+    assert all(isinstance(err, Unavailable) and err.fields["outcome"] == "unknown"
+               for err in errors), errors  # fmt: skip
+
+
 def test_the_workers_store_away_refusal_is_the_fronts() -> None:
     worker = Worker(service=None)  # type: ignore[arg-type]
     ha = Leading(5.0, None)
