@@ -43,6 +43,7 @@ from schemas.bounds import (
     check,
 )
 from schemas.errors import InvalidCommand, InvalidTransition
+from schemas.units import format_duration
 
 DEFAULT_OUTPUT = "gpuledger-%j.out"
 """A job's output file when it names none (like sbatch's `slurm-%j.out`), in its directory."""
@@ -67,14 +68,31 @@ checks time limits about every 30 s, so its TIMEOUT (with only KillWait) never c
 the `--time` backstop leaves a minute past a limit and its grace (`backstop_minutes`)."""
 
 
+MIN_TAKEN_S = 30
+"""The shortest limit a job submitted without one takes from MaxTime (`taken_limit`)."""
+
+
 def taken_limit(max_time_s: int, grace_s: float) -> int:
     """Pure: the time limit of a job submitted without one on an engine whose longest is
     `max_time_s` (Slurm's partition MaxTime: as Slurm gives a job without `--time` its
     partition's limit, rather than never running it): MaxTime less the job's grace and a minute
     (`TAKEN_MARGIN_S`), so the ledger stops it at its limit itself (SIGTERM, its grace, then
-    SIGKILL) and Slurm's `--time` stays a backstop. At least 30 s (a MaxTime of a minute or
-    two under a long grace: the grace is then what MaxTime leaves, as for a limit of its own)."""
-    return max(min(30, max_time_s), int(max_time_s - grace_s - TAKEN_MARGIN_S))
+    SIGKILL) and Slurm's `--time` stays a backstop: limit + grace + a minute <= MaxTime, always.
+    Refused (nothing recorded) when that leaves less than `MIN_TAKEN_S` (a MaxTime of a minute,
+    or two under a long grace; atk62-slurm F1: a 30 s floor there let Slurm's TIMEOUT come
+    first, and the run outlived MaxTime): the job asks a shorter `--grace` or its own `-t`."""
+    limit = int(max_time_s - grace_s - TAKEN_MARGIN_S)
+    if limit >= MIN_TAKEN_S:
+        return limit
+    fits = int(max_time_s - MIN_TAKEN_S - TAKEN_MARGIN_S)
+    longest, grace = format_duration(max_time_s), format_duration(grace_s)
+    raise InvalidCommand(
+        f"no time limit given, and the partition's MaxTime ({longest}) cannot hold a limit of "
+        f"{MIN_TAKEN_S}s, its grace ({grace}) and a minute before Slurm's TIMEOUT",
+        hint=(f"ask --grace of at most {format_duration(fits)}, or " if fits >= 0 else "")
+        + "give it a time limit with -t (within MaxTime)",
+        max_time_s=max_time_s,
+    )
 
 
 def default_job_name(command: Sequence[str]) -> str:

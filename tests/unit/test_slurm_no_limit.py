@@ -36,9 +36,10 @@ from schemas import codec
 from schemas import commands as c
 from schemas import events as e
 from schemas import views as v
+from schemas.errors import InvalidCommand
 from schemas.events import GpuSlot
 from schemas.policy import FairShareConfig
-from schemas.units import when
+from schemas.units import format_duration, when
 from tests.conftest import T0
 from tests.unit.test_fence import _run
 from tests.unit.test_service_grace import Recording, _queue, _running
@@ -68,13 +69,37 @@ def w(org_state: State) -> Recording:
 def test_the_limit_taken_from_max_time_leaves_its_grace_and_a_minute_before_it() -> None:
     assert taken_limit(120, 5.0) == 55  # MaxTime=2: SIGTERM at 55 s, SIGKILL at 60 s
     assert taken_limit(DAYS_2, 30.0) == DAYS_2 - 90
-    assert taken_limit(90, 30.0) == 30 and taken_limit(60, 600.0) == 30  # at least 30 s
+    assert taken_limit(120, 30.0) == 30 and taken_limit(90, 0.0) == 30  # at least 30 s
     # Slurm's --time is then MaxTime, past the limit and the grace by a minute: a backstop
     for max_time, grace in ((120, 5.0), (DAYS_2, 30.0), (7200, 600.0)):
         limit = taken_limit(max_time, grace)
         assert backstop_minutes(limit, grace, max_time) == max_time // 60
         assert limit + grace + 60 <= max_time
         assert _times(limit, max_time, grace) == [f"--time={max_time // 60}"]
+
+
+@pytest.mark.parametrize(
+    ("max_time", "grace", "hint"),
+    [(120, 120, "ask --grace of at most 30s"), (60, 30, "give it a time limit with -t"),
+     (60, 0, "give it a time limit with -t"), (150, 61, "ask --grace of at most 1m")],
+)  # fmt: skip
+def test_a_max_time_that_cannot_hold_30s_its_grace_and_a_minute_refuses_and_records_nothing(
+    w: Recording, max_time: int, grace: int, hint: str
+) -> None:
+    """atk62-slurm F1: MaxTime=2 and `--grace 120s` took a 30 s floor and said "MaxTime less
+    its grace and a minute" (false: 120-120-60 < 0); the SIGKILL due at 150 s came after
+    Slurm's own TIMEOUT (146.9 s), and the run outlived MaxTime. Now such a submit is refused
+    with one line and its hint, and nothing is recorded: limit + grace + a minute <= MaxTime."""
+    _max_time(w, max_time, grace_s=30)
+    before = len(w.log)
+    with pytest.raises(InvalidCommand) as refused:
+        w.submit(grace_s=grace)
+    assert "cannot hold a limit of 30s" in str(refused.value), refused.value
+    assert f"its grace ({format_duration(grace)}) and a minute" in str(refused.value)
+    assert hint in (refused.value.hint or ""), refused.value.hint
+    assert len(w.log) == before
+    (own,) = w.submit(grace_s=grace, time_limit_s=60)  # a limit of its own is its own
+    assert own.max_time_s is None
 
 
 def test_a_job_without_a_limit_takes_the_recorded_max_time_as_slurm_does(w: Recording) -> None:
