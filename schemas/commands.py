@@ -194,6 +194,10 @@ class SubmitJob(Command, frozen=True, kw_only=True, tag="submit"):
     gpu_type: Name | None = None
     cluster: Name | None = None
     time_limit_s: PositiveSeconds | None = None
+    unlimited: bool = False
+    """It asked for no time limit (`-t 0`, `UNLIMITED`, `INFINITE`; `time_limit_s` None): as
+    sbatch would leave it pending for good on a partition with a MaxTime, it is refused there;
+    without a MaxTime recorded it has none (False: none given, it takes MaxTime's)."""
     command: CommandLine = ()
     labels: Labels = {}
     duration_s: FloatSeconds | None = None

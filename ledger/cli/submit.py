@@ -583,6 +583,7 @@ def _submission(ctx: Ctx, g: Mapping[str, Any]) -> c.SubmitJob:
         resumable=g["resumable"],
         priority=g["priority"],
         time_limit_s=_time_limit(g["time_limit"]),
+        unlimited=asks_unlimited(g["time_limit"]),
         command=g["command"],
         labels=_labels(g["labels"]),
         duration_s=None if g["duration"] is None else float(parse_duration(g["duration"])),
@@ -616,6 +617,13 @@ def _time_limit(text: str | None) -> int | None:
     if text is None or text.strip().upper() in ("UNLIMITED", "INFINITE"):
         return None
     return parse_job_time(text) or None
+
+
+def asks_unlimited(text: str | None) -> bool:
+    """Pure: `-t` asks for no time limit (0, UNLIMITED, INFINITE), not merely none given: on a
+    partition with a MaxTime such a job is refused (`SubmitJob.unlimited`), one without `-t`
+    takes MaxTime's."""
+    return text is not None and _time_limit(text) is None
 
 
 _JOB_REF = re.compile(r"^(\d+)(?:_(\d+))?$")

@@ -283,6 +283,8 @@ def _submit(state: State, cmd: c.SubmitJob, s: _Stamp) -> list[e.AnyEvent]:
             min_runtime_s=min_runtime,
         )
     limit, taken_from = cmd.time_limit_s, None
+    if limit is None and cmd.unlimited and state.max_time_s is not None:
+        raise jobs.unlimited_refused(state.max_time_s)
     if limit is None and state.max_time_s is not None:  # Slurm's rule: the partition's limit
         taken_from = state.max_time_s
         limit = jobs.taken_limit(taken_from, job_grace(cmd.grace_s, state.grace_s))

@@ -95,6 +95,19 @@ def taken_limit(max_time_s: int, grace_s: float) -> int:
     )
 
 
+def unlimited_refused(max_time_s: int) -> InvalidCommand:
+    """Pure: why a job that asked for no time limit (`-t 0`, `UNLIMITED`, `INFINITE`) is refused
+    on an engine whose longest is `max_time_s`: Slurm would never start it (sbatch leaves it
+    pending `PartitionTimeLimit`), so it is refused at submit, nothing recorded (atk62-slurm F5:
+    it was taken as "no time limit given" and stopped at MaxTime's limit)."""
+    return InvalidCommand(
+        f"no time limit asked (-t UNLIMITED, INFINITE or 0), but the partition's MaxTime is "
+        f"{format_duration(max_time_s)}: Slurm would never start it",
+        hint="omit -t to take its limit from MaxTime, or ask one within MaxTime",
+        max_time_s=max_time_s,
+    )
+
+
 def default_job_name(command: Sequence[str]) -> str:
     """Pure: a job's name when it is given none: its program's file name, as sbatch names a job
     after its script. The first word that is not a shell assignment (`NAME=value`): a command

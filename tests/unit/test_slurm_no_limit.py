@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from ledger.cli.submit import taken_note
+from ledger.cli.submit import asks_unlimited, taken_note
 from ledger.core.jobs import taken_limit
 from ledger.core.state import State
 from ledger.cycle.executor import Launch
@@ -100,6 +100,30 @@ def test_a_max_time_that_cannot_hold_30s_its_grace_and_a_minute_refuses_and_reco
     assert len(w.log) == before
     (own,) = w.submit(grace_s=grace, time_limit_s=60)  # a limit of its own is its own
     assert own.max_time_s is None
+
+
+def test_an_explicit_unlimited_is_refused_on_a_partition_with_a_max_time(w: Recording) -> None:
+    """atk62-slurm F5: `-t 0`, `-t UNLIMITED`, `--time=INFINITE` were taken as "no time limit
+    given" (its note said so) and stopped at MaxTime's limit; sbatch would leave such a job
+    pending for good. Now `-t` says it asked none, and with a MaxTime recorded it is refused in
+    one line, nothing recorded; with none recorded it has no limit, as before."""
+    for text in ("0", "UNLIMITED", "infinite", "INFINITE", "00:00"):
+        assert asks_unlimited(text), text
+    assert not any(asks_unlimited(t) for t in (None, "5", "90s", "1-00:00:00"))
+    (free,) = w.submit(unlimited=True)  # no MaxTime recorded: no limit, as before
+    assert (free.time_limit_s, free.max_time_s) == (None, None)
+    _max_time(w, 7200)
+    before = len(w.log)
+    with pytest.raises(InvalidCommand) as refused:
+        w.submit(unlimited=True)
+    assert refused.value.line() == (
+        "no time limit asked (-t UNLIMITED, INFINITE or 0), but the partition's MaxTime is 2h: "
+        "Slurm would never start it (omit -t to take its limit from MaxTime, or ask one within "
+        "MaxTime)"
+    )
+    assert len(w.log) == before
+    (taken,) = w.submit()  # none given: it takes MaxTime's
+    assert (taken.time_limit_s, taken.max_time_s) == (7200 - 90, 7200)
 
 
 def test_a_job_without_a_limit_takes_the_recorded_max_time_as_slurm_does(w: Recording) -> None:
