@@ -31,11 +31,14 @@ def _at(t: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
 
 
-def _job(state: str, reason: str = "None", exit_code: int = 0, job: int = 1) -> str:
+def _job(
+    state: str, reason: str = "None", exit_code: int = 0, job: int = 1, limit: str = "UNLIMITED"
+) -> str:
     ended = state not in ("PENDING", "RUNNING")
     start = "Unknown" if state == "PENDING" else _at(NOW - 5)
     return (
         f"JobId=8 JobName=gpuledger-{job} UserId=bob(1001) JobState={state} Reason={reason}"
+        f" TimeLimit={limit}"
         f" ExitCode={exit_code}:0 StartTime={start} EndTime={_at(NOW - 4) if ended else 'Unknown'}"
         f" Partition=gpuledger NodeList={'vm' if state != 'PENDING' else '(null)'}"
         f" Comment=gpuledger:{LID}:job={job}:run=0 StdOut=/tmp/y"
@@ -43,16 +46,17 @@ def _job(state: str, reason: str = "None", exit_code: int = 0, job: int = 1) -> 
 
 
 class Slurm:
-    def __init__(self, job: str, state: str = "UP") -> None:
+    def __init__(self, job: str, state: str = "UP", max_time: str = "UNLIMITED") -> None:
         self.job, self.state, self.calls = job, state, list[list[str]]()
+        self.max_time = max_time
 
     def __call__(self, args: list[str], stdin: str | None = None, env: object = None) -> str:
         self.calls.append(args)
         if args[:2] == ["scontrol", "-d"] and "job" in args:
             return self.job
         if args[:3] == ["scontrol", "-o", "show"]:
-            return (f"PartitionName=gpuledger MaxTime=UNLIMITED Nodes=vm,vm2 State={self.state}"
-                    " TotalNodes=2")  # fmt: skip
+            return (f"PartitionName=gpuledger MaxTime={self.max_time} Nodes=vm,vm2"
+                    f" State={self.state} TotalNodes=2")  # fmt: skip
         return ""
 
     def scancels(self) -> list[list[str]]:
@@ -131,6 +135,44 @@ def test_a_run_pending_under_a_lowered_max_time_goes_back_to_the_queue(tmp_path:
     assert not seen.exits, seen.exits
     assert (ex._checkpoint_file(1, 0).parent / TAKEN_BACK).exists() and slurm.scancels()
     assert ex._max_time_at == NOW + ex.probe_every_s  # read again in the same observe
+
+
+def _placed(tmp_path: Path, slurm: Slurm, max_time_s: float) -> SlurmExecutor:
+    ex = SlurmExecutor("gpuledger", LID, tmp_path, run_as="service")
+    ex._run = slurm  # type: ignore[method-assign]
+    launch = Launch(1, (GpuSlot(node="vm2", gpu_indices=(0,)),), ("true",), None, "bob", "ai2/o")
+    ex._runs = {1: Run(1, 0, launch, slurm_id="8", submitted_at=NOW - 1)}
+    ex._checkpoint_file(1, 0).parent.mkdir(parents=True)
+    ex._max_time_at, ex.max_time_s = NOW + 100, max_time_s  # as last read: 3 minutes
+    return ex
+
+
+def test_a_run_refused_partitionconfig_under_a_max_time_lowered_unread_goes_back(
+    tmp_path: Path,
+) -> None:
+    """atk62-slurm F2: MaxTime lowered (3 to 1) in the seconds before the service read it; the
+    sbatch asked `--time=3:00` and Slurm said `PartitionConfig`, not `PartitionTimeLimit`: the
+    job ended `launch_failed` for good. Now MaxTime is read again at once and, under the run's
+    `--time` (its TimeLimit), the run goes back to the queue as for `PartitionTimeLimit`."""
+    slurm = Slurm(_job("PENDING", "PartitionConfig", limit="00:03:00"), max_time="00:01:00")
+    ex = _placed(tmp_path, slurm, 180.0)
+    seen = ex.observe(NOW, NODES)
+    assert ex.max_time_s == 60.0  # read again in the same observe
+    why = over_max_time("PartitionConfig")
+    assert NodeChange("vm2", "unplace", why, jobs=(1,)) in seen.nodes, seen.nodes
+    assert not seen.exits, seen.exits
+    assert (ex._checkpoint_file(1, 0).parent / TAKEN_BACK).exists() and slurm.scancels()
+
+
+def test_a_partitionconfig_with_its_time_within_max_time_never_starts_as_before(
+    tmp_path: Path,
+) -> None:
+    """Any other `PartitionConfig` (its `--time` within MaxTime read again): `launch_failed`."""
+    slurm = Slurm(_job("PENDING", "PartitionConfig", limit="00:03:00"), max_time="00:03:00")
+    ex = _placed(tmp_path, slurm, 180.0)
+    seen = ex.observe(NOW, NODES)
+    assert not [c for c in seen.nodes if c.change == "unplace"], seen.nodes
+    assert [x.reason for x in seen.exits] == ["launch_failed"], seen.exits
 
 
 def test_an_unplace_with_no_node_takes_back_the_jobs_it_names_where_they_are_placed() -> None:

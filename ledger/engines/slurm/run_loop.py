@@ -43,6 +43,7 @@ from ledger.engines.slurm.words import (
     SlurmJob,
     end_reason,
     expand_hostlist,
+    slurm_duration,
 )
 from schemas.units import when
 
@@ -87,9 +88,12 @@ def read_own_runs(ex: SlurmExecutor, now: float) -> None:
             continue  # a take-back a restart cut short: finished as one (atk61-slurm F1)
         if j.state in WAITING and not r.started:
             r.submitted_at = now if r.submitted_at is None else r.submitted_at  # adopted
-            if j.reason == MAX_TIME:  # MaxTime lowered under it: it waits in the queue (F2)
+            if j.reason == CONFIG:  # MaxTime lowered just before? read it again at once
+                ex._max_time_at = None
+                ex._read_partition(now)
+            if j.reason == MAX_TIME or config_over_max_time(j, ex.max_time_s):  # (F2)
                 ex._max_time_at = None  # read again now: placed once MaxTime allows
-                ex._unplaced.append(take_back(ex, r, placed_on(r), over_max_time(), now))
+                ex._unplaced.append(take_back(ex, r, placed_on(r), over_max_time(j.reason), now))
                 continue
             why = never_starts(j.reason, now - r.submitted_at, ex.start_within_s)
             if why:
@@ -161,11 +165,28 @@ MAX_TIME = "PartitionTimeLimit"
 """Slurm's pending reason for a job whose `--time` is over its partition's MaxTime."""
 
 
-def over_max_time() -> str:
+CONFIG = "PartitionConfig"
+"""Slurm's pending reason for a job its partition's settings refuse; a MaxTime lowered under
+its `--time` in the seconds before it was submitted gives it too (atk62-slurm F2)."""
+
+
+def config_over_max_time(j: SlurmJob, max_time_s: float | None) -> bool:
+    """Pure: a run pending `PartitionConfig` whose `--time` (Slurm's TimeLimit) is over the
+    partition's MaxTime as read again at once: MaxTime was lowered in the seconds before the
+    service read it (the sbatch asked the MaxTime last read), so it goes back to the queue as
+    for `PartitionTimeLimit` (atk62-slurm F2: it ended `launch_failed` for good). Any other
+    `PartitionConfig` never starts, as before."""
+    if j.reason != CONFIG or max_time_s is None or not j.time_limit:
+        return False
+    asked = slurm_duration(j.time_limit)  # None: UNLIMITED
+    return asked is None or asked > max_time_s
+
+
+def over_max_time(reason: str = MAX_TIME) -> str:
     """Pure: why a run pending in Slurm under a MaxTime lowered below its `--time` goes back to
     the queue (atk61-slurm F2: it ended `launch_failed` for good): it waits there as any job over
     MaxTime (`PARTITION_TIME_LIMIT`), placed once MaxTime allows."""
-    return (f"Slurm will not start it under the partition's MaxTime ({MAX_TIME}): it waits in "
+    return (f"Slurm will not start it under the partition's MaxTime ({reason}): it waits in "
             "the queue until MaxTime allows it")  # fmt: skip
 
 

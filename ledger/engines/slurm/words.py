@@ -228,6 +228,7 @@ class SlurmJob:
     """`ExitCode`'s second part: the signal that killed its batch script (0: none)."""
     het_job_id: str = ""
     """Its heterogeneous job's id (`HetJobId`, its first component's), "" for any other job."""
+    time_limit: str = ""  # Slurm's TimeLimit, as shown: its `--time` (`slurm_duration`)
 
     def tag(self, ledger_id: str) -> tuple[int, int] | None:
         """(job id, run) for a run this ledger submitted; None for a foreign job."""
@@ -303,6 +304,7 @@ def _parse_job(line: str) -> SlurmJob:
         exit_signal=exit_signal(rec.get("ExitCode", "0:0")),
         het_job_id=rec.get("HetJobId", ""),
         reason=rec.get("Reason", ""),
+        time_limit=rec.get("TimeLimit", ""),
         started=rec.get("StartTime", "Unknown") not in ("Unknown", "None", "")
         and rec.get("JobState") not in WAITING,
         gpus=node_gres(line),
@@ -366,9 +368,7 @@ def slurm_duration(text: str) -> float | None:
         return None
     if len(parts) == 1:  # minutes
         return float(d * 86400 + parts[0] * 60)
-    while len(parts) < 3:
-        parts.insert(0, 0)
-    h, m, sec = parts
+    h, m, sec = [0] * (3 - len(parts)) + parts
     return float(d * 86400 + h * 3600 + m * 60 + sec)
 
 
