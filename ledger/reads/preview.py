@@ -84,13 +84,16 @@ reason for such a job, `PartitionTimeLimit`)."""
 
 
 NO_LIMIT: Final = (
-    "it has no time limit (it was submitted while the partition had no MaxTime) and the "
-    "partition's MaxTime is {}: Slurm would stop it there, so it is not placed until an admin "
-    "makes MaxTime UNLIMITED (or it is submitted again: it then takes its limit from MaxTime)"
+    "it has no time limit (it was submitted when no MaxTime was recorded: while the partition "
+    "had none, or before a version that gives such a job MaxTime's limit) and the partition's "
+    "MaxTime is {}: Slurm would stop it there, so it is not placed until an admin makes MaxTime "
+    "UNLIMITED (or it is cancelled and submitted again: it then takes its limit from MaxTime)"
 )
 """Why a job with no time limit waits on a partition with a MaxTime (atk61-slurm F3): one
 submitted while a MaxTime is recorded takes its limit from it (`JobSubmitted.max_time_s`), so
-only one submitted before waits so."""
+only one submitted before waits so: while no MaxTime was recorded, or before s62 (atk62-slurm
+F3: the reason said "while the partition had no MaxTime" of jobs an older version kept waiting
+under a MaxTime it had seen)."""
 
 
 def too_long_waits(state: State, longest_s: float | None) -> dict[int, Blocked]:

@@ -165,6 +165,9 @@ def test_no_max_time_recorded_no_limit_as_before(w: Recording) -> None:
     # one submitted while no MaxTime was recorded waits on a partition that has one now
     blocked = too_long_waits(w.state, 60.0)[job.job_id]
     assert (blocked.code, blocked.reason) == (TOO_LONG, NO_LIMIT.format("1m")), blocked
+    # atk62-slurm F3: true of a job an older version kept waiting under a MaxTime it had seen
+    assert "no MaxTime was recorded" in blocked.reason and "before a version" in blocked.reason
+    assert "had no MaxTime)" not in blocked.reason and "cancelled and submitted" in blocked.reason
     assert too_long(None, 60.0) and not too_long(None, None)
 
 
