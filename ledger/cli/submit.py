@@ -542,9 +542,9 @@ def taken_note(job: JobSubmitted, asked_min_runtime_s: int | None) -> str:
     contract = f"; its contract ({asked}) is cut to it" if cut else ""
     limit, longest = limit_words(job.time_limit_s), limit_words(job.max_time_s)
     return (
-        f"note: no time limit given: its limit is {limit}, the partition's MaxTime ({longest}) "
-        f"less its grace and a minute, at which the ledger stops it{contract} (-t asks another, "
-        "within MaxTime)"
+        f"note: no time limit given: its limit is {limit}, the partition's MaxTime as the "
+        f"service last read it ({longest}) less its grace and a minute, at which the ledger "
+        f"stops it{contract} (-t asks another, within MaxTime)"
     )
 
 

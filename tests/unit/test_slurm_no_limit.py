@@ -150,6 +150,7 @@ def test_a_contract_longer_than_max_time_is_cut_to_the_limit_and_submit_says_so(
     note = taken_note(job, 3600)
     assert note.startswith("note: no time limit given: its limit is 55s, the partition's MaxTime")
     assert "(2m)" in note and "its contract (1h) is cut to it" in note
+    assert "MaxTime as the service last read it (2m) less its grace" in note  # F6: not today's
     assert "cut" not in taken_note(job, None)  # the default contract: nothing to say
 
 
