@@ -126,3 +126,31 @@ def test_a_job_with_no_time_limit_is_not_stopped_at_the_partitions_default_time(
     finally:
         c.run("scontrol", "update", f"PartitionName={part}", "DefaultTime=INFINITE")
     ledger.stop()
+
+
+def test_a_run_slurm_holds_partitionconfig_under_a_max_time_lowered_unread_waits_and_runs(
+    ledger: Ledger,
+) -> None:
+    """atk62-slurm F2: MaxTime lowered (3 to 1) in the seconds before the service read it: the
+    run placed meanwhile asked `--time=3` (the MaxTime last read), Slurm held it
+    `PartitionConfig` (not `PartitionTimeLimit`) and the job ended `launch_failed` for good.
+    Now MaxTime is read again at once, the run goes back to the queue, waits
+    `PARTITION_TIME_LIMIT` there, and runs once MaxTime allows."""
+    c = ledger.cluster
+    part = c.partition
+    ledger.up()
+    try:
+        c.run("scontrol", "update", f"PartitionName={part}", "MaxTime=3")
+        ledger.wait("MaxTime read", lambda: f"partition {part}: MaxTime=3" in ledger.service_log())
+        c.run("scontrol", "update", f"PartitionName={part}", "MaxTime=1")  # read within 5 s
+        ledger.submit("alice", 1, SHOW + "echo ran >> runs-1", "-t", "2")
+        ledger.wait("its take-back", lambda: bool(ledger.of("job.unplaced.v1", 1)), timeout=60)
+        (row,) = json.loads(ledger.cli("queue", "--json"))
+        assert (row["job_id"], row["code"]) == (1, "PARTITION_TIME_LIMIT"), row
+        assert status(ledger, 1) == "pending", ledger.jobs()[1]
+    finally:
+        c.run("scontrol", "update", f"PartitionName={part}", "MaxTime=INFINITE")
+    (unplaced,) = ledger.of("job.unplaced.v1", 1)
+    assert "(PartitionConfig)" in unplaced["reason"], unplaced
+    assert _ran_once(ledger)["placements"] == 2
+    ledger.stop()
