@@ -11,7 +11,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -27,6 +26,7 @@ from ledger.engines.runs import read_identity
 from ledger.engines.supervised import live_processes
 from schemas.agent import AGENT_HEADER
 from tests.integration import userkit
+from tests.integration.ports import free_port
 from tests.integration.serverkit import GPULEDGER, Server, cli, env_for, make_token, start_server
 from tests.integration.waits import wait_for
 
@@ -209,9 +209,7 @@ def cluster(
     src, tokens = template
     home = tmp_path / "home"
     shutil.copytree(src, home)
-    with socket.socket() as s:  # a fixed port, so a restarted server has the same URL
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a fixed port, so a restarted server has the same URL
     serve, agent = getattr(request, "param", ((), ()))
     server = start_server(home, *SERVE, "--listen", f"127.0.0.1:{port}", *serve)
     c = Cluster(home, server, serve, tokens["root"])

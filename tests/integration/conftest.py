@@ -27,6 +27,8 @@ from typing import Any
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
+from tests.integration.ports import free_port
+
 KAFKA_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "kafka" / "kafka"
 TIMEOUT_S = 60.0
 
@@ -168,13 +170,6 @@ def read_topic(kafka_bootstrap: str) -> Callable[..., list[Any]]:
 
 
 # --- a private broker -----------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass

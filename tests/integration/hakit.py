@@ -21,6 +21,7 @@ from schemas import commands as c
 from schemas.errors import LedgerError
 from tests.integration import waits
 from tests.integration.agentkit import Agent
+from tests.integration.ports import free_port
 from tests.integration.serverkit import GPULEDGER, Server, cli, env_for, init_on_store, make_token
 from tests.integration.userkit import marks_dir
 
@@ -39,12 +40,6 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -25,6 +25,7 @@ from playwright.sync_api import Browser
 from ledger.server.commands import MAX_BODY
 from ledger.server.whatifs import TIMEOUT_S
 from tests.integration.dashkit import Dashboard, build, cycled
+from tests.integration.ports import free_port
 from tests.integration.serverkit import Server, cli, make_token, start_server
 from tests.integration.test_dashboard import browser, signed_in, watched
 from tests.integration.test_dashboard_whatif import _child_of
@@ -67,14 +68,6 @@ class Proxied:
     boss: str
     tokens: dict[str, str]
     tmp: Path
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests.integration import test_slurm as base
-from tests.integration.conftest import free_port
+from tests.integration.ports import free_port
 from tests.integration.slurmd_steps import held_steps
 from tests.integration.test_slurm import Ledger
 from tests.integration.test_slurm_trees import alive, kill_of_job, pids

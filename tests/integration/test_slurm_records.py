@@ -34,14 +34,18 @@ def _hold(led: Ledger, held: bool) -> None:
         nodes = ",".join(c.nodes)
         c.run("scontrol", "create", "reservation", f"ReservationName={RESERVATION}",
               "StartTime=now", "Duration=30", "Users=root", f"Nodes={nodes}")  # fmt: skip
-    else:
-        c.run("scontrol", "delete", f"ReservationName={RESERVATION}", check=False)
+    else:  # gone for sure: a reservation left would hold every later job of this cluster
+        deadline = time.monotonic() + 30
+        while RESERVATION in c.run("scontrol", "show", "reservation", check=False):
+            assert time.monotonic() < deadline, c.run("scontrol", "show", "reservation")
+            c.run("scontrol", "delete", f"ReservationName={RESERVATION}", check=False)
+            time.sleep(0.5)
 
 
-def _until(what: str, pred: object, timeout: float = 60) -> None:
+def _until(what: str, pred: object, timeout: float = 60, why: object = str) -> None:
     deadline = time.monotonic() + timeout
     while not pred():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what}; {why()}"  # type: ignore[operator]
         time.sleep(0.1)
 
 
@@ -65,7 +69,8 @@ def test_a_run_first_seen_after_it_ended_keeps_slurms_times_and_gpus(ledger: Led
     finally:
         _hold(ledger, False)
     try:  # Slurm schedules it at its next pass (sched/builtin: within SchedulerInterval, 60 s)
-        _until("the job to end in Slurm", lambda: (work / "ended").exists(), 240)
+        _until("the job to end in Slurm", lambda: (work / "ended").exists(), 240,
+               lambda: f"{ledger.cluster.jobs()}\n{ledger.service_log()[-3000:]}")  # fmt: skip
     except BaseException:
         ledger.proc.send_signal(signal.SIGCONT)  # never left stopped (the fixture stops it)
         raise

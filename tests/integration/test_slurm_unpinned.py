@@ -16,15 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import slurm_group
+from tests.integration.ports import free_port
 from tests.integration.test_slurm import BUDGET, GPULEDGER, SLURM_SCRIPT, Cluster, Ledger, status
 from tests.integration.test_slurm_records import _hold, _until
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +26,8 @@ def plain() -> Iterator[Cluster]:
     """A private single-node cluster whose 4 fake GPUs are `gpu:4` (stopped afterwards)."""
     data = Path(tempfile.mkdtemp(prefix="gpuledger-slurm-plain-"))
     for _ in range(3):  # a free port may be taken by another process before Slurm binds it
-        ctld = _free_port()
-        slurmd = next(p for p in iter(_free_port, None) if p != ctld)
+        ctld = free_port()
+        slurmd = next(p for p in iter(free_port, None) if p != ctld)
         ports = {"GPULEDGER_SLURMCTLD_PORT": str(ctld), "GPULEDGER_SLURMD_PORT": str(slurmd)}
         # a node name of its own: its jobs' cgroups apart from the suite's clusters' (which may
         # run beside it, scripts/test's two groups)
