@@ -21,7 +21,8 @@ def test_ids_are_distinct_version_4_uuids() -> None:
         assert (u.version, u.variant, u.hex) == (4, uuid.RFC_4122, hexed)
 
 
-def test_the_kernel_is_read_once_per_block_of_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+def _count_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the kernel's randomness read from now on (`os.urandom`'s calls)."""
     reads: list[int] = []
     real = os.urandom
 
@@ -30,6 +31,11 @@ def test_the_kernel_is_read_once_per_block_of_ids(monkeypatch: pytest.MonkeyPatc
         return real(n)
 
     monkeypatch.setattr(os, "urandom", counted)
+    return reads
+
+
+def test_the_kernel_is_read_once_per_block_of_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    reads = _count_reads(monkeypatch)
     ids = random_ids()
     for _ in range(RANDOM_READ // 16):
         ids()
@@ -40,13 +46,6 @@ def test_a_forked_child_reads_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     ids = random_ids()
     ids()  # the block is read in this process
     monkeypatch.setattr(os, "getpid", lambda: -1)  # as a forked child sees itself
-    reads: list[int] = []
-    real = os.urandom
-
-    def counted(n: int) -> bytes:
-        reads.append(n)
-        return real(n)
-
-    monkeypatch.setattr(os, "urandom", counted)
+    reads = _count_reads(monkeypatch)
     ids()
     assert reads == [RANDOM_READ]
