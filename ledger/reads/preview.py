@@ -533,7 +533,9 @@ def _holding_rows(state: State, f: v.QueueFilter, now: float, limit: int) -> lis
         if job_id in gone:
             sr = gone[job_id]
             if not (f.user and sr.user != f.user) and _under(sr.account, f.account, sr.user):
-                rows.append(_stopped_row(sr, state.grace_s, now))
+                was = state.jobs.get(job_id)
+                limit_s = None if was is None else was.spec.time_limit_s
+                rows.append(_stopped_row(sr, state.grace_s, now, limit_s))
             continue
         job = live[job_id]
         s = job.spec
@@ -565,11 +567,14 @@ def _word(word: str) -> Literal["placed", "running", "stopping"]:
     return "stopping" if word == "stopping" else "placed" if word == "placed" else "running"
 
 
-def _stopped_row(sr: StoppedRun, default_s: float, now: float) -> v.QueueRow:
+def _stopped_row(
+    sr: StoppedRun, default_s: float, now: float, limit_s: int | None = None
+) -> v.QueueRow:
     """Pure: the row of a job whose record ended (cancelled, preempted) while the run the
     ledger stopped is not reported gone: `stopping` on the GPUs it held, its SIGKILL at the
     latest (`stopped_kill_at`, the service's grace `default_s` for a job with none of its own;
-    at once after a second cancel, or past its limit)."""
+    at once after a second cancel, or past its limit), with its time limit `limit_s` and how
+    long it has run, as `jobs` shows them (atk62-slurm F8: `time_limit_s` null here)."""
     from ledger.reads.stopping import stopped_kill_at
 
     kill_at = stopped_kill_at(sr, default_s)
@@ -580,6 +585,8 @@ def _stopped_row(sr: StoppedRun, default_s: float, now: float) -> v.QueueRow:
         reason=f"{sr.why or 'stopped'} at {when(sr.at)}: SIGTERM sent, {kill}",
         submitted_at=sr.submitted_at, waiting_s=0.0, estimated_start_at=sr.started_at,
         nodes=sorted({sl.node for sl in sr.slots}), started_at=sr.started_at, kill_at=kill_at,
+        time_limit_s=limit_s,
+        elapsed_s=None if sr.started_at is None else max(0.0, now - sr.started_at),
     )  # fmt: skip
 
 

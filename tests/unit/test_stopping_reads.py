@@ -81,13 +81,17 @@ def test_queue_node_list_and_explain_show_a_job_past_its_limit_stopping(w: World
 
 
 def test_a_cancelled_job_whose_run_lives_on_is_stopping_in_queue_and_node_list(w: World) -> None:
-    job_id = _running(w, grace_s=40)
+    job_id = _running(w, grace_s=40, time_limit_s=3600)
+    started = w.state.jobs[job_id].started_at
+    assert started is not None
     w.now += 10
     w.run(c.CancelJob(actor="alice", job_id=job_id))
     cancelled_at = w.now
     row = _queue(w, w.now + 1)[job_id]
     assert (row.state, row.kill_at, row.user, row.nodes) == (
         "stopping", cancelled_at + 40, "alice", ["n1"])  # fmt: skip
+    # its limit and its time so far, as `jobs` shows them (atk62-slurm F8: null)
+    assert (row.time_limit_s, row.elapsed_s) == (3600, w.now + 1 - started), row
     assert row.reason.startswith("cancelled at ")
     (n1,) = [n for n in layer.node_list(w.state, now=w.now) if n.node == "n1"]
     assert n1.stopping_jobs == [job_id] and n1.jobs == []
