@@ -283,6 +283,12 @@ def _submit(state: State, cmd: c.SubmitJob, s: _Stamp) -> list[e.AnyEvent]:
             min_runtime_s=min_runtime,
         )
     limit, taken_from = cmd.time_limit_s, None
+    if cmd.unlimited and limit is not None:  # the API's (atk62b G4: taken as the limit, silently)
+        raise InvalidCommand(
+            f"no time limit (unlimited) and a time limit of {limit} s are both asked",
+            hint="ask one: time_limit_s, or unlimited with no time_limit_s",
+            time_limit_s=limit,
+        )
     if limit is None and cmd.unlimited and state.max_time_s is not None:
         raise jobs.unlimited_refused(state.max_time_s)
     if limit is None and state.max_time_s is not None:  # Slurm's rule: the partition's limit

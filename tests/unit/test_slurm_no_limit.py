@@ -112,6 +112,10 @@ def test_an_explicit_unlimited_is_refused_on_a_partition_with_a_max_time(w: Reco
     assert not any(asks_unlimited(t) for t in (None, "5", "90s", "1-00:00:00"))
     (free,) = w.submit(unlimited=True)  # no MaxTime recorded: no limit, as before
     assert (free.time_limit_s, free.max_time_s) == (None, None)
+    before = len(w.log)  # both asked (the API's fields): one line, nothing recorded (atk62b G4)
+    with pytest.raises(InvalidCommand, match="both asked"):
+        w.submit(unlimited=True, time_limit_s=60)
+    assert len(w.log) == before
     _max_time(w, 7200)
     before = len(w.log)
     with pytest.raises(InvalidCommand) as refused:
