@@ -17,7 +17,7 @@ from ledger.engines.slurm import SlurmExecutor
 from ledger.engines.slurm.launching import TAKEN_BACK
 from ledger.engines.slurm.leaked_runs import DOUBTED
 from ledger.engines.slurm.paused import paused_why, unplace_paused
-from ledger.engines.slurm.run_loop import over_max_time
+from ledger.engines.slurm.run_loop import CONFIG_SETTLE_S, over_max_time
 from ledger.engines.slurm.script import TAKEN_BACK_EXIT
 from ledger.engines.slurm.tracked import Run
 from schemas.events import GpuSlot
@@ -167,10 +167,16 @@ def test_a_run_refused_partitionconfig_under_a_max_time_lowered_unread_goes_back
 def test_a_partitionconfig_with_its_time_within_max_time_never_starts_as_before(
     tmp_path: Path,
 ) -> None:
-    """Any other `PartitionConfig` (its `--time` within MaxTime read again): `launch_failed`."""
+    """Any other `PartitionConfig` (its `--time` within MaxTime read again): `launch_failed`,
+    once Slurm's next scheduling pass could have cleared it (`CONFIG_SETTLE_S`): MaxTime lowered
+    and raised back within a second left a run `PartitionConfig` that Slurm would have started,
+    and it ended at once (atk62b G5)."""
     slurm = Slurm(_job("PENDING", "PartitionConfig", limit="00:03:00"), max_time="00:03:00")
     ex = _placed(tmp_path, slurm, 180.0)
     seen = ex.observe(NOW, NODES)
+    assert not [c for c in seen.nodes if c.change == "unplace"], seen.nodes
+    assert not seen.exits, seen.exits  # it may still start
+    seen = ex.observe(NOW + CONFIG_SETTLE_S + 1, NODES)
     assert not [c for c in seen.nodes if c.change == "unplace"], seen.nodes
     assert [x.reason for x in seen.exits] == ["launch_failed"], seen.exits
 

@@ -95,7 +95,9 @@ def read_own_runs(ex: SlurmExecutor, now: float) -> None:
                 ex._max_time_at = None  # read again now: placed once MaxTime allows
                 ex._unplaced.append(take_back(ex, r, placed_on(r), over_max_time(j.reason), now))
                 continue
-            why = never_starts(j.reason, now - r.submitted_at, ex.start_within_s)
+            waited = now - r.submitted_at
+            settling = j.reason == CONFIG and waited < CONFIG_SETTLE_S  # (atk62b G5)
+            why = "" if settling else never_starts(j.reason, waited, ex.start_within_s)
             if why:
                 ex._take_back(r, why, now)
                 continue
@@ -168,6 +170,13 @@ MAX_TIME = "PartitionTimeLimit"
 CONFIG = "PartitionConfig"
 """Slurm's pending reason for a job its partition's settings refuse; a MaxTime lowered under
 its `--time` in the seconds before it was submitted gives it too (atk62-slurm F2)."""
+
+
+CONFIG_SETTLE_S = 90.0
+"""How long a run pending `PartitionConfig` within the MaxTime read again may wait before it
+never starts: MaxTime lowered and raised back within a second or two left it `PartitionConfig`,
+which Slurm's next scheduling pass (SchedulerInterval, 60 s by default) clears, and it ended
+`launch_failed` for good (atk62b G5, 1 of 3 tries)."""
 
 
 def config_over_max_time(j: SlurmJob, max_time_s: float | None) -> bool:
