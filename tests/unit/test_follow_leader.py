@@ -309,17 +309,15 @@ def test_a_dispatcher_whose_lease_ran_out_carries_out_nothing_and_passes_its_epo
     assert ex.orders == [Orders(stops=(1,), epoch=7)]
 
 
-def test_a_standby_never_forwards_a_write_that_was_forwarded_to_it() -> None:
-    """Two standbys that each name the other as leader (each read the lease at another moment)
-    refuse a forwarded write instead of bouncing it between them."""
-    import asyncio
+def _standby_front(leader: str) -> Any:
+    """An HAFront of a standby that names `leader` and may not act (a fake HA state)."""
     from types import SimpleNamespace
 
     from ledger.server.ha_front import HAFront
 
     ha = SimpleNamespace(
         acting=lambda: False,
-        leader_address=lambda: "http://other:1",
+        leader_address=lambda: leader,
         lease=SimpleNamespace(address="http://me:1", may_act=lambda: False),
         role="standby",
         unreachable=None,
@@ -328,7 +326,15 @@ def test_a_standby_never_forwards_a_write_that_was_forwarded_to_it() -> None:
         taking_up=lambda: None,
         held_back=None,
     )
-    front = HAFront(None, ha, lambda: 0)  # type: ignore[arg-type]
+    return HAFront(None, ha, lambda: 0)  # type: ignore[arg-type]
+
+
+def test_a_standby_never_forwards_a_write_that_was_forwarded_to_it() -> None:
+    """Two standbys that each name the other as leader (each read the lease at another moment)
+    refuse a forwarded write instead of bouncing it between them."""
+    import asyncio
+
+    front = _standby_front("http://other:1")
 
     async def forward(*args: object) -> None:
         raise AssertionError("forwarded again")
@@ -579,23 +585,9 @@ def test_a_write_forwarded_to_a_leader_that_refuses_the_connection_is_said_not_t
     "outcome unknown", "the leader did not answer ([Errno 111] Connection refused)": a refused
     connect carried nothing, so the write is not taken, and a retry is safe."""
     import asyncio
-    from types import SimpleNamespace
-
-    from ledger.server.ha_front import HAFront
 
     gone = refused_url()
-    ha = SimpleNamespace(
-        acting=lambda: False,
-        leader_address=lambda: gone,
-        lease=SimpleNamespace(address="http://me:1", may_act=lambda: False),
-        role="standby",
-        unreachable=None,
-        away=lambda: None,
-        notify=lambda: None,
-        taking_up=lambda: None,
-        held_back=None,
-    )
-    front = HAFront(None, ha, lambda: 0)  # type: ignore[arg-type]
+    front = _standby_front(gone)
     sent: list[Any] = []
 
     async def send(message: Any) -> None:
