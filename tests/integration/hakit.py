@@ -135,6 +135,14 @@ class Group:
                 m.kill()
 
 
+def alices_ledger(tmp_path: Path, store: str) -> tuple[Path, str]:
+    """The first server's home on `store` (`init_on_store`: root, the budgets, one node) and a
+    token of alice's, as the group tests open."""
+    home = tmp_path / "server-0"
+    init_on_store(home, tmp_path, store)
+    return home, make_token(home, "--user", "alice")
+
+
 def make_group(root: Path, dsn: str, n: int, *args: str, home: Path | None = None) -> Group:
     """`n` servers on the store `dsn` (one of them may use an existing `home`), not started."""
     members = []
@@ -369,6 +377,6 @@ class PgProxy:
 
 
 __all__ = [
-    "JOB", "LEASE", "Group", "JobOnAgents", "Member", "PgProxy", "alive", "env_for", "free_port",
-    "job_on_agents", "log_events", "make_group", "run_the_job",
+    "JOB", "LEASE", "Group", "JobOnAgents", "Member", "PgProxy", "alices_ledger", "alive",
+    "env_for", "free_port", "job_on_agents", "log_events", "make_group", "run_the_job",
 ]  # fmt: skip

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from ledger.wire.client import LIST_TIMEOUT_S
-from tests.integration.hakit import log_events, make_group
-from tests.integration.serverkit import GPULEDGER, env_for, init_on_store, make_token
+from tests.integration.hakit import alices_ledger, log_events, make_group
+from tests.integration.serverkit import GPULEDGER, env_for
 
 ROUNDS, COPIES = 8, 4
 """The attack saw 5 of 6 rounds of 4 copies batched together (at least two in one batch)."""
@@ -40,9 +40,7 @@ def _post(port: int, token: str, key: str, body: bytes, out: list[tuple[int, str
 def test_copies_of_one_key_sent_at_once_are_all_answered_with_the_first_ones_success(
     tmp_path: Path, pg_store: str
 ) -> None:
-    home = tmp_path / "server-0"
-    init_on_store(home, tmp_path, pg_store)
-    token = make_token(home, "--user", "alice")
+    home, token = alices_ledger(tmp_path, pg_store)
     g = make_group(tmp_path, pg_store, 1, "--interval", "0.5s", home=home)
     body = json.dumps({"actor": "", "account": "ai2/olmo", "gpus": 1,
                        "min_runtime_s": 3600}).encode()  # fmt: skip
@@ -76,9 +74,7 @@ def test_copies_of_one_key_sent_at_once_are_all_answered_with_the_first_ones_suc
 def test_the_clis_retry_at_a_frozen_leader_batched_with_the_standbys_forward_says_submitted(
     tmp_path: Path, pg_store: str
 ) -> None:
-    home = tmp_path / "server-0"
-    init_on_store(home, tmp_path, pg_store)
-    token = make_token(home, "--user", "alice")
+    home, token = alices_ledger(tmp_path, pg_store)
     g = make_group(tmp_path, pg_store, 2, "--interval", "0.5s", home=home)
     g.lease = "40s"  # frozen for 2 x the CLI's 10 s, it keeps its lease: the standby forwards
     frozen = None

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from tests.integration import waits
-from tests.integration.hakit import make_group
-from tests.integration.serverkit import GPULEDGER, env_for, init_on_store, make_token
+from tests.integration.hakit import alices_ledger, make_group
+from tests.integration.serverkit import GPULEDGER, env_for
 from tests.integration.test_ha import Proxy
 
 LEADS_WITHIN_S = 12.0
@@ -26,9 +26,7 @@ its statement abandoned and the take again, a lease's time to spare for a loaded
 def test_a_standby_cut_silently_while_the_leader_dies_leads_once_the_cut_heals(
     tmp_path: Path, pg_store: str
 ) -> None:
-    home = tmp_path / "server-0"
-    init_on_store(home, tmp_path, pg_store)
-    token = make_token(home, "--user", "alice")
+    home, token = alices_ledger(tmp_path, pg_store)
     proxy = Proxy(pg_store)
     g = make_group(tmp_path, pg_store, 2, "--interval", "0.5s", home=home)
     g.lease = "5s"

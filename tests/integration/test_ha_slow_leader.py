@@ -27,7 +27,7 @@ from schemas import commands as c
 from schemas.errors import LedgerError
 from tests.integration import waits
 from tests.integration.agentkit import Agent
-from tests.integration.hakit import log_events, make_group
+from tests.integration.hakit import alices_ledger, log_events, make_group
 from tests.integration.serverkit import cli, init_on_store, make_token
 from tests.integration.test_ha_settings import one_line, serve
 from tests.integration.test_pg_outage_agents import JOB
@@ -127,9 +127,7 @@ def test_a_slow_leader_the_standby_names_is_asked_again_and_no_node_is_lost(
 def test_a_write_sent_to_a_standby_while_the_leader_is_frozen_is_answered_by_its_successor(
     tmp_path: Path, pg_store: str
 ) -> None:
-    home = tmp_path / "server-0"
-    init_on_store(home, tmp_path, pg_store)
-    token = make_token(home, "--user", "alice")
+    home, token = alices_ledger(tmp_path, pg_store)
     g = make_group(tmp_path, pg_store, 2, "--interval", "0.5s", home=home)
     frozen = None
     try:

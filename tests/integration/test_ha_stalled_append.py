@@ -16,8 +16,14 @@ import time
 from pathlib import Path
 
 from tests.integration import waits
-from tests.integration.hakit import Member, PgProxy, lead_behind, log_events, make_group
-from tests.integration.serverkit import init_on_store, make_token
+from tests.integration.hakit import (
+    Member,
+    PgProxy,
+    alices_ledger,
+    lead_behind,
+    log_events,
+    make_group,
+)
 
 HOLD_S = 12.0
 
@@ -66,9 +72,7 @@ def _submit(m: Member, token: str, key: str) -> tuple[int, dict[str, str], str, 
 def test_a_leader_whose_append_stalls_hands_over_and_the_write_is_stored_once(
     tmp_path: Path, pg_store: str
 ) -> None:
-    home = tmp_path / "server-0"
-    init_on_store(home, tmp_path, pg_store)
-    token = make_token(home, "--user", "alice")
+    home, token = alices_ledger(tmp_path, pg_store)
     proxy = SlowAppends(pg_store)
     g = make_group(tmp_path, pg_store, 2, "--interval", "0.5s", home=home)
     try:

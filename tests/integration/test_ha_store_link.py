@@ -17,8 +17,8 @@ import time
 from pathlib import Path
 
 from tests.integration import waits
-from tests.integration.hakit import Member, lead_behind, make_group
-from tests.integration.serverkit import GPULEDGER, env_for, init_on_store, make_token
+from tests.integration.hakit import Member, alices_ledger, lead_behind, make_group
+from tests.integration.serverkit import GPULEDGER, env_for
 from tests.integration.test_ha import Proxy
 
 
@@ -33,9 +33,7 @@ def _cli(token: str, urls: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_a_standby_cut_from_postgresql_marks_its_reads_and_the_cli_reads_its_own_writes(
     tmp_path: Path, pg_store: str
 ) -> None:
-    home = tmp_path / "server-0"
-    init_on_store(home, tmp_path, pg_store)
-    token = make_token(home, "--user", "alice")
+    home, token = alices_ledger(tmp_path, pg_store)
     proxy = Proxy(pg_store)
     g = make_group(tmp_path, pg_store, 2, "--interval", "0.5s", home=home)
     leader, cut = g.members
@@ -146,9 +144,7 @@ def test_a_leader_whose_lease_ran_out_while_its_store_hangs_refuses_writes_at_on
     itself the leader from the row it last read ("this server is a standby; the leader is"
     itself), then, past that row's expiry, held writes up to `TAKEOVER_WAIT_S` as for an
     election (stop 58's CI)."""
-    home = tmp_path / "server-0"
-    init_on_store(home, tmp_path, pg_store)
-    token = make_token(home, "--user", "alice")
+    home, token = alices_ledger(tmp_path, pg_store)
     proxy = RenewalsFirst(pg_store, 5.0)
     g = make_group(tmp_path, pg_store, 2, "--interval", "0.5s", home=home)
     g.lease = "5s"
@@ -201,9 +197,7 @@ def test_a_write_the_leader_took_as_its_link_went_silent_is_answered_once_its_le
     were refused at once. Now it is answered once the leader's own lease runs out (2 s here),
     503 with its outcome unknown (it may still be stored: the append is fenced), and the CLI
     goes on to the other server."""
-    home = tmp_path / "server-0"
-    init_on_store(home, tmp_path, pg_store)
-    token = make_token(home, "--user", "alice")
+    home, token = alices_ledger(tmp_path, pg_store)
     proxy = Proxy(pg_store)
     g = make_group(tmp_path, pg_store, 2, "--interval", "0.5s", home=home)
     try:
@@ -232,9 +226,7 @@ def test_a_standby_whose_store_hangs_as_the_leaders_lease_runs_out_says_the_stor
     within a statement's time (5 s lease: 1.7 s), health's `store_error` says why in one line
     and names no leader, and it never says leader while cut. Before, the write waited 3 s
     (`TAKEOVER_WAIT_S`) as for an election, then said "this server is a standby"."""
-    home = tmp_path / "server-0"
-    init_on_store(home, tmp_path, pg_store)
-    token = make_token(home, "--user", "alice")
+    home, token = alices_ledger(tmp_path, pg_store)
     proxy = Proxy(pg_store)
     g = make_group(tmp_path, pg_store, 2, "--interval", "0.5s", home=home)
     g.lease = "5s"

@@ -19,8 +19,7 @@ from pathlib import Path
 import psycopg
 
 from tests.integration import waits
-from tests.integration.hakit import make_group
-from tests.integration.serverkit import init_on_store, make_token
+from tests.integration.hakit import alices_ledger, make_group
 from tests.integration.test_ha_store_link import _write
 
 LOCK_S = 20.0
@@ -29,9 +28,7 @@ LOCK_S = 20.0
 def test_a_table_lock_leaves_no_server_naming_itself_and_no_traceback(
     tmp_path: Path, pg_store: str
 ) -> None:
-    home = tmp_path / "server-0"
-    init_on_store(home, tmp_path, pg_store)
-    token = make_token(home, "--user", "alice")
+    home, token = alices_ledger(tmp_path, pg_store)
     g = make_group(tmp_path, pg_store, 2, "--interval", "0.5s", home=home)
     g.lease = "5s"
     first, second = g.members
