@@ -524,8 +524,8 @@ class Worker:
         if time.monotonic() >= self._next_cycle or stopping:
             self._publish()  # a read meanwhile finds the writes answered: it waits for no cycle
             self._cycle()
+            self._publish()  # before the freeze (0.1-0.2 s): a read after the cycle sees it
             self._freeze()
-            self._publish()
         else:
             self._publish_after_writes()
         return stopping

@@ -65,3 +65,25 @@ def test_the_worker_freezes_after_its_first_cycle_and_then_every_so_often(
     never._publish = lambda: None  # type: ignore[method-assign]
     never._turn(_WAKE)
     assert frozen == [1000.0, 1600.0]
+
+
+def test_the_view_of_a_cycle_is_published_before_the_heap_is_frozen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CI of stop 62: `/v1/health` said the first cycle had run while the published view was
+    still the one before it, for the 0.1-0.2 s of the first freeze: a page read then showed
+    the job the cycle had placed still queued."""
+    order: list[str] = []
+    monkeypatch.setattr(worker_module, "freeze_heap", lambda: order.append("freeze"))
+    result = SimpleNamespace(decision=SimpleNamespace(wake_at=None))
+
+    def step(now: float) -> Any:
+        order.append("cycle")
+        return result
+
+    service: Any = SimpleNamespace(step=step, clock=SimpleNamespace(now=lambda: 0.0))
+    worker = Worker(service, tick_s=1.0, freeze_every_s=600.0)
+    worker._publish = lambda: order.append("publish")  # type: ignore[method-assign]
+    worker._next_cycle = 0.0
+    worker._turn(_WAKE)
+    assert order[order.index("cycle") :] == ["cycle", "publish", "freeze"]
