@@ -516,17 +516,22 @@ def test_a_server_killed_mid_what_if_leaves_nothing_after_its_restart(reviewed: 
     assert r.server.stop() == 0, r.server.log_path.read_text()
     r.server = start_server(r.dash.home, log_name="serve-killed.log")
 
+    answer: list[Any] = []
+
     def asking() -> None:
-        with contextlib.suppress(OSError, http.client.HTTPException):  # the server is killed
-            ask(r, r.tokens["boss"], {"account": account, "shares": 2})
+        try:
+            answer.append(ask(r, r.tokens["boss"], {"account": account, "shares": 2}))
+        except (OSError, http.client.HTTPException) as err:  # the server is killed
+            answer.append(err)
 
     asked = threading.Thread(target=asking, daemon=True)
     asked.start()
     scratch = r.dash.home / "tmp"
     deadline = time.monotonic() + 120
-    while not _child_of(r.server.proc.pid) and time.monotonic() < deadline:
+    while not _child_of(r.server.proc.pid) and time.monotonic() < deadline and not answer:
         time.sleep(0.01)
-    assert _child_of(r.server.proc.pid), "the what-if's child never started"
+    assert _child_of(r.server.proc.pid), ("the what-if's child never started", answer,
+                                          r.server.log_path.read_text()[-3000:])  # fmt: skip
     left = list(scratch.glob("whatif-*"))  # made before the child starts, removed after it ends
     assert len(left) == 1, left
     assert scratch.stat().st_mode & 0o777 == 0o700
