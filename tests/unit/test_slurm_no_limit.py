@@ -23,7 +23,8 @@ from ledger.core.jobs import taken_limit
 from ledger.core.state import State
 from ledger.cycle.executor import Launch
 from ledger.cycle.inputs import snapshot_from_state, too_long
-from ledger.cycle.loop import record_longest, record_settings
+from ledger.cycle.loop import record_settings
+from ledger.cycle.record import record_longest
 from ledger.dispatch.policy import FairShare
 from ledger.engines.slurm.words import SbatchUser, backstop_minutes, sbatch_args
 from ledger.reads import layer
