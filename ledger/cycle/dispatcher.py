@@ -265,6 +265,7 @@ def preview_carried(
         hold_stopping=True,  # as a cycle does
         hold_lost=True,
         hold_placed=True,
+        hold_grace=True,
     )
     decision, carry = decide_carried(snapshot, policy, now, carry)
     return snapshot, decision, (views, carry)
@@ -526,6 +527,7 @@ class Dispatcher:
             hold_stopping=True,
             hold_lost=True,
             hold_placed=True,  # and a run stopped while placed, its launch unheard (s52)
+            hold_grace=True,  # and a job MaxTime cannot hold with its grace (s63)
         )
         # 2. decide (pure)
         decision, self._carry = decide_carried(snapshot, self.policy, now, self._carry)
@@ -551,6 +553,7 @@ class Dispatcher:
                 stopping_held=True,
                 lost_held=True,
                 placed_held=True,
+                grace_held=True,
             )
             self.ledger.execute(command)
             self._skipped, self._recorded_at = 0, now

@@ -91,21 +91,28 @@ last call: below it, walking every live job is cheaper (docs/simulation.md, "Spe
 round")."""
 
 
-def too_long(time_limit_s: float | None, grace_s: float, longest_s: float | None) -> bool:
+def too_long(time_limit_s: float | None, grace_s: float | None, longest_s: float | None) -> bool:
     """Pure: a pending job of this time limit and grace is not placed under the engine's
     longest (`longest_s`, Slurm's MaxTime as recorded; `jobs.over_max_time`): Slurm would never
     start it (over MaxTime in whole minutes), or its TIMEOUT would come before the ledger's
     SIGKILL (limit + grace + a minute over MaxTime: atk62b G2), or it has no limit (Slurm
-    would stop it at MaxTime, a limit nobody asked for: atk61-slurm F3)."""
+    would stop it at MaxTime, a limit nobody asked for: atk61-slurm F3). `grace_s` None: the
+    rule before s63 (a decision recorded without `grace_held`), over MaxTime in whole minutes."""
+    if grace_s is None:
+        if longest_s is None:
+            return False
+        return time_limit_s is None or slurm_minutes(time_limit_s) * 60.0 > longest_s
     return over_max_time(time_limit_s, grace_s, longest_s)
 
 
-def _too_long(job: Job, grace_s: float, longest_s: float | None) -> bool:
-    """Pure: `too_long` of a job, with its own grace or the service's (`grace_s`)."""
+def _too_long(job: Job, grace_s: float | None, longest_s: float | None) -> bool:
+    """Pure: `too_long` of a job, with its own grace or the service's (`grace_s`; None: the
+    rule before s63)."""
+    if longest_s is None:
+        return False
     spec = job.spec
-    return longest_s is not None and too_long(
-        spec.time_limit_s, job_grace(spec.grace_s, grace_s), longest_s
-    )
+    grace = None if grace_s is None else job_grace(spec.grace_s, grace_s)
+    return too_long(spec.time_limit_s, grace, longest_s)
 
 
 def slurm_minutes(time_limit_s: float) -> int:
@@ -130,6 +137,7 @@ def snapshot_from_state(
     hold_stopping: bool = False,
     hold_lost: bool = False,
     hold_placed: bool = False,
+    hold_grace: bool = False,
 ) -> Snapshot:
     """Pure: the snapshot of the write-side `state` (tests, simulation, replay): the one of
     `snapshot_kept` built from nothing kept."""
@@ -150,6 +158,7 @@ def snapshot_from_state(
         hold_stopping=hold_stopping,
         hold_lost=hold_lost,
         hold_placed=hold_placed,
+        hold_grace=hold_grace,
     )[0]
 
 
@@ -206,6 +215,7 @@ def snapshot_kept(
     hold_stopping: bool = False,
     hold_lost: bool = False,
     hold_placed: bool = False,
+    hold_grace: bool = False,
 ) -> tuple[Snapshot, Views]:
     """Pure: the snapshot of the write-side `state`, made with what the last call handed on
     (`kept`; None: nothing), and what to hand the next call (`Views`).
@@ -231,7 +241,9 @@ def snapshot_kept(
     them free, passes False: `CycleDecided.stopping_held`); with `hold_lost` those of the runs
     a `node lost` ended while their processes may live too (s50: `CycleDecided.lost_held`);
     with `hold_placed` those stopped while placed, whose launch may run unheard (s52:
-    `CycleDecided.placed_held`).
+    `CycleDecided.placed_held`). `hold_grace` (`CycleDecided.grace_held`, every cycle since
+    s63): a job is `too_long` by its limit, its grace and a minute; else (a replay of an older
+    record) by its limit in whole minutes only.
     """
     low = low_util_since or {}
     held = stopping_gpus(state, hold_lost, hold_placed) if hold_stopping else {}
@@ -275,7 +287,7 @@ def snapshot_kept(
     live = list(map(jobs.__getitem__, sorted(state.active)))
     # a dependency not met, an array at its limit: not placed yet (a stopping job counts)
     waiting = blocked(state, live, hold_stopping, hold_lost, hold_placed)
-    longest = (longest_s, state.grace_s)  # a job's grace counts (atk62b G2)
+    longest = (longest_s, state.grace_s if hold_grace else None)  # its grace counts (s63)
     settings = (unobserved, from_start, longest)
     seen = dict(zip(map(id, live), live, strict=True)) if len(live) >= KEEP_FROM else None
     token = object()  # names this call's pending views (`PendingDelta`)
@@ -323,7 +335,7 @@ def _jobs_walked(
     low: Mapping[int, float],
     unobserved: frozenset[str],
     from_start: bool,
-    longest: tuple[float | None, float],
+    longest: tuple[float | None, float | None],
 ) -> tuple[_Pending, _Running]:
     """Pure: the views of every live job (`snapshot_kept`), each the last call's again where
     its record and inputs are the same: pending (not held, not `waiting`, not too long) and
@@ -416,7 +428,7 @@ def _jobs_kept(
     low: Mapping[int, float],
     unobserved: frozenset[str],
     from_start: bool,
-    longest: tuple[float | None, float],
+    longest: tuple[float | None, float | None],
 ) -> tuple[_Pending, _Running, list[int]]:
     """Pure: `_jobs_walked`'s answer, worked out from the last call's (same settings): a
     record is frozen (a change is a new one), so only the records that came or went since

@@ -442,6 +442,7 @@ class Replayer:
             hold_placed=recorded.placed_held,  # and runs stopped while placed (s52)
             from_start=on_slurm(self.state),  # as its cycle counted (atk62b G3)
             longest_s=self.state.max_time_s,  # the MaxTime its cycle decided with (atk62b G3)
+            hold_grace=recorded.grace_held,  # and its rule (s63)
         )
         ranked = registry.ranked(config)
         return snapshot, policy, rank_digest(ranks, level_fs) if ranked else None

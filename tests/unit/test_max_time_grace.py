@@ -15,18 +15,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from ledger.core.jobs import grace_refused, over_max_time, taken_limit
 from ledger.core.state import State
 from ledger.cycle.dispatcher import Dispatcher
 from ledger.cycle.inputs import snapshot_from_state
+from ledger.dispatch import decide
 from ledger.dispatch.policy import Fifo
+from ledger.history.replay import replay_decisions
 from ledger.reads.explain import taken_words
 from ledger.reads.preview import TOO_LONG, too_long_waits
 from ledger.store.application import Ledger
 from ledger.store.clock import SimClock
+from ledger.store.embedded import EmbeddedSource
+from schemas import codec
+from schemas import events as e
 from schemas.errors import InvalidCommand
+from schemas.policy import FifoConfig
 from tests.unit.test_replay_slurm_exact import Slurm, _on_slurm, _replayed
 from tests.unit.test_service_grace import Recording
 from tests.unit.test_slurm_no_limit import _max_time
@@ -94,8 +101,8 @@ def test_max_time_lowered_after_submit_holds_the_job_and_says_what_it_needs(
     (job,) = w.submit()
     assert job.time_limit_s == 90
     _max_time(w, 120, grace_s=30)
-    assert job.job_id not in {p.job_id for p in snapshot_from_state(w.state, {}, w.now,
-                                                                     longest_s=120.0).pending}  # fmt: skip  # noqa: E501
+    snap = snapshot_from_state(w.state, {}, w.now, longest_s=120.0, hold_grace=True)
+    assert job.job_id not in {p.job_id for p in snap.pending}
     blocked = too_long_waits(w.state, 120.0)[job.job_id]
     assert blocked.code == TOO_LONG
     assert blocked.reason == (
@@ -127,3 +134,45 @@ def test_a_cycle_holds_a_job_max_time_no_longer_fits_and_its_replay_does_too(
     d.cycle(clock.now())
     assert where(org_ledger, held) != ()
     assert _replayed(home) == []
+
+
+def test_a_record_made_before_the_grace_rule_replays_by_the_old_one(
+    org_ledger: Ledger, clock: SimClock, home: Path
+) -> None:
+    """The rule is recorded (`CycleDecided.grace_held`): a decision recorded before s63 (over
+    MaxTime in whole minutes only) replays byte for byte, and one recorded now by the new;
+    read by the other rule, each differs."""
+    _on_slurm(org_ledger, 180)  # the service's grace 5 s
+    old = submit(org_ledger, 1, time_limit_s=60, grace_s=60)  # 180 s: fits
+    _on_slurm(org_ledger, 120)  # lowered: 1m fits the old rule only
+    tick(clock)
+    now = clock.now()
+    snap = snapshot_from_state(org_ledger.state, {}, now, longest_s=120.0, hold_stopping=True,
+                               hold_lost=True, hold_placed=True)  # fmt: skip
+    cmd = decide(snap, Fifo(), now).to_command(
+        "@dispatcher",
+        "c-old",
+        decided_at=now,
+        policy=FifoConfig(),
+        stopping_held=True,
+        lost_held=True,
+        placed_held=True,
+    )  # fmt: skip  (as a cycle before s63 decided)
+    org_ledger.execute(cmd)
+    assert where(org_ledger, old) != ()
+    _on_slurm(org_ledger, 180)
+    new = submit(org_ledger, 1, time_limit_s=60, grace_s=60)
+    fits = submit(org_ledger, 1, time_limit_s=30)
+    _on_slurm(org_ledger, 120)
+    d = Dispatcher(org_ledger, NoRanks(), Fifo(), Slurm(120.0))  # type: ignore[arg-type]
+    tick(clock)
+    d.cycle(clock.now())
+    assert where(org_ledger, new) == () and where(org_ledger, fits) != ()
+    assert _replayed(home) == []
+    with EmbeddedSource(home) as source:
+        decisions = [(r.position, ev) for r in source.read(0, 10_000)
+                     if isinstance(ev := codec.decode(r.data), e.CycleDecided)]  # fmt: skip
+        assert [ev.grace_held for _, ev in decisions] == [False, True]
+        flipped = [(p, msgspec.structs.replace(ev, grace_held=not ev.grace_held))
+                   for p, ev in decisions]  # fmt: skip
+        assert not any(r.identical for r in replay_decisions(source, flipped))

@@ -30,7 +30,7 @@ NO_STORE: Any = object()
 
 def _reads(state: State, longest_s: float | None) -> tuple[Any, Any, Any, Any]:
     policy = build("fairshare")
-    snap = snapshot_from_state(state, {}, T0, longest_s=longest_s)
+    snap = snapshot_from_state(state, {}, T0, longest_s=longest_s, hold_grace=True)
     decision = dispatch(snap, policy, T0)
     held = previews.held_back(state, snap, policy, longest_s)
     return policy, (snap, decision), held, types.SimpleNamespace(state=state)

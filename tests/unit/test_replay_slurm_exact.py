@@ -104,7 +104,7 @@ def test_a_cycle_decides_with_the_max_time_it_recorded_first_and_replays_identic
     d.cycle(clock.now())
     assert where(org_ledger, over) == () and where(org_ledger, fits) != ()
     engine.longest_s = 120.0  # MaxTime lowered to 2m, read by this cycle
-    lowered = submit(org_ledger, 1, time_limit_s=150)  # three minutes in Slurm
+    lowered = submit(org_ledger, 1, time_limit_s=90)  # 90 s, its grace (5 s) and a minute
     small = submit(org_ledger, 1, time_limit_s=30)
     tick(clock)
     d.cycle(clock.now())
