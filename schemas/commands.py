@@ -290,6 +290,9 @@ class DecisionBody(msgspec.Struct, frozen=True, kw_only=True):
     placed_held: bool = False
     """It also held the runs stopped while `placed` whose end was not recorded
     (`CycleDecided.placed_held`)."""
+    grace_held: bool = False
+    """It left out the jobs whose limit, grace and a minute MaxTime does not hold
+    (`CycleDecided.grace_held`)."""
 
 
 class ApplyDecision(Command, frozen=True, kw_only=True, tag="decision.apply"):

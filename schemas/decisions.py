@@ -212,3 +212,7 @@ class CycleDecided(_Decided, frozen=True, kw_only=True, tag="cycle.decided.v4"):
     `placed` on node agents, whose launch may have run unheard (`StoppedRun.placed`, s52,
     atk51-23 F3). False in the records written before, whose snapshot counted them free (no
     such run was kept then)."""
+    grace_held: bool = False
+    """It left out the pending jobs whose time limit, grace and a minute are over the MaxTime
+    recorded at its position (`jobs.over_max_time`, s63: atk62b G2). False in the records
+    written before, which left out only those over it in Slurm's whole minutes."""

@@ -294,6 +294,10 @@ def _submit(state: State, cmd: c.SubmitJob, s: _Stamp) -> list[e.AnyEvent]:
     if limit is None and state.max_time_s is not None:  # Slurm's rule: the partition's limit
         taken_from = state.max_time_s
         limit = jobs.taken_limit(taken_from, job_grace(cmd.grace_s, state.grace_s))
+    elif limit is not None and state.max_time_s is not None:  # its grace fits too (atk62b G1)
+        refused = jobs.grace_refused(limit, job_grace(cmd.grace_s, state.grace_s), state.max_time_s)
+        if refused is not None:
+            raise refused
     if limit is not None:  # no protection past the limit
         min_runtime = min(min_runtime, limit)
     debug = (

@@ -19,6 +19,7 @@ ended within that time; one that ended before is refused, as Slurm refuses a pur
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import re
 from collections import deque
@@ -93,6 +94,61 @@ def taken_limit(max_time_s: int, grace_s: float) -> int:
         + "give it a time limit with -t (within MaxTime)",
         max_time_s=max_time_s,
     )
+
+
+def needs_s(time_limit_s: float, grace_s: float) -> float:
+    """Pure: the longest time a run of this limit and grace may take before Slurm's TIMEOUT must
+    not come: its limit, its grace (SIGTERM to SIGKILL) and a minute (`TAKEN_MARGIN_S`: Slurm
+    checks time limits about every 30 s)."""
+    return time_limit_s + grace_s + TAKEN_MARGIN_S
+
+
+def over_max_time(time_limit_s: float | None, grace_s: float, max_time_s: float | None) -> bool:
+    """Pure: a job of this limit and grace is not placed under this MaxTime (None: no limit;
+    it waits `PARTITION_TIME_LIMIT`): Slurm would never start it (its limit over MaxTime, in
+    Slurm's whole minutes), or would start it and its TIMEOUT would come before the ledger's
+    SIGKILL (limit + grace + a minute over MaxTime: atk62b G2, a MaxTime lowered after the
+    submit; the run outlived MaxTime), or it has no limit at all (Slurm would stop it at MaxTime,
+    a limit nobody asked for: atk61-slurm F3). Decided from the log (`State.max_time_s`), in a
+    cycle and its replay alike. The same rule as at submit (`taken_limit`, `grace_refused`)."""
+    if max_time_s is None:
+        return False
+    return time_limit_s is None or needs_s(time_limit_s, grace_s) > max_time_s
+
+
+def grace_refused(time_limit_s: int, grace_s: float, max_time_s: int) -> InvalidCommand | None:
+    """Pure: why a job asking its own time limit is refused at submit (nothing recorded; None:
+    it is not) under the recorded MaxTime: Slurm would start it (its limit within MaxTime, in
+    whole minutes) but its TIMEOUT would come before the ledger's SIGKILL (limit + grace + a
+    minute over MaxTime: atk62b G1, `-t 1 --grace 120s` on MaxTime=2 ran 152 s). The hint
+    names the longest grace and the longest limit that fit. A limit over MaxTime itself is not
+    refused: it waits until an admin raises MaxTime, as Slurm's `PartitionTimeLimit` does."""
+    if (
+        math.ceil(time_limit_s / 60) * 60 > max_time_s
+        or needs_s(time_limit_s, grace_s) <= max_time_s
+    ):
+        return None
+    grace_fits = int(max_time_s - time_limit_s - TAKEN_MARGIN_S)
+    limit_fits = int(max_time_s - grace_s - TAKEN_MARGIN_S)
+    hints = [f"ask --grace of at most {format_duration(grace_fits)}"] if grace_fits >= 0 else []
+    hints += [f"a -t of at most {format_duration(limit_fits)}"] if limit_fits >= 1 else []
+    limit, grace = format_duration(time_limit_s), format_duration(grace_s)
+    return InvalidCommand(
+        f"its time limit ({limit}), its grace ({grace}) and a minute do not fit in the "
+        f"partition's MaxTime ({format_duration(max_time_s)}): Slurm's TIMEOUT would come "
+        "before the ledger's SIGKILL",
+        hint=", or ".join(hints) if hints else together(max_time_s),
+        max_time_s=max_time_s,
+        time_limit_s=time_limit_s,
+    )
+
+
+def together(max_time_s: int) -> str:
+    """Pure: the hint of a limit and a grace neither of which alone can be cut to fit."""
+    room = int(max_time_s - TAKEN_MARGIN_S)
+    if room < 1:
+        return "MaxTime holds no limit, grace and a minute: ask an admin for a longer MaxTime"
+    return f"ask a -t and a --grace of at most {format_duration(room)} together"
 
 
 def unlimited_refused(max_time_s: int) -> InvalidCommand:

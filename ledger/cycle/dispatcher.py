@@ -34,7 +34,7 @@ from ledger.cycle.executor import (
     launch_of,
 )
 from ledger.cycle.inputs import Views, snapshot_kept
-from ledger.cycle.record import EXECUTOR, Recorded, record
+from ledger.cycle.record import EXECUTOR, Recorded, record, record_longest
 from ledger.dispatch.decision import Carry, Decision
 from ledger.dispatch.engine import decide_carried
 from ledger.dispatch.policy import Policy
@@ -265,9 +265,20 @@ def preview_carried(
         hold_stopping=True,  # as a cycle does
         hold_lost=True,
         hold_placed=True,
+        hold_grace=True,
     )
     decision, carry = decide_carried(snapshot, policy, now, carry)
     return snapshot, decision, (views, carry)
+
+
+def decided_longest(state: State, seen_s: float | None) -> float | None:
+    """Pure: the longest time limit a cycle decides with (a pending job over it is not placed):
+    the one the log records (`State.max_time_s`, recorded before the cycle decides:
+    `record_longest`), as replay reads it, so the same log gives the same decision (atk62b G3:
+    a cycle held a job over the MaxTime its engine read, the replay, which read none, placed
+    it); the engine's own (`seen_s`) only on a log with no service settings recorded (a test,
+    a tool), which replays with none."""
+    return seen_s if state.service is None else state.max_time_s
 
 
 @dataclass(frozen=True)
@@ -487,7 +498,9 @@ class Dispatcher:
         self.engine_note = seen.engine_note
         self.foreign = seen.foreign
         self.stopping = seen.stopping
-        self.longest_s = seen.longest_s
+        # the MaxTime it decides with is the one recorded, recorded first (atk62b G3: replay)
+        record_longest(self.ledger, seen.longest_s, log)
+        self.longest_s = decided_longest(self.ledger.state, seen.longest_s)
         finished = recorded.finished
         # 1. snapshot at position P
         position = self.ledger.catch_up()
@@ -508,12 +521,13 @@ class Dispatcher:
             unobserved=seen.unobserved,
             # Slurm may hold a placement before it starts it: contracts count from its start
             from_start=self.executor.engine == "slurm",
-            longest_s=seen.longest_s,
+            longest_s=self.longest_s,
             # a stopped run's GPUs are busy until its end is recorded (atk47-23 F8), a `node
             # lost`'s run's too (s50); the record says so (`stopping_held`, `lost_held`), for replay
             hold_stopping=True,
             hold_lost=True,
             hold_placed=True,  # and a run stopped while placed, its launch unheard (s52)
+            hold_grace=True,  # and a job MaxTime cannot hold with its grace (s63)
         )
         # 2. decide (pure)
         decision, self._carry = decide_carried(snapshot, self.policy, now, self._carry)
@@ -539,6 +553,7 @@ class Dispatcher:
                 stopping_held=True,
                 lost_held=True,
                 placed_held=True,
+                grace_held=True,
             )
             self.ledger.execute(command)
             self._skipped, self._recorded_at = 0, now

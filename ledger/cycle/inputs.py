@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from operator import itemgetter
 
-from ledger.core.jobs import blocked
+from ledger.core.jobs import blocked, over_max_time
 from ledger.core.state import NODE_LOST, Job, Node, State
 from ledger.dispatch.snapshot import (
     KeptRanks,
@@ -22,6 +22,7 @@ from ledger.dispatch.snapshot import (
     Snapshot,
     complete_ranks_kept,
 )
+from schemas.bounds import job_grace
 from schemas.events import GpuSlot
 
 
@@ -90,13 +91,28 @@ last call: below it, walking every live job is cheaper (docs/simulation.md, "Spe
 round")."""
 
 
-def too_long(time_limit_s: float | None, longest_s: float | None) -> bool:
-    """Pure: the engine would never start a run of this time limit (counted, as Slurm counts
-    it, in whole minutes rounded up: `slurm_minutes`), nor run one with none (None) unlimited:
-    Slurm would stop it at its partition's MaxTime, a limit nobody asked for (atk61-slurm F3)."""
+def too_long(time_limit_s: float | None, grace_s: float | None, longest_s: float | None) -> bool:
+    """Pure: a pending job of this time limit and grace is not placed under the engine's
+    longest (`longest_s`, Slurm's MaxTime as recorded; `jobs.over_max_time`): Slurm would never
+    start it (over MaxTime in whole minutes), or its TIMEOUT would come before the ledger's
+    SIGKILL (limit + grace + a minute over MaxTime: atk62b G2), or it has no limit (Slurm
+    would stop it at MaxTime, a limit nobody asked for: atk61-slurm F3). `grace_s` None: the
+    rule before s63 (a decision recorded without `grace_held`), over MaxTime in whole minutes."""
+    if grace_s is None:
+        if longest_s is None:
+            return False
+        return time_limit_s is None or slurm_minutes(time_limit_s) * 60.0 > longest_s
+    return over_max_time(time_limit_s, grace_s, longest_s)
+
+
+def _too_long(job: Job, grace_s: float | None, longest_s: float | None) -> bool:
+    """Pure: `too_long` of a job, with its own grace or the service's (`grace_s`; None: the
+    rule before s63)."""
     if longest_s is None:
         return False
-    return time_limit_s is None or slurm_minutes(time_limit_s) * 60.0 > longest_s
+    spec = job.spec
+    grace = None if grace_s is None else job_grace(spec.grace_s, grace_s)
+    return too_long(spec.time_limit_s, grace, longest_s)
 
 
 def slurm_minutes(time_limit_s: float) -> int:
@@ -121,6 +137,7 @@ def snapshot_from_state(
     hold_stopping: bool = False,
     hold_lost: bool = False,
     hold_placed: bool = False,
+    hold_grace: bool = False,
 ) -> Snapshot:
     """Pure: the snapshot of the write-side `state` (tests, simulation, replay): the one of
     `snapshot_kept` built from nothing kept."""
@@ -141,6 +158,7 @@ def snapshot_from_state(
         hold_stopping=hold_stopping,
         hold_lost=hold_lost,
         hold_placed=hold_placed,
+        hold_grace=hold_grace,
     )[0]
 
 
@@ -170,7 +188,8 @@ class Views:
     waiting: frozenset[int] = frozenset()
     """The pending jobs `blocked` held back."""
     settings: tuple[object, ...] = ()
-    """What else a job's view reads (`unobserved`, `from_start`, `longest_s`): the next call
+    """What else a job's view reads (`unobserved`, `from_start`, `longest_s` with the service's
+    grace): the next call
     walks every live job when they differ."""
     low: dict[int, float] | None = None
     """The `low_util_since` it read (a copy)."""
@@ -196,6 +215,7 @@ def snapshot_kept(
     hold_stopping: bool = False,
     hold_lost: bool = False,
     hold_placed: bool = False,
+    hold_grace: bool = False,
 ) -> tuple[Snapshot, Views]:
     """Pure: the snapshot of the write-side `state`, made with what the last call handed on
     (`kept`; None: nothing), and what to hand the next call (`Views`).
@@ -212,15 +232,18 @@ def snapshot_kept(
     GPU and their runs are no victims: nothing is decided about what cannot be seen.
     `from_start` (an engine that may hold a placement before it starts it: Slurm): a run's
     contract, time limit and work count from the engine's real start, and a placement not yet
-    started has its whole contract ahead. A pending job whose time limit (in Slurm's whole
-    minutes) is over `longest_s` (the engine's partition MaxTime) is not pending in the
-    snapshot: the engine would never start it, so nothing is placed or preempted for it.
+    started has its whole contract ahead. A pending job `too_long` for `longest_s` (the
+    engine's partition MaxTime, as the log records it: its limit, its grace and a minute over
+    it) is not pending in the snapshot: the engine would never start it, or its TIMEOUT would
+    come before the ledger's SIGKILL, so nothing is placed or preempted for it.
     `hold_stopping`: the GPUs of stopped runs in their grace (`stopping_gpus`) are not free
     either (every cycle since atk47-23 F8; a replay of an older record, whose cycle counted
     them free, passes False: `CycleDecided.stopping_held`); with `hold_lost` those of the runs
     a `node lost` ended while their processes may live too (s50: `CycleDecided.lost_held`);
     with `hold_placed` those stopped while placed, whose launch may run unheard (s52:
-    `CycleDecided.placed_held`).
+    `CycleDecided.placed_held`). `hold_grace` (`CycleDecided.grace_held`, every cycle since
+    s63): a job is `too_long` by its limit, its grace and a minute; else (a replay of an older
+    record) by its limit in whole minutes only.
     """
     low = low_util_since or {}
     held = stopping_gpus(state, hold_lost, hold_placed) if hold_stopping else {}
@@ -264,19 +287,20 @@ def snapshot_kept(
     live = list(map(jobs.__getitem__, sorted(state.active)))
     # a dependency not met, an array at its limit: not placed yet (a stopping job counts)
     waiting = blocked(state, live, hold_stopping, hold_lost, hold_placed)
-    settings = (unobserved, from_start, longest_s)
+    longest = (longest_s, state.grace_s if hold_grace else None)  # its grace counts (s63)
+    settings = (unobserved, from_start, longest)
     seen = dict(zip(map(id, live), live, strict=True)) if len(live) >= KEEP_FROM else None
     token = object()  # names this call's pending views (`PendingDelta`)
     delta: PendingDelta | None = None
     if seen is not None and last.live is not None and last.settings == settings:
         kept_pending, kept_running, touched = _jobs_kept(
-            state, last, seen, waiting, now, low, unobserved, from_start, longest_s
+            state, last, seen, waiting, now, low, unobserved, from_start, longest
         )
         if last.token is not None:
             delta = _delta(last, kept_pending, touched, token)
     else:
         kept_pending, kept_running = _jobs_walked(
-            live, last, waiting, now, low, unobserved, from_start, longest_s
+            live, last, waiting, now, low, unobserved, from_start, longest
         )
     pending = tuple(map(_VIEW_OF_PENDING, map(kept_pending.__getitem__, sorted(kept_pending))))
     running = tuple(map(_VIEW_OF_RUNNING, map(kept_running.__getitem__, sorted(kept_running))))
@@ -311,7 +335,7 @@ def _jobs_walked(
     low: Mapping[int, float],
     unobserved: frozenset[str],
     from_start: bool,
-    longest_s: float | None,
+    longest: tuple[float | None, float | None],
 ) -> tuple[_Pending, _Running]:
     """Pure: the views of every live job (`snapshot_kept`), each the last call's again where
     its record and inputs are the same: pending (not held, not `waiting`, not too long) and
@@ -326,9 +350,7 @@ def _jobs_walked(
                 continue
             spec = job.spec
             job_id = spec.job_id
-            if job_id in waiting or (
-                longest_s is not None and too_long(spec.time_limit_s, longest_s)
-            ):
+            if job_id in waiting or _too_long(job, longest[1], longest[0]):
                 continue
             known = made_pending.get(job_id)
             wait = known[1] if known is not None and known[0] is job else pending_view(job)
@@ -406,7 +428,7 @@ def _jobs_kept(
     low: Mapping[int, float],
     unobserved: frozenset[str],
     from_start: bool,
-    longest_s: float | None,
+    longest: tuple[float | None, float | None],
 ) -> tuple[_Pending, _Running, list[int]]:
     """Pure: `_jobs_walked`'s answer, worked out from the last call's (same settings): a
     record is frozen (a change is a new one), so only the records that came or went since
@@ -451,7 +473,7 @@ def _jobs_kept(
         status = job.status
         if status == "pending":
             job_id = job.spec.job_id
-            if job.held or job_id in waiting or too_long(job.spec.time_limit_s, longest_s):
+            if job.held or job_id in waiting or _too_long(job, longest[1], longest[0]):
                 continue
             known = last.pending.get(job_id)
             wait = known[1] if known is not None and known[0] is job else pending_view(job)

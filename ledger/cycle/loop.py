@@ -28,7 +28,7 @@ from ledger.core.runas import RunAs
 from ledger.cycle.dispatcher import CycleResult, Dispatcher, ProjectionRanks
 from ledger.cycle.executor import Executor, Observed
 from ledger.cycle.lifecycle import lifecycle_lines
-from ledger.cycle.record import record
+from ledger.cycle.record import SERVICE, max_time_s, record
 from ledger.dispatch import registry
 from ledger.dispatch.decision import Decision
 from ledger.dispatch.policy import Policy
@@ -39,13 +39,9 @@ from projections.source import EventSource
 from projections.store import Store
 from schemas import commands as c
 from schemas.errors import EngineAway, LedgerError
-from schemas.units import format_duration
 
 if TYPE_CHECKING:
     from ledger.store.relay_service import RelayService
-
-
-SERVICE = "@service"
 
 
 @dataclass
@@ -276,7 +272,6 @@ class ServiceLoop:
                 idle = Decision(based_on=position, policy_version=self.policy.version)
                 return CycleResult(position, idle, appended=False)
             result = self.dispatcher.cycle(now)
-            record_longest(self.ledger, self.dispatcher.longest_s, self.log)
             self._log_lifecycles()
             self.stats.last_error = None
         except LedgerError as err:
@@ -463,35 +458,6 @@ def record_settings(
     )
     grace = "" if grace_s is None else f", grace {grace_s}s"
     log.info("recorded settings: %s every %gs, executor %s%s", config, interval_s, executor, grace)
-
-
-def max_time_s(longest_s: float | None) -> int | None:
-    """Pure: an engine's longest time limit as `ServiceConfigured.max_time_s` records it (whole
-    seconds, at least 1; None: no limit)."""
-    return None if longest_s is None else max(1, int(longest_s))
-
-
-def record_longest(ledger: Ledger, longest_s: float | None, log: logging.Logger) -> None:
-    """Append `service.configured` with the engine's longest time limit (Slurm's partition
-    MaxTime, as a cycle observed it) when it is not the one last recorded, the other settings
-    as recorded: a job submitted without a time limit takes its limit from the recorded one
-    (`JobSubmitted.max_time_s`), so the same log gives every job the same limit. Nothing while
-    no settings are recorded (`record_settings` records it with them)."""
-    now, longest = ledger.state.service, max_time_s(longest_s)
-    if now is None or now.max_time_s == longest:
-        return
-    ledger.execute(
-        c.ConfigureService(
-            actor=SERVICE,
-            policy=now.policy,
-            interval_s=now.interval_s,
-            executor=now.executor,
-            grace_s=now.grace_s,
-            max_time_s=longest,
-        )
-    )
-    shown = "UNLIMITED" if longest is None else format_duration(longest)
-    log.info("recorded the engine's longest time limit (MaxTime): %s", shown)
 
 
 MIN_WAIT_S = 0.05

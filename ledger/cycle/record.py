@@ -30,6 +30,7 @@ from ledger.core.runs import settle_commands
 from ledger.cycle.executor import Exit, NodeChange, Observed, Reaping, Sample, Start
 from schemas import commands as c
 from schemas.errors import InvalidTransition, LedgerError, UnknownEntity
+from schemas.units import format_duration
 
 if TYPE_CHECKING:
     from ledger.core.state import Job, State
@@ -38,6 +39,9 @@ log = logging.getLogger("gpuledger.dispatcher")
 
 EXECUTOR = "@executor"
 """The actor of everything an engine reports."""
+
+SERVICE = "@service"
+"""The actor of the settings the service records (`service.configured`)."""
 
 
 class Recorder(Protocol):
@@ -366,3 +370,35 @@ def _record_batch(ledger: Recorder, batch: list[c.AnyCommand]) -> None:
                 ledger.execute(cmd)
             except LedgerError as err:
                 log.info("report not recorded: %s", err.line())
+
+
+def max_time_s(longest_s: float | None) -> int | None:
+    """Pure: an engine's longest time limit as `ServiceConfigured.max_time_s` records it (whole
+    seconds, at least 1; None: no limit)."""
+    return None if longest_s is None else max(1, int(longest_s))
+
+
+def record_longest(ledger: Recorder, longest_s: float | None, logger: logging.Logger) -> None:
+    """Append `service.configured` with the engine's longest time limit (Slurm's partition
+    MaxTime, as a cycle observed it) when it is not the one last recorded, the other settings
+    as recorded. Every cycle does it before it decides, and decides with the one recorded
+    (`Dispatcher._cycle`): a job submitted without a time limit takes its limit from it
+    (`JobSubmitted.max_time_s`) and a job over it is not placed, so the same log gives every
+    job the same limit and every replay the same decision (atk62b G3: a cycle decided with a
+    MaxTime read again at a take-back, recorded only after it). Nothing while no settings
+    are recorded (`record_settings` records it with them)."""
+    now, longest = ledger.state.service, max_time_s(longest_s)
+    if now is None or now.max_time_s == longest:
+        return
+    ledger.execute(
+        c.ConfigureService(
+            actor=SERVICE,
+            policy=now.policy,
+            interval_s=now.interval_s,
+            executor=now.executor,
+            grace_s=now.grace_s,
+            max_time_s=longest,
+        )
+    )
+    shown = "UNLIMITED" if longest is None else format_duration(longest)
+    logger.info("recorded the engine's longest time limit (MaxTime): %s", shown)

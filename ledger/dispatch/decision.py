@@ -87,10 +87,12 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
         stopping_held: bool = False,
         lost_held: bool = False,
         placed_held: bool = False,
+        grace_held: bool = False,
     ) -> ApplyDecision:
         """The command that applies this decision, expecting the log still at `based_on`. The
         record it makes keeps the inputs (`policy`, its settings; `ranks`; `decided_at`; how its
-        snapshot counted stopping GPUs, `stopping_held`, `lost_held`, `placed_held`) and, of the
+        snapshot counted stopping GPUs, `stopping_held`, `lost_held`, `placed_held`; its MaxTime
+        rule, `grace_held`) and, of the
         considered jobs, only the compact summary (`summary`)."""
         body = DecisionBody(
             cycle_id=cycle_id,
@@ -108,6 +110,7 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
             stopping_held=stopping_held,
             lost_held=lost_held,
             placed_held=placed_held,
+            grace_held=grace_held,
         )
         return ApplyDecision(actor=actor, expected_position=self.based_on, decision=body)
 

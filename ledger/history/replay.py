@@ -42,7 +42,7 @@ from ledger.core.evolve import evolve
 from ledger.core.state import State
 from ledger.core.utilisation import DEFAULT_SQUAT_UTIL_PCT, UtilTracker
 from ledger.cycle.inputs import Views, snapshot_kept
-from ledger.cycle.loop import SERVICE
+from ledger.cycle.record import SERVICE
 from ledger.dispatch import registry
 from ledger.dispatch.decision import Carry
 from ledger.dispatch.engine import decide_carried
@@ -440,6 +440,9 @@ class Replayer:
             hold_stopping=recorded.stopping_held,  # as its cycle counted stopping GPUs
             hold_lost=recorded.lost_held,  # and a `node lost`'s runs (s50)
             hold_placed=recorded.placed_held,  # and runs stopped while placed (s52)
+            from_start=on_slurm(self.state),  # as its cycle counted (atk62b G3)
+            longest_s=self.state.max_time_s,  # the MaxTime its cycle decided with (atk62b G3)
+            hold_grace=recorded.grace_held,  # and its rule (s63)
         )
         ranked = registry.ranked(config)
         return snapshot, policy, rank_digest(ranks, level_fs) if ranked else None
@@ -487,6 +490,15 @@ class Replayer:
             return Outcome()
         records = self.source.read(position, following_events(recorded))
         return outcome_of(recorded, (codec.decode(r.data) for r in records))
+
+
+def on_slurm(state: State) -> bool:
+    """Pure: whether the service that decided ran on Slurm (its recorded executor), whose cycles
+    count a run's contract and time limit from Slurm's start (`snapshot_kept`'s `from_start`,
+    `Dispatcher._cycle`): a replay counting them from the placement gave another `wake_at`
+    (atk62b G3: recorded 1796637635.0, Slurm's whole-second start plus the limit; replayed
+    1796637634.64, the placement's)."""
+    return state.service is not None and state.service.executor == "slurm"
 
 
 # --- edge: which decisions ----------------------------------------------------------------------

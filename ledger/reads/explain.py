@@ -437,14 +437,17 @@ def explain_history(
 
 def taken_words(ev: e.JobSubmitted) -> str:
     """Pure: ", with no time limit of its own: ..." for a job whose limit was taken from the
-    partition's MaxTime (`JobSubmitted.max_time_s`); "" otherwise."""
+    partition's MaxTime (`JobSubmitted.max_time_s`); "" otherwise. True of a MaxTime lowered
+    since (atk62b G2: it said "before Slurm's TIMEOUT" of a run placed under a MaxTime that no
+    longer held its grace): such a job waits (`jobs.over_max_time`)."""
     if ev.max_time_s is None or ev.time_limit_s is None:
         return ""
     limit, longest = limit_words(ev.time_limit_s), limit_words(ev.max_time_s)
     return (
         f", with no time limit of its own: its limit is {limit}, the partition's MaxTime "
         f"({longest}) less its grace and a minute (Slurm gives a job without --time its "
-        "partition's limit; the ledger stops it there itself, before Slurm's TIMEOUT)"
+        "partition's limit; the ledger stops it there itself, and places it only while MaxTime "
+        "holds that limit, its grace and a minute, so Slurm's TIMEOUT never comes first)"
     )
 
 

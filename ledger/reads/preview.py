@@ -25,6 +25,7 @@ from ledger.reads.keyparts import key_parts as key_parts
 from ledger.reads.layer import utilisation
 from ledger.reads.stopping import kill_words, stopping_note
 from schemas import views as v
+from schemas.bounds import job_grace
 from schemas.errors import InvalidCommand, UnknownEntity
 from schemas.units import format_duration, shorten, when
 
@@ -97,13 +98,15 @@ under a MaxTime it had seen)."""
 
 
 def too_long_waits(state: State, longest_s: float | None) -> dict[int, Blocked]:
-    """Pure: the pending (not held) jobs whose time limit, in Slurm's whole minutes, is over
-    `longest_s` (the engine's longest: Slurm's partition `MaxTime`, as the service last read
-    it; None: no limit), by job id, with why. The dispatcher leaves them out of its snapshot
-    (`ledger.cycle.inputs.too_long`): they are never placed, nor room made for them, until the
-    limit is raised, so no start is estimated (atk60-slurm F4: `queue` said `NEXT_CYCLE` with a
-    start 25 s ahead, `explain` "placed in the next cycle", for as long as it waited)."""
-    from ledger.core.jobs import Blocked
+    """Pure: the pending (not held) jobs `too_long` for `longest_s` (the engine's longest:
+    Slurm's partition `MaxTime`, as the service last recorded it; None: no limit), by job id,
+    with why: a time limit over it, in Slurm's whole minutes, or a limit, grace and minute that
+    do not fit in it (atk62b G2: a MaxTime lowered after the submit). The dispatcher leaves them
+    out of its snapshot (`ledger.cycle.inputs.too_long`): they are never placed, nor room made
+    for them, until the limit is raised, so no start is estimated (atk60-slurm F4: `queue` said
+    `NEXT_CYCLE` with a start 25 s ahead, `explain` "placed in the next cycle", for as long as
+    it waited)."""
+    from ledger.core.jobs import Blocked, needs_s
     from ledger.cycle.inputs import slurm_minutes, too_long
 
     if longest_s is None:
@@ -112,7 +115,8 @@ def too_long_waits(state: State, longest_s: float | None) -> dict[int, Blocked]:
     for job_id in sorted(state.active):
         job = state.jobs[job_id]
         limit = job.spec.time_limit_s
-        if job.status != "pending" or job.held or not too_long(limit, longest_s):
+        grace = job_grace(job.spec.grace_s, state.grace_s)
+        if job.status != "pending" or job.held or not too_long(limit, grace, longest_s):
             continue
         if limit is None:  # Slurm would stop it at MaxTime (atk61-slurm F3)
             out[job_id] = Blocked(TOO_LONG, NO_LIMIT.format(format_duration(longest_s)))
@@ -122,11 +126,19 @@ def too_long_waits(state: State, longest_s: float | None) -> dict[int, Blocked]:
         taken = job.spec.max_time_s
         was = "" if taken is None else f", taken from its MaxTime of {format_duration(taken)}"
         again = "" if taken is None else " (or it is submitted again: it takes today's MaxTime)"
+        longest = format_duration(longest_s)
+        if minutes * 60 > longest_s:
+            why = (f"its time limit ({format_duration(limit)}{counted}{was}) is over the "
+                   f"partition's MaxTime ({longest}): Slurm would never start it "
+                   "(PartitionTimeLimit)")  # fmt: skip
+        else:  # Slurm would start it, and stop it before the ledger's SIGKILL (atk62b G2)
+            needs = format_duration(needs_s(limit, grace))
+            why = (f"its time limit ({format_duration(limit)}{was}), its grace "
+                   f"({format_duration(grace)}) and a minute need {needs}; the partition's "
+                   f"MaxTime is {longest}: Slurm's TIMEOUT would come before the ledger's "
+                   "SIGKILL")  # fmt: skip
         out[job_id] = Blocked(
-            TOO_LONG,
-            f"its time limit ({format_duration(limit)}{counted}{was}) is over the partition's "
-            f"MaxTime ({format_duration(longest_s)}): Slurm would never start it "
-            f"(PartitionTimeLimit), so it is not placed until an admin raises MaxTime{again}",
+            TOO_LONG, f"{why}, so it is not placed until an admin raises MaxTime{again}"
         )
     return out
 

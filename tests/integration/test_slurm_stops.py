@@ -486,3 +486,5 @@ def test_a_job_without_a_limit_runs_on_a_partition_with_a_max_time_and_stops_at_
     row = ledger.jobs()[1]
     assert row["finish_reason"] == "time_limit" and row["time_limit_s"] == 55, row
     assert abs(row["finished_at"] - last) <= 2.0, (row, last)  # the ledger's stop: no TIMEOUT
+    ledger.stop()  # atk62b G3: the log of a run stopped at its limit replays byte for byte
+    assert "0 differ, 0 cannot" in ledger.cli("replay", "--all", "--exact")

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 
 import pytest
 
 from tests.integration import test_slurm as base
-from tests.integration.test_slurm import SHOW, Ledger, status
+from tests.integration.test_slurm import GPULEDGER, SHOW, Ledger, status
 
 cluster, slurm, ledger = base.cluster, base.slurm, base.ledger  # the Slurm suite's fixtures
 RESERVATION = "gpuledger-atk61"
@@ -144,7 +145,8 @@ def test_a_run_slurm_holds_partitionconfig_under_a_max_time_lowered_unread_waits
         c.run("scontrol", "update", f"PartitionName={part}", "MaxTime=3")
         ledger.wait("MaxTime read", lambda: f"partition {part}: MaxTime=3" in ledger.service_log())
         c.run("scontrol", "update", f"PartitionName={part}", "MaxTime=1")  # read within 5 s
-        ledger.submit("alice", 1, SHOW + "echo ran >> runs-1", "-t", "2")
+        # -t 1: its limit, the 2 s grace and a minute fit in the 3m read (-t 2 is refused)
+        ledger.submit("alice", 1, SHOW + "echo ran >> runs-1", "-t", "1")
         ledger.wait("its take-back", lambda: bool(ledger.of("job.unplaced.v1", 1)), timeout=60)
         (row,) = json.loads(ledger.cli("queue", "--json"))
         assert (row["job_id"], row["code"]) == (1, "PARTITION_TIME_LIMIT"), row
@@ -157,3 +159,48 @@ def test_a_run_slurm_holds_partitionconfig_under_a_max_time_lowered_unread_waits
     assert re.search(r"\((PartitionConfig|PartitionTimeLimit)\)", unplaced["reason"]), unplaced
     assert _ran_once(ledger)["placements"] == 2
     ledger.stop()
+    # atk62b G3: its cycles decided with the MaxTime read again, recorded before them
+    assert "0 differ, 0 cannot" in ledger.cli("replay", "--all", "--exact")
+
+
+def test_a_grace_max_time_cannot_hold_is_refused_or_waits_and_the_log_replays_exactly(
+    ledger: Ledger,
+) -> None:
+    """atk62b G1: `-t 1 --grace 120s` on MaxTime=2 was accepted; Slurm's TIMEOUT came before
+    the ledger's SIGKILL and the run outlived MaxTime. Now refused in one line, nothing
+    recorded (`-t 2` under the service's 2 s grace here). G2: a limit taken from MaxTime=3
+    (118 s), then MaxTime=2: the job was placed (`--time=2`), Slurm's TIMEOUT first again. Now
+    it waits `PARTITION_TIME_LIMIT`, saying what it needs, and runs once MaxTime holds it. G3:
+    the log replays exactly (`replay --all --exact` exits 0)."""
+    c = ledger.cluster
+    part = f"PartitionName={c.partition}"
+    ledger.up()
+    try:
+        c.run("scontrol", "update", part, "MaxTime=3")
+        ledger.wait("MaxTime recorded", lambda: "(MaxTime): 3m" in ledger.service_log())
+        before = len(ledger.events())
+        refused = subprocess.run(
+            [GPULEDGER, "submit", "-A", "ai2/olmo", "-G", "1", "-t", "2", "--", "true"],
+            env=ledger.env("alice"), capture_output=True, text=True, timeout=120,
+            cwd=ledger.work,
+        )  # fmt: skip
+        assert refused.returncode != 0 and len(refused.stderr.strip().splitlines()) == 1, refused
+        assert "(ask --grace of at most 0s, or a -t of at most 118s)" in refused.stderr, refused
+        assert len(ledger.events()) == before  # nothing recorded
+        ledger.submit("alice", 1, "sleep 8", "-t", "1")  # job 1: fits (60 + 2 + 60 <= 180)
+        ledger.submit("alice", 1, SHOW + "echo ran >> runs-2", "-d", "afterany:1")  # 118 s
+        assert ledger.jobs()[2]["time_limit_s"] == 180 - 2 - 60
+        c.run("scontrol", "update", part, "MaxTime=2")
+        ledger.wait("MaxTime=2 recorded", lambda: "(MaxTime): 2m" in ledger.service_log())
+        ledger.wait("job 1 finished", lambda: status(ledger, 1) == "finished", timeout=90)
+        time.sleep(3)  # many cycles: it is not placed
+        row = {r["job_id"]: r for r in json.loads(ledger.cli("queue", "--json"))}[2]
+        assert row["code"] == "PARTITION_TIME_LIMIT", row
+        assert "its grace (2s) and a minute need 3m; the partition's MaxTime is 2m" in row["reason"]
+        assert status(ledger, 2) == "pending" and not ledger.of("job.placed.v1", 2)
+    finally:
+        c.run("scontrol", "update", part, "MaxTime=INFINITE")
+    ledger.wait("job 2 finished", lambda: status(ledger, 2) == "finished", timeout=90)
+    assert ledger.jobs()[2]["outcome"] == "completed", ledger.jobs()[2]
+    ledger.stop()
+    assert "0 differ, 0 cannot" in ledger.cli("replay", "--all", "--exact")

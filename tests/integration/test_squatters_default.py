@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from ledger.cli import cli
 from ledger.cycle.dispatcher import Dispatcher, ProjectionRanks
-from ledger.cycle.loop import SERVICE
+from ledger.cycle.record import SERVICE
 from ledger.dispatch import registry
 from ledger.sim.kernel import KernelExecutor
 from ledger.store.application import Ledger

@@ -55,11 +55,14 @@ def test_a_job_over_the_engines_longest_time_limit_is_not_pending_for_the_dispat
     org_state: State, counter_ids: Callable[[], str]
 ) -> None:
     """F6: Slurm never starts a job over its partition's MaxTime: nothing is placed or
-    preempted for it (counted in Slurm's whole minutes, rounded up)."""
+    preempted for it (counted in Slurm's whole minutes, rounded up), nor for one whose limit,
+    grace (30 s) and a minute do not fit in it (atk62b G2: Slurm's TIMEOUT would come first)."""
     s = org_state
-    for limit in (7200, 61, 60):
+    for limit in (7200, 121, 90, 60):
         _run(s, counter_ids, c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1,
                                          time_limit_s=limit), T0)  # fmt: skip
-    pending = {p.job_id for p in snapshot_from_state(s, {}, T0, longest_s=60.0).pending}
-    assert pending == {3}  # 61 s is two minutes in Slurm
-    assert {p.job_id for p in snapshot_from_state(s, {}, T0).pending} == {1, 2, 3}
+    pending = {
+        p.job_id for p in snapshot_from_state(s, {}, T0, longest_s=180.0, hold_grace=True).pending
+    }
+    assert pending == {3, 4}  # 121 s is three minutes in Slurm, but 121 + 30 + 60 > 180
+    assert {p.job_id for p in snapshot_from_state(s, {}, T0).pending} == {1, 2, 3, 4}

@@ -21,23 +21,24 @@ from schemas import views as v
 from tests.conftest import T0
 from tests.unit.test_fence import _run
 
-MAX_TIME_S = 60.0
-"""The partition's MaxTime: one minute (`scontrol update PartitionName=P MaxTime=1`)."""
+MAX_TIME_S = 180.0
+"""The partition's MaxTime: three minutes (`scontrol update PartitionName=P MaxTime=3`); a job
+of one minute fits with its 30 s grace and a minute (atk62b G2: not one of MaxTime's length)."""
 NO_STORE: Any = object()
 """The projection, never read: the preview is given."""
 
 
 def _reads(state: State, longest_s: float | None) -> tuple[Any, Any, Any, Any]:
     policy = build("fairshare")
-    snap = snapshot_from_state(state, {}, T0, longest_s=longest_s)
+    snap = snapshot_from_state(state, {}, T0, longest_s=longest_s, hold_grace=True)
     decision = dispatch(snap, policy, T0)
     held = previews.held_back(state, snap, policy, longest_s)
     return policy, (snap, decision), held, types.SimpleNamespace(state=state)
 
 
 def _submitted(state: State, ids: Callable[[], str]) -> None:
-    """Job 1 of 5 minutes (`-t 5`), job 2 of 90 s (two of Slurm's minutes), job 3 of one."""
-    for limit in (300, 90, 60):
+    """Job 1 of 10 minutes (`-t 10`), job 2 of 181 s (four of Slurm's minutes), job 3 of one."""
+    for limit in (600, 181, 60):
         _run(state, ids, c.SubmitJob(actor="alice", account="ai2/olmo", gpus=1,
                                      time_limit_s=limit), T0)  # fmt: skip
 
@@ -56,8 +57,8 @@ def test_a_job_over_the_partitions_max_time_has_a_code_of_its_own_and_no_estimat
     for job in (1, 2):
         assert rows[job].estimated_start_at is None, rows[job]
         assert rows[job].order is None, rows[job]
-    assert "time limit (5m) is over the partition's MaxTime (1m)" in rows[1].reason, rows[1]
-    assert "(90s, 2m in Slurm's whole minutes)" in rows[2].reason, rows[2]
+    assert "time limit (10m) is over the partition's MaxTime (3m)" in rows[1].reason, rows[1]
+    assert "(181s, 4m in Slurm's whole minutes)" in rows[2].reason, rows[2]
     page = previews.queue_page(live, NO_STORE, policy, T0, f, preview=preview, held=held,
                                longest_s=MAX_TIME_S)  # fmt: skip
     assert {r.job_id: r.code for r in page.rows} == {j: r.code for j, r in rows.items()}
@@ -76,8 +77,8 @@ def test_explain_names_the_partitions_max_time_and_the_jobs_limit(
     now = explain_now(live, None, s.jobs[1], policy, T0, preview, MAX_TIME_S)
     assert now.code == "PARTITION_TIME_LIMIT" and now.start is None, now
     assert now.after == (
-        "It may not run yet (the partition's MaxTime): its time limit (5m) is over the "
-        "partition's MaxTime (1m): Slurm would never start it (PartitionTimeLimit), so it is "
+        "It may not run yet (the partition's MaxTime): its time limit (10m) is over the "
+        "partition's MaxTime (3m): Slurm would never start it (PartitionTimeLimit), so it is "
         "not placed until an admin raises MaxTime.",
     ), now
     assert now.lines is None  # its told history, then that line: not "the next cycle"

@@ -23,7 +23,8 @@ from ledger.core.jobs import taken_limit
 from ledger.core.state import State
 from ledger.cycle.executor import Launch
 from ledger.cycle.inputs import snapshot_from_state, too_long
-from ledger.cycle.loop import record_longest, record_settings
+from ledger.cycle.loop import record_settings
+from ledger.cycle.record import record_longest
 from ledger.dispatch.policy import FairShare
 from ledger.engines.slurm.words import SbatchUser, backstop_minutes, sbatch_args
 from ledger.reads import layer
@@ -98,7 +99,7 @@ def test_a_max_time_that_cannot_hold_30s_its_grace_and_a_minute_refuses_and_reco
     assert f"its grace ({format_duration(grace)}) and a minute" in str(refused.value)
     assert hint in (refused.value.hint or ""), refused.value.hint
     assert len(w.log) == before
-    (own,) = w.submit(grace_s=grace, time_limit_s=60)  # a limit of its own is its own
+    (own,) = w.submit(grace_s=grace, time_limit_s=max_time + 60)  # its own: waits for MaxTime
     assert own.max_time_s is None
 
 
@@ -140,7 +141,7 @@ def test_a_job_without_a_limit_takes_the_recorded_max_time_as_slurm_does(w: Reco
     (graced,) = w.submit(grace_s=120)  # its own grace is left before MaxTime
     assert graced.time_limit_s == DAYS_2 - 180
     # it is placed: not over MaxTime (before: PARTITION_TIME_LIMIT for good)
-    assert not too_long(job.time_limit_s, DAYS_2) and too_long_waits(w.state, DAYS_2) == {}
+    assert not too_long(job.time_limit_s, 30.0, DAYS_2) and too_long_waits(w.state, DAYS_2) == {}
     pending = {p.job_id for p in snapshot_from_state(w.state, {}, w.now, longest_s=DAYS_2).pending}
     assert {job.job_id, own.job_id, graced.job_id} <= pending
 
@@ -173,7 +174,7 @@ def test_no_max_time_recorded_no_limit_as_before(w: Recording) -> None:
     # atk62-slurm F3: true of a job an older version kept waiting under a MaxTime it had seen
     assert "no MaxTime was recorded" in blocked.reason and "before a version" in blocked.reason
     assert "had no MaxTime)" not in blocked.reason and "cancelled and submitted" in blocked.reason
-    assert too_long(None, 60.0) and not too_long(None, None)
+    assert too_long(None, 0.0, 60.0) and not too_long(None, 0.0, None)
 
 
 def test_max_time_lowered_while_it_waits_keeps_its_limit_and_says_where_it_came_from(
