@@ -116,3 +116,18 @@ def test_a_process_that_moved_into_its_owners_other_job_is_killed_there(tmp_path
         "gpuledger-epilog: job 42: of them, in its owner's other jobs' cgroups (this job's id in"
         f" their environment): {moved.pid} ",
     ]
+
+
+def test_a_bound_run_out_before_the_first_round_still_kills_once(tmp_path: Path) -> None:
+    """A unit run at load: the bound counted in whole seconds could run out before the first
+    round (started at x.99 s), and the epilog gave up with the job's process alive. A bound of 0
+    is the same case made certain: one round of kills, then it gives up."""
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        _group(tmp_path, "freezer/slurm/uid_7/job_42/step_batch", victim.pid)
+        done = _run(tmp_path, "42", GPULEDGER_EPILOG_BOUND="0")
+        assert victim.wait(timeout=5) == -9
+    finally:
+        victim.kill()
+    assert done.returncode == 0
+    assert f"still in its cgroups after 0 s, left alive: {victim.pid}" in done.stderr
