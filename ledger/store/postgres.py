@@ -41,7 +41,7 @@ from psycopg.sql import SQL, Identifier, Literal
 from psycopg_pool import ConnectionPool
 from psycopg_pool.base import AttemptWithBackoff
 
-from ledger.store import pgdeadline
+from ledger.store import pgarrays, pgdeadline
 from ledger.store.appended import LogBehind
 from ledger.store.lease import NOT_COMMITTING, SCHEMA_LOCK, SYNC_WAIT
 from ledger.store.pgread import (
@@ -237,11 +237,11 @@ class LedgerPostgresRecorder(_Bounded, PostgresApplicationRecorder):
         def heard(diag: Any) -> None:  # read in the callback: psycopg empties it after (the
             notices.append(str(diag.message_primary or ""))  # warning went unseen: atk51-ha F1)
 
-        params: list[Any] = [
-            [se.originator_id for se in stored_events],
-            [se.originator_version for se in stored_events],
-            [se.topic for se in stored_events],
-            [se.state for se in stored_events],
+        params: list[Any] = [  # packed here: psycopg's dumping of lists was most of the cost
+            pgarrays.uuids([se.originator_id for se in stored_events]),
+            pgarrays.int8s([se.originator_version for se in stored_events]),
+            pgarrays.texts([se.topic for se in stored_events]),
+            pgarrays.byteas([se.state for se in stored_events]),
             builds_on[0],
             builds_on[0],
             builds_on[1],
