@@ -135,9 +135,36 @@ class LedgerAggregateRecorder(_Bounded, PostgresAggregateRecorder):
     a snapshot's insert too (eventsourcing's ten tries of 3 s each held a stop ~32 s while the
     store was down: atk49 F2)."""
 
+    def __init__(self, datastore: PostgresDatastore, *, events_table_name: str = EVENTS_TABLE):
+        super().__init__(datastore, events_table_name=events_table_name)
+        self.packed_insert_sql = (
+            SQL(
+                "INSERT INTO {schema}.{table} (originator_id, originator_version, topic, state) "
+                "SELECT * FROM unnest(%b::uuid[], %b::int8[], %b::text[], %b::bytea[])"
+            ).format(
+                schema=Identifier(self.datastore.schema), table=Identifier(self.events_table_name)
+            )
+        ).as_bytes()
+
     def insert_events(self, stored_events: Sequence[StoredEvent], **kwargs: Any) -> Any:
         fn = PostgresAggregateRecorder.insert_events.__wrapped__
         return self._bounded(fn, stored_events, **kwargs)
+
+    def _insert_stored_events(
+        self, curs: Any, stored_events: Sequence[StoredEvent], **_: Any
+    ) -> None:
+        """The rows as eventsourcing's insert writes them, their states sent in binary: its
+        composite type's array is dumped as text, a snapshot's megabytes escaped in Python
+        (~90 ms of CPU and ~0.4 s of the worker thread for 3 MB at load ~10, 2026-12-07)."""
+        curs.execute(
+            self.packed_insert_sql,
+            [
+                pgarrays.uuids([se.originator_id for se in stored_events]),
+                pgarrays.int8s([se.originator_version for se in stored_events]),
+                pgarrays.texts([se.topic for se in stored_events]),
+                pgarrays.byteas([se.state for se in stored_events]),
+            ],
+        )
 
 
 class LedgerPostgresRecorder(_Bounded, PostgresApplicationRecorder):
