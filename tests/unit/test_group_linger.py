@@ -1,0 +1,76 @@
+"""A group that waited while the last group commit ran takes the writes of the clients that
+commit answered, when they come within as long as that commit took (`Worker._linger`, at most
+`LINGER_S`): one commit for both. Under bench_pg the 8 clients split in two cohorts that took
+turns, a commit (the store's flush) for each half: groups of 4.5 on average, 8 after."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from ledger.server.worker import LINGER_S, Worker, _Task
+from schemas.commands import HoldJob
+
+COMMIT_S = 0.02
+
+
+def writes(n: int) -> list[_Task]:
+    return [_Task(None, None, command=HoldJob(actor="alice", job_id=1)) for _ in range(n)]
+
+
+def worker(groups: list[int]) -> Worker:
+    w = Worker(service=SimpleNamespace(ledger=SimpleNamespace(position=0)))  # type: ignore[arg-type]
+
+    def execute_each(tasks: list[_Task]) -> list[tuple[_Task, Any]]:
+        groups.append(len(tasks))
+        time.sleep(COMMIT_S)
+        return [(t, None) for t in tasks]
+
+    w._execute_each = execute_each  # type: ignore[method-assign, assignment]
+    w._publish_after_writes = lambda: None  # type: ignore[method-assign]
+    return w
+
+
+def test_the_waiting_group_takes_the_answered_writers_next_writes() -> None:
+    groups: list[int] = []
+    w = worker(groups)
+    w._queue.put(writes(5))  # gathered while the commit of 3 ran
+    w._handle(writes(3))
+    later = threading.Timer(0.002, w._queue.put, [writes(3)])  # the 3 answered send again
+    later.start()
+    first = w._queue.get()
+    assert isinstance(first, list)
+    group = w._linger(first)
+    later.join()
+    assert len(group) == 8  # one commit of 8, not 5 and then 3
+    w._handle(group)
+    assert groups == [3, 8]
+
+
+def test_it_waits_no_longer_than_the_commit_took_nor_for_a_lone_writer() -> None:
+    groups: list[int] = []
+    w = worker(groups)
+    w._queue.put(writes(5))
+    w._handle(writes(3))
+    began = time.monotonic()
+    group = w._linger(w._queue.get())  # type: ignore[arg-type]
+    assert len(group) == 5
+    assert time.monotonic() - began < min(LINGER_S, COMMIT_S) + 0.05
+    w._handle(group)  # nothing waited meanwhile: the next group waits for nobody
+    assert w._cohort == 0
+    w._queue.put(writes(1))
+    began = time.monotonic()
+    assert len(w._linger(w._queue.get())) == 1  # type: ignore[arg-type]
+    assert time.monotonic() - began < 0.002
+
+
+def test_a_read_or_a_stop_coming_meanwhile_is_its_turns() -> None:
+    w = worker([])
+    w._queue.put(writes(5))
+    w._handle(writes(3))
+    w._queue.put(None)  # told to stop
+    group = w._linger(w._queue.get())  # type: ignore[arg-type]
+    assert len(group) == 5
+    assert w._held == [None]
