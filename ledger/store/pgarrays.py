@@ -2,12 +2,12 @@
 
 psycopg dumps a Python list by looking at its elements for their type (`ListBinaryDumper`:
 `get_key`, `upgrade`, a dumper per element) at every execute, since every statement gets a new
-transformer: for the four arrays of a group commit of 8 events ~45 us each at load ~38, most of the worker
-thread's cost of the statement's parameters under bench_pg (2026-12-07). The types here are
-fixed (uuid, int8, text, bytea, no NULLs), so the bytes are written directly: a `Packed` value
-is given to psycopg as is, with its array type's oid (`PackedDumper`). The bytes are psycopg's own
-(`tests/unit/test_pgarrays.py` compares them). Importing this module registers the dumpers
-in psycopg's global adapters, which every connection made afterwards copies.
+transformer: for the four arrays of a group commit of 8 events ~45 us each at load ~38, most of the
+worker thread's cost of the statement's parameters under bench_pg (2026-12-07). The types here are
+fixed (uuid, int8, text, bytea, no NULLs), so the bytes are written directly: a `Packed` value is
+given to psycopg as is, with its array type's oid (`PackedDumper`). The bytes are psycopg's own
+(`tests/unit/test_pgarrays.py` compares them). Importing this module registers the dumpers in
+psycopg's global adapters, which every connection made afterwards copies.
 """
 
 from __future__ import annotations
