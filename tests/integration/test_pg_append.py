@@ -373,3 +373,40 @@ def test_a_follower_whose_log_was_replaced_past_its_position_reads_it_back(
     assert follower.rewound == 1
     for one in (led, follower, writer):
         one.close()
+
+
+def test_an_idle_connection_goes_back_to_the_pool_at_once_one_in_a_transaction_on_its_thread(
+    tmp_path: Path, pg_store: str
+) -> None:
+    """An append gives its connection back to the pool in its own thread (it is idle: no work
+    to do), not through the pool's worker thread (a wake-up and a thread switch per append);
+    the time it came back is noted (the ping after a second idle). One given back in a
+    transaction is still rolled back on the pool's thread."""
+    from ledger.store import postgres
+
+    led = base(tmp_path / "a", pg_store)
+    pool = led.recorder.datastore.pool  # type: ignore[attr-defined]
+    queued: list[str] = []
+    run_task = pool.run_task
+
+    def noted(task: object) -> None:
+        queued.append(type(task).__name__)
+        run_task(task)
+
+    pool.run_task = noted
+    before = time.monotonic()
+    led.execute(submit())
+    assert "ReturnConnection" not in queued
+    assert max(postgres._returned.values()) >= before  # noted when it came back
+    conn = pool.getconn()
+    conn.execute("BEGIN")
+    assert conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+    pool.putconn(conn)
+    assert "ReturnConnection" in queued
+    waits.wait_for(
+        "the connection given back in a transaction rolled back",
+        lambda: conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE,
+        timeout=30,
+    )
+    led.execute(submit())  # the pool lends again
+    led.close()

@@ -210,3 +210,33 @@ def test_restore_from_kafka_rebuilds_the_lost_store_byte_for_byte(
               "--to", pg_store)  # fmt: skip
     assert f"restored {n} events" in out, out
     assert pg_rows(pg_store) == lost
+
+
+def test_a_snapshot_of_megabytes_is_written_in_binary_and_read_back_byte_for_byte(
+    tmp_path: Path, pg_store: str
+) -> None:
+    """A snapshot's state goes to PostgreSQL as bytes, not escaped to text in Python
+    (eventsourcing's composite type: ~90 ms of the worker's CPU for 3 MB, and the store's
+    parsing of the text after it; 8 MB here took ~240 ms before, ~20 ms after)."""
+    import os
+    import time
+
+    from eventsourcing.persistence import StoredEvent
+
+    locate.remember(tmp_path / "home", pg_store)
+    led = NewLedger(tmp_path / "home", store=pg_store)
+    try:
+        assert led.snapshots is not None
+        recorder = led.snapshots.recorder
+        state = os.urandom(8_000_000) + b"\x00\\'\"x"
+        stream = UUID(int=5)
+        began = time.thread_time()
+        recorder.insert_events(
+            [StoredEvent(originator_id=stream, originator_version=1, topic="t", state=state)]
+        )
+        cpu = time.thread_time() - began
+        (got,) = recorder.select_events(stream, desc=True, limit=1)
+        assert (got.originator_version, got.topic, got.state) == (1, "t", state)
+        assert cpu < 0.1, f"{cpu:.3f} s of CPU to write an 8 MB snapshot"
+    finally:
+        led.close()
