@@ -70,6 +70,15 @@ What changes, each a setting of its own so the tables can turn it off:
   head takes back instead the free tier's runs submitted after it on the node where that loses
   least (each on that node alone; never an older run, never funded work) and is placed there
   (`reservation.newer_runs_node`): the free tier oldest first by preemption too.
+- **The time queued so far, every wait counted** (s63-policy, each off): `free_order` "waited"
+  orders the free tier by submit time plus the seconds its earlier runs held GPUs
+  (`RunningJob.ran_s`, `waited_key`): the job that has queued longest goes first, where
+  "oldest" puts a job that ran for days and was taken back ahead of one that only waited.
+  `free_age_queued`: the age price counts the victim's time queued before its run, not its
+  age since submission. `funded_queued_bound_s` (0, off): a funded run whose job queued that
+  long already is no fairness victim (`spares_waited`): on Philly seed 2 the over-share team's
+  funded jobs over the all-waits p90 line were mostly ones taken back (s60-policy), and
+  `slurm-lab-2` takes none back.
 - **A waiting debug job keeps a node** (`debug_hold`, on): a debug-lane job that cannot be placed
   (nor by preempting what its lane may) gets the cycle's reservation: the node it can have
   soonest, a running job freeing there at its contract's end when the debug job may preempt it,
@@ -97,7 +106,7 @@ from ledger.dispatch.ordering import KeptClasses, Ordered, SortKey
 from ledger.dispatch.preemption import CLASS_RESUMABLE, CLASS_SQUATTING, CLASS_UNFUNDED, Victim
 from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot
 
-FreeOrder = Literal["oldest", "smallest", "team"]
+FreeOrder = Literal["oldest", "smallest", "team", "waited"]
 
 CLASS_KEPT = (CLASS_SQUATTING + CLASS_RESUMABLE) / 2
 """The victim class of a kept run offered to a job that needs it (`takeback_keep_need_s`):
@@ -105,6 +114,13 @@ after every other unfunded run and every squatter, before funded work (a plan of
 may be refused by `weigh`, and before `plans_tried` the planners offered no second plan:
 atk56-26's K16 waited on one), so a plan takes it only when no plan of cheaper victims places
 the job."""
+
+
+def waited_key(job: PendingJob) -> tuple[float, int]:
+    """Pure: `free_order` "waited"'s key: submit time plus the seconds its earlier runs held
+    GPUs (then job id), so the job that has queued longest so far, every wait counted, sorts
+    first (at one time `now`, `now - key` is its time queued)."""
+    return (job.submitted_at + job.ran_s, job.job_id)
 
 
 class FairShare17(FairShare16, frozen=True, kw_only=True):
@@ -130,6 +146,8 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
     plans_tried: int = 1
     free_drain_gpus: int = 0
     free_drain_takes: bool = False
+    free_age_queued: bool = False
+    funded_queued_bound_s: float = 0.0
 
     @property
     def free_oldest(self) -> bool:
@@ -142,15 +160,18 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
         self, snapshot: Snapshot, kept: KeptClasses | None
     ) -> tuple[Sequence[tuple[SortKey, PendingJob]], KeptClasses | None]:
         """`fairshare-7`'s order (kept between cycles as it is) with the free tier as
-        `free_order` says: "smallest" splits its one group by GPUs asked (fewest first), made
-        afresh each cycle."""
-        if self.free_order != "smallest":
+        `free_order` says: "smallest" splits its one group by GPUs asked (fewest first),
+        "waited" sorts it by `waited_key`, both made afresh each cycle."""
+        if self.free_order not in ("smallest", "waited"):
             return self._ordered(snapshot, kept)
         ordered = self._ordered(snapshot, None)[0]
         groups: list[tuple[tuple[int, ...], Sequence[PendingJob]]] = []
         for head, members in ordered.groups:
             if head != FREE_HEAD:
                 groups.append((head, members))
+                continue
+            if self.free_order == "waited":
+                groups.append((head, sorted(members, key=waited_key)))
                 continue
             by: dict[int, list[PendingJob]] = {}
             for j in members:  # in (submit time, job id) order: kept inside each size
@@ -163,8 +184,16 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
         age since submission: the newest arrivals are the cheapest victims)."""
         klass, lost = super().victim_key(job, now)
         if klass == CLASS_UNFUNDED and self.free_age_price > 0:
-            lost += job.gpus * self.free_age_price * max(0.0, now - job.submitted_at)
+            age = job.queued_s if self.free_age_queued else max(0.0, now - job.submitted_at)
+            lost += job.gpus * self.free_age_price * age
         return (klass, lost)
+
+    def spares_waited(self, run: RunningJob) -> bool:
+        """Whether `run`, a funded run, is no fairness victim because its job queued
+        `funded_queued_bound_s` or longer before it, every wait counted (0: none is spared): a
+        takeback would add a requeue wait to a job that has waited that long already."""
+        bound = self.funded_queued_bound_s
+        return bound > 0 and run.min_runtime_s > 0 and run.queued_s >= bound
 
     def taken_back(self, job: RunningJob) -> int:
         """How many times funded non-debug work of another team took `job` back."""
@@ -335,6 +364,8 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
         (unless `keep_lapsed_for` the job or it is one `keep_yields_to`) and
         `takeback_grace_s`'s, as `fairshare-16`."""
         found = FairShare7.victims(self, job, candidates, snapshot, now)
+        if self.funded_queued_bound_s > 0 and not self.lane(job):
+            found = (v for v in found if v.reason != "fairness" or not self.spares_waited(v.job))
         grace = self.takeback_grace_s
         if self.lane(job) or (self.takeback_limit <= 0 and grace <= 0):
             yield from found
