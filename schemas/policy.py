@@ -421,13 +421,35 @@ class FairShare17Config(FairShare16Config, frozen=True, kw_only=True, tag="fairs
     bound over the team's share (a team using k times its share waits k times as long), at most
     `takeback_keep_s` (s60-policy); False: the same bound for every team, what a record without
     the setting was written with."""
-    free_order: Literal["oldest", "smallest", "team"] = "oldest"
+    free_order: Literal["oldest", "smallest", "team", "waited", "user_share", "team_share"] = (
+        "oldest"
+    )
     """"oldest": unfunded jobs go by submit time alone after every funded job (a requeue keeps
     its submit time); "smallest": by GPUs asked (fewest first), then by submit time; "team":
-    `fairshare-7`'s order (team, priority, user, `requeued_last`)."""
+    `fairshare-7`'s order (team, priority, user, `requeued_last`); "waited": by the time queued
+    so far, every wait counted (submit time plus the seconds its runs held GPUs), longest first
+    (s63-policy); "user_share": `slurm-lab-2`'s scavenger order, the user's Fair Tree factor
+    weighted 10,000 against age's 1,000 (age capped at 7 days), then submit time; "team_share":
+    the same with the team's place by its share of the whole tree (s63-policy2)."""
     free_age_price: NonNegative = 1.0
     """An unfunded victim costs, beside the work it loses, its GPUs x this x the seconds since it
     was submitted: funded work takes back the free tier's newest arrivals first (0: off)."""
+    free_age_queued: bool = False
+    """`free_age_price` counts the seconds the victim queued before its run (every wait) instead
+    of the seconds since it was submitted: funded work takes back the free tier's runs that
+    waited least first (s63-policy); False: since submission, what a record without the setting
+    was written with."""
+    funded_queued_bound_s: NonNegative = 0.0
+    """A funded run whose job queued at least this long before it (every wait counted) is no
+    fairness victim: a takeback of a team's funded work is refused once its waits reach this
+    (s63-policy, issue 26: on Philly seed 2 the over-share team's funded jobs above the all-waits
+    p90 line were mostly taken back, one 36 times; `slurm-lab-2` takes none back); 0: no bound,
+    what a record without the setting was written with."""
+    free_victims_by_share: bool = False
+    """An unfunded victim's age price counts, instead of its age, its place in the free tier's
+    order by share (`free_order` "user_share" / "team_share"'s priority read as seconds of age):
+    funded work takes back the heaviest user's (team's) newest run first (s63-policy2); False:
+    by age, what a record without the setting was written with."""
     debug_hold: bool = True
     """A debug-lane job that cannot be placed reserves the node it can have soonest (a job it
     may preempt frees at its contract's end, any other at its declared limit's end, never

@@ -201,6 +201,7 @@ def evolve(state: State, event: e.AnyEvent) -> State:
                 placed_at=None,
                 started_at=None,
                 preemptions=job.preemptions + 1,
+                ran_s=job.ran_s + _held_s(job, event.at),
                 takebacks=_takebacks(state, job, event),
                 engine="",
                 engine_job_id="",
@@ -353,6 +354,11 @@ def _launched_unheard(state: State, job: Job) -> bool:
     before replays as it was decided."""
     service = state.service
     return job.status == "placed" and service is not None and service.executor == "agents"
+
+
+def _held_s(job: Job, at: float) -> float:
+    """Seconds the run a preemption at `at` ends held its GPUs (`Job.ran_s`)."""
+    return max(0.0, at - job.placed_at) if job.placed_at is not None else 0.0
 
 
 def _takebacks(state: State, job: Job, event: e.JobPreempted) -> tuple[tuple[str, float], ...]:

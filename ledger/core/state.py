@@ -70,6 +70,10 @@ class Job(msgspec.Struct, frozen=True, kw_only=True):
     exit_code: int | None = None
     preemptions: int = 0
     """Its runs ended by a preemption (or a requeue, or with their node) so far."""
+    ran_s: float = 0.0
+    """Seconds its runs ended by a preemption held their GPUs (placement to preemption), summed:
+    its time queued so far is the time since submission less this (`fairshare-17`'s
+    `free_order` "waited", s63-policy); 0 in a snapshot made before it was kept."""
     unplaced: int = 0
     """Its runs its engine took back unstarted (`JobUnplaced`): runs, not preemptions."""
     takebacks: tuple[tuple[str, float], ...] = ()

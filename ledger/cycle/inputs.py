@@ -50,6 +50,7 @@ def pending_view(job: Job) -> PendingJob:
         debug=spec.debug,
         time_limit_s=spec.time_limit_s,
         runs=job.preemptions,
+        ran_s=job.ran_s,
     )
 
 
@@ -415,6 +416,7 @@ def _run_view(
             runs=job.preemptions,
             submitted_at=spec.at,
             takebacks=job.takebacks,
+            ran_s=job.ran_s,
         )
     kept[job_id] = (job, inputs, run)
 

@@ -56,7 +56,7 @@ from ledger.dispatch.placement import (
     Shape,
     fragmentation_split,
 )
-from ledger.dispatch.policy import Policy
+from ledger.dispatch.policy import Policy, victim_key_of
 from ledger.dispatch.preemption import (
     Ask,
     Plan,
@@ -451,7 +451,7 @@ class _Cycle:
         key = (tuple(p.key for p in pools), ready)
         ordered = self.ordered.get(key)
         if ordered is None:
-            now, victim_key = self.now, self.policy.victim_key
+            now, victim_key = self.now, victim_key_of(self.policy, self.snapshot)
             seen: dict[int, RunningJob] = {}
             for p in pools:
                 for r in self.in_pool.get((p.key, True), ()):

@@ -70,6 +70,23 @@ What changes, each a setting of its own so the tables can turn it off:
   head takes back instead the free tier's runs submitted after it on the node where that loses
   least (each on that node alone; never an older run, never funded work) and is placed there
   (`reservation.newer_runs_node`): the free tier oldest first by preemption too.
+- **The time queued so far, every wait counted** (s63-policy, each off): `free_order` "waited"
+  orders the free tier by submit time plus the seconds its earlier runs held GPUs
+  (`RunningJob.ran_s`, `waited_key`): the job that has queued longest goes first, where
+  "oldest" puts a job that ran for days and was taken back ahead of one that only waited.
+  `free_age_queued`: the age price counts the victim's time queued before its run, not its
+  age since submission. `funded_queued_bound_s` (0, off): a funded run whose job queued that
+  long already is no fairness victim (`spares_waited`): on Philly seed 2 the over-share team's
+  funded jobs over the all-waits p90 line were mostly ones taken back (s60-policy), and
+  `slurm-lab-2` takes none back.
+- **The free tier by its users' (teams') fair share, as `slurm-lab-2`** (s63-policy2, off):
+  `free_order` "user_share" orders the free tier by `slurm-lab-2`'s scavenger priority, the
+  user leaf's Fair Tree factor weighted 10,000 against age's 1,000 (`share_key`); "team_share"
+  by the team's place by its share of the whole tree instead. On Philly seed 2 the free tier
+  gets the same share under every variant and `slurm-lab-2` (8.0-8.2%): which of its jobs
+  wait sets the all-waits p90. `free_victims_by_share` (False, off): funded work takes back
+  the free tier's runs in the same order read backwards, the heaviest user's (team's) newest
+  run first (`victim_key_in`, `share_age`).
 - **A waiting debug job keeps a node** (`debug_hold`, on): a debug-lane job that cannot be placed
   (nor by preempting what its lane may) gets the cycle's reservation: the node it can have
   soonest, a running job freeing there at its contract's end when the debug job may preempt it,
@@ -85,19 +102,23 @@ What changes, each a setting of its own so the tables can turn it off:
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from typing import Literal
 
 import msgspec
 
-from ledger.dispatch.fairshare2 import FREE_HEAD, team_fs, team_of
+from ledger.dispatch.fairshare2 import FREE_HEAD, team_fs, team_of, team_places
 from ledger.dispatch.fairshare7 import FairShare7, pool_gpus
 from ledger.dispatch.fairshare16 import FairShare16
 from ledger.dispatch.ordering import KeptClasses, Ordered, SortKey
 from ledger.dispatch.preemption import CLASS_RESUMABLE, CLASS_SQUATTING, CLASS_UNFUNDED, Victim
-from ledger.dispatch.snapshot import PendingJob, RunningJob, Snapshot
+from ledger.dispatch.snapshot import UNRANKED, PendingJob, RunningJob, Snapshot
 
-FreeOrder = Literal["oldest", "smallest", "team"]
+FreeOrder = Literal["oldest", "smallest", "team", "waited", "user_share", "team_share"]
+
+SLURM_FS_WEIGHT, SLURM_AGE_WEIGHT, SLURM_MAX_AGE_S = 10_000.0, 1_000.0, 7 * 86_400.0
+"""`slurm-lab-2`'s PriorityWeightFairshare, PriorityWeightAge and PriorityMaxAge
+(`baselines.SlurmMultifactor`): the weights `free_order` "user_share" and "team_share" use."""
 
 CLASS_KEPT = (CLASS_SQUATTING + CLASS_RESUMABLE) / 2
 """The victim class of a kept run offered to a job that needs it (`takeback_keep_need_s`):
@@ -105,6 +126,35 @@ after every other unfunded run and every squatter, before funded work (a plan of
 may be refused by `weigh`, and before `plans_tried` the planners offered no second plan:
 atk56-26's K16 waited on one), so a plan takes it only when no plan of cheaper victims places
 the job."""
+
+
+def waited_key(job: PendingJob) -> tuple[float, int]:
+    """Pure: `free_order` "waited"'s key: submit time plus the seconds its earlier runs held
+    GPUs (then job id), so the job that has queued longest so far, every wait counted, sorts
+    first (at one time `now`, `now - key` is its time queued)."""
+    return (job.submitted_at + job.ran_s, job.job_id)
+
+
+def share_key(job: PendingJob, place: int, places: int, now: float) -> tuple[float, ...]:
+    """Pure: `free_order` "user_share" / "team_share"'s key, `slurm-lab-2`'s scavenger order:
+    the multifactor priority `10,000 * F + 1,000 * A`, highest first (F = (N - place) / N, the
+    fair-share factor of the job's user leaf or team at `place` of N, 0 best; A = its age over
+    7 days, at most 1), then declared priority, submit time and job id. With these weights a
+    user (team) one place in ten ahead goes first whatever the ages, so the free tier's long
+    waits fall on its heaviest users' (teams') jobs, oldest first inside each."""
+    factor = max(0.0, (places - place) / places) if places else 0.0
+    age = min(1.0, max(0.0, now - job.submitted_at) / SLURM_MAX_AGE_S)
+    priority = SLURM_FS_WEIGHT * factor + SLURM_AGE_WEIGHT * age
+    return (-round(priority, 6), -job.priority, job.submitted_at, job.job_id)
+
+
+def share_age(job: RunningJob, place: int, places: int, now: float) -> float:
+    """Pure: `share_key`'s priority of the unfunded run `job` as seconds of age (priority /
+    `SLURM_AGE_WEIGHT` x `SLURM_MAX_AGE_S`: a user ahead by the whole fair-share factor counts
+    ten weeks older): the lower, the sooner funded work takes the run back."""
+    factor = max(0.0, (places - place) / places) if places else 0.0
+    age = min(1.0, max(0.0, now - job.submitted_at) / SLURM_MAX_AGE_S)
+    return SLURM_MAX_AGE_S * (SLURM_FS_WEIGHT / SLURM_AGE_WEIGHT * factor + age)
 
 
 class FairShare17(FairShare16, frozen=True, kw_only=True):
@@ -130,6 +180,9 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
     plans_tried: int = 1
     free_drain_gpus: int = 0
     free_drain_takes: bool = False
+    free_age_queued: bool = False
+    funded_queued_bound_s: float = 0.0
+    free_victims_by_share: bool = False
 
     @property
     def free_oldest(self) -> bool:
@@ -142,9 +195,10 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
         self, snapshot: Snapshot, kept: KeptClasses | None
     ) -> tuple[Sequence[tuple[SortKey, PendingJob]], KeptClasses | None]:
         """`fairshare-7`'s order (kept between cycles as it is) with the free tier as
-        `free_order` says: "smallest" splits its one group by GPUs asked (fewest first), made
-        afresh each cycle."""
-        if self.free_order != "smallest":
+        `free_order` says: "smallest" splits its one group by GPUs asked (fewest first),
+        "waited" sorts it by `waited_key`, "user_share" / "team_share" by `share_key`, each
+        made afresh each cycle."""
+        if self.free_order not in ("smallest", "waited", "user_share", "team_share"):
             return self._ordered(snapshot, kept)
         ordered = self._ordered(snapshot, None)[0]
         groups: list[tuple[tuple[int, ...], Sequence[PendingJob]]] = []
@@ -152,19 +206,74 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
             if head != FREE_HEAD:
                 groups.append((head, members))
                 continue
+            if self.free_order == "waited":
+                groups.append((head, sorted(members, key=waited_key)))
+                continue
+            if self.free_order in ("user_share", "team_share"):
+                groups.append((head, self.by_share(members, snapshot)))
+                continue
             by: dict[int, list[PendingJob]] = {}
             for j in members:  # in (submit time, job id) order: kept inside each size
                 by.setdefault(j.gpus, []).append(j)
             groups += [((*FREE_HEAD, g), by[g]) for g in sorted(by)]
         return Ordered(groups), None
 
+    def share_places(self, snapshot: Snapshot) -> tuple[Callable[[str, str], int], int]:
+        """The place (0 best) of a job's account and user among N, and N, for `share_key`:
+        "user_share" (and any other order) places the user leaf by its Fair Tree rank (then its
+        project's, as `slurm-lab-2`'s factor), "team_share" the team by its share of the whole
+        tree (`team_places`; by the team's rank when unknown)."""
+        ranks = snapshot.ranks
+        users = max(ranks.values()) + 1 if ranks else 0
+        depth = self.team_depth
+        if self.free_order != "team_share":
+            return lambda a, u: ranks.get(f"{a}/{u}", ranks.get(a, UNRANKED)), users
+        places = team_places(snapshot, depth)
+        if places:
+            return lambda a, u: places.get(team_of(a, depth), len(places)), len(places)
+        return lambda a, u: ranks.get(team_of(a, depth), UNRANKED), users
+
+    def by_share(self, members: Sequence[PendingJob], snapshot: Snapshot) -> list[PendingJob]:
+        """The free tier's jobs by `share_key` at the snapshot's time (`share_places`)."""
+        place, places = self.share_places(snapshot)
+        now = snapshot.taken_at
+        return sorted(members, key=lambda j: share_key(j, place(j.account, j.user), places, now))
+
+    def victim_key_in(self, snapshot: Snapshot) -> Callable[[RunningJob, float], tuple[float, ...]]:
+        """The victim key of this snapshot (the engine's candidate order, and the costs
+        `victims` gives): `victim_key`, but with `free_victims_by_share` an unfunded run's age
+        price counts, instead of its age, `share_age`: the free tier's order by share
+        (`share_key`) read back as seconds of age, so funded work takes back the run the free
+        tier's order puts last, the heaviest user's (team's) newest run first."""
+        if not self.free_victims_by_share:
+            return self.victim_key
+        place, places = self.share_places(snapshot)
+        price = self.free_age_price
+        base = super().victim_key
+
+        def key(job: RunningJob, now: float) -> tuple[float, ...]:
+            klass, lost = base(job, now)
+            if klass == CLASS_UNFUNDED and price > 0:
+                lost += job.gpus * price * share_age(job, place(job.account, job.user), places, now)
+            return (klass, lost)
+
+        return key
+
     def victim_key(self, job: RunningJob, now: float) -> tuple[float, ...]:
         """(class, GPU-seconds lost, plus for the free tier its GPUs x `free_age_price` x its
         age since submission: the newest arrivals are the cheapest victims)."""
         klass, lost = super().victim_key(job, now)
         if klass == CLASS_UNFUNDED and self.free_age_price > 0:
-            lost += job.gpus * self.free_age_price * max(0.0, now - job.submitted_at)
+            age = job.queued_s if self.free_age_queued else max(0.0, now - job.submitted_at)
+            lost += job.gpus * self.free_age_price * age
         return (klass, lost)
+
+    def spares_waited(self, run: RunningJob) -> bool:
+        """Whether `run`, a funded run, is no fairness victim because its job queued
+        `funded_queued_bound_s` or longer before it, every wait counted (0: none is spared): a
+        takeback would add a requeue wait to a job that has waited that long already."""
+        bound = self.funded_queued_bound_s
+        return bound > 0 and run.min_runtime_s > 0 and run.queued_s >= bound
 
     def taken_back(self, job: RunningJob) -> int:
         """How many times funded non-debug work of another team took `job` back."""
@@ -335,6 +444,10 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
         (unless `keep_lapsed_for` the job or it is one `keep_yields_to`) and
         `takeback_grace_s`'s, as `fairshare-16`."""
         found = FairShare7.victims(self, job, candidates, snapshot, now)
+        if self.free_victims_by_share:
+            found = self._costed_by_share(found, snapshot, now)
+        if self.funded_queued_bound_s > 0 and not self.lane(job):
+            found = (v for v in found if v.reason != "fairness" or not self.spares_waited(v.job))
         grace = self.takeback_grace_s
         if self.lane(job) or (self.takeback_limit <= 0 and grace <= 0):
             yield from found
@@ -356,6 +469,17 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
             yield v
         if last:
             yield from last
+
+    def _costed_by_share(
+        self, found: Iterable[Victim], snapshot: Snapshot, now: float
+    ) -> Iterator[Victim]:
+        """`found` with each unfunded victim's cost by `victim_key_in` (the candidates come in
+        its order, so the victims stay in cost order)."""
+        key = self.victim_key_in(snapshot)
+        for v in found:
+            if v.cost[0] == CLASS_UNFUNDED:
+                v = msgspec.structs.replace(v, cost=key(v.job, now))
+            yield v
 
     def drains_for(self, job: PendingJob, snapshot: Snapshot) -> bool:
         """Whether `job`, left waiting, drains a node for itself (`free_drain_gpus`, 0: no

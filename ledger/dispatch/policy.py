@@ -12,7 +12,7 @@ order, no preemption). Other baselines (Slurm-like, legacy caps) plug in the sam
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from typing import Protocol
 
 import msgspec
@@ -299,3 +299,13 @@ class Fifo(Simple, msgspec.Struct, frozen=True, kw_only=True):
         self, job: PendingJob, candidates: Iterable[RunningJob], snapshot: Snapshot, now: float
     ) -> Iterator[Victim]:
         return iter(())
+
+
+def victim_key_of(
+    policy: Policy, snapshot: Snapshot
+) -> Callable[[RunningJob, float], tuple[float, ...]]:
+    """The policy's victim key in this snapshot (`decide()`'s candidate order): its
+    `victim_key_in(snapshot)` when it has one (costs that read the snapshot: `fairshare-17`'s
+    `free_victims_by_share`, by the users' fair share), else its `victim_key`."""
+    key_in = getattr(policy, "victim_key_in", None)
+    return key_in(snapshot) if key_in is not None else policy.victim_key

@@ -69,6 +69,14 @@ class RunningJob(msgspec.Struct, frozen=True, kw_only=True):
     takebacks: tuple[tuple[str, float], ...] = ()
     """Its preemptions for funded non-debug jobs: (that job's account, when) (`Job.takebacks`);
     `fairshare-17` counts those of another team's work."""
+    ran_s: float = 0.0
+    """Seconds its earlier runs held GPUs (`Job.ran_s`): it queued `placed_at - submitted_at -
+    ran_s` before this run."""
+
+    @property
+    def queued_s(self) -> float:
+        """Seconds it queued before this run, every wait counted (its runs' held time left out)."""
+        return max(0.0, self.placed_at - self.submitted_at - self.ran_s)
 
     @property
     def funded(self) -> bool:
@@ -109,6 +117,9 @@ class PendingJob(msgspec.Struct, frozen=True, kw_only=True):
     time_limit_s: int | None = None
     runs: int = 0
     """How many times the job was placed and preempted before (0: it never ran)."""
+    ran_s: float = 0.0
+    """Seconds its earlier runs held GPUs (`Job.ran_s`): it has queued `now - submitted_at -
+    ran_s` so far, every wait counted."""
 
     @property
     def funded(self) -> bool:
