@@ -789,6 +789,7 @@ def test_serve_runs_http_submissions_under_slurm_and_a_kill_9_of_it_loses_nothin
     alice = make_token(home, "--user", "alice")
     root = make_token(home, "--user", "root")
     args = ("--executor", "slurm", "--partition", cluster.partition, "--interval", "0.2s")
+    on_cluster = {"SLURM_CONF": cluster.conf}  # this group's cluster, not the default one
 
     def submit(server: Server, gpus: int, script: str) -> int:
         body = {"actor": "", "account": "ai2/olmo", "gpus": gpus,
@@ -814,7 +815,7 @@ def test_serve_runs_http_submissions_under_slurm_and_a_kill_9_of_it_loses_nothin
             assert time.monotonic() < deadline, f"{what}: {server.log_path.read_text()[-3000:]}"
             time.sleep(0.3)
 
-    server = start_server(home, *args)
+    server = start_server(home, *args, env=on_cluster)
     try:
         failing = submit(server, 2, "sleep 1; exit 7")
         long = submit(server, 1, f"until [ -e {flag} ]; do sleep 0.2; done; exit 0")
@@ -842,7 +843,7 @@ def test_serve_runs_http_submissions_under_slurm_and_a_kill_9_of_it_loses_nothin
         # the server dies mid-run: Slurm keeps the job
         server.stop(signal.SIGKILL)
         assert cluster.jobs()[linked[long]]["state"] == "RUNNING"
-        server = start_server(home, *args, log_name="serve2.log")
+        server = start_server(home, *args, log_name="serve2.log", env=on_cluster)
         time.sleep(1.5)  # a few cycles after the restart
         assert jobs(server)[long]["status"] == "running"
         assert cluster.jobs()[linked[long]]["state"] == "RUNNING"
