@@ -66,31 +66,33 @@ a test kills by a pid only while it is still what the test meant (`test_slurm_tr
 `Cluster.running`): pids wrap fast here."""
 
 SLURM_SECONDS: dict[str, float] = {
-    "test_slurm": 905,
-    "test_slurm_command_path": 70,
-    "test_slurm_ctldloss": 200,
-    "test_slurm_epilog": 240,
-    "test_slurm_faults": 311,
-    "test_slurm_foreign_work": 81,
-    "test_slurm_gang": 476,  # (2026-12-06, load 47-59: alone on its cluster and worker)
-    "test_slurm_marks": 40,
-    "test_slurm_nodefail": 561,
-    "test_slurm_nodefail_kill": 330,
-    "test_slurm_opening": 202,
-    "test_slurm_reaping": 30,
-    "test_slurm_records": 162,
-    "test_slurm_stepd": 44,
-    "test_slurm_stops": 460,
-    "test_slurm_stopend": 330,
-    "test_slurm_takeback_doubt": 200,  # (2026-12-07: 110 s of it the DefaultTime job's 100 s)
-    "test_slurm_trees": 230,
-    "test_slurm_unpinned": 84,
-    "test_slurm_world": 662,
+    "test_slurm": 529,
+    "test_slurm_command_path": 39,
+    "test_slurm_ctldloss": 164,
+    "test_slurm_epilog": 227,
+    "test_slurm_faults": 255,
+    "test_slurm_foreign_work": 66,
+    "test_slurm_gang": 814,  # alone on its cluster and worker
+    "test_slurm_marks": 33,
+    "test_slurm_nodefail": 309,
+    "test_slurm_nodefail_kill": 312,
+    "test_slurm_opening": 118,
+    "test_slurm_reaping": 18,
+    "test_slurm_records": 95,
+    "test_slurm_stepd": 42,
+    "test_slurm_stops": 435,
+    "test_slurm_stopend": 182,
+    "test_slurm_takeback_doubt": 189,
+    "test_slurm_trees": 127,
+    "test_slurm_unpinned": 46,
+    "test_slurm_world": 543,
 }
-"""Each Slurm file's seconds, its tests' own times with set-up and tear-down (`--junitxml`), run as
-scripts/test runs them (2026-12-03, load 16-32; docs/benchmarks.md, "The test suite's Slurm
-groups"): the split below balances on them. A Slurm file missing here fails the collection:
-measure it and add it."""
+"""Each Slurm file's seconds, its tests' own times with set-up and tear-down, as scripts/test runs
+them: the split below balances on them. Stop 62's CI (2026-12-07, s63): each Slurm group's own
+seconds (slurm-a 759, slurm-b 1,062, slurm-c 702, slurm-d 1,204, slurm-g 814) shared over its
+files in the proportions measured before (2026-12-03, load 16-32; docs/benchmarks.md, "The test
+suite's Slurm groups"); the split of those measured before left slurm-d 1,204 s and slurm-c 702 s.
+A Slurm file missing here fails the collection: measure it and add it."""
 
 GANG = "slurm-g"
 """The Slurm group of the files that need a cluster of two nodes (gangs, `SLURM_GANG_FILES`), on

@@ -73,7 +73,7 @@ def test_slurm_outages_and_a_down_node_double_book_nothing_and_run_nothing_twice
         return any(w.rstrip("*~#!%$@^-").lower() == "down" for w in out.split())
 
     def node_state() -> str:
-        (n,) = json.loads(ledger.cli("node", "list", "--json"))
+        (n,) = ledger.nodes()
         return str(n["state"])
 
     times: dict[str, float] = {}

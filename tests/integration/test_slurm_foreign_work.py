@@ -44,7 +44,7 @@ def test_foreign_jobs_on_any_partition_configuring_or_completing_hold_their_gpus
         return out.strip()
 
     def node() -> dict[str, Any]:
-        (n,) = json.loads(ledger.cli("node", "list", "--json"))
+        (n,) = ledger.nodes()
         return dict(n)
 
     def until(what: str, pred: Any, timeout: float = 60) -> None:

@@ -19,7 +19,7 @@ cluster, slurm, ledger = base.cluster, base.slurm, base.ledger  # the Slurm suit
 
 
 def _node_state(led: Ledger) -> str:
-    (node,) = json.loads(led.cli("node", "list", "--json"))
+    (node,) = led.nodes()
     return str(node["state"])
 
 

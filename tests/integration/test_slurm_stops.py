@@ -67,7 +67,7 @@ def _any_end(led: Ledger, job: int = 1) -> Callable[[], bool]:
 
 
 def _node(led: Ledger) -> dict[str, Any]:
-    (node,) = json.loads(led.cli("node", "list", "--json"))
+    (node,) = led.nodes()
     return dict(node)
 
 
