@@ -130,14 +130,14 @@ def grace_refused(time_limit_s: int, grace_s: float, max_time_s: int) -> Invalid
         return None
     grace_fits = int(max_time_s - time_limit_s - TAKEN_MARGIN_S)
     limit_fits = int(max_time_s - grace_s - TAKEN_MARGIN_S)
-    hints = [f"ask --grace of at most {format_duration(grace_fits)}"] if grace_fits >= 0 else []
+    hints = [f"--grace of at most {format_duration(grace_fits)}"] if grace_fits >= 0 else []
     hints += [f"a -t of at most {format_duration(limit_fits)}"] if limit_fits >= 1 else []
     limit, grace = format_duration(time_limit_s), format_duration(grace_s)
     return InvalidCommand(
         f"its time limit ({limit}), its grace ({grace}) and a minute do not fit in the "
         f"partition's MaxTime ({format_duration(max_time_s)}): Slurm's TIMEOUT would come "
         "before the ledger's SIGKILL",
-        hint=", or ".join(hints) if hints else together(max_time_s),
+        hint="ask " + ", or ".join(hints) if hints else together(max_time_s),  # atk63 L1
         max_time_s=max_time_s,
         time_limit_s=time_limit_s,
     )

@@ -27,7 +27,7 @@ from ledger.reads.stopping import kill_words, stopping_note
 from schemas import views as v
 from schemas.bounds import job_grace
 from schemas.errors import InvalidCommand, UnknownEntity
-from schemas.units import format_duration, shorten, when
+from schemas.units import format_duration, shorten, span, when
 
 if TYPE_CHECKING:  # a read loads what it uses: the dispatcher only when it previews
     from ledger.core.jobs import Blocked
@@ -106,7 +106,7 @@ def too_long_waits(state: State, longest_s: float | None) -> dict[int, Blocked]:
     for them, until the limit is raised, so no start is estimated (atk60-slurm F4: `queue` said
     `NEXT_CYCLE` with a start 25 s ahead, `explain` "placed in the next cycle", for as long as
     it waited)."""
-    from ledger.core.jobs import Blocked, needs_s
+    from ledger.core.jobs import TAKEN_MARGIN_S, Blocked, needs_s
     from ledger.cycle.inputs import slurm_minutes, too_long
 
     if longest_s is None:
@@ -132,11 +132,19 @@ def too_long_waits(state: State, longest_s: float | None) -> dict[int, Blocked]:
                    f"partition's MaxTime ({longest}): Slurm would never start it "
                    "(PartitionTimeLimit)")  # fmt: skip
         else:  # Slurm would start it, and stop it before the ledger's SIGKILL (atk62b G2)
-            needs = format_duration(needs_s(limit, grace))
+            # in minutes and seconds as MaxTime is said ("need 270s; MaxTime is 3m": atk63 L1)
+            need = int(needs_s(limit, grace))
+            needs = format_duration(need) if need % 60 == 0 or need < 60 else span(need)
+            # the service's grace, which may have changed since the submit (atk63 L2)
+            whose = ", the service's" if job.spec.grace_s is None else ""
             why = (f"its time limit ({format_duration(limit)}{was}), its grace "
-                   f"({format_duration(grace)}) and a minute need {needs}; the partition's "
-                   f"MaxTime is {longest}: Slurm's TIMEOUT would come before the ledger's "
-                   "SIGKILL")  # fmt: skip
+                   f"({format_duration(grace)}{whose}) and a minute need {needs}; the "
+                   f"partition's MaxTime is {longest}: Slurm's TIMEOUT would come before the "
+                   "ledger's SIGKILL")  # fmt: skip
+            fits = int(longest_s - limit - TAKEN_MARGIN_S)
+            if taken is None and fits >= 0:
+                grace_fits = format_duration(fits)
+                again = f" (or it is submitted again with a --grace of at most {grace_fits})"
         out[job_id] = Blocked(
             TOO_LONG, f"{why}, so it is not placed until an admin raises MaxTime{again}"
         )

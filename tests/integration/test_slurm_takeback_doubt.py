@@ -196,7 +196,10 @@ def test_a_grace_max_time_cannot_hold_is_refused_or_waits_and_the_log_replays_ex
         time.sleep(3)  # many cycles: it is not placed
         row = {r["job_id"]: r for r in json.loads(ledger.cli("queue", "--json"))}[2]
         assert row["code"] == "PARTITION_TIME_LIMIT", row
-        assert "its grace (2s) and a minute need 3m; the partition's MaxTime is 2m" in row["reason"]
+        assert (
+            "its grace (2s, the service's) and a minute need 3m; the partition's MaxTime is 2m"
+            in row["reason"]
+        )
         assert status(ledger, 2) == "pending" and not ledger.of("job.placed.v1", 2)
     finally:
         c.run("scontrol", "update", part, "MaxTime=INFINITE")

@@ -106,10 +106,10 @@ def test_max_time_lowered_after_submit_holds_the_job_and_says_what_it_needs(
     blocked = too_long_waits(w.state, 120.0)[job.job_id]
     assert blocked.code == TOO_LONG
     assert blocked.reason == (
-        "its time limit (90s, taken from its MaxTime of 3m), its grace (30s) and a minute "
-        "need 3m; the partition's MaxTime is 2m: Slurm's TIMEOUT would come before the "
-        "ledger's SIGKILL, so it is not placed until an admin raises MaxTime (or it is "
-        "submitted again: it takes today's MaxTime)"
+        "its time limit (90s, taken from its MaxTime of 3m), its grace (30s, the service's) "
+        "and a minute need 3m; the partition's MaxTime is 2m: Slurm's TIMEOUT would come "
+        "before the ledger's SIGKILL, so it is not placed until an admin raises MaxTime (or "
+        "it is submitted again: it takes today's MaxTime)"
     ), blocked.reason
     assert "before Slurm's TIMEOUT)" not in taken_words(job)  # atk62b G2: it ran past it
     _max_time(w, 180, grace_s=30)  # raised back: it fits again
@@ -176,3 +176,18 @@ def test_a_record_made_before_the_grace_rule_replays_by_the_old_one(
         flipped = [(p, msgspec.structs.replace(ev, grace_held=not ev.grace_held))
                    for p, ev in decisions]  # fmt: skip
         assert not any(r.identical for r in replay_decisions(source, flipped))
+
+
+def test_the_words_of_a_grace_that_does_not_fit_say_what_to_ask_in_one_unit(w: Recording) -> None:
+    """atk63 L1: the need was said in seconds beside a MaxTime in minutes ("need 270s; MaxTime is
+    3m"), and a hint naming only `-t` lacked its "ask". L2: a job waiting because the service's
+    grace grew (`up --grace 120s` after its submit) was told only to wait for an admin."""
+    refused = grace_refused(120, 60.0, 170)  # no --grace fits beside -t 2: only a shorter -t
+    assert refused is not None and refused.hint == "ask a -t of at most 50s", refused
+    assert grace_refused(60, 100.0, 200).hint == "ask --grace of at most 80s, or a -t of at most 40s"  # type: ignore[union-attr]  # fmt: skip  # noqa: E501
+    _max_time(w, 180, grace_s=30)
+    (job,) = w.submit(time_limit_s=90)  # fits: 90 + 30 + 60 = 180
+    _max_time(w, 180, grace_s=120)  # the service's grace grew: 90 + 120 + 60 = 270 s
+    reason = too_long_waits(w.state, 180.0)[job.job_id].reason
+    assert "its grace (2m, the service's) and a minute need 4m30s; the partition's MaxTime is 3m" in reason, reason  # fmt: skip  # noqa: E501
+    assert reason.endswith("(or it is submitted again with a --grace of at most 30s)"), reason
