@@ -610,7 +610,7 @@ POLICY_CONFIG_TYPES: tuple[type[PolicyConfig], ...] = (
 )
 
 
-BUILT_WITH: dict[str, dict[str, float | bool]] = {
+BUILT_WITH: dict[str, dict[str, float | bool | str]] = {
     "fairshare-17": {
         "takeback_keep_s": 259_200.0,
         "takeback_keep_share": 0.0625,
@@ -618,6 +618,12 @@ BUILT_WITH: dict[str, dict[str, float | bool]] = {
         "takeback_keep_need_s": 7_200.0,
         "takeback_keep_per_pool": True,
         "plans_tried": 4,
+        # s63-policy3: the free tier by its users' fair share (s63-policy2's UN) with its
+        # oldest gang first (docs/simulation.md, "s63-policy3")
+        "free_order": "user_share",
+        "takeback_keep_need_fs": 1.0,
+        "free_share_large": 0.125,
+        "free_share_large_head": True,
     },
 }
 """Version -> the settings a policy built today gets (`ledger.dispatch.registry.default_config`)

@@ -26,7 +26,12 @@ def _free(job_id: int, gpus: int, account: str, submitted_ago_s: float) -> Pendi
 
 
 def _built(**settings: object) -> object:
-    return msgspec.structs.replace(registry.build("fairshare-17", {}), **settings)  # type: ignore[type-var]
+    """`fairshare-17` built today with the free tier's order as before s63-policy3 (oldest,
+    no share settings), then `settings`."""
+    before = {"free_order": "oldest", "takeback_keep_need_fs": 0.0, "free_share_large": 0.0,
+              "free_share_large_head": False}  # fmt: skip
+    built = registry.build("fairshare-17", {})
+    return msgspec.structs.replace(built, **{**before, **settings})  # type: ignore[type-var]
 
 
 def test_gang_place_is_the_best_for_a_job_of_the_large_share() -> None:
@@ -68,6 +73,7 @@ def test_a_record_without_the_setting_decodes_to_it_off() -> None:
     raw = msgspec.to_builtins(config)
     raw.pop("free_share_large", None)  # a record made before
     raw.pop("free_share_large_head", None)
+    raw.pop("free_order", None)
     old = msgspec.convert(raw, AnyPolicyConfig)
     assert isinstance(old, FairShare17Config) and old.free_share_large == 0.0
     assert old.free_share_large_head is False
