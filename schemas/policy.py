@@ -450,6 +450,17 @@ class FairShare17Config(FairShare16Config, frozen=True, kw_only=True, tag="fairs
     order by share (`free_order` "user_share" / "team_share"'s priority read as seconds of age):
     funded work takes back the heaviest user's (team's) newest run first (s63-policy2); False:
     by age, what a record without the setting was written with."""
+    free_share_large: NonNegative = 0.0
+    """With `free_order` "user_share" / "team_share", an unfunded job asking at least this share
+    of its pool's active GPUs (the large jobs: 0.125) takes the best place's fair-share factor,
+    so the free tier's gangs go by age ahead of its small jobs, as under "oldest" they go by age
+    among them (s63-policy3: on the large-mix corner the large-job wait p90 is the free tier's
+    32- and 64-GPU gangs', and the share order left a heavy user's gang unplaced for 103 h);
+    0: none, what a record without the setting was written with."""
+    free_share_large_head: bool = False
+    """`free_share_large` gives the best place to the free tier's oldest such job alone, not to
+    every one (s63-policy3); False: to every one, what a record without the setting was written
+    with."""
     debug_hold: bool = True
     """A debug-lane job that cannot be placed reserves the node it can have soonest (a job it
     may preempt frees at its contract's end, any other at its declared limit's end, never
@@ -599,7 +610,7 @@ POLICY_CONFIG_TYPES: tuple[type[PolicyConfig], ...] = (
 )
 
 
-BUILT_WITH: dict[str, dict[str, float | bool]] = {
+BUILT_WITH: dict[str, dict[str, float | bool | str]] = {
     "fairshare-17": {
         "takeback_keep_s": 259_200.0,
         "takeback_keep_share": 0.0625,
@@ -607,6 +618,12 @@ BUILT_WITH: dict[str, dict[str, float | bool]] = {
         "takeback_keep_need_s": 7_200.0,
         "takeback_keep_per_pool": True,
         "plans_tried": 4,
+        # s63-policy3: the free tier by its users' fair share (s63-policy2's UN) with its
+        # oldest gang first (docs/simulation.md, "s63-policy3")
+        "free_order": "user_share",
+        "takeback_keep_need_fs": 1.0,
+        "free_share_large": 0.125,
+        "free_share_large_head": True,
     },
 }
 """Version -> the settings a policy built today gets (`ledger.dispatch.registry.default_config`)

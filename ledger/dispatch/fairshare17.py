@@ -86,7 +86,11 @@ What changes, each a setting of its own so the tables can turn it off:
   gets the same share under every variant and `slurm-lab-2` (8.0-8.2%): which of its jobs
   wait sets the all-waits p90. `free_victims_by_share` (False, off): funded work takes back
   the free tier's runs in the same order read backwards, the heaviest user's (team's) newest
-  run first (`victim_key_in`, `share_age`).
+  run first (`victim_key_in`, `share_age`). `free_share_large` (0, off; s63-policy3): a free-tier
+  job asking at least that share of its pool takes the best place (`gang_place`): the tier's
+  gangs go by age ahead of its small jobs (on the large-mix corner the large-job wait p90 is
+  the free tier's gangs', and the share order left one unplaced for 103 h);
+  `free_share_large_head` (False): the tier's oldest such job alone takes it.
 - **A waiting debug job keeps a node** (`debug_hold`, on): a debug-lane job that cannot be placed
   (nor by preempting what its lane may) gets the cycle's reservation: the node it can have
   soonest, a running job freeing there at its contract's end when the debug job may preempt it,
@@ -148,6 +152,13 @@ def share_key(job: PendingJob, place: int, places: int, now: float) -> tuple[flo
     return (-round(priority, 6), -job.priority, job.submitted_at, job.job_id)
 
 
+def gang_place(job: PendingJob, place: int, pool: int, large: float) -> int:
+    """Pure: the place `share_key` reads for `job` (`free_share_large`): 0, the best, when it
+    asks at least `large` of its pool's `pool` GPUs (a gang goes by age ahead of the free
+    tier's small jobs, whoever its user), else its own `place`."""
+    return 0 if large > 0 and pool > 0 and job.gpus >= large * pool else place
+
+
 def share_age(job: RunningJob, place: int, places: int, now: float) -> float:
     """Pure: `share_key`'s priority of the unfunded run `job` as seconds of age (priority /
     `SLURM_AGE_WEIGHT` x `SLURM_MAX_AGE_S`: a user ahead by the whole fair-share factor counts
@@ -183,6 +194,8 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
     free_age_queued: bool = False
     funded_queued_bound_s: float = 0.0
     free_victims_by_share: bool = False
+    free_share_large: float = 0.0
+    free_share_large_head: bool = False
 
     @property
     def free_oldest(self) -> bool:
@@ -234,10 +247,22 @@ class FairShare17(FairShare16, frozen=True, kw_only=True):
         return lambda a, u: ranks.get(team_of(a, depth), UNRANKED), users
 
     def by_share(self, members: Sequence[PendingJob], snapshot: Snapshot) -> list[PendingJob]:
-        """The free tier's jobs by `share_key` at the snapshot's time (`share_places`)."""
+        """The free tier's jobs by `share_key` at the snapshot's time (`share_places`); with
+        `free_share_large` its gangs (`free_share_large_head`: its oldest gang alone) at the
+        best place (`gang_place`)."""
         place, places = self.share_places(snapshot)
         now = snapshot.taken_at
-        return sorted(members, key=lambda j: share_key(j, place(j.account, j.user), places, now))
+        large = self.free_share_large
+        gangs = [j for j in members if gang_place(j, 1, pool_gpus(snapshot, j), large) == 0]
+        if self.free_share_large_head:  # only the free tier's oldest gang
+            gangs = [min(gangs, key=lambda j: (j.submitted_at, j.job_id))] if gangs else []
+        first = {j.job_id for j in gangs}
+
+        def key(j: PendingJob) -> tuple[float, ...]:
+            at = 0 if j.job_id in first else place(j.account, j.user)
+            return share_key(j, at, places, now)
+
+        return sorted(members, key=key)
 
     def victim_key_in(self, snapshot: Snapshot) -> Callable[[RunningJob, float], tuple[float, ...]]:
         """The victim key of this snapshot (the engine's candidate order, and the costs

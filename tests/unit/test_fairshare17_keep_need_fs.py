@@ -31,7 +31,7 @@ def _waited_gang(team_fs: float | None) -> Snapshot:
 
 
 def test_the_need_rule_serves_only_a_team_within_its_share() -> None:
-    built = registry.build("fairshare-17", {})
+    built = registry.build("fairshare-17", {"takeback_keep_need_fs": "0"})  # s63-policy3 sets 1
     floor = msgspec.structs.replace(built, takeback_keep_need_fs=1.0)  # type: ignore[type-var]
     assert preempted(_waited_gang(0.5), built) == [10]  # no floor: every team that waited
     assert preempted(_waited_gang(0.5), floor) == []  # over its share: it waits by fairness
@@ -58,7 +58,7 @@ def _gang_waited(waited_s: float, team_fs: float) -> Snapshot:
 def test_by_share_a_team_over_its_share_waits_the_bound_over_its_share() -> None:
     # `takeback_keep_need_by_share`: the need bound (2 h) over the team's share when under 1,
     # at most the keep's 72 h; a team within its share waits 2 h as before
-    built = registry.build("fairshare-17", {})
+    built = registry.build("fairshare-17", {"takeback_keep_need_fs": "0"})  # s63-policy3 sets 1
     scaled = msgspec.structs.replace(built, takeback_keep_need_by_share=True)  # type: ignore[type-var]
     assert preempted(_gang_waited(3 * H, 0.25), built) == [10]  # 2 h: every team
     assert preempted(_gang_waited(3 * H, 0.25), scaled) == []  # 4x its share: 8 h

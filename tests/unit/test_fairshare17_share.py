@@ -27,7 +27,12 @@ def _free(job_id: int, account: str, submitted_ago_s: float, user: str = "u") ->
 
 
 def _built(**settings: object) -> object:
-    return msgspec.structs.replace(registry.build("fairshare-17", {}), **settings)  # type: ignore[type-var]
+    """`fairshare-17` built today with the free tier's order as before s63-policy3 (oldest,
+    no share settings), then `settings`."""
+    before = {"free_order": "oldest", "takeback_keep_need_fs": 0.0, "free_share_large": 0.0,
+              "free_share_large_head": False}  # fmt: skip
+    built = registry.build("fairshare-17", {})
+    return msgspec.structs.replace(built, **{**before, **settings})  # type: ignore[type-var]
 
 
 def test_user_share_orders_the_free_tier_by_the_users_fair_share_then_age() -> None:
@@ -96,7 +101,8 @@ def test_a_record_without_the_settings_decodes_to_them_off() -> None:
     config = registry.default_config("fairshare-17")
     assert isinstance(config, FairShare17Config)
     raw = msgspec.to_builtins(config)
-    raw.pop("free_victims_by_share", None)  # a record made before
+    for key in ("free_victims_by_share", "free_order"):
+        raw.pop(key, None)  # a record made before
     old = msgspec.convert(raw, AnyPolicyConfig)
     assert isinstance(old, FairShare17Config)
     assert old.free_victims_by_share is False and old.free_order == "oldest"
