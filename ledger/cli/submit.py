@@ -105,6 +105,8 @@ def _sbatch(words: list[str], name: str, number: int) -> list[str]:
     while i < len(words):
         word = words[i]
         option, eq, value = word.partition("=")
+        if option not in SBATCH and word[:2] in SBATCH and not word.startswith("--"):
+            option, eq, value = word[:2], "=", word[2:]  # `-t2`, as sbatch reads it (atk63 L3)
         if option not in SBATCH:
             raise InvalidCommand(
                 f"{name} line {number}: #SBATCH {option} is not an option gpu-ledger understands",

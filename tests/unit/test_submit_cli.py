@@ -438,3 +438,14 @@ def test_the_note_gives_each_left_out_variables_own_reason() -> None:
         "NUL": "a NUL",
     }  # fmt: skip
     assert unsendable_reason("PATH", "/bin") == ""
+
+
+def test_a_short_option_glued_to_its_value_is_read_as_sbatch_reads_it() -> None:
+    """atk63 L3: `#SBATCH -t2` was refused as an option it does not understand; sbatch takes
+    it, as the CLI's own `-t2` is taken."""
+    script = "#!/bin/sh\n#SBATCH -t2 -G4 -Aai2/olmo\n#SBATCH -N2\necho\n"
+    with pytest.raises(InvalidCommand, match="#SBATCH -N2 is not an option"):
+        directives(script, "train.sh")
+    assert directives(script.replace("#SBATCH -N2\n", ""), "train.sh") == [
+        "-t", "2", "-G", "4", "-A", "ai2/olmo",
+    ]  # fmt: skip
