@@ -15,6 +15,7 @@ from ledger.dispatch.fairshare17 import gang_place
 from ledger.dispatch.snapshot import PendingJob
 from schemas.policy import AnyPolicyConfig, FairShare17Config
 from tests.unit.test_dispatch_fairshare2 import NOW, H, node, pend, world
+from tests.unit.test_fairshare17_share import _built
 
 # RANKS (test_dispatch_fairshare2): lab/a/u 0, lab/a/v 1, lab/b/u 2, lab/c/u 3 (N = 4)
 
@@ -23,15 +24,6 @@ def _free(job_id: int, gpus: int, account: str, submitted_ago_s: float) -> Pendi
     return msgspec.structs.replace(
         pend(job_id, gpus, account, funded=False), submitted_at=NOW - submitted_ago_s
     )
-
-
-def _built(**settings: object) -> object:
-    """`fairshare-17` built today with the free tier's order as before s63-policy3 (oldest,
-    no share settings), then `settings`."""
-    before = {"free_order": "oldest", "takeback_keep_need_fs": 0.0, "free_share_large": 0.0,
-              "free_share_large_head": False}  # fmt: skip
-    built = registry.build("fairshare-17", {})
-    return msgspec.structs.replace(built, **{**before, **settings})  # type: ignore[type-var]
 
 
 def test_gang_place_is_the_best_for_a_job_of_the_large_share() -> None:
